@@ -1,0 +1,156 @@
+package budget
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Phase is where in the loop a timeout or failure happened (spec §6).
+type Phase string
+
+// The phases. Only the LLM phases (IsLLM) may rotate credentials or switch
+// models.
+const (
+	PhaseLLMFirstChunk Phase = "llm_first_chunk"
+	PhaseLLMIdle       Phase = "llm_idle"
+	PhaseLLMHTTP       Phase = "llm_http"
+	PhaseLLMBudget     Phase = "llm_budget"
+	PhaseTool          Phase = "tool"
+	PhaseToolIdle      Phase = "tool_idle"
+	PhaseStep          Phase = "step"
+	PhaseTurn          Phase = "turn"
+	PhaseCompaction    Phase = "compaction"
+	PhaseCancel        Phase = "cancel"
+)
+
+// IsLLM reports whether p is a phase in which the model provider failed to
+// answer (first chunk, idle, HTTP failure) — the only phases in which
+// retrying with another credential or model can help. The llm_budget phase
+// is a turn-level limit and is not one of them.
+func (p Phase) IsLLM() bool {
+	switch p {
+	case PhaseLLMFirstChunk, PhaseLLMIdle, PhaseLLMHTTP:
+		return true
+	}
+	return false
+}
+
+// TimeoutError is a budget that expired. It is used as a context cause
+// (context.WithTimeoutCause, context.WithCancelCause) so whoever sees a
+// cancelled context can ask context.Cause why.
+type TimeoutError struct {
+	Phase   Phase
+	Limit   time.Duration
+	Elapsed time.Duration // filled by whoever observes the expiry; may be zero
+	Source  Source
+	Knob    string
+	// Subject is what the budget applied to, for messages: `tool "crawl"`,
+	// `model gpt-4o`, "the turn".
+	Subject string
+}
+
+func (e *TimeoutError) Error() string {
+	s := fmt.Sprintf("%s timeout: %s exceeded %s", e.Phase, e.subject(), e.Limit)
+	if e.Elapsed > 0 {
+		s += fmt.Sprintf(" (elapsed %s)", Round(e.Elapsed))
+	}
+	if e.Knob != "" {
+		s += "; change " + e.Knob
+	}
+	return s
+}
+
+func (e *TimeoutError) subject() string {
+	if e.Subject == "" {
+		return "call"
+	}
+	return e.Subject
+}
+
+// Is lets errors.Is(err, context.DeadlineExceeded) hold for a timeout.
+func (e *TimeoutError) Is(target error) bool { return target == context.DeadlineExceeded }
+
+// AsTimeout returns the *TimeoutError in err's chain, if any.
+func AsTimeout(err error) (*TimeoutError, bool) {
+	var te *TimeoutError
+	ok := errors.As(err, &te)
+	return te, ok
+}
+
+// CancelError is a stop that nobody's budget caused: a client cancelled the
+// turn, went away, or the server is shutting down.
+type CancelError struct {
+	Reason StopReason // Cancelled, ClientGone or Shutdown
+	// By says who cancelled, for messages ("the client", "the server").
+	By string
+}
+
+func (e *CancelError) Error() string {
+	if e.By != "" {
+		return fmt.Sprintf("%s by %s", e.Reason, e.By)
+	}
+	return string(e.Reason)
+}
+
+// Is lets errors.Is(err, context.Canceled) hold for a cancellation.
+func (e *CancelError) Is(target error) bool { return target == context.Canceled }
+
+// AsCancel returns the *CancelError in err's chain, if any.
+func AsCancel(err error) (*CancelError, bool) {
+	var ce *CancelError
+	ok := errors.As(err, &ce)
+	return ce, ok
+}
+
+// LimitError is a count limit that was reached (max_steps, max_tool_calls,
+// idle_breaker) or the llm_budget.
+type LimitError struct {
+	Reason StopReason
+	Limit  int64
+	Knob   string
+}
+
+func (e *LimitError) Error() string {
+	return fmt.Sprintf("%s: limit %d reached; change %s", e.Reason, e.Limit, e.Knob)
+}
+
+// Cause returns context.Cause(ctx), mapping a bare context.Canceled (a
+// parent cancelled without a cause) to a *CancelError with reason
+// "cancelled". It returns nil while ctx is live.
+func Cause(ctx context.Context) error {
+	if ctx.Err() == nil {
+		return nil
+	}
+	c := context.Cause(ctx)
+	if _, ok := AsTimeout(c); ok {
+		return c
+	}
+	if _, ok := AsCancel(c); ok {
+		return c
+	}
+	if _, ok := c.(*LimitError); ok {
+		return c
+	}
+	if errors.Is(c, context.DeadlineExceeded) {
+		return &TimeoutError{Phase: PhaseTurn, Subject: "the caller's context"}
+	}
+	return &CancelError{Reason: Cancelled}
+}
+
+// CancelGrace is the longest polite-stop window a cancellation (as opposed
+// to a tool's own timeout) allows. A person who pressed stop, a client that
+// went away and a shutting-down server want the call gone now; see
+// docs/decisions/cancel-grace.md.
+const CancelGrace = 500 * time.Millisecond
+
+// GraceFor returns the time between the polite and the forced stop of a call
+// stopped for cause: the tool's kill grace when its own budget fired, at
+// most CancelGrace when the turn was cancelled or stopped around it.
+func GraceFor(cause error, killGrace time.Duration) time.Duration {
+	if te, ok := AsTimeout(cause); ok && (te.Phase == PhaseTool || te.Phase == PhaseToolIdle) {
+		return killGrace
+	}
+	return min(killGrace, CancelGrace)
+}

@@ -1,0 +1,132 @@
+// Package config loads and checks an agent file (spec §10, §15) and
+// resolves every budget with its source: flag > TIMEBOX_* environment >
+// agent file > default, a tool's own timeout or profile winning over all of
+// them for that tool (spec §2).
+//
+// Load checks the whole file before anything runs and returns every problem
+// at once, each with file:line:col, the key and a fix.
+package config
+
+import (
+	"encoding/json"
+	"time"
+
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/tool"
+)
+
+// Agent is a loaded, checked and resolved agent file.
+type Agent struct {
+	// Path is the agent file as given; Dir is its directory, against which
+	// relative paths in the file were resolved.
+	Path string
+	Dir  string
+
+	Name         string
+	Instructions string
+	Model        Chain
+	// Providers maps a provider name ("openai", "anthropic", "script") to
+	// its settings.
+	Providers map[string]Provider
+	Budgets   budget.Budgets
+	Limits    budget.Limits
+	// Profiles are the timeout profiles: the defaults, then the file's.
+	Profiles map[string]time.Duration
+	Context  Context
+	Server   Server
+	Tools    []Tool
+}
+
+// Chain is the model failover chain.
+type Chain struct {
+	Primary   ModelRef
+	Fallbacks []ModelRef
+}
+
+// All returns the primary followed by the fallbacks.
+func (c Chain) All() []ModelRef { return append([]ModelRef{c.Primary}, c.Fallbacks...) }
+
+// ModelRef is "provider:model".
+type ModelRef struct {
+	Provider string
+	Model    string
+}
+
+func (m ModelRef) String() string { return m.Provider + ":" + m.Model }
+
+// Provider holds one provider's settings.
+type Provider struct {
+	// BaseURL is the API endpoint (openai, anthropic); empty for the
+	// provider's own default.
+	BaseURL string
+	// Credentials are tried in order on LLM-phase failures.
+	Credentials []Credential
+	// File is the script provider's JSONL file, made absolute.
+	File string
+}
+
+// Credential names where an API key comes from. The key itself is read at
+// the time the agent is built and never stored in records.
+type Credential struct {
+	APIKeyEnv string
+}
+
+// Context holds the history-compaction settings.
+type Context struct {
+	// CompactAt is the estimated prompt size, in tokens, above which older
+	// history is summarised (default 100000; 0 is off).
+	CompactAt int
+}
+
+// Server holds `timebox serve` settings.
+type Server struct {
+	// ShutdownGrace is how long running turns may go on after SIGTERM
+	// before they are cancelled (default 10s).
+	ShutdownGrace budget.Duration
+}
+
+// Tool is one resolved tool entry.
+type Tool struct {
+	Name        string
+	Description string
+	// InputSchema is the entry's input_schema as JSON; nil when absent.
+	InputSchema json.RawMessage
+	Kind        tool.Kind
+	// Budget is the entry's resolved budget: its timeout with source
+	// (tool, profile:NAME, flag, env, file, default), idle timeout,
+	// enforcement and the kill grace.
+	Budget budget.ToolBudget
+
+	// Exec is the argv of an exec tool; a relative program path that
+	// contains a slash is made absolute against the agent file's directory.
+	Exec []string
+	// Env is the allowlist of variables an exec tool inherits; nil means
+	// the whole environment.
+	Env []string
+	// Workdir is the exec tool's working directory, made absolute; empty is
+	// the agent file's directory.
+	Workdir string
+
+	// MCP is set for an mcp entry.
+	MCP *MCP
+}
+
+// MCP is an mcp tool entry's server.
+type MCP struct {
+	// Command is a stdio server's argv; URL a streamable HTTP server's.
+	Command []string
+	URL     string
+	Headers map[string]string
+	// Env is the allowlist of variables a stdio server inherits.
+	Env []string
+	// Overrides are per-tool budgets by the server's tool name.
+	Overrides map[string]Override
+}
+
+// Override is a per-tool budget override inside an mcp entry. Each field's
+// Source is empty when the override does not set it.
+type Override struct {
+	Timeout     budget.Duration
+	IdleTimeout budget.Duration
+	Enforcement budget.Enforcement
+}

@@ -1,0 +1,320 @@
+// Package event defines what a turn tells the world while it runs — the
+// events of spec §7 — and the durable records it leaves (spec §8): one per
+// tool call, one per model call attempt, one per turn.
+//
+// Events reach sinks in seq order through an Emitter. The package does no
+// I/O; sinks that write to a terminal, a socket or a database live with
+// those.
+package event
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/timebox-run/timebox/budget"
+)
+
+// Type is the type of an event.
+type Type string
+
+// The event types of spec §7, plus LateResult.
+const (
+	TypeTurnStarted        Type = "turn_started"
+	TypeLLMStarted         Type = "llm_started"
+	TypeLLMDelta           Type = "llm_delta"
+	TypeLLMFinished        Type = "llm_finished"
+	TypeFailover           Type = "failover"
+	TypeToolStarted        Type = "tool_started"
+	TypeToolProgress       Type = "tool_progress"
+	TypeStillWorking       Type = "still_working"
+	TypeToolFinished       Type = "tool_finished"
+	TypeCompactionStarted  Type = "compaction_started"
+	TypeCompactionFinished Type = "compaction_finished"
+	TypeTurnFinished       Type = "turn_finished"
+	// TypeLateResult reports that an abandoned call returned while its turn
+	// was still running. The result was not given to the model.
+	TypeLateResult Type = "late_result"
+)
+
+// Event is one thing that happened in a turn. Its JSON form is one flat
+// object: the header fields below and the fields of Data side by side,
+// `{"seq": 3, "turn_id": "...", "type": "tool_started", "at": "...",
+// "call_id": "...", ...}`.
+type Event struct {
+	Seq    int64     `json:"seq"`
+	TurnID string    `json:"turn_id"`
+	Type   Type      `json:"type"`
+	At     time.Time `json:"at"`
+	// Data is one of the payload types of this package (*ToolStarted,
+	// *TurnFinished, ...), matching Type.
+	Data any `json:"-"`
+}
+
+// TurnStarted opens a turn; it carries the resolved budgets.
+type TurnStarted struct {
+	SessionID string                       `json:"session_id,omitempty"`
+	Agent     string                       `json:"agent,omitempty"`
+	Input     string                       `json:"input"`
+	Model     string                       `json:"model"`
+	Budgets   map[string]BudgetValue       `json:"budgets"`
+	Tools     map[string]ToolBudgetSummary `json:"tools,omitempty"`
+}
+
+// BudgetValue is one resolved budget as turn_started and `timebox validate`
+// show it. Value is a Go duration, a count, or "off".
+type BudgetValue struct {
+	Value  string        `json:"value"`
+	MS     int64         `json:"ms,omitempty"`
+	N      int64         `json:"n,omitempty"`
+	Source budget.Source `json:"source"`
+	Knob   string        `json:"knob"`
+}
+
+// ToolBudgetSummary is one tool's resolved budget in turn_started.
+type ToolBudgetSummary struct {
+	TimeoutMS     int64         `json:"timeout_ms"`
+	Source        budget.Source `json:"source"`
+	IdleTimeoutMS int64         `json:"idle_timeout_ms"`
+	Enforcement   string        `json:"enforcement"`
+}
+
+// LLMStarted is sent when a model call attempt starts.
+type LLMStarted struct {
+	Step     int    `json:"step"`
+	Model    string `json:"model"`
+	Provider string `json:"provider"`
+	Profile  string `json:"profile"`
+	Attempt  int    `json:"attempt"`
+}
+
+// LLMDelta is a piece of the model's reply text.
+type LLMDelta struct {
+	Step int    `json:"step"`
+	Text string `json:"text"`
+}
+
+// LLMFinished closes a model call attempt; it carries the attempt's record.
+type LLMFinished struct {
+	ModelCall
+	ToolCalls int `json:"tool_calls"`
+}
+
+// Failover is sent when a model call attempt failed in an LLM phase and the
+// next credential or model is tried.
+type Failover struct {
+	Step    int          `json:"step"`
+	From    string       `json:"from"`
+	To      string       `json:"to"`
+	Phase   budget.Phase `json:"phase"`
+	Reason  string       `json:"reason"`
+	Attempt int          `json:"attempt"`
+}
+
+// ToolStarted is sent when a tool call starts running under its budget.
+type ToolStarted struct {
+	Step          int             `json:"step"`
+	CallID        string          `json:"call_id"`
+	Tool          string          `json:"tool"`
+	Kind          string          `json:"kind"`
+	Arguments     json.RawMessage `json:"arguments,omitempty"`
+	TimeoutMS     int64           `json:"timeout_ms"`
+	Deadline      time.Time       `json:"deadline"`
+	Enforcement   string          `json:"enforcement"`
+	Source        budget.Source   `json:"source"`
+	IdleTimeoutMS int64           `json:"idle_timeout_ms"`
+}
+
+// ToolProgress is a progress report from a running tool call. Progress and
+// Total are absent when the tool did not send them.
+type ToolProgress struct {
+	CallID   string   `json:"call_id"`
+	Tool     string   `json:"tool"`
+	Progress *float64 `json:"progress,omitempty"`
+	Total    *float64 `json:"total,omitempty"`
+	Message  string   `json:"message,omitempty"`
+}
+
+// StillWorking says a step has been running for a while; it is sent after
+// timeouts.progress_notice and then again every interval.
+type StillWorking struct {
+	Step int `json:"step"`
+	// Subject is what is running: "tool crawl" or "model gpt-4o".
+	Subject   string `json:"subject"`
+	CallID    string `json:"call_id,omitempty"`
+	ElapsedMS int64  `json:"elapsed_ms"`
+	// LimitMS is the budget the running thing is under, when it has one.
+	LimitMS int64 `json:"limit_ms,omitempty"`
+}
+
+// ToolFinished closes a tool call with its record; Outcome says how it
+// ended (ok, error, timed_out, cancelled, abandoned).
+type ToolFinished struct {
+	ToolCall
+	// TurnID shadows the record's own turn_id so the flat JSON form has the
+	// header's only; it is always empty.
+	TurnID string `json:"turn_id,omitempty"`
+}
+
+// LateResult reports what an abandoned tool call returned after it was
+// abandoned. It was recorded, never given to the model.
+type LateResult struct {
+	CallID     string `json:"call_id"`
+	Tool       string `json:"tool"`
+	DurationMS int64  `json:"duration_ms"`
+	Output     string `json:"output"`
+	Error      string `json:"error,omitempty"`
+}
+
+// CompactionStarted is sent when older history is being summarised.
+type CompactionStarted struct {
+	Step            int   `json:"step"`
+	EstimatedTokens int   `json:"estimated_tokens"`
+	CompactAt       int   `json:"compact_at"`
+	LimitMS         int64 `json:"limit_ms"`
+}
+
+// CompactionFinished closes a compaction.
+type CompactionFinished struct {
+	Step         int          `json:"step"`
+	Outcome      Outcome      `json:"outcome"`
+	Phase        budget.Phase `json:"phase,omitempty"`
+	DurationMS   int64        `json:"duration_ms"`
+	TokensBefore int          `json:"tokens_before"`
+	TokensAfter  int          `json:"tokens_after"`
+	Message      string       `json:"message,omitempty"`
+}
+
+// TurnFinished closes a turn.
+type TurnFinished struct {
+	Status     budget.Status     `json:"status"`
+	StopReason budget.StopReason `json:"stop_reason"`
+	Message    string            `json:"message"`
+	Answer     string            `json:"answer"`
+	Flags      Flags             `json:"flags"`
+	Totals     Totals            `json:"totals"`
+}
+
+// newData returns a zero payload for t, or nil for an unknown type.
+func newData(t Type) any {
+	switch t {
+	case TypeTurnStarted:
+		return &TurnStarted{}
+	case TypeLLMStarted:
+		return &LLMStarted{}
+	case TypeLLMDelta:
+		return &LLMDelta{}
+	case TypeLLMFinished:
+		return &LLMFinished{}
+	case TypeFailover:
+		return &Failover{}
+	case TypeToolStarted:
+		return &ToolStarted{}
+	case TypeToolProgress:
+		return &ToolProgress{}
+	case TypeStillWorking:
+		return &StillWorking{}
+	case TypeToolFinished:
+		return &ToolFinished{}
+	case TypeLateResult:
+		return &LateResult{}
+	case TypeCompactionStarted:
+		return &CompactionStarted{}
+	case TypeCompactionFinished:
+		return &CompactionFinished{}
+	case TypeTurnFinished:
+		return &TurnFinished{}
+	}
+	return nil
+}
+
+// TypeOf returns the event type of a payload value, or "" if v is not one.
+func TypeOf(v any) Type {
+	switch v.(type) {
+	case *TurnStarted:
+		return TypeTurnStarted
+	case *LLMStarted:
+		return TypeLLMStarted
+	case *LLMDelta:
+		return TypeLLMDelta
+	case *LLMFinished:
+		return TypeLLMFinished
+	case *Failover:
+		return TypeFailover
+	case *ToolStarted:
+		return TypeToolStarted
+	case *ToolProgress:
+		return TypeToolProgress
+	case *StillWorking:
+		return TypeStillWorking
+	case *ToolFinished:
+		return TypeToolFinished
+	case *LateResult:
+		return TypeLateResult
+	case *CompactionStarted:
+		return TypeCompactionStarted
+	case *CompactionFinished:
+		return TypeCompactionFinished
+	case *TurnFinished:
+		return TypeTurnFinished
+	}
+	return ""
+}
+
+type header struct {
+	Seq    int64     `json:"seq"`
+	TurnID string    `json:"turn_id"`
+	Type   Type      `json:"type"`
+	At     time.Time `json:"at"`
+}
+
+// MarshalJSON writes the event as one flat object, header first.
+func (e Event) MarshalJSON() ([]byte, error) {
+	h, err := json.Marshal(header{e.Seq, e.TurnID, e.Type, e.At})
+	if err != nil {
+		return nil, err
+	}
+	if e.Data == nil {
+		return h, nil
+	}
+	d, err := json.Marshal(e.Data)
+	if err != nil {
+		return nil, fmt.Errorf("event %s: %w", e.Type, err)
+	}
+	d = bytes.TrimSpace(d)
+	if len(d) < 2 || d[0] != '{' {
+		return nil, fmt.Errorf("event %s: payload is not an object", e.Type)
+	}
+	if len(d) == 2 { // {}
+		return h, nil
+	}
+	out := make([]byte, 0, len(h)+len(d))
+	out = append(out, h[:len(h)-1]...)
+	out = append(out, ',')
+	out = append(out, d[1:]...)
+	return out, nil
+}
+
+// UnmarshalJSON reads the flat form written by MarshalJSON. The payload of
+// an unknown type is kept as a json.RawMessage.
+func (e *Event) UnmarshalJSON(b []byte) error {
+	var h header
+	if err := json.Unmarshal(b, &h); err != nil {
+		return err
+	}
+	e.Seq, e.TurnID, e.Type, e.At = h.Seq, h.TurnID, h.Type, h.At
+	d := newData(h.Type)
+	if d == nil {
+		e.Data = json.RawMessage(append([]byte(nil), b...))
+		return nil
+	}
+	if err := json.Unmarshal(b, d); err != nil {
+		return fmt.Errorf("event %s: %w", h.Type, err)
+	}
+	if tf, ok := d.(*ToolFinished); ok {
+		tf.ToolCall.TurnID, tf.TurnID = h.TurnID, ""
+	}
+	e.Data = d
+	return nil
+}

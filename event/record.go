@@ -1,0 +1,118 @@
+package event
+
+import (
+	"encoding/json"
+	"time"
+
+	"github.com/timebox-run/timebox/budget"
+)
+
+// Outcome is how one tool call or model call ended.
+type Outcome string
+
+// The outcomes of a call (spec §7).
+const (
+	OutcomeOK        Outcome = "ok"
+	OutcomeError     Outcome = "error"
+	OutcomeTimedOut  Outcome = "timed_out"
+	OutcomeCancelled Outcome = "cancelled"
+	OutcomeAbandoned Outcome = "abandoned"
+)
+
+// ToolCall is the durable record of one tool call (spec §8).
+type ToolCall struct {
+	CallID        string          `json:"call_id"`
+	TurnID        string          `json:"turn_id"`
+	Step          int             `json:"step"`
+	Tool          string          `json:"tool"`
+	Kind          string          `json:"kind"` // exec, go or mcp
+	Arguments     json.RawMessage `json:"arguments"`
+	StartedAt     time.Time       `json:"started_at"`
+	EndedAt       time.Time       `json:"ended_at"`
+	DurationMS    int64           `json:"duration_ms"`
+	TimeoutMS     int64           `json:"timeout_ms"`
+	TimeoutSource budget.Source   `json:"timeout_source"`
+	IdleTimeoutMS int64           `json:"idle_timeout_ms"`
+	Enforcement   string          `json:"enforcement"`
+	Outcome       Outcome         `json:"outcome"`
+	// Phase is set when a budget or a cancellation ended the call: tool,
+	// tool_idle, step, turn, cancel.
+	Phase         budget.Phase `json:"phase,omitempty"`
+	Overran       bool         `json:"overran"`
+	Abandoned     bool         `json:"abandoned"`
+	LateResult    bool         `json:"late_result"`
+	ProgressCount int          `json:"progress_count"`
+	ExitCode      *int         `json:"exit_code"`
+	StderrTail    string       `json:"stderr_tail,omitempty"`
+	// Result is what the model was given for this call.
+	Result    string `json:"result"`
+	Truncated bool   `json:"truncated"`
+	// LateOutput is what an abandoned call returned after it was
+	// abandoned; it was never given to the model.
+	LateOutput string `json:"late_output,omitempty"`
+}
+
+// ModelCall is the durable record of one model call attempt (spec §8).
+type ModelCall struct {
+	Step     int    `json:"step"`
+	Model    string `json:"model"`
+	Provider string `json:"provider"`
+	// Profile names the credential used, never the key itself: the name of
+	// the environment variable it came from, or its index.
+	Profile      string       `json:"profile"`
+	Attempt      int          `json:"attempt"`
+	StartedAt    time.Time    `json:"started_at"`
+	FirstChunkMS int64        `json:"first_chunk_ms"`
+	StreamMS     int64        `json:"stream_ms"`
+	Outcome      Outcome      `json:"outcome"`
+	Phase        budget.Phase `json:"phase,omitempty"`
+	Error        string       `json:"error,omitempty"`
+	// Compaction is true for a history-compaction call.
+	Compaction bool `json:"compaction,omitempty"`
+}
+
+// Flags are the turn's timeout flags (spec §6).
+type Flags struct {
+	TimedOutDuringToolExecution bool `json:"timed_out_during_tool_execution,omitempty"`
+	TimedOutDuringCompaction    bool `json:"timed_out_during_compaction,omitempty"`
+	TimedOutByTurnBudget        bool `json:"timed_out_by_turn_budget,omitempty"`
+}
+
+// Totals are a turn's counters.
+type Totals struct {
+	Steps     int   `json:"steps"`
+	ToolCalls int   `json:"tool_calls"`
+	LLMMS     int64 `json:"llm_ms"`
+	ToolMS    int64 `json:"tool_ms"`
+	WallMS    int64 `json:"wall_ms"`
+	Failovers int   `json:"failovers"`
+}
+
+// Turn is the durable record of one turn (spec §8).
+type Turn struct {
+	TurnID     string            `json:"turn_id"`
+	SessionID  string            `json:"session_id,omitempty"`
+	Agent      string            `json:"agent,omitempty"`
+	Input      string            `json:"input"`
+	Status     budget.Status     `json:"status"`
+	StopReason budget.StopReason `json:"stop_reason"`
+	Message    string            `json:"message"`
+	Answer     string            `json:"answer"`
+	Flags      Flags             `json:"flags"`
+	StartedAt  time.Time         `json:"started_at"`
+	EndedAt    time.Time         `json:"ended_at"`
+	Steps      int               `json:"steps"`
+	LLMMS      int64             `json:"llm_ms"`
+	ToolMS     int64             `json:"tool_ms"`
+	WallMS     int64             `json:"wall_ms"`
+	Failovers  int               `json:"failovers"`
+	ToolCalls  []ToolCall        `json:"tool_calls"`
+	ModelCalls []ModelCall       `json:"model_calls"`
+	Events     []Event           `json:"events,omitempty"`
+}
+
+// Totals returns the turn's counters as turn_finished carries them.
+func (t *Turn) Totals() Totals {
+	return Totals{Steps: t.Steps, ToolCalls: len(t.ToolCalls), LLMMS: t.LLMMS,
+		ToolMS: t.ToolMS, WallMS: t.WallMS, Failovers: t.Failovers}
+}

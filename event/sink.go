@@ -1,0 +1,87 @@
+package event
+
+import (
+	"sync"
+	"time"
+)
+
+// Sink receives a turn's events in seq order. Emit is called synchronously
+// from the turn, one event at a time, so it must be quick; a sink that does
+// slow work buffers it. A sink must not keep the Data pointer's fields
+// beyond Emit unless it treats them as read-only.
+type Sink interface {
+	Emit(Event)
+}
+
+// SinkFunc adapts a function to a Sink.
+type SinkFunc func(Event)
+
+// Emit calls f(e).
+func (f SinkFunc) Emit(e Event) { f(e) }
+
+// Emitter stamps a turn's events with seq and time and delivers them to its
+// sinks in seq order. It is safe for concurrent use: tool calls of one batch
+// report progress from their own goroutines.
+type Emitter struct {
+	turnID string
+	now    func() time.Time
+
+	mu     sync.Mutex
+	seq    int64
+	sinks  []Sink
+	log    []Event
+	closed bool
+}
+
+// NewEmitter returns an emitter for the turn that delivers to sinks. It
+// keeps every event it emits for the turn record (Log).
+func NewEmitter(turnID string, sinks ...Sink) *Emitter {
+	return &Emitter{turnID: turnID, now: time.Now, sinks: sinks}
+}
+
+// Emit sends the payload v (one of this package's payload types) as the
+// turn's next event and returns it. After Close, Emit drops v and returns
+// the zero Event.
+func (m *Emitter) Emit(v any) Event {
+	t := TypeOf(v)
+	if t == "" {
+		panic("event: Emit of a value that is not an event payload")
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return Event{}
+	}
+	m.seq++
+	e := Event{Seq: m.seq, TurnID: m.turnID, Type: t, At: m.now().UTC(), Data: v}
+	m.log = append(m.log, e)
+	for _, s := range m.sinks {
+		s.Emit(e)
+	}
+	return e
+}
+
+// Close stops delivery: later Emit calls are dropped. The turn closes its
+// emitter after turn_finished so that a straggler (a late progress report,
+// an abandoned call returning) cannot emit after the end.
+func (m *Emitter) Close() {
+	m.mu.Lock()
+	m.closed = true
+	m.mu.Unlock()
+}
+
+// Log returns a copy of the events emitted so far.
+func (m *Emitter) Log() []Event {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]Event(nil), m.log...)
+}
+
+// Channel is a Sink that sends events on a channel, for a library caller
+// that wants them that way. Emit blocks while the channel is full, which
+// holds the turn's other emitters back, so give it a buffer and read it
+// promptly.
+type Channel chan Event
+
+// Emit sends e on the channel.
+func (c Channel) Emit(e Event) { c <- e }

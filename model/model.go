@@ -1,0 +1,168 @@
+// Package model defines what a model provider is to timebox — a streaming
+// chat endpoint that may ask for tool calls — and watches every stream with
+// the first-chunk and idle budgets (spec §2, §6).
+//
+// Providers live in their own packages (model/script, model/openai,
+// model/anthropic) so the heavy SDKs stay out of everything else.
+package model
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/timebox-run/timebox/budget"
+)
+
+// Role is the author of a message.
+type Role string
+
+// The roles of a conversation.
+const (
+	RoleUser      Role = "user"
+	RoleAssistant Role = "assistant"
+	RoleTool      Role = "tool"
+)
+
+// Message is one message of a conversation.
+type Message struct {
+	Role    Role   `json:"role"`
+	Content string `json:"content"`
+	// ToolCalls are the calls an assistant message asked for.
+	ToolCalls []ToolCall `json:"tool_calls,omitempty"`
+	// ToolCallID and ToolName identify the call a tool message answers.
+	ToolCallID string `json:"tool_call_id,omitempty"`
+	ToolName   string `json:"tool_name,omitempty"`
+}
+
+// ToolCall is a call the model asked for. Arguments are the raw text the
+// model sent, which may not be JSON.
+type ToolCall struct {
+	ID        string `json:"id"`
+	Name      string `json:"name"`
+	Arguments string `json:"arguments"`
+}
+
+// ToolDef is a tool as the model is told of it.
+type ToolDef struct {
+	Name        string          `json:"name"`
+	Description string          `json:"description"`
+	Parameters  json.RawMessage `json:"parameters,omitempty"`
+}
+
+// Request is one model call.
+type Request struct {
+	// Model is the provider's model name ("gpt-4o-mini").
+	Model string
+	// System is the agent's instructions.
+	System   string
+	Messages []Message
+	Tools    []ToolDef
+	// Conversation identifies the conversation the call belongs to (the
+	// session); the script provider keeps its place per conversation.
+	Conversation string
+}
+
+// Chunk is one piece of a streamed reply. Every chunk is a progress signal,
+// even one with no text (a tool-call argument fragment, a keep-alive
+// carrying data).
+type Chunk struct {
+	Text string
+}
+
+// Response is a complete reply.
+type Response struct {
+	Text         string
+	ToolCalls    []ToolCall
+	FinishReason string
+}
+
+// Stream is one streaming reply. Recv returns the next chunk, and io.EOF
+// once the reply is complete, after which Response is valid. Recv must
+// return promptly once the context the stream was opened with is done.
+// Close releases the stream; it is safe to call more than once.
+type Stream interface {
+	Recv() (Chunk, error)
+	Response() Response
+	Close() error
+}
+
+// Provider is one model endpoint with one credential.
+type Provider interface {
+	// Stream sends req and returns its reply stream. Errors that come from
+	// the provider (HTTP status, connection failure) should be *Error.
+	Stream(ctx context.Context, req Request) (Stream, error)
+}
+
+// Endpoint is one link of a failover chain: a provider with one credential
+// and the model to ask for.
+type Endpoint struct {
+	Provider Provider
+	// ProviderName is "openai", "anthropic" or "script".
+	ProviderName string
+	Model        string
+	// Profile names the credential for records: the environment variable
+	// it came from, or "#2"; never the key itself.
+	Profile string
+}
+
+// Name returns "provider:model", as the agent file writes it.
+func (e Endpoint) Name() string { return e.ProviderName + ":" + e.Model }
+
+// Error is a provider failure.
+type Error struct {
+	Provider string
+	// Status is the HTTP status, or 0 for a connection failure or a
+	// malformed stream.
+	Status int
+	// Message is the provider's own reason.
+	Message string
+	// RetryAfter is the provider's Retry-After, if it sent one.
+	RetryAfter time.Duration
+	// Malformed is set when the stream could not be parsed.
+	Malformed bool
+	Err       error
+}
+
+func (e *Error) Error() string {
+	switch {
+	case e.Status != 0:
+		return fmt.Sprintf("%s: HTTP %d %s: %s", e.Provider, e.Status, http.StatusText(e.Status), e.Message)
+	case e.Malformed:
+		return fmt.Sprintf("%s: malformed stream: %s", e.Provider, e.Message)
+	}
+	return fmt.Sprintf("%s: %s", e.Provider, e.Message)
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// Rejected reports whether the provider refused the request itself (400,
+// 401, 403, 404, 422): retrying with another credential or model will not
+// help, and the turn fails with model_rejected.
+func (e *Error) Rejected() bool {
+	switch e.Status {
+	case 400, 401, 403, 404, 413, 422:
+		return true
+	}
+	return false
+}
+
+// Phase classifies a model call failure. Timeouts keep their own phase;
+// every other provider failure is llm_http; a cancellation of the turn is
+// the cancel (or turn-level) phase of its cause.
+func Phase(err error) budget.Phase {
+	if te, ok := budget.AsTimeout(err); ok {
+		return te.Phase
+	}
+	if _, ok := budget.AsCancel(err); ok {
+		return budget.PhaseCancel
+	}
+	var le *budget.LimitError
+	if errors.As(err, &le) {
+		return budget.PhaseLLMBudget
+	}
+	return budget.PhaseLLMHTTP
+}

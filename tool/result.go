@@ -1,0 +1,141 @@
+package tool
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+)
+
+// ErrorInfo is the body of a tool result that is not the tool's output: a
+// timeout, a tool error, a call that could not be made. The model receives
+// it as {"error": ErrorInfo}.
+type ErrorInfo struct {
+	// Type is tool_timeout, tool_error or tool_cancelled.
+	Type string `json:"type"`
+	Tool string `json:"tool"`
+	// Reason refines a tool_error made before the tool ran: unknown_tool,
+	// invalid_json, invalid_arguments, limit.
+	Reason        string `json:"reason,omitempty"`
+	Phase         string `json:"phase,omitempty"`
+	Limit         string `json:"limit,omitempty"`
+	Elapsed       string `json:"elapsed,omitempty"`
+	Source        string `json:"source,omitempty"`
+	Knob          string `json:"knob,omitempty"`
+	ExitCode      *int   `json:"exit_code,omitempty"`
+	Message       string `json:"message"`
+	StderrTail    string `json:"stderr_tail,omitempty"`
+	PartialOutput string `json:"partial_output,omitempty"`
+	Field         string `json:"field,omitempty"`
+}
+
+// String returns the JSON the model receives.
+func (e ErrorInfo) String() string {
+	b, err := json.Marshal(struct {
+		Error ErrorInfo `json:"error"`
+	}{e})
+	if err != nil { // cannot happen: every field is a string or an int
+		return fmt.Sprintf(`{"error": {"type": %q, "message": %q}}`, e.Type, e.Message)
+	}
+	return string(b)
+}
+
+// maxPartial is how much partial output a timeout result carries; the
+// record keeps all of it up to max_tool_output.
+const maxPartial = 16 << 10
+
+// ModelResult returns what the model is told about an execution of the
+// named tool under budget b, and whether that is the tool's own output.
+func ModelResult(name string, b budget.ToolBudget, x *Execution) string {
+	switch x.Outcome {
+	case event.OutcomeOK:
+		out := validText(x.Result.outputString())
+		if x.Result != nil && x.Result.Truncated {
+			out += fmt.Sprintf("\n[output truncated: only the first %d bytes were kept]", len(x.Result.Output))
+		}
+		return out
+	case event.OutcomeError:
+		info := ErrorInfo{Type: "tool_error", Tool: name, Message: validText(x.Err.Error())}
+		var te *Error
+		if errors.As(x.Err, &te) {
+			info.ExitCode = te.ExitCode
+			info.StderrTail = validText(te.StderrTail)
+			info.Message = validText(te.Message)
+		}
+		if x.Result != nil {
+			if info.StderrTail == "" {
+				info.StderrTail = validText(x.Result.StderrTail)
+			}
+			if info.ExitCode == nil {
+				info.ExitCode = x.Result.ExitCode
+			}
+			info.PartialOutput = validText(tail(x.Result.outputString(), maxPartial))
+		}
+		info.Message = fmt.Sprintf("Tool %q failed: %s", name, strings.TrimSpace(info.Message))
+		return info.String()
+	case event.OutcomeTimedOut, event.OutcomeAbandoned:
+		return timeoutInfo(name, b, x).String()
+	default: // cancelled
+		info := ErrorInfo{Type: "tool_cancelled", Tool: name, Phase: string(x.Phase),
+			Elapsed: budget.Round(x.Elapsed()).String(),
+			Message: fmt.Sprintf("Tool %q was stopped after %s because the turn was stopped (%s).", name, budget.Round(x.Elapsed()), causeText(x.Cause))}
+		if x.Result != nil {
+			info.PartialOutput = validText(tail(x.Result.outputString(), maxPartial))
+		}
+		return info.String()
+	}
+}
+
+func timeoutInfo(name string, b budget.ToolBudget, x *Execution) ErrorInfo {
+	te, ok := budget.AsTimeout(x.Cause)
+	if !ok { // abandoned after a turn-level stop
+		te = &budget.TimeoutError{Phase: x.Phase, Limit: b.Timeout.D, Source: b.Timeout.Source, Knob: b.Timeout.Knob}
+	}
+	elapsed := budget.Round(x.Elapsed())
+	info := ErrorInfo{Type: "tool_timeout", Tool: name, Phase: string(te.Phase),
+		Limit: te.Limit.String(), Elapsed: elapsed.String(), Source: string(te.Source), Knob: te.Knob}
+	var what string
+	if te.Phase == budget.PhaseToolIdle {
+		what = fmt.Sprintf("Tool %q reported no progress for %s (its idle limit) and was stopped after %s.", name, te.Limit, elapsed)
+	} else {
+		what = fmt.Sprintf("Tool %q did not finish within %s and was stopped.", name, te.Limit)
+	}
+	if x.Abandoned {
+		what = strings.TrimSuffix(what, " and was stopped.") + fmt.Sprintf(" It was asked to stop and had not after %s, so timebox stopped waiting for it.", budget.Round(b.KillGrace))
+	}
+	info.Message = what + fmt.Sprintf(" It may be hung (for example on an unreachable service). Try a narrower request or a different tool; an operator can raise %s.", te.Knob)
+	if x.Result != nil {
+		info.PartialOutput = validText(tail(x.Result.outputString(), maxPartial))
+	}
+	return info
+}
+
+func causeText(cause error) string {
+	if cause == nil {
+		return "cancelled"
+	}
+	if te, ok := budget.AsTimeout(cause); ok {
+		return fmt.Sprintf("%s limit of %s, %s", te.Phase, te.Limit, te.Knob)
+	}
+	return cause.Error()
+}
+
+func (r *Result) outputString() string {
+	if r == nil {
+		return ""
+	}
+	return string(r.Output)
+}
+
+// validText replaces bytes that are not UTF-8 so that every result can be
+// sent to a model API and stored as text.
+func validText(s string) string { return strings.ToValidUTF8(s, "\uFFFD") }
+
+// Refusal returns the tool_error result for a call that was not run:
+// an unknown tool, arguments that are not JSON or fail the schema, a limit.
+func Refusal(name, reason, field, message string) string {
+	return ErrorInfo{Type: "tool_error", Tool: name, Reason: reason, Field: field, Message: message}.String()
+}

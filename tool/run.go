@@ -1,0 +1,251 @@
+package tool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+)
+
+// ReapMargin is how long, past the kill grace, the runner waits for a
+// hard-enforced call to report that its process tree is gone before it
+// treats the call as abandoned. A hard tool sends SIGKILL when the grace
+// ends; this covers reaping.
+const ReapMargin = time.Second
+
+var abandonedRunning atomic.Int64
+
+// AbandonedRunning returns the number of abandoned calls whose code is still
+// running: cooperative calls that did not return within the kill grace after
+// their context was cancelled. Each is counted until it returns.
+func AbandonedRunning() int64 { return abandonedRunning.Load() }
+
+// Execution is how one call went.
+type Execution struct {
+	// Result is what the tool returned, possibly partial; nil when the call
+	// was abandoned.
+	Result *Result
+	// Err is the tool's own error when Outcome is error.
+	Err error
+	// Cause is the budget or cancellation that stopped the call, when one
+	// did: a *budget.TimeoutError or *budget.CancelError.
+	Cause     error
+	Outcome   event.Outcome
+	Phase     budget.Phase
+	Started   time.Time
+	Ended     time.Time
+	Overran   bool
+	Abandoned bool
+	// Progress is the number of progress reports the call made.
+	Progress int
+}
+
+// Elapsed returns the call's wall-clock duration.
+func (x *Execution) Elapsed() time.Duration { return x.Ended.Sub(x.Started) }
+
+// Hooks are called by Run as the call goes. Each may be nil.
+type Hooks struct {
+	// OnProgress is called for each progress report accepted while the
+	// call runs, after the idle window has been reset.
+	OnProgress func(Report)
+	// OnLate is called when an abandoned call finally returns, with what it
+	// returned. It runs on the call's own goroutine.
+	OnLate func(res *Result, err error, ended time.Time)
+}
+
+type returned struct {
+	res   *Result
+	err   error
+	ended time.Time
+}
+
+// Run runs one call of t under budget b and reports how it went. It returns
+// when the call has returned, or when the call was abandoned: a call whose
+// context was cancelled (by its own budget or by ctx) and that did not
+// return within the grace that budget.GraceFor allows (plus ReapMargin for
+// hard enforcement). An abandoned call is counted by AbandonedRunning until
+// it returns. Run never returns an error; Execution says everything.
+//
+// Run fills c.Progress, c.Deadline and c.Timeout. With advisory enforcement
+// the call's own budget never interrupts it; ctx still does.
+func Run(ctx context.Context, t Tool, c *Call, b budget.ToolBudget, h Hooks) *Execution {
+	start := time.Now()
+	name := c.Tool
+	subject := fmt.Sprintf("tool %q", name)
+	c.Timeout = b.Timeout.D
+	if b.Timeout.D > 0 {
+		c.Deadline = start.Add(b.Timeout.D)
+	}
+	if c.KillGrace == 0 {
+		c.KillGrace = b.KillGrace
+	}
+	callCtx, cancel := context.WithCancelCause(ctx)
+
+	var idle *time.Timer
+	enforced := b.Enforcement != budget.Advisory
+	if enforced && b.IdleTimeout.D > 0 {
+		idle = time.AfterFunc(b.IdleTimeout.D, func() {
+			cancel(&budget.TimeoutError{Phase: budget.PhaseToolIdle, Limit: b.IdleTimeout.D,
+				Source: b.IdleTimeout.Source, Knob: b.IdleTimeout.Knob, Subject: subject})
+		})
+	}
+	var deadline *time.Timer
+	if enforced && b.Timeout.D > 0 {
+		deadline = time.AfterFunc(b.Timeout.D, func() {
+			cancel(&budget.TimeoutError{Phase: budget.PhaseTool, Limit: b.Timeout.D,
+				Source: b.Timeout.Source, Knob: b.Timeout.Knob, Subject: subject})
+		})
+	}
+	p := &progress{on: func(r Report) {
+		if idle != nil {
+			idle.Reset(b.IdleTimeout.D)
+		}
+		if h.OnProgress != nil {
+			h.OnProgress(r)
+		}
+	}}
+	c.Progress = p
+
+	done := make(chan returned, 1)
+	go func() {
+		res, err := invoke(callCtx, t, c)
+		done <- returned{res, err, time.Now()}
+	}()
+
+	x := &Execution{Started: start}
+	var r returned
+	select {
+	case r = <-done:
+	case <-callCtx.Done():
+		grace := budget.GraceFor(context.Cause(callCtx), c.KillGrace)
+		if b.Enforcement == budget.Hard {
+			grace += ReapMargin
+		}
+		wait := time.NewTimer(grace)
+		select {
+		case r = <-done:
+			wait.Stop()
+		case <-wait.C:
+			x.Abandoned = true
+		}
+	}
+	if deadline != nil {
+		deadline.Stop()
+	}
+	if idle != nil {
+		idle.Stop()
+	}
+	x.Progress = p.end()
+
+	if x.Abandoned {
+		x.Ended = time.Now()
+		x.Cause = budget.Cause(callCtx)
+		x.Outcome = event.OutcomeAbandoned
+		x.Phase = phaseOf(x.Cause)
+		fillElapsed(x.Cause, x.Elapsed())
+		abandonedRunning.Add(1)
+		go func() {
+			r := <-done
+			abandonedRunning.Add(-1)
+			if h.OnLate != nil {
+				h.OnLate(capOutput(r.res, c.MaxOutput), r.err, r.ended)
+			}
+		}()
+		cancel(nil)
+		return x
+	}
+	cancel(nil)
+
+	x.Ended = r.ended
+	x.Result = capOutput(r.res, c.MaxOutput)
+	switch {
+	case r.err == nil:
+		// A completed result is used even when a budget fired at the same
+		// instant: the work is done and was paid for.
+		x.Outcome = event.OutcomeOK
+	case callCtx.Err() != nil && !isOwnError(r.err):
+		x.Cause = budget.Cause(callCtx)
+		x.Phase = phaseOf(x.Cause)
+		if x.Phase == budget.PhaseTool || x.Phase == budget.PhaseToolIdle {
+			x.Outcome = event.OutcomeTimedOut
+		} else {
+			x.Outcome = event.OutcomeCancelled
+		}
+		fillElapsed(x.Cause, x.Elapsed())
+	default:
+		x.Outcome = event.OutcomeError
+		x.Err = r.err
+	}
+	if !enforced && b.Timeout.D > 0 && x.Elapsed() > b.Timeout.D {
+		x.Overran = true
+	}
+	return x
+}
+
+// isOwnError reports whether err is a tool's own failure rather than its
+// report of having been stopped.
+func isOwnError(err error) bool {
+	var te *Error
+	return errors.As(err, &te)
+}
+
+func fillElapsed(cause error, d time.Duration) {
+	if te, ok := budget.AsTimeout(cause); ok && te.Elapsed == 0 {
+		te.Elapsed = d
+	}
+}
+
+// phaseOf returns the phase of a stop cause.
+func phaseOf(cause error) budget.Phase {
+	if te, ok := budget.AsTimeout(cause); ok {
+		return te.Phase
+	}
+	if le, ok := cause.(*budget.LimitError); ok && le.Reason == budget.LLMBudgetExhausted {
+		return budget.PhaseLLMBudget
+	}
+	return budget.PhaseCancel
+}
+
+// invoke calls t, turning a panic into a tool error so that one broken tool
+// cannot take the runtime down.
+func invoke(ctx context.Context, t Tool, c *Call) (res *Result, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			res, err = nil, &Error{Message: fmt.Sprintf("tool panicked: %v\n%s", v, tail(string(debug.Stack()), 2048))}
+		}
+	}()
+	return t.Call(ctx, c)
+}
+
+// capOutput cuts r's output to max bytes at a UTF-8 boundary.
+func capOutput(r *Result, max int64) *Result {
+	if r == nil || max <= 0 || int64(len(r.Output)) <= max {
+		return r
+	}
+	cut := int(max)
+	for cut > 0 && !utf8.RuneStart(r.Output[cut]) {
+		cut--
+	}
+	cp := *r
+	cp.Output = r.Output[:cut]
+	cp.Truncated = true
+	return &cp
+}
+
+// tail returns the last n bytes of s, starting at a rune boundary.
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	s = s[len(s)-n:]
+	for len(s) > 0 && !utf8.RuneStart(s[0]) {
+		s = s[1:]
+	}
+	return s
+}

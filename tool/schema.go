@@ -1,0 +1,109 @@
+package tool
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"strings"
+
+	"github.com/google/jsonschema-go/jsonschema"
+)
+
+// Schema is a compiled input schema. The zero Schema accepts any JSON
+// object.
+type Schema struct {
+	resolved *jsonschema.Resolved
+}
+
+// CompileSchema compiles a JSON Schema. An empty raw accepts any object.
+func CompileSchema(raw json.RawMessage) (*Schema, error) {
+	if len(bytes.TrimSpace(raw)) == 0 {
+		return &Schema{}, nil
+	}
+	var s jsonschema.Schema
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return nil, fmt.Errorf("input_schema is not a JSON Schema: %w", err)
+	}
+	r, err := s.Resolve(nil)
+	if err != nil {
+		return nil, fmt.Errorf("input_schema: %w", err)
+	}
+	return &Schema{resolved: r}, nil
+}
+
+// ArgumentError says why a call's arguments were refused. Field is the JSON
+// pointer of the offending value ("/url"), empty for the whole input.
+type ArgumentError struct {
+	Reason  string // invalid_json or invalid_arguments
+	Field   string
+	Message string
+}
+
+func (e *ArgumentError) Error() string { return e.Message }
+
+var (
+	schemaPathRE = regexp.MustCompile(`validating (/properties/[^\s:]+|/items[^\s:]*)`)
+	missingRE    = regexp.MustCompile(`missing properties: \[?"([^"]+)"`)
+	extraRE      = regexp.MustCompile(`unexpected additional properties \[?"([^"]+)"`)
+)
+
+// Check validates a call's arguments: they must be a JSON object that
+// satisfies the schema. The returned *ArgumentError names the field.
+func (s *Schema) Check(args json.RawMessage) error {
+	if len(bytes.TrimSpace(args)) == 0 {
+		args = json.RawMessage("{}")
+	}
+	var v any
+	dec := json.NewDecoder(bytes.NewReader(args))
+	dec.UseNumber()
+	if err := dec.Decode(&v); err != nil || dec.More() {
+		if err == nil {
+			err = fmt.Errorf("trailing data after the object")
+		}
+		return &ArgumentError{Reason: "invalid_json", Message: fmt.Sprintf("The arguments are not valid JSON (%v). Send a JSON object.", err)}
+	}
+	if _, ok := v.(map[string]any); !ok {
+		return &ArgumentError{Reason: "invalid_arguments", Message: "The arguments must be a JSON object."}
+	}
+	if s == nil || s.resolved == nil {
+		return nil
+	}
+	// The validator wants float64 numbers, not json.Number.
+	var plain any
+	if err := json.Unmarshal(args, &plain); err != nil {
+		return &ArgumentError{Reason: "invalid_json", Message: err.Error()}
+	}
+	if err := s.resolved.Validate(plain); err != nil {
+		msg := err.Error()
+		field := ""
+		if m := missingRE.FindStringSubmatch(msg); m != nil {
+			field = "/" + m[1]
+			return &ArgumentError{Reason: "invalid_arguments", Field: field,
+				Message: fmt.Sprintf("Missing required argument %q.", m[1])}
+		}
+		if m := extraRE.FindStringSubmatch(msg); m != nil {
+			field = "/" + m[1]
+			return &ArgumentError{Reason: "invalid_arguments", Field: field,
+				Message: fmt.Sprintf("Unknown argument %q.", m[1])}
+		}
+		var parts []string
+		for _, m := range schemaPathRE.FindAllStringSubmatch(msg, -1) {
+			p := strings.ReplaceAll(m[1], "/properties/", "/")
+			parts = append(parts, strings.TrimPrefix(p, "/items"))
+		}
+		if len(parts) > 0 {
+			field = parts[len(parts)-1]
+		}
+		detail := msg
+		if i := strings.LastIndex(msg, ": "); i >= 0 {
+			detail = msg[i+2:]
+		}
+		if field != "" {
+			return &ArgumentError{Reason: "invalid_arguments", Field: field,
+				Message: fmt.Sprintf("Argument %q is invalid: %s.", strings.TrimPrefix(field, "/"), detail)}
+		}
+		return &ArgumentError{Reason: "invalid_arguments", Message: "The arguments do not match the tool's input schema: " + detail + "."}
+	}
+	return nil
+}

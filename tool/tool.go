@@ -1,0 +1,153 @@
+// Package tool defines what a tool is to timebox and runs one tool call
+// under its budget (spec §3, §4): the deadline and idle window, the polite
+// and the forced stop, abandonment of a cooperative call that will not stop,
+// the advisory overrun measurement, progress, and the result the model is
+// given.
+//
+// Tool kinds live in their own packages (tool/exectool, tool/mcptool); Go
+// functions become tools through Func. The package knows nothing of turns.
+package tool
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/timebox-run/timebox/budget"
+)
+
+// Kind is the kind of a tool, as records carry it.
+type Kind string
+
+// The tool kinds of spec §9.
+const (
+	KindExec Kind = "exec"
+	KindGo   Kind = "go"
+	KindMCP  Kind = "mcp"
+)
+
+// DefaultEnforcement returns the enforcement a tool of kind k gets when its
+// entry does not name one: hard for subprocess and MCP tools, cooperative
+// for Go functions (spec §3).
+func DefaultEnforcement(k Kind) budget.Enforcement {
+	if k == KindGo {
+		return budget.Cooperative
+	}
+	return budget.Hard
+}
+
+// Spec is what the model is told about a tool.
+type Spec struct {
+	Name        string `json:"name"`
+	Description string `json:"description"`
+	// InputSchema is a JSON Schema object; empty means any object.
+	InputSchema json.RawMessage `json:"input_schema,omitempty"`
+}
+
+// Tool is one tool. Implementations must be safe for concurrent calls.
+type Tool interface {
+	Spec() Spec
+	Kind() Kind
+	// Call runs one call. It must return promptly once ctx is done: a
+	// subprocess tool stops its process tree (SIGTERM, then SIGKILL after
+	// c.KillGrace or budget.GraceFor), an MCP tool sends its cancellation,
+	// a Go function returns. It returns whatever output it has, even with
+	// an error, so that partial output reaches the model. When it stopped
+	// because ctx was done it returns an error (context.Cause(ctx) will
+	// do). A tool that fails returns an error describing the failure,
+	// wrapped in *Error when it has an exit code or stderr to report.
+	Call(ctx context.Context, c *Call) (*Result, error)
+}
+
+// Call is one call of a tool, as the tool sees it.
+type Call struct {
+	ID     string
+	TurnID string
+	Tool   string
+	Input  json.RawMessage
+	// Deadline is when the call's own timeout fires; Timeout is its length.
+	// For an advisory call it is the deadline the call is measured against.
+	Deadline time.Time
+	Timeout  time.Duration
+	// KillGrace is the time between the polite and the forced stop when the
+	// call's own budget fires. A cancellation uses budget.GraceFor.
+	KillGrace time.Duration
+	// MaxOutput is the number of output bytes kept; the rest is discarded.
+	MaxOutput int64
+	// Progress receives the call's progress reports.
+	Progress Progress
+}
+
+// Report is one progress report. Every field is optional.
+type Report struct {
+	Progress *float64 `json:"progress,omitempty"`
+	Total    *float64 `json:"total,omitempty"`
+	Message  string   `json:"message,omitempty"`
+}
+
+// Progress is how a running call reports that it is alive. Report is safe
+// for concurrent use; a report made after the call ended is dropped quietly.
+type Progress interface {
+	Report(Report)
+}
+
+// Result is what a tool call produced.
+type Result struct {
+	// Output is the result: JSON or plain text, at most the call's
+	// MaxOutput bytes.
+	Output []byte
+	// Truncated is true when output beyond MaxOutput was discarded.
+	Truncated bool
+	// ExitCode is a subprocess's exit status, nil for other kinds or when
+	// the process was killed by a signal.
+	ExitCode *int
+	// StderrTail is the end of a subprocess's log (stderr, without its
+	// progress lines).
+	StderrTail string
+}
+
+// Error is a tool's own failure: a non-zero exit, an MCP error result, a Go
+// function's error. The model is told it as a tool_error.
+type Error struct {
+	Message    string
+	ExitCode   *int
+	StderrTail string
+}
+
+func (e *Error) Error() string {
+	if e.ExitCode != nil {
+		return fmt.Sprintf("exit status %d: %s", *e.ExitCode, e.Message)
+	}
+	return e.Message
+}
+
+// progress is the Progress a running call is handed. It forwards reports to
+// the runner until the call ends.
+type progress struct {
+	mu    sync.Mutex
+	ended bool
+	count int
+	on    func(Report)
+}
+
+func (p *progress) Report(r Report) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ended {
+		return
+	}
+	p.count++
+	if p.on != nil {
+		p.on(r)
+	}
+}
+
+// end stops forwarding and returns the number of reports accepted.
+func (p *progress) end() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.ended = true
+	return p.count
+}
