@@ -1,0 +1,206 @@
+// Package agent runs agent turns: call the model, run the tool calls it asks
+// for under their budgets, feed the results back, until the model answers or
+// a turn-level budget stops the turn with a reason and a message written for
+// the person waiting (spec §1–§7).
+//
+// The package imports no provider SDK and no database: models, tools and
+// sinks come in through the model, tool and event seams.
+package agent
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"regexp"
+
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/model"
+	"github.com/timebox-run/timebox/tool"
+)
+
+// Agent is a configured agent: its model chain, tools and budgets. Build it
+// with New. An Agent is immutable and safe for concurrent Run calls.
+type Agent struct {
+	name         string
+	instructions string
+	models       []model.Endpoint
+	tools        map[string]*entry
+	order        []string
+	budgets      budget.Budgets
+	limits       budget.Limits
+	compactAt    int
+	lateResult   func(event.ToolCall)
+}
+
+// Tool is a tool with its resolved budget.
+type Tool struct {
+	Tool   tool.Tool
+	Budget budget.ToolBudget
+}
+
+type entry struct {
+	Tool
+	spec   tool.Spec
+	schema *tool.Schema
+}
+
+// Config describes an agent. Zero budgets and limits take the spec's
+// defaults (budget.Defaults, budget.DefaultLimits); a budget that the spec
+// allows to be off is off only when its Source is set and D is zero.
+type Config struct {
+	// Name names the agent in records.
+	Name string
+	// Instructions is the system prompt.
+	Instructions string
+	// Models is the failover chain: the primary model with each of its
+	// credentials in order, then each fallback likewise. At least one.
+	Models []model.Endpoint
+	// Tools are the tools the model may call. Names must be unique and
+	// match ^[a-zA-Z0-9_-]{1,64}$.
+	Tools []Tool
+	// Budgets and Limits are the turn's budgets.
+	Budgets budget.Budgets
+	Limits  budget.Limits
+	// CompactAt is the estimated prompt size in tokens above which older
+	// history is summarised; 0 is off.
+	CompactAt int
+	// LateResult, if set, is called when an abandoned tool call returns
+	// after its turn has ended, with the call's record updated
+	// (late_result: true). A late result that arrives while the turn still
+	// runs goes into the turn's record and a late_result event instead.
+	LateResult func(event.ToolCall)
+}
+
+var toolNameRE = regexp.MustCompile(`^[a-zA-Z0-9_-]{1,64}$`)
+
+// New checks cfg and returns the agent. It returns an error for a missing
+// model, a duplicate or invalid tool name, or an input schema that does not
+// compile.
+func New(cfg Config) (*Agent, error) {
+	if len(cfg.Models) == 0 {
+		return nil, fmt.Errorf("agent: no model: give at least one model.Endpoint")
+	}
+	for i, m := range cfg.Models {
+		if m.Provider == nil {
+			return nil, fmt.Errorf("agent: model %d (%s) has no provider", i, m.Name())
+		}
+	}
+	a := &Agent{
+		name:         cfg.Name,
+		instructions: cfg.Instructions,
+		models:       append([]model.Endpoint(nil), cfg.Models...),
+		tools:        map[string]*entry{},
+		budgets:      withDefaults(cfg.Budgets),
+		limits:       withDefaultLimits(cfg.Limits),
+		compactAt:    cfg.CompactAt,
+		lateResult:   cfg.LateResult,
+	}
+	for _, t := range cfg.Tools {
+		if t.Tool == nil {
+			return nil, fmt.Errorf("agent: a tool entry has no tool")
+		}
+		spec := t.Tool.Spec()
+		if !toolNameRE.MatchString(spec.Name) {
+			return nil, fmt.Errorf("agent: tool name %q: use 1 to 64 letters, digits, _ or -", spec.Name)
+		}
+		if _, dup := a.tools[spec.Name]; dup {
+			return nil, fmt.Errorf("agent: two tools are named %q", spec.Name)
+		}
+		s, err := tool.CompileSchema(spec.InputSchema)
+		if err != nil {
+			return nil, fmt.Errorf("agent: tool %s: %w", spec.Name, err)
+		}
+		e := &entry{Tool: t, spec: spec, schema: s}
+		e.Budget = a.toolBudget(t.Tool, t.Budget)
+		a.tools[spec.Name] = e
+		a.order = append(a.order, spec.Name)
+	}
+	return a, nil
+}
+
+// toolBudget fills the zero fields of a tool's budget from the agent's.
+func (a *Agent) toolBudget(t tool.Tool, b budget.ToolBudget) budget.ToolBudget {
+	if b.Timeout.D <= 0 {
+		b.Timeout = a.budgets.Tool
+	}
+	if b.Enforcement == "" {
+		b.Enforcement = tool.DefaultEnforcement(t.Kind())
+	}
+	if b.KillGrace == 0 {
+		b.KillGrace = a.budgets.KillGrace.D
+	}
+	if b.IdleTimeout.Knob == "" && b.IdleTimeout.D > 0 {
+		b.IdleTimeout.Knob = fmt.Sprintf("tools[%s].idle_timeout", t.Spec().Name)
+	}
+	if b.Timeout.Knob == "" {
+		b.Timeout.Knob = fmt.Sprintf("tools[%s].timeout", t.Spec().Name)
+	}
+	return b
+}
+
+func withDefaults(b budget.Budgets) budget.Budgets {
+	d := budget.Defaults()
+	fill := func(v *budget.Duration, def budget.Duration) {
+		if v.D == 0 && v.Source == "" {
+			*v = def
+		}
+		if v.Knob == "" {
+			v.Knob = def.Knob
+		}
+	}
+	fill(&b.Tool, d.Tool)
+	fill(&b.ToolMax, d.ToolMax)
+	fill(&b.LLMFirstChunk, d.LLMFirstChunk)
+	fill(&b.LLMIdle, d.LLMIdle)
+	fill(&b.LLMBudget, d.LLMBudget)
+	fill(&b.Step, d.Step)
+	fill(&b.Turn, d.Turn)
+	fill(&b.ProgressNotice, d.ProgressNotice)
+	fill(&b.KillGrace, d.KillGrace)
+	fill(&b.Compaction, d.Compaction)
+	return b
+}
+
+func withDefaultLimits(l budget.Limits) budget.Limits {
+	d := budget.DefaultLimits()
+	fill := func(v *budget.Count, def budget.Count) {
+		if v.N <= 0 {
+			*v = def
+		}
+		if v.Knob == "" {
+			v.Knob = def.Knob
+		}
+	}
+	fill(&l.MaxSteps, d.MaxSteps)
+	fill(&l.MaxToolCalls, d.MaxToolCalls)
+	fill(&l.ParallelTools, d.ParallelTools)
+	fill(&l.MaxToolOutput, d.MaxToolOutput)
+	fill(&l.IdleBreaker, d.IdleBreaker)
+	return l
+}
+
+// Budgets returns the agent's resolved turn budgets.
+func (a *Agent) Budgets() budget.Budgets { return a.budgets }
+
+// Limits returns the agent's resolved limits.
+func (a *Agent) Limits() budget.Limits { return a.limits }
+
+// Tools returns the agent's tools with their resolved budgets, in order.
+func (a *Agent) Tools() []Tool {
+	out := make([]Tool, 0, len(a.order))
+	for _, n := range a.order {
+		out = append(out, a.tools[n].Tool)
+	}
+	return out
+}
+
+// Models returns the failover chain.
+func (a *Agent) Models() []model.Endpoint { return append([]model.Endpoint(nil), a.models...) }
+
+// NewTurnID returns a fresh random turn id.
+func NewTurnID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return "t_" + hex.EncodeToString(b[:])
+}

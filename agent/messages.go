@@ -1,0 +1,120 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/model"
+)
+
+// message writes the turn's closing message for the person waiting: what
+// happened, how long it ran, what the last step was, and what to do (spec
+// §5). Messages never blame the model for a budget that fired elsewhere.
+func (t *turn) message(st stop, now time.Time) string {
+	b, l := t.a.budgets, t.a.limits
+	wall := roundHuman(now.Sub(t.start))
+	last := t.stopDesc
+	if last == "" || last == "none" {
+		last = t.lastStep
+		if last == "" {
+			last = "none"
+		}
+	}
+	switch st.reason {
+	case budget.Answered:
+		return st.answer
+	case budget.TurnTimeout:
+		limit, knob := b.Turn.D, b.Turn.Knob
+		if te, ok := budget.AsTimeout(st.cause); ok && te.Limit > 0 {
+			limit, knob = te.Limit, te.Knob
+		}
+		if knob == "" { // the caller's own context deadline
+			return fmt.Sprintf("Stopped after %s by the caller's deadline. Last step: %s. Give the turn more time.", wall, last)
+		}
+		return fmt.Sprintf("Stopped after %s, the limit for one turn (%s). Last step: %s. Try a simpler request, or raise %s.",
+			limit, knob, last, knob)
+	case budget.NoProgress:
+		advice := fmt.Sprintf("Raise %s if a step may legitimately stay silent longer.", b.Step.Knob)
+		if len(t.stopTools) > 0 {
+			advice = fmt.Sprintf("The tool was past its own timeout and reported no progress; have it report progress, or raise its timeout or %s.", b.Step.Knob)
+		}
+		return fmt.Sprintf("Stopped: nothing progressed for %s (%s). Last step: %s. %s", b.Step.D, b.Step.Knob, last, advice)
+	case budget.LLMBudgetExhausted:
+		return fmt.Sprintf("Stopped after %s: the model streamed for %s in this turn, its budget (%s); time spent in tools is not counted. Last step: %s. Ask for a shorter task, or raise %s.",
+			wall, roundHuman(t.llmUsed), b.LLMBudget.Knob, last, b.LLMBudget.Knob)
+	case budget.MaxSteps:
+		return fmt.Sprintf("Stopped after %d model calls, the limit for one turn (%s), in %s. Last step: %s. The task may need more steps: split the request, or raise %s.",
+			l.MaxSteps.N, l.MaxSteps.Knob, wall, last, l.MaxSteps.Knob)
+	case budget.MaxToolCalls:
+		return fmt.Sprintf("Stopped after %d tool calls, the limit for one turn (%s), in %s. %sSplit the request, or raise %s.",
+			t.toolCalls, l.MaxToolCalls.Knob, wall, st.message, l.MaxToolCalls.Knob)
+	case budget.ModelUnresponsive:
+		return fmt.Sprintf("Stopped after %s: the model went silent %d times in a row (%s). %s The provider may be overloaded: try again later or add a fallback model; raise %s or %s if the model is just slow.",
+			wall, t.idleStreak, l.IdleBreaker.Knob, st.message, b.LLMIdle.Knob, b.LLMFirstChunk.Knob)
+	case budget.ModelUnavailable:
+		return fmt.Sprintf("Failed after %s: no model in the failover chain answered. %s Check the providers and credentials, or add a fallback model.", wall, st.message)
+	case budget.ModelRejected:
+		var me *model.Error
+		if errors.As(st.cause, &me) {
+			return fmt.Sprintf("Failed: %s rejected the request (HTTP %d): %s. This is not a timeout; it was not retried with another credential or model. Fix the request, the model name or the credential.",
+				me.Provider, me.Status, me.Message)
+		}
+		return fmt.Sprintf("Failed: the provider rejected the request: %v.", st.cause)
+	case budget.Cancelled, budget.ClientGone, budget.Shutdown:
+		who := map[budget.StopReason]string{
+			budget.Cancelled:  "Cancelled by the client after %s",
+			budget.ClientGone: "Cancelled after %s: the client went away",
+			budget.Shutdown:   "Cancelled after %s: the server is shutting down",
+		}[st.reason]
+		s := fmt.Sprintf(who, wall)
+		switch {
+		case len(t.stopTools) == 1:
+			s += fmt.Sprintf("; tool %s was stopped.", t.stopTools[0])
+		case len(t.stopTools) > 1:
+			s += fmt.Sprintf("; tools %s were stopped.", strings.Join(t.stopTools, ", "))
+		case last != "none":
+			s += fmt.Sprintf(". Last step: %s.", last)
+		default:
+			s += "."
+		}
+		return s
+	}
+	return fmt.Sprintf("Stopped after %s (%s).", wall, st.reason)
+}
+
+// notesText lists failed model call attempts and why each failed.
+func notesText(notes []attemptNote) string {
+	var parts []string
+	for i, n := range notes {
+		who := n.endpoint
+		if n.profile != "" {
+			who += " with " + n.profile
+		}
+		parts = append(parts, fmt.Sprintf("%d) %s: %s", i+1, who, attemptReason(n.err)))
+	}
+	return "Attempts: " + strings.Join(parts, "; ") + "."
+}
+
+// attemptReason says in a few words why one attempt failed.
+func attemptReason(err error) string {
+	if te, ok := budget.AsTimeout(err); ok {
+		switch te.Phase {
+		case budget.PhaseLLMFirstChunk:
+			return fmt.Sprintf("no reply within %s (llm_first_chunk; raise %s)", te.Limit, te.Knob)
+		case budget.PhaseLLMIdle:
+			return fmt.Sprintf("went silent for %s mid-reply (llm_idle; raise %s)", te.Limit, te.Knob)
+		}
+		return te.Error()
+	}
+	var me *model.Error
+	if errors.As(err, &me) {
+		if me.Status != 0 {
+			return fmt.Sprintf("HTTP %d: %s (llm_http)", me.Status, me.Message)
+		}
+		return me.Message + " (llm_http)"
+	}
+	return err.Error()
+}

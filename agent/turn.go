@@ -1,0 +1,616 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/model"
+	"github.com/timebox-run/timebox/tool"
+)
+
+// Input is one turn's input.
+type Input struct {
+	// TurnID names the turn; a fresh one is made when empty.
+	TurnID string
+	// SessionID names the conversation the turn belongs to.
+	SessionID string
+	// History is the conversation so far (earlier turns' Messages).
+	History []model.Message
+	// Text is the user's message.
+	Text string
+}
+
+// Result is a finished turn.
+type Result struct {
+	// Record is the turn's durable record, with every call record and the
+	// event log.
+	Record *event.Turn
+	// Messages are what the turn added to the conversation — the user's
+	// message, the model's replies and the tool results — to be passed as
+	// History to the next turn of the session.
+	Messages []model.Message
+}
+
+// Run runs one turn and returns when it has ended. It never returns nil and
+// never panics on bad model output; how the turn ended is in the record's
+// Status, StopReason and Message.
+//
+// Cancelling ctx cancels the turn: give it a *budget.CancelError cause
+// (context.WithCancelCause) to say why — cancelled, client_gone, shutdown;
+// a bare cancellation reads as cancelled. When Run returns nothing it
+// started is still running, apart from abandoned cooperative tool calls,
+// which are counted by tool.AbandonedRunning.
+//
+// Events go to sinks in seq order, synchronously (see event.Sink).
+func (a *Agent) Run(ctx context.Context, in Input, sinks ...event.Sink) *Result {
+	t := &turn{a: a, in: in, id: in.TurnID, start: time.Now()}
+	if t.id == "" {
+		t.id = NewTurnID()
+	}
+	t.em = event.NewEmitter(t.id, sinks...)
+	// The turn's context is detached from ctx and cancelled by hand when
+	// ctx ends, so that what was running is noted before the cancellation
+	// reaches the tools.
+	turnCtx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer cancel(nil)
+
+	t.em.Emit(t.started())
+	ceiling := time.AfterFunc(a.budgets.Turn.D, func() {
+		t.stopWith(cancel, &budget.TimeoutError{Phase: budget.PhaseTurn, Limit: a.budgets.Turn.D,
+			Elapsed: time.Since(t.start), Source: a.budgets.Turn.Source, Knob: a.budgets.Turn.Knob, Subject: "the turn"})
+	})
+	t.live = newLiveness(a.budgets.Step, a.budgets.ProgressNotice.D,
+		func(v any) { t.em.Emit(v) },
+		func(te *budget.TimeoutError) { t.stopWith(cancel, te) })
+	stopWatch := context.AfterFunc(ctx, func() { t.stopWith(cancel, parentCause(ctx)) })
+
+	st := t.loop(turnCtx)
+
+	ceiling.Stop()
+	stopWatch()
+	t.live.close()
+	return t.finish(st)
+}
+
+// turn is the state of one Run.
+type turn struct {
+	a     *Agent
+	in    Input
+	id    string
+	start time.Time
+	em    *event.Emitter
+	live  *liveness
+
+	// Set once, when a turn-level budget or a cancellation stops the turn.
+	stopOnce      sync.Once
+	stopDesc      string
+	stopTools     []string
+	stopDuringRun bool
+
+	mu        sync.Mutex
+	toolRecs  []event.ToolCall
+	modelRecs []event.ModelCall
+	ended     bool
+	// pendingLate holds late results that arrived before their call's
+	// record was written.
+	pendingLate map[string]lateResult
+
+	// Owned by the loop goroutine.
+	msgs       []model.Message
+	steps      int
+	toolCalls  int
+	llmUsed    time.Duration
+	toolTime   time.Duration
+	idleStreak int
+	failovers  int
+	partial    string
+	lastStep   string
+	lastModel  string
+}
+
+// stop is how the loop ended.
+type stop struct {
+	reason  budget.StopReason
+	cause   error
+	answer  string
+	message string
+}
+
+// stopWith cancels the turn for cause, first noting what was running.
+func (t *turn) stopWith(cancel context.CancelCauseFunc, cause error) {
+	t.capture()
+	cancel(cause)
+}
+
+// parentCause returns why the caller's context ended, as a typed cause.
+func parentCause(ctx context.Context) error {
+	c := context.Cause(ctx)
+	if _, ok := budget.AsCancel(c); ok {
+		return c
+	}
+	if _, ok := budget.AsTimeout(c); ok {
+		return c
+	}
+	if errors.Is(c, context.DeadlineExceeded) {
+		return &budget.TimeoutError{Phase: budget.PhaseTurn, Subject: "the caller's context"}
+	}
+	return &budget.CancelError{Reason: budget.Cancelled}
+}
+
+// capture notes, once, what the turn was doing when it was stopped.
+func (t *turn) capture() {
+	t.stopOnce.Do(func() {
+		t.stopDesc, t.stopTools = t.live.describe(time.Now())
+		t.stopDuringRun = len(t.stopTools) > 0
+	})
+}
+
+func (t *turn) started() *event.TurnStarted {
+	a := t.a
+	b := map[string]event.BudgetValue{}
+	for k, d := range map[string]budget.Duration{
+		budget.KeyTool: a.budgets.Tool, budget.KeyToolMax: a.budgets.ToolMax,
+		budget.KeyLLMFirstChunk: a.budgets.LLMFirstChunk, budget.KeyLLMIdle: a.budgets.LLMIdle,
+		budget.KeyLLMBudget: a.budgets.LLMBudget, budget.KeyStep: a.budgets.Step, budget.KeyTurn: a.budgets.Turn,
+		budget.KeyProgressNotice: a.budgets.ProgressNotice, budget.KeyKillGrace: a.budgets.KillGrace,
+		budget.KeyCompaction: a.budgets.Compaction,
+	} {
+		b[k] = event.BudgetValue{Value: d.String(), MS: d.MS(), Source: d.Source, Knob: d.Knob}
+	}
+	for k, c := range map[string]budget.Count{
+		budget.KeyMaxSteps: a.limits.MaxSteps, budget.KeyMaxToolCalls: a.limits.MaxToolCalls,
+		budget.KeyParallelTools: a.limits.ParallelTools, budget.KeyMaxToolOutput: a.limits.MaxToolOutput,
+		budget.KeyIdleBreaker: a.limits.IdleBreaker,
+	} {
+		v := fmt.Sprint(c.N)
+		if k == budget.KeyMaxToolOutput {
+			v = budget.FormatBytes(c.N)
+		}
+		b[k] = event.BudgetValue{Value: v, N: c.N, Source: c.Source, Knob: c.Knob}
+	}
+	tools := map[string]event.ToolBudgetSummary{}
+	for _, n := range a.order {
+		e := a.tools[n]
+		tools[n] = event.ToolBudgetSummary{TimeoutMS: e.Budget.Timeout.MS(), Source: e.Budget.Timeout.Source,
+			IdleTimeoutMS: e.Budget.IdleTimeout.MS(), Enforcement: string(e.Budget.Enforcement)}
+	}
+	return &event.TurnStarted{SessionID: t.in.SessionID, Agent: a.name, Input: t.in.Text,
+		Model: a.models[0].Name(), Budgets: b, Tools: tools}
+}
+
+func (t *turn) loop(ctx context.Context) stop {
+	t.msgs = append(t.msgs, model.Message{Role: model.RoleUser, Content: t.in.Text})
+	for {
+		if ctx.Err() != nil {
+			return t.stopFromContext(ctx)
+		}
+		if int64(t.steps) >= t.a.limits.MaxSteps.N {
+			return stop{reason: budget.MaxSteps}
+		}
+		if lb := t.a.budgets.LLMBudget; !lb.Off() && t.llmUsed >= lb.D {
+			return stop{reason: budget.LLMBudgetExhausted}
+		}
+		t.steps++
+		resp, st := t.modelStep(ctx, t.steps)
+		if st != nil {
+			return *st
+		}
+		t.msgs = append(t.msgs, model.Message{Role: model.RoleAssistant, Content: resp.Text, ToolCalls: resp.ToolCalls})
+		if len(resp.ToolCalls) == 0 {
+			return stop{reason: budget.Answered, answer: resp.Text}
+		}
+		results, refused := t.toolStep(ctx, t.steps, resp.ToolCalls)
+		for i, c := range resp.ToolCalls {
+			t.msgs = append(t.msgs, model.Message{Role: model.RoleTool, Content: results[i], ToolCallID: c.ID, ToolName: c.Name})
+		}
+		if ctx.Err() != nil {
+			return t.stopFromContext(ctx)
+		}
+		if refused > 0 {
+			return stop{reason: budget.MaxToolCalls, message: fmt.Sprintf("%d more asked for were not run. ", refused)}
+		}
+	}
+}
+
+// stopFromContext turns the cause of the turn context's end into a stop.
+func (t *turn) stopFromContext(ctx context.Context) stop {
+	cause := budget.Cause(ctx)
+	if te, ok := budget.AsTimeout(cause); ok {
+		switch te.Phase {
+		case budget.PhaseStep:
+			return stop{reason: budget.NoProgress, cause: cause}
+		case budget.PhaseLLMBudget:
+			return stop{reason: budget.LLMBudgetExhausted, cause: cause}
+		}
+		return stop{reason: budget.TurnTimeout, cause: cause}
+	}
+	if ce, ok := budget.AsCancel(cause); ok {
+		return stop{reason: ce.Reason, cause: cause}
+	}
+	return stop{reason: budget.Cancelled, cause: cause}
+}
+
+func (t *turn) request() model.Request {
+	defs := make([]model.ToolDef, 0, len(t.a.order))
+	for _, n := range t.a.order {
+		e := t.a.tools[n]
+		defs = append(defs, model.ToolDef{Name: e.spec.Name, Description: e.spec.Description, Parameters: e.spec.InputSchema})
+	}
+	conv := t.in.SessionID
+	if conv == "" {
+		conv = t.id
+	}
+	msgs := make([]model.Message, 0, len(t.in.History)+len(t.msgs))
+	msgs = append(append(msgs, t.in.History...), t.msgs...)
+	return model.Request{System: t.a.instructions, Messages: msgs, Tools: defs, Conversation: conv}
+}
+
+// attemptNote is one failed model call attempt, for messages.
+type attemptNote struct {
+	endpoint string
+	profile  string
+	err      error
+}
+
+// modelStep makes one model call, failing over along the chain on LLM-phase
+// failures (spec §6).
+func (t *turn) modelStep(ctx context.Context, step int) (model.Response, *stop) {
+	req := t.request()
+	var notes []attemptNote
+	for i, ep := range t.a.models {
+		req.Model = ep.Model
+		resp, err := t.attempt(ctx, step, i+1, ep, req)
+		if err == nil {
+			t.idleStreak = 0
+			return resp, nil
+		}
+		if ctx.Err() != nil {
+			st := t.stopFromContext(ctx)
+			return model.Response{}, &st
+		}
+		phase := model.Phase(err)
+		if phase == budget.PhaseLLMBudget {
+			return model.Response{}, &stop{reason: budget.LLMBudgetExhausted, cause: err}
+		}
+		var me *model.Error
+		if errors.As(err, &me) && me.Rejected() {
+			return model.Response{}, &stop{reason: budget.ModelRejected, cause: err}
+		}
+		notes = append(notes, attemptNote{endpoint: ep.Name(), profile: ep.Profile, err: err})
+		if phase == budget.PhaseLLMIdle || phase == budget.PhaseLLMFirstChunk {
+			t.idleStreak++
+			if int64(t.idleStreak) >= t.a.limits.IdleBreaker.N {
+				return model.Response{}, &stop{reason: budget.ModelUnresponsive, cause: err, message: notesText(notes)}
+			}
+		}
+		if i+1 < len(t.a.models) {
+			next := t.a.models[i+1]
+			t.failovers++
+			t.em.Emit(&event.Failover{Step: step, From: endpointLabel(ep), To: endpointLabel(next), Phase: phase,
+				Reason: err.Error(), Attempt: i + 2})
+		}
+	}
+	return model.Response{}, &stop{reason: budget.ModelUnavailable, cause: notes[len(notes)-1].err, message: notesText(notes)}
+}
+
+func endpointLabel(ep model.Endpoint) string {
+	if ep.Profile == "" {
+		return ep.Name()
+	}
+	return ep.Name() + " (" + ep.Profile + ")"
+}
+
+// attempt makes one model call attempt under the watchdogs and the turn's
+// llm_budget.
+func (t *turn) attempt(ctx context.Context, step, attempt int, ep model.Endpoint, req model.Request) (model.Response, error) {
+	b := t.a.budgets
+	t.em.Emit(&event.LLMStarted{Step: step, Model: ep.Model, Provider: ep.ProviderName, Profile: ep.Profile, Attempt: attempt})
+	act := &activity{step: step, subject: "model " + ep.Model}
+	t.lastStep, t.lastModel = act.subject, ep.Model
+	t.live.begin(act)
+
+	callCtx, cancelCall := context.WithCancelCause(ctx)
+	defer cancelCall(nil)
+	if !b.LLMBudget.Off() {
+		remaining := b.LLMBudget.D - t.llmUsed
+		used := t.llmUsed
+		timer := time.AfterFunc(remaining, func() {
+			cancelCall(&budget.TimeoutError{Phase: budget.PhaseLLMBudget, Limit: b.LLMBudget.D, Elapsed: used + remaining,
+				Source: b.LLMBudget.Source, Knob: b.LLMBudget.Knob, Subject: "model streaming in this turn"})
+		})
+		defer timer.Stop()
+	}
+	w := model.Open(callCtx, ep.Provider, req, model.Watchdog{FirstChunk: b.LLMFirstChunk, Idle: b.LLMIdle}, "model "+ep.Model)
+	var text strings.Builder
+	var err error
+	for {
+		var c model.Chunk
+		c, err = w.Recv()
+		if err != nil {
+			break
+		}
+		if w.FirstChunk() > 0 && !act.streaming {
+			t.live.streaming(act)
+		}
+		t.live.progress()
+		if c.Text != "" {
+			text.WriteString(c.Text)
+			t.em.Emit(&event.LLMDelta{Step: step, Text: c.Text})
+		}
+	}
+	w.Close()
+	elapsed := time.Since(w.Started())
+	t.llmUsed += elapsed
+	var resp model.Response
+	if err == io.EOF {
+		err = nil
+		resp = w.Response()
+		if resp.Text == "" {
+			resp.Text = text.String()
+		}
+	}
+	t.partial = text.String()
+	t.live.end(act, err == nil)
+
+	rec := event.ModelCall{Step: step, Model: ep.Model, Provider: ep.ProviderName, Profile: ep.Profile, Attempt: attempt,
+		StartedAt: w.Started(), FirstChunkMS: w.FirstChunk().Milliseconds(), StreamMS: elapsed.Milliseconds(), Outcome: event.OutcomeOK}
+	if err != nil {
+		rec.Outcome, rec.Phase, rec.Error = modelOutcome(err), model.Phase(err), err.Error()
+	}
+	t.mu.Lock()
+	t.modelRecs = append(t.modelRecs, rec)
+	t.mu.Unlock()
+	t.em.Emit(&event.LLMFinished{ModelCall: rec, ToolCalls: len(resp.ToolCalls)})
+	return resp, err
+}
+
+func modelOutcome(err error) event.Outcome {
+	switch model.Phase(err) {
+	case budget.PhaseLLMFirstChunk, budget.PhaseLLMIdle, budget.PhaseLLMBudget, budget.PhaseTurn, budget.PhaseStep:
+		return event.OutcomeTimedOut
+	case budget.PhaseCancel:
+		return event.OutcomeCancelled
+	}
+	return event.OutcomeError
+}
+
+// toolStep runs one batch of tool calls, up to parallel_tools at once, and
+// returns the result each call gives the model, and how many calls were
+// refused because the turn reached max_tool_calls.
+func (t *turn) toolStep(ctx context.Context, step int, calls []model.ToolCall) (results []string, refused int) {
+	start := time.Now()
+	results = make([]string, len(calls))
+	sem := make(chan struct{}, max(1, t.a.limits.ParallelTools.N))
+	var wg sync.WaitGroup
+	for i, c := range calls {
+		callID := fmt.Sprintf("call_%d_%d", step, i+1)
+		if int64(t.toolCalls) >= t.a.limits.MaxToolCalls.N {
+			refused++
+			lim := t.a.limits.MaxToolCalls
+			results[i] = t.refuse(step, callID, c, "limit", "", fmt.Sprintf(
+				"Not run: this turn reached its limit of %d tool calls (%s).", lim.N, lim.Knob))
+			continue
+		}
+		t.toolCalls++
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			results[i] = t.refuse(step, callID, c, "cancelled", "", "Not run: the turn was stopped before this call could start.")
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			results[i] = t.runTool(ctx, step, callID, c)
+		}()
+	}
+	wg.Wait()
+	t.toolTime += time.Since(start)
+	return results, refused
+}
+
+// arguments returns the model's arguments as JSON for the record: as sent
+// when they are JSON, else as a JSON string of the raw text.
+func arguments(raw string) json.RawMessage {
+	if strings.TrimSpace(raw) == "" {
+		return json.RawMessage("{}")
+	}
+	if json.Valid([]byte(raw)) {
+		return json.RawMessage(raw)
+	}
+	b, _ := json.Marshal(strings.ToValidUTF8(raw, "\uFFFD"))
+	return b
+}
+
+// refuse records a call that was not run and returns what the model is
+// told.
+func (t *turn) refuse(step int, callID string, c model.ToolCall, reason, field, msg string) string {
+	now := time.Now()
+	res := tool.Refusal(c.Name, reason, field, msg)
+	rec := event.ToolCall{CallID: callID, TurnID: t.id, Step: step, Tool: c.Name, Arguments: arguments(c.Arguments),
+		StartedAt: now, EndedAt: now, Outcome: event.OutcomeError, Result: res}
+	if e, ok := t.a.tools[c.Name]; ok {
+		rec.Kind = string(e.Tool.Tool.Kind())
+		rec.TimeoutMS, rec.TimeoutSource = e.Budget.Timeout.MS(), e.Budget.Timeout.Source
+		rec.Enforcement = string(e.Budget.Enforcement)
+	}
+	if reason == "cancelled" {
+		rec.Outcome, rec.Phase = event.OutcomeCancelled, budget.PhaseCancel
+	}
+	rec = t.addToolRecord(rec)
+	t.em.Emit(&event.ToolFinished{ToolCall: rec})
+	return res
+}
+
+// runTool runs one tool call under its budget and returns what the model is
+// told.
+func (t *turn) runTool(ctx context.Context, step int, callID string, c model.ToolCall) string {
+	e, ok := t.a.tools[c.Name]
+	if !ok {
+		return t.refuse(step, callID, c, "unknown_tool", "", fmt.Sprintf("There is no tool named %q. Available tools: %s.",
+			c.Name, strings.Join(t.a.order, ", ")))
+	}
+	args := json.RawMessage(c.Arguments)
+	if err := e.schema.Check(args); err != nil {
+		var ae *tool.ArgumentError
+		errors.As(err, &ae)
+		return t.refuse(step, callID, c, ae.Reason, ae.Field, ae.Message+" The tool was not run.")
+	}
+	if len(strings.TrimSpace(c.Arguments)) == 0 {
+		args = json.RawMessage("{}")
+	}
+	b := e.Budget
+	start := time.Now()
+	var deadline time.Time
+	if b.Timeout.D > 0 {
+		deadline = start.Add(b.Timeout.D)
+	}
+	t.em.Emit(&event.ToolStarted{Step: step, CallID: callID, Tool: c.Name, Kind: string(e.Tool.Tool.Kind()),
+		Arguments: args, TimeoutMS: b.Timeout.MS(), Deadline: deadline.UTC(), Enforcement: string(b.Enforcement),
+		Source: b.Timeout.Source, IdleTimeoutMS: b.IdleTimeout.MS()})
+	act := &activity{step: step, subject: "tool " + c.Name, callID: callID, tool: c.Name, deadline: deadline, limit: b.Timeout.D}
+	t.live.begin(act)
+
+	call := &tool.Call{ID: callID, TurnID: t.id, Tool: c.Name, Input: args, KillGrace: b.KillGrace,
+		MaxOutput: t.a.limits.MaxToolOutput.N}
+	x := tool.Run(ctx, e.Tool.Tool, call, b, tool.Hooks{
+		OnProgress: func(r tool.Report) {
+			t.live.progress()
+			t.em.Emit(&event.ToolProgress{CallID: callID, Tool: c.Name, Progress: r.Progress, Total: r.Total, Message: r.Message})
+		},
+		OnLate: func(res *tool.Result, err error, ended time.Time) { t.late(callID, res, err, ended) },
+	})
+	t.live.end(act, true)
+
+	result := tool.ModelResult(c.Name, b, x)
+	rec := event.ToolCall{CallID: callID, TurnID: t.id, Step: step, Tool: c.Name, Kind: string(e.Tool.Tool.Kind()),
+		Arguments: args, StartedAt: x.Started, EndedAt: x.Ended, DurationMS: x.Elapsed().Milliseconds(),
+		TimeoutMS: b.Timeout.MS(), TimeoutSource: b.Timeout.Source, IdleTimeoutMS: b.IdleTimeout.MS(),
+		Enforcement: string(b.Enforcement), Outcome: x.Outcome, Phase: x.Phase, Overran: x.Overran,
+		Abandoned: x.Abandoned, ProgressCount: x.Progress, Result: result}
+	if x.Result != nil {
+		rec.ExitCode, rec.StderrTail, rec.Truncated = x.Result.ExitCode, strings.ToValidUTF8(x.Result.StderrTail, "\uFFFD"), x.Result.Truncated
+	}
+	var te *tool.Error
+	if errors.As(x.Err, &te) {
+		if rec.ExitCode == nil {
+			rec.ExitCode = te.ExitCode
+		}
+		if rec.StderrTail == "" {
+			rec.StderrTail = te.StderrTail
+		}
+	}
+	rec = t.addToolRecord(rec)
+	t.em.Emit(&event.ToolFinished{ToolCall: rec})
+	return result
+}
+
+type lateResult struct {
+	res   *tool.Result
+	err   error
+	ended time.Time
+}
+
+// late records what an abandoned call returned after it was abandoned.
+func (t *turn) late(callID string, res *tool.Result, err error, ended time.Time) {
+	t.mu.Lock()
+	for i := range t.toolRecs {
+		if t.toolRecs[i].CallID == callID {
+			t.applyLate(&t.toolRecs[i], lateResult{res, err, ended})
+			after := t.ended
+			cp := t.toolRecs[i]
+			t.mu.Unlock()
+			if after && t.a.lateResult != nil {
+				t.a.lateResult(cp)
+			}
+			return
+		}
+	}
+	defer t.mu.Unlock()
+	// The call's record is written just after tool.Run returns; this
+	// result beat it there.
+	if t.pendingLate == nil {
+		t.pendingLate = map[string]lateResult{}
+	}
+	t.pendingLate[callID] = lateResult{res, err, ended}
+}
+
+// addToolRecord stores a tool call record, with any late result that
+// arrived before it.
+func (t *turn) addToolRecord(rec event.ToolCall) event.ToolCall {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.toolRecs = append(t.toolRecs, rec)
+	r := &t.toolRecs[len(t.toolRecs)-1]
+	if lr, ok := t.pendingLate[rec.CallID]; ok {
+		delete(t.pendingLate, rec.CallID)
+		out := *r
+		t.applyLate(r, lr)
+		return out // tool_finished carries the record as it was at the end
+	}
+	return *r
+}
+
+// applyLate updates rec with a late result and, while the turn runs,
+// reports it as a late_result event. After the turn ended the caller passes
+// the record to Config.LateResult. t.mu is held.
+func (t *turn) applyLate(rec *event.ToolCall, lr lateResult) {
+	var out string
+	if lr.res != nil {
+		out = strings.ToValidUTF8(string(lr.res.Output), "\uFFFD")
+	}
+	rec.LateResult, rec.LateOutput = true, out
+	if t.ended {
+		return
+	}
+	ev := &event.LateResult{CallID: rec.CallID, Tool: rec.Tool, DurationMS: lr.ended.Sub(rec.StartedAt).Milliseconds(), Output: out}
+	if lr.err != nil {
+		ev.Error = lr.err.Error()
+	}
+	t.em.Emit(ev)
+}
+
+// finish closes the turn: the turn_finished event and the record.
+func (t *turn) finish(st stop) *Result {
+	// Wait for a capture under way (Once.Do returns only after it); after
+	// this none can start.
+	t.stopOnce.Do(func() {})
+	now := time.Now()
+	if st.reason != budget.Answered && st.answer == "" {
+		st.answer = t.partial
+	}
+	flags := event.Flags{}
+	if te, ok := budget.AsTimeout(st.cause); ok && (te.Phase == budget.PhaseTurn || te.Phase == budget.PhaseStep) {
+		flags.TimedOutByTurnBudget = te.Phase == budget.PhaseTurn
+		flags.TimedOutDuringToolExecution = t.stopDuringRun
+	}
+	msg := t.message(st, now)
+	// From here on a late result goes to Config.LateResult, not to events.
+	t.mu.Lock()
+	t.ended = true
+	rec := &event.Turn{
+		TurnID: t.id, SessionID: t.in.SessionID, Agent: t.a.name, Input: t.in.Text,
+		Status: st.reason.Status(), StopReason: st.reason, Message: msg, Answer: st.answer, Flags: flags,
+		StartedAt: t.start, EndedAt: now, Steps: t.steps, LLMMS: t.llmUsed.Milliseconds(), ToolMS: t.toolTime.Milliseconds(),
+		WallMS: now.Sub(t.start).Milliseconds(), Failovers: t.failovers,
+		ToolCalls:  append([]event.ToolCall(nil), t.toolRecs...),
+		ModelCalls: append([]event.ModelCall(nil), t.modelRecs...),
+	}
+	t.mu.Unlock()
+	sort.SliceStable(rec.ToolCalls, func(i, j int) bool { return rec.ToolCalls[i].StartedAt.Before(rec.ToolCalls[j].StartedAt) })
+	t.em.Emit(&event.TurnFinished{Status: rec.Status, StopReason: rec.StopReason, Message: rec.Message,
+		Answer: rec.Answer, Flags: flags, Totals: rec.Totals()})
+	t.em.Close()
+	rec.Events = t.em.Log()
+	return &Result{Record: rec, Messages: t.msgs}
+}

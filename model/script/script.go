@@ -1,0 +1,257 @@
+// Package script is the deterministic model provider: it plays a JSONL
+// script of replies with their timings (spec §15). It stands in for a real
+// model in the demo and in tests, and replays an incident recorded from a
+// live model offline.
+package script
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/timebox-run/timebox/model"
+)
+
+// Line is one scripted reply: one model call consumes one line.
+type Line struct {
+	// Text is the reply's text; Chunks is the same as a list of stream
+	// chunks. Text without Chunks is streamed word by word.
+	Text   string   `json:"text,omitempty"`
+	Chunks []string `json:"chunks,omitempty"`
+	// FirstChunkDelay is waited before the first chunk, ChunkDelay before
+	// each later one.
+	FirstChunkDelay Duration `json:"first_chunk_delay,omitempty"`
+	ChunkDelay      Duration `json:"chunk_delay,omitempty"`
+	// StallAfter, when set, makes the stream go silent forever after that
+	// many chunks (0: before the first), to exercise llm_first_chunk and
+	// llm_idle.
+	StallAfter *int `json:"stall_after,omitempty"`
+	// ToolCalls are the calls the reply asks for.
+	ToolCalls []Call `json:"tool_calls,omitempty"`
+	// Error makes the call fail as a provider would.
+	Error *Failure `json:"error,omitempty"`
+}
+
+// Call is a scripted tool call. Arguments is any JSON value; a JSON string
+// is sent as the raw argument text, which lets a script send arguments that
+// are not JSON.
+type Call struct {
+	Name      string          `json:"name"`
+	Arguments json.RawMessage `json:"arguments,omitempty"`
+}
+
+// Failure is a scripted provider failure.
+type Failure struct {
+	Status     int      `json:"status"`
+	Message    string   `json:"message"`
+	RetryAfter Duration `json:"retry_after,omitempty"`
+}
+
+// Duration is a time.Duration written in Go syntax ("50ms").
+type Duration time.Duration
+
+// UnmarshalJSON reads "50ms".
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("a duration is a string like \"50ms\"")
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil || v < 0 {
+		return fmt.Errorf("%q is not a duration (use Go syntax like 50ms or 2s)", s)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalJSON writes "50ms".
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+// Provider plays a script. Each conversation (model.Request.Conversation)
+// has its own place in the script; after the last line it starts again from
+// the first. It is safe for concurrent use.
+type Provider struct {
+	lines []Line
+
+	mu   sync.Mutex
+	next map[string]int
+}
+
+// New returns a provider that plays lines. It returns an error if there are
+// none.
+func New(lines []Line) (*Provider, error) {
+	if len(lines) == 0 {
+		return nil, fmt.Errorf("script: no lines")
+	}
+	return &Provider{lines: lines, next: map[string]int{}}, nil
+}
+
+// Load reads a JSONL script file. Errors name the file and line.
+func Load(path string) (*Provider, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	lines, err := Parse(f, path)
+	if err != nil {
+		return nil, err
+	}
+	return New(lines)
+}
+
+// Parse reads JSONL script lines from r; blank lines and lines starting with
+// "//" are skipped. name is used in errors.
+func Parse(r io.Reader, name string) ([]Line, error) {
+	var lines []Line
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 16<<20)
+	n := 0
+	for sc.Scan() {
+		n++
+		raw := bytes.TrimSpace(sc.Bytes())
+		if len(raw) == 0 || bytes.HasPrefix(raw, []byte("//")) {
+			continue
+		}
+		var l Line
+		dec := json.NewDecoder(bytes.NewReader(raw))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&l); err != nil {
+			return nil, fmt.Errorf("%s:%d: %v", name, n, err)
+		}
+		if l.Text != "" && len(l.Chunks) > 0 {
+			return nil, fmt.Errorf("%s:%d: give text or chunks, not both", name, n)
+		}
+		for i, c := range l.ToolCalls {
+			if c.Name == "" {
+				return nil, fmt.Errorf("%s:%d: tool_calls[%d]: name is required", name, n, i)
+			}
+		}
+		lines = append(lines, l)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return lines, nil
+}
+
+// Stream plays the conversation's next line.
+func (p *Provider) Stream(ctx context.Context, req model.Request) (model.Stream, error) {
+	p.mu.Lock()
+	i := p.next[req.Conversation]
+	p.next[req.Conversation] = (i + 1) % len(p.lines)
+	p.mu.Unlock()
+	l := p.lines[i]
+	if l.Error != nil {
+		if err := sleep(ctx, time.Duration(l.FirstChunkDelay)); err != nil {
+			return nil, err
+		}
+		return nil, &model.Error{Provider: "script", Status: l.Error.Status, Message: l.Error.Message,
+			RetryAfter: time.Duration(l.Error.RetryAfter)}
+	}
+	chunks := l.Chunks
+	if len(chunks) == 0 && l.Text != "" {
+		chunks = words(l.Text)
+	}
+	s := &stream{ctx: ctx, line: l, chunks: chunks}
+	for j, c := range l.ToolCalls {
+		args := string(c.Arguments)
+		var str string
+		if json.Unmarshal(c.Arguments, &str) == nil {
+			args = str
+		}
+		if args == "" {
+			args = "{}"
+		}
+		s.calls = append(s.calls, model.ToolCall{ID: fmt.Sprintf("call_%d_%d", i+1, j+1), Name: c.Name, Arguments: args})
+	}
+	return s, nil
+}
+
+type stream struct {
+	ctx    context.Context
+	line   Line
+	chunks []string
+	calls  []model.ToolCall
+	sent   int
+	text   strings.Builder
+	done   bool
+}
+
+// Recv plays the next chunk with its delay. Tool calls come as one last
+// chunk after the text.
+func (s *stream) Recv() (model.Chunk, error) {
+	if s.done {
+		return model.Chunk{}, io.EOF
+	}
+	total := len(s.chunks)
+	if len(s.calls) > 0 {
+		total++
+	}
+	if s.line.StallAfter != nil && s.sent >= *s.line.StallAfter {
+		<-s.ctx.Done()
+		return model.Chunk{}, context.Cause(s.ctx)
+	}
+	if s.sent >= total {
+		s.done = true
+		return model.Chunk{}, io.EOF
+	}
+	d := s.line.ChunkDelay
+	if s.sent == 0 {
+		d = s.line.FirstChunkDelay
+	}
+	if err := sleep(s.ctx, time.Duration(d)); err != nil {
+		return model.Chunk{}, err
+	}
+	var c model.Chunk
+	if s.sent < len(s.chunks) {
+		c.Text = s.chunks[s.sent]
+		s.text.WriteString(c.Text)
+	}
+	s.sent++
+	return c, nil
+}
+
+func (s *stream) Response() model.Response {
+	r := model.Response{Text: s.text.String(), ToolCalls: s.calls, FinishReason: "stop"}
+	if len(s.calls) > 0 {
+		r.FinishReason = "tool_calls"
+	}
+	return r
+}
+
+func (s *stream) Close() error { return nil }
+
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+// words splits text into stream chunks of one word each, spaces kept.
+func words(text string) []string {
+	var out []string
+	start := 0
+	for i := 1; i < len(text); i++ {
+		if text[i] == ' ' && text[i-1] != ' ' {
+			out = append(out, text[start:i])
+			start = i
+		}
+	}
+	return append(out, text[start:])
+}
