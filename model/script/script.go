@@ -126,6 +126,9 @@ func Parse(r io.Reader, name string) ([]Line, error) {
 		if err := dec.Decode(&l); err != nil {
 			return nil, fmt.Errorf("%s:%d: %v", name, n, err)
 		}
+		if dec.More() {
+			return nil, fmt.Errorf("%s:%d: one JSON object per line, found more after it", name, n)
+		}
 		if l.Text != "" && len(l.Chunks) > 0 {
 			return nil, fmt.Errorf("%s:%d: give text or chunks, not both", name, n)
 		}

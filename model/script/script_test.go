@@ -1,0 +1,96 @@
+package script_test
+
+import (
+	"context"
+	"io"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/timebox-run/timebox/model"
+	"github.com/timebox-run/timebox/model/script"
+)
+
+func TestParseErrorsNameTheLine(t *testing.T) {
+	cases := map[string]string{
+		"{\"text\": \"a\"}\n{\"txt\": \"b\"}":                      `test:2: json: unknown field "txt"`,
+		`{"text": "a", "chunks": ["b"]}`:                           "test:1: give text or chunks, not both",
+		`{"chunk_delay": "10 ms"}`:                                 `"10 ms" is not a duration`,
+		`{"tool_calls": [{"arguments": {}}]}`:                      "tool_calls[0]: name is required",
+		"// a comment\n\n{\"text\": \"ok\"}\n{\"text\": \"ok\"} x": "test:4",
+	}
+	for in, want := range cases {
+		_, err := script.Parse(strings.NewReader(in), "test")
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: got %v, want %q", in, err, want)
+		}
+	}
+}
+
+func TestPlaysInOrderPerConversationWithTimings(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ls, err := script.Parse(strings.NewReader(`{"chunks": ["a", "b"], "first_chunk_delay": "1s", "chunk_delay": "50ms"}
+{"text": "one two", "tool_calls": [{"name": "x", "arguments": {"k": 1}}, {"name": "y", "arguments": "not json"}]}
+{"error": {"status": 429, "message": "slow down", "retry_after": "2s"}}`), "s")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, _ := script.New(ls)
+		play := func(conv string) (model.Response, []time.Duration, error) {
+			start := time.Now()
+			s, err := p.Stream(context.Background(), model.Request{Conversation: conv})
+			if err != nil {
+				return model.Response{}, nil, err
+			}
+			var at []time.Duration
+			for {
+				_, err := s.Recv()
+				if err == io.EOF {
+					return s.Response(), at, nil
+				}
+				if err != nil {
+					return model.Response{}, at, err
+				}
+				at = append(at, time.Since(start))
+			}
+		}
+		r, at, _ := play("a")
+		if r.Text != "ab" || len(at) != 2 || at[0] != time.Second || at[1] != 1050*time.Millisecond {
+			t.Fatalf("line 1: %q at %v", r.Text, at)
+		}
+		if r, _, _ := play("b"); r.Text != "ab" {
+			t.Fatal("conversations must not share a place in the script")
+		}
+		r, at, _ = play("a")
+		if r.Text != "one two" || len(at) != 3 || len(r.ToolCalls) != 2 || r.ToolCalls[0].Arguments != `{"k": 1}` ||
+			r.ToolCalls[1].Arguments != "not json" || r.FinishReason != "tool_calls" {
+			t.Fatalf("line 2: %+v (%d chunks)", r, len(at))
+		}
+		_, _, err = play("a")
+		var me *model.Error
+		if me, _ = err.(*model.Error); me == nil || me.Status != 429 || me.RetryAfter != 2*time.Second {
+			t.Fatalf("line 3: %v", err)
+		}
+		if r, _, _ := play("a"); r.Text != "ab" {
+			t.Fatal("after the last line the script starts again")
+		}
+	})
+}
+
+func TestStallEndsWithTheContext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ls, _ := script.Parse(strings.NewReader(`{"chunks": ["a", "b"], "stall_after": 1}`), "s")
+		p, _ := script.New(ls)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		s, _ := p.Stream(ctx, model.Request{})
+		if c, err := s.Recv(); err != nil || c.Text != "a" {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		if _, err := s.Recv(); err == nil || time.Since(start) != time.Minute {
+			t.Fatalf("stall ended after %s with %v", time.Since(start), err)
+		}
+	})
+}
