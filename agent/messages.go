@@ -70,6 +70,9 @@ func (t *turn) message(st stop, now time.Time) string {
 			budget.Shutdown:   "Cancelled after %s: the server is shutting down",
 		}[st.reason]
 		s := fmt.Sprintf(who, wall)
+		if ce, ok := budget.AsCancel(st.cause); ok && ce.By != "" && st.reason == budget.Cancelled {
+			s = fmt.Sprintf("Cancelled by %s after %s", ce.By, wall)
+		}
 		switch {
 		case len(t.stopTools) == 1:
 			s += fmt.Sprintf("; tool %s was stopped.", t.stopTools[0])

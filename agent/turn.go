@@ -614,3 +614,20 @@ func (t *turn) finish(st stop) *Result {
 	rec.Events = t.em.Log()
 	return &Result{Record: rec, Messages: t.msgs}
 }
+
+// CallTool runs one call of the named tool under its budget, outside any
+// turn, and returns its record: the `timebox tool call` command. Events
+// (tool_started, tool_progress, tool_finished) go to sinks. Cancelling ctx
+// stops the call as a cancelled turn would.
+func (a *Agent) CallTool(ctx context.Context, name string, input json.RawMessage, sinks ...event.Sink) event.ToolCall {
+	t := &turn{a: a, id: "tool-call", start: time.Now()}
+	t.em = event.NewEmitter(t.id, sinks...)
+	t.live = newLiveness(budget.Duration{}, a.budgets.ProgressNotice.D, func(v any) { t.em.Emit(v) }, func(*budget.TimeoutError) {})
+	defer t.live.close()
+	t.runTool(ctx, 1, "call_1_1", model.ToolCall{ID: "call_1_1", Name: name, Arguments: string(input)})
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.ended = true
+	t.em.Close()
+	return t.toolRecs[0]
+}
