@@ -35,6 +35,11 @@ type Agent struct {
 	Context  Context
 	Server   Server
 	Tools    []Tool
+
+	// Warnings are doubtful but harmless findings, each a full sentence
+	// ready to print: an unknown TIMEBOX_* variable (with a suggestion),
+	// an empty one, an idle_timeout that can never fire.
+	Warnings []string
 }
 
 // Chain is the model failover chain.
@@ -52,6 +57,7 @@ type ModelRef struct {
 	Model    string
 }
 
+// String returns the ref as the agent file writes it, "provider:model".
 func (m ModelRef) String() string { return m.Provider + ":" + m.Model }
 
 // Provider holds one provider's settings.
@@ -76,6 +82,10 @@ type Context struct {
 	// CompactAt is the estimated prompt size, in tokens, above which older
 	// history is summarised (default 100000; 0 is off).
 	CompactAt int
+	// Source and Knob say where CompactAt came from (flag, env, file or
+	// default) and what changes it, as for every other setting.
+	Source budget.Source
+	Knob   string
 }
 
 // Server holds `timebox serve` settings.
@@ -104,7 +114,9 @@ type Tool struct {
 	// the whole environment.
 	Env []string
 	// Workdir is the exec tool's working directory, made absolute; empty is
-	// the agent file's directory.
+	// the agent file's directory. Load fills it with that directory when
+	// the entry has none, so that a tool never runs in whatever directory
+	// the process happened to start in.
 	Workdir string
 
 	// MCP is set for an mcp entry.

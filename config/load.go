@@ -1,0 +1,509 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/goccy/go-yaml/ast"
+
+	"github.com/timebox-run/timebox/budget"
+)
+
+// Overrides are the values that beat the agent file (spec §2): flags, then
+// TIMEBOX_* variables.
+type Overrides struct {
+	// Flags maps a setting's Key ("timeouts.tool") to the value as the user
+	// typed it ("2m"). Only flags the user actually set belong here: an
+	// entry, even an empty one, overrides the file.
+	Flags map[string]string
+	// Env is the environment in os.Environ form ("KEY=value"); a variable
+	// listed twice takes its last value, as exec.Cmd does. Nil means no
+	// environment, which keeps tests and library callers hermetic: Load
+	// never reads the process environment itself.
+	Env []string
+}
+
+// Load reads the agent file at path (spec §15), checks it fully and
+// resolves every budget with its source and knob.
+//
+// On any problem it returns a nil *Agent and an Errors holding every
+// problem found in the file, the flags and the environment, each with its
+// position and a fix. Unknown TIMEBOX_* variables and other doubtful but
+// harmless settings are not errors; they are in Agent.Warnings.
+//
+// Load reads files relative to the agent file (the script provider's file,
+// exec programs with a slash, workdirs) to check that they exist; it runs
+// nothing and connects to nothing. Credentials are not read: a missing key
+// is the model's problem when it is built, so that failover can move past
+// it.
+func Load(path string, o Overrides) (*Agent, error) {
+	l := newLoader(path, o)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		l.errs = append(l.errs, &Error{File: path, Msg: readProblem(err)})
+		l.readOverrides()
+		l.errs.sort()
+		return nil, l.errs
+	}
+	return l.load(data)
+}
+
+func readProblem(err error) string {
+	if errors.Is(err, fs.ErrNotExist) {
+		return "the agent file does not exist"
+	}
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return "cannot read the agent file: " + pe.Err.Error()
+	}
+	return "cannot read the agent file: " + err.Error()
+}
+
+// loader holds the state of one Load: what the file said, what the
+// overrides said, and every problem so far.
+type loader struct {
+	path string // as given, for messages
+	base string // the file's base name, for knobs ("... in agent.yaml")
+	dir  string // absolute directory of the file
+	o    Overrides
+
+	errs Errors
+	// warns are the file's warnings, envWarns the environment's; the
+	// file's come first, as its errors do.
+	warns, envWarns []string
+	t               *tree
+	a               *Agent
+
+	// Values of process-wide settings by Key, by where they came from.
+	file map[string]fileValue
+	env  map[string]int64
+	flag map[string]int64
+
+	profiles map[string]time.Duration // the file's own profiles
+	tools    []*rawTool
+
+	hasModel   bool
+	modelAt    pos
+	chainAt    []pos          // position of each model of the chain
+	providerAt map[string]pos // position of each providers.NAME key
+	// toolNamePos is where each entry's name is, by entry path.
+	toolNamePos map[string]pos
+	compactAt   budget.Count
+}
+
+// fileValue is a setting's value in the file and where it is.
+type fileValue struct {
+	n  int64
+	at pos
+}
+
+func newLoader(path string, o Overrides) *loader {
+	dir, err := filepath.Abs(filepath.Dir(path))
+	if err != nil {
+		dir = filepath.Dir(path)
+	}
+	a := &Agent{
+		Path:      path,
+		Dir:       dir,
+		Providers: map[string]Provider{},
+		Budgets:   budget.Defaults(),
+		Limits:    budget.DefaultLimits(),
+		Profiles:  budget.DefaultProfiles(),
+		Server: Server{ShutdownGrace: budget.Duration{
+			D: 10 * time.Second, Source: budget.SourceDefault, Knob: KeyShutdownGrace}},
+	}
+	return &loader{
+		path: path, base: filepath.Base(path), dir: dir, o: o, a: a,
+		file: map[string]fileValue{}, env: map[string]int64{}, flag: map[string]int64{},
+		profiles: map[string]time.Duration{}, providerAt: map[string]pos{}, toolNamePos: map[string]pos{},
+		compactAt: budget.Count{N: 100000, Source: budget.SourceDefault, Knob: KeyCompactAt},
+	}
+}
+
+// errAt records a problem at a position of the file.
+func (l *loader) errAt(p pos, key, msg string) {
+	l.errs = append(l.errs, &Error{File: l.path, Line: p.line, Col: p.col, Key: key, Msg: msg})
+}
+
+// warnAt records a doubtful setting at a position of the file, worded like
+// an error so that a person finds it the same way.
+func (l *loader) warnAt(p pos, key, msg string) {
+	e := &Error{File: l.path, Line: p.line, Col: p.col, Key: key, Msg: msg}
+	l.warns = append(l.warns, e.Error())
+}
+
+func (l *loader) load(data []byte) (*Agent, error) {
+	f, p, msg := parseYAML(data)
+	if msg != "" {
+		l.errAt(p, "", msg)
+		l.readOverrides()
+		l.errs.sort()
+		return nil, l.errs
+	}
+	var root ast.Node
+	if f != nil {
+		docs := 0
+		for _, d := range f.Docs {
+			if d == nil || d.Body == nil {
+				continue
+			}
+			docs++
+			if docs == 1 {
+				root = d.Body
+				continue
+			}
+			l.errAt(posOf(d.Body), "", "the file holds a second YAML document; an agent file is one document (remove the ---)")
+			break
+		}
+	}
+	l.t = &tree{l: l, anchors: map[string][]anchorDef{}}
+	collectAnchors(root, l.t.anchors, 0)
+	l.decodeTop(root)
+	l.readOverrides()
+	l.resolveSettings()
+	l.resolveTools()
+	l.resolveProviders()
+
+	if len(l.errs) > 0 {
+		l.errs.sort()
+		return nil, l.errs
+	}
+	l.a.Warnings = append(l.warns, l.envWarns...)
+	return l.a, nil
+}
+
+var topKeys = []string{"name", "instructions", "model", "providers", "timeouts", "limits", "context", "server", "tools"}
+
+// movedKeys gives, for a key written in the wrong section, where it
+// belongs: "max_steps" → "limits.max_steps".
+var movedKeys = func() map[string]string {
+	m := map[string]string{"profiles": "timeouts.profiles", "primary": "model.primary", "fallbacks": "model.fallbacks"}
+	for _, s := range Settings {
+		_, leaf, _ := strings.Cut(s.Key, ".")
+		m[leaf] = s.Key
+	}
+	return m
+}()
+
+// movedHint suggests the right section for a key that exists elsewhere.
+func movedHint(section string) func(string) string {
+	return func(key string) string {
+		if full, ok := movedKeys[key]; ok && !strings.HasPrefix(full, section+".") {
+			return fmt.Sprintf(" (did you mean %s? it belongs under %s:)", full, strings.SplitN(full, ".", 2)[0])
+		}
+		return ""
+	}
+}
+
+func (l *loader) decodeTop(root ast.Node) {
+	es, ok := l.t.mapping(root, "", "a mapping of keys (model, tools, timeouts, …)")
+	if !ok {
+		return
+	}
+	fs := l.t.fields(es, "", topKeys, func(key string) string {
+		if suggest(key, topKeys) != "" {
+			return "" // a typo of a top-level key ("tool" for "tools") is likelier
+		}
+		if full, ok := movedKeys[key]; ok {
+			return fmt.Sprintf(" (did you mean %s? it belongs under %s:)", full, strings.SplitN(full, ".", 2)[0])
+		}
+		return ""
+	})
+	if e, ok := fs["name"]; ok {
+		l.a.Name, _, _ = l.t.str(e.val, "name", "a name")
+	}
+	if e, ok := fs["instructions"]; ok {
+		l.a.Instructions, _, _ = l.t.str(e.val, "instructions", "the system instructions")
+	}
+	if e, ok := fs["model"]; ok {
+		l.decodeModel(e)
+	}
+	if e, ok := fs["providers"]; ok {
+		l.decodeProviders(e)
+	}
+	for _, section := range []string{"timeouts", "limits", "context", "server"} {
+		if e, ok := fs[section]; ok {
+			l.decodeSection(e, section)
+		}
+	}
+	if e, ok := fs["tools"]; ok {
+		l.decodeTools(e)
+	}
+	if !l.hasModel {
+		at := pos{}
+		if e, ok := fs["model"]; ok {
+			at = e.keyAt
+		}
+		l.errAt(at, "model.primary", "missing: every agent needs a model (add model: {primary: openai:gpt-4o-mini})")
+	}
+}
+
+// decodeSection reads one of the sections of process-wide settings.
+func (l *loader) decodeSection(e entry, section string) {
+	var known []string
+	for _, s := range Settings {
+		if strings.HasPrefix(s.Key, section+".") {
+			known = append(known, strings.TrimPrefix(s.Key, section+"."))
+		}
+	}
+	if section == "timeouts" {
+		known = append(known, "profiles")
+	}
+	es, ok := l.t.mapping(e.val, section, "a mapping of "+section)
+	if !ok {
+		return
+	}
+	fs := l.t.fields(es, section, known, movedHint(section))
+	for _, k := range known {
+		fe, ok := fs[k]
+		if !ok {
+			continue
+		}
+		if k == "profiles" {
+			l.decodeProfiles(fe)
+			continue
+		}
+		s, _ := SettingByKey(section + "." + k)
+		v, at, ok := l.t.scalar(fe.val, s.Key, kindWhat(s.Kind))
+		if !ok {
+			continue
+		}
+		n, problem := s.parse(v)
+		if problem != "" {
+			l.errAt(at, s.Key, problem)
+			continue
+		}
+		l.file[s.Key] = fileValue{n: n, at: at}
+	}
+}
+
+func kindWhat(k SettingKind) string {
+	switch k {
+	case KindDuration:
+		return "a duration such as 30s"
+	case KindBytes:
+		return "a size such as 1MiB"
+	}
+	return "a whole number"
+}
+
+func (l *loader) decodeProfiles(e entry) {
+	const path = "timeouts.profiles"
+	es, ok := l.t.mapping(e.val, path, "a mapping of profile names to durations")
+	if !ok {
+		return
+	}
+	for _, pe := range es {
+		key := path + "." + pe.key
+		if !profileNameRE.MatchString(pe.key) {
+			l.errAt(pe.keyAt, key, fmt.Sprintf("%q is not a profile name (start with a letter; use letters, digits, _ and -)", pe.key))
+			continue
+		}
+		v, at, ok := l.t.scalar(pe.val, key, "a duration such as 5m")
+		if !ok {
+			continue
+		}
+		d, problem := parseDuration(v)
+		if problem == "" && d == 0 {
+			problem = fmt.Sprintf("%s is not allowed: a profile is a tool's timeout, which cannot be off (use a duration such as 5m)", v.show())
+		}
+		if problem == "" {
+			problem = durationRange(v, d, durationBounds, "5m")
+		}
+		if problem != "" {
+			l.errAt(at, key, problem)
+			continue
+		}
+		l.profiles[pe.key] = d
+	}
+}
+
+// readOverrides reads the TIMEBOX_* variables and the flags. Their
+// problems name the variable or flag, which is what the person changes.
+func (l *loader) readOverrides() {
+	vars := map[string]string{}
+	for _, kv := range l.o.Env {
+		k, v, ok := strings.Cut(kv, "=")
+		if ok && strings.HasPrefix(k, "TIMEBOX_") {
+			vars[k] = v // the last one wins, as in exec.Cmd
+		}
+	}
+	names := make([]string, 0, len(vars))
+	for k := range vars {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	known := envNames()
+	for _, k := range names {
+		v := vars[k]
+		s, ok := settingByEnv(k)
+		if !ok {
+			if !contains(otherEnv, k) {
+				l.envWarns = append(l.envWarns, fmt.Sprintf("%s is not a timebox variable; it is ignored%s", k, didYouMean(k, known)))
+			}
+			continue
+		}
+		if strings.TrimSpace(v) == "" {
+			// An empty variable is how shells unset one for a single
+			// command (TIMEBOX_TURN_TIMEOUT= timebox run); say so rather
+			// than fail, and rather than ignore it silently.
+			l.envWarns = append(l.envWarns, fmt.Sprintf("%s is set but empty; it is ignored", k))
+			continue
+		}
+		n, problem := s.parse(value{text: v})
+		if problem != "" {
+			l.errs = append(l.errs, &Error{Key: k, Msg: problem})
+			continue
+		}
+		l.env[s.Key] = n
+	}
+
+	keys := make([]string, 0, len(l.o.Flags))
+	for k := range l.o.Flags {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var settingKeys []string
+	for _, s := range Settings {
+		settingKeys = append(settingKeys, s.Key)
+	}
+	for _, k := range keys {
+		s, ok := SettingByKey(k)
+		if !ok {
+			l.errs = append(l.errs, &Error{Key: "--" + k, Msg: "is not a setting" + didYouMean(k, settingKeys)})
+			continue
+		}
+		n, problem := s.parse(value{text: l.o.Flags[k]})
+		if problem != "" {
+			l.errs = append(l.errs, &Error{Key: "--" + s.Flag, Msg: problem})
+			continue
+		}
+		l.flag[s.Key] = n
+	}
+}
+
+func settingByEnv(name string) (Setting, bool) {
+	for _, s := range Settings {
+		if s.Env == name {
+			return s, true
+		}
+	}
+	return Setting{}, false
+}
+
+// resolveSettings gives each process-wide setting its value: flag >
+// environment > file > default.
+func (l *loader) resolveSettings() {
+	for _, s := range Settings {
+		src, knob, n, set := budget.Source(""), "", int64(0), false
+		if fv, ok := l.file[s.Key]; ok {
+			src, knob, n, set = budget.SourceFile, s.Key, fv.n, true
+		}
+		if v, ok := l.env[s.Key]; ok {
+			src, knob, n, set = budget.SourceEnv, s.Env, v, true
+		}
+		if v, ok := l.flag[s.Key]; ok {
+			src, knob, n, set = budget.SourceFlag, "--"+s.Flag, v, true
+		}
+		if !set {
+			continue // the default is already in place
+		}
+		d, c := l.slot(s.Key)
+		if d != nil {
+			*d = budget.Duration{D: time.Duration(n), Source: src, Knob: knob}
+		} else {
+			*c = budget.Count{N: n, Source: src, Knob: knob}
+		}
+	}
+	l.a.Context.CompactAt = int(l.compactAt.N)
+	l.a.Context.Source = l.compactAt.Source
+	l.a.Context.Knob = l.compactAt.Knob
+
+	b := l.a.Budgets
+	if b.Tool.D > b.ToolMax.D {
+		// Blame the one that was set on purpose; when both were, the
+		// tool timeout, as the spec's message does.
+		if b.Tool.Source == budget.SourceDefault {
+			l.errSetting(budget.KeyToolMax, b.ToolMax.Source, fmt.Sprintf(
+				"%s is below %s (%s, the default); raise it or lower %s",
+				fmtDuration(b.ToolMax.D), budget.KeyTool, fmtDuration(b.Tool.D), budget.KeyTool))
+		} else {
+			l.errSetting(budget.KeyTool, b.Tool.Source, fmt.Sprintf("%s %s",
+				fmtDuration(b.Tool.D), l.exceedsToolMax()))
+		}
+	}
+	for name, d := range l.profiles {
+		l.a.Profiles[name] = d
+	}
+}
+
+// exceedsToolMax ends a message about a tool timeout above tool_max.
+func (l *loader) exceedsToolMax() string {
+	m := l.a.Budgets.ToolMax
+	raise := "tool_max"
+	if m.Knob != budget.KeyToolMax {
+		raise = m.Knob
+	}
+	return fmt.Sprintf("exceeds %s (%s); lower it or raise %s", m.Knob, fmtDuration(m.D), raise)
+}
+
+// errSetting reports a problem with a resolved setting where it was set.
+func (l *loader) errSetting(key string, src budget.Source, msg string) {
+	s, _ := SettingByKey(key)
+	switch src {
+	case budget.SourceFlag:
+		l.errs = append(l.errs, &Error{Key: "--" + s.Flag, Msg: msg})
+	case budget.SourceEnv:
+		l.errs = append(l.errs, &Error{Key: s.Env, Msg: msg})
+	default:
+		l.errAt(l.file[key].at, key, msg)
+	}
+}
+
+// slot returns where a setting's resolved value goes.
+func (l *loader) slot(key string) (*budget.Duration, *budget.Count) {
+	b, lim := &l.a.Budgets, &l.a.Limits
+	switch key {
+	case budget.KeyTool:
+		return &b.Tool, nil
+	case budget.KeyToolMax:
+		return &b.ToolMax, nil
+	case budget.KeyLLMFirstChunk:
+		return &b.LLMFirstChunk, nil
+	case budget.KeyLLMIdle:
+		return &b.LLMIdle, nil
+	case budget.KeyLLMBudget:
+		return &b.LLMBudget, nil
+	case budget.KeyStep:
+		return &b.Step, nil
+	case budget.KeyTurn:
+		return &b.Turn, nil
+	case budget.KeyProgressNotice:
+		return &b.ProgressNotice, nil
+	case budget.KeyKillGrace:
+		return &b.KillGrace, nil
+	case budget.KeyCompaction:
+		return &b.Compaction, nil
+	case KeyShutdownGrace:
+		return &l.a.Server.ShutdownGrace, nil
+	case budget.KeyMaxSteps:
+		return nil, &lim.MaxSteps
+	case budget.KeyMaxToolCalls:
+		return nil, &lim.MaxToolCalls
+	case budget.KeyParallelTools:
+		return nil, &lim.ParallelTools
+	case budget.KeyMaxToolOutput:
+		return nil, &lim.MaxToolOutput
+	case budget.KeyIdleBreaker:
+		return nil, &lim.IdleBreaker
+	case KeyCompactAt:
+		return nil, &l.compactAt
+	}
+	panic("config: no slot for setting " + key)
+}

@@ -1,0 +1,105 @@
+package config
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/timebox-run/timebox/budget"
+)
+
+// WriteTable writes the resolved budget table that `timebox validate`
+// prints (spec §2, §11): every tool with its timeout, where the timeout
+// came from and the knob that changes it, its idle timeout and its
+// enforcement; then every process-wide budget and limit with its value,
+// source and knob. Columns are aligned for a terminal; the knob, the
+// widest column, comes last so that the others stay readable when it
+// wraps. It returns the first write error.
+func WriteTable(w io.Writer, a *Agent) error {
+	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "TOOL\tKIND\tTIMEOUT\tSOURCE\tIDLE\tENFORCEMENT\tKNOB")
+	if len(a.Tools) == 0 {
+		fmt.Fprintln(tw, "(none)")
+	}
+	for _, t := range a.Tools {
+		b := t.Budget
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.Name, t.Kind, fmtBudget(b.Timeout), b.Timeout.Source,
+			fmtBudget(b.IdleTimeout), b.Enforcement, b.Timeout.Knob)
+		if t.MCP == nil {
+			continue
+		}
+		names := make([]string, 0, len(t.MCP.Overrides))
+		for n := range t.MCP.Overrides {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		for _, n := range names {
+			o := t.MCP.Overrides[n]
+			timeout, idle, enf := b.Timeout, b.IdleTimeout, b.Enforcement
+			if o.Timeout.Source != "" {
+				timeout = o.Timeout
+			}
+			if o.IdleTimeout.Source != "" {
+				idle = o.IdleTimeout
+			}
+			if o.Enforcement != "" {
+				enf = o.Enforcement
+			}
+			fmt.Fprintf(tw, "%s[%s]\t%s\t%s\t%s\t%s\t%s\t%s\n", t.Name, n, t.Kind, fmtBudget(timeout), timeout.Source,
+				fmtBudget(idle), enf, timeout.Knob)
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+
+	tw = tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "BUDGET\tVALUE\tSOURCE\tKNOB")
+	for _, s := range Settings {
+		v, src, knob := settingValue(a, s)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", s.Key, s.format(v), src, knob)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(w, "\nprofiles: %s\n", fmtProfiles(a.Profiles))
+	return err
+}
+
+// fmtBudget renders a tool's budget: a duration, or "off".
+func fmtBudget(d budget.Duration) string {
+	if d.Off() {
+		return "off"
+	}
+	return fmtDuration(d.D)
+}
+
+func fmtProfiles(p map[string]time.Duration) string {
+	names := make([]string, 0, len(p))
+	for n := range p {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	parts := make([]string, len(names))
+	for i, n := range names {
+		parts[i] = n + " " + fmtDuration(p[n])
+	}
+	return strings.Join(parts, ", ")
+}
+
+// settingValue returns a resolved setting's value, source and knob.
+func settingValue(a *Agent, s Setting) (int64, budget.Source, string) {
+	if s.Key == KeyCompactAt {
+		return int64(a.Context.CompactAt), a.Context.Source, a.Context.Knob
+	}
+	l := &loader{a: a}
+	d, c := l.slot(s.Key)
+	if d != nil {
+		return int64(d.D), d.Source, d.Knob
+	}
+	return c.N, c.Source, c.Knob
+}
