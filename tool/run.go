@@ -145,10 +145,9 @@ func Run(ctx context.Context, t Tool, c *Call, b budget.ToolBudget, h Hooks) *Ex
 
 	if x.Abandoned {
 		x.Ended = time.Now()
-		x.Cause = budget.Cause(callCtx)
+		x.Cause = withElapsed(budget.Cause(callCtx), x.Elapsed())
 		x.Outcome = event.OutcomeAbandoned
 		x.Phase = phaseOf(x.Cause)
-		fillElapsed(x.Cause, x.Elapsed())
 		abandonedRunning.Add(1)
 		go func() {
 			r := <-done
@@ -170,14 +169,13 @@ func Run(ctx context.Context, t Tool, c *Call, b budget.ToolBudget, h Hooks) *Ex
 		// instant: the work is done and was paid for.
 		x.Outcome = event.OutcomeOK
 	case callCtx.Err() != nil && !isOwnError(r.err):
-		x.Cause = budget.Cause(callCtx)
+		x.Cause = withElapsed(budget.Cause(callCtx), x.Elapsed())
 		x.Phase = phaseOf(x.Cause)
 		if x.Phase == budget.PhaseTool || x.Phase == budget.PhaseToolIdle {
 			x.Outcome = event.OutcomeTimedOut
 		} else {
 			x.Outcome = event.OutcomeCancelled
 		}
-		fillElapsed(x.Cause, x.Elapsed())
 	default:
 		x.Outcome = event.OutcomeError
 		x.Err = r.err
@@ -195,10 +193,16 @@ func isOwnError(err error) bool {
 	return errors.As(err, &te)
 }
 
-func fillElapsed(cause error, d time.Duration) {
-	if te, ok := budget.AsTimeout(cause); ok && te.Elapsed == 0 {
-		te.Elapsed = d
+// withElapsed returns cause with its elapsed time filled in. The cause is
+// shared (it is the context's cause, read by whoever holds the context), so
+// a copy is filled, never the original.
+func withElapsed(cause error, d time.Duration) error {
+	if te, ok := cause.(*budget.TimeoutError); ok && te.Elapsed == 0 {
+		cp := *te
+		cp.Elapsed = d
+		return &cp
 	}
+	return cause
 }
 
 // phaseOf returns the phase of a stop cause.
