@@ -1,0 +1,484 @@
+package proctree
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// cgroupHost is where this process makes its calls' cgroups: directories
+// under timebox-<pid>, itself under this process's own cgroup v2 directory.
+//
+// A call's cgroup is reused by a later call once it is empty: making and
+// removing two cgroup directories per call (the parent and the call's)
+// would cost more than a tenth of a small tool's whole run. The idle ones,
+// and the parent, are removed when no call has run for idleLinger, or at
+// once by Close; a process that exits sooner leaves them empty, and the
+// next timebox process on the machine removes them (removeStale).
+type cgroupHost struct {
+	base      string // this process's own cgroup directory
+	rel       string // the same as /proc/<pid>/cgroup names it ("/..." )
+	parent    string // base/timebox-<pid>
+	parentRel string
+
+	mu     sync.Mutex
+	made   bool          // parent exists
+	active int           // calls holding a cgroup
+	idle   []*callCgroup // empty cgroups ready for reuse
+	linger *time.Timer   // removes the idle cgroups and the parent
+}
+
+// idleLinger is how long idle call cgroups and their parent are kept after
+// the last call ends; maxIdle is how many are kept.
+const (
+	idleLinger = 2 * time.Second
+	maxIdle    = 32
+)
+
+// cgHost finds and probes the cgroup v2 hierarchy once per process.
+var cgHost = sync.OnceValues(detectCgroup)
+
+// cgroupUsable returns nil when calls can run in cgroups here, else why not.
+func cgroupUsable() error {
+	_, err := cgHost()
+	return err
+}
+
+func detectCgroup() (*cgroupHost, error) {
+	own, err := ownCgroup()
+	if err != nil {
+		return nil, err
+	}
+	mounts, err := cgroup2Mounts()
+	if err != nil {
+		return nil, err
+	}
+	if len(mounts) == 0 {
+		return nil, errors.New("no cgroup2 file system is mounted")
+	}
+	var base string
+	for _, m := range mounts {
+		rel, ok := within(own, m.root)
+		if !ok {
+			continue
+		}
+		dir := filepath.Join(m.point, rel)
+		if fi, err := os.Stat(dir); err == nil && fi.IsDir() {
+			base = dir
+			break
+		}
+	}
+	if base == "" {
+		return nil, fmt.Errorf("this process's cgroup %s is not under any cgroup2 mount", own)
+	}
+	name := "timebox-" + strconv.Itoa(os.Getpid())
+	h := &cgroupHost{base: base, rel: own, parent: filepath.Join(base, name), parentRel: path.Join(own, name)}
+	h.removeStale()
+	if err := h.probe(); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// probe makes a call cgroup and starts a process inside it that fails to
+// exec a path that does not exist. ENOENT means the child was created in
+// the cgroup (clone3 with CLONE_INTO_CGROUP worked) and only its exec
+// failed; anything else (EACCES, EPERM, ENOSYS under an old seccomp
+// profile, EBUSY) means children cannot be started in our cgroups, and we
+// learn it now rather than on a tool call.
+func (h *cgroupHost) probe() error {
+	c, err := h.newCall(0)
+	if err != nil {
+		return err
+	}
+	defer c.discard()
+	_, err = os.StartProcess("/nonexistent/timebox-cgroup-probe", []string{"timebox-cgroup-probe"},
+		&os.ProcAttr{Sys: &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: c.fd}})
+	if !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("cannot start a process inside a cgroup under %s: %v", h.base, err)
+	}
+	return nil
+}
+
+// removeStale removes the empty call directories, and then the parent,
+// that a timebox process which no longer exists left behind (it crashed,
+// or was killed with SIGKILL). Directories that still hold processes are
+// left alone: they are somebody's, and rmdir refuses anyway.
+func (h *cgroupHost) removeStale() {
+	entries, err := os.ReadDir(h.base)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		rest, ok := strings.CutPrefix(e.Name(), "timebox-")
+		if !ok || !e.IsDir() {
+			continue
+		}
+		pid, err := strconv.Atoi(rest)
+		if err != nil || pid == os.Getpid() || unix.Kill(pid, 0) != unix.ESRCH {
+			continue
+		}
+		dir := filepath.Join(h.base, e.Name())
+		calls, _ := os.ReadDir(dir)
+		for _, c := range calls {
+			if c.IsDir() {
+				removeTree(filepath.Join(dir, c.Name()))
+			}
+		}
+		os.Remove(dir)
+	}
+}
+
+// callCgroup is the cgroup of one call.
+type callCgroup struct {
+	host *cgroupHost
+	dir  string
+	rel  string // as /proc/<pid>/cgroup names it
+	fd   int    // the directory, open for clone3
+	// killed is set once cgroup.kill was written: some kernels keep killing
+	// every process that later enters the cgroup, so it is not reused.
+	killed bool
+}
+
+// newCall returns an empty cgroup for call n: an idle one, or a new
+// directory named after the call.
+func (h *cgroupHost) newCall(n uint64) (*callCgroup, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.linger != nil {
+		h.linger.Stop()
+		h.linger = nil
+	}
+	if k := len(h.idle); k > 0 {
+		c := h.idle[k-1]
+		h.idle = h.idle[:k-1]
+		h.active++
+		return c, nil
+	}
+	if !h.made {
+		if err := os.Mkdir(h.parent, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return nil, err
+		}
+		h.made = true
+	}
+	name := "call-" + strconv.FormatUint(n, 10)
+	c := &callCgroup{host: h, dir: filepath.Join(h.parent, name), rel: path.Join(h.parentRel, name), fd: -1}
+	if err := os.Mkdir(c.dir, 0o755); err != nil {
+		h.idleLocked()
+		return nil, err
+	}
+	fd, err := unix.Open(c.dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		unix.Rmdir(c.dir)
+		h.idleLocked()
+		return nil, err
+	}
+	c.fd = fd
+	h.active++
+	return c, nil
+}
+
+// release gives back the cgroup of a call whose tree is gone: to the idle
+// list when it is empty and has no cgroups below it, else it is removed.
+func (c *callCgroup) release() {
+	reusable := !c.killed && !c.populated() && !c.hasDescendants()
+	if !reusable {
+		c.closeFD()
+		pollUntil(time.Now().Add(time.Second), func() bool { return removeTree(c.dir) })
+	}
+	h := c.host
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.active--
+	if reusable {
+		if len(h.idle) < maxIdle {
+			h.idle = append(h.idle, c)
+		} else {
+			c.closeFD()
+			unix.Rmdir(c.dir)
+		}
+	}
+	h.idleLocked()
+}
+
+// discard removes a cgroup that was never used for a call (the probe's),
+// and the parent with it when no call is active, so that a process that
+// only checks its configuration leaves nothing behind.
+func (c *callCgroup) discard() {
+	h := c.host
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.active--
+	c.closeFD()
+	unix.Rmdir(c.dir)
+	if h.active == 0 {
+		h.sweepLocked()
+	}
+}
+
+// idleLocked arms the removal of the idle cgroups once no call is active.
+func (h *cgroupHost) idleLocked() {
+	if h.active > 0 || h.linger != nil || !h.made {
+		return
+	}
+	h.linger = time.AfterFunc(idleLinger, func() {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		h.linger = nil
+		if h.active == 0 {
+			h.sweepLocked()
+		}
+	})
+}
+
+// sweepLocked removes the idle cgroups and the parent, which must have no
+// active call. It runs under h.mu, so that no call can be making a
+// directory in the parent meanwhile; removing an empty cgroup is quick.
+func (h *cgroupHost) sweepLocked() {
+	for _, c := range h.idle {
+		c.closeFD()
+		unix.Rmdir(c.dir)
+	}
+	h.idle = nil
+	if h.made && unix.Rmdir(h.parent) == nil {
+		h.made = false
+	}
+}
+
+// Close removes this process's idle cgroup directories now, and their
+// parent when no call is running, instead of after the idle linger
+// (2s). Later calls make them again. It is meant for the end of a program
+// (a CLI run, a test binary); without it, a program that exits within the
+// linger leaves empty directories that the next timebox process removes.
+// Close is idempotent and safe for concurrent use; it never fails a call.
+func Close() {
+	h, err := cgHost()
+	if err != nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.linger != nil {
+		h.linger.Stop()
+		h.linger = nil
+	}
+	if h.active == 0 {
+		h.sweepLocked()
+		return
+	}
+	for _, c := range h.idle {
+		c.closeFD()
+		unix.Rmdir(c.dir)
+	}
+	h.idle = nil
+}
+
+func (c *callCgroup) closeFD() {
+	if c.fd >= 0 {
+		unix.Close(c.fd)
+		c.fd = -1
+	}
+}
+
+// hasDescendants reports whether a privileged tool made cgroups below the
+// call's, from cgroup.stat.
+func (c *callCgroup) hasDescendants() bool {
+	b, err := readFile(c.dir+"/cgroup.stat", make([]byte, 0, 128))
+	if err != nil {
+		return true
+	}
+	for line := range bytes.Lines(b) {
+		if v, ok := bytes.CutPrefix(line, []byte("nr_descendants ")); ok {
+			return len(v) == 0 || v[0] != '0'
+		}
+	}
+	return true
+}
+
+// populated reports whether any process is in the cgroup or below it, from
+// cgroup.events, which the kernel updates as the last process exits, before
+// its parent can see the exit.
+func (c *callCgroup) populated() bool {
+	b, err := readFile(c.dir+"/cgroup.events", make([]byte, 0, 64))
+	if err != nil {
+		return true // cannot tell: the callers then list the processes
+	}
+	for line := range bytes.Lines(b) {
+		if v, ok := bytes.CutPrefix(line, []byte("populated ")); ok {
+			return len(v) > 0 && v[0] != '0'
+		}
+	}
+	return true
+}
+
+// procs lists the processes in the cgroup and in any cgroup a privileged
+// tool made below it (looked for only when cgroup.stat counts some).
+func (c *callCgroup) procs() []int {
+	var out []int
+	var walk func(dir string, below bool)
+	walk = func(dir string, below bool) {
+		b, err := readFile(dir+"/cgroup.procs", make([]byte, 0, 256))
+		if err == nil {
+			for f := range bytes.FieldsSeq(b) {
+				if pid, err := strconv.Atoi(string(f)); err == nil {
+					out = append(out, pid)
+				}
+			}
+		}
+		if !below {
+			return
+		}
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			return
+		}
+		for _, e := range entries {
+			if e.IsDir() {
+				walk(filepath.Join(dir, e.Name()), true)
+			}
+		}
+	}
+	walk(c.dir, c.hasDescendants())
+	return out
+}
+
+// errNoKill means the kernel has no cgroup.kill (before Linux 5.14).
+var errNoKill = errors.New("cgroup.kill is not available")
+
+// kill sends SIGKILL to every process in the cgroup and below it at once,
+// including processes in the middle of forking.
+func (c *callCgroup) kill() error {
+	c.killed = true
+	err := os.WriteFile(c.dir+"/cgroup.kill", []byte("1"), 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return errNoKill
+	}
+	return err
+}
+
+// has reports whether pid is in the cgroup or below it, from
+// /proc/<pid>/cgroup. The callers hold a pidfd on pid when they ask, so
+// the answer is about that process and not one that reused its pid.
+func (c *callCgroup) has(pid int) bool {
+	b, err := readFile("/proc/"+strconv.Itoa(pid)+"/cgroup", make([]byte, 0, 256))
+	if err != nil {
+		return false
+	}
+	for line := range strings.Lines(string(b)) {
+		if p, ok := strings.CutPrefix(strings.TrimSuffix(line, "\n"), "0::"); ok {
+			return p == c.rel || strings.HasPrefix(p, c.rel+"/")
+		}
+	}
+	return false
+}
+
+// removeTree removes dir and the cgroup directories below it, deepest
+// first, and reports whether dir is gone.
+func removeTree(dir string) bool {
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if e.IsDir() {
+			removeTree(filepath.Join(dir, e.Name()))
+		}
+	}
+	err := unix.Rmdir(dir)
+	return err == nil || err == unix.ENOENT
+}
+
+// ownCgroup returns this process's cgroup v2 path, from the "0::" line of
+// /proc/self/cgroup.
+func ownCgroup() (string, error) {
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return "", err
+	}
+	for line := range strings.Lines(string(b)) {
+		if p, ok := strings.CutPrefix(strings.TrimSpace(line), "0::"); ok {
+			return strings.TrimSuffix(p, " (deleted)"), nil
+		}
+	}
+	return "", errors.New("this process is in no cgroup v2 (no 0:: line in /proc/self/cgroup)")
+}
+
+type mount struct{ root, point string }
+
+// cgroup2Mounts returns the cgroup2 mounts from /proc/self/mountinfo, the
+// usual places first: /sys/fs/cgroup (a pure v2 system), then
+// /sys/fs/cgroup/unified (a hybrid one).
+func cgroup2Mounts() ([]mount, error) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	var out []mount
+	for line := range strings.Lines(string(b)) {
+		// 36 35 0:31 / /sys/fs/cgroup/unified rw,... shared:9 - cgroup2 cgroup2 rw
+		pre, post, ok := strings.Cut(line, " - ")
+		if !ok {
+			continue
+		}
+		pf, qf := strings.Fields(pre), strings.Fields(post)
+		if len(pf) < 5 || len(qf) < 1 || qf[0] != "cgroup2" {
+			continue
+		}
+		out = append(out, mount{root: unescapeMount(pf[3]), point: unescapeMount(pf[4])})
+	}
+	rank := func(m mount) int {
+		switch m.point {
+		case "/sys/fs/cgroup":
+			return 0
+		case "/sys/fs/cgroup/unified":
+			return 1
+		}
+		return 2
+	}
+	for i := 1; i < len(out); i++ {
+		for j := i; j > 0 && rank(out[j]) < rank(out[j-1]); j-- {
+			out[j], out[j-1] = out[j-1], out[j]
+		}
+	}
+	return out, nil
+}
+
+// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// within returns p relative to a mount's root, if p is inside it.
+func within(p, root string) (string, bool) {
+	if root == "/" {
+		return p, true
+	}
+	if p == root {
+		return "/", true
+	}
+	if rest, ok := strings.CutPrefix(p, root+"/"); ok {
+		return "/" + rest, true
+	}
+	return "", false
+}

@@ -1,0 +1,172 @@
+package proctree
+
+import (
+	"errors"
+	"os"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// handle is one process of a tree, held by a pidfd where the kernel has
+// them (Linux 5.3). A pidfd names one process for good: a signal sent
+// through it cannot reach another process that was given the same pid, and
+// it becomes readable when the process exits, which Go's poller turns into
+// a wait that costs no thread and no polling. Without pidfds a handle falls
+// back to the pid, checked by polling.
+//
+// A handle is used by one goroutine at a time.
+type handle struct {
+	pid  int
+	f    *os.File // the pidfd; nil when pidfds are unavailable
+	rc   syscall.RawConn
+	done bool // the process has exited (it may be a zombie)
+	sent map[unix.Signal]bool
+}
+
+// openHandle opens a handle on pid. It returns an error wrapping ESRCH when
+// no such process exists.
+func openHandle(pid int) (*handle, error) {
+	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
+	switch {
+	case err == nil:
+		return newHandle(pid, fd), nil
+	case errors.Is(err, unix.ESRCH):
+		return nil, err
+	default:
+		// ENOSYS (kernel before 5.3) or a seccomp filter: fall back to the
+		// pid. The window in which it could be reused is the time between
+		// reading it and signalling it, and the callers re-check what they
+		// read.
+		if unix.Kill(pid, 0) == unix.ESRCH {
+			return nil, unix.ESRCH
+		}
+		return &handle{pid: pid}, nil
+	}
+}
+
+// newHandle returns the handle of pid for a pidfd opened with
+// PIDFD_NONBLOCK (so that Go's poller takes it), or -1 for none.
+func newHandle(pid, fd int) *handle {
+	if fd < 0 {
+		return &handle{pid: pid}
+	}
+	f := os.NewFile(uintptr(fd), "pidfd")
+	rc, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		return &handle{pid: pid}
+	}
+	return &handle{pid: pid, f: f, rc: rc}
+}
+
+// exited reports whether the process has exited. A zombie has.
+func (h *handle) exited() bool {
+	if h.done {
+		return true
+	}
+	if h.f == nil {
+		h.done = !pidAlive(h.pid)
+		return h.done
+	}
+	var ready bool
+	if err := h.rc.Control(func(fd uintptr) { ready = pidfdReady(fd) }); err != nil {
+		ready = true // closed: nothing left to wait for
+	}
+	h.done = ready
+	return ready
+}
+
+// pidfdReady reports whether a pidfd is readable, which it is once its
+// process has exited.
+func pidfdReady(fd uintptr) bool {
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	for {
+		n, err := unix.Poll(fds, 0)
+		if err == unix.EINTR {
+			continue
+		}
+		return err != nil || n > 0
+	}
+}
+
+// wait waits until the process has exited or the deadline passes (a zero
+// deadline never passes), and reports whether it exited.
+func (h *handle) wait(deadline time.Time) bool {
+	if h.exited() {
+		return true
+	}
+	if h.f != nil {
+		if err := h.f.SetReadDeadline(deadline); err == nil {
+			err = h.rc.Read(func(fd uintptr) bool { return pidfdReady(fd) })
+			if err == nil {
+				h.done = true
+				return true
+			}
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				return false
+			}
+		}
+		// Not pollable after all: poll by hand below.
+	}
+	return pollUntil(deadline, h.exited)
+}
+
+// pollUntil calls cond with a growing interval (1ms up to 10ms) until it
+// holds or the deadline passes. It is the fallback for kernels without
+// pollable pidfds.
+func pollUntil(deadline time.Time, cond func() bool) bool {
+	d := time.Millisecond
+	for !cond() {
+		if !deadline.IsZero() {
+			left := time.Until(deadline)
+			if left <= 0 {
+				return false
+			}
+			d = min(d, left)
+		}
+		time.Sleep(d)
+		d = min(2*d, 10*time.Millisecond)
+	}
+	return true
+}
+
+// signal sends sig to the process, once per signal per handle: a process
+// that traps SIGTERM should run its handler once. It returns nil when the
+// process has already exited.
+func (h *handle) signal(sig unix.Signal) error {
+	if h.sent[sig] || h.exited() {
+		return nil
+	}
+	if h.sent == nil {
+		h.sent = make(map[unix.Signal]bool, 2)
+	}
+	h.sent[sig] = true
+	var err error
+	if h.f == nil {
+		err = unix.Kill(h.pid, sig)
+	} else if cerr := h.rc.Control(func(fd uintptr) { err = unix.PidfdSendSignal(int(fd), sig, nil, 0) }); cerr != nil {
+		return nil
+	}
+	if err == unix.ESRCH {
+		return nil
+	}
+	return err
+}
+
+func (h *handle) close() {
+	if h.f != nil {
+		h.f.Close()
+	}
+}
+
+// pidAlive reports whether pid names a process that has not exited: one
+// that exists and is not a zombie.
+func pidAlive(pid int) bool {
+	if unix.Kill(pid, 0) == unix.ESRCH {
+		return false
+	}
+	st, err := readStat(pid)
+	return err == nil && !st.gone()
+}

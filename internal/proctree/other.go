@@ -1,0 +1,47 @@
+//go:build !linux
+
+package proctree
+
+import (
+	"errors"
+	"os/exec"
+	"time"
+)
+
+var errUnsupported = errors.New("process trees are owned on Linux only")
+
+func cgroupUsable() error { return errUnsupported }
+
+// Tree is the process tree of one started command. Only Linux has them.
+type Tree struct{}
+
+// Start returns an error: process trees are owned on Linux only.
+func Start(cmd *exec.Cmd, s Strategy) (*Tree, error) { return nil, errUnsupported }
+
+// Strategy returns the tree's strategy.
+func (t *Tree) Strategy() Strategy { return "" }
+
+// Marker returns the tree's marker.
+func (t *Tree) Marker() string { return "" }
+
+// PID returns the root's pid.
+func (t *Tree) PID() int { return 0 }
+
+// Exited returns a closed channel.
+func (t *Tree) Exited() <-chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}
+
+// Stop does nothing.
+func (t *Tree) Stop(grace time.Duration) {}
+
+// Wait returns an error.
+func (t *Tree) Wait() error { return errUnsupported }
+
+// Running returns an error: process trees are owned on Linux only.
+func Running() ([]Process, error) { return nil, errUnsupported }
+
+// Close does nothing.
+func Close() {}

@@ -1,0 +1,209 @@
+package proctree
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// procStat is what a scan needs from /proc/<pid>/stat.
+type procStat struct {
+	state byte   // R, S, D, Z, X, ...
+	pgrp  int    // process group
+	start uint64 // start time, clock ticks after boot
+}
+
+// gone reports whether the process has exited: a zombie (Z) or dead (X)
+// process is waiting to be reaped and runs no more code.
+func (s procStat) gone() bool { return s.state == 'Z' || s.state == 'X' || s.state == 'x' }
+
+var errBadStat = errors.New("malformed /proc stat")
+
+// readFile reads a small /proc file into buf (growing it) with raw system
+// calls: an os.File would cost a poller registration per file, and a scan
+// reads one or two files per process on the machine.
+func readFile(path string, buf []byte) ([]byte, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return buf[:0], err
+	}
+	defer unix.Close(fd)
+	buf = buf[:0]
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := unix.Read(fd, buf[len(buf):cap(buf)])
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return buf, err
+		}
+		if n == 0 {
+			return buf, nil
+		}
+		buf = buf[:len(buf)+n]
+	}
+}
+
+var statBufs = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
+
+// readStat reads /proc/<pid>/stat.
+func readStat(pid int) (procStat, error) {
+	bp := statBufs.Get().(*[]byte)
+	defer statBufs.Put(bp)
+	b, err := readFile("/proc/"+strconv.Itoa(pid)+"/stat", *bp)
+	*bp = b
+	if err != nil {
+		return procStat{}, err
+	}
+	return parseStat(b)
+}
+
+// parseStat parses the fields after the command name, which is in
+// parentheses and may itself contain spaces and parentheses.
+func parseStat(b []byte) (procStat, error) {
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 || i+2 >= len(b) {
+		return procStat{}, errBadStat
+	}
+	// Fields from 3 on (man proc_pid_stat): 3 state, 4 ppid, 5 pgrp, ...
+	// 22 starttime.
+	f := bytes.Fields(b[i+2:])
+	if len(f) < 20 {
+		return procStat{}, errBadStat
+	}
+	var s procStat
+	s.state = f[0][0]
+	pgrp, err := strconv.Atoi(string(f[2]))
+	if err != nil {
+		return procStat{}, errBadStat
+	}
+	s.pgrp = pgrp
+	start, err := strconv.ParseUint(string(f[19]), 10, 64)
+	if err != nil {
+		return procStat{}, errBadStat
+	}
+	s.start = start
+	return s, nil
+}
+
+// markerIn returns the TIMEBOX_CALL value in a /proc/<pid>/environ image
+// (NUL-separated KEY=value entries), and whether there is one.
+func markerIn(environ []byte) (string, bool) {
+	key := []byte(EnvMarker + "=")
+	for len(environ) > 0 {
+		entry := environ
+		if i := bytes.IndexByte(environ, 0); i >= 0 {
+			entry, environ = environ[:i], environ[i+1:]
+		} else {
+			environ = nil
+		}
+		if bytes.HasPrefix(entry, key) {
+			return string(entry[len(key):]), true
+		}
+	}
+	return "", false
+}
+
+// readMarker returns the TIMEBOX_CALL value of pid's environment as it was
+// when the process started, read from /proc/<pid>/environ. A zombie's, and
+// one of another user's process, reads as none.
+func readMarker(pid int, buf []byte) (string, bool, []byte) {
+	b, err := readFile("/proc/"+strconv.Itoa(pid)+"/environ", buf)
+	if err != nil {
+		return "", false, b
+	}
+	v, ok := markerIn(b)
+	return v, ok, b
+}
+
+// pids lists the processes (thread-group leaders) in /proc.
+func pids() ([]int, error) {
+	d, err := os.Open("/proc")
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	names, err := d.Readdirnames(-1)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]int, 0, len(names))
+	for _, n := range names {
+		if n == "" || n[0] < '0' || n[0] > '9' {
+			continue
+		}
+		if pid, err := strconv.Atoi(n); err == nil {
+			out = append(out, pid)
+		}
+	}
+	return out, nil
+}
+
+var selfStart = sync.OnceValue(func() uint64 {
+	s, err := readStat(os.Getpid())
+	if err != nil {
+		return 0
+	}
+	return s.start
+})
+
+// Running returns the live (not zombie) processes that carry this process's
+// marker, in any call, finished or not. A process started by a call that
+// has ended and that is still listed here has leaked; internal/proctest
+// builds its check on this. It reads every /proc/<pid>/environ started
+// after this process, so it is meant for tests and diagnostics, not for
+// hot paths. Safe for concurrent use.
+func Running() ([]Process, error) {
+	all, err := pids()
+	if err != nil {
+		return nil, err
+	}
+	self, min := os.Getpid(), selfStart()
+	var out []Process
+	buf := make([]byte, 0, 4096)
+	for _, pid := range all {
+		if pid == self {
+			continue
+		}
+		st, err := readStat(pid)
+		if err != nil || st.gone() || st.start < min {
+			continue
+		}
+		var v string
+		var ok bool
+		v, ok, buf = readMarker(pid, buf)
+		if !ok {
+			continue
+		}
+		if _, mine := callOf(v); !mine {
+			continue
+		}
+		// Re-check after reading the environment: a process that exited
+		// in between is not a leak.
+		if !pidAlive(pid) {
+			continue
+		}
+		out = append(out, Process{PID: pid, Marker: v, Cmdline: cmdline(pid)})
+	}
+	return out, nil
+}
+
+func cmdline(pid int) string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	if err != nil {
+		return "?"
+	}
+	s := strings.TrimRight(strings.ReplaceAll(string(b), "\x00", " "), " ")
+	if len(s) > 200 {
+		s = s[:200] + "…"
+	}
+	return strings.ToValidUTF8(s, "?")
+}

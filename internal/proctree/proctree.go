@@ -1,0 +1,202 @@
+// Package proctree owns the process tree of a subprocess call: the process
+// timebox starts and every process that process starts, however it tries
+// to leave (its own process group, its own session, a double fork whose
+// middle process exited). Spec §3 asks that no descendant of a stopped tool
+// survives; this package is how.
+//
+// Two strategies do the owning (see docs/decisions/process-tree.md):
+//
+//   - Cgroup: each call runs in its own cgroup v2 directory, created under
+//     a per-process parent (<own cgroup>/timebox-<pid>/call-<n>); the child
+//     is started directly inside it (clone3 with CLONE_INTO_CGROUP), so
+//     nothing it starts can be missed. Stopping reads cgroup.procs and
+//     forcing writes cgroup.kill.
+//   - Track: the fallback for machines without a writable cgroup v2. The
+//     child leads a new process group; every process of the call inherits
+//     the marker variable TIMEBOX_CALL; stopping signals the group and every
+//     process whose environment carries the call's marker, found by
+//     scanning /proc. Known limit: a process that clears its own
+//     environment and also leaves the process group is not found.
+//
+// Both strategies set the marker, so a leak check (internal/proctest) works
+// the same under either. Both put the child in a new process group, so a
+// terminal's Ctrl-C reaches timebox alone, which then stops its tools the
+// way the spec says.
+package proctree
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+)
+
+// EnvStrategy is the environment variable that forces a strategy: auto,
+// cgroup or track. Any other non-empty value is an error (CheckEnv).
+const EnvStrategy = "TIMEBOX_PROCTREE"
+
+// EnvMarker is the environment variable every process of a call inherits.
+// Its value is "<instance>-<n>" (Instance, then the call's sequence
+// number); when timebox itself runs inside another timebox's call, the
+// inherited value follows after a comma, so the outer timebox still
+// recognises the inner one's processes as part of its call.
+const EnvMarker = "TIMEBOX_CALL"
+
+// Strategy is how a process tree is owned.
+type Strategy string
+
+// The strategies. Auto picks Cgroup when a writable cgroup v2 hierarchy
+// lets this process start children inside a cgroup of its own making, and
+// Track otherwise.
+const (
+	Auto   Strategy = "auto"
+	Cgroup Strategy = "cgroup"
+	Track  Strategy = "track"
+)
+
+// ParseStrategy parses a strategy name. The empty string is Auto. Any other
+// unknown value is an error listing the valid ones.
+func ParseStrategy(s string) (Strategy, error) {
+	switch Strategy(s) {
+	case "", Auto:
+		return Auto, nil
+	case Cgroup, Track:
+		return Strategy(s), nil
+	}
+	return "", fmt.Errorf("%q is not a process-tree strategy (use auto, cgroup or track)", s)
+}
+
+// CheckEnv checks the TIMEBOX_PROCTREE variable: unset, empty, auto, cgroup
+// or track. It returns an error naming the variable for any other value,
+// and for cgroup when no usable cgroup v2 hierarchy is found (with the
+// reason), so that a configuration check reports it before anything runs
+// (spec §10). It may create and remove a probe cgroup and start a probe
+// process that fails to exec. Safe for concurrent use.
+func CheckEnv() error {
+	v, ok := os.LookupEnv(EnvStrategy)
+	if !ok || v == "" {
+		return nil
+	}
+	s, err := ParseStrategy(v)
+	if err != nil {
+		return fmt.Errorf("%s=%q: %w", EnvStrategy, v, err)
+	}
+	if s == Cgroup {
+		if err := cgroupUsable(); err != nil {
+			return fmt.Errorf("%s=cgroup: %w; use auto or track", EnvStrategy, err)
+		}
+	}
+	return nil
+}
+
+// Resolve returns the concrete strategy (Cgroup or Track) that Start uses
+// for s. An explicit Cgroup or Track wins; Auto (or "") defers to
+// TIMEBOX_PROCTREE, and when that is unset or auto, to detection, which
+// runs once per process. It returns an error for an invalid
+// TIMEBOX_PROCTREE and for Cgroup when cgroups are not usable here. Safe
+// for concurrent use.
+func Resolve(s Strategy) (Strategy, error) {
+	switch s {
+	case "", Auto:
+		v := os.Getenv(EnvStrategy)
+		es, err := ParseStrategy(v)
+		if err != nil {
+			return "", fmt.Errorf("%s=%q: %w", EnvStrategy, v, err)
+		}
+		if es != Auto {
+			return Resolve(es)
+		}
+		if cgroupUsable() == nil {
+			return Cgroup, nil
+		}
+		return Track, nil
+	case Cgroup:
+		if err := cgroupUsable(); err != nil {
+			return "", fmt.Errorf("the cgroup process-tree strategy is not usable here: %w", err)
+		}
+		return Cgroup, nil
+	case Track:
+		return Track, nil
+	}
+	return "", fmt.Errorf("%q is not a process-tree strategy (use auto, cgroup or track)", s)
+}
+
+// Instance returns this process's marker instance: 12 random hex digits,
+// the same for the life of the process and different in every process, so
+// that two timebox processes (or two test binaries) never mistake each
+// other's subprocesses for their own.
+func Instance() string { return instance() }
+
+var instance = sync.OnceValue(func() string {
+	var b [6]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		// crypto/rand does not fail on Linux; the pid still separates
+		// processes alive at the same time.
+		return fmt.Sprintf("p%011x", os.Getpid())
+	}
+	return hex.EncodeToString(b[:])
+})
+
+// calls numbers the calls of this process; the marker and the cgroup
+// directory of a call carry its number.
+var calls atomic.Uint64
+
+// Process is a live process that carries this process's marker.
+type Process struct {
+	PID int
+	// Marker is the process's TIMEBOX_CALL value.
+	Marker string
+	// Cmdline is its command line, arguments separated by spaces, for
+	// messages.
+	Cmdline string
+}
+
+func (p Process) String() string {
+	return fmt.Sprintf("pid %d (%s) %s=%s", p.PID, p.Cmdline, EnvMarker, p.Marker)
+}
+
+// markerValue returns the TIMEBOX_CALL value for call n: its own marker,
+// followed by the marker this process inherited, if any.
+func markerValue(n uint64) string {
+	v := instance() + "-" + strconv.FormatUint(n, 10)
+	if outer := os.Getenv(EnvMarker); outer != "" {
+		v += "," + outer
+	}
+	return v
+}
+
+// callOf returns the number of this process's call in a TIMEBOX_CALL value,
+// and whether the value names one.
+func callOf(value string) (uint64, bool) {
+	prefix := instance() + "-"
+	for value != "" {
+		var elem string
+		elem, value, _ = strings.Cut(value, ",")
+		if rest, ok := strings.CutPrefix(elem, prefix); ok {
+			if n, err := strconv.ParseUint(rest, 10, 64); err == nil {
+				return n, true
+			}
+		}
+	}
+	return 0, false
+}
+
+// withMarker returns env without any TIMEBOX_CALL entry, plus the entry for
+// value. A nil env means this process's environment, as in exec.Cmd.
+func withMarker(env []string, value string) []string {
+	if env == nil {
+		env = os.Environ()
+	}
+	out := make([]string, 0, len(env)+1)
+	for _, kv := range env {
+		if strings.HasPrefix(kv, EnvMarker+"=") {
+			continue
+		}
+		out = append(out, kv)
+	}
+	return append(out, EnvMarker+"="+value)
+}

@@ -1,0 +1,479 @@
+//go:build linux
+
+package proctree
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+// The leak check lives in internal/proctest, which imports this package;
+// these tests use the same function it is built on (Running).
+
+const helperArg = "proctree-helper"
+
+func TestMain(m *testing.M) {
+	if len(os.Args) > 2 && os.Args[1] == helperArg {
+		// syscall.Exit skips the race detector's one-second sleep at exit.
+		syscall.Exit(helper(os.Args[2]))
+	}
+	// Close removes the idle cgroups now rather than leave them for the
+	// next process to clean up.
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) { Close(); os.Exit(code) }))
+}
+
+func helper(mode string) int {
+	switch mode {
+	case "hang":
+		fmt.Println("ready")
+		time.Sleep(time.Hour)
+	case "env":
+		fmt.Println(os.Getenv(EnvMarker))
+		time.Sleep(time.Hour)
+	case "ignore-term":
+		signal.Ignore(syscall.SIGTERM)
+		fmt.Println("ready")
+		time.Sleep(time.Hour)
+	case "count-term":
+		// Says "TERM" for each SIGTERM, and exits 100ms after the first.
+		c := make(chan os.Signal, 4)
+		signal.Notify(c, syscall.SIGTERM)
+		fmt.Println("ready")
+		<-c
+		fmt.Println("TERM")
+		timeout := time.After(100 * time.Millisecond)
+		for {
+			select {
+			case <-c:
+				fmt.Println("TERM")
+			case <-timeout:
+				return 0
+			}
+		}
+	case "term-spawns":
+		// On SIGTERM, starts a child and waits for it: the child did not
+		// exist when the tree was signalled.
+		c := make(chan os.Signal, 1)
+		signal.Notify(c, syscall.SIGTERM)
+		fmt.Println("ready")
+		<-c
+		child := exec.Command(self(), helperArg, "hang")
+		if err := child.Start(); err != nil {
+			return 1
+		}
+		child.Wait()
+		return 0
+	case "setsid-child", "leave-child":
+		c := exec.Command(self(), helperArg, "hang")
+		c.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		if err := c.Start(); err != nil {
+			fmt.Println("error", err)
+			return 1
+		}
+		fmt.Println(c.Process.Pid)
+		if mode == "leave-child" {
+			return 0
+		}
+		time.Sleep(time.Hour)
+	}
+	return 2
+}
+
+func self() string {
+	p, err := os.Executable()
+	if err != nil {
+		return os.Args[0]
+	}
+	return p
+}
+
+func forEachStrategy(t *testing.T, f func(t *testing.T, s Strategy)) {
+	t.Helper()
+	for _, s := range []Strategy{Cgroup, Track} {
+		t.Run(string(s), func(t *testing.T) {
+			if _, err := Resolve(s); err != nil {
+				t.Skip(err)
+			}
+			t.Cleanup(func() { noLeaks(t) })
+			f(t, s)
+		})
+	}
+}
+
+// noLeaks is internal/proctest's check, which cannot be imported here.
+func noLeaks(t *testing.T) {
+	t.Helper()
+	var left []Process
+	if !pollUntil(time.Now().Add(3*time.Second), func() bool {
+		var err error
+		left, err = Running()
+		return err == nil && len(left) == 0
+	}) {
+		t.Errorf("processes outlived their tree: %v", left)
+	}
+}
+
+// started is a helper started as the root of a tree, and its stdout lines.
+type started struct {
+	tree  *Tree
+	lines *bufio.Scanner
+}
+
+func start(t *testing.T, s Strategy, mode string) started {
+	t.Helper()
+	cmd := exec.Command(self(), helperArg, mode)
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout = w
+	tree, err := Start(cmd, s)
+	w.Close()
+	if err != nil {
+		r.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		tree.Wait()
+		r.Close()
+	})
+	if tree.Strategy() != s {
+		t.Errorf("strategy %s, want %s", tree.Strategy(), s)
+	}
+	return started{tree: tree, lines: bufio.NewScanner(r)}
+}
+
+func (st started) line(t *testing.T) string {
+	t.Helper()
+	if !st.lines.Scan() {
+		t.Fatalf("the helper said nothing: %v", st.lines.Err())
+	}
+	return st.lines.Text()
+}
+
+func (st started) pid(t *testing.T) int {
+	t.Helper()
+	l := st.line(t)
+	pid, err := strconv.Atoi(l)
+	if err != nil {
+		t.Fatalf("not a pid: %q", l)
+	}
+	return pid
+}
+
+func TestMarkerAndProcessGroup(t *testing.T) {
+	forEachStrategy(t, func(t *testing.T, s Strategy) {
+		st := start(t, s, "env")
+		if got := st.line(t); got != st.tree.Marker() || !strings.HasPrefix(got, Instance()+"-") {
+			t.Errorf("marker %q, tree says %q", got, st.tree.Marker())
+		}
+		ps, err := readStat(st.tree.PID())
+		if err != nil || ps.pgrp != st.tree.PID() {
+			t.Errorf("the root's process group is %d (%v), want its own, %d", ps.pgrp, err, st.tree.PID())
+		}
+		procs, err := Running()
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, p := range procs {
+			found = found || (p.PID == st.tree.PID() && p.Marker == st.tree.Marker())
+		}
+		if !found {
+			t.Errorf("Running does not list the live root: %v", procs)
+		}
+		st.tree.Stop(time.Second)
+		if err := st.tree.Wait(); err == nil {
+			t.Error("a stopped process reports success")
+		}
+	})
+}
+
+func TestStopReachesEscapedChild(t *testing.T) {
+	forEachStrategy(t, func(t *testing.T, s Strategy) {
+		st := start(t, s, "setsid-child")
+		child := st.pid(t)
+		st.tree.Stop(time.Second)
+		if pidAlive(child) || pidAlive(st.tree.PID()) {
+			t.Errorf("alive after Stop: child %v, root %v", pidAlive(child), pidAlive(st.tree.PID()))
+		}
+		var ee *exec.ExitError
+		if err := st.tree.Wait(); !errors.As(err, &ee) {
+			t.Errorf("Wait: %v, want the root's exit error", err)
+		}
+		if err := st.tree.Wait(); !errors.As(err, &ee) {
+			t.Errorf("a second Wait: %v", err)
+		}
+	})
+}
+
+func TestWaitKillsLeftovers(t *testing.T) {
+	forEachStrategy(t, func(t *testing.T, s Strategy) {
+		st := start(t, s, "leave-child")
+		child := st.pid(t)
+		<-st.tree.Exited()
+		if !pidAlive(child) {
+			t.Fatal("the child is gone before Wait; the test proves nothing")
+		}
+		if err := st.tree.Wait(); err != nil {
+			t.Errorf("Wait: %v, want the root's success", err)
+		}
+		if pidAlive(child) {
+			t.Error("the child outlived Wait")
+		}
+	})
+}
+
+func TestSIGTERMOnce(t *testing.T) {
+	// The tracking strategy signals the process group and then each
+	// process it finds: a process in the group must get SIGTERM once.
+	forEachStrategy(t, func(t *testing.T, s Strategy) {
+		st := start(t, s, "count-term")
+		st.line(t) // ready
+		st.tree.Stop(5 * time.Second)
+		n := 0
+		for st.lines.Scan() {
+			if st.lines.Text() == "TERM" {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Errorf("SIGTERM delivered %d times, want 1", n)
+		}
+		if err := st.tree.Wait(); err != nil {
+			t.Errorf("Wait: %v (the helper exits 0 on SIGTERM)", err)
+		}
+	})
+}
+
+func TestLateChildGetsSIGTERM(t *testing.T) {
+	forEachStrategy(t, func(t *testing.T, s Strategy) {
+		st := start(t, s, "term-spawns")
+		st.line(t)
+		t0 := time.Now()
+		st.tree.Stop(10 * time.Second)
+		if d := time.Since(t0); d > 3*time.Second {
+			t.Errorf("Stop took %s: the child started after SIGTERM was not sent it", d)
+		}
+		if err := st.tree.Wait(); err != nil {
+			t.Errorf("Wait: %v (the helper exits 0 once its child is gone)", err)
+		}
+	})
+}
+
+func TestStopGrace(t *testing.T) {
+	forEachStrategy(t, func(t *testing.T, s Strategy) {
+		for _, grace := range []time.Duration{0, 200 * time.Millisecond} {
+			st := start(t, s, "ignore-term")
+			st.line(t)
+			t0 := time.Now()
+			st.tree.Stop(grace)
+			if d := time.Since(t0); d < grace || d > grace+time.Second {
+				t.Errorf("grace %s: Stop took %s", grace, d)
+			}
+			if pidAlive(st.tree.PID()) {
+				t.Errorf("grace %s: the root is alive after Stop", grace)
+			}
+		}
+	})
+}
+
+func TestCgroupDirectories(t *testing.T) {
+	host, err := cgHost()
+	if err != nil {
+		t.Skip(err)
+	}
+	t.Cleanup(func() { noLeaks(t) })
+	st := start(t, Cgroup, "hang")
+	st.line(t)
+	call := st.tree.cg.dir
+	b, _ := os.ReadFile(call + "/cgroup.procs")
+	if strings.TrimSpace(string(b)) != strconv.Itoa(st.tree.PID()) {
+		t.Errorf("cgroup.procs %q, want the root %d", b, st.tree.PID())
+	}
+	st.tree.Stop(time.Second)
+	st.tree.Wait()
+
+	// The empty cgroup is kept for the next call, which reuses it.
+	next := start(t, Cgroup, "hang")
+	next.line(t)
+	if next.tree.cg.dir != call {
+		t.Errorf("the next call made %s instead of reusing %s", next.tree.cg.dir, call)
+	}
+	next.tree.Stop(0)
+	next.tree.Wait()
+
+	Close()
+	host.mu.Lock()
+	active := host.active
+	host.mu.Unlock()
+	if active == 0 {
+		for _, dir := range []string{call, host.parent} {
+			if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("%s is still there after Close with no call running: %v", dir, err)
+			}
+		}
+	}
+}
+
+func TestScansAreShared(t *testing.T) {
+	// Fake calls with no processes: a scan has something to look for.
+	for n := uint64(1 << 60); n < 1<<60+10; n++ {
+		pgid := -int(n%1000) - 2
+		trk.add(n, pgid)
+		defer trk.remove(pgid)
+	}
+	before := scans.Load()
+	var wg sync.WaitGroup
+	for i := range 100 {
+		wg.Go(func() {
+			if got := trk.members(1<<60 + uint64(i%10)); len(got) != 0 {
+				t.Errorf("members of a fake call: %v", got)
+			}
+		})
+	}
+	wg.Wait()
+	if n := scans.Load() - before; n < 1 || n > 50 {
+		t.Errorf("%d scans for 100 concurrent requests", n)
+	}
+	t.Logf("%d scans for 100 concurrent requests", scans.Load()-before)
+}
+
+func TestScanFindsMarkedProcess(t *testing.T) {
+	// A process outside every tracked group that carries the marker of a
+	// tracked call is found for that call, and for no other.
+	t.Cleanup(func() { noLeaks(t) })
+	const n, other = 1<<61 + 1, 1<<61 + 2
+	trk.add(n, -3)
+	trk.add(other, -4)
+	defer trk.remove(-3)
+	defer trk.remove(-4)
+	cmd := exec.Command(self(), helperArg, "hang")
+	cmd.Env = withMarker(nil, markerValue(n))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	}()
+	found := func(c uint64) bool {
+		ok := false
+		for _, r := range trk.members(c) {
+			ok = ok || (r.pid == cmd.Process.Pid && !r.inGroup)
+			closeFD(r.fd)
+		}
+		return ok
+	}
+	// The child's environment is readable once it has exec'd; until then
+	// it carries this process's own, without the marker.
+	if !pollUntil(time.Now().Add(5*time.Second), func() bool { return found(n) }) {
+		t.Fatal("the marked process was not found")
+	}
+	if found(other) {
+		t.Error("the marked process was found for another call")
+	}
+}
+
+func TestParseStat(t *testing.T) {
+	line := "1234 (a (weird) name) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 12345 678 18446744073709551615\n"
+	st, err := parseStat([]byte(line))
+	if err != nil || st.state != 'S' || st.pgrp != 1234 || st.start != 987654 {
+		t.Errorf("%+v %v", st, err)
+	}
+	if _, err := parseStat([]byte("1 (x) S 1")); err == nil {
+		t.Error("a short stat parsed")
+	}
+	if !(procStat{state: 'Z'}).gone() || (procStat{state: 'D'}).gone() {
+		t.Error("gone")
+	}
+}
+
+func TestMarkers(t *testing.T) {
+	t.Setenv(EnvMarker, "outer0000000-5")
+	v := markerValue(7)
+	if want := Instance() + "-7,outer0000000-5"; v != want {
+		t.Errorf("marker %q, want %q", v, want)
+	}
+	for value, want := range map[string]int64{
+		v:                               7,
+		"other-1," + Instance() + "-9":  9,
+		"other-1":                       -1,
+		Instance() + "-x":               -1,
+		"":                              -1,
+		Instance() + "-12,other-3,junk": 12,
+	} {
+		n, ok := callOf(value)
+		if (want < 0 && ok) || (want >= 0 && (!ok || n != uint64(want))) {
+			t.Errorf("callOf(%q) = %d, %v; want %d", value, n, ok, want)
+		}
+	}
+	env := withMarker([]string{"A=1", EnvMarker + "=stale", "B=2"}, "m-1")
+	if strings.Join(env, " ") != "A=1 B=2 "+EnvMarker+"=m-1" {
+		t.Errorf("env %v", env)
+	}
+	if v, ok := markerIn([]byte("A=1\x00" + EnvMarker + "=abc-3\x00B=2\x00")); !ok || v != "abc-3" {
+		t.Errorf("markerIn: %q %v", v, ok)
+	}
+	if _, ok := markerIn([]byte("X" + EnvMarker + "=abc-3\x00")); ok {
+		t.Error("markerIn matched inside another variable")
+	}
+}
+
+func TestStrategySelection(t *testing.T) {
+	for in, want := range map[string]Strategy{"": Auto, "auto": Auto, "cgroup": Cgroup, "track": Track} {
+		if got, err := ParseStrategy(in); err != nil || got != want {
+			t.Errorf("ParseStrategy(%q) = %q, %v", in, got, err)
+		}
+	}
+	if _, err := ParseStrategy("cgroups"); err == nil {
+		t.Error("cgroups parsed")
+	}
+
+	t.Setenv(EnvStrategy, "bogus")
+	if err := CheckEnv(); err == nil || !strings.Contains(err.Error(), "TIMEBOX_PROCTREE") {
+		t.Errorf("CheckEnv: %v, want an error naming the variable", err)
+	}
+	if _, err := Resolve(Auto); err == nil || !strings.Contains(err.Error(), "TIMEBOX_PROCTREE") {
+		t.Errorf("Resolve(auto): %v, want an error naming the variable", err)
+	}
+	if s, err := Resolve(Track); err != nil || s != Track {
+		t.Errorf("an explicit strategy must win over the variable: %s %v", s, err)
+	}
+
+	t.Setenv(EnvStrategy, "track")
+	if err := CheckEnv(); err != nil {
+		t.Error(err)
+	}
+	if s, err := Resolve(Auto); err != nil || s != Track {
+		t.Errorf("Resolve(auto) with track forced: %s %v", s, err)
+	}
+
+	t.Setenv(EnvStrategy, "cgroup")
+	usable := cgroupUsable()
+	if err := CheckEnv(); (err == nil) != (usable == nil) {
+		t.Errorf("CheckEnv with cgroup forced: %v (usable: %v)", err, usable)
+	}
+
+	t.Setenv(EnvStrategy, "")
+	want := Track
+	if usable == nil {
+		want = Cgroup
+	}
+	if s, err := Resolve(""); err != nil || s != want {
+		t.Errorf("auto-detected %s %v, want %s", s, err, want)
+	}
+}

@@ -1,0 +1,341 @@
+package proctree
+
+import (
+	"fmt"
+	"os/exec"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Tree is the process tree of one started command: its root process and
+// every process started under it. Exited is safe for concurrent use; Stop
+// and Wait serialise with each other.
+type Tree struct {
+	cmd      *exec.Cmd
+	strategy Strategy
+	n        uint64
+	marker   string
+	pid      int
+	exited   chan struct{}
+
+	cg *callCgroup // Cgroup
+
+	mu      sync.Mutex
+	members map[int]*handle // every process held so far, by pid
+	gone    bool            // a check found no live member after the root exited
+	waited  bool
+	err     error
+}
+
+// Start starts cmd, which must not have been started, as the root of a new
+// tree owned with strategy s (see Resolve; Auto picks). It sets
+// cmd.SysProcAttr (a copy of the caller's, with Setpgid unless Setsid is
+// set, and the cgroup to start in) and cmd.Env (the marker TIMEBOX_CALL is
+// added; a nil Env becomes this process's environment first, as exec.Cmd
+// would have used).
+//
+// The caller must call Wait once the tree is done with, whatever happened:
+// it reaps the root and releases the tree's cgroup. It returns cmd.Start's
+// error, or an error from Resolve or from making the call's cgroup.
+func Start(cmd *exec.Cmd, s Strategy) (*Tree, error) {
+	st, err := Resolve(s)
+	if err != nil {
+		return nil, err
+	}
+	n := calls.Add(1)
+	t := &Tree{cmd: cmd, strategy: st, n: n, marker: markerValue(n),
+		exited: make(chan struct{}), members: map[int]*handle{}}
+	attr := &syscall.SysProcAttr{}
+	if cmd.SysProcAttr != nil {
+		cp := *cmd.SysProcAttr
+		attr = &cp
+	}
+	if !attr.Setsid {
+		// A process group of its own: the tracking strategy signals it,
+		// and a terminal's Ctrl-C reaches timebox, not its tools.
+		attr.Setpgid, attr.Pgid = true, 0
+	}
+	cmd.Env = withMarker(cmd.Env, t.marker)
+	if st == Cgroup {
+		host, _ := cgHost()
+		cg, err := host.newCall(n)
+		if err != nil {
+			return nil, fmt.Errorf("making the call's cgroup: %w", err)
+		}
+		attr.UseCgroupFD, attr.CgroupFD = true, cg.fd
+		t.cg = cg
+	}
+	cmd.SysProcAttr = attr
+	if err := cmd.Start(); err != nil {
+		if t.cg != nil {
+			t.cg.release()
+		}
+		return nil, err
+	}
+	t.pid = cmd.Process.Pid
+	if st == Track {
+		trk.add(n, t.pid)
+	}
+	root, err := openHandle(t.pid)
+	if err != nil {
+		root = &handle{pid: t.pid}
+	}
+	go t.watchRoot(root)
+	return t, nil
+}
+
+// watchRoot closes exited when the root process exits, without reaping it:
+// while the root is an unreaped zombie its pid, which is also the process
+// group's id, cannot be reused, so signalling the group stays safe until
+// Wait reaps it.
+func (t *Tree) watchRoot(h *handle) {
+	defer close(t.exited)
+	defer h.close()
+	if h.f != nil && h.wait(time.Time{}) {
+		return
+	}
+	var info unix.Siginfo
+	for {
+		err := unix.Waitid(unix.P_PID, t.pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
+		if err != unix.EINTR {
+			return
+		}
+	}
+}
+
+// Strategy returns the strategy that owns the tree: Cgroup or Track.
+func (t *Tree) Strategy() Strategy { return t.strategy }
+
+// Marker returns the TIMEBOX_CALL value the tree's processes carry.
+func (t *Tree) Marker() string { return t.marker }
+
+// PID returns the root process's pid.
+func (t *Tree) PID() int { return t.pid }
+
+// Exited returns a channel that is closed when the root process has exited
+// (other processes of the tree may still be running).
+func (t *Tree) Exited() <-chan struct{} { return t.exited }
+
+// Stop stops the tree: SIGTERM to every process of it, then, after grace
+// or as soon as they have all exited, SIGKILL to whatever is left. It
+// returns when no process of the tree is alive (zombies count as gone).
+// With a grace of zero or less it sends SIGKILL at once. Stop after Wait
+// does nothing.
+func (t *Tree) Stop(grace time.Duration) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.waited || t.gone {
+		return
+	}
+	if grace > 0 {
+		deadline := time.Now().Add(grace)
+		t.signal(unix.SIGTERM)
+		if t.waitGone(deadline, unix.SIGTERM) {
+			return
+		}
+	}
+	t.kill()
+}
+
+// Wait kills whatever is left of the tree (SIGKILL), waits until no
+// process of it is alive, reaps the root and releases the tree's cgroup.
+// It returns the root's exit as cmd.Wait does (nil, *exec.ExitError, ...).
+// Calls after the first return the same.
+func (t *Tree) Wait() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.waited {
+		return t.err
+	}
+	t.waited = true
+	if !t.gone && t.live() {
+		t.kill()
+	}
+	select {
+	case <-t.exited:
+	default:
+		// Still alive after the whole tree was killed: the root left the
+		// tree (a privileged process can move itself out of its cgroup).
+		// It is our child, so its pid is ours to signal until reaped.
+		unix.Kill(t.pid, unix.SIGKILL)
+		<-t.exited
+	}
+	t.err = t.cmd.Wait()
+	for _, h := range t.members {
+		h.close()
+	}
+	t.members = nil
+	if t.cg != nil {
+		t.cg.release()
+	} else {
+		trk.remove(t.pid)
+	}
+	return t.err
+}
+
+// live reports whether any process of the tree is alive, cheaply for a
+// cgroup (one read of cgroup.events) and with a shared scan for tracking.
+func (t *Tree) live() bool {
+	if t.cg != nil && !t.cg.populated() {
+		t.gone = true
+		return false
+	}
+	return t.refresh(0) > 0
+}
+
+// signal sends sig to every process of the tree.
+func (t *Tree) signal(sig unix.Signal) {
+	if t.cg == nil {
+		// The group first, in one system call, so that the common case
+		// (nothing left the group) is signalled before the scan.
+		if unix.Kill(-t.pid, sig) == nil {
+			t.refreshGroup(sig)
+			return
+		}
+	}
+	t.refresh(sig)
+}
+
+// refreshGroup holds the members a scan finds right after the process
+// group was sent sig: those in the group are counted as signalled, so that
+// a process that traps the signal sees it once; the others get it now.
+func (t *Tree) refreshGroup(sig unix.Signal) {
+	for _, ref := range trk.members(t.n) {
+		h := t.hold(ref)
+		if ref.inGroup {
+			if h.sent == nil {
+				h.sent = map[unix.Signal]bool{}
+			}
+			h.sent[sig] = true
+		} else {
+			h.signal(sig)
+		}
+	}
+}
+
+// refresh lists the tree's processes, holds those not held yet, sends sig
+// (if not zero) to every held one that has not had it, and returns how many
+// are alive.
+func (t *Tree) refresh(sig unix.Signal) int {
+	if t.cg != nil {
+		for _, pid := range t.cg.procs() {
+			t.holdCgroupMember(pid)
+		}
+	} else {
+		for _, ref := range trk.members(t.n) {
+			t.hold(ref)
+		}
+	}
+	alive := 0
+	for _, h := range t.members {
+		if sig != 0 {
+			h.signal(sig)
+		}
+		if !h.exited() {
+			alive++
+		}
+	}
+	return alive
+}
+
+// hold keeps the handle of a process a scan found, unless one is held
+// already, and returns it.
+func (t *Tree) hold(ref procRef) *handle {
+	if h, ok := t.members[ref.pid]; ok && !h.exited() {
+		closeFD(ref.fd)
+		return h
+	}
+	h := newHandle(ref.pid, ref.fd)
+	if old, ok := t.members[ref.pid]; ok {
+		old.close()
+	}
+	t.members[ref.pid] = h
+	return h
+}
+
+func (t *Tree) holdCgroupMember(pid int) {
+	if h, ok := t.members[pid]; ok && !h.exited() {
+		return
+	}
+	h, err := openHandle(pid)
+	if err != nil {
+		return
+	}
+	if !t.cg.has(pid) {
+		h.close()
+		return
+	}
+	if old, ok := t.members[pid]; ok {
+		old.close()
+	}
+	t.members[pid] = h
+}
+
+// waitGone waits until no process of the tree is alive, or until the
+// deadline (zero: no deadline), and reports whether none is. It looks for
+// new processes every so often (10ms, doubling up to 250ms) and sends them
+// sig too: a process forked just after the tree was signalled did not get
+// the signal, and a parent that waits for it (a shell's trap running
+// `wait`) would otherwise hold the whole tree until SIGKILL.
+func (t *Tree) waitGone(deadline time.Time, sig unix.Signal) bool {
+	rescan := 10 * time.Millisecond
+	for {
+		until := time.Now().Add(rescan)
+		if !deadline.IsZero() && deadline.Before(until) {
+			until = deadline
+		}
+		exited := true
+		for _, h := range t.members {
+			if !h.wait(until) {
+				exited = false
+				break
+			}
+		}
+		if !exited {
+			if !deadline.IsZero() && !time.Now().Before(deadline) {
+				return false
+			}
+			t.refresh(sig)
+			rescan = min(2*rescan, 250*time.Millisecond)
+			continue
+		}
+		// Every process held has exited; look for any started meanwhile.
+		if t.cg != nil && !t.cg.populated() {
+			t.gone = true
+			return true
+		}
+		if t.refresh(sig) == 0 {
+			if t.cg == nil {
+				t.gone = true
+				return true
+			}
+			// The cgroup is populated but nothing in it could be held:
+			// its last process is between exiting and leaving it. The
+			// kernel's own count is the truth; look again shortly.
+			time.Sleep(time.Millisecond)
+		}
+		if !deadline.IsZero() && !time.Now().Before(deadline) {
+			return false
+		}
+	}
+}
+
+// kill sends SIGKILL to every process of the tree and waits until none is
+// alive.
+func (t *Tree) kill() {
+	if t.cg != nil {
+		// cgroup.kill reaches every process at once, including one in the
+		// middle of a fork; without it (Linux < 5.14) waitGone sends
+		// SIGKILL to each process it finds until none is left.
+		t.cg.kill()
+	} else {
+		unix.Kill(-t.pid, unix.SIGKILL)
+	}
+	for _, h := range t.members {
+		h.signal(unix.SIGKILL)
+	}
+	t.waitGone(time.Time{}, unix.SIGKILL)
+}
