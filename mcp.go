@@ -1,0 +1,49 @@
+package timebox
+
+import (
+	"context"
+
+	"github.com/timebox-run/timebox/agent"
+	"github.com/timebox-run/timebox/config"
+	"github.com/timebox-run/timebox/tool/mcptool"
+)
+
+// OpenMCP starts the server of an mcp tool entry and lists its tools, each
+// with its resolved budget (the entry's, with the tool's override applied).
+// The caller must Close the server; every process it started is gone when
+// Close returns. It returns an error when the server cannot be started, does
+// not answer within mcptool.DefaultStartTimeout, or when an override names
+// a tool the server does not have.
+func OpenMCP(ctx context.Context, t config.Tool) (*mcptool.Server, error) {
+	m := t.MCP
+	overrides := make(map[string]mcptool.Override, len(m.Overrides))
+	for name, o := range m.Overrides {
+		overrides[name] = mcptool.Override{Timeout: o.Timeout, IdleTimeout: o.IdleTimeout, Enforcement: o.Enforcement}
+	}
+	return mcptool.Open(ctx, mcptool.Config{
+		Name:    t.Name,
+		Command: m.Command,
+		Env:     m.Env,
+		// config fills Workdir for exec entries only; an mcp entry's server
+		// runs where timebox runs until it does the same for them.
+		Dir:       t.Workdir,
+		URL:       m.URL,
+		Headers:   m.Headers,
+		Budget:    t.Budget,
+		Overrides: overrides,
+	})
+}
+
+// openMCP starts an mcp entry's server and returns its tools as the agent
+// takes them, with the closer that stops the server.
+func openMCP(ctx context.Context, t config.Tool) ([]agent.Tool, func() error, error) {
+	s, err := OpenMCP(ctx, t)
+	if err != nil {
+		return nil, nil, err
+	}
+	var out []agent.Tool
+	for _, tl := range s.Tools() {
+		out = append(out, agent.Tool{Tool: tl, Budget: tl.Budget()})
+	}
+	return out, s.Close, nil
+}

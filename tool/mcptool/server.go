@@ -1,0 +1,477 @@
+package mcptool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/tool"
+)
+
+// link is one connection to the server: one process of a stdio server, one
+// session of an HTTP server. A restart makes a new link.
+type link struct {
+	s    *Server
+	sess *mcp.ClientSession
+	conn *wireConn // set when the transport connects
+	proc *proc     // nil unless the server is a command
+	// done is closed once the link is down for good and, for a stdio
+	// server, its process group is gone.
+	done chan struct{}
+
+	mu  sync.Mutex
+	why string // why the link ended, set before done is closed
+	// version is the protocol version the server chose, once known.
+	version atomic.Pointer[string]
+}
+
+// setWhy records why the link ended; the first reason given wins (a hang
+// noticed by keepalive, before the exit its kill causes).
+func (l *link) setWhy(why string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.why == "" {
+		l.why = why
+	}
+}
+
+func (l *link) reason() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.why
+}
+
+// dial starts the server (or connects to it) and initializes a session.
+// On failure nothing is left running.
+func (s *Server) dial(ctx context.Context) (*link, error) {
+	l := &link{s: s, done: make(chan struct{})}
+	var t mcp.Transport
+	switch {
+	case s.cfg.dial != nil:
+		var err error
+		if t, err = s.cfg.dial(ctx); err != nil {
+			return nil, err
+		}
+	case len(s.cfg.Command) > 0:
+		p, err := startProc(s.cfg.Command, environ(s.cfg.Env), s.cfg.Dir, s.cfg.Stderr)
+		if err != nil {
+			return nil, fmt.Errorf("starting MCP server %q (%s): %w", s.cfg.Name, strings.Join(s.cfg.Command, " "), err)
+		}
+		l.proc = p
+		t = &mcp.IOTransport{Reader: p.stdout, Writer: p.stdin}
+	default:
+		ht := &headerTransport{headers: s.cfg.Headers, base: http.DefaultTransport, link: l}
+		t = &mcp.StreamableClientTransport{Endpoint: s.cfg.URL, HTTPClient: &http.Client{Transport: ht}}
+	}
+	sess, err := s.client.Connect(ctx, &wireTransport{t: t, link: l}, nil)
+	if err != nil {
+		err = s.startError(ctx, l, err)
+		l.stop(s.grace())
+		return nil, err
+	}
+	l.sess = sess
+	s.stats.starts.Add(1)
+	s.linkWG.Add(1)
+	go l.watch()
+	if s.keepAlive > 0 {
+		s.linkWG.Add(1)
+		go l.keepalive(s.keepAlive)
+	}
+	return l, nil
+}
+
+// startError explains why a start failed: the start timeout, a process that
+// exited before it was ready, or what the SDK said.
+func (s *Server) startError(ctx context.Context, l *link, err error) error {
+	what := fmt.Sprintf("MCP server %q", s.cfg.Name)
+	if len(s.cfg.Command) > 0 {
+		what += fmt.Sprintf(" (%s)", strings.Join(s.cfg.Command, " "))
+	} else if s.cfg.URL != "" {
+		what += fmt.Sprintf(" (%s)", s.cfg.URL)
+	}
+	timedOut := errors.Is(context.Cause(ctx), errStartTimeout)
+	if l.proc != nil && !timedOut {
+		// The SDK saw the connection end; the exit status says why.
+		select {
+		case <-l.proc.exited:
+		case <-time.After(500 * time.Millisecond):
+		}
+		if l.proc.hasExited() {
+			return fmt.Errorf("%s exited before it was ready (%s)%s", what, l.proc.exitText(), l.proc.stderrText())
+		}
+	}
+	if timedOut {
+		msg := fmt.Sprintf("%s did not answer initialize and tools/list within %s, the start timeout", what, s.startTimeout)
+		if len(s.cfg.Command) > 0 && s.cfg.Command[0] == "npx" {
+			msg += "; npx may still be downloading the package: install it once (npm install) and name its binary in command"
+		}
+		if l.proc != nil {
+			msg += l.proc.stderrText()
+		}
+		return errors.New(msg)
+	}
+	if ctx.Err() != nil {
+		return fmt.Errorf("%s: start interrupted: %w", what, context.Cause(ctx))
+	}
+	msg := fmt.Sprintf("%s did not start: %v", what, err)
+	if l.proc != nil {
+		msg += l.proc.stderrText()
+	}
+	return errors.New(msg)
+}
+
+// watch waits for the session to end, then makes sure the process is gone
+// and marks the server down, so that the next call restarts it.
+func (l *link) watch() {
+	defer l.s.linkWG.Done()
+	err := l.sess.Wait()
+	s := l.s
+	if l.proc != nil {
+		// The connection ended; the process usually has too, or is about
+		// to. Give it the kill grace, then take its group down.
+		select {
+		case <-l.proc.exited:
+		case <-time.After(s.grace()):
+			l.proc.kill()
+		}
+		<-l.proc.exited
+		if l.proc.killedByUs() {
+			l.setWhy("closed its connection and was stopped")
+		} else {
+			l.setWhy(fmt.Sprintf("exited (%s)", l.proc.exitText()))
+		}
+	} else {
+		why := "closed the connection"
+		if err != nil {
+			why = fmt.Sprintf("connection broke (%v)", err)
+		}
+		l.setWhy(why)
+	}
+	s.mu.Lock()
+	if s.cur == l {
+		s.cur = nil
+		if !s.closed {
+			s.failures++
+			s.retryAt = time.Now().Add(backoff(s.failures))
+			s.lastErr = errors.New(l.reason())
+		}
+	}
+	closed := s.closed
+	s.mu.Unlock()
+	if !closed {
+		s.log.Info("mcp server down; it will be restarted for the next call", "entry", s.cfg.Name, "why", l.reason())
+	}
+	close(l.done)
+}
+
+// keepalive pings the server. Two pings in a row left unanswered mean the
+// server is hung, not busy (a busy server still answers pings): its link is
+// killed, which fails its in-flight calls with a tool error. A ping is
+// judged by the clock, not by its return: writing it may itself block on a
+// server that stopped reading.
+func (l *link) keepalive(every time.Duration) {
+	defer l.s.linkWG.Done()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	wait := every / 2
+	misses := 0
+	var pending chan error // the last ping, if it has not returned
+	for {
+		select {
+		case <-l.done:
+			return
+		case <-l.s.closing:
+			return
+		case <-t.C:
+		}
+		if pending == nil {
+			pending = make(chan error, 1)
+			l.s.linkWG.Add(1)
+			go func(res chan<- error) {
+				defer l.s.linkWG.Done()
+				ctx, cancel := context.WithTimeout(context.Background(), wait)
+				defer cancel()
+				res <- l.sess.Ping(ctx, nil)
+			}(pending)
+		}
+		timer := time.NewTimer(wait + wait/4)
+		var err error
+		select {
+		case err = <-pending:
+			pending = nil
+		case <-timer.C:
+			err = context.DeadlineExceeded
+		case <-l.done:
+			timer.Stop()
+			return
+		}
+		timer.Stop()
+		var we *jsonrpc.Error
+		switch {
+		case err == nil:
+			misses = 0
+			continue
+		case errors.As(err, &we) && we.Code == jsonrpc.CodeMethodNotFound:
+			return // the server does not do pings; its calls' timeouts still hold
+		case errors.Is(err, mcp.ErrConnectionClosed):
+			return // watch handles a closed connection
+		}
+		misses++
+		if misses < 2 {
+			continue
+		}
+		l.setWhy(fmt.Sprintf("stopped answering (%d pings in a row went unanswered for %s each)", misses, wait))
+		l.s.log.Info("mcp server hung; stopping it", "entry", l.s.cfg.Name)
+		l.kill()
+		return
+	}
+}
+
+// kill takes the link down at once: a hung or dead server gets no polite
+// stop.
+func (l *link) kill() {
+	if l.proc != nil {
+		l.proc.kill()
+	}
+	if l.conn != nil {
+		l.conn.forceClose()
+	}
+}
+
+// stop shuts the link down politely: a stdio server's input is closed (the
+// MCP way to ask it to exit), then its group gets SIGTERM and SIGKILL, each
+// after grace; an HTTP session is closed, and cut after grace if it does not
+// close. It returns when the link is down and its process group gone.
+func (l *link) stop(grace time.Duration) {
+	if l.proc != nil {
+		l.proc.stop(grace)
+	}
+	if l.sess == nil {
+		// The start failed before a session existed: the transport may be
+		// connected with no one to close it.
+		if l.conn != nil {
+			l.conn.forceClose()
+		}
+		return
+	}
+	closed := make(chan struct{})
+	go func() {
+		// Close waits for calls in flight; cut the connection if a server
+		// keeps one open.
+		_ = l.sess.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(grace):
+		l.kill()
+		<-closed
+	}
+	<-l.done
+}
+
+// backoff is the wait before restart n+1 after n consecutive failures: the
+// first restart is immediate, then 1s, 2s, 4s … up to 30s.
+func backoff(failures int) time.Duration {
+	if failures <= 1 {
+		return 0
+	}
+	d := time.Second << min(failures-2, 5)
+	return min(d, 30*time.Second)
+}
+
+// session returns the live link, restarting the server when it is down.
+// A restart already under way is shared. A restart still in backoff is
+// waited for when it is due before the call's deadline; otherwise the call
+// fails at once with a tool error that says when the next attempt is.
+func (s *Server) session(ctx context.Context, deadline time.Time) (*link, error) {
+	for {
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			return nil, &tool.Error{Message: fmt.Sprintf("MCP server %q is closed", s.cfg.Name)}
+		}
+		if s.cur != nil {
+			l := s.cur
+			s.mu.Unlock()
+			return l, nil
+		}
+		if s.starting == nil {
+			if wait := time.Until(s.retryAt); wait > 0 {
+				lastErr := s.lastErr
+				s.mu.Unlock()
+				if !deadline.IsZero() && time.Now().Add(wait).After(deadline) {
+					return nil, &tool.Error{Message: fmt.Sprintf("MCP server %q is down (%v); it keeps failing, so timebox waits before restarting it: the next attempt is in %s, after this call's deadline",
+						s.cfg.Name, lastErr, budget.Round(wait))}
+				}
+				timer := time.NewTimer(wait)
+				select {
+				case <-timer.C:
+				case <-ctx.Done():
+					timer.Stop()
+					return nil, context.Cause(ctx)
+				case <-s.closing:
+					timer.Stop()
+				}
+				continue
+			}
+			s.starting = make(chan struct{})
+			go s.restart(s.starting)
+		}
+		ch := s.starting
+		s.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, context.Cause(ctx)
+		}
+		s.mu.Lock()
+		l, err := s.cur, s.lastErr
+		s.mu.Unlock()
+		if l != nil {
+			return l, nil
+		}
+		if err == nil { // closed while starting
+			continue
+		}
+		return nil, &tool.Error{Message: fmt.Sprintf("MCP server %q could not be restarted: %v", s.cfg.Name, err)}
+	}
+}
+
+// restart starts the server again, bounded by the start timeout and by
+// Close, not by any one call: the calls waiting for it come and go.
+func (s *Server) restart(done chan struct{}) {
+	defer close(done)
+	ctx, cancel := context.WithTimeoutCause(context.Background(), s.startTimeout, errStartTimeout)
+	defer cancel()
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		select {
+		case <-s.closing:
+			cancel()
+		case <-stop:
+		}
+	}()
+	l, err := s.dial(ctx)
+	s.mu.Lock()
+	s.starting = nil
+	closed := s.closed
+	switch {
+	case err != nil:
+		s.failures++
+		s.retryAt = time.Now().Add(backoff(s.failures))
+		s.lastErr = err
+	case !closed:
+		s.cur, s.lastErr = l, nil
+	}
+	s.mu.Unlock()
+	switch {
+	case err != nil:
+		s.log.Info("mcp server restart failed", "entry", s.cfg.Name, "error", err)
+	case closed:
+		l.stop(s.grace())
+	default:
+		s.log.Info("mcp server restarted", "entry", s.cfg.Name)
+	}
+}
+
+// grace is the time a stopping server gets between the steps of its
+// shutdown: the kill grace of the entry's budget.
+func (s *Server) grace() time.Duration {
+	if g := s.cfg.Budget.KillGrace; g > 0 {
+		return g
+	}
+	return budget.Defaults().KillGrace.D
+}
+
+// callError explains a call that failed for a reason other than its
+// context: a JSON-RPC error from the server, a server that died, hung or
+// was shut down during the call, or a request the SDK could not make.
+func (s *Server) callError(ctx context.Context, l *link, name string, err error) error {
+	var we *jsonrpc.Error
+	if errors.As(err, &we) {
+		return &tool.Error{Message: fmt.Sprintf("MCP server %q refused the call to %q: %s (JSON-RPC error %d)", s.cfg.Name, name, we.Message, we.Code)}
+	}
+	if !l.conn.isBroken() && !errors.Is(err, mcp.ErrConnectionClosed) {
+		return &tool.Error{Message: fmt.Sprintf("calling %q on MCP server %q failed: %v", name, s.cfg.Name, err)}
+	}
+	// The connection broke. Wait a moment for the watcher to learn why
+	// (an exit status, a hang), but never past the call's own end.
+	t := time.NewTimer(time.Second + s.grace())
+	defer t.Stop()
+	select {
+	case <-l.done:
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-t.C:
+	}
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		return &tool.Error{Message: fmt.Sprintf("MCP server %q was shut down during the call to %q (timebox is closing)", s.cfg.Name, name)}
+	}
+	why := l.reason()
+	if why == "" {
+		why = fmt.Sprintf("failed (%v)", err)
+	}
+	msg := fmt.Sprintf("MCP server %q %s during the call to %q; timebox will restart it for the next call", s.cfg.Name, why, name)
+	te := &tool.Error{Message: msg}
+	if l.proc != nil {
+		te.StderrTail = l.proc.stderrTail()
+	}
+	return te
+}
+
+// Close stops the server: a stdio server's process group is gone when Close
+// returns. Calls in flight fail. Close is idempotent and safe for
+// concurrent use; it always returns nil, as a server that will not stop is
+// killed.
+func (s *Server) Close() error {
+	s.closeMu.Lock()
+	defer s.closeMu.Unlock()
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	close(s.closing)
+	l, starting := s.cur, s.starting
+	s.cur = nil
+	s.mu.Unlock()
+	if starting != nil {
+		<-starting // the restart sees closing and stops what it started
+	}
+	if l != nil {
+		l.stop(s.grace())
+	}
+	s.linkWG.Wait()
+	return nil
+}
+
+// environ returns the environment a stdio server inherits: everything when
+// allow is nil, else only the named variables that are set.
+func environ(allow []string) []string {
+	if allow == nil {
+		return os.Environ()
+	}
+	out := []string{}
+	for _, name := range allow {
+		if v, ok := os.LookupEnv(name); ok {
+			out = append(out, name+"="+v)
+		}
+	}
+	return out
+}
