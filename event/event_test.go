@@ -104,4 +104,8 @@ func TestUnknownTypeIsKept(t *testing.T) {
 	if _, ok := e.Data.(json.RawMessage); !ok || e.Type != "future_thing" {
 		t.Fatalf("got %#v", e)
 	}
+	b, err := json.Marshal(e)
+	if err != nil || strings.Count(string(b), `"seq"`) != 1 || !strings.Contains(string(b), `"x":1`) {
+		t.Fatalf("re-encoded as %s (%v)", b, err)
+	}
 }
