@@ -1,0 +1,474 @@
+package server
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/store"
+)
+
+func (s *Server) routes() {
+	mux := http.NewServeMux()
+	api := func(pattern string, h http.HandlerFunc) { mux.Handle(pattern, s.guard(s.auth(h))) }
+	api("POST /v1/turns", s.postTurn)
+	api("GET /v1/turns", s.listTurns)
+	api("GET /v1/turns/{id}", s.getTurn)
+	api("GET /v1/turns/{id}/events", s.getEvents)
+	api("POST /v1/turns/{id}/cancel", s.cancel)
+	api("GET /v1/sessions", s.listSessions)
+	api("GET /v1/sessions/{id}", s.getSession)
+	api("/v1/", s.noRoute)
+	mux.Handle("GET /metrics", s.guard(s.auth(s.metrics.ServeHTTP)))
+	mux.Handle("GET /healthz", s.guard(http.HandlerFunc(s.healthz)))
+	mux.Handle("/", s.guard(webHandler()))
+	s.mux = mux
+}
+
+// apiRoute matches the paths of the API, to tell a wrong method (405) from
+// a wrong path (404).
+var apiRoute = regexp.MustCompile(`^/v1/(turns(/[^/]+(/events|/cancel)?)?|sessions(/[^/]+)?)$`)
+
+func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) {
+	if apiRoute.MatchString(r.URL.Path) {
+		writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", fmt.Sprintf("%s is not allowed on %s", r.Method, r.URL.Path))
+		return
+	}
+	writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no API route %s %s", r.Method, r.URL.Path))
+}
+
+// errorBody is every API error: {"error": {"message": ..., "code": ...}}.
+type errorBody struct {
+	Error struct {
+		Message string `json:"message"`
+		Code    string `json:"code"`
+	} `json:"error"`
+}
+
+func writeError(w http.ResponseWriter, status int, code, msg string) {
+	var b errorBody
+	b.Error.Message, b.Error.Code = msg, code
+	writeJSON(w, status, b)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json; charset=utf-8")
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	_ = enc.Encode(v)
+}
+
+// storeFailed answers a failed store read.
+func (s *Server) storeFailed(w http.ResponseWriter, err error, what string) {
+	if errors.Is(err, store.ErrNotFound) {
+		writeError(w, http.StatusNotFound, "not_found", what+" not found")
+		return
+	}
+	s.log.Error("store read failed", "what", what, "err", err)
+	writeError(w, http.StatusInternalServerError, "store_error", "reading the store failed: "+err.Error())
+}
+
+// guard refuses requests a browser could be tricked into sending: without
+// a token, only requests addressed to a loopback host are answered (a DNS
+// rebinding page would address its own name), and a state-changing request
+// from another origin is refused (CSRF). See
+// docs/decisions/server-security.md.
+func (s *Server) guard(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		if s.cfg.Token == "" && !isLoopback(hostOnly(r.Host)) {
+			writeError(w, http.StatusForbidden, "forbidden_host", fmt.Sprintf(
+				"this server answers only requests for localhost (it has no token); %q is not: set --token to serve other names", r.Host))
+			return
+		}
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			if o := r.Header.Get("Origin"); o != "" && !sameOrigin(o, r.Host) {
+				writeError(w, http.StatusForbidden, "cross_origin", "cross-origin requests are refused")
+				return
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+func hostOnly(hostport string) string {
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		return h
+	}
+	return strings.Trim(hostport, "[]")
+}
+
+func sameOrigin(origin, host string) bool {
+	u, err := url.Parse(origin)
+	return err == nil && u.Host != "" && strings.EqualFold(u.Host, host)
+}
+
+func hashToken(t string) [32]byte { return sha256.Sum256([]byte(t)) }
+
+// auth checks the bearer token when the server has one. The comparison is
+// of hashes, in constant time, so it reveals neither the token nor its
+// length.
+func (s *Server) auth(h http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.cfg.Token != "" {
+			scheme, tok, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+			got := hashToken(strings.TrimSpace(tok))
+			if !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare(got[:], s.token[:]) != 1 {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="timebox"`)
+				writeError(w, http.StatusUnauthorized, "unauthorized",
+					"missing or wrong token: send \"Authorization: Bearer <token>\" with the server's --token (TIMEBOX_TOKEN)")
+				return
+			}
+		}
+		h(w, r)
+	})
+}
+
+func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	draining, n := s.draining, len(s.turns)
+	s.mu.Unlock()
+	if draining {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "shutting_down", "turns_running": n})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "turns_running": n})
+}
+
+// TurnRequest is the body of POST /v1/turns.
+type TurnRequest struct {
+	// SessionID names the conversation; empty starts a new one, whose id
+	// the response's Timebox-Session-Id header names.
+	SessionID string `json:"session_id"`
+	// Input is the user's message.
+	Input string `json:"input"`
+	// Detach keeps the turn running when the client goes away; without an
+	// event stream the response is then 202 at once (TurnAccepted).
+	Detach bool `json:"detach"`
+}
+
+// TurnAccepted is the 202 response to a detached POST /v1/turns without
+// an event stream.
+type TurnAccepted struct {
+	TurnID    string        `json:"turn_id"`
+	SessionID string        `json:"session_id"`
+	Status    budget.Status `json:"status"`
+	// Events is the path of the turn's event stream.
+	Events string `json:"events"`
+}
+
+var sessionIDRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$`)
+
+// Header names of POST /v1/turns's response.
+const (
+	HeaderTurnID    = "Timebox-Turn-Id"
+	HeaderSessionID = "Timebox-Session-Id"
+)
+
+func (s *Server) readTurnRequest(w http.ResponseWriter, r *http.Request) (TurnRequest, bool) {
+	var req TurnRequest
+	body := http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	err := dec.Decode(&req)
+	if err == nil && dec.Decode(&struct{}{}) != io.EOF {
+		err = errors.New("more than one JSON value")
+	}
+	var tooBig *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooBig):
+		writeError(w, http.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf("the request body is over the server's limit of %d bytes", s.cfg.MaxBodyBytes))
+		return req, false
+	case err != nil:
+		writeError(w, http.StatusBadRequest, "bad_request",
+			fmt.Sprintf(`the body must be one JSON object {"session_id": "...", "input": "...", "detach": false}: %v`, err))
+		return req, false
+	}
+	// Read to EOF so that the server watches the connection from here on
+	// and a client that goes away is noticed at once.
+	_, _ = io.Copy(io.Discard, body)
+	switch {
+	case strings.TrimSpace(req.Input) == "":
+		writeError(w, http.StatusBadRequest, "bad_request", `"input" is empty: send the user's message`)
+	case len(req.Input) > s.cfg.MaxInputBytes:
+		writeError(w, http.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf(`"input" is %d bytes, over the server's limit of %d`, len(req.Input), s.cfg.MaxInputBytes))
+	case !utf8.ValidString(req.Input):
+		writeError(w, http.StatusBadRequest, "bad_request", `"input" is not valid UTF-8`)
+	case req.SessionID != "" && !sessionIDRE.MatchString(req.SessionID):
+		writeError(w, http.StatusBadRequest, "bad_request", `"session_id" must be 1 to 128 letters, digits, '.', '_', ':' or '-', starting with a letter or digit`)
+	default:
+		return req, true
+	}
+	return req, false
+}
+
+func wantsStream(r *http.Request) bool {
+	return strings.Contains(r.Header.Get("Accept"), "text/event-stream")
+}
+
+func (s *Server) postTurn(w http.ResponseWriter, r *http.Request) {
+	req, ok := s.readTurnRequest(w, r)
+	if !ok {
+		return
+	}
+	if req.SessionID == "" {
+		req.SessionID = newSessionID()
+	}
+	lt, sb, err := s.start(r.Context(), req.SessionID, req.Input)
+	switch {
+	case errors.Is(err, errDraining):
+		w.Header().Set("Retry-After", "5")
+		writeError(w, http.StatusServiceUnavailable, "shutting_down", "the server is shutting down and starts no new turns")
+		return
+	case errors.Is(err, errBusy):
+		writeError(w, http.StatusConflict, "session_busy", err.Error())
+		return
+	case err != nil:
+		s.log.Error("starting a turn", "err", err)
+		writeError(w, http.StatusInternalServerError, "store_error", err.Error())
+		return
+	}
+	h := w.Header()
+	h.Set(HeaderTurnID, lt.id)
+	h.Set(HeaderSessionID, lt.session)
+	h.Set("Location", "/v1/turns/"+lt.id)
+
+	if wantsStream(r) {
+		end := s.stream(w, r, lt, 0, sb)
+		if end == endClientGone && !req.Detach {
+			s.cancelTurn(lt, &budget.CancelError{Reason: budget.ClientGone, By: "the client"})
+		}
+		return
+	}
+	lt.hub.unsubscribe(sb)
+	if req.Detach {
+		writeJSON(w, http.StatusAccepted, TurnAccepted{TurnID: lt.id, SessionID: lt.session, Status: budget.StatusRunning,
+			Events: "/v1/turns/" + lt.id + "/events"})
+		return
+	}
+	// Name the turn at once, then wait for its record.
+	h.Set("Content-Type", "application/json; charset=utf-8")
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	http.NewResponseController(w).Flush()
+	select {
+	case <-lt.done:
+		_ = json.NewEncoder(w).Encode(lt.res.Record)
+	case <-r.Context().Done():
+		s.cancelTurn(lt, &budget.CancelError{Reason: budget.ClientGone, By: "the client"})
+	}
+}
+
+func (s *Server) getTurn(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	rec, err := s.cfg.Store.Turn(r.Context(), id)
+	if err != nil {
+		s.storeFailed(w, err, "turn "+id)
+		return
+	}
+	if v := r.URL.Query().Get("events"); v != "false" && v != "0" {
+		if rec.Events, err = s.cfg.Store.Events(r.Context(), id, 0, 0); err != nil {
+			s.storeFailed(w, err, "turn "+id)
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, rec)
+}
+
+// TurnList is the response of GET /v1/turns.
+type TurnList struct {
+	Turns []store.TurnSummary `json:"turns"`
+	// NextBefore, when set, is the "before" value that gets the next page.
+	NextBefore string `json:"next_before,omitempty"`
+}
+
+var (
+	statuses = []budget.Status{budget.StatusRunning, budget.StatusCompleted, budget.StatusStopped, budget.StatusFailed,
+		budget.StatusCancelled, budget.StatusInterrupted}
+	stopReasons = []budget.StopReason{budget.Answered, budget.TurnTimeout, budget.NoProgress, budget.LLMBudgetExhausted,
+		budget.MaxSteps, budget.MaxToolCalls, budget.ModelUnresponsive, budget.ModelUnavailable, budget.ModelRejected,
+		budget.CompactionFailed, budget.Cancelled, budget.ClientGone, budget.Shutdown, budget.Interrupted}
+)
+
+func oneOf[T ~string](v string, valid []T) bool {
+	for _, x := range valid {
+		if string(x) == v {
+			return true
+		}
+	}
+	return false
+}
+
+func joined[T ~string](valid []T) string {
+	s := make([]string, len(valid))
+	for i, x := range valid {
+		s[i] = string(x)
+	}
+	return strings.Join(s, ", ")
+}
+
+func parseLimit(v string) (int, error) {
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > store.MaxLimit {
+		return 0, fmt.Errorf(`"limit" must be a number from 1 to %d`, store.MaxLimit)
+	}
+	return n, nil
+}
+
+func (s *Server) listTurns(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	f := store.Filter{Status: budget.Status(q.Get("status")), StopReason: budget.StopReason(q.Get("stop_reason")),
+		SessionID: q.Get("session_id"), Before: q.Get("before")}
+	if f.Status != "" && !oneOf(string(f.Status), statuses) {
+		writeError(w, http.StatusBadRequest, "bad_request", fmt.Sprintf(`"status" must be one of %s`, joined(statuses)))
+		return
+	}
+	if f.StopReason != "" && !oneOf(string(f.StopReason), stopReasons) {
+		writeError(w, http.StatusBadRequest, "bad_request", fmt.Sprintf(`"stop_reason" must be one of %s`, joined(stopReasons)))
+		return
+	}
+	var err error
+	if f.Limit, err = parseLimit(q.Get("limit")); err != nil {
+		writeError(w, http.StatusBadRequest, "bad_request", err.Error())
+		return
+	}
+	turns, err := s.cfg.Store.Turns(r.Context(), f)
+	if err != nil {
+		s.storeFailed(w, err, "turn "+f.Before)
+		return
+	}
+	out := TurnList{Turns: turns}
+	if len(turns) == store.ClampLimit(f.Limit) {
+		out.NextBefore = turns[len(turns)-1].TurnID
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// cancelWait is how long POST /v1/turns/{id}/cancel waits for the turn to
+// end before it answers 202 instead of the record.
+const cancelWait = 10 * time.Second
+
+func (s *Server) cancel(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	lt := s.live(id)
+	if lt == nil {
+		rec, err := s.cfg.Store.Turn(r.Context(), id)
+		if err != nil {
+			s.storeFailed(w, err, "turn "+id)
+			return
+		}
+		if rec.Status == budget.StatusRunning {
+			writeError(w, http.StatusConflict, "not_here", fmt.Sprintf("turn %s is running in another timebox process; cancel it there", id))
+			return
+		}
+		writeError(w, http.StatusConflict, "already_ended", fmt.Sprintf("turn %s already ended: %s (%s)", id, rec.Status, rec.StopReason))
+		return
+	}
+	s.cancelTurn(lt, &budget.CancelError{Reason: budget.Cancelled})
+	t := time.NewTimer(cancelWait)
+	defer t.Stop()
+	select {
+	case <-lt.done:
+		writeJSON(w, http.StatusOK, lt.res.Record)
+	case <-t.C:
+		writeJSON(w, http.StatusAccepted, TurnAccepted{TurnID: id, SessionID: lt.session, Status: budget.StatusRunning,
+			Events: "/v1/turns/" + id + "/events"})
+	case <-r.Context().Done():
+	}
+}
+
+// SessionList is the response of GET /v1/sessions.
+type SessionList struct {
+	Sessions []store.SessionSummary `json:"sessions"`
+}
+
+func (s *Server) listSessions(w http.ResponseWriter, r *http.Request) {
+	limit, err := parseLimit(r.URL.Query().Get("limit"))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "bad_request", err.Error())
+		return
+	}
+	list, err := s.cfg.Store.Sessions(r.Context(), limit)
+	if err != nil {
+		s.storeFailed(w, err, "sessions")
+		return
+	}
+	writeJSON(w, http.StatusOK, SessionList{Sessions: list})
+}
+
+func (s *Server) getSession(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	sess, err := s.cfg.Store.Session(r.Context(), id)
+	if err != nil {
+		s.storeFailed(w, err, "session "+id)
+		return
+	}
+	writeJSON(w, http.StatusOK, sess)
+}
+
+// eventsAfter reads where a follower resumes: Last-Event-ID, else ?after=.
+func eventsAfter(r *http.Request) (int64, error) {
+	v := r.Header.Get("Last-Event-ID")
+	what := "Last-Event-ID"
+	if v == "" {
+		v, what = r.URL.Query().Get("after"), `"after"`
+	}
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("%s must be an event seq (a whole number ≥ 0), not %q", what, v)
+	}
+	return n, nil
+}
+
+func (s *Server) getEvents(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	after, err := eventsAfter(r)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "bad_request", err.Error())
+		return
+	}
+	lt := s.live(id)
+	if lt == nil {
+		// Not running here: it ended, or runs in another process. An ended
+		// turn with nothing after `after` is answered 204, which tells an
+		// EventSource to stop reconnecting.
+		rec, err := s.cfg.Store.Turn(r.Context(), id)
+		if err != nil {
+			s.storeFailed(w, err, "turn "+id)
+			return
+		}
+		if rec.Status != budget.StatusRunning {
+			evs, err := s.cfg.Store.Events(r.Context(), id, after, 1)
+			if err != nil {
+				s.storeFailed(w, err, "turn "+id)
+				return
+			}
+			if len(evs) == 0 {
+				w.WriteHeader(http.StatusNoContent)
+				return
+			}
+		}
+	}
+	w.Header().Set(HeaderTurnID, id)
+	s.stream(w, r, lt, after, nil)
+}

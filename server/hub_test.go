@@ -1,0 +1,148 @@
+package server
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/timebox-run/timebox/agent"
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/store"
+)
+
+func TestHub(t *testing.T) {
+	h := newHub()
+	a, last := h.subscribe()
+	if last != 0 {
+		t.Fatalf("last %d", last)
+	}
+	for i := 1; i <= subBuffer; i++ {
+		h.publish(frame{seq: int64(i)})
+	}
+	b, last := h.subscribe()
+	if last != subBuffer {
+		t.Fatalf("last %d", last)
+	}
+	h.publish(frame{seq: subBuffer + 1}) // a's buffer is full: a is cut loose
+	n := 0
+	for range a.ch {
+		n++
+	}
+	if n != subBuffer || !h.isLagged(a) {
+		t.Fatalf("a got %d, lagged %v", n, h.isLagged(a))
+	}
+	if f := <-b.ch; f.seq != subBuffer+1 {
+		t.Fatalf("b got %d", f.seq)
+	}
+	h.end()
+	if _, ok := <-b.ch; ok || h.isLagged(b) {
+		t.Fatal("end did not close b, or called it lagged")
+	}
+	h.unsubscribe(b) // after end: no double close
+	if s, _ := h.subscribe(); s != nil {
+		t.Fatal("subscribed to an ended hub")
+	}
+}
+
+// stalledWriter is a ResponseWriter whose writes wait until it is
+// released, like a client that stopped reading.
+type stalledWriter struct {
+	*httptest.ResponseRecorder
+	release chan struct{}
+	mu      sync.Mutex
+	writes  int
+}
+
+// Write lets the first write (the stream's opening) through and holds the
+// others until release.
+func (w *stalledWriter) Write(b []byte) (int, error) {
+	w.mu.Lock()
+	w.writes++
+	first := w.writes == 1
+	w.mu.Unlock()
+	if !first {
+		<-w.release
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.ResponseRecorder.Write(b)
+}
+
+func (w *stalledWriter) Flush() {}
+
+// TestSlowFollowerCatchesUpFromTheStore holds a follower's writes while
+// the turn emits more than its buffer: it is cut loose, and must still get
+// every event exactly once, in order, from the store.
+func TestSlowFollowerCatchesUpFromTheStore(t *testing.T) {
+	st := store.NewMemory()
+	defer st.Close()
+	s, err := New(Config{Agent: nopRunner{}, Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.BeginTurn(context.Background(), store.TurnStart{TurnID: "t1", Input: "x", StartedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	lt := &liveTurn{id: "t1", hub: newHub(), done: make(chan struct{}), cancel: func(error) {}}
+	em := event.NewEmitter("t1", &turnSink{s: s, lt: lt})
+	em.Emit(&event.TurnStarted{Input: "x"})
+
+	w := &stalledWriter{ResponseRecorder: httptest.NewRecorder(), release: make(chan struct{})}
+	r := httptest.NewRequest("GET", "/v1/turns/t1/events", nil)
+	ended := make(chan streamEnd, 1)
+	go func() { ended <- s.stream(w, r, lt, 0, nil) }()
+	// Wait until the follower has subscribed (it then blocks writing).
+	for {
+		lt.hub.mu.Lock()
+		n := len(lt.hub.subs)
+		lt.hub.mu.Unlock()
+		if n == 1 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+
+	const n = 3 * subBuffer
+	for i := range n {
+		em.Emit(&event.LLMDelta{Text: strconv.Itoa(i)})
+		if i == 2*subBuffer {
+			close(w.release) // the follower reads again, mid-turn
+		}
+	}
+	em.Emit(&event.TurnFinished{Status: budget.StatusCompleted, StopReason: budget.Answered})
+	lt.hub.end()
+	close(lt.done)
+	if e := <-ended; e != endFinished {
+		t.Fatalf("stream ended %d", e)
+	}
+	sc := bufio.NewScanner(bytes.NewReader(w.Body.Bytes()))
+	want := int64(1)
+	for sc.Scan() {
+		if id, ok := strings.CutPrefix(sc.Text(), "id: "); ok {
+			if id != strconv.FormatInt(want, 10) {
+				t.Fatalf("event id %s, want %d", id, want)
+			}
+			want++
+		}
+	}
+	if want != n+3 {
+		t.Fatalf("got %d events, want %d", want-1, n+2)
+	}
+	if lt.hub.lags == 0 {
+		t.Fatal("the follower was never cut loose: the test did not test catching up")
+	}
+}
+
+type nopRunner struct{}
+
+func (nopRunner) Run(context.Context, agent.Input, ...event.Sink) *agent.Result { return nil }
+
+var _ http.Flusher = (*stalledWriter)(nil)

@@ -1,0 +1,442 @@
+// Package server is `timebox serve`: the HTTP/SSE API of spec §12 over an
+// agent and a store, with the web page at "/", Prometheus metrics, bearer
+// token auth, and a shutdown that gives running turns a grace period and
+// stores every record before it returns.
+//
+// Each turn runs on its own goroutine, detached from the request that
+// started it: a client that drops a non-detached stream cancels the turn
+// with client_gone; a detached turn runs on. Events are stored as they are
+// emitted and then fanned out to every follower, so a follower that
+// reconnects with Last-Event-ID gets exactly what it missed.
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/timebox-run/timebox/agent"
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/store"
+)
+
+// Runner runs one turn; *agent.Agent and *timebox.Agent are Runners. Run
+// must return once ctx is cancelled (promptly: the server waits for it
+// before it stores the record), with the turn's record and the messages it
+// added to the conversation.
+type Runner interface {
+	Run(ctx context.Context, in agent.Input, sinks ...event.Sink) *agent.Result
+}
+
+// Defaults of Config's zero fields.
+const (
+	DefaultMaxBodyBytes  = 1 << 20
+	DefaultMaxInputBytes = 256 << 10
+	DefaultKeepAlive     = 15 * time.Second
+)
+
+// Config describes a server. Agent and Store are required; every other
+// zero field takes the default its comment names.
+type Config struct {
+	// Agent runs the turns.
+	Agent Runner
+	// AgentName names the agent in stored turns.
+	AgentName string
+	// Store keeps the turns. The server does not close it.
+	Store store.Store
+	// Token, when set, is required as "Authorization: Bearer <token>" on
+	// every /v1 route and on /metrics. Without it the server answers only
+	// requests addressed to a loopback host, and Serve refuses a
+	// non-loopback listener (CheckAddr).
+	Token string
+	// ShutdownGrace is how long Shutdown lets running turns go on before it
+	// cancels them with stop reason shutdown. Zero cancels them at once;
+	// `timebox serve` passes server.shutdown_grace (default 10s).
+	ShutdownGrace time.Duration
+	// MaxBodyBytes caps a request body; zero is DefaultMaxBodyBytes (1 MiB).
+	MaxBodyBytes int64
+	// MaxInputBytes caps a turn's input text; zero is DefaultMaxInputBytes
+	// (256 KiB).
+	MaxInputBytes int
+	// KeepAlive is the interval of the SSE keep-alive comments that keep
+	// proxies from closing an idle stream and reveal a dead client; zero is
+	// DefaultKeepAlive (15s).
+	KeepAlive time.Duration
+	// Registry receives the server's metrics and is what /metrics serves;
+	// nil is a new registry with the Go and process collectors.
+	Registry *prometheus.Registry
+	// Logger receives one line per turn and every store error; nil
+	// discards them.
+	Logger *slog.Logger
+}
+
+// Server is the HTTP API over one agent and one store. It is an
+// http.Handler; Serve runs it on a listener with the whole shutdown
+// sequence. Its methods are safe for concurrent use.
+type Server struct {
+	cfg     Config
+	mux     *http.ServeMux
+	m       *metrics
+	reg     *prometheus.Registry
+	log     *slog.Logger
+	token   [32]byte // sha256 of cfg.Token
+	metrics http.Handler
+
+	mu       sync.Mutex
+	turns    map[string]*liveTurn
+	sessions map[string]string // session id → its running turn's id
+	draining bool
+	running  sync.WaitGroup
+
+	closing      chan struct{} // closed when Shutdown ends every stream
+	hurry        chan struct{} // closed by EndGrace
+	hurryOnce    sync.Once
+	shutdownOnce sync.Once
+	shutdownErr  error
+}
+
+// liveTurn is a turn running in this server.
+type liveTurn struct {
+	id, session string
+	cancel      context.CancelCauseFunc
+	hub         *hub
+	// done is closed once the turn's record is stored; res is set before.
+	done chan struct{}
+	res  *agent.Result
+}
+
+// New returns a server. It returns an error if Agent or Store is missing or
+// the metrics cannot be registered in Registry.
+func New(cfg Config) (*Server, error) {
+	if cfg.Agent == nil || cfg.Store == nil {
+		return nil, errors.New("server: Config.Agent and Config.Store are required")
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if cfg.MaxInputBytes <= 0 {
+		cfg.MaxInputBytes = DefaultMaxInputBytes
+	}
+	if cfg.KeepAlive <= 0 {
+		cfg.KeepAlive = DefaultKeepAlive
+	}
+	if cfg.ShutdownGrace < 0 {
+		cfg.ShutdownGrace = 0
+	}
+	s := &Server{cfg: cfg, reg: cfg.Registry, log: cfg.Logger, turns: map[string]*liveTurn{}, sessions: map[string]string{},
+		closing: make(chan struct{}), hurry: make(chan struct{})}
+	if s.reg == nil {
+		s.reg = defaultRegistry()
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	var err error
+	if s.m, err = newMetrics(s.reg, func() float64 { return float64(s.Running()) }); err != nil {
+		return nil, fmt.Errorf("server: registering metrics: %w", err)
+	}
+	s.token = hashToken(cfg.Token)
+	s.metrics = promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{})
+	s.routes()
+	return s, nil
+}
+
+// Running returns the number of turns running in this server.
+func (s *Server) Running() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.turns)
+}
+
+// Registry returns the registry /metrics serves.
+func (s *Server) Registry() *prometheus.Registry { return s.reg }
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// LateResult stores the record of an abandoned tool call that returned
+// after its turn ended. Pass it as the agent's LateResult hook
+// (agent.Config.LateResult, timebox.Options.LateResult).
+func (s *Server) LateResult(rec event.ToolCall) {
+	if err := s.cfg.Store.UpdateToolCall(context.Background(), rec); err != nil {
+		s.storeError("update_tool_call", rec.TurnID, err)
+	}
+}
+
+func (s *Server) storeError(op, turnID string, err error) {
+	s.m.storeErrors.WithLabelValues(op).Inc()
+	s.log.Error("store write failed", "op", op, "turn_id", turnID, "err", err)
+}
+
+// newSessionID returns a fresh session id.
+func newSessionID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return "s_" + hex.EncodeToString(b[:])
+}
+
+// errBusy and errDraining are why a turn could not start.
+var (
+	errDraining = errors.New("draining")
+	errBusy     = errors.New("session busy")
+)
+
+// start registers, stores and starts a turn. The returned subscription is
+// taken before the turn emits anything, so the caller sees every event.
+func (s *Server) start(ctx context.Context, session, input string) (*liveTurn, *sub, error) {
+	id := agent.NewTurnID()
+	turnCtx, cancel := context.WithCancelCause(context.Background())
+	lt := &liveTurn{id: id, session: session, cancel: cancel, hub: newHub(), done: make(chan struct{})}
+	s.mu.Lock()
+	if s.draining {
+		s.mu.Unlock()
+		cancel(nil)
+		return nil, nil, errDraining
+	}
+	if busy, ok := s.sessions[session]; ok {
+		s.mu.Unlock()
+		cancel(nil)
+		return nil, nil, fmt.Errorf("%w: session %s has a turn running (%s); wait for it to end or cancel it", errBusy, session, busy)
+	}
+	s.turns[id], s.sessions[session] = lt, id
+	s.running.Add(1)
+	s.mu.Unlock()
+
+	fail := func(err error) (*liveTurn, *sub, error) {
+		s.forget(lt)
+		s.running.Done()
+		cancel(nil)
+		return nil, nil, err
+	}
+	history, err := s.cfg.Store.History(ctx, session)
+	if err != nil {
+		return fail(fmt.Errorf("reading the history of session %s: %w", session, err))
+	}
+	if err := s.cfg.Store.BeginTurn(ctx, store.TurnStart{TurnID: id, SessionID: session, Agent: s.cfg.AgentName,
+		Input: input, StartedAt: time.Now()}); err != nil {
+		return fail(fmt.Errorf("storing the turn: %w", err))
+	}
+	sb, _ := lt.hub.subscribe()
+	s.log.Info("turn started", "turn_id", id, "session_id", session)
+	go s.run(turnCtx, lt, agent.Input{TurnID: id, SessionID: session, History: history, Text: input})
+	return lt, sb, nil
+}
+
+func (s *Server) forget(lt *liveTurn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.turns, lt.id)
+	if s.sessions[lt.session] == lt.id {
+		delete(s.sessions, lt.session)
+	}
+}
+
+// run runs the turn and stores its record.
+func (s *Server) run(ctx context.Context, lt *liveTurn, in agent.Input) {
+	defer s.running.Done()
+	defer lt.cancel(nil)
+	res := s.cfg.Agent.Run(ctx, in, &turnSink{s: s, lt: lt})
+	if err := s.cfg.Store.FinishTurn(context.Background(), res.Record, res.Messages); err != nil {
+		s.storeError("finish_turn", lt.id, err)
+	}
+	lt.res = res
+	// The record is stored: from here a follower that finds the hub ended
+	// reads the whole turn from the store. The session is free again
+	// before anyone waiting on done hears of the end, so a client can send
+	// its next message as soon as its stream ends.
+	lt.hub.end()
+	s.forget(lt)
+	close(lt.done)
+	r := res.Record
+	s.log.Info("turn ended", "turn_id", lt.id, "status", r.Status, "stop_reason", r.StopReason, "wall_ms", r.WallMS)
+}
+
+// turnSink stores each event of a turn, then publishes it to the turn's
+// followers and counts it in the metrics. Storing first is what lets a
+// follower replay from the store without a gap (see hub).
+type turnSink struct {
+	s  *Server
+	lt *liveTurn
+}
+
+// Emit implements event.Sink.
+func (t *turnSink) Emit(e event.Event) {
+	if err := t.s.cfg.Store.AppendEvent(context.Background(), e); err != nil {
+		t.s.storeError("append_event", e.TurnID, err)
+	}
+	data, err := e.MarshalJSON()
+	if err != nil {
+		t.s.log.Error("encoding an event", "turn_id", e.TurnID, "seq", e.Seq, "err", err)
+		return
+	}
+	t.lt.hub.publish(frame{seq: e.Seq, typ: e.Type, at: e.At, data: data})
+	t.s.m.observe(e)
+}
+
+func (s *Server) live(id string) *liveTurn {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.turns[id]
+}
+
+// cancelTurn cancels a live turn for cause.
+func (s *Server) cancelTurn(lt *liveTurn, cause error) { lt.cancel(cause) }
+
+// EndGrace cuts a Shutdown's grace period short: running turns are
+// cancelled (shutdown) at once. `timebox serve` calls it on a second
+// SIGINT or SIGTERM.
+func (s *Server) EndGrace() { s.hurryOnce.Do(func() { close(s.hurry) }) }
+
+// turnsEndWithin is how long Shutdown waits for cancelled turns to store
+// their records. A turn stops its tools within about a second of its
+// cancellation (budget.CancelGrace plus reaping); this only guards against
+// a Runner that ignores its context.
+const turnsEndWithin = 30 * time.Second
+
+// Shutdown stops the server from starting turns, lets the running ones go
+// on for Config.ShutdownGrace (or until ctx is done, or EndGrace), cancels
+// those still running with stop reason shutdown, waits until their records
+// are stored, and then ends every open event stream. It does not close the
+// store or any listener (Serve does the latter). It returns an error only
+// if a turn did not end within 30s of its cancellation. Shutdown is
+// idempotent: later calls wait for the first and return its result.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.shutdownOnce.Do(func() {
+		s.mu.Lock()
+		s.draining = true
+		n := len(s.turns)
+		s.mu.Unlock()
+		all := make(chan struct{})
+		go func() {
+			s.running.Wait()
+			close(all)
+		}()
+		if n > 0 {
+			s.log.Info("shutting down: waiting for running turns", "turns", n, "grace", s.cfg.ShutdownGrace)
+		}
+		grace := time.NewTimer(s.cfg.ShutdownGrace)
+		select {
+		case <-all:
+		case <-grace.C:
+		case <-ctx.Done():
+		case <-s.hurry:
+		}
+		grace.Stop()
+		s.mu.Lock()
+		left := make([]*liveTurn, 0, len(s.turns))
+		for _, lt := range s.turns {
+			left = append(left, lt)
+		}
+		s.mu.Unlock()
+		for _, lt := range left {
+			s.cancelTurn(lt, &budget.CancelError{Reason: budget.Shutdown, By: "the server"})
+		}
+		if len(left) > 0 {
+			s.log.Info("shutting down: cancelled running turns", "turns", len(left))
+		}
+		t := time.NewTimer(turnsEndWithin)
+		select {
+		case <-all:
+		case <-t.C:
+			s.shutdownErr = fmt.Errorf("server: %d turn(s) did not end within %s of their cancellation; their records may be incomplete", s.Running(), turnsEndWithin)
+		}
+		t.Stop()
+		close(s.closing)
+	})
+	<-s.closing
+	return s.shutdownErr
+}
+
+// Serve answers HTTP requests on ln until ctx is done, then shuts down:
+// the listener is closed at once (no new connections), running turns get
+// Config.ShutdownGrace, the rest are cancelled (shutdown) and stored, and
+// Serve returns once every request has ended. It refuses (returning an
+// error, with ln closed) a listener that is not on a loopback address when
+// Config.Token is empty. It returns nil after a shutdown, or the error that
+// stopped the listener.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	if err := CheckAddr(ln.Addr().String(), s.cfg.Token); err != nil {
+		ln.Close()
+		return err
+	}
+	hs := &http.Server{
+		Handler: s,
+		// No WriteTimeout: event streams last as long as their turns; each
+		// stream write has its own deadline instead (sse.write).
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       time.Minute,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+	served := make(chan error, 1)
+	go func() { served <- hs.Serve(ln) }()
+	var serveErr error
+	select {
+	case serveErr = <-served:
+	case <-ctx.Done():
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- hs.Shutdown(context.Background()) }()
+	err := s.Shutdown(context.Background())
+	// Every stream has ended; requests still being answered are short.
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		hs.Close()
+		<-closed
+	}
+	if serveErr == nil {
+		serveErr = <-served
+	}
+	if errors.Is(serveErr, http.ErrServerClosed) {
+		serveErr = nil
+	}
+	return errors.Join(serveErr, err)
+}
+
+// CheckAddr returns an error, ready to show to a person, if addr is not a
+// loopback address and token is empty: a server anyone can reach must not
+// run the agent's tools for anyone. "localhost" counts as loopback; an
+// empty host (all interfaces) does not.
+func CheckAddr(addr, token string) error {
+	if token != "" {
+		return nil
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("address %q: %v (use host:port, such as 127.0.0.1:8080)", addr, err)
+	}
+	if isLoopback(host) {
+		return nil
+	}
+	shown := addr
+	if host == "" {
+		shown += " (every interface)"
+	}
+	return fmt.Errorf("refusing to serve on %s without a token: anyone who can reach that address could run this agent's tools. Set --token or TIMEBOX_TOKEN, or bind a loopback address such as 127.0.0.1:8080", shown)
+}
+
+// isLoopback reports whether host (a name or an IP, without port) is a
+// loopback host.
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	if i := strings.IndexByte(host, '%'); i >= 0 { // an IPv6 zone
+		host = host[:i]
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}

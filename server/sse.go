@@ -1,0 +1,260 @@
+package server
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+)
+
+// streamEnd is why an event stream ended.
+type streamEnd int
+
+const (
+	endFinished   streamEnd = iota // the turn ended and all its events were sent
+	endClientGone                  // the client went away, or stopped reading
+	endShutdown                    // the server is shutting down
+)
+
+// replayPage is how many stored events a replay reads at a time.
+const replayPage = 500
+
+// pollEvery is how often a stream of a turn running in another process
+// (sharing the store) looks for new events.
+const pollEvery = 250 * time.Millisecond
+
+// sse writes Server-Sent Events. Each write has a deadline, so a client
+// that stopped reading (a dead peer, a full TCP window) ends its stream
+// instead of holding a goroutine forever.
+type sse struct {
+	w        http.ResponseWriter
+	rc       *http.ResponseController
+	deadline time.Duration
+	buf      []byte
+	err      error
+}
+
+func (x *sse) write(b []byte) {
+	if x.err != nil {
+		return
+	}
+	_ = x.rc.SetWriteDeadline(time.Now().Add(x.deadline))
+	if _, x.err = x.w.Write(b); x.err == nil {
+		x.err = x.rc.Flush()
+	}
+}
+
+// event writes one event: `id:` is its seq, `event:` its type, `data:` its
+// flat JSON (one line: JSON escapes newlines).
+func (x *sse) event(seq int64, typ event.Type, data []byte) {
+	b := append(x.buf[:0], "id: "...)
+	b = strconv.AppendInt(b, seq, 10)
+	b = append(b, "\nevent: "...)
+	b = append(b, typ...)
+	b = append(b, "\ndata: "...)
+	b = append(b, data...)
+	b = append(b, "\n\n"...)
+	x.buf = b
+	x.write(b)
+}
+
+func (x *sse) comment(text string) { x.write([]byte(": " + text + "\n\n")) }
+
+// stream writes the events of turn id after seq `after` as SSE: first the
+// stored ones, then live ones as they happen, until the turn ends (once
+// its record is stored), the client goes away, or the server shuts down.
+// lt is the turn when it runs in this server, else nil. sb, when set, is a
+// subscription taken before the turn emitted anything.
+func (s *Server) stream(w http.ResponseWriter, r *http.Request, lt *liveTurn, after int64, sb *sub) streamEnd {
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Accel-Buffering", "no") // nginx: do not buffer the stream
+	w.WriteHeader(http.StatusOK)
+	x := &sse{w: w, rc: http.NewResponseController(w), deadline: max(2*s.cfg.KeepAlive, 10*time.Second)}
+	// retry: how soon an EventSource reconnects. Writing it also sends the
+	// headers (Timebox-Turn-Id) before the first event.
+	x.write([]byte("retry: 2000\n\n"))
+
+	st := &streamState{s: s, x: x, ctx: r.Context(), id: r.PathValue("id"), last: after,
+		keepAlive: time.NewTicker(s.cfg.KeepAlive)}
+	defer st.keepAlive.Stop()
+	if lt == nil {
+		return st.poll()
+	}
+	st.id = lt.id
+	return st.follow(lt, sb)
+}
+
+type streamState struct {
+	s         *Server
+	x         *sse
+	ctx       context.Context
+	id        string
+	last      int64 // seq of the last event sent
+	finished  bool  // turn_finished was sent
+	keepAlive *time.Ticker
+}
+
+// send writes one event unless it was already sent.
+func (st *streamState) send(seq int64, typ event.Type, at time.Time, data []byte, live bool) {
+	if seq <= st.last || st.x.err != nil {
+		return
+	}
+	st.x.event(seq, typ, data)
+	if st.x.err != nil {
+		return
+	}
+	st.last = seq
+	st.finished = st.finished || typ == event.TypeTurnFinished
+	st.s.m.sent(at, live)
+}
+
+// replayAll is replay's bound for "every stored event".
+const replayAll = -1
+
+// replay sends the stored events after st.last, up to seq upto (or all,
+// with replayAll).
+func (st *streamState) replay(upto int64) error {
+	for {
+		evs, err := st.s.cfg.Store.Events(st.ctx, st.id, st.last, replayPage)
+		if err != nil {
+			return err
+		}
+		for _, e := range evs {
+			if upto != replayAll && e.Seq > upto {
+				return nil
+			}
+			data, err := e.MarshalJSON()
+			if err != nil {
+				return err
+			}
+			st.send(e.Seq, e.Type, e.At, data, false)
+			if st.x.err != nil {
+				return st.x.err
+			}
+		}
+		if len(evs) < replayPage {
+			return nil
+		}
+	}
+}
+
+func (st *streamState) end(reason streamEnd) streamEnd {
+	if st.x.err != nil {
+		return endClientGone
+	}
+	return reason
+}
+
+// follow streams a turn running in this server.
+func (st *streamState) follow(lt *liveTurn, sb *sub) streamEnd {
+	upto := st.last
+	for {
+		if sb == nil {
+			sb, upto = lt.hub.subscribe()
+		}
+		if sb == nil {
+			// The turn has ended and its record is stored: the store has
+			// every event.
+			if err := st.replay(replayAll); err != nil {
+				return st.end(endClientGone)
+			}
+			return st.end(endFinished)
+		}
+		// Nothing to replay for a subscription taken before the turn
+		// emitted (POST /v1/turns).
+		if upto > st.last {
+			if err := st.replay(upto); err != nil {
+				lt.hub.unsubscribe(sb)
+				return st.end(endClientGone)
+			}
+		}
+		lagged := false
+		for !lagged {
+			select {
+			case f, ok := <-sb.ch:
+				if !ok {
+					if lt.hub.isLagged(sb) {
+						lagged = true // catch up from the store, then live again
+						sb = nil
+						continue
+					}
+					// Ended without our having seen turn_finished: the
+					// store has the rest.
+					st.replay(replayAll)
+					return st.end(endFinished)
+				}
+				st.send(f.seq, f.typ, f.at, f.data, true)
+				if st.finished {
+					lt.hub.unsubscribe(sb)
+					st.waitStored(lt)
+					return st.end(endFinished)
+				}
+			case <-st.keepAlive.C:
+				st.x.comment("keep-alive")
+			case <-st.ctx.Done():
+				lt.hub.unsubscribe(sb)
+				return endClientGone
+			case <-st.s.closing:
+				lt.hub.unsubscribe(sb)
+				return st.end(endShutdown)
+			}
+			if st.x.err != nil {
+				lt.hub.unsubscribe(sb)
+				return endClientGone
+			}
+		}
+	}
+}
+
+// waitStored waits, briefly, until the turn's record is stored, so that a
+// client whose stream ended can read the final record at once.
+func (st *streamState) waitStored(lt *liveTurn) {
+	t := time.NewTimer(5 * time.Second)
+	defer t.Stop()
+	select {
+	case <-lt.done:
+	case <-t.C:
+	case <-st.ctx.Done():
+	}
+}
+
+// poll streams a turn that does not run in this server: an ended one, or
+// one another process (sharing the store) runs, whose new events are
+// picked up every pollEvery.
+func (st *streamState) poll() streamEnd {
+	tick := time.NewTicker(pollEvery)
+	defer tick.Stop()
+	for {
+		if err := st.replay(replayAll); err != nil {
+			return st.end(endClientGone)
+		}
+		if st.finished {
+			return endFinished
+		}
+		rec, err := st.s.cfg.Store.Turn(st.ctx, st.id)
+		if err != nil {
+			return st.end(endClientGone)
+		}
+		if rec.Status != budget.StatusRunning {
+			st.replay(replayAll) // what came between the two reads
+			return st.end(endFinished)
+		}
+		select {
+		case <-tick.C:
+		case <-st.keepAlive.C:
+			st.x.comment("keep-alive")
+		case <-st.ctx.Done():
+			return endClientGone
+		case <-st.s.closing:
+			return st.end(endShutdown)
+		}
+		if st.x.err != nil {
+			return endClientGone
+		}
+	}
+}

@@ -1,0 +1,364 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/model"
+)
+
+// Memory is a Store that keeps everything in memory and loses it on exit,
+// for tests and for programs that want the server without a database. The
+// zero value is not usable; call NewMemory. It is safe for concurrent use.
+type Memory struct {
+	mu       sync.Mutex
+	closed   bool
+	turns    map[string]*memTurn
+	order    []string // turn ids in the order they began
+	sessions map[string]*memSession
+	sorder   []string
+	now      func() time.Time
+}
+
+type memTurn struct {
+	rec    event.Turn // Events, ToolCalls, ModelCalls kept apart
+	events []event.Event
+	tools  []event.ToolCall
+	models []event.ModelCall
+	done   bool
+}
+
+type memSession struct {
+	id       string
+	created  time.Time
+	updated  time.Time
+	turns    []string
+	messages []Message
+}
+
+// NewMemory returns an empty in-memory store.
+func NewMemory() *Memory {
+	return &Memory{turns: map[string]*memTurn{}, sessions: map[string]*memSession{}, now: time.Now}
+}
+
+var _ Store = (*Memory)(nil)
+
+func (m *Memory) check() error {
+	if m.closed {
+		return ErrClosed
+	}
+	return nil
+}
+
+func (m *Memory) session(id string, at time.Time) *memSession {
+	s := m.sessions[id]
+	if s == nil {
+		s = &memSession{id: id, created: at, updated: at}
+		m.sessions[id] = s
+		m.sorder = append(m.sorder, id)
+	}
+	if at.After(s.updated) {
+		s.updated = at
+	}
+	return s
+}
+
+// BeginTurn implements Store.
+func (m *Memory) BeginTurn(_ context.Context, t TurnStart) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.check(); err != nil {
+		return err
+	}
+	if _, ok := m.turns[t.TurnID]; ok {
+		return fmt.Errorf("turn %s: %w", t.TurnID, ErrExists)
+	}
+	m.begin(t)
+	return nil
+}
+
+func (m *Memory) begin(t TurnStart) *memTurn {
+	mt := &memTurn{rec: event.Turn{TurnID: t.TurnID, SessionID: t.SessionID, Agent: t.Agent, Input: t.Input,
+		Status: budget.StatusRunning, StartedAt: t.StartedAt}}
+	m.turns[t.TurnID] = mt
+	m.order = append(m.order, t.TurnID)
+	if t.SessionID != "" {
+		s := m.session(t.SessionID, t.StartedAt)
+		s.turns = append(s.turns, t.TurnID)
+	}
+	return mt
+}
+
+// AppendEvent implements Store.
+func (m *Memory) AppendEvent(_ context.Context, e event.Event) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.check(); err != nil {
+		return err
+	}
+	mt := m.turns[e.TurnID]
+	if mt == nil {
+		return fmt.Errorf("turn %s: %w", e.TurnID, ErrNotFound)
+	}
+	if n := len(mt.events); n > 0 && e.Seq <= mt.events[n-1].Seq {
+		return nil
+	}
+	mt.events = append(mt.events, e)
+	tc, mc := CallRecords(e)
+	if tc != nil {
+		mt.putTool(*tc)
+	}
+	if mc != nil {
+		mt.models = append(mt.models, *mc)
+	}
+	return nil
+}
+
+func (mt *memTurn) putTool(tc event.ToolCall) {
+	for i := range mt.tools {
+		if mt.tools[i].CallID == tc.CallID {
+			if !KeepLate(mt.tools[i], tc) {
+				mt.tools[i] = tc
+			}
+			return
+		}
+	}
+	mt.tools = append(mt.tools, tc)
+}
+
+// FinishTurn implements Store.
+func (m *Memory) FinishTurn(_ context.Context, rec *event.Turn, msgs []model.Message) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.check(); err != nil {
+		return err
+	}
+	mt := m.turns[rec.TurnID]
+	if mt == nil {
+		mt = m.begin(TurnStart{TurnID: rec.TurnID, SessionID: rec.SessionID, Agent: rec.Agent, Input: rec.Input, StartedAt: rec.StartedAt})
+	}
+	last := int64(0)
+	if n := len(mt.events); n > 0 {
+		last = mt.events[n-1].Seq
+	}
+	for _, e := range rec.Events {
+		if e.Seq > last {
+			mt.events = append(mt.events, e)
+			last = e.Seq
+		}
+	}
+	for _, tc := range rec.ToolCalls {
+		tc.TurnID = rec.TurnID
+		mt.putTool(tc)
+	}
+	mt.models = append([]event.ModelCall(nil), rec.ModelCalls...)
+	r := *rec
+	r.Events, r.ToolCalls, r.ModelCalls = nil, nil, nil
+	mt.rec, mt.done = r, true
+	if rec.SessionID != "" {
+		s := m.session(rec.SessionID, rec.EndedAt)
+		s.messages = slices.DeleteFunc(s.messages, func(x Message) bool { return x.TurnID == rec.TurnID })
+		for _, msg := range msgs {
+			s.messages = append(s.messages, Message{TurnID: rec.TurnID, Message: msg})
+		}
+	}
+	return nil
+}
+
+// UpdateToolCall implements Store.
+func (m *Memory) UpdateToolCall(_ context.Context, rec event.ToolCall) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.check(); err != nil {
+		return err
+	}
+	mt := m.turns[rec.TurnID]
+	if mt == nil {
+		return fmt.Errorf("turn %s: %w", rec.TurnID, ErrNotFound)
+	}
+	mt.putTool(rec)
+	return nil
+}
+
+// Turn implements Store.
+func (m *Memory) Turn(_ context.Context, id string) (*event.Turn, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.check(); err != nil {
+		return nil, err
+	}
+	mt := m.turns[id]
+	if mt == nil {
+		return nil, fmt.Errorf("turn %s: %w", id, ErrNotFound)
+	}
+	r := mt.rec
+	r.ToolCalls = append([]event.ToolCall{}, mt.tools...)
+	slices.SortStableFunc(r.ToolCalls, func(a, b event.ToolCall) int { return a.StartedAt.Compare(b.StartedAt) })
+	r.ModelCalls = append([]event.ModelCall{}, mt.models...)
+	if !mt.done {
+		r.Steps = stepsOf(r.ModelCalls)
+	}
+	return &r, nil
+}
+
+func stepsOf(mc []event.ModelCall) int {
+	n := 0
+	for _, c := range mc {
+		n = max(n, c.Step)
+	}
+	return n
+}
+
+func (mt *memTurn) summary() TurnSummary {
+	r := mt.rec
+	s := TurnSummary{TurnID: r.TurnID, SessionID: r.SessionID, Agent: r.Agent, Input: ShortInput(r.Input),
+		Status: r.Status, StopReason: r.StopReason, Message: r.Message, StartedAt: r.StartedAt, WallMS: r.WallMS,
+		Steps: r.Steps, ToolCalls: len(mt.tools)}
+	if mt.done {
+		t := r.EndedAt
+		s.EndedAt = &t
+	} else {
+		s.Steps = stepsOf(mt.models)
+	}
+	if n := len(mt.events); n > 0 {
+		s.Events = mt.events[n-1].Seq
+	}
+	return s
+}
+
+// Turns implements Store.
+func (m *Memory) Turns(_ context.Context, f Filter) ([]TurnSummary, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.check(); err != nil {
+		return nil, err
+	}
+	limit := ClampLimit(f.Limit)
+	end := len(m.order)
+	if f.Before != "" {
+		i := slices.Index(m.order, f.Before)
+		if i < 0 {
+			return nil, fmt.Errorf("turn %s: %w", f.Before, ErrNotFound)
+		}
+		end = i
+	}
+	out := []TurnSummary{}
+	for i := end - 1; i >= 0 && len(out) < limit; i-- {
+		mt := m.turns[m.order[i]]
+		r := mt.rec
+		if (f.Status != "" && r.Status != f.Status) || (f.StopReason != "" && r.StopReason != f.StopReason) ||
+			(f.SessionID != "" && r.SessionID != f.SessionID) {
+			continue
+		}
+		out = append(out, mt.summary())
+	}
+	return out, nil
+}
+
+// Events implements Store.
+func (m *Memory) Events(_ context.Context, turnID string, after int64, limit int) ([]event.Event, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.check(); err != nil {
+		return nil, err
+	}
+	mt := m.turns[turnID]
+	if mt == nil {
+		return nil, fmt.Errorf("turn %s: %w", turnID, ErrNotFound)
+	}
+	out := []event.Event{}
+	for _, e := range mt.events {
+		if e.Seq > after {
+			out = append(out, e)
+			if limit > 0 && len(out) == limit {
+				break
+			}
+		}
+	}
+	return out, nil
+}
+
+// Session implements Store.
+func (m *Memory) Session(_ context.Context, id string) (*Session, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.check(); err != nil {
+		return nil, err
+	}
+	s := m.sessions[id]
+	if s == nil {
+		return nil, fmt.Errorf("session %s: %w", id, ErrNotFound)
+	}
+	out := &Session{SessionID: id, CreatedAt: s.created, UpdatedAt: s.updated, Turns: []TurnSummary{},
+		Messages: append([]Message{}, s.messages...)}
+	for _, tid := range s.turns {
+		out.Turns = append(out.Turns, m.turns[tid].summary())
+	}
+	return out, nil
+}
+
+// Sessions implements Store.
+func (m *Memory) Sessions(_ context.Context, limit int) ([]SessionSummary, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.check(); err != nil {
+		return nil, err
+	}
+	all := make([]*memSession, 0, len(m.sessions))
+	for _, id := range m.sorder {
+		all = append(all, m.sessions[id])
+	}
+	slices.SortStableFunc(all, func(a, b *memSession) int { return b.updated.Compare(a.updated) })
+	out := []SessionSummary{}
+	for _, s := range all[:min(len(all), ClampLimit(limit))] {
+		ss := SessionSummary{SessionID: s.id, CreatedAt: s.created, UpdatedAt: s.updated, Turns: len(s.turns)}
+		if len(s.turns) > 0 {
+			ss.Title = ShortInput(m.turns[s.turns[0]].rec.Input)
+		}
+		out = append(out, ss)
+	}
+	return out, nil
+}
+
+// History implements Store.
+func (m *Memory) History(_ context.Context, sessionID string) ([]model.Message, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.check(); err != nil {
+		return nil, err
+	}
+	var out []model.Message
+	if s := m.sessions[sessionID]; s != nil {
+		for _, msg := range s.messages {
+			out = append(out, msg.Message)
+		}
+	}
+	return out, nil
+}
+
+// Close implements Store: turns still running are marked interrupted.
+func (m *Memory) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil
+	}
+	now := m.now().UTC()
+	for _, id := range m.order {
+		mt := m.turns[id]
+		if mt.done {
+			continue
+		}
+		mt.rec.Status, mt.rec.StopReason = budget.StatusInterrupted, budget.Interrupted
+		mt.rec.Message = "Interrupted: the store was closed while the turn was running. Everything it emitted until then is kept; send the message again to retry."
+		mt.rec.EndedAt, mt.rec.WallMS = now, now.Sub(mt.rec.StartedAt).Milliseconds()
+		mt.done = true
+	}
+	m.closed = true
+	return nil
+}

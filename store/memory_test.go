@@ -1,0 +1,54 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/store"
+	"github.com/timebox-run/timebox/store/storetest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestMemory(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) store.Store { return store.NewMemory() })
+}
+
+func TestRecorderKeepsTheFirstError(t *testing.T) {
+	s := store.NewMemory()
+	r := store.NewRecorder(s)
+	// No Begin: every append fails, and the turn is not told.
+	em := event.NewEmitter("t1", r)
+	em.Emit(&event.LLMDelta{Text: "a"})
+	em.Emit(&event.LLMDelta{Text: "b"})
+	err := r.Err()
+	if !errors.Is(err, store.ErrNotFound) || !strings.Contains(err.Error(), "event 1 (llm_delta) of turn t1") ||
+		!strings.Contains(err.Error(), "1 more") {
+		t.Fatalf("Err() = %v", err)
+	}
+	if err := r.Begin(context.Background(), store.TurnStart{TurnID: "t1"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Begin(context.Background(), store.TurnStart{TurnID: "t1"}); !errors.Is(err, store.ErrExists) {
+		t.Fatalf("second Begin: %v", err)
+	}
+}
+
+func TestShortInput(t *testing.T) {
+	if got := store.ShortInput("héllo"); got != "héllo" {
+		t.Fatal(got)
+	}
+	long := strings.Repeat("é", store.SummaryInputRunes+10)
+	got := []rune(store.ShortInput(long))
+	if len(got) != store.SummaryInputRunes || got[len(got)-1] != '…' {
+		t.Fatalf("%d runes", len(got))
+	}
+	if store.ClampLimit(0) != store.DefaultLimit || store.ClampLimit(1e6) != store.MaxLimit || store.ClampLimit(7) != 7 {
+		t.Fatal("ClampLimit")
+	}
+}

@@ -1,0 +1,76 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/model"
+)
+
+// Recorder writes one turn to a Store as it runs: Begin before the turn,
+// every event as it is emitted (Recorder is the turn's event.Sink), Finish
+// with the turn's result. Writing each event synchronously, before the turn
+// goes on, is what makes a crash lose nothing already emitted.
+//
+// A failed write does not stop the turn — a full disk must not turn a
+// finished answer into a failure — so Emit keeps the first error for Err
+// and the turn's later events are still attempted. Recorder is safe for
+// concurrent use.
+type Recorder struct {
+	s Store
+
+	mu     sync.Mutex
+	err    error
+	failed int
+}
+
+// NewRecorder returns a Recorder writing to s.
+func NewRecorder(s Store) *Recorder { return &Recorder{s: s} }
+
+// Begin records the turn as running (Store.BeginTurn).
+func (r *Recorder) Begin(ctx context.Context, t TurnStart) error {
+	if err := r.s.BeginTurn(ctx, t); err != nil {
+		return fmt.Errorf("storing turn %s: %w", t.TurnID, err)
+	}
+	return nil
+}
+
+// Emit stores e. It is called by the turn's emitter, one event at a time.
+func (r *Recorder) Emit(e event.Event) {
+	// Background: the write must happen even when the turn is being
+	// cancelled — those are the events that matter most afterwards.
+	if err := r.s.AppendEvent(context.Background(), e); err != nil {
+		r.fail(fmt.Errorf("storing event %d (%s) of turn %s: %w", e.Seq, e.Type, e.TurnID, err))
+	}
+}
+
+// Finish stores the turn's final record and its session messages
+// (Store.FinishTurn). It returns the first error of the whole turn: this
+// one, or an earlier failed event write.
+func (r *Recorder) Finish(ctx context.Context, rec *event.Turn, msgs []model.Message) error {
+	if err := r.s.FinishTurn(ctx, rec, msgs); err != nil {
+		r.fail(fmt.Errorf("storing the record of turn %s: %w", rec.TurnID, err))
+	}
+	return r.Err()
+}
+
+// Err returns the first write error, or nil.
+func (r *Recorder) Err() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.err != nil && r.failed > 1 {
+		return fmt.Errorf("%w (and %d more failed writes)", r.err, r.failed-1)
+	}
+	return r.err
+}
+
+func (r *Recorder) fail(err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.err == nil {
+		r.err = err
+	}
+	r.failed++
+}

@@ -1,0 +1,137 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+)
+
+// migrations are the schema's versions, in order: migrations[i] takes a
+// database from version i to i+1 (PRAGMA user_version). Released entries
+// are never edited; a change is a new entry.
+var migrations = []string{
+	// 1: sessions, turns, events, call records, conversations, and the
+	// processes that own running turns.
+	`
+CREATE TABLE owners (
+	owner_id     TEXT PRIMARY KEY,
+	pid          INTEGER NOT NULL,
+	pid_start    TEXT NOT NULL DEFAULT '',
+	machine      TEXT NOT NULL,
+	started_at   INTEGER NOT NULL,
+	heartbeat_at INTEGER NOT NULL
+);
+
+CREATE TABLE sessions (
+	session_id TEXT PRIMARY KEY,
+	created_at INTEGER NOT NULL,
+	updated_at INTEGER NOT NULL
+);
+CREATE INDEX sessions_by_update ON sessions(updated_at);
+
+CREATE TABLE turns (
+	n           INTEGER PRIMARY KEY AUTOINCREMENT,
+	turn_id     TEXT NOT NULL UNIQUE,
+	session_id  TEXT NOT NULL DEFAULT '',
+	agent       TEXT NOT NULL DEFAULT '',
+	input       TEXT NOT NULL,
+	status      TEXT NOT NULL,
+	stop_reason TEXT NOT NULL DEFAULT '',
+	message     TEXT NOT NULL DEFAULT '',
+	started_at  INTEGER NOT NULL,
+	ended_at    INTEGER,
+	wall_ms     INTEGER NOT NULL DEFAULT 0,
+	steps       INTEGER NOT NULL DEFAULT 0,
+	owner_id    TEXT NOT NULL DEFAULT '',
+	record      TEXT
+);
+CREATE INDEX turns_by_status      ON turns(status, n);
+CREATE INDEX turns_by_stop_reason ON turns(stop_reason, n);
+CREATE INDEX turns_by_session     ON turns(session_id, n);
+
+-- Events are appended in rowid order, so concurrent turns write to the
+-- table's last pages rather than each to its own; only the small index
+-- entries are spread out. Fewer dirty pages per commit is most of the cost
+-- of many streaming turns.
+CREATE TABLE events (
+	id      INTEGER PRIMARY KEY,
+	turn_id TEXT    NOT NULL REFERENCES turns(turn_id),
+	seq     INTEGER NOT NULL,
+	type    TEXT    NOT NULL,
+	at      INTEGER NOT NULL,
+	data    TEXT    NOT NULL
+);
+CREATE UNIQUE INDEX events_by_turn ON events(turn_id, seq);
+
+CREATE TABLE tool_calls (
+	turn_id     TEXT    NOT NULL REFERENCES turns(turn_id),
+	call_id     TEXT    NOT NULL,
+	tool        TEXT    NOT NULL,
+	outcome     TEXT    NOT NULL,
+	started_at  INTEGER NOT NULL,
+	duration_ms INTEGER NOT NULL,
+	late_result INTEGER NOT NULL DEFAULT 0,
+	record      TEXT    NOT NULL,
+	PRIMARY KEY (turn_id, call_id)
+) WITHOUT ROWID;
+
+CREATE TABLE model_calls (
+	turn_id TEXT    NOT NULL REFERENCES turns(turn_id),
+	idx     INTEGER NOT NULL,
+	step    INTEGER NOT NULL,
+	model   TEXT    NOT NULL,
+	outcome TEXT    NOT NULL,
+	record  TEXT    NOT NULL,
+	PRIMARY KEY (turn_id, idx)
+) WITHOUT ROWID;
+
+CREATE TABLE messages (
+	id         INTEGER PRIMARY KEY AUTOINCREMENT,
+	session_id TEXT NOT NULL REFERENCES sessions(session_id),
+	turn_id    TEXT NOT NULL,
+	message    TEXT NOT NULL
+);
+CREATE INDEX messages_by_session ON messages(session_id, id);
+CREATE INDEX messages_by_turn    ON messages(turn_id);
+`,
+}
+
+// SchemaVersion is the schema version this package writes: the number of
+// migrations.
+const SchemaVersion = 1
+
+// migrate brings the database to SchemaVersion, one version per
+// transaction. The version is read again inside each (immediate)
+// transaction, so two processes opening a new database at once do not both
+// apply a step.
+func migrate(ctx context.Context, db *sql.DB, path string) error {
+	for {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		var v int
+		if err := tx.QueryRowContext(ctx, "PRAGMA user_version").Scan(&v); err != nil {
+			tx.Rollback()
+			return err
+		}
+		if v > len(migrations) {
+			tx.Rollback()
+			return fmt.Errorf("%s has schema version %d, newer than this timebox knows (%d): use a newer timebox, or another --db", path, v, len(migrations))
+		}
+		if v == len(migrations) {
+			return tx.Rollback()
+		}
+		if _, err := tx.ExecContext(ctx, migrations[v]); err != nil {
+			tx.Rollback()
+			return fmt.Errorf("migrating %s to version %d: %w", path, v+1, err)
+		}
+		if _, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", v+1)); err != nil {
+			tx.Rollback()
+			return err
+		}
+		if err := tx.Commit(); err != nil {
+			return fmt.Errorf("migrating %s to version %d: %w", path, v+1, err)
+		}
+	}
+}

@@ -1,0 +1,832 @@
+// Package sqlite is the embedded store: one SQLite file (modernc.org/sqlite,
+// no cgo) holding sessions, turns, events and records (spec §13).
+//
+// The file is in WAL mode with synchronous=NORMAL: every write is committed
+// before the method returns, so a crashed or killed process loses nothing
+// it stored; only a power loss may lose the last transactions (see
+// docs/decisions/store-sqlite.md). Writes go through one connection, reads
+// through a small pool, so readers never wait for the writer.
+//
+// Several processes may share a file — `timebox serve` and `timebox run`
+// side by side. Each open store registers itself as an owner; a turn
+// belongs to the owner that began it. When a store opens, and then at every
+// heartbeat, it marks interrupted the running turns whose owner is gone: a
+// process that no longer exists, or one silent for longer than the stale
+// limit.
+package sqlite
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
+
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/model"
+	"github.com/timebox-run/timebox/store"
+)
+
+// Options tune a Store. The zero value is what `timebox serve` uses.
+type Options struct {
+	// Heartbeat is how often the store tells other processes sharing the
+	// file that it is alive, and looks for turns left running by a process
+	// that is gone. Zero is 5s.
+	Heartbeat time.Duration
+	// Stale is how long an owner on another machine (or where pids cannot
+	// be checked) may go without a heartbeat before its running turns are
+	// marked interrupted. Zero is 12 heartbeats.
+	Stale time.Duration
+	// BusyTimeout is how long a write waits for another process's write to
+	// finish. Zero is 10s.
+	BusyTimeout time.Duration
+}
+
+// Store is a store.Store in one SQLite file. It is safe for concurrent use.
+type Store struct {
+	path    string
+	w       *sql.DB // the single writer connection
+	r       *sql.DB // readers
+	owner   string
+	machine string
+	hb      time.Duration
+	stale   time.Duration
+
+	recovered []string
+
+	// Event appends are committed in groups (see appender): mu guards
+	// sending on appends against Close closing it.
+	mu       sync.RWMutex
+	appends  chan *appendReq
+	appended chan struct{} // closed when the appender has stopped
+	insEvent *sql.Stmt
+
+	stop      chan struct{}
+	done      chan struct{}
+	closeOnce sync.Once
+	closeErr  error
+	closed    chan struct{}
+}
+
+// appendReq is one AppendEvent waiting for its group's commit.
+type appendReq struct {
+	e    event.Event
+	data []byte
+	done chan error
+}
+
+// maxGroup bounds how many event appends share one transaction.
+const maxGroup = 256
+
+var _ store.Store = (*Store)(nil)
+
+// liveOwners are the owner ids of the stores open in this process, which a
+// pid check cannot tell apart.
+var liveOwners sync.Map
+
+// Open opens (creating it if needed) the store at path, migrates it to
+// SchemaVersion, and marks interrupted the turns left running by processes
+// that are gone (Recovered lists them). It returns an error if the file
+// cannot be opened or was made by a newer timebox.
+func Open(path string, o Options) (*Store, error) {
+	if path == "" {
+		return nil, errors.New("sqlite: empty path")
+	}
+	if strings.ContainsAny(path, "?#") {
+		return nil, fmt.Errorf("sqlite: %q: a store path may not contain ? or #", path)
+	}
+	if o.Heartbeat <= 0 {
+		o.Heartbeat = 5 * time.Second
+	}
+	if o.Stale <= 0 {
+		o.Stale = 12 * o.Heartbeat
+	}
+	if o.BusyTimeout <= 0 {
+		o.BusyTimeout = 10 * time.Second
+	}
+	busy := fmt.Sprintf("_pragma=busy_timeout(%d)", o.BusyTimeout.Milliseconds())
+	// _txlock=immediate: a write transaction takes the write lock when it
+	// begins, so it waits (busy_timeout) instead of failing when it would
+	// upgrade a read lock another process's write made stale.
+	w, err := sql.Open("sqlite", path+"?"+busy+"&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_pragma=foreign_keys(1)&_txlock=immediate")
+	if err != nil {
+		return nil, err
+	}
+	w.SetMaxOpenConns(1)
+	w.SetMaxIdleConns(1)
+	w.SetConnMaxLifetime(0)
+	w.SetConnMaxIdleTime(0)
+	ctx := context.Background()
+	if err := migrate(ctx, w, path); err != nil {
+		w.Close()
+		return nil, fmt.Errorf("opening store %s: %w", path, err)
+	}
+	r, err := sql.Open("sqlite", path+"?"+busy+"&_pragma=query_only(1)")
+	if err != nil {
+		w.Close()
+		return nil, err
+	}
+	r.SetMaxOpenConns(4)
+	r.SetMaxIdleConns(4)
+	s := &Store{path: path, w: w, r: r, owner: newID(), machine: machineID(), hb: o.Heartbeat, stale: o.Stale,
+		stop: make(chan struct{}), done: make(chan struct{}), closed: make(chan struct{}),
+		appends: make(chan *appendReq, maxGroup), appended: make(chan struct{})}
+	if s.insEvent, err = w.PrepareContext(ctx, insertEventSQL); err != nil {
+		s.closeDBs()
+		return nil, err
+	}
+	start, _ := processStart(os.Getpid())
+	now := time.Now()
+	if _, err := w.ExecContext(ctx, `INSERT INTO owners (owner_id, pid, pid_start, machine, started_at, heartbeat_at) VALUES (?, ?, ?, ?, ?, ?)`,
+		s.owner, os.Getpid(), start, s.machine, now.UnixNano(), now.UnixNano()); err != nil {
+		s.closeDBs()
+		return nil, fmt.Errorf("opening store %s: %w", path, err)
+	}
+	liveOwners.Store(s.owner, true)
+	s.recovered, err = s.recover(ctx)
+	if err != nil {
+		liveOwners.Delete(s.owner)
+		s.closeDBs()
+		return nil, fmt.Errorf("opening store %s: marking interrupted turns: %w", path, err)
+	}
+	go s.heartbeat()
+	go s.appender()
+	return s, nil
+}
+
+func newID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// Path returns the file the store was opened at.
+func (s *Store) Path() string { return s.path }
+
+// Recovered returns the ids of the turns Open marked interrupted.
+func (s *Store) Recovered() []string { return append([]string(nil), s.recovered...) }
+
+func (s *Store) heartbeat() {
+	defer close(s.done)
+	t := time.NewTicker(s.hb)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			ctx := context.Background()
+			// Errors here are transient (a busy file) or will show on the
+			// next real write; the next tick tries again.
+			_, _ = s.w.ExecContext(ctx, `UPDATE owners SET heartbeat_at = ? WHERE owner_id = ?`, time.Now().UnixNano(), s.owner)
+			_, _ = s.recover(ctx)
+		}
+	}
+}
+
+func (s *Store) isClosed() bool {
+	select {
+	case <-s.closed:
+		return true
+	default:
+		return false
+	}
+}
+
+// Close marks this store's running turns interrupted, removes it as an
+// owner and closes the file. It is idempotent and safe for concurrent use;
+// methods called after it return store.ErrClosed.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		s.stopWriters()
+		ctx := context.Background()
+		err := s.interruptOwner(ctx, s.owner, "the store was closed while the turn was running")
+		if err == nil {
+			_, err = s.w.ExecContext(ctx, `DELETE FROM owners WHERE owner_id = ?`, s.owner)
+		}
+		liveOwners.Delete(s.owner)
+		s.closeErr = errors.Join(err, s.closeDBs())
+	})
+	return s.closeErr
+}
+
+// stopWriters refuses new writes, lets the appends already queued commit,
+// and stops the background goroutines.
+func (s *Store) stopWriters() {
+	s.mu.Lock()
+	close(s.closed)
+	close(s.appends)
+	s.mu.Unlock()
+	<-s.appended
+	close(s.stop)
+	<-s.done
+}
+
+func (s *Store) closeDBs() error {
+	var err error
+	if s.insEvent != nil {
+		err = s.insEvent.Close()
+	}
+	return errors.Join(err, s.r.Close(), s.w.Close())
+}
+
+// tx runs fn in a write transaction.
+func (s *Store) tx(ctx context.Context, fn func(*sql.Tx) error) error {
+	if s.isClosed() {
+		return store.ErrClosed
+	}
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+func nanos(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+func fromNanos(n int64) time.Time { return time.Unix(0, n).UTC() }
+
+func isFK(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "FOREIGN KEY constraint failed")
+}
+
+func touchSession(ctx context.Context, tx *sql.Tx, id string, at time.Time) error {
+	_, err := tx.ExecContext(ctx, `INSERT INTO sessions (session_id, created_at, updated_at) VALUES (?1, ?2, ?2)
+		ON CONFLICT (session_id) DO UPDATE SET updated_at = max(updated_at, excluded.updated_at)`, id, nanos(at))
+	return err
+}
+
+// BeginTurn implements store.Store.
+func (s *Store) BeginTurn(ctx context.Context, t store.TurnStart) error {
+	return s.tx(ctx, func(tx *sql.Tx) error {
+		return s.begin(ctx, tx, t)
+	})
+}
+
+func (s *Store) begin(ctx context.Context, tx *sql.Tx, t store.TurnStart) error {
+	var one int
+	switch err := tx.QueryRowContext(ctx, `SELECT 1 FROM turns WHERE turn_id = ?`, t.TurnID).Scan(&one); {
+	case err == nil:
+		return fmt.Errorf("turn %s: %w", t.TurnID, store.ErrExists)
+	case !errors.Is(err, sql.ErrNoRows):
+		return err
+	}
+	if t.StartedAt.IsZero() {
+		t.StartedAt = time.Now()
+	}
+	if t.SessionID != "" {
+		if err := touchSession(ctx, tx, t.SessionID, t.StartedAt); err != nil {
+			return err
+		}
+	}
+	_, err := tx.ExecContext(ctx, `INSERT INTO turns (turn_id, session_id, agent, input, status, started_at, owner_id)
+		VALUES (?, ?, ?, ?, ?, ?, ?)`, t.TurnID, t.SessionID, t.Agent, t.Input, budget.StatusRunning, nanos(t.StartedAt), s.owner)
+	return err
+}
+
+// AppendEvent implements store.Store. Appends from concurrent turns are
+// committed together, one transaction for all that are waiting, so that
+// many streaming turns do not queue one commit each; each call still
+// returns only once its event is committed.
+func (s *Store) AppendEvent(ctx context.Context, e event.Event) error {
+	data, err := json.Marshal(e)
+	if err != nil {
+		return err
+	}
+	req := &appendReq{e: e, data: data, done: make(chan error, 1)}
+	s.mu.RLock()
+	if s.isClosed() {
+		s.mu.RUnlock()
+		return store.ErrClosed
+	}
+	s.appends <- req
+	s.mu.RUnlock()
+	select {
+	case err := <-req.done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// appender commits queued event appends in groups until Close.
+func (s *Store) appender() {
+	defer close(s.appended)
+	batch := make([]*appendReq, 0, maxGroup)
+	for req := range s.appends {
+		batch = append(batch[:0], req)
+	more:
+		for len(batch) < maxGroup {
+			select {
+			case r, ok := <-s.appends:
+				if !ok {
+					break more
+				}
+				batch = append(batch, r)
+			default:
+				break more
+			}
+		}
+		s.commitGroup(batch)
+	}
+}
+
+// commitGroup writes a group of appends in one transaction. If that fails,
+// each is written alone, so that one bad append (an unknown turn) fails
+// only its own caller.
+func (s *Store) commitGroup(batch []*appendReq) {
+	ctx := context.Background()
+	write := func(reqs []*appendReq) error {
+		tx, err := s.w.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		ins := tx.StmtContext(ctx, s.insEvent)
+		for _, r := range reqs {
+			if err := appendOne(ctx, tx, ins, r); err != nil {
+				tx.Rollback()
+				return err
+			}
+		}
+		return tx.Commit()
+	}
+	if len(batch) > 1 {
+		if err := write(batch); err == nil {
+			for _, r := range batch {
+				r.done <- nil
+			}
+			return
+		}
+	}
+	for _, r := range batch {
+		r.done <- write([]*appendReq{r})
+	}
+}
+
+func appendOne(ctx context.Context, tx *sql.Tx, ins *sql.Stmt, r *appendReq) error {
+	e := r.e
+	res, err := ins.ExecContext(ctx, e.TurnID, e.Seq, e.Type, nanos(e.At), r.data)
+	if isFK(err) {
+		return fmt.Errorf("turn %s: %w", e.TurnID, store.ErrNotFound)
+	}
+	if err != nil {
+		return err
+	}
+	if n, err := res.RowsAffected(); err != nil || n == 0 {
+		return err // a seq already stored: nothing more to do
+	}
+	tc, mc := store.CallRecords(e)
+	if tc != nil {
+		if err := putToolCall(ctx, tx, *tc); err != nil {
+			return err
+		}
+	}
+	if mc != nil {
+		if err := addModelCall(ctx, tx, e.TurnID, *mc); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+const insertEventSQL = `INSERT OR IGNORE INTO events (turn_id, seq, type, at, data) VALUES (?, ?, ?, ?, ?)`
+
+func insertEvent(ctx context.Context, tx *sql.Tx, turnID string, seq int64, typ event.Type, at time.Time, data []byte) (bool, error) {
+	res, err := tx.ExecContext(ctx, insertEventSQL, turnID, seq, typ, nanos(at), data)
+	if isFK(err) {
+		return false, fmt.Errorf("turn %s: %w", turnID, store.ErrNotFound)
+	}
+	if err != nil {
+		return false, err
+	}
+	n, err := res.RowsAffected()
+	return n > 0, err
+}
+
+func putToolCall(ctx context.Context, tx *sql.Tx, tc event.ToolCall) error {
+	rec, err := json.Marshal(tc)
+	if err != nil {
+		return err
+	}
+	// The WHERE keeps a late result (store.KeepLate) that the turn's
+	// final record, written after it, does not know of.
+	_, err = tx.ExecContext(ctx, `INSERT INTO tool_calls (turn_id, call_id, tool, outcome, started_at, duration_ms, late_result, record)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+		ON CONFLICT (turn_id, call_id) DO UPDATE SET tool = excluded.tool, outcome = excluded.outcome,
+			started_at = excluded.started_at, duration_ms = excluded.duration_ms,
+			late_result = excluded.late_result, record = excluded.record
+		WHERE NOT (tool_calls.late_result = 1 AND excluded.late_result = 0)`,
+		tc.TurnID, tc.CallID, tc.Tool, tc.Outcome, nanos(tc.StartedAt), tc.DurationMS, tc.LateResult, rec)
+	if isFK(err) {
+		return fmt.Errorf("turn %s: %w", tc.TurnID, store.ErrNotFound)
+	}
+	return err
+}
+
+func addModelCall(ctx context.Context, tx *sql.Tx, turnID string, mc event.ModelCall) error {
+	rec, err := json.Marshal(mc)
+	if err != nil {
+		return err
+	}
+	_, err = tx.ExecContext(ctx, `INSERT INTO model_calls (turn_id, idx, step, model, outcome, record)
+		VALUES (?1, (SELECT COALESCE(MAX(idx), -1) + 1 FROM model_calls WHERE turn_id = ?1), ?2, ?3, ?4, ?5)`,
+		turnID, mc.Step, mc.Model, mc.Outcome, rec)
+	return err
+}
+
+// finalRecord is the turn record as the turns table keeps it: calls and
+// events live in their own tables.
+func finalRecord(rec *event.Turn) ([]byte, error) {
+	r := *rec
+	r.ToolCalls, r.ModelCalls, r.Events = nil, nil, nil
+	return json.Marshal(&r)
+}
+
+// FinishTurn implements store.Store.
+func (s *Store) FinishTurn(ctx context.Context, rec *event.Turn, msgs []model.Message) error {
+	final, err := finalRecord(rec)
+	if err != nil {
+		return err
+	}
+	type ev struct {
+		e    event.Event
+		data []byte
+	}
+	evs := make([]ev, 0, len(rec.Events))
+	for _, e := range rec.Events {
+		d, err := json.Marshal(e)
+		if err != nil {
+			return err
+		}
+		evs = append(evs, ev{e, d})
+	}
+	return s.tx(ctx, func(tx *sql.Tx) error {
+		var one int
+		err := tx.QueryRowContext(ctx, `SELECT 1 FROM turns WHERE turn_id = ?`, rec.TurnID).Scan(&one)
+		if errors.Is(err, sql.ErrNoRows) {
+			err = s.begin(ctx, tx, store.TurnStart{TurnID: rec.TurnID, SessionID: rec.SessionID, Agent: rec.Agent,
+				Input: rec.Input, StartedAt: rec.StartedAt})
+		}
+		if err != nil {
+			return err
+		}
+		var last int64
+		if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(seq), 0) FROM events WHERE turn_id = ?`, rec.TurnID).Scan(&last); err != nil {
+			return err
+		}
+		for _, x := range evs {
+			if x.e.Seq <= last {
+				continue
+			}
+			if _, err := insertEvent(ctx, tx, rec.TurnID, x.e.Seq, x.e.Type, x.e.At, x.data); err != nil {
+				return err
+			}
+		}
+		for _, tc := range rec.ToolCalls {
+			tc.TurnID = rec.TurnID
+			if err := putToolCall(ctx, tx, tc); err != nil {
+				return err
+			}
+		}
+		if _, err := tx.ExecContext(ctx, `DELETE FROM model_calls WHERE turn_id = ?`, rec.TurnID); err != nil {
+			return err
+		}
+		for _, mc := range rec.ModelCalls {
+			if err := addModelCall(ctx, tx, rec.TurnID, mc); err != nil {
+				return err
+			}
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE turns SET status = ?, stop_reason = ?, message = ?, ended_at = ?,
+			wall_ms = ?, steps = ?, record = ? WHERE turn_id = ?`,
+			rec.Status, rec.StopReason, rec.Message, nanos(rec.EndedAt), rec.WallMS, rec.Steps, final, rec.TurnID); err != nil {
+			return err
+		}
+		if rec.SessionID == "" {
+			return nil
+		}
+		if err := touchSession(ctx, tx, rec.SessionID, rec.EndedAt); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `DELETE FROM messages WHERE turn_id = ?`, rec.TurnID); err != nil {
+			return err
+		}
+		for _, m := range msgs {
+			b, err := json.Marshal(m)
+			if err != nil {
+				return err
+			}
+			if _, err := tx.ExecContext(ctx, `INSERT INTO messages (session_id, turn_id, message) VALUES (?, ?, ?)`,
+				rec.SessionID, rec.TurnID, b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// UpdateToolCall implements store.Store.
+func (s *Store) UpdateToolCall(ctx context.Context, rec event.ToolCall) error {
+	return s.tx(ctx, func(tx *sql.Tx) error { return putToolCall(ctx, tx, rec) })
+}
+
+// Turn implements store.Store.
+func (s *Store) Turn(ctx context.Context, id string) (*event.Turn, error) {
+	if s.isClosed() {
+		return nil, store.ErrClosed
+	}
+	// One read transaction, so the turn and its calls are one snapshot.
+	tx, err := s.r.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback()
+	var (
+		rec     event.Turn
+		started int64
+		ended   sql.NullInt64
+		final   sql.NullString
+	)
+	err = tx.QueryRowContext(ctx, `SELECT turn_id, session_id, agent, input, status, stop_reason, message, started_at,
+		ended_at, wall_ms, steps, record FROM turns WHERE turn_id = ?`, id).Scan(&rec.TurnID, &rec.SessionID, &rec.Agent,
+		&rec.Input, &rec.Status, &rec.StopReason, &rec.Message, &started, &ended, &rec.WallMS, &rec.Steps, &final)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("turn %s: %w", id, store.ErrNotFound)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if final.Valid {
+		rec = event.Turn{}
+		if err := json.Unmarshal([]byte(final.String), &rec); err != nil {
+			return nil, fmt.Errorf("turn %s: reading its record: %w", id, err)
+		}
+	} else {
+		rec.StartedAt = fromNanos(started)
+		if ended.Valid {
+			rec.EndedAt = fromNanos(ended.Int64)
+		}
+	}
+	rec.ToolCalls, err = scanJSON[event.ToolCall](ctx, tx, `SELECT record FROM tool_calls WHERE turn_id = ? ORDER BY started_at, call_id`, id)
+	if err != nil {
+		return nil, err
+	}
+	rec.ModelCalls, err = scanJSON[event.ModelCall](ctx, tx, `SELECT record FROM model_calls WHERE turn_id = ? ORDER BY idx`, id)
+	if err != nil {
+		return nil, err
+	}
+	if rec.Status == budget.StatusRunning {
+		for _, mc := range rec.ModelCalls {
+			rec.Steps = max(rec.Steps, mc.Step)
+		}
+	}
+	return &rec, nil
+}
+
+func scanJSON[T any](ctx context.Context, tx *sql.Tx, query string, args ...any) ([]T, error) {
+	rows, err := tx.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := []T{}
+	for rows.Next() {
+		var b []byte
+		if err := rows.Scan(&b); err != nil {
+			return nil, err
+		}
+		var v T
+		if err := json.Unmarshal(b, &v); err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, rows.Err()
+}
+
+// summaryColumns select a store.TurnSummary from turns t (scanSummary).
+const summaryColumns = `t.turn_id, t.session_id, t.agent, substr(t.input, 1, 300), t.status, t.stop_reason, t.message,
+	t.started_at, t.ended_at, t.wall_ms, t.steps,
+	(SELECT COUNT(*) FROM tool_calls c WHERE c.turn_id = t.turn_id),
+	(SELECT COALESCE(MAX(seq), 0) FROM events e WHERE e.turn_id = t.turn_id),
+	(SELECT COALESCE(MAX(step), 0) FROM model_calls m WHERE m.turn_id = t.turn_id)`
+
+func scanSummary(rows *sql.Rows) (store.TurnSummary, error) {
+	var (
+		ts       store.TurnSummary
+		started  int64
+		ended    sql.NullInt64
+		runSteps int
+	)
+	err := rows.Scan(&ts.TurnID, &ts.SessionID, &ts.Agent, &ts.Input, &ts.Status, &ts.StopReason, &ts.Message,
+		&started, &ended, &ts.WallMS, &ts.Steps, &ts.ToolCalls, &ts.Events, &runSteps)
+	ts.Input = store.ShortInput(ts.Input)
+	ts.StartedAt = fromNanos(started)
+	if ended.Valid {
+		t := fromNanos(ended.Int64)
+		ts.EndedAt = &t
+	}
+	if ts.Status == budget.StatusRunning {
+		ts.Steps = runSteps
+	}
+	return ts, err
+}
+
+func (s *Store) summaries(ctx context.Context, query string, args ...any) ([]store.TurnSummary, error) {
+	rows, err := s.r.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := []store.TurnSummary{}
+	for rows.Next() {
+		ts, err := scanSummary(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, ts)
+	}
+	return out, rows.Err()
+}
+
+// Turns implements store.Store.
+func (s *Store) Turns(ctx context.Context, f store.Filter) ([]store.TurnSummary, error) {
+	if s.isClosed() {
+		return nil, store.ErrClosed
+	}
+	var where []string
+	var args []any
+	if f.Status != "" {
+		where, args = append(where, "t.status = ?"), append(args, f.Status)
+	}
+	if f.StopReason != "" {
+		where, args = append(where, "t.stop_reason = ?"), append(args, f.StopReason)
+	}
+	if f.SessionID != "" {
+		where, args = append(where, "t.session_id = ?"), append(args, f.SessionID)
+	}
+	if f.Before != "" {
+		var n int64
+		err := s.r.QueryRowContext(ctx, `SELECT n FROM turns WHERE turn_id = ?`, f.Before).Scan(&n)
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil, fmt.Errorf("turn %s: %w", f.Before, store.ErrNotFound)
+		}
+		if err != nil {
+			return nil, err
+		}
+		where, args = append(where, "t.n < ?"), append(args, n)
+	}
+	q := "SELECT " + summaryColumns + " FROM turns t"
+	if len(where) > 0 {
+		q += " WHERE " + strings.Join(where, " AND ")
+	}
+	q += " ORDER BY t.n DESC LIMIT ?"
+	return s.summaries(ctx, q, append(args, store.ClampLimit(f.Limit))...)
+}
+
+// Events implements store.Store.
+func (s *Store) Events(ctx context.Context, turnID string, after int64, limit int) ([]event.Event, error) {
+	if s.isClosed() {
+		return nil, store.ErrClosed
+	}
+	if limit <= 0 {
+		limit = -1 // SQLite: no limit
+	}
+	rows, err := s.r.QueryContext(ctx, `SELECT data FROM events WHERE turn_id = ? AND seq > ? ORDER BY seq LIMIT ?`, turnID, after, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := []event.Event{}
+	for rows.Next() {
+		var b []byte
+		if err := rows.Scan(&b); err != nil {
+			return nil, err
+		}
+		var e event.Event
+		if err := json.Unmarshal(b, &e); err != nil {
+			return nil, fmt.Errorf("turn %s: reading an event: %w", turnID, err)
+		}
+		out = append(out, e)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if len(out) == 0 {
+		var one int
+		err := s.r.QueryRowContext(ctx, `SELECT 1 FROM turns WHERE turn_id = ?`, turnID).Scan(&one)
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil, fmt.Errorf("turn %s: %w", turnID, store.ErrNotFound)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// Session implements store.Store.
+func (s *Store) Session(ctx context.Context, id string) (*store.Session, error) {
+	if s.isClosed() {
+		return nil, store.ErrClosed
+	}
+	var created, updated int64
+	err := s.r.QueryRowContext(ctx, `SELECT created_at, updated_at FROM sessions WHERE session_id = ?`, id).Scan(&created, &updated)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("session %s: %w", id, store.ErrNotFound)
+	}
+	if err != nil {
+		return nil, err
+	}
+	out := &store.Session{SessionID: id, CreatedAt: fromNanos(created), UpdatedAt: fromNanos(updated)}
+	out.Turns, err = s.summaries(ctx, "SELECT "+summaryColumns+" FROM turns t WHERE t.session_id = ? ORDER BY t.n", id)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := s.r.QueryContext(ctx, `SELECT turn_id, message FROM messages WHERE session_id = ? ORDER BY id`, id)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out.Messages = []store.Message{}
+	for rows.Next() {
+		var m store.Message
+		var b []byte
+		if err := rows.Scan(&m.TurnID, &b); err != nil {
+			return nil, err
+		}
+		if err := json.Unmarshal(b, &m.Message); err != nil {
+			return nil, err
+		}
+		out.Messages = append(out.Messages, m)
+	}
+	return out, rows.Err()
+}
+
+// Sessions implements store.Store.
+func (s *Store) Sessions(ctx context.Context, limit int) ([]store.SessionSummary, error) {
+	if s.isClosed() {
+		return nil, store.ErrClosed
+	}
+	rows, err := s.r.QueryContext(ctx, `SELECT s.session_id, s.created_at, s.updated_at,
+		(SELECT COUNT(*) FROM turns t WHERE t.session_id = s.session_id),
+		COALESCE((SELECT substr(t.input, 1, 300) FROM turns t WHERE t.session_id = s.session_id ORDER BY t.n LIMIT 1), '')
+		FROM sessions s ORDER BY s.updated_at DESC, s.rowid DESC LIMIT ?`, store.ClampLimit(limit))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := []store.SessionSummary{}
+	for rows.Next() {
+		var ss store.SessionSummary
+		var created, updated int64
+		if err := rows.Scan(&ss.SessionID, &created, &updated, &ss.Turns, &ss.Title); err != nil {
+			return nil, err
+		}
+		ss.CreatedAt, ss.UpdatedAt, ss.Title = fromNanos(created), fromNanos(updated), store.ShortInput(ss.Title)
+		out = append(out, ss)
+	}
+	return out, rows.Err()
+}
+
+// History implements store.Store.
+func (s *Store) History(ctx context.Context, sessionID string) ([]model.Message, error) {
+	if s.isClosed() {
+		return nil, store.ErrClosed
+	}
+	rows, err := s.r.QueryContext(ctx, `SELECT message FROM messages WHERE session_id = ? ORDER BY id`, sessionID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []model.Message
+	for rows.Next() {
+		var b []byte
+		if err := rows.Scan(&b); err != nil {
+			return nil, err
+		}
+		var m model.Message
+		if err := json.Unmarshal(b, &m); err != nil {
+			return nil, err
+		}
+		out = append(out, m)
+	}
+	return out, rows.Err()
+}

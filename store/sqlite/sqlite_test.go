@@ -1,0 +1,385 @@
+package sqlite_test
+
+import (
+	"bufio"
+	"context"
+	"database/sql"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/store"
+	"github.com/timebox-run/timebox/store/sqlite"
+	"github.com/timebox-run/timebox/store/storetest"
+)
+
+// helperEnv makes the test binary a process that writes a turn into the
+// store named by the variable and then waits to be killed.
+const helperEnv = "TIMEBOX_SQLITE_CRASH_HELPER"
+
+func TestMain(m *testing.M) {
+	if path := os.Getenv(helperEnv); path != "" {
+		crashHelper(path)
+		return
+	}
+	goleak.VerifyTestMain(m)
+}
+
+func open(t *testing.T, path string) *sqlite.Store {
+	t.Helper()
+	s, err := sqlite.Open(path, sqlite.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestStore(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) store.Store { return open(t, filepath.Join(t.TempDir(), "timebox.db")) })
+}
+
+func TestMigrationsFromAnEmptyFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "timebox.db")
+	if err := os.WriteFile(path, nil, 0o600); err != nil { // an empty file is an empty database
+		t.Fatal(err)
+	}
+	s := open(t, path)
+	s.Close()
+	s = open(t, path) // reopening migrates nothing
+	s.Close()
+
+	db, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var v int
+	var mode string
+	if err := db.QueryRow("PRAGMA user_version").Scan(&v); err != nil || v != sqlite.SchemaVersion {
+		t.Fatalf("user_version %d, %v", v, err)
+	}
+	if err := db.QueryRow("PRAGMA journal_mode").Scan(&mode); err != nil || mode != "wal" {
+		t.Fatalf("journal_mode %q, %v", mode, err)
+	}
+	for _, table := range []string{"owners", "sessions", "turns", "events", "tool_calls", "model_calls", "messages"} {
+		var n int
+		if err := db.QueryRow("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = ?", table).Scan(&n); err != nil || n != 1 {
+			t.Errorf("table %s: %d, %v", table, n, err)
+		}
+	}
+	// A file from a newer timebox is refused, not damaged.
+	if _, err := db.Exec(fmt.Sprintf("PRAGMA user_version = %d", sqlite.SchemaVersion+1)); err != nil {
+		t.Fatal(err)
+	}
+	_, err = sqlite.Open(path, sqlite.Options{})
+	if err == nil || !strings.Contains(err.Error(), "newer than this timebox") {
+		t.Fatalf("newer schema: %v", err)
+	}
+}
+
+func TestBadPath(t *testing.T) {
+	for _, p := range []string{"", "a?b.db", filepath.Join(t.TempDir(), "no", "such", "dir", "x.db")} {
+		if s, err := sqlite.Open(p, sqlite.Options{}); err == nil {
+			s.Close()
+			t.Errorf("Open(%q) worked", p)
+		}
+	}
+}
+
+// writeRunningTurn begins a turn and emits what a turn does up to a tool
+// call that is still running.
+func writeRunningTurn(s store.Store, id string) (int, error) {
+	rec := store.NewRecorder(s)
+	if err := rec.Begin(context.Background(), store.TurnStart{TurnID: id, SessionID: "s1", Input: "crawl it", StartedAt: time.Now()}); err != nil {
+		return 0, err
+	}
+	em := event.NewEmitter(id, rec)
+	em.Emit(&event.TurnStarted{SessionID: "s1", Input: "crawl it", Model: "script:m"})
+	em.Emit(&event.LLMStarted{Step: 1, Model: "m", Provider: "script", Attempt: 1})
+	em.Emit(&event.LLMDelta{Step: 1, Text: "Let me crawl."})
+	em.Emit(&event.LLMFinished{ModelCall: event.ModelCall{Step: 1, Model: "m", Provider: "script", Attempt: 1, Outcome: event.OutcomeOK}, ToolCalls: 2})
+	em.Emit(&event.ToolStarted{Step: 1, CallID: "call_1_1", Tool: "word_count", TimeoutMS: 5000})
+	em.Emit(&event.ToolStarted{Step: 1, CallID: "call_1_2", Tool: "crawl", TimeoutMS: 10000})
+	em.Emit(&event.ToolFinished{ToolCall: event.ToolCall{CallID: "call_1_1", Step: 1, Tool: "word_count", Outcome: event.OutcomeOK, StartedAt: time.Now()}})
+	for i := range 5 {
+		p := float64(i)
+		em.Emit(&event.ToolProgress{CallID: "call_1_2", Tool: "crawl", Progress: &p})
+	}
+	return len(em.Log()), rec.Err()
+}
+
+func checkInterrupted(t *testing.T, s store.Store, id string, emitted int, why string) {
+	t.Helper()
+	ctx := context.Background()
+	rec, err := s.Turn(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Status != budget.StatusInterrupted || rec.StopReason != budget.Interrupted {
+		t.Fatalf("status %s, stop reason %s", rec.Status, rec.StopReason)
+	}
+	for _, want := range []string{why, "Tool crawl was running", fmt.Sprintf("(%d events)", emitted)} {
+		if !strings.Contains(rec.Message, want) {
+			t.Errorf("message %q lacks %q", rec.Message, want)
+		}
+	}
+	if len(rec.ToolCalls) != 1 || rec.ToolCalls[0].Tool != "word_count" || len(rec.ModelCalls) != 1 || rec.Steps != 1 {
+		t.Errorf("records kept: %+v %+v", rec.ToolCalls, rec.ModelCalls)
+	}
+	evs, err := s.Events(ctx, id, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(evs) != emitted+1 {
+		t.Fatalf("%d events stored, %d emitted (+1 turn_finished)", len(evs), emitted)
+	}
+	for i, e := range evs {
+		if e.Seq != int64(i+1) {
+			t.Fatalf("event %d has seq %d", i, e.Seq)
+		}
+	}
+	tf, ok := evs[len(evs)-1].Data.(*event.TurnFinished)
+	if !ok || tf.Status != budget.StatusInterrupted || tf.Message != rec.Message || tf.Totals.ToolCalls != 1 {
+		t.Fatalf("last event %+v", evs[len(evs)-1])
+	}
+	list, err := s.Turns(ctx, store.Filter{Status: budget.StatusInterrupted})
+	if err != nil || len(list) != 1 || list[0].TurnID != id {
+		t.Fatalf("interrupted list %+v %v", list, err)
+	}
+}
+
+func TestCrashLeavesTheTurnInterrupted(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "timebox.db")
+	a := open(t, path)
+	n, err := writeRunningTurn(a, "t1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Crash()
+
+	b := open(t, path)
+	defer b.Close()
+	if got := b.Recovered(); len(got) != 1 || got[0] != "t1" {
+		t.Fatalf("Recovered() = %v", got)
+	}
+	checkInterrupted(t, b, "t1", n, "the store running it was closed without finishing it")
+}
+
+func TestKill9(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "timebox.db")
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), helperEnv+"="+path)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("helper: %v", err)
+	}
+	var n int
+	if _, err := fmt.Sscanf(line, "ready %d", &n); err != nil {
+		t.Fatalf("helper said %q", line)
+	}
+	cmd.Process.Kill() // SIGKILL: no cleanup of any kind
+	cmd.Wait()
+
+	s := open(t, path)
+	defer s.Close()
+	checkInterrupted(t, s, "t1", n, fmt.Sprintf("(pid %d) stopped", cmd.Process.Pid))
+}
+
+func crashHelper(path string) {
+	s, err := sqlite.Open(path, sqlite.Options{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	n, err := writeRunningTurn(s, "t1")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	fmt.Printf("ready %d\n", n)
+	select {}
+}
+
+func TestALiveOwnerKeepsItsTurns(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "timebox.db")
+	a := open(t, path)
+	if _, err := writeRunningTurn(a, "t1"); err != nil {
+		t.Fatal(err)
+	}
+	// A second process (here a second store) opening the file must not
+	// take the first one's running turn for a crashed one.
+	b := open(t, path)
+	if got := b.Recovered(); len(got) != 0 {
+		t.Fatalf("live turn marked interrupted: %v", got)
+	}
+	rec, err := b.Turn(context.Background(), "t1")
+	if err != nil || rec.Status != budget.StatusRunning {
+		t.Fatalf("%v %v", rec.Status, err)
+	}
+	b.Close()
+	// Closing the owner marks what it left running.
+	a.Close()
+	c := open(t, path)
+	defer c.Close()
+	rec, err = c.Turn(context.Background(), "t1")
+	if err != nil || rec.Status != budget.StatusInterrupted || !strings.Contains(rec.Message, "the store was closed") {
+		t.Fatalf("%+v %v", rec, err)
+	}
+}
+
+func TestOwnersJudgedByPidAndHeartbeat(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "timebox.db")
+	s := open(t, path)
+	if _, err := writeRunningTurn(s, "dead-pid"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := writeRunningTurn(s, "other-machine-stale"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := writeRunningTurn(s, "other-machine-fresh"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := writeRunningTurn(s, "no-owner"); err != nil {
+		t.Fatal(err)
+	}
+	s.Crash()
+
+	// A process that has exited, on this machine.
+	gone := exec.Command("true")
+	if err := gone.Run(); err != nil {
+		t.Skip("no true(1):", err)
+	}
+	db, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var machine string
+	if err := db.QueryRow(`SELECT machine FROM owners`).Scan(&machine); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	for _, o := range []struct {
+		id, machine string
+		pid         int
+		heartbeat   time.Time
+	}{
+		{"o-dead", machine, gone.Process.Pid, now},
+		{"o-stale", "elsewhere", 1, now.Add(-time.Hour)},
+		{"o-fresh", "elsewhere", 1, now},
+	} {
+		if _, err := db.Exec(`INSERT INTO owners (owner_id, pid, machine, started_at, heartbeat_at) VALUES (?, ?, ?, ?, ?)`,
+			o.id, o.pid, o.machine, now.UnixNano(), o.heartbeat.UnixNano()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for turn, owner := range map[string]string{"dead-pid": "o-dead", "other-machine-stale": "o-stale",
+		"other-machine-fresh": "o-fresh", "no-owner": "o-missing"} {
+		if _, err := db.Exec(`UPDATE turns SET owner_id = ? WHERE turn_id = ?`, owner, turn); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	s2 := open(t, path)
+	defer s2.Close()
+	got := map[string]bool{}
+	for _, id := range s2.Recovered() {
+		got[id] = true
+	}
+	want := map[string]bool{"dead-pid": true, "other-machine-stale": true, "no-owner": true}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("Recovered() = %v, want %v", got, want)
+	}
+	rec, _ := s2.Turn(context.Background(), "other-machine-stale")
+	if !strings.Contains(rec.Message, "stopped sending heartbeats") {
+		t.Errorf("message %q", rec.Message)
+	}
+}
+
+func TestHeartbeatFindsACrashWhileOpen(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "timebox.db")
+	watcher, err := sqlite.Open(path, sqlite.Options{Heartbeat: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watcher.Close()
+	a := open(t, path)
+	if _, err := writeRunningTurn(a, "t1"); err != nil {
+		t.Fatal(err)
+	}
+	a.Crash()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		rec, err := watcher.Turn(context.Background(), "t1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.Status == budget.StatusInterrupted {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the running store never noticed the crash")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestConcurrentWritersShareAFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "timebox.db")
+	a, b := open(t, path), open(t, path)
+	defer a.Close()
+	defer b.Close()
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for i := range 8 {
+		s := a
+		if i%2 == 1 {
+			s = b
+		}
+		wg.Go(func() {
+			id := fmt.Sprintf("t%d", i)
+			rec := store.NewRecorder(s)
+			if err := rec.Begin(context.Background(), store.TurnStart{TurnID: id, Input: "x", StartedAt: time.Now()}); err != nil {
+				errs <- err
+				return
+			}
+			em := event.NewEmitter(id, rec)
+			for range 100 {
+				em.Emit(&event.LLMDelta{Text: "x"})
+			}
+			if err := rec.Err(); err != nil {
+				errs <- err
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	for i := range 8 {
+		evs, err := a.Events(context.Background(), fmt.Sprintf("t%d", i), 0, 0)
+		if err != nil || len(evs) != 100 {
+			t.Fatalf("t%d: %d events, %v", i, len(evs), err)
+		}
+	}
+}

@@ -1,0 +1,206 @@
+// Package store keeps what turns leave behind — sessions, turns, their
+// events and their call records, and each session's conversation — durably
+// (spec §13), behind an interface small enough that the embedded SQLite
+// store (store/sqlite) can give way to a server database when several
+// gateways share one history.
+//
+// Events are written as they are emitted (Recorder), so a crash loses
+// nothing a turn already said; a turn that a crash left running is marked
+// interrupted by the next process that opens the store. Memory is an
+// in-memory Store for tests and for programs that keep nothing.
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+	"unicode/utf8"
+
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/model"
+)
+
+// ErrNotFound is returned (wrapped) for a turn or session the store does
+// not hold. Test with errors.Is.
+var ErrNotFound = errors.New("not found")
+
+// ErrExists is returned (wrapped) by BeginTurn for a turn id already used.
+var ErrExists = errors.New("already exists")
+
+// ErrClosed is returned (wrapped) by every method of a closed store.
+var ErrClosed = errors.New("store is closed")
+
+// Store holds sessions, turns, events and records. Implementations are safe
+// for concurrent use; every write is durable when the method returns (a
+// process crash right after loses nothing).
+type Store interface {
+	// BeginTurn records a new turn as running, and its session if the
+	// session is new. It returns ErrExists for a turn id already stored.
+	BeginTurn(ctx context.Context, t TurnStart) error
+	// AppendEvent stores one event of a running turn, in seq order. The
+	// records that tool_finished and llm_finished carry are stored with it,
+	// so a crashed turn keeps its call records. Appending a seq already
+	// stored is a no-op.
+	AppendEvent(ctx context.Context, e event.Event) error
+	// FinishTurn stores a turn's final record and the messages it added to
+	// its session's conversation. Events of rec.Events not yet stored are
+	// stored; a tool call record already updated by UpdateToolCall with a
+	// late result keeps it. A turn that BeginTurn never saw is created.
+	FinishTurn(ctx context.Context, rec *event.Turn, msgs []model.Message) error
+	// UpdateToolCall replaces one tool call record, for a late result
+	// (agent.Config.LateResult) that came back after its turn ended. It
+	// returns ErrNotFound if the turn is unknown.
+	UpdateToolCall(ctx context.Context, rec event.ToolCall) error
+
+	// Turn returns a turn's record with its tool and model call records,
+	// without its events (see Events). A running turn has status running
+	// and the records of the calls that ended so far.
+	Turn(ctx context.Context, id string) (*event.Turn, error)
+	// Turns lists turns newest first.
+	Turns(ctx context.Context, f Filter) ([]TurnSummary, error)
+	// Events returns up to limit events of a turn with seq > after, in seq
+	// order; limit <= 0 means all. An unknown turn is ErrNotFound.
+	Events(ctx context.Context, turnID string, after int64, limit int) ([]event.Event, error)
+	// Session returns a session: its turns oldest first and its
+	// conversation.
+	Session(ctx context.Context, id string) (*Session, error)
+	// Sessions lists sessions, most recently active first; limit as in
+	// Filter.
+	Sessions(ctx context.Context, limit int) ([]SessionSummary, error)
+	// History returns a session's conversation, to be given to the model
+	// as agent.Input.History. An unknown session has an empty history.
+	History(ctx context.Context, sessionID string) ([]model.Message, error)
+
+	// Close releases the store. Turns it began and never finished are
+	// marked interrupted first: nothing can record their end any more.
+	// Close is idempotent.
+	Close() error
+}
+
+// TurnStart is what is known of a turn when it begins.
+type TurnStart struct {
+	TurnID string
+	// SessionID is the conversation the turn belongs to; empty for a turn
+	// outside any session.
+	SessionID string
+	Agent     string
+	Input     string
+	StartedAt time.Time
+}
+
+// Filter selects turns for Turns. The zero Filter lists the DefaultLimit
+// newest turns.
+type Filter struct {
+	// Status, StopReason and SessionID keep only the turns that match;
+	// empty matches any.
+	Status     budget.Status
+	StopReason budget.StopReason
+	SessionID  string
+	// Before, a turn id, keeps only the turns that began before it: pass
+	// the last id of a page to get the next one.
+	Before string
+	// Limit is the largest number of turns returned: 0 is DefaultLimit,
+	// and anything above MaxLimit is MaxLimit.
+	Limit int
+}
+
+// Limits of a listing.
+const (
+	DefaultLimit = 50
+	MaxLimit     = 1000
+)
+
+// ClampLimit returns the number of rows a listing asked for n returns.
+func ClampLimit(n int) int {
+	switch {
+	case n <= 0:
+		return DefaultLimit
+	case n > MaxLimit:
+		return MaxLimit
+	}
+	return n
+}
+
+// TurnSummary is one turn in a listing.
+type TurnSummary struct {
+	TurnID    string `json:"turn_id"`
+	SessionID string `json:"session_id,omitempty"`
+	Agent     string `json:"agent,omitempty"`
+	// Input is the user's message, cut to SummaryInputRunes runes.
+	Input      string            `json:"input"`
+	Status     budget.Status     `json:"status"`
+	StopReason budget.StopReason `json:"stop_reason,omitempty"`
+	// Message is the turn's closing message; empty while it runs.
+	Message   string     `json:"message,omitempty"`
+	StartedAt time.Time  `json:"started_at"`
+	EndedAt   *time.Time `json:"ended_at,omitempty"`
+	WallMS    int64      `json:"wall_ms"`
+	Steps     int        `json:"steps"`
+	ToolCalls int        `json:"tool_calls"`
+	// Events is the seq of the turn's last stored event.
+	Events int64 `json:"events"`
+}
+
+// SummaryInputRunes is how much of a turn's input a TurnSummary carries.
+const SummaryInputRunes = 280
+
+// ShortInput cuts s to SummaryInputRunes runes, marking the cut with "…".
+// Implementations use it for TurnSummary.Input and SessionSummary.Title.
+func ShortInput(s string) string {
+	if utf8.RuneCountInString(s) <= SummaryInputRunes {
+		return s
+	}
+	r := []rune(s)
+	return string(r[:SummaryInputRunes-1]) + "…"
+}
+
+// Session is one conversation.
+type Session struct {
+	SessionID string    `json:"session_id"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
+	// Turns are the session's turns, oldest first.
+	Turns []TurnSummary `json:"turns"`
+	// Messages are the conversation the model is given on the session's
+	// next turn: the messages every ended turn added, in order.
+	Messages []Message `json:"messages"`
+}
+
+// Message is one message of a session's conversation with the turn that
+// added it.
+type Message struct {
+	TurnID string `json:"turn_id"`
+	model.Message
+}
+
+// SessionSummary is one session in a listing.
+type SessionSummary struct {
+	SessionID string    `json:"session_id"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
+	Turns     int       `json:"turns"`
+	// Title is the first turn's input, cut like TurnSummary.Input.
+	Title string `json:"title"`
+}
+
+// CallRecords returns the call record an event carries: tool_finished
+// carries a tool call's, llm_finished a model call's. Other events carry
+// none. Store implementations use it in AppendEvent.
+func CallRecords(e event.Event) (*event.ToolCall, *event.ModelCall) {
+	switch d := e.Data.(type) {
+	case *event.ToolFinished:
+		tc := d.ToolCall
+		tc.TurnID = e.TurnID
+		return &tc, nil
+	case *event.LLMFinished:
+		mc := d.ModelCall
+		return nil, &mc
+	}
+	return nil, nil
+}
+
+// KeepLate reports whether an update of a tool call record from old to new
+// must keep old: old holds a late result that new, written from the turn's
+// final record, does not know of.
+func KeepLate(old, new event.ToolCall) bool { return old.LateResult && !new.LateResult }

@@ -1,0 +1,401 @@
+// Package storetest is the behaviour every store.Store must have, as a test
+// suite: an implementation's tests call Run with a function that opens an
+// empty store.
+//
+//	func TestStore(t *testing.T) {
+//		storetest.Run(t, func(t *testing.T) store.Store { return open(t) })
+//	}
+package storetest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/model"
+	"github.com/timebox-run/timebox/store"
+)
+
+// Run runs the suite; open returns a new, empty store, which the suite
+// closes.
+func Run(t *testing.T, open func(t *testing.T) store.Store) {
+	tests := []struct {
+		name string
+		fn   func(*testing.T, store.Store)
+	}{
+		{"TurnLifecycle", testTurnLifecycle},
+		{"BeginTwice", testBeginTwice},
+		{"EventsAreIdempotentAndOrdered", testEvents},
+		{"UnknownTurn", testUnknown},
+		{"LateResultSurvivesFinish", testLateResult},
+		{"FinishWithoutBegin", testFinishWithoutBegin},
+		{"ListFiltersAndOrder", testList},
+		{"SessionsAndHistory", testSessions},
+		{"Closed", testClosed},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := open(t)
+			defer s.Close()
+			tc.fn(t, s)
+		})
+	}
+}
+
+// turn plays one turn into s through a store.Recorder, the way the server
+// does: n tool calls (the second one timing out), then the answer.
+type turn struct {
+	id, session, input string
+	start              time.Time
+	em                 *event.Emitter
+	rec                *store.Recorder
+	tools              []event.ToolCall
+	models             []event.ModelCall
+}
+
+var clock = time.Date(2025, 1, 2, 15, 4, 5, 0, time.UTC)
+
+func begin(t *testing.T, s store.Store, id, session, input string) *turn {
+	t.Helper()
+	clock = clock.Add(time.Second)
+	tr := &turn{id: id, session: session, input: input, start: clock, rec: store.NewRecorder(s)}
+	tr.em = event.NewEmitter(id, tr.rec)
+	if err := tr.rec.Begin(context.Background(), store.TurnStart{TurnID: id, SessionID: session, Agent: "test", Input: input, StartedAt: tr.start}); err != nil {
+		t.Fatal(err)
+	}
+	tr.em.Emit(&event.TurnStarted{SessionID: session, Agent: "test", Input: input, Model: "script:m"})
+	return tr
+}
+
+func (tr *turn) model(step int, text string) {
+	tr.em.Emit(&event.LLMStarted{Step: step, Model: "m", Provider: "script", Attempt: 1})
+	tr.em.Emit(&event.LLMDelta{Step: step, Text: text})
+	mc := event.ModelCall{Step: step, Model: "m", Provider: "script", Attempt: 1, StartedAt: tr.start, Outcome: event.OutcomeOK, StreamMS: 5}
+	tr.models = append(tr.models, mc)
+	tr.em.Emit(&event.LLMFinished{ModelCall: mc})
+}
+
+func (tr *turn) tool(step, n int, outcome event.Outcome) event.ToolCall {
+	id := fmt.Sprintf("call_%d_%d", step, n)
+	tr.em.Emit(&event.ToolStarted{Step: step, CallID: id, Tool: "echo", Kind: "go", TimeoutMS: 1000})
+	tc := event.ToolCall{CallID: id, TurnID: tr.id, Step: step, Tool: "echo", Kind: "go", Arguments: json.RawMessage(`{"x":1}`),
+		StartedAt: tr.start.Add(time.Duration(n) * time.Millisecond), EndedAt: tr.start.Add(time.Second), DurationMS: 1000,
+		TimeoutMS: 1000, Outcome: outcome, Result: "r" + id}
+	if outcome == event.OutcomeTimedOut {
+		tc.Phase = budget.PhaseTool
+	}
+	tr.tools = append(tr.tools, tc)
+	tr.em.Emit(&event.ToolFinished{ToolCall: tc})
+	return tc
+}
+
+func (tr *turn) finish(t *testing.T, reason budget.StopReason, msgs ...model.Message) *event.Turn {
+	t.Helper()
+	end := tr.start.Add(2 * time.Second)
+	rec := &event.Turn{TurnID: tr.id, SessionID: tr.session, Agent: "test", Input: tr.input, Status: reason.Status(),
+		StopReason: reason, Message: "msg " + tr.id, Answer: "answer " + tr.id, StartedAt: tr.start, EndedAt: end,
+		Steps: len(tr.models), WallMS: 2000, ToolCalls: tr.tools, ModelCalls: tr.models}
+	tr.em.Emit(&event.TurnFinished{Status: rec.Status, StopReason: rec.StopReason, Message: rec.Message, Answer: rec.Answer, Totals: rec.Totals()})
+	tr.em.Close()
+	rec.Events = tr.em.Log()
+	if err := tr.rec.Finish(context.Background(), rec, msgs); err != nil {
+		t.Fatal(err)
+	}
+	return rec
+}
+
+func testTurnLifecycle(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	tr := begin(t, s, "t1", "s1", "hello")
+	tr.model(1, "let me see")
+	tr.tool(1, 1, event.OutcomeOK)
+	tr.tool(1, 2, event.OutcomeTimedOut)
+
+	got, err := s.Turn(ctx, "t1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Status != budget.StatusRunning || got.Input != "hello" || got.SessionID != "s1" || got.Agent != "test" ||
+		!got.StartedAt.Equal(tr.start) {
+		t.Fatalf("running turn %+v", got)
+	}
+	if len(got.ToolCalls) != 2 || got.ToolCalls[1].Outcome != event.OutcomeTimedOut || got.ToolCalls[0].TurnID != "t1" ||
+		got.ToolCalls[0].Result != "rcall_1_1" {
+		t.Fatalf("running turn's tool calls %+v", got.ToolCalls)
+	}
+	if len(got.ModelCalls) != 1 || got.Steps != 1 {
+		t.Fatalf("running turn's model calls %+v, steps %d", got.ModelCalls, got.Steps)
+	}
+	list, err := s.Turns(ctx, store.Filter{})
+	if err != nil || len(list) != 1 || list[0].Status != budget.StatusRunning || list[0].EndedAt != nil ||
+		list[0].Events != 8 || list[0].ToolCalls != 2 || list[0].Steps != 1 {
+		t.Fatalf("list %+v, %v", list, err)
+	}
+
+	tr.model(2, "done")
+	rec := tr.finish(t, budget.Answered, model.Message{Role: model.RoleUser, Content: "hello"})
+	got, err = s.Turn(ctx, "t1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Status != budget.StatusCompleted || got.StopReason != budget.Answered || got.Message != rec.Message ||
+		got.Answer != rec.Answer || got.WallMS != 2000 || got.Steps != 2 || !got.EndedAt.Equal(rec.EndedAt) {
+		t.Fatalf("final turn %+v", got)
+	}
+	if len(got.ToolCalls) != 2 || len(got.ModelCalls) != 2 || got.Events != nil {
+		t.Fatalf("final calls %d %d, events %d", len(got.ToolCalls), len(got.ModelCalls), len(got.Events))
+	}
+	evs, err := s.Events(ctx, "t1", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(evs) != len(rec.Events) {
+		t.Fatalf("%d events stored, %d emitted", len(evs), len(rec.Events))
+	}
+	for i, e := range evs {
+		want, _ := json.Marshal(rec.Events[i])
+		have, _ := json.Marshal(e)
+		if string(want) != string(have) {
+			t.Fatalf("event %d:\n got %s\nwant %s", i, have, want)
+		}
+	}
+	if tf, ok := evs[len(evs)-1].Data.(*event.TurnFinished); !ok || tf.StopReason != budget.Answered {
+		t.Fatalf("last event %+v", evs[len(evs)-1])
+	}
+}
+
+func testBeginTwice(t *testing.T, s store.Store) {
+	begin(t, s, "t1", "", "x")
+	err := s.BeginTurn(context.Background(), store.TurnStart{TurnID: "t1", Input: "y", StartedAt: time.Now()})
+	if !errors.Is(err, store.ErrExists) {
+		t.Fatalf("second BeginTurn: %v", err)
+	}
+}
+
+func testEvents(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	tr := begin(t, s, "t1", "", "x")
+	for i := range 20 {
+		tr.em.Emit(&event.LLMDelta{Step: 1, Text: fmt.Sprint(i)})
+	}
+	// A repeated seq (a retried write) changes nothing.
+	dup := event.Event{Seq: 3, TurnID: "t1", Type: event.TypeLLMDelta, At: time.Now().UTC(), Data: &event.LLMDelta{Text: "dup"}}
+	if err := s.AppendEvent(ctx, dup); err != nil {
+		t.Fatal(err)
+	}
+	var all []event.Event
+	after := int64(0)
+	for {
+		page, err := s.Events(ctx, "t1", after, 6)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(page) == 0 {
+			break
+		}
+		if len(page) > 6 {
+			t.Fatalf("page of %d", len(page))
+		}
+		all = append(all, page...)
+		after = page[len(page)-1].Seq
+	}
+	if len(all) != 21 {
+		t.Fatalf("%d events", len(all))
+	}
+	for i, e := range all {
+		if e.Seq != int64(i+1) {
+			t.Fatalf("event %d has seq %d", i, e.Seq)
+		}
+	}
+	if d := all[2].Data.(*event.LLMDelta); d.Text != "1" {
+		t.Fatalf("duplicate overwrote: %q", d.Text)
+	}
+	if evs, err := s.Events(ctx, "t1", 21, 0); err != nil || len(evs) != 0 {
+		t.Fatalf("after the last: %v %v", evs, err)
+	}
+}
+
+func testUnknown(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	if _, err := s.Turn(ctx, "nope"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("Turn: %v", err)
+	}
+	if _, err := s.Events(ctx, "nope", 0, 0); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("Events: %v", err)
+	}
+	e := event.Event{Seq: 1, TurnID: "nope", Type: event.TypeLLMDelta, At: time.Now(), Data: &event.LLMDelta{}}
+	if err := s.AppendEvent(ctx, e); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("AppendEvent: %v", err)
+	}
+	if err := s.UpdateToolCall(ctx, event.ToolCall{TurnID: "nope", CallID: "c"}); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("UpdateToolCall: %v", err)
+	}
+	if _, err := s.Session(ctx, "nope"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("Session: %v", err)
+	}
+	if _, err := s.Turns(ctx, store.Filter{Before: "nope"}); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("Turns before: %v", err)
+	}
+	if h, err := s.History(ctx, "nope"); err != nil || len(h) != 0 {
+		t.Errorf("History: %v %v", h, err)
+	}
+}
+
+func testLateResult(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	tr := begin(t, s, "t1", "", "x")
+	tc := tr.tool(1, 1, event.OutcomeAbandoned)
+	// The late result lands before the turn's final record is stored, as
+	// it may when the turn ends just as the abandoned call returns.
+	late := tc
+	late.LateResult, late.LateOutput = true, "finally"
+	if err := s.UpdateToolCall(ctx, late); err != nil {
+		t.Fatal(err)
+	}
+	tr.finish(t, budget.Answered)
+	got, err := s.Turn(ctx, "t1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.ToolCalls) != 1 || !got.ToolCalls[0].LateResult || got.ToolCalls[0].LateOutput != "finally" {
+		t.Fatalf("late result lost: %+v", got.ToolCalls)
+	}
+}
+
+func testFinishWithoutBegin(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	em := event.NewEmitter("t9")
+	em.Emit(&event.TurnStarted{Input: "q"})
+	em.Emit(&event.TurnFinished{Status: budget.StatusCompleted, StopReason: budget.Answered})
+	rec := &event.Turn{TurnID: "t9", SessionID: "s9", Input: "q", Status: budget.StatusCompleted, StopReason: budget.Answered,
+		StartedAt: clock, EndedAt: clock.Add(time.Second), Events: em.Log()}
+	if err := s.FinishTurn(ctx, rec, []model.Message{{Role: model.RoleUser, Content: "q"}}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Turn(ctx, "t9")
+	if err != nil || got.Status != budget.StatusCompleted {
+		t.Fatalf("%+v %v", got, err)
+	}
+	evs, err := s.Events(ctx, "t9", 0, 0)
+	if err != nil || len(evs) != 2 {
+		t.Fatalf("%d events, %v", len(evs), err)
+	}
+	if h, _ := s.History(ctx, "s9"); len(h) != 1 {
+		t.Fatalf("history %v", h)
+	}
+}
+
+func testList(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	reasons := []budget.StopReason{budget.Answered, budget.TurnTimeout, budget.Answered, budget.ClientGone, budget.NoProgress}
+	for i, r := range reasons {
+		sess := "a"
+		if i%2 == 1 {
+			sess = "b"
+		}
+		tr := begin(t, s, fmt.Sprintf("t%d", i), sess, fmt.Sprintf("q%d", i))
+		tr.finish(t, r)
+	}
+	begin(t, s, "t5", "a", "still going")
+	ids := func(l []store.TurnSummary) string {
+		var out string
+		for _, x := range l {
+			out += x.TurnID + " "
+		}
+		return out
+	}
+	cases := []struct {
+		f    store.Filter
+		want string
+	}{
+		{store.Filter{}, "t5 t4 t3 t2 t1 t0 "},
+		{store.Filter{Limit: 2}, "t5 t4 "},
+		{store.Filter{Before: "t4", Limit: 2}, "t3 t2 "},
+		{store.Filter{Status: budget.StatusCompleted}, "t2 t0 "},
+		{store.Filter{Status: budget.StatusStopped}, "t4 t1 "},
+		{store.Filter{Status: budget.StatusRunning}, "t5 "},
+		{store.Filter{StopReason: budget.ClientGone}, "t3 "},
+		{store.Filter{SessionID: "a"}, "t5 t4 t2 t0 "},
+		{store.Filter{SessionID: "a", Status: budget.StatusStopped}, "t4 "},
+		{store.Filter{Status: budget.StatusFailed}, ""},
+	}
+	for _, tc := range cases {
+		got, err := s.Turns(ctx, tc.f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ids(got) != tc.want {
+			t.Errorf("%+v: got %q, want %q", tc.f, ids(got), tc.want)
+		}
+	}
+	got, _ := s.Turns(ctx, store.Filter{StopReason: budget.TurnTimeout})
+	if len(got) != 1 || got[0].Message != "msg t1" || got[0].Input != "q1" || got[0].EndedAt == nil || got[0].WallMS != 2000 {
+		t.Errorf("summary %+v", got)
+	}
+}
+
+func testSessions(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	u1 := model.Message{Role: model.RoleUser, Content: "one"}
+	a1 := model.Message{Role: model.RoleAssistant, Content: "", ToolCalls: []model.ToolCall{{ID: "x", Name: "echo", Arguments: "{}"}}}
+	t1 := model.Message{Role: model.RoleTool, Content: "{}", ToolCallID: "x", ToolName: "echo"}
+	a2 := model.Message{Role: model.RoleAssistant, Content: "first"}
+	begin(t, s, "t1", "s1", "one").finish(t, budget.Answered, u1, a1, t1, a2)
+	begin(t, s, "o1", "other", "elsewhere").finish(t, budget.Answered, model.Message{Role: model.RoleUser, Content: "elsewhere"})
+	u2 := model.Message{Role: model.RoleUser, Content: "two"}
+	begin(t, s, "t2", "s1", "two").finish(t, budget.Cancelled, u2)
+	begin(t, s, "t3", "s1", "three") // still running: adds nothing yet
+
+	h, err := s.History(ctx, "s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []model.Message{u1, a1, t1, a2, u2}
+	hj, _ := json.Marshal(h)
+	wj, _ := json.Marshal(want)
+	if string(hj) != string(wj) {
+		t.Fatalf("history\n got %s\nwant %s", hj, wj)
+	}
+	sess, err := s.Session(ctx, "s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sess.Turns) != 3 || sess.Turns[0].TurnID != "t1" || sess.Turns[2].Status != budget.StatusRunning {
+		t.Fatalf("session turns %+v", sess.Turns)
+	}
+	if len(sess.Messages) != 5 || sess.Messages[4].TurnID != "t2" || sess.Messages[2].ToolCallID != "x" {
+		t.Fatalf("session messages %+v", sess.Messages)
+	}
+	if sess.CreatedAt.After(sess.UpdatedAt) || sess.CreatedAt.IsZero() {
+		t.Fatalf("session times %v %v", sess.CreatedAt, sess.UpdatedAt)
+	}
+	list, err := s.Sessions(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 2 || list[0].SessionID != "s1" || list[0].Turns != 3 || list[0].Title != "one" || list[1].Title != "elsewhere" {
+		t.Fatalf("sessions %+v", list)
+	}
+}
+
+func testClosed(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	begin(t, s, "t1", "", "x")
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if _, err := s.Turn(ctx, "t1"); !errors.Is(err, store.ErrClosed) {
+		t.Errorf("Turn after Close: %v", err)
+	}
+	if err := s.BeginTurn(ctx, store.TurnStart{TurnID: "t2"}); !errors.Is(err, store.ErrClosed) {
+		t.Errorf("BeginTurn after Close: %v", err)
+	}
+}
