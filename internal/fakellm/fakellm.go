@@ -1,0 +1,310 @@
+// Package fakellm is a scriptable fake model provider for tests: an HTTP
+// server on loopback that speaks the real streaming wire format (OpenAI Chat
+// Completions SSE) and plays, per request, a scripted Reply — text and tool
+// call fragments with delays, a stall before or during the stream, an HTTP
+// error with Retry-After, a reset connection, a malformed or truncated
+// stream. It records every request it received.
+package fakellm
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Format is a provider wire format.
+type Format string
+
+// The wire formats.
+const (
+	OpenAI Format = "openai"
+)
+
+// Reply is what the server does with one request.
+type Reply struct {
+	// Status, when not 0 or 200, answers with that HTTP status and Body (a
+	// provider error object is made from Message when Body is empty).
+	Status     int
+	Message    string
+	Body       string
+	RetryAfter string
+	// Reset closes the connection without an answer.
+	Reset bool
+	// FirstDelay is waited before the first chunk (after the headers).
+	FirstDelay time.Duration
+	// Chunks are streamed in order.
+	Chunks []Chunk
+	// Stall stops the stream after StallAfter chunks (0: before the
+	// first) and holds the connection open until the client goes away.
+	Stall      bool
+	StallAfter int
+	// StallBeforeHeaders holds the request without sending even headers.
+	StallBeforeHeaders bool
+	// Truncate ends the body without a finish reason and without [DONE].
+	Truncate bool
+	// Malformed sends a line of broken JSON after the chunks.
+	Malformed bool
+}
+
+// Chunk is one streamed event.
+type Chunk struct {
+	Delay time.Duration
+	Text  string
+	// Tool is a tool-call fragment: the first fragment of a call carries
+	// its ID and Name, later ones more of its Arguments.
+	Tool *ToolFragment
+}
+
+// ToolFragment is a piece of a streamed tool call.
+type ToolFragment struct {
+	Index     int
+	ID        string
+	Name      string
+	Arguments string
+}
+
+// Text returns a reply streaming words as chunks with delay between them.
+func Text(text string, delay time.Duration) Reply {
+	r := Reply{}
+	for _, w := range strings.SplitAfter(text, " ") {
+		r.Chunks = append(r.Chunks, Chunk{Delay: delay, Text: w})
+	}
+	return r
+}
+
+// ToolCall returns a reply asking for one tool call, its arguments split
+// into fragments of n bytes.
+func ToolCall(id, name, args string, n int) Reply {
+	r := Reply{}
+	r.Chunks = append(r.Chunks, Chunk{Tool: &ToolFragment{ID: id, Name: name}})
+	for len(args) > 0 {
+		k := min(n, len(args))
+		r.Chunks = append(r.Chunks, Chunk{Tool: &ToolFragment{Arguments: args[:k]}})
+		args = args[k:]
+	}
+	return r
+}
+
+// Request is a request the server received.
+type Request struct {
+	Path          string
+	Authorization string
+	Model         string
+	Body          map[string]any
+}
+
+// Server is the fake provider. Its methods are safe for concurrent use.
+type Server struct {
+	*httptest.Server
+	format Format
+
+	mu      sync.Mutex
+	replies []Reply
+	next    func(n int, r Request) Reply
+	reqs    []Request
+	gone    []chan struct{}
+	closed  chan struct{}
+	once    sync.Once
+}
+
+// New starts a server that plays replies in order, then repeats the last.
+func New(format Format, replies ...Reply) *Server {
+	s := &Server{format: format, replies: replies, closed: make(chan struct{})}
+	s.Server = httptest.NewServer(http.HandlerFunc(s.handle))
+	return s
+}
+
+// NewFunc starts a server whose reply to the nth request (from 0) is f's.
+func NewFunc(format Format, f func(n int, r Request) Reply) *Server {
+	s := &Server{format: format, next: f, closed: make(chan struct{})}
+	s.Server = httptest.NewServer(http.HandlerFunc(s.handle))
+	return s
+}
+
+// Close ends stalls and shuts the server down.
+func (s *Server) Close() {
+	s.once.Do(func() { close(s.closed) })
+	s.Server.CloseClientConnections()
+	s.Server.Close()
+}
+
+// BaseURL returns the base URL a provider is configured with ("/v1" for
+// OpenAI).
+func (s *Server) BaseURL() string { return s.Server.URL + "/v1" }
+
+// Requests returns the requests received so far.
+func (s *Server) Requests() []Request {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Request(nil), s.reqs...)
+}
+
+// Gone returns a channel closed when the client of the nth request has
+// gone away (its connection was closed or the request cancelled).
+func (s *Server) Gone(n int) <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for len(s.gone) <= n {
+		s.gone = append(s.gone, make(chan struct{}))
+	}
+	return s.gone[n]
+}
+
+func (s *Server) handle(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	req := Request{Path: r.URL.Path, Authorization: r.Header.Get("Authorization")}
+	_ = json.Unmarshal(body, &req.Body)
+	if m, ok := req.Body["model"].(string); ok {
+		req.Model = m
+	}
+	s.mu.Lock()
+	n := len(s.reqs)
+	s.reqs = append(s.reqs, req)
+	for len(s.gone) <= n {
+		s.gone = append(s.gone, make(chan struct{}))
+	}
+	gone := s.gone[n]
+	var rep Reply
+	switch {
+	case s.next != nil:
+		s.mu.Unlock()
+		rep = s.next(n, req)
+		s.mu.Lock()
+	case n < len(s.replies):
+		rep = s.replies[n]
+	case len(s.replies) > 0:
+		rep = s.replies[len(s.replies)-1]
+	default:
+		rep = Text("ok", 0)
+	}
+	s.mu.Unlock()
+	defer close(gone)
+	s.play(w, r, rep)
+}
+
+// wait waits d, or until the client or the server goes away.
+func (s *Server) wait(r *http.Request, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-r.Context().Done():
+		return false
+	case <-s.closed:
+		return false
+	}
+}
+
+func (s *Server) hold(r *http.Request) {
+	select {
+	case <-r.Context().Done():
+	case <-s.closed:
+	}
+}
+
+func (s *Server) play(w http.ResponseWriter, r *http.Request, rep Reply) {
+	if rep.Reset {
+		if hj, ok := w.(http.Hijacker); ok {
+			if c, _, err := hj.Hijack(); err == nil {
+				c.Close()
+				return
+			}
+		}
+		panic(http.ErrAbortHandler)
+	}
+	if rep.StallBeforeHeaders {
+		s.hold(r)
+		return
+	}
+	if rep.Status != 0 && rep.Status != http.StatusOK {
+		if rep.RetryAfter != "" {
+			w.Header().Set("Retry-After", rep.RetryAfter)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(rep.Status)
+		b := rep.Body
+		if b == "" {
+			msg, _ := json.Marshal(rep.Message)
+			b = fmt.Sprintf(`{"error": {"message": %s, "type": "fake_error", "code": "fake"}}`, msg)
+		}
+		io.WriteString(w, b)
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	fl, _ := w.(http.Flusher)
+	flush := func() {
+		if fl != nil {
+			fl.Flush()
+		}
+	}
+	flush()
+	if rep.FirstDelay > 0 && !s.wait(r, rep.FirstDelay) {
+		return
+	}
+	hasTools := false
+	for i, c := range rep.Chunks {
+		if rep.Stall && i >= rep.StallAfter {
+			s.hold(r)
+			return
+		}
+		if c.Delay > 0 && i > 0 && !s.wait(r, c.Delay) {
+			return
+		}
+		hasTools = hasTools || c.Tool != nil
+		fmt.Fprintf(w, "data: %s\n\n", openAIChunk(c, ""))
+		flush()
+	}
+	if rep.Stall {
+		s.hold(r)
+		return
+	}
+	if rep.Malformed {
+		io.WriteString(w, "data: {\"choices\": [{\"index\": 0, \"delta\": {\"content\": \"oops\"\n\n")
+		flush()
+		return
+	}
+	if rep.Truncate {
+		return
+	}
+	finish := "stop"
+	if hasTools {
+		finish = "tool_calls"
+	}
+	fmt.Fprintf(w, "data: %s\n\n", openAIChunk(Chunk{}, finish))
+	io.WriteString(w, "data: [DONE]\n\n")
+	flush()
+}
+
+// openAIChunk renders one chat.completion.chunk.
+func openAIChunk(c Chunk, finish string) string {
+	delta := map[string]any{}
+	if c.Text != "" {
+		delta["content"] = c.Text
+	}
+	if t := c.Tool; t != nil {
+		tc := map[string]any{"index": t.Index, "function": map[string]any{"arguments": t.Arguments}}
+		if t.ID != "" {
+			tc["id"] = t.ID
+			tc["type"] = "function"
+		}
+		if t.Name != "" {
+			tc["function"].(map[string]any)["name"] = t.Name
+		}
+		delta["tool_calls"] = []any{tc}
+	}
+	choice := map[string]any{"index": 0, "delta": delta, "finish_reason": nil}
+	if finish != "" {
+		choice["finish_reason"] = finish
+	}
+	b, _ := json.Marshal(map[string]any{"id": "chatcmpl-fake", "object": "chat.completion.chunk",
+		"created": 1700000000, "model": "fake", "choices": []any{choice}})
+	return string(b)
+}

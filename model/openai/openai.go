@@ -1,0 +1,247 @@
+// Package openai is the model provider for any OpenAI-compatible Chat
+// Completions endpoint (spec §11), streaming, with tool calls, through the
+// official SDK (github.com/openai/openai-go/v3).
+//
+// The SDK's own retries and timeouts are off: timebox's budgets decide when
+// a call has taken too long and its failover decides what to try next.
+package openai
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	sdk "github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/packages/ssestream"
+	"github.com/openai/openai-go/v3/shared"
+
+	"github.com/timebox-run/timebox/model"
+)
+
+// DefaultBaseURL is OpenAI's own endpoint.
+const DefaultBaseURL = "https://api.openai.com/v1"
+
+// Options configure a Provider.
+type Options struct {
+	// BaseURL is the endpoint, e.g. "http://localhost:11434/v1"; empty is
+	// DefaultBaseURL.
+	BaseURL string
+	// APIKey is sent as a bearer token.
+	APIKey string
+	// HTTPClient is the client to use; nil is a client with no timeout of
+	// its own (the watchdogs bound every stream).
+	HTTPClient *http.Client
+}
+
+// Provider streams chat completions from one endpoint with one key. It is
+// safe for concurrent use.
+type Provider struct {
+	client sdk.Client
+}
+
+// New returns a provider for o.
+func New(o Options) *Provider {
+	base := o.BaseURL
+	if base == "" {
+		base = DefaultBaseURL
+	}
+	hc := o.HTTPClient
+	if hc == nil {
+		hc = &http.Client{}
+	}
+	return &Provider{client: sdk.NewClient(
+		option.WithBaseURL(strings.TrimSuffix(base, "/")+"/"),
+		option.WithAPIKey(o.APIKey),
+		option.WithHTTPClient(hc),
+		option.WithMaxRetries(0),
+	)}
+}
+
+// Stream sends req and returns its reply stream. The HTTP request is made
+// by the first Recv (the SDK sends it lazily), so a connection failure or an
+// HTTP error status comes from there as a *model.Error.
+func (p *Provider) Stream(ctx context.Context, req model.Request) (model.Stream, error) {
+	params, err := toParams(req)
+	if err != nil {
+		return nil, &model.Error{Provider: "openai", Status: 400, Message: err.Error()}
+	}
+	s := p.client.Chat.Completions.NewStreaming(ctx, params)
+	return &stream{ctx: ctx, s: s, calls: map[int64]*model.ToolCall{}}, nil
+}
+
+func toParams(req model.Request) (sdk.ChatCompletionNewParams, error) {
+	var msgs []sdk.ChatCompletionMessageParamUnion
+	if req.System != "" {
+		msgs = append(msgs, sdk.SystemMessage(req.System))
+	}
+	for _, m := range req.Messages {
+		switch m.Role {
+		case model.RoleUser:
+			msgs = append(msgs, sdk.UserMessage(m.Content))
+		case model.RoleTool:
+			msgs = append(msgs, sdk.ToolMessage(m.Content, m.ToolCallID))
+		case model.RoleAssistant:
+			a := sdk.ChatCompletionAssistantMessageParam{}
+			if m.Content != "" {
+				a.Content.OfString = sdk.String(m.Content)
+			}
+			for _, c := range m.ToolCalls {
+				a.ToolCalls = append(a.ToolCalls, sdk.ChatCompletionMessageToolCallUnionParam{
+					OfFunction: &sdk.ChatCompletionMessageFunctionToolCallParam{
+						ID:       c.ID,
+						Function: sdk.ChatCompletionMessageFunctionToolCallFunctionParam{Name: c.Name, Arguments: c.Arguments},
+					},
+				})
+			}
+			msgs = append(msgs, sdk.ChatCompletionMessageParamUnion{OfAssistant: &a})
+		default:
+			return sdk.ChatCompletionNewParams{}, fmt.Errorf("message role %q is not supported", m.Role)
+		}
+	}
+	params := sdk.ChatCompletionNewParams{Model: shared.ChatModel(req.Model), Messages: msgs}
+	for _, t := range req.Tools {
+		fp := shared.FunctionParameters{"type": "object", "properties": map[string]any{}}
+		if len(t.Parameters) > 0 {
+			fp = shared.FunctionParameters{}
+			if err := json.Unmarshal(t.Parameters, &fp); err != nil {
+				return sdk.ChatCompletionNewParams{}, fmt.Errorf("tool %s: parameters: %v", t.Name, err)
+			}
+		}
+		fd := shared.FunctionDefinitionParam{Name: t.Name, Parameters: fp}
+		if t.Description != "" {
+			fd.Description = sdk.String(t.Description)
+		}
+		params.Tools = append(params.Tools, sdk.ChatCompletionFunctionTool(fd))
+	}
+	return params, nil
+}
+
+// stream is one streamed reply. Tool calls arrive as fragments keyed by
+// index: the id and name in the first, the arguments in pieces.
+type stream struct {
+	ctx    context.Context
+	s      *ssestream.Stream[sdk.ChatCompletionChunk]
+	text   strings.Builder
+	calls  map[int64]*model.ToolCall
+	finish string
+	done   bool
+	err    error
+}
+
+// Recv returns one chunk per server-sent event.
+func (s *stream) Recv() (model.Chunk, error) {
+	if s.err != nil {
+		return model.Chunk{}, s.err
+	}
+	if s.done {
+		return model.Chunk{}, io.EOF
+	}
+	if !s.s.Next() {
+		err := s.s.Err()
+		switch {
+		case err == nil && s.finish == "":
+			s.err = &model.Error{Provider: "openai", Message: "the stream ended before the reply was complete (no finish_reason)"}
+		case err == nil:
+			s.done = true
+			return model.Chunk{}, io.EOF
+		default:
+			s.err = s.classify(err)
+		}
+		return model.Chunk{}, s.err
+	}
+	c := s.s.Current()
+	var out model.Chunk
+	for _, ch := range c.Choices {
+		if ch.Index != 0 {
+			continue
+		}
+		out.Text += ch.Delta.Content
+		for _, tc := range ch.Delta.ToolCalls {
+			call := s.calls[tc.Index]
+			if call == nil {
+				call = &model.ToolCall{}
+				s.calls[tc.Index] = call
+			}
+			if tc.ID != "" {
+				call.ID = tc.ID
+			}
+			if tc.Function.Name != "" {
+				call.Name += tc.Function.Name
+			}
+			call.Arguments += tc.Function.Arguments
+		}
+		if ch.FinishReason != "" {
+			s.finish = ch.FinishReason
+		}
+	}
+	s.text.WriteString(out.Text)
+	return out, nil
+}
+
+// classify turns an SDK or transport error into a *model.Error, keeping the
+// context's own cause when the stream was cancelled.
+func (s *stream) classify(err error) error {
+	if s.ctx.Err() != nil {
+		return context.Cause(s.ctx)
+	}
+	var apiErr *sdk.Error
+	if errors.As(err, &apiErr) {
+		me := &model.Error{Provider: "openai", Status: apiErr.StatusCode, Message: apiErr.Message, Err: err}
+		if me.Message == "" {
+			me.Message = strings.TrimSpace(apiErr.RawJSON())
+		}
+		if me.Message == "" {
+			me.Message = http.StatusText(apiErr.StatusCode)
+		}
+		if apiErr.Response != nil {
+			me.RetryAfter = retryAfter(apiErr.Response.Header.Get("Retry-After"))
+		}
+		return me
+	}
+	var se *json.SyntaxError
+	if errors.As(err, &se) || strings.Contains(err.Error(), "invalid character") || strings.Contains(err.Error(), "unexpected end of JSON") {
+		return &model.Error{Provider: "openai", Malformed: true, Message: err.Error(), Err: err}
+	}
+	return &model.Error{Provider: "openai", Message: err.Error(), Err: err}
+}
+
+// retryAfter parses a Retry-After header: seconds or an HTTP date.
+func retryAfter(v string) time.Duration {
+	if v == "" {
+		return 0
+	}
+	if n, err := strconv.ParseFloat(v, 64); err == nil && n >= 0 {
+		return time.Duration(n * float64(time.Second))
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		if d := time.Until(t); d > 0 {
+			return d
+		}
+	}
+	return 0
+}
+
+// Response returns the assembled reply.
+func (s *stream) Response() model.Response {
+	r := model.Response{Text: s.text.String(), FinishReason: s.finish}
+	idx := make([]int64, 0, len(s.calls))
+	for i := range s.calls {
+		idx = append(idx, i)
+	}
+	sort.Slice(idx, func(a, b int) bool { return idx[a] < idx[b] })
+	for _, i := range idx {
+		r.ToolCalls = append(r.ToolCalls, *s.calls[i])
+	}
+	return r
+}
+
+// Close releases the HTTP response.
+func (s *stream) Close() error { return s.s.Close() }

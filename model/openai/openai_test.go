@@ -1,0 +1,237 @@
+package openai_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/internal/fakellm"
+	"github.com/timebox-run/timebox/model"
+	"github.com/timebox-run/timebox/model/openai"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func provider(s *fakellm.Server) *openai.Provider {
+	return openai.New(openai.Options{BaseURL: s.BaseURL(), APIKey: "sk-test"})
+}
+
+// collect reads a stream to its end.
+func collect(t *testing.T, p model.Provider, req model.Request) ([]model.Chunk, model.Response, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	s, err := p.Stream(ctx, req)
+	if err != nil {
+		return nil, model.Response{}, err
+	}
+	defer s.Close()
+	var chunks []model.Chunk
+	for {
+		c, err := s.Recv()
+		if err == io.EOF {
+			return chunks, s.Response(), nil
+		}
+		if err != nil {
+			return chunks, model.Response{}, err
+		}
+		chunks = append(chunks, c)
+	}
+}
+
+func TestTextStreamsChunkByChunk(t *testing.T) {
+	s := fakellm.New(fakellm.OpenAI, fakellm.Text("hello there world", 0))
+	defer s.Close()
+	chunks, resp, err := collect(t, provider(s), model.Request{Model: "gpt-x", Messages: []model.Message{{Role: model.RoleUser, Content: "hi"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// three words and the finishing event: each is a chunk
+	if len(chunks) != 4 || chunks[0].Text != "hello " || resp.Text != "hello there world" || resp.FinishReason != "stop" {
+		t.Fatalf("chunks %+v resp %+v", chunks, resp)
+	}
+}
+
+func TestToolCallsAssembleFromFragments(t *testing.T) {
+	one := fakellm.ToolCall("call_a", "crawl", `{"url": "https://example.org", "depth": 2}`, 5)
+	two := fakellm.Reply{Chunks: []fakellm.Chunk{
+		{Tool: &fakellm.ToolFragment{Index: 0, ID: "c1", Name: "a"}},
+		{Tool: &fakellm.ToolFragment{Index: 1, ID: "c2", Name: "b"}},
+		{Tool: &fakellm.ToolFragment{Index: 1, Arguments: `{"y":`}},
+		{Tool: &fakellm.ToolFragment{Index: 0, Arguments: `{"x": 1}`}},
+		{Tool: &fakellm.ToolFragment{Index: 1, Arguments: ` 2}`}},
+	}}
+	bad := fakellm.ToolCall("c9", "broken", `{"url": `, 3)
+	s := fakellm.New(fakellm.OpenAI, one, two, bad)
+	defer s.Close()
+	p := provider(s)
+
+	chunks, resp, err := collect(t, p, model.Request{Model: "m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(chunks) < 9 || len(resp.ToolCalls) != 1 || resp.ToolCalls[0] != (model.ToolCall{ID: "call_a", Name: "crawl",
+		Arguments: `{"url": "https://example.org", "depth": 2}`}) || resp.FinishReason != "tool_calls" {
+		t.Fatalf("%d chunks, %+v", len(chunks), resp)
+	}
+	_, resp, err = collect(t, p, model.Request{Model: "m"})
+	if err != nil || len(resp.ToolCalls) != 2 || resp.ToolCalls[0].Arguments != `{"x": 1}` || resp.ToolCalls[1].Arguments != `{"y": 2}` ||
+		resp.ToolCalls[1].Name != "b" {
+		t.Fatalf("interleaved: %+v %v", resp, err)
+	}
+	_, resp, err = collect(t, p, model.Request{Model: "m"})
+	if err != nil || resp.ToolCalls[0].Arguments != `{"url": ` {
+		t.Fatalf("invalid JSON arguments must be kept as sent: %+v %v", resp, err)
+	}
+}
+
+func TestRequestMapping(t *testing.T) {
+	s := fakellm.New(fakellm.OpenAI, fakellm.Text("ok", 0))
+	defer s.Close()
+	p := openai.New(openai.Options{BaseURL: s.URL + "/proxy/v1/", APIKey: "sk-abc"})
+	_, _, err := collect(t, p, model.Request{
+		Model: "gpt-4o-mini", System: "be brief",
+		Messages: []model.Message{
+			{Role: model.RoleUser, Content: "count"},
+			{Role: model.RoleAssistant, ToolCalls: []model.ToolCall{{ID: "c1", Name: "wc", Arguments: `{"text":"a b"}`}}},
+			{Role: model.RoleTool, ToolCallID: "c1", ToolName: "wc", Content: "2"},
+		},
+		Tools: []model.ToolDef{{Name: "wc", Description: "counts", Parameters: json.RawMessage(`{"type":"object","properties":{"text":{"type":"string"}}}`)},
+			{Name: "noargs"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := s.Requests()[0]
+	if r.Path != "/proxy/v1/chat/completions" || r.Authorization != "Bearer sk-abc" || r.Model != "gpt-4o-mini" || r.Body["stream"] != true {
+		t.Fatalf("request %+v", r)
+	}
+	b, _ := json.Marshal(r.Body["messages"])
+	var msgs []struct {
+		Role       string `json:"role"`
+		Content    string `json:"content"`
+		ToolCallID string `json:"tool_call_id"`
+		ToolCalls  []struct {
+			ID       string `json:"id"`
+			Type     string `json:"type"`
+			Function struct{ Name, Arguments string }
+		} `json:"tool_calls"`
+	}
+	if err := json.Unmarshal(b, &msgs); err != nil || len(msgs) != 4 {
+		t.Fatalf("messages %s", b)
+	}
+	if msgs[0].Role != "system" || msgs[0].Content != "be brief" || msgs[1].Role != "user" ||
+		msgs[2].Role != "assistant" || len(msgs[2].ToolCalls) != 1 || msgs[2].ToolCalls[0].ID != "c1" ||
+		msgs[2].ToolCalls[0].Function.Arguments != `{"text":"a b"}` || msgs[2].ToolCalls[0].Type != "function" ||
+		msgs[3].Role != "tool" || msgs[3].ToolCallID != "c1" || msgs[3].Content != "2" {
+		t.Fatalf("messages %s", b)
+	}
+	tb, _ := json.Marshal(r.Body["tools"])
+	if !strings.Contains(string(tb), `"name":"wc"`) || !strings.Contains(string(tb), `"name":"noargs"`) || !strings.Contains(string(tb), `"type":"object"`) {
+		t.Errorf("tools %s", tb)
+	}
+}
+
+func TestProviderFailures(t *testing.T) {
+	cases := []struct {
+		name      string
+		reply     fakellm.Reply
+		status    int
+		rejected  bool
+		malformed bool
+		retry     time.Duration
+		msg       string
+	}{
+		{"429 with Retry-After", fakellm.Reply{Status: 429, Message: "slow down", RetryAfter: "7"}, 429, false, false, 7 * time.Second, "slow down"},
+		{"500", fakellm.Reply{Status: 500, Message: "boom"}, 500, false, false, 0, "boom"},
+		{"400 is a refusal with the provider's reason", fakellm.Reply{Status: 400, Message: "context_length_exceeded"}, 400, true, false, 0, "context_length_exceeded"},
+		{"401", fakellm.Reply{Status: 401, Message: "bad key"}, 401, true, false, 0, "bad key"},
+		{"connection reset", fakellm.Reply{Reset: true}, 0, false, false, 0, ""},
+		{"truncated stream", fakellm.Reply{Chunks: []fakellm.Chunk{{Text: "half"}}, Truncate: true}, 0, false, false, 0, "ended before the reply was complete"},
+		{"malformed SSE JSON", fakellm.Reply{Chunks: []fakellm.Chunk{{Text: "a"}}, Malformed: true}, 0, false, true, 0, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := fakellm.New(fakellm.OpenAI, tc.reply)
+			defer s.Close()
+			_, _, err := collect(t, provider(s), model.Request{Model: "m"})
+			var me *model.Error
+			if !errors.As(err, &me) {
+				t.Fatalf("err %T %v", err, err)
+			}
+			if me.Status != tc.status || me.Rejected() != tc.rejected || me.Malformed != tc.malformed || me.RetryAfter != tc.retry ||
+				!strings.Contains(me.Message, tc.msg) || model.Phase(err) != budget.PhaseLLMHTTP {
+				t.Fatalf("got %+v", me)
+			}
+		})
+	}
+}
+
+func wd(d time.Duration) model.Watchdog {
+	return model.Watchdog{FirstChunk: budget.Duration{D: d, Knob: budget.KeyLLMFirstChunk}, Idle: budget.Duration{D: d, Knob: budget.KeyLLMIdle}}
+}
+
+func TestWatchdogsOnARealStream(t *testing.T) {
+	cases := []struct {
+		name  string
+		reply fakellm.Reply
+		phase budget.Phase
+	}{
+		{"stall before headers", fakellm.Reply{StallBeforeHeaders: true}, budget.PhaseLLMFirstChunk},
+		{"stall before the first chunk", fakellm.Reply{Stall: true, StallAfter: 0, Chunks: []fakellm.Chunk{{Text: "x"}}}, budget.PhaseLLMFirstChunk},
+		{"stall mid-stream", fakellm.Reply{Stall: true, StallAfter: 2, Chunks: []fakellm.Chunk{{Text: "a"}, {Text: "b"}, {Text: "c"}}}, budget.PhaseLLMIdle},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := fakellm.New(fakellm.OpenAI, tc.reply)
+			defer s.Close()
+			start := time.Now()
+			w := model.Open(t.Context(), provider(s), model.Request{Model: "m"}, wd(300*time.Millisecond), "model m")
+			var err error
+			for err == nil {
+				_, err = w.Recv()
+			}
+			w.Close()
+			el := time.Since(start)
+			te, ok := budget.AsTimeout(err)
+			if !ok || te.Phase != tc.phase {
+				t.Fatalf("err %v", err)
+			}
+			if el < 300*time.Millisecond || el > 3*time.Second {
+				t.Fatalf("fired after %s", el)
+			}
+			select {
+			case <-s.Gone(0):
+			case <-time.After(5 * time.Second):
+				t.Fatal("the server never saw the client go away")
+			}
+		})
+	}
+}
+
+func TestCancelledContextEndsRecvPromptly(t *testing.T) {
+	s := fakellm.New(fakellm.OpenAI, fakellm.Reply{Stall: true, StallAfter: 1, Chunks: []fakellm.Chunk{{Text: "a"}, {Text: "b"}}})
+	defer s.Close()
+	ctx, cancel := context.WithCancelCause(t.Context())
+	st, err := provider(s).Stream(ctx, model.Request{Model: "m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if _, err := st.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	time.AfterFunc(100*time.Millisecond, func() { cancel(&budget.CancelError{Reason: budget.ClientGone}) })
+	start := time.Now()
+	_, err = st.Recv()
+	if ce, ok := budget.AsCancel(err); !ok || ce.Reason != budget.ClientGone || time.Since(start) > 3*time.Second {
+		t.Fatalf("err %v after %s", err, time.Since(start))
+	}
+}
