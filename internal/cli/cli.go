@@ -1,0 +1,198 @@
+// Package cli is the timebox command: run, validate, tool call, serve,
+// runs, version. cmd/timebox is a thin main over Run so the whole command is
+// testable in-process.
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"golang.org/x/term"
+
+	"github.com/timebox-run/timebox/config"
+	"github.com/timebox-run/timebox/internal/proctree"
+)
+
+// Exit codes (spec §11).
+const (
+	ExitOK        = 0
+	ExitFailed    = 1
+	ExitUsage     = 2
+	ExitStopped   = 3
+	ExitCancelled = 130
+)
+
+// IO is the command's environment: its streams and variables.
+type IO struct {
+	In  io.Reader
+	Out io.Writer
+	Err io.Writer
+	// Env is the environment in os.Environ form.
+	Env []string
+	// Terminal reports whether Out is a terminal (live view and colour).
+	Terminal bool
+}
+
+// Std returns the process's own IO.
+func Std() IO {
+	return IO{In: os.Stdin, Out: os.Stdout, Err: os.Stderr, Env: os.Environ(),
+		Terminal: term.IsTerminal(int(os.Stdout.Fd())) && os.Getenv("TERM") != "dumb"}
+}
+
+func (o IO) getenv(k string) string {
+	for i := len(o.Env) - 1; i >= 0; i-- {
+		if v, ok := strings.CutPrefix(o.Env[i], k+"="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+const usage = `timebox runs LLM agent turns in honest, enforced, explained, measured time budgets.
+
+Usage:
+  timebox run [-f agent.yaml] [--json] [budget flags] "prompt"   one turn, live view (--json: events as JSON lines)
+  timebox validate [-f agent.yaml] [budget flags]                check the agent file, print the resolved budgets
+  timebox tool call NAME --input '{...}' [-f agent.yaml]          one tool call under its budget; prints its record
+  timebox serve [-f agent.yaml] [--addr 127.0.0.1:8080]           HTTP/SSE API and web page
+  timebox runs list|show ID|export ID                             stored turns
+  timebox version
+
+Exit codes: 0 completed, 1 failed, 2 usage or configuration error, 3 stopped by a budget, 130 cancelled.
+Run 'timebox COMMAND -h' for a command's flags.
+`
+
+// Run runs the command line args (without the program name) and returns the
+// exit code.
+func Run(ctx context.Context, args []string, o IO) int {
+	// Remove this process's (empty) tool cgroups on the way out.
+	defer proctree.Close()
+	if len(args) == 0 {
+		fmt.Fprint(o.Err, usage)
+		return ExitUsage
+	}
+	switch args[0] {
+	case "run":
+		return cmdRun(ctx, args[1:], o)
+	case "validate":
+		return cmdValidate(args[1:], o)
+	case "tool":
+		if len(args) < 2 || args[1] != "call" {
+			fmt.Fprintln(o.Err, "usage: timebox tool call NAME --input '{...}' [-f agent.yaml]")
+			return ExitUsage
+		}
+		return cmdToolCall(ctx, args[2:], o)
+	case "serve":
+		return cmdServe(ctx, args[1:], o)
+	case "runs":
+		return cmdRuns(ctx, args[1:], o)
+	case "version", "--version", "-v":
+		fmt.Fprintln(o.Out, "timebox", versionString())
+		return ExitOK
+	case "help", "-h", "--help":
+		fmt.Fprint(o.Out, usage)
+		return ExitOK
+	}
+	fmt.Fprintf(o.Err, "timebox: unknown command %q\n\n%s", args[0], usage)
+	return ExitUsage
+}
+
+// common holds the flags every command that loads an agent file has.
+type common struct {
+	file     string
+	settings map[string]*string
+}
+
+func newFlags(name string, o IO) (*flag.FlagSet, *common) {
+	fs := flag.NewFlagSet("timebox "+name, flag.ContinueOnError)
+	fs.SetOutput(o.Err)
+	c := &common{settings: map[string]*string{}}
+	fs.StringVar(&c.file, "f", "agent.yaml", "the agent file")
+	for _, s := range config.Settings {
+		c.settings[s.Key] = fs.String(s.Flag, "", fmt.Sprintf("%s (%s; env %s)", s.Doc, s.Key, s.Env))
+	}
+	return fs, c
+}
+
+// overrides returns the flags that were set and the environment.
+func (c *common) overrides(fs *flag.FlagSet, o IO) config.Overrides {
+	ov := config.Overrides{Flags: map[string]string{}, Env: o.Env}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	for _, s := range config.Settings {
+		if set[s.Flag] {
+			ov.Flags[s.Key] = *c.settings[s.Key]
+		}
+	}
+	return ov
+}
+
+// parse parses flags and positional arguments in any order.
+func parse(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		if fs.NArg() == 0 {
+			return pos, nil
+		}
+		rest := fs.Args()
+		if rest[0] == "--" {
+			return append(pos, rest[1:]...), nil
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+}
+
+// loadConfig loads the agent file and prints every problem on failure.
+func loadConfig(c *common, fs *flag.FlagSet, o IO) (*config.Agent, bool) {
+	cfg, err := config.Load(c.file, c.overrides(fs, o))
+	if err != nil {
+		printConfigError(o.Err, err)
+		return nil, false
+	}
+	if v := o.getenv(proctree.EnvStrategy); v != "" {
+		if _, err := proctree.ParseStrategy(v); err != nil {
+			fmt.Fprintf(o.Err, "%s: %v\n", proctree.EnvStrategy, err)
+			return nil, false
+		}
+	}
+	for _, w := range cfg.Warnings {
+		fmt.Fprintln(o.Err, "warning:", w)
+	}
+	return cfg, true
+}
+
+func printConfigError(w io.Writer, err error) {
+	var errs config.Errors
+	if errors.As(err, &errs) {
+		for _, e := range errs {
+			fmt.Fprintln(w, e.Error())
+		}
+		fmt.Fprintf(w, "%d problem%s; nothing was run.\n", len(errs), plural(len(errs)))
+		return
+	}
+	fmt.Fprintln(w, "timebox:", err)
+}
+
+// errorMessage returns the message of a tool result that is an error
+// object, or the result itself.
+func errorMessage(result string) string {
+	var v struct {
+		Error struct {
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	if json.Unmarshal([]byte(result), &v) == nil && v.Error.Message != "" {
+		return v.Error.Message
+	}
+	return result
+}

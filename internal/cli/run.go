@@ -1,0 +1,145 @@
+package cli
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+
+	"github.com/timebox-run/timebox"
+	"github.com/timebox-run/timebox/agent"
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+)
+
+func versionString() string { return timebox.Version }
+
+// jsonLines is a sink that writes each event as one JSON line.
+type jsonLines struct {
+	mu  sync.Mutex
+	w   *bufio.Writer
+	err error
+}
+
+func (j *jsonLines) Emit(e event.Event) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	b, err := json.Marshal(e)
+	if err != nil {
+		j.err = err
+		return
+	}
+	j.w.Write(b)
+	j.w.WriteByte('\n')
+	j.w.Flush()
+}
+
+// exitCode maps a turn's status to the command's exit code (spec §11).
+func exitCode(s budget.Status) int {
+	switch s {
+	case budget.StatusCompleted:
+		return ExitOK
+	case budget.StatusStopped:
+		return ExitStopped
+	case budget.StatusCancelled:
+		return ExitCancelled
+	}
+	return ExitFailed
+}
+
+// interrupts cancels ctx with a cancelled cause on the first SIGINT or
+// SIGTERM; a second one exits at once with 130.
+func interrupts(ctx context.Context, o IO) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	sig := make(chan os.Signal, 2)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() {
+		n := 0
+		for {
+			select {
+			case s := <-sig:
+				n++
+				if n == 1 {
+					by := "you (Ctrl-C)"
+					if s == syscall.SIGTERM {
+						by = "SIGTERM"
+					}
+					cancel(&budget.CancelError{Reason: budget.Cancelled, By: by})
+					continue
+				}
+				fmt.Fprintln(o.Err, "\ntimebox: interrupted twice, exiting now")
+				os.Exit(ExitCancelled)
+			case <-done:
+				return
+			}
+		}
+	}()
+	return ctx, func() {
+		signal.Stop(sig)
+		close(done)
+		cancel(nil)
+	}
+}
+
+func cmdRun(ctx context.Context, args []string, o IO) int {
+	fs, c := newFlags("run", o)
+	asJSON := fs.Bool("json", false, "write the events as JSON lines to stdout, and nothing else")
+	session := fs.String("session", "", "the session id (conversation) the turn belongs to")
+	// Storing the turn (issue 3): see runs.go and docs/decisions/run-stores-turns.md.
+	db := fs.String("db", "", `store the turn in this file, for timebox runs (env TIMEBOX_DB; default `+defaultDB+`; "" stores nothing)`)
+	noStore := fs.Bool("no-store", false, "do not store the turn")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return ExitUsage
+	}
+	prompt := strings.Join(pos, " ")
+	if prompt == "-" {
+		b, err := io.ReadAll(o.In)
+		if err != nil {
+			fmt.Fprintln(o.Err, "timebox: reading the prompt:", err)
+			return ExitUsage
+		}
+		prompt = string(b)
+	}
+	if strings.TrimSpace(prompt) == "" {
+		fmt.Fprintln(o.Err, `usage: timebox run [-f agent.yaml] [--json] "prompt"   (or "-" to read it from stdin)`)
+		return ExitUsage
+	}
+	cfg, ok := loadConfig(c, fs, o)
+	if !ok {
+		return ExitUsage
+	}
+	ctx, stop := interrupts(ctx, o)
+	defer stop()
+	a, err := timebox.Build(ctx, cfg, timebox.Options{Getenv: o.getenv})
+	if err != nil {
+		fmt.Fprintln(o.Err, "timebox:", err)
+		return ExitUsage
+	}
+	defer a.Close()
+
+	var sink event.Sink
+	var v *view
+	if *asJSON {
+		sink = &jsonLines{w: bufio.NewWriter(o.Out)}
+	} else {
+		v = newView(o.Out, o.Terminal, o.Terminal && o.getenv("NO_COLOR") == "")
+		sink = v
+	}
+	in := agent.Input{SessionID: *session, Text: prompt}
+	rs := openRunStore(fs, *db, *noStore, o)
+	rs.begin(ctx, &in, cfg.Name, o)
+	res := a.Run(ctx, in, rs.sinks(sink)...)
+	rs.finish(res.Record, res.Messages, o)
+	if v != nil {
+		v.close()
+	}
+	return exitCode(res.Record.Status)
+}

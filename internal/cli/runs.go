@@ -1,0 +1,361 @@
+package cli
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/timebox-run/timebox/agent"
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/model"
+	"github.com/timebox-run/timebox/store"
+	"github.com/timebox-run/timebox/store/sqlite"
+)
+
+const runsUsage = `usage:
+  timebox runs list [--status S] [--stop-reason R] [--session ID] [--limit N] [--json] [--db timebox.db]
+  timebox runs show ID [--json] [--db timebox.db]      a turn's record: status, message, every call against its budget
+  timebox runs export ID [--db timebox.db]             a turn's events as JSON lines (as run --json wrote them)`
+
+func openSQLite(path string) (*sqlite.Store, error) {
+	st, err := sqlite.Open(path, sqlite.Options{})
+	if err != nil {
+		return nil, fmt.Errorf("opening the store: %w", err)
+	}
+	return st, nil
+}
+
+func cmdRuns(ctx context.Context, args []string, o IO) int {
+	if len(args) == 0 {
+		fmt.Fprintln(o.Err, runsUsage)
+		return ExitUsage
+	}
+	sub := args[0]
+	fs := flag.NewFlagSet("timebox runs "+sub, flag.ContinueOnError)
+	fs.SetOutput(o.Err)
+	dbFlag := fs.String("db", "", "the store file (env TIMEBOX_DB; default "+defaultDB+")")
+	asJSON := fs.Bool("json", false, "write JSON instead of a table")
+	var f store.Filter
+	var status, reason string
+	if sub == "list" {
+		fs.StringVar(&status, "status", "", "only turns with this status (running, completed, stopped, failed, cancelled, interrupted)")
+		fs.StringVar(&reason, "stop-reason", "", "only turns with this stop reason (answered, turn_timeout, client_gone, ...)")
+		fs.StringVar(&f.SessionID, "session", "", "only the turns of this session")
+		fs.IntVar(&f.Limit, "limit", 20, fmt.Sprintf("at most this many turns, newest first (up to %d)", store.MaxLimit))
+	}
+	switch sub {
+	case "list", "show", "export":
+	case "-h", "--help", "help":
+		fmt.Fprintln(o.Out, runsUsage)
+		return ExitOK
+	default:
+		fmt.Fprintf(o.Err, "timebox runs: unknown subcommand %q\n%s\n", sub, runsUsage)
+		return ExitUsage
+	}
+	pos, err := parse(fs, args[1:])
+	if err != nil {
+		return ExitUsage
+	}
+	if (sub == "list") != (len(pos) == 0) || len(pos) > 1 {
+		fmt.Fprintln(o.Err, runsUsage)
+		return ExitUsage
+	}
+	db := setting(fs, "db", *dbFlag, "TIMEBOX_DB", o, defaultDB)
+	if db == "" {
+		fmt.Fprintln(o.Err, `timebox runs: --db is "": name the store file`)
+		return ExitUsage
+	}
+	if _, err := os.Stat(db); errors.Is(err, os.ErrNotExist) {
+		fmt.Fprintf(o.Err, "timebox runs: no store at %s: nothing was stored there yet (timebox run and timebox serve store their turns in %s; --db or TIMEBOX_DB names another file)\n", db, defaultDB)
+		return ExitFailed
+	}
+	st, err := openStore(db, false, o)
+	if err != nil {
+		fmt.Fprintln(o.Err, "timebox runs:", err)
+		return ExitFailed
+	}
+	defer st.Close()
+
+	switch sub {
+	case "list":
+		f.Status, f.StopReason = budget.Status(status), budget.StopReason(reason)
+		return runsList(ctx, st, f, *asJSON, o)
+	case "show":
+		return runsShow(ctx, st, pos[0], *asJSON, o)
+	default:
+		return runsExport(ctx, st, pos[0], o)
+	}
+}
+
+func notFound(err error, id string, o IO) int {
+	if errors.Is(err, store.ErrNotFound) {
+		fmt.Fprintf(o.Err, "timebox runs: no turn %s in the store (timebox runs list shows the stored ones)\n", id)
+	} else {
+		fmt.Fprintln(o.Err, "timebox runs:", err)
+	}
+	return ExitFailed
+}
+
+func runsList(ctx context.Context, st store.Store, f store.Filter, asJSON bool, o IO) int {
+	turns, err := st.Turns(ctx, f)
+	if err != nil {
+		return notFound(err, f.Before, o)
+	}
+	if asJSON {
+		enc := json.NewEncoder(o.Out)
+		for _, t := range turns {
+			enc.Encode(t)
+		}
+		return ExitOK
+	}
+	if len(turns) == 0 {
+		fmt.Fprintln(o.Err, "no turns match")
+		return ExitOK
+	}
+	tw := tabwriter.NewWriter(o.Out, 0, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "TURN\tSTARTED\tSTATUS\tSTOP REASON\tWALL\tSTEPS\tTOOLS\tINPUT")
+	for _, t := range turns {
+		wall := ms(t.WallMS)
+		if t.Status == budget.StatusRunning {
+			wall = fmtElapsed(time.Since(t.StartedAt)) + "…"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", t.TurnID, t.StartedAt.Local().Format("2006-01-02 15:04:05"),
+			t.Status, dash(string(t.StopReason)), wall, t.Steps, t.ToolCalls, clip(firstLine(t.Input), 48))
+	}
+	tw.Flush()
+	return ExitOK
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func clip(s string, n int) string {
+	r := []rune(s)
+	if len(r) > n {
+		return string(r[:n-1]) + "…"
+	}
+	return s
+}
+
+func runsShow(ctx context.Context, st store.Store, id string, asJSON bool, o IO) int {
+	rec, err := st.Turn(ctx, id)
+	if err != nil {
+		return notFound(err, id, o)
+	}
+	if asJSON {
+		if rec.Events, err = st.Events(ctx, id, 0, 0); err != nil {
+			return notFound(err, id, o)
+		}
+		enc := json.NewEncoder(o.Out)
+		enc.SetIndent("", "  ")
+		enc.Encode(rec)
+		return ExitOK
+	}
+	writeRecord(o.Out, rec)
+	evs, err := st.Events(ctx, id, 0, 0)
+	if err == nil {
+		fmt.Fprintf(o.Out, "\n%d events: timebox runs export %s\n", len(evs), id)
+	}
+	return ExitOK
+}
+
+// writeRecord prints a turn's record for a person: how it ended, then each
+// call against its budget.
+func writeRecord(w io.Writer, r *event.Turn) {
+	head := "turn " + r.TurnID
+	if r.SessionID != "" {
+		head += " · session " + r.SessionID
+	}
+	if r.Agent != "" {
+		head += " · agent " + r.Agent
+	}
+	fmt.Fprintln(w, head)
+	fmt.Fprintf(w, "started  %s\n", r.StartedAt.Local().Format("2006-01-02 15:04:05.000"))
+	fmt.Fprintf(w, "input    %s\n", clip(strings.ReplaceAll(r.Input, "\n", " "), 200))
+	if r.Status == budget.StatusRunning {
+		fmt.Fprintf(w, "status   running for %s · %d step%s so far\n", fmtElapsed(time.Since(r.StartedAt)), r.Steps, plural(r.Steps))
+	} else {
+		fmt.Fprintf(w, "status   %s (%s) after %s · %d step%s · model %s · tools %s\n", r.Status, r.StopReason, ms(r.WallMS),
+			r.Steps, plural(r.Steps), ms(r.LLMMS), ms(r.ToolMS))
+		var flags []string
+		if r.Flags.TimedOutByTurnBudget {
+			flags = append(flags, "timed_out_by_turn_budget")
+		}
+		if r.Flags.TimedOutDuringToolExecution {
+			flags = append(flags, "timed_out_during_tool_execution")
+		}
+		if r.Flags.TimedOutDuringCompaction {
+			flags = append(flags, "timed_out_during_compaction")
+		}
+		if len(flags) > 0 {
+			fmt.Fprintf(w, "flags    %s\n", strings.Join(flags, ", "))
+		}
+		if r.Failovers > 0 {
+			fmt.Fprintf(w, "failover %d\n", r.Failovers)
+		}
+		fmt.Fprintf(w, "message  %s\n", r.Message)
+	}
+	if len(r.ToolCalls) > 0 {
+		fmt.Fprintln(w, "\ntool calls")
+		tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+		fmt.Fprintln(tw, "CALL\tTOOL\tOUTCOME\tTOOK\tBUDGET\tSOURCE\tENFORCEMENT\tNOTES")
+		for _, c := range r.ToolCalls {
+			budgetText := "-"
+			if c.TimeoutMS > 0 {
+				budgetText = ms(c.TimeoutMS)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", c.CallID, c.Tool, c.Outcome, ms(c.DurationMS), budgetText,
+				dash(string(c.TimeoutSource)), dash(c.Enforcement), callNotes(c))
+		}
+		tw.Flush()
+	}
+	if len(r.ModelCalls) > 0 {
+		fmt.Fprintln(w, "\nmodel calls")
+		tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+		fmt.Fprintln(tw, "STEP\tATTEMPT\tMODEL\tPROFILE\tFIRST CHUNK\tSTREAM\tOUTCOME\tNOTES")
+		for _, m := range r.ModelCalls {
+			notes := ""
+			if m.Phase != "" {
+				notes = "phase " + string(m.Phase)
+			}
+			if m.Error != "" {
+				notes = strings.TrimSpace(notes + " " + clip(m.Error, 80))
+			}
+			fmt.Fprintf(tw, "%d\t%d\t%s:%s\t%s\t%s\t%s\t%s\t%s\n", m.Step, m.Attempt, m.Provider, m.Model, dash(m.Profile),
+				ms(m.FirstChunkMS), ms(m.StreamMS), m.Outcome, notes)
+		}
+		tw.Flush()
+	}
+}
+
+func callNotes(c event.ToolCall) string {
+	var n []string
+	if c.Phase != "" {
+		n = append(n, "phase "+string(c.Phase))
+	}
+	if c.Overran {
+		n = append(n, "overran")
+	}
+	if c.Abandoned {
+		n = append(n, "abandoned")
+	}
+	if c.LateResult {
+		n = append(n, "late result")
+	}
+	if c.ProgressCount > 0 {
+		n = append(n, fmt.Sprintf("%d progress", c.ProgressCount))
+	}
+	if c.ExitCode != nil && *c.ExitCode != 0 {
+		n = append(n, fmt.Sprintf("exit %d", *c.ExitCode))
+	}
+	if c.Truncated {
+		n = append(n, "truncated")
+	}
+	return strings.Join(n, ", ")
+}
+
+func runsExport(ctx context.Context, st store.Store, id string, o IO) int {
+	bw := bufio.NewWriter(o.Out)
+	defer bw.Flush()
+	after := int64(0)
+	for {
+		evs, err := st.Events(ctx, id, after, 1000)
+		if err != nil {
+			return notFound(err, id, o)
+		}
+		for _, e := range evs {
+			b, err := json.Marshal(e)
+			if err != nil {
+				fmt.Fprintln(o.Err, "timebox runs:", err)
+				return ExitFailed
+			}
+			bw.Write(b)
+			bw.WriteByte('\n')
+			after = e.Seq
+		}
+		if len(evs) < 1000 {
+			return ExitOK
+		}
+	}
+}
+
+// runStore is how `timebox run` stores its turn: the store, and the
+// recorder that is the turn's sink. A nil *runStore stores nothing.
+type runStore struct {
+	st  store.Store
+	rec *store.Recorder
+}
+
+// openRunStore opens the store `timebox run` writes to: --db, else
+// TIMEBOX_DB, else timebox.db; nothing with --no-store or --db "". A store
+// that cannot be opened is a warning, not a failure: the turn is what the
+// user asked for.
+func openRunStore(fs *flag.FlagSet, db string, noStore bool, o IO) *runStore {
+	path := setting(fs, "db", db, "TIMEBOX_DB", o, defaultDB)
+	if noStore || path == "" {
+		return nil
+	}
+	st, err := openStore(path, false, o)
+	if err != nil {
+		fmt.Fprintf(o.Err, "warning: %v; the turn will not be stored (--no-store silences this)\n", err)
+		return nil
+	}
+	return &runStore{st: st, rec: store.NewRecorder(st)}
+}
+
+// begin records the turn as running and fills its id and session history.
+// On failure it warns and stores nothing more.
+func (r *runStore) begin(ctx context.Context, in *agent.Input, agentName string, o IO) {
+	if r == nil {
+		return
+	}
+	in.TurnID = agent.NewTurnID()
+	if in.SessionID != "" {
+		h, err := r.st.History(ctx, in.SessionID)
+		if err != nil {
+			fmt.Fprintf(o.Err, "warning: reading session %s: %v\n", in.SessionID, err)
+		}
+		in.History = h
+	}
+	if err := r.rec.Begin(ctx, store.TurnStart{TurnID: in.TurnID, SessionID: in.SessionID, Agent: agentName,
+		Input: in.Text, StartedAt: time.Now()}); err != nil {
+		fmt.Fprintf(o.Err, "warning: %v; the turn will not be stored\n", err)
+		r.rec = nil
+	}
+}
+
+// sink returns the recorder as the turn's first sink, or nil.
+func (r *runStore) sinks(others ...event.Sink) []event.Sink {
+	if r == nil || r.rec == nil {
+		return others
+	}
+	return append([]event.Sink{r.rec}, others...)
+}
+
+// finish stores the record and closes the store.
+func (r *runStore) finish(rec *event.Turn, msgs []model.Message, o IO) {
+	if r == nil {
+		return
+	}
+	if r.rec != nil {
+		if err := r.rec.Finish(context.Background(), rec, msgs); err != nil {
+			fmt.Fprintf(o.Err, "warning: %v\n", err)
+		}
+	}
+	if err := r.st.Close(); err != nil {
+		fmt.Fprintf(o.Err, "warning: closing the store: %v\n", err)
+	}
+}

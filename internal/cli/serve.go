@@ -1,0 +1,178 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strings"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/timebox-run/timebox"
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/server"
+	"github.com/timebox-run/timebox/store"
+)
+
+// Defaults of the serve and store flags.
+const (
+	defaultAddr = "127.0.0.1:8080"
+	defaultDB   = "timebox.db"
+)
+
+// setting returns a flag's value when it was given, else the environment
+// variable's when it is set and not empty, else def.
+func setting(fs *flag.FlagSet, name, value, env string, o IO, def string) string {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	if set {
+		return value
+	}
+	if v := o.getenv(env); v != "" {
+		return v
+	}
+	return def
+}
+
+func cmdServe(ctx context.Context, args []string, o IO) int {
+	fs, c := newFlags("serve", o)
+	addrFlag := fs.String("addr", "", "the address to serve on (env TIMEBOX_ADDR; default "+defaultAddr+"); a non-loopback address needs a token")
+	dbFlag := fs.String("db", "", `the store file (env TIMEBOX_DB; default `+defaultDB+`); "" keeps turns in memory only`)
+	tokenFlag := fs.String("token", "", "require \"Authorization: Bearer TOKEN\" on the API and /metrics (env TIMEBOX_TOKEN, which ps does not show)")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return ExitUsage
+	}
+	if len(pos) > 0 {
+		fmt.Fprintf(o.Err, "timebox serve: unexpected argument %q (the file is given with -f)\n", pos[0])
+		return ExitUsage
+	}
+	addr := setting(fs, "addr", *addrFlag, "TIMEBOX_ADDR", o, defaultAddr)
+	db := setting(fs, "db", *dbFlag, "TIMEBOX_DB", o, defaultDB)
+	token := setting(fs, "token", *tokenFlag, "TIMEBOX_TOKEN", o, "")
+	if err := server.CheckAddr(addr, token); err != nil {
+		fmt.Fprintln(o.Err, "timebox serve:", err)
+		return ExitUsage
+	}
+	cfg, ok := loadConfig(c, fs, o)
+	if !ok {
+		return ExitUsage
+	}
+
+	st, err := openStore(db, true, o)
+	if err != nil {
+		fmt.Fprintln(o.Err, "timebox serve:", err)
+		return ExitFailed
+	}
+	defer st.Close()
+
+	// The agent's late results go to the server, which is built after it.
+	var srv atomic.Pointer[server.Server]
+	a, err := timebox.Build(ctx, cfg, timebox.Options{Getenv: o.getenv, LateResult: func(r event.ToolCall) {
+		if s := srv.Load(); s != nil {
+			s.LateResult(r)
+		}
+	}})
+	if err != nil {
+		fmt.Fprintln(o.Err, "timebox:", err)
+		return ExitUsage
+	}
+	defer a.Close()
+
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		fmt.Fprintf(o.Err, "timebox serve: %v\n", err)
+		return ExitFailed
+	}
+	s, err := server.New(server.Config{Agent: a, AgentName: cfg.Name, Store: st, Token: token,
+		ShutdownGrace: cfg.Server.ShutdownGrace.D, Logger: slog.New(slog.NewTextHandler(o.Err, nil))})
+	if err != nil {
+		ln.Close()
+		fmt.Fprintln(o.Err, "timebox serve:", err)
+		return ExitFailed
+	}
+	srv.Store(s)
+
+	where := db
+	if db == "" {
+		where = "memory only"
+	}
+	name := cfg.Name
+	if name == "" {
+		name = c.file
+	}
+	fmt.Fprintf(o.Out, "timebox serving %s on http://%s (store: %s)\n", name, ln.Addr(), where)
+	if token == "" {
+		fmt.Fprintln(o.Out, "no token: only this machine can reach it (set --token or TIMEBOX_TOKEN to serve others)")
+	}
+
+	ctx, stop := shutdownSignals(ctx, s, cfg.Server.ShutdownGrace.String(), o)
+	defer stop()
+	if err := s.Serve(ctx, ln); err != nil {
+		fmt.Fprintln(o.Err, "timebox serve:", err)
+		return ExitFailed
+	}
+	fmt.Fprintln(o.Err, "timebox serve: stopped; every record is stored")
+	return ExitOK
+}
+
+// shutdownSignals returns a context that ends at the first SIGINT or
+// SIGTERM, which starts the server's graceful shutdown; a second one ends
+// the grace at once (running turns are cancelled with shutdown, and still
+// stored).
+func shutdownSignals(ctx context.Context, s *server.Server, grace string, o IO) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	sig := make(chan os.Signal, 2)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() {
+		n := 0
+		for {
+			select {
+			case <-sig:
+				n++
+				if n == 1 {
+					fmt.Fprintf(o.Err, "\ntimebox serve: shutting down; running turns (%d) get %s (server.shutdown_grace); send it again to cancel them now\n",
+						s.Running(), grace)
+					cancel()
+					continue
+				}
+				fmt.Fprintln(o.Err, "timebox serve: cancelling running turns now")
+				s.EndGrace()
+			case <-done:
+				return
+			}
+		}
+	}()
+	return ctx, func() {
+		signal.Stop(sig)
+		close(done)
+		cancel()
+	}
+}
+
+// openStore opens the store at path; "" is an in-memory store when
+// memoryOK, an error otherwise. It reports the turns it marked interrupted.
+func openStore(path string, memoryOK bool, o IO) (store.Store, error) {
+	if path == "" {
+		if memoryOK {
+			return store.NewMemory(), nil
+		}
+		return nil, errors.New(`no store: --db is ""`)
+	}
+	st, err := openSQLite(path)
+	if err != nil {
+		return nil, err
+	}
+	if ids := st.Recovered(); len(ids) > 0 {
+		fmt.Fprintf(o.Err, "timebox: marked %d turn%s interrupted: the process running %s stopped before %s ended (%s)\n",
+			len(ids), plural(len(ids)), map[bool]string{true: "it", false: "them"}[len(ids) == 1],
+			map[bool]string{true: "it", false: "they"}[len(ids) == 1], strings.Join(ids, ", "))
+	}
+	return st, nil
+}

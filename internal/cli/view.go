@@ -1,0 +1,351 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+)
+
+// view renders a turn's events for a person. On a terminal it keeps a live
+// block at the bottom — one line per running call with its elapsed timer
+// and progress bar — redrawn every tick, and prints finished things above
+// it. Elsewhere it prints plain lines, one per thing that happened.
+type view struct {
+	w     io.Writer
+	live  bool
+	color bool
+	now   func() time.Time
+
+	mu       sync.Mutex
+	running  map[string]*chip // by call_id, or "model"
+	order    []string
+	drawn    int // lines of the live block on screen
+	text     strings.Builder
+	spin     int
+	finished bool
+
+	quit chan struct{}
+	done chan struct{}
+}
+
+// chip is one running call in the live block.
+type chip struct {
+	key      string
+	label    string
+	started  time.Time
+	limit    time.Duration
+	progress *float64
+	total    *float64
+	message  string
+	isModel  bool
+	preview  string
+}
+
+func newView(w io.Writer, live, color bool) *view {
+	v := &view{w: w, live: live, color: color, now: time.Now, running: map[string]*chip{}}
+	if live {
+		v.quit, v.done = make(chan struct{}), make(chan struct{})
+		go v.tick()
+	}
+	return v
+}
+
+func (v *view) tick() {
+	defer close(v.done)
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			v.mu.Lock()
+			v.spin++
+			v.redraw()
+			v.mu.Unlock()
+		case <-v.quit:
+			return
+		}
+	}
+}
+
+// close stops the redraw ticker and clears the live block.
+func (v *view) close() {
+	if !v.live {
+		return
+	}
+	close(v.quit)
+	<-v.done
+	v.mu.Lock()
+	v.clear()
+	v.mu.Unlock()
+}
+
+const (
+	reset  = "\x1b[0m"
+	bold   = "\x1b[1m"
+	dim    = "\x1b[2m"
+	red    = "\x1b[31m"
+	green  = "\x1b[32m"
+	yellow = "\x1b[33m"
+	blue   = "\x1b[34m"
+	cyan   = "\x1b[36m"
+)
+
+func (v *view) c(code, s string) string {
+	if !v.color {
+		return s
+	}
+	return code + s + reset
+}
+
+// Emit renders one event.
+func (v *view) Emit(e event.Event) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	switch d := e.Data.(type) {
+	case *event.TurnStarted:
+		b := d.Budgets
+		v.println(v.c(dim, fmt.Sprintf("turn %s · model %s · budgets: tool %s, step %s, turn %s, llm_idle %s",
+			e.TurnID, d.Model, b[budget.KeyTool].Value, b[budget.KeyStep].Value, b[budget.KeyTurn].Value, b[budget.KeyLLMIdle].Value)))
+	case *event.LLMStarted:
+		v.add(&chip{key: "model", label: fmt.Sprintf("model %s", d.Model), started: e.At, isModel: true})
+		if !v.live {
+			v.println(fmt.Sprintf("%s model %s (attempt %d) thinking…", v.c(blue, "◆"), d.Model, d.Attempt))
+		}
+	case *event.LLMDelta:
+		v.text.WriteString(d.Text)
+		if c := v.running["model"]; c != nil {
+			c.preview = lastLine(v.text.String(), 60)
+		}
+	case *event.LLMFinished:
+		v.remove("model")
+		txt := strings.TrimSpace(v.text.String())
+		v.text.Reset()
+		switch {
+		case d.Outcome != event.OutcomeOK:
+			v.println(fmt.Sprintf("%s model %s %s after %s: %s", v.c(red, "✗"), d.Model, d.Outcome, ms(d.StreamMS), d.Error))
+		case d.ToolCalls > 0 && txt != "":
+			v.println(fmt.Sprintf("%s %s", v.c(blue, "◆"), txt))
+		case d.ToolCalls > 0:
+			v.println(fmt.Sprintf("%s model %s asked for %d tool call%s (%s)", v.c(blue, "◆"), d.Model, d.ToolCalls, plural(d.ToolCalls), ms(d.StreamMS)))
+		}
+	case *event.Failover:
+		v.println(fmt.Sprintf("%s failover: %s → %s (%s)", v.c(yellow, "↪"), d.From, d.To, d.Phase))
+	case *event.ToolStarted:
+		v.add(&chip{key: d.CallID, label: d.Tool, started: e.At, limit: time.Duration(d.TimeoutMS) * time.Millisecond})
+		if !v.live {
+			v.println(fmt.Sprintf("%s %s started (timeout %s from %s, %s)", v.c(cyan, "▸"), d.Tool,
+				time.Duration(d.TimeoutMS)*time.Millisecond, d.Source, d.Enforcement))
+		}
+	case *event.ToolProgress:
+		if c := v.running[d.CallID]; c != nil {
+			c.progress, c.total, c.message = d.Progress, d.Total, d.Message
+		}
+		if !v.live {
+			v.println(fmt.Sprintf("  %s %s %s %s", v.c(dim, "·"), d.Tool, progressText(d.Progress, d.Total), d.Message))
+		}
+	case *event.StillWorking:
+		v.println(fmt.Sprintf("%s still working: %s, %s so far", v.c(yellow, "…"), d.Subject, ms(d.ElapsedMS)))
+	case *event.ToolFinished:
+		v.remove(d.CallID)
+		v.println(v.finishedLine(&d.ToolCall))
+	case *event.LateResult:
+		v.println(fmt.Sprintf("%s %s returned late, after %s; recorded, not given to the model", v.c(dim, "↩"), d.Tool, ms(d.DurationMS)))
+	case *event.CompactionStarted:
+		v.println(fmt.Sprintf("%s compacting history (~%d tokens)", v.c(dim, "⇣"), d.EstimatedTokens))
+	case *event.CompactionFinished:
+		v.println(fmt.Sprintf("%s compaction %s in %s", v.c(dim, "⇣"), d.Outcome, ms(d.DurationMS)))
+	case *event.TurnFinished:
+		v.finished = true
+		v.clear()
+		v.println("")
+		v.println(v.banner(d))
+	}
+	v.redraw()
+}
+
+func (v *view) finishedLine(r *event.ToolCall) string {
+	took := fmt.Sprintf("%s / %s", ms(r.DurationMS), time.Duration(r.TimeoutMS)*time.Millisecond)
+	name := fmt.Sprintf("%-14s", r.Tool)
+	extra := ""
+	if r.ProgressCount > 0 {
+		extra = fmt.Sprintf(", %d progress report%s", r.ProgressCount, plural(r.ProgressCount))
+	}
+	switch r.Outcome {
+	case event.OutcomeOK:
+		if r.Overran {
+			return fmt.Sprintf("%s %s %s  overran its budget (advisory): result used%s", v.c(yellow, "⚠"), name, took, extra)
+		}
+		s := fmt.Sprintf("%s %s %s  ok%s", v.c(green, "✓"), name, took, extra)
+		if r.Truncated {
+			s += ", output truncated"
+		}
+		return s
+	case event.OutcomeTimedOut:
+		what := "timed out"
+		if r.Phase == budget.PhaseToolIdle {
+			what = fmt.Sprintf("went silent past its idle limit (%s)", time.Duration(r.IdleTimeoutMS)*time.Millisecond)
+		}
+		return fmt.Sprintf("%s %s %s  %s: stopped, the model was told%s", v.c(red, "⏱"), name, took, what, extra)
+	case event.OutcomeAbandoned:
+		return fmt.Sprintf("%s %s %s  timed out and would not stop: abandoned%s", v.c(red, "⏱"), name, took, extra)
+	case event.OutcomeCancelled:
+		return fmt.Sprintf("%s %s %s  stopped (%s)", v.c(yellow, "⊘"), name, took, r.Phase)
+	}
+	reason := firstLine(errorMessage(r.Result))
+	return fmt.Sprintf("%s %s %s  error: %s", v.c(red, "✗"), name, took, reason)
+}
+
+func (v *view) banner(d *event.TurnFinished) string {
+	took := ms(d.Totals.WallMS)
+	switch d.Status {
+	case budget.StatusCompleted:
+		return fmt.Sprintf("%s in %s · %d step%s · %d tool call%s\n\n%s", v.c(green+bold, "✔ answered"), took,
+			d.Totals.Steps, plural(d.Totals.Steps), d.Totals.ToolCalls, plural(d.Totals.ToolCalls), d.Answer)
+	case budget.StatusCancelled:
+		return fmt.Sprintf("%s (%s)\n%s", v.c(yellow+bold, "⊘ cancelled"), d.StopReason, d.Message)
+	case budget.StatusFailed:
+		return fmt.Sprintf("%s (%s)\n%s", v.c(red+bold, "✗ failed"), d.StopReason, d.Message)
+	}
+	s := fmt.Sprintf("%s (%s)\n%s", v.c(red+bold, "■ stopped"), d.StopReason, d.Message)
+	if d.Answer != "" {
+		s += "\n\nPartial answer: " + d.Answer
+	}
+	return s
+}
+
+func (v *view) add(c *chip) {
+	if _, ok := v.running[c.key]; !ok {
+		v.order = append(v.order, c.key)
+	}
+	v.running[c.key] = c
+}
+
+func (v *view) remove(key string) {
+	delete(v.running, key)
+	for i, k := range v.order {
+		if k == key {
+			v.order = append(v.order[:i], v.order[i+1:]...)
+			break
+		}
+	}
+}
+
+// println prints a permanent line above the live block.
+func (v *view) println(s string) {
+	v.clear()
+	fmt.Fprintln(v.w, s)
+}
+
+// clear erases the live block.
+func (v *view) clear() {
+	if !v.live || v.drawn == 0 {
+		return
+	}
+	fmt.Fprintf(v.w, "\x1b[%dA\x1b[J", v.drawn)
+	v.drawn = 0
+}
+
+var spinner = []string{"⠋", "⠙", "⠹", "⠸", "⠼", "⠴", "⠦", "⠧", "⠇", "⠏"}
+
+// redraw draws the live block: one line per running call.
+func (v *view) redraw() {
+	if !v.live || v.finished {
+		return
+	}
+	v.clear()
+	keys := append([]string(nil), v.order...)
+	sort.SliceStable(keys, func(i, j int) bool { return v.running[keys[i]].started.Before(v.running[keys[j]].started) })
+	now := v.now()
+	for _, k := range keys {
+		c := v.running[k]
+		el := now.Sub(c.started)
+		line := fmt.Sprintf("%s %-14s %6s", v.c(cyan, spinner[v.spin%len(spinner)]), c.label, fmtElapsed(el))
+		if c.limit > 0 {
+			line += v.c(dim, " / "+c.limit.String())
+			if el > c.limit {
+				line += v.c(yellow, " over")
+			}
+		}
+		if c.isModel {
+			if c.preview != "" {
+				line += "  " + v.c(dim, c.preview)
+			} else {
+				line += "  " + v.c(dim, "waiting for the first chunk")
+			}
+		}
+		if c.progress != nil || c.message != "" {
+			line += "  " + bar(c.progress, c.total, 20) + " " + c.message
+		}
+		fmt.Fprintln(v.w, line)
+		v.drawn++
+	}
+}
+
+func bar(p, total *float64, width int) string {
+	if p == nil {
+		return ""
+	}
+	if total == nil || *total <= 0 {
+		return fmt.Sprintf("[%g]", *p)
+	}
+	f := min(max(*p / *total, 0), 1)
+	n := int(f * float64(width))
+	return "[" + strings.Repeat("█", n) + strings.Repeat("░", width-n) + fmt.Sprintf("] %g/%g", *p, *total)
+}
+
+func progressText(p, total *float64) string {
+	switch {
+	case p != nil && total != nil:
+		return fmt.Sprintf("%g/%g", *p, *total)
+	case p != nil:
+		return fmt.Sprintf("%g", *p)
+	}
+	return ""
+}
+
+func fmtElapsed(d time.Duration) string {
+	if d < time.Minute {
+		return fmt.Sprintf("%.1fs", d.Seconds())
+	}
+	return d.Round(time.Second).String()
+}
+
+func ms(n int64) string {
+	d := time.Duration(n) * time.Millisecond
+	if d < time.Second {
+		return d.String()
+	}
+	return fmtElapsed(d)
+}
+
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
+}
+
+func lastLine(s string, n int) string {
+	s = strings.TrimSpace(s)
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		s = s[i+1:]
+	}
+	r := []rune(s)
+	if len(r) > n {
+		return "…" + string(r[len(r)-n:])
+	}
+	return s
+}
+
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
+}

@@ -1,0 +1,189 @@
+// Package timebox builds a runnable agent from an agent file: its model
+// chain with every credential, its exec and MCP tools, and its resolved
+// budgets. It is the library's front door; the turn loop itself is package
+// agent, which programs may also use directly to build an agent from code.
+//
+//	a, err := timebox.Open(ctx, "agent.yaml", timebox.Options{})
+//	if err != nil { ... }
+//	defer a.Close()
+//	res := a.Run(ctx, agent.Input{Text: "hello"}, sink)
+//	fmt.Println(res.Record.Message)
+package timebox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/timebox-run/timebox/agent"
+	"github.com/timebox-run/timebox/config"
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/model"
+	"github.com/timebox-run/timebox/model/openai"
+	"github.com/timebox-run/timebox/model/script"
+	"github.com/timebox-run/timebox/tool"
+	"github.com/timebox-run/timebox/tool/exectool"
+)
+
+// Version is the timebox release.
+const Version = "0.1.0"
+
+// Options are the choices a program makes when it opens an agent file.
+type Options struct {
+	// Overrides are flag values and the environment, resolved over the
+	// file (flag > env > file > default).
+	Overrides config.Overrides
+	// Tools are Go-function tools the program registers, next to the
+	// file's tools. A zero Budget takes the file's defaults.
+	Tools []agent.Tool
+	// LateResult receives abandoned tool calls that return after their
+	// turn ended (see agent.Config.LateResult).
+	LateResult func(event.ToolCall)
+	// Getenv reads credentials; nil is os.Getenv.
+	Getenv func(string) string
+}
+
+// Agent is an agent built from a file. Close it when done: it owns the
+// processes of its MCP servers.
+type Agent struct {
+	*agent.Agent
+	// Config is the loaded, resolved agent file.
+	Config  *config.Agent
+	closers []func() error
+}
+
+// Close stops everything the agent owns. It is idempotent.
+func (a *Agent) Close() error {
+	var errs []error
+	for i := len(a.closers) - 1; i >= 0; i-- {
+		errs = append(errs, a.closers[i]())
+	}
+	a.closers = nil
+	return errors.Join(errs...)
+}
+
+// Open loads the agent file at path and builds the agent. A configuration
+// problem is a config.Errors listing every problem with its position.
+func Open(ctx context.Context, path string, o Options) (*Agent, error) {
+	cfg, err := config.Load(path, o.Overrides)
+	if err != nil {
+		return nil, err
+	}
+	return Build(ctx, cfg, o)
+}
+
+// Build builds the agent described by a loaded configuration.
+func Build(ctx context.Context, cfg *config.Agent, o Options) (*Agent, error) {
+	getenv := o.Getenv
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	a := &Agent{Config: cfg}
+	models, err := Endpoints(cfg, getenv)
+	if err != nil {
+		return nil, err
+	}
+	tools, err := buildTools(ctx, cfg, a)
+	if err != nil {
+		a.Close()
+		return nil, err
+	}
+	for _, t := range o.Tools {
+		if t.Budget.Timeout.D == 0 {
+			t.Budget.Timeout = cfg.Budgets.Tool
+		}
+		if t.Budget.KillGrace == 0 {
+			t.Budget.KillGrace = cfg.Budgets.KillGrace.D
+		}
+		tools = append(tools, t)
+	}
+	ag, err := agent.New(agent.Config{
+		Name: cfg.Name, Instructions: cfg.Instructions, Models: models, Tools: tools,
+		Budgets: cfg.Budgets, Limits: cfg.Limits, CompactAt: cfg.Context.CompactAt, LateResult: o.LateResult,
+	})
+	if err != nil {
+		a.Close()
+		return nil, err
+	}
+	a.Agent = ag
+	return a, nil
+}
+
+// Endpoints builds the failover chain: each model of the chain in order,
+// with each of its provider's credentials in order. A credential whose
+// variable is unset becomes an endpoint that fails at once with a clear
+// reason, so failover moves past it and the turn's message names it.
+func Endpoints(cfg *config.Agent, getenv func(string) string) ([]model.Endpoint, error) {
+	var out []model.Endpoint
+	scripts := map[string]*script.Provider{}
+	for _, ref := range cfg.Model.All() {
+		p := cfg.Providers[ref.Provider]
+		switch ref.Provider {
+		case "script":
+			sp := scripts[p.File]
+			if sp == nil {
+				var err error
+				if sp, err = script.Load(p.File); err != nil {
+					return nil, fmt.Errorf("providers.script.file: %w", err)
+				}
+				scripts[p.File] = sp
+			}
+			out = append(out, model.Endpoint{Provider: sp, ProviderName: "script", Model: ref.Model})
+		case "openai", "anthropic":
+			for _, c := range p.Credentials {
+				key := getenv(c.APIKeyEnv)
+				ep := model.Endpoint{ProviderName: ref.Provider, Model: ref.Model, Profile: c.APIKeyEnv}
+				switch {
+				case key == "":
+					ep.Provider = unsetCredential{provider: ref.Provider, env: c.APIKeyEnv}
+				case ref.Provider == "openai":
+					ep.Provider = openai.New(openai.Options{BaseURL: p.BaseURL, APIKey: key})
+				default:
+					prov, err := newAnthropic(p.BaseURL, key)
+					if err != nil {
+						return nil, err
+					}
+					ep.Provider = prov
+				}
+				out = append(out, ep)
+			}
+		default:
+			return nil, fmt.Errorf("model %s: unknown provider %q", ref, ref.Provider)
+		}
+	}
+	return out, nil
+}
+
+// unsetCredential stands for a credential whose environment variable is
+// not set.
+type unsetCredential struct{ provider, env string }
+
+func (u unsetCredential) Stream(context.Context, model.Request) (model.Stream, error) {
+	return nil, &model.Error{Provider: u.provider, Message: fmt.Sprintf("credential %s is not set in the environment", u.env)}
+}
+
+func buildTools(ctx context.Context, cfg *config.Agent, a *Agent) ([]agent.Tool, error) {
+	var out []agent.Tool
+	for _, t := range cfg.Tools {
+		switch {
+		case t.Exec != nil:
+			et, err := exectool.New(exectool.Config{
+				Spec: tool.Spec{Name: t.Name, Description: t.Description, InputSchema: t.InputSchema},
+				Argv: t.Exec, Env: t.Env, Workdir: t.Workdir,
+			})
+			if err != nil {
+				return nil, fmt.Errorf("tools[%s]: %w", t.Name, err)
+			}
+			out = append(out, agent.Tool{Tool: et, Budget: t.Budget})
+		case t.MCP != nil:
+			ts, closer, err := openMCP(ctx, t)
+			if err != nil {
+				return nil, fmt.Errorf("tools[%s]: %w", t.Name, err)
+			}
+			a.closers = append(a.closers, closer)
+			out = append(out, ts...)
+		}
+	}
+	return out, nil
+}
