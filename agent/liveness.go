@@ -24,7 +24,9 @@ type activity struct {
 	deadline time.Time
 	limit    time.Duration
 	// streaming is set once a model call has received a chunk.
-	streaming  bool
+	streaming bool
+	// compaction marks a history-compaction call.
+	compaction bool
 	nextNotice time.Time
 }
 
@@ -183,6 +185,18 @@ func (l *liveness) check(now time.Time) (next time.Time, ok bool) {
 		l.stop(fire)
 	}
 	return next, ok
+}
+
+// compacting reports whether a history compaction is running.
+func (l *liveness) compacting() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for a := range l.running {
+		if a.compaction {
+			return true
+		}
+	}
+	return false
 }
 
 // toolsRunning reports whether any tool call is running.

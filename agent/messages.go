@@ -59,8 +59,8 @@ func (t *turn) message(st stop, now time.Time) string {
 	case budget.ModelRejected:
 		var me *model.Error
 		if errors.As(st.cause, &me) {
-			return fmt.Sprintf("Failed: %s rejected the request (HTTP %d): %s. This is not a timeout; it was not retried with another credential or model. Fix the request, the model name or the credential.",
-				me.Provider, me.Status, me.Message)
+			return fmt.Sprintf("Failed: %s rejected the request (HTTP %d): %s. This is not a timeout; it was not retried with another credential or model. Fix the request, the model name or the credential.%s",
+				me.Provider, me.Status, me.Message, t.compactionNote())
 		}
 		return fmt.Sprintf("Failed: the provider rejected the request: %v.", st.cause)
 	case budget.Cancelled, budget.ClientGone, budget.Shutdown:

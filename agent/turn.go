@@ -64,13 +64,13 @@ func (a *Agent) Run(ctx context.Context, in Input, sinks ...event.Sink) *Result 
 	defer cancel(nil)
 
 	t.em.Emit(t.started())
+	t.live = newLiveness(a.budgets.Step, a.budgets.ProgressNotice.D,
+		func(v any) { t.em.Emit(v) },
+		func(te *budget.TimeoutError) { t.stopWith(cancel, te) })
 	ceiling := time.AfterFunc(a.budgets.Turn.D, func() {
 		t.stopWith(cancel, &budget.TimeoutError{Phase: budget.PhaseTurn, Limit: a.budgets.Turn.D,
 			Elapsed: time.Since(t.start), Source: a.budgets.Turn.Source, Knob: a.budgets.Turn.Knob, Subject: "the turn"})
 	})
-	t.live = newLiveness(a.budgets.Step, a.budgets.ProgressNotice.D,
-		func(v any) { t.em.Emit(v) },
-		func(te *budget.TimeoutError) { t.stopWith(cancel, te) })
 	stopWatch := context.AfterFunc(ctx, func() { t.stopWith(cancel, parentCause(ctx)) })
 
 	st := t.loop(turnCtx)
@@ -91,10 +91,11 @@ type turn struct {
 	live  *liveness
 
 	// Set once, when a turn-level budget or a cancellation stops the turn.
-	stopOnce      sync.Once
-	stopDesc      string
-	stopTools     []string
-	stopDuringRun bool
+	stopOnce          sync.Once
+	stopDesc          string
+	stopTools         []string
+	stopDuringRun     bool
+	stopDuringCompact bool
 
 	mu        sync.Mutex
 	toolRecs  []event.ToolCall
@@ -115,6 +116,13 @@ type turn struct {
 	partial    string
 	lastStep   string
 	lastModel  string
+
+	// History compaction: the summary of the first compactedUpTo messages
+	// of the conversation, which requests send instead of them.
+	summary           string
+	compactedUpTo     int
+	compactionFailed  error
+	compactionTimeout bool
 }
 
 // stop is how the loop ended.
@@ -151,6 +159,7 @@ func (t *turn) capture() {
 	t.stopOnce.Do(func() {
 		t.stopDesc, t.stopTools = t.live.describe(time.Now())
 		t.stopDuringRun = len(t.stopTools) > 0
+		t.stopDuringCompact = t.live.compacting()
 	})
 }
 
@@ -198,6 +207,9 @@ func (t *turn) loop(ctx context.Context) stop {
 		}
 		if lb := t.a.budgets.LLMBudget; !lb.Off() && t.llmUsed >= lb.D {
 			return stop{reason: budget.LLMBudgetExhausted}
+		}
+		if st := t.compact(ctx, t.steps+1); st != nil {
+			return *st
 		}
 		t.steps++
 		resp, st := t.modelStep(ctx, t.steps)
@@ -249,9 +261,12 @@ func (t *turn) request() model.Request {
 	if conv == "" {
 		conv = t.id
 	}
-	msgs := make([]model.Message, 0, len(t.in.History)+len(t.msgs))
-	msgs = append(append(msgs, t.in.History...), t.msgs...)
-	return model.Request{System: t.a.instructions, Messages: msgs, Tools: defs, Conversation: conv}
+	msgs := t.conversation()[t.compactedUpTo:]
+	system := t.a.instructions
+	if t.summary != "" {
+		system += "\n\n" + summaryHeading + "\n" + t.summary
+	}
+	return model.Request{System: system, Messages: msgs, Tools: defs, Conversation: conv}
 }
 
 // attemptNote is one failed model call attempt, for messages.
@@ -259,16 +274,27 @@ type attemptNote struct {
 	endpoint string
 	profile  string
 	err      error
+	index    int       // the endpoint's place in the chain
+	at       time.Time // when it failed
 }
 
 // modelStep makes one model call, failing over along the chain on LLM-phase
-// failures (spec §6).
+// failures (spec §6). When every link has failed and one of them was rate
+// limited with a Retry-After that ends inside the turn's remaining time,
+// that link is tried once more after waiting it out.
 func (t *turn) modelStep(ctx context.Context, step int) (model.Response, *stop) {
 	req := t.request()
 	var notes []attemptNote
-	for i, ep := range t.a.models {
+	tries := make([]int, len(t.a.models))
+	for i := range tries {
+		tries[i] = i
+	}
+	retried := false
+	for k := 0; k < len(tries); k++ {
+		i := tries[k]
+		ep := t.a.models[i]
 		req.Model = ep.Model
-		resp, err := t.attempt(ctx, step, i+1, ep, req)
+		resp, err := t.attempt(ctx, step, k+1, ep, req)
 		if err == nil {
 			t.idleStreak = 0
 			return resp, nil
@@ -285,21 +311,83 @@ func (t *turn) modelStep(ctx context.Context, step int) (model.Response, *stop) 
 		if errors.As(err, &me) && me.Rejected() {
 			return model.Response{}, &stop{reason: budget.ModelRejected, cause: err}
 		}
-		notes = append(notes, attemptNote{endpoint: ep.Name(), profile: ep.Profile, err: err})
+		notes = append(notes, attemptNote{endpoint: ep.Name(), profile: ep.Profile, err: err, index: i, at: time.Now()})
 		if phase == budget.PhaseLLMIdle || phase == budget.PhaseLLMFirstChunk {
 			t.idleStreak++
 			if int64(t.idleStreak) >= t.a.limits.IdleBreaker.N {
 				return model.Response{}, &stop{reason: budget.ModelUnresponsive, cause: err, message: notesText(notes)}
 			}
 		}
-		if i+1 < len(t.a.models) {
-			next := t.a.models[i+1]
+		if k+1 == len(tries) && !retried {
+			if n, wait, ok := t.retryCandidate(notes); ok {
+				retried = true
+				tries = append(tries, notes[n].index)
+				next := t.a.models[notes[n].index]
+				t.failovers++
+				t.em.Emit(&event.Failover{Step: step, From: endpointLabel(ep), To: endpointLabel(next), Phase: phase,
+					Reason: fmt.Sprintf("%v; every link failed, retrying %s after its Retry-After (%s)", err, endpointLabel(next), roundHuman(wait)),
+					Attempt: k + 2})
+				if st := t.waitRetry(ctx, step, next, wait); st != nil {
+					return model.Response{}, st
+				}
+				continue
+			}
+		}
+		if k+1 < len(tries) {
+			next := t.a.models[tries[k+1]]
 			t.failovers++
 			t.em.Emit(&event.Failover{Step: step, From: endpointLabel(ep), To: endpointLabel(next), Phase: phase,
-				Reason: err.Error(), Attempt: i + 2})
+				Reason: err.Error(), Attempt: k + 2})
 		}
 	}
 	return model.Response{}, &stop{reason: budget.ModelUnavailable, cause: notes[len(notes)-1].err, message: notesText(notes)}
+}
+
+// retryCandidate returns the failed attempt whose Retry-After ends first,
+// and how long is left to wait for it, if that ends inside the turn's
+// remaining time and inside the step window (so waiting it out is not
+// mistaken for a stuck turn).
+func (t *turn) retryCandidate(notes []attemptNote) (int, time.Duration, bool) {
+	best, bestWait := -1, time.Duration(0)
+	now := time.Now()
+	for n, note := range notes {
+		var me *model.Error
+		if !errors.As(note.err, &me) || me.RetryAfter <= 0 {
+			continue
+		}
+		wait := max(note.at.Add(me.RetryAfter).Sub(now), 0)
+		if best < 0 || wait < bestWait {
+			best, bestWait = n, wait
+		}
+	}
+	if best < 0 {
+		return 0, 0, false
+	}
+	remaining := t.a.budgets.Turn.D - now.Sub(t.start)
+	if bestWait >= remaining {
+		return 0, 0, false
+	}
+	if s := t.a.budgets.Step; !s.Off() && bestWait >= s.D {
+		return 0, 0, false
+	}
+	return best, bestWait, true
+}
+
+// waitRetry waits out a Retry-After. The wait is an activity with a
+// deadline, so the step watchdog counts it as alive.
+func (t *turn) waitRetry(ctx context.Context, step int, ep model.Endpoint, wait time.Duration) *stop {
+	act := &activity{step: step, subject: "model " + ep.Model + " (waiting out its Retry-After)", deadline: time.Now().Add(wait)}
+	t.live.begin(act)
+	defer t.live.end(act, false)
+	tm := time.NewTimer(wait)
+	defer tm.Stop()
+	select {
+	case <-tm.C:
+		return nil
+	case <-ctx.Done():
+		st := t.stopFromContext(ctx)
+		return &st
+	}
 }
 
 func endpointLabel(ep model.Endpoint) string {
@@ -375,7 +463,7 @@ func (t *turn) attempt(ctx context.Context, step, attempt int, ep model.Endpoint
 
 func modelOutcome(err error) event.Outcome {
 	switch model.Phase(err) {
-	case budget.PhaseLLMFirstChunk, budget.PhaseLLMIdle, budget.PhaseLLMBudget, budget.PhaseTurn, budget.PhaseStep:
+	case budget.PhaseLLMFirstChunk, budget.PhaseLLMIdle, budget.PhaseLLMBudget, budget.PhaseTurn, budget.PhaseStep, budget.PhaseCompaction:
 		return event.OutcomeTimedOut
 	case budget.PhaseCancel:
 		return event.OutcomeCancelled
@@ -593,6 +681,10 @@ func (t *turn) finish(st stop) *Result {
 	if te, ok := budget.AsTimeout(st.cause); ok && (te.Phase == budget.PhaseTurn || te.Phase == budget.PhaseStep) {
 		flags.TimedOutByTurnBudget = te.Phase == budget.PhaseTurn
 		flags.TimedOutDuringToolExecution = t.stopDuringRun
+		flags.TimedOutDuringCompaction = t.stopDuringCompact
+	}
+	if t.compactionTimeout {
+		flags.TimedOutDuringCompaction = true
 	}
 	msg := t.message(st, now)
 	// From here on a late result goes to Config.LateResult, not to events.
