@@ -42,6 +42,9 @@ type Options struct {
 	LateResult func(event.ToolCall)
 	// Getenv reads credentials; nil is os.Getenv.
 	Getenv func(string) string
+	// Record, if set, receives every model reply with its timings as
+	// script lines (model/script), for replaying an incident offline.
+	Record *script.Recording
 }
 
 // Agent is an agent built from a file. Close it when done: it owns the
@@ -83,6 +86,11 @@ func Build(ctx context.Context, cfg *config.Agent, o Options) (*Agent, error) {
 	models, err := Endpoints(cfg, getenv)
 	if err != nil {
 		return nil, err
+	}
+	if o.Record != nil {
+		for i := range models {
+			models[i].Provider = o.Record.Wrap(models[i].Provider)
+		}
 	}
 	tools, err := buildTools(ctx, cfg, a)
 	if err != nil {

@@ -241,9 +241,9 @@ func (l *liveness) describe(now time.Time) (desc string, tools []string) {
 	case len(acts) > 0:
 		a := acts[0]
 		if a.streaming {
-			return fmt.Sprintf("%s, streaming its reply for %s", a.subject, roundHuman(now.Sub(a.started))), nil
+			return fmt.Sprintf("%s, streaming its reply (%s)", a.subject, roundHuman(now.Sub(a.started))), nil
 		}
-		return fmt.Sprintf("%s, waiting for its reply for %s", a.subject, roundHuman(now.Sub(a.started))), nil
+		return fmt.Sprintf("%s, waiting for its reply (%s)", a.subject, roundHuman(now.Sub(a.started))), nil
 	case l.last != nil:
 		return fmt.Sprintf("%s, finished %s ago", l.last.subject, roundHuman(now.Sub(l.lastEnded))), nil
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/model/script"
 )
 
 func versionString() string { return timebox.Version }
@@ -95,6 +96,7 @@ func cmdRun(ctx context.Context, args []string, o IO) int {
 	// Storing the turn (issue 3): see runs.go and docs/decisions/run-stores-turns.md.
 	db := fs.String("db", "", `store the turn in this file, for timebox runs (env TIMEBOX_DB; default `+defaultDB+`; "" stores nothing)`)
 	noStore := fs.Bool("no-store", false, "do not store the turn")
+	recordTo := fs.String("record", "", "write the model's replies, with timings, to this file as a script (model/script) for offline replay")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return ExitUsage
@@ -118,7 +120,22 @@ func cmdRun(ctx context.Context, args []string, o IO) int {
 	}
 	ctx, stop := interrupts(ctx, o)
 	defer stop()
-	a, err := timebox.Build(ctx, cfg, timebox.Options{Getenv: o.getenv})
+	var recording *script.Recording
+	if *recordTo != "" {
+		f, err := os.Create(*recordTo)
+		if err != nil {
+			fmt.Fprintln(o.Err, "timebox: --record:", err)
+			return ExitUsage
+		}
+		defer func() {
+			if err := recording.Err(); err != nil {
+				fmt.Fprintln(o.Err, "timebox: --record:", err)
+			}
+			f.Close()
+		}()
+		recording = script.NewRecording(f)
+	}
+	a, err := timebox.Build(ctx, cfg, timebox.Options{Getenv: o.getenv, Record: recording})
 	if err != nil {
 		fmt.Fprintln(o.Err, "timebox:", err)
 		return ExitUsage

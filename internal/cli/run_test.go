@@ -1,0 +1,247 @@
+package cli_test
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/proctest"
+)
+
+const demo = "../../examples/demo/agent.yaml"
+
+// events parses JSON-lines output, failing on any line that is not an event.
+func events(t *testing.T, out string) []event.Event {
+	t.Helper()
+	var evs []event.Event
+	sc := bufio.NewScanner(strings.NewReader(out))
+	sc.Buffer(nil, 1<<22)
+	for sc.Scan() {
+		var e event.Event
+		if err := json.Unmarshal(sc.Bytes(), &e); err != nil || e.Type == "" {
+			t.Fatalf("stdout line is not an event: %q (%v)", sc.Text(), err)
+		}
+		evs = append(evs, e)
+	}
+	return evs
+}
+
+// TestDemo runs the README's main command and checks what it promises: all
+// five tool behaviours, in the records.
+func TestDemo(t *testing.T) {
+	proctest.AfterTest(t)
+	start := time.Now()
+	r := run(t, nil, "run", "-f", demo, "--json", "--no-store", "Tour the budgets")
+	if r.code != 0 {
+		t.Fatalf("exit %d\nstderr: %s", r.code, r.err)
+	}
+	evs := events(t, r.out)
+	got := map[string]*event.ToolFinished{}
+	var fin *event.TurnFinished
+	for _, e := range evs {
+		switch d := e.Data.(type) {
+		case *event.ToolFinished:
+			got[d.Tool] = d
+		case *event.TurnFinished:
+			fin = d
+		}
+	}
+	if fin == nil || fin.StopReason != "answered" {
+		t.Fatalf("turn finished %+v", fin)
+	}
+	check := func(name string, ok bool) {
+		t.Helper()
+		if !ok {
+			t.Errorf("%s: %+v", name, got[name])
+		}
+	}
+	check("word_count", got["word_count"] != nil && got["word_count"].Outcome == "ok" && got["word_count"].TimeoutSource == "profile:fast" &&
+		strings.TrimSpace(got["word_count"].Result) == `{"words": 6}`)
+	check("crawl", got["crawl"] != nil && got["crawl"].Outcome == "ok" && got["crawl"].ProgressCount == 8 && got["crawl"].IdleTimeoutMS == 2000)
+	check("web_fetch", got["web_fetch"] != nil && got["web_fetch"].Outcome == "timed_out" && got["web_fetch"].Phase == "tool" &&
+		got["web_fetch"].DurationMS >= 1000 && got["web_fetch"].DurationMS < 2500 && strings.Contains(got["web_fetch"].Result, `"type":"tool_timeout"`) &&
+		strings.Contains(got["web_fetch"].Result, "partial: resolving host"))
+	check("legacy_sync", got["legacy_sync"] != nil && got["legacy_sync"].Outcome == "timed_out" &&
+		got["legacy_sync"].DurationMS >= 2000 && got["legacy_sync"].DurationMS < 3500)
+	check("report", got["report"] != nil && got["report"].Outcome == "ok" && got["report"].Overran && got["report"].Enforcement == "advisory" &&
+		strings.Contains(got["report"].Result, "0 results lost"))
+	if d := time.Since(start); d > time.Minute {
+		t.Errorf("the demo took %s", d)
+	}
+}
+
+func TestPlainViewAndExitCodes(t *testing.T) {
+	proctest.AfterTest(t)
+	r := run(t, nil, "run", "-f", demo, "--no-store", "Tour the budgets")
+	for _, want := range []string{"web_fetch", "timed out", "overran its budget (advisory): result used", "8 progress reports", "✔ answered"} {
+		if !strings.Contains(r.out, want) {
+			t.Errorf("plain output lacks %q:\n%s", want, r.out)
+		}
+	}
+	if strings.Contains(r.out, "\x1b[") {
+		t.Error("plain output has terminal escapes")
+	}
+
+	failing := agentFile(t, `{"error": {"status": 503, "message": "down"}}`)
+	if r := run(t, nil, "run", "-f", failing, "--no-store", "hi"); r.code != 1 || !strings.Contains(r.out, "model_unavailable") {
+		t.Errorf("failed turn: exit %d\n%s", r.code, r.out)
+	}
+	stalling := agentFile(t, `{"text": "x", "stall_after": 0}`)
+	if r := run(t, nil, "run", "-f", stalling, "--no-store", "--llm-first-chunk-timeout", "0", "--turn-timeout", "300ms", "hi"); r.code != 3 ||
+		!strings.Contains(r.out, "turn_timeout") || !strings.Contains(r.out, "raise --turn-timeout") {
+		t.Errorf("stopped turn: exit %d\n%s%s", r.code, r.out, r.err)
+	}
+}
+
+func TestConfigurationErrorsExit2(t *testing.T) {
+	bad := filepath.Join(t.TempDir(), "agent.yaml")
+	os.WriteFile(bad, []byte("model:\n  primary: script:m\ntimeouts:\n  tol: 5s\n  turn: 10 mins\n"), 0o644)
+	r := run(t, nil, "run", "-f", bad, "--no-store", "hi")
+	if r.code != 2 || !strings.Contains(r.err, `agent.yaml:4:3: timeouts.tol: unknown key`) ||
+		!strings.Contains(r.err, `agent.yaml:5:9: timeouts.turn: "10 mins" is not a duration (use 10m)`) {
+		t.Fatalf("exit %d\n%s", r.code, r.err)
+	}
+	for _, env := range []string{"TIMEBOX_TOOL_TIMEOUT=abc", "TIMEBOX_MAX_STEPS=-1", "TIMEBOX_PROCTREE=magic"} {
+		r := run(t, []string{env}, "validate", "-f", demo)
+		name := strings.SplitN(env, "=", 2)[0]
+		if r.code != 2 || !strings.Contains(r.err, name) {
+			t.Errorf("%s: exit %d\n%s", env, r.code, r.err)
+		}
+	}
+	if r := run(t, nil, "run", "-f", demo, "--tool-timeout", "soon", "hi"); r.code != 2 || !strings.Contains(r.err, "--tool-timeout") {
+		t.Errorf("bad flag: exit %d\n%s", r.code, r.err)
+	}
+	if r := run(t, nil, "frobnicate"); r.code != 2 {
+		t.Errorf("unknown command: exit %d", r.code)
+	}
+}
+
+func TestValidatePrintsSources(t *testing.T) {
+	r := run(t, []string{"TIMEBOX_TOOL_TIMEOUT=90s", "TIMEBOX_STEP_TIMEOUT=2m"}, "validate", "-f", demo, "--tool-timeout", "2m")
+	if r.code != 0 {
+		t.Fatalf("exit %d\n%s", r.code, r.err)
+	}
+	for _, re := range []string{`timeouts.tool\s+2m\s+flag\s+--tool-timeout`, `timeouts.step\s+2m\s+env\s+TIMEBOX_STEP_TIMEOUT`,
+		`timeouts.turn\s+2m\s+file`, `timeouts.llm_idle\s+2m\s+default`, `word_count\s+exec\s+5s\s+profile:fast`, `report\s+exec\s+1s\s+tool\s+off\s+advisory`} {
+		if !regexpMatch(re, r.out) {
+			t.Errorf("validate output lacks /%s/:\n%s", re, r.out)
+		}
+	}
+}
+
+func TestToolCall(t *testing.T) {
+	proctest.AfterTest(t)
+	r := run(t, nil, "tool", "call", "web_fetch", "-f", demo, "--input", `{"url": "https://x"}`)
+	var rec event.ToolCall
+	if err := json.Unmarshal([]byte(r.out), &rec); err != nil {
+		t.Fatalf("%v\n%s", err, r.out)
+	}
+	if r.code != 3 || rec.Outcome != "timed_out" || rec.TimeoutMS != 1000 || rec.TimeoutSource != "tool" {
+		t.Fatalf("exit %d, record %+v", r.code, rec)
+	}
+	r = run(t, nil, "tool", "call", "word_count", "-f", demo, "--input", `{"text": "one two"}`)
+	if r.code != 0 || !strings.Contains(r.out, `"outcome": "ok"`) {
+		t.Fatalf("exit %d\n%s", r.code, r.out)
+	}
+	if r := run(t, nil, "tool", "call", "nope", "-f", demo); r.code != 2 || !strings.Contains(r.err, "word_count") {
+		t.Fatalf("unknown tool: exit %d %s", r.code, r.err)
+	}
+}
+
+func TestRecordThenReplay(t *testing.T) {
+	live := agentFile(t, `{"chunks": ["re", "corded"], "first_chunk_delay": "200ms", "chunk_delay": "50ms"}`)
+	rec := filepath.Join(t.TempDir(), "incident.jsonl")
+	if r := run(t, nil, "run", "-f", live, "--no-store", "--record", rec, "hi"); r.code != 0 {
+		t.Fatalf("exit %d %s", r.code, r.err)
+	}
+	b, err := os.ReadFile(rec)
+	if err != nil || !strings.Contains(string(b), `"first_chunk_delay":"20`) {
+		t.Fatalf("recording %s (%v)", b, err)
+	}
+	replay := agentFile(t, strings.TrimSpace(string(b)))
+	r := run(t, nil, "run", "-f", replay, "--no-store", "--json", "hi")
+	var answer string
+	for _, e := range events(t, r.out) {
+		if f, ok := e.Data.(*event.TurnFinished); ok {
+			answer = f.Answer
+		}
+	}
+	if answer != "recorded" {
+		t.Fatalf("replayed answer %q", answer)
+	}
+}
+
+// TestCtrlC runs the real binary, interrupts it while a tool hangs, and
+// checks the exit code, the message, and that no process of the call is
+// left.
+func TestCtrlC(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	bin := filepath.Join(t.TempDir(), "timebox")
+	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/timebox").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	dir := t.TempDir()
+	pidfile := filepath.Join(dir, "pids")
+	os.WriteFile(filepath.Join(dir, "hang.sh"), []byte("#!/usr/bin/env bash\ncat >/dev/null\ntrap '' TERM\nsetsid sleep 300 &\necho $! >> "+pidfile+"\necho $$ >> "+pidfile+"\nwhile true; do sleep 1; done\n"), 0o755)
+	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"tool_calls": [{"name": "hang"}]}`+"\n"+`{"text": "never"}`+"\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "agent.yaml"), []byte("model: {primary: script:m}\nproviders: {script: {file: script.jsonl}}\ntools:\n  - name: hang\n    exec: [./hang.sh]\n    timeout: 5m\n"), 0o644)
+
+	cmd := exec.Command(bin, "run", "-f", filepath.Join(dir, "agent.yaml"), "--no-store", "--json", "go")
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(readFile(pidfile), "\n") || strings.Count(readFile(pidfile), "\n") < 2 {
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			t.Fatalf("the tool never started\n%s%s", out.String(), errb.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cmd.Process.Signal(syscall.SIGINT)
+	err := cmd.Wait()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	}
+	if code != 130 || !strings.Contains(out.String(), `"stop_reason":"cancelled"`) || !strings.Contains(out.String(), "Cancelled by you (Ctrl-C)") ||
+		!strings.Contains(out.String(), "tool hang was stopped") {
+		t.Fatalf("exit %d\n%s\n%s", code, out.String(), errb.String())
+	}
+	for _, f := range strings.Fields(readFile(pidfile)) {
+		if alive(f) {
+			t.Errorf("process %s of the cancelled call is still alive", f)
+		}
+	}
+}
+
+func readFile(p string) string {
+	b, _ := os.ReadFile(p)
+	return string(b)
+}
+
+// alive reports whether pid is a live process (a zombie is not).
+func alive(pid string) bool {
+	b, err := os.ReadFile("/proc/" + pid + "/stat")
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || len(s) < i+3 || s[i+2] != 'Z'
+}
+
+func regexpMatch(re, s string) bool { return regexp.MustCompile(re).MatchString(s) }
