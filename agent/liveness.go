@@ -199,18 +199,6 @@ func (l *liveness) compacting() bool {
 	return false
 }
 
-// toolsRunning reports whether any tool call is running.
-func (l *liveness) toolsRunning() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for a := range l.running {
-		if a.tool != "" {
-			return true
-		}
-	}
-	return false
-}
-
 // describe says what the turn was doing at now, for messages: "tool crawl,
 // running for 41s", "model gpt-4o, waiting for its reply".
 func (l *liveness) describe(now time.Time) (desc string, tools []string) {
