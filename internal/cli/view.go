@@ -45,6 +45,7 @@ type chip struct {
 	message  string
 	isModel  bool
 	preview  string
+	advisory bool
 }
 
 func newView(w io.Writer, live, color bool) *view {
@@ -137,7 +138,8 @@ func (v *view) Emit(e event.Event) {
 	case *event.Failover:
 		v.println(fmt.Sprintf("%s failover: %s → %s (%s)", v.c(yellow, "↪"), d.From, d.To, d.Phase))
 	case *event.ToolStarted:
-		v.add(&chip{key: d.CallID, label: d.Tool, started: e.At, limit: time.Duration(d.TimeoutMS) * time.Millisecond})
+		v.add(&chip{key: d.CallID, label: d.Tool, started: e.At, limit: time.Duration(d.TimeoutMS) * time.Millisecond,
+			advisory: d.Enforcement == "advisory"})
 		if !v.live {
 			v.println(fmt.Sprintf("%s %s started (timeout %s from %s, %s)", v.c(cyan, "▸"), d.Tool,
 				time.Duration(d.TimeoutMS)*time.Millisecond, d.Source, d.Enforcement))
@@ -269,7 +271,11 @@ func (v *view) redraw() {
 		if c.limit > 0 {
 			line += v.c(dim, " / "+c.limit.String())
 			if el > c.limit {
-				line += v.c(yellow, " over")
+				if c.advisory {
+					line += v.c(yellow, " over budget (advisory: left to finish)")
+				} else {
+					line += v.c(red, " timed out: stopping")
+				}
 			}
 		}
 		if c.isModel {
