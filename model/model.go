@@ -11,7 +11,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"time"
 
 	"github.com/timebox-run/timebox/budget"
@@ -130,7 +129,7 @@ type Error struct {
 func (e *Error) Error() string {
 	switch {
 	case e.Status != 0:
-		return fmt.Sprintf("%s: HTTP %d %s: %s", e.Provider, e.Status, http.StatusText(e.Status), e.Message)
+		return fmt.Sprintf("%s: HTTP %d: %s", e.Provider, e.Status, e.Message)
 	case e.Malformed:
 		return fmt.Sprintf("%s: malformed stream: %s", e.Provider, e.Message)
 	}

@@ -1,0 +1,52 @@
+package timebox_test
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// TestCoreStaysLight keeps the layering honest: the budget logic, events,
+// the tool and model seams and the turn loop must not pull in a provider
+// SDK, the MCP SDK, SQLite, Prometheus or the browser driver. Those stay
+// behind their own packages.
+func TestCoreStaysLight(t *testing.T) {
+	core := []string{"./budget", "./event", "./tool", "./model", "./agent", "./config"}
+	out, err := exec.Command("go", append([]string{"list", "-deps"}, core...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	forbidden := []string{"github.com/openai/", "github.com/anthropics/", "github.com/modelcontextprotocol/",
+		"modernc.org/sqlite", "github.com/prometheus/", "github.com/chromedp/", "net/http"}
+	for _, dep := range strings.Fields(string(out)) {
+		for _, f := range forbidden {
+			if strings.HasPrefix(dep, f) {
+				t.Errorf("a core package depends on %s", dep)
+			}
+		}
+	}
+}
+
+// TestLowerLayersDoNotImportHigherOnes: budget knows nothing of tools,
+// tools nothing of turns.
+func TestLowerLayersDoNotImportHigherOnes(t *testing.T) {
+	rules := map[string][]string{
+		"./budget": {"/event", "/tool", "/model", "/agent", "/config"},
+		"./event":  {"/tool", "/model", "/agent", "/config"},
+		"./tool":   {"/model", "/agent", "/config"},
+		"./model":  {"/tool", "/agent", "/config"},
+	}
+	for pkg, bad := range rules {
+		out, err := exec.Command("go", "list", "-deps", pkg).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go list %s: %v\n%s", pkg, err, out)
+		}
+		for _, dep := range strings.Fields(string(out)) {
+			for _, b := range bad {
+				if dep == "github.com/timebox-run/timebox"+b {
+					t.Errorf("%s imports %s", pkg, dep)
+				}
+			}
+		}
+	}
+}
