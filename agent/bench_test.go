@@ -47,7 +47,7 @@ func BenchmarkTurnMemory(b *testing.B) {
 			done.Add(1)
 			go func() {
 				defer done.Done()
-				a.Run(context.Background(), agent.Input{SessionID: string(rune('a' + i%26)) + string(rune(i)), Text: "hi"})
+				a.Run(context.Background(), agent.Input{SessionID: string(rune('a'+i%26)) + string(rune(i)), Text: "hi"})
 			}()
 		}
 		parked.Wait()
