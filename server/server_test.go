@@ -741,6 +741,22 @@ func TestHealthzAndPage(t *testing.T) {
 	if resp.StatusCode != 200 || !strings.Contains(resp.Header.Get("Content-Type"), "text/html") || !strings.Contains(string(b), "timebox") {
 		t.Fatalf("GET /: %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
 	}
+	if csp := resp.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "script-src 'self'") || !strings.Contains(csp, "frame-ancestors 'none'") {
+		t.Errorf("GET / Content-Security-Policy %q", csp)
+	}
+	// The page's script and styles are embedded files of their own (the
+	// policy allows nothing inline).
+	for path, typ := range map[string]string{"/app.js": "javascript", "/app.css": "text/css"} {
+		resp := e.do("GET", path, nil)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(resp.Header.Get("Content-Type"), typ) || len(b) < 1000 {
+			t.Errorf("GET %s: %d %s, %d bytes", path, resp.StatusCode, resp.Header.Get("Content-Type"), len(b))
+		}
+	}
+	if strings.Contains(string(b), "<script>") || strings.Contains(string(b), "<style>") {
+		t.Errorf("index.html has inline script or style, which the policy blocks")
+	}
 }
 
 // TestRunningElsewhere follows a turn that another process (here: a

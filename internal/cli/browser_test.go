@@ -1,0 +1,363 @@
+package cli_test
+
+// Browser tests: `timebox serve` on the demo agent, driven in a real
+// headless Chromium with chromedp, the way a user watches a turn.
+//
+// Without a Chromium these tests skip, unless TIMEBOX_BROWSER_TESTS=require
+// (CI sets it, after installing Debian's chromium), when they fail. On a
+// failure the page is saved as a screenshot and its text is logged.
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/timebox-run/timebox/internal/cli"
+	"github.com/timebox-run/timebox/internal/proctest"
+)
+
+const demoAgent = "../../examples/demo/agent.yaml"
+
+// chromium returns the browser to drive, or skips the test.
+func chromium(t *testing.T) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("browser tests are not short")
+	}
+	names := []string{os.Getenv("TIMEBOX_CHROMIUM"), "chromium", "chromium-browser", "google-chrome", "google-chrome-stable"}
+	for _, n := range names {
+		if n == "" {
+			continue
+		}
+		if p, err := exec.LookPath(n); err == nil {
+			return p
+		}
+	}
+	if os.Getenv("TIMEBOX_BROWSER_TESTS") == "require" {
+		t.Fatal("TIMEBOX_BROWSER_TESTS=require but no chromium was found: apt-get install chromium, or set TIMEBOX_CHROMIUM")
+	}
+	t.Skip("no chromium on PATH (set TIMEBOX_CHROMIUM, or TIMEBOX_BROWSER_TESTS=require to fail instead)")
+	return ""
+}
+
+// serveDemo runs `timebox serve` on the demo agent on a free loopback port
+// and returns its address. The server is stopped, as by SIGTERM, when the
+// test ends.
+func serveDemo(t *testing.T, env ...string) string {
+	t.Helper()
+	db := filepath.Join(t.TempDir(), "timebox.db")
+	ctx, stop := context.WithCancel(context.Background())
+	var out, errb syncBuffer
+	exited := make(chan int, 1)
+	go func() {
+		exited <- cli.Run(ctx, []string{"serve", "-f", demoAgent, "--addr", "127.0.0.1:0", "--db", db},
+			cli.IO{In: strings.NewReader(""), Out: &out, Err: &errb, Env: env})
+	}()
+	t.Cleanup(func() {
+		stop()
+		select {
+		case code := <-exited:
+			if code != cli.ExitOK {
+				t.Errorf("serve exited %d: %s", code, errb.String())
+			}
+		case <-time.After(30 * time.Second):
+			t.Errorf("serve did not stop within 30s of its shutdown: %s", errb.String())
+		}
+	})
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		if m := servingRE.FindStringSubmatch(out.String()); m != nil {
+			return m[1]
+		}
+		select {
+		case code := <-exited:
+			t.Fatalf("serve exited %d: %s", code, errb.String())
+		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("serve printed no address in 15s; out %q err %q", out.String(), errb.String())
+		}
+	}
+}
+
+// page is one browser tab on the server.
+type page struct {
+	t    *testing.T
+	ctx  context.Context
+	base string
+	log  *syncBuffer // the browser's own output
+}
+
+// openPage starts a fresh headless Chromium (its own profile, nothing
+// reaching beyond loopback) and opens base in it.
+func openPage(t *testing.T, base string) *page {
+	t.Helper()
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chromium(t)),
+		chromedp.NoSandbox,
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.Flag("disable-gpu", true),
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.WindowSize(1100, 900),
+	)
+	if os.Getenv("TIMEBOX_PAGE_SCREENSHOT") != "" {
+		opts = append(opts, chromedp.WindowSize(1100, 1250)) // the whole demo turn in sight
+	}
+	log := &syncBuffer{}
+	opts = append(opts, chromedp.CombinedOutput(log))
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancel := chromedp.NewContext(actx)
+	t.Cleanup(func() {
+		cancel()
+		cancelAlloc() // waits for the browser to exit
+	})
+	p := &page{t: t, ctx: ctx, base: base, log: log}
+	// The first action starts the browser; it must not run under a timeout.
+	if err := chromedp.Do(ctx, chromedp.Navigate(base)); err != nil {
+		t.Fatalf("starting chromium: %v\n%s", err, log.String())
+	}
+	p.waitFor("the page to load", `document.querySelector('#input') !== null && !document.querySelector('#chat-view').hidden`)
+	return p
+}
+
+// fail saves a screenshot and the page's text, then stops the test.
+func (p *page) fail(format string, args ...any) {
+	p.t.Helper()
+	msg := fmt.Sprintf(format, args...)
+	ctx, cancel := context.WithTimeout(p.ctx, 10*time.Second)
+	defer cancel()
+	shot := filepath.Join(os.TempDir(), "timebox-"+strings.ReplaceAll(p.t.Name(), "/", "_")+".png")
+	if png, err := chromedp.Run(ctx, chromedp.FullScreenshot(90)); err == nil && os.WriteFile(shot, png, 0o644) == nil {
+		msg += "\nscreenshot: " + shot
+	}
+	if text, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.body.innerText`)); err == nil {
+		msg += "\npage text:\n" + text
+	}
+	p.t.Fatal(msg)
+}
+
+// eval evaluates a JavaScript expression in the page.
+func eval[T any](p *page, expr string) T {
+	p.t.Helper()
+	ctx, cancel := context.WithTimeout(p.ctx, 10*time.Second)
+	defer cancel()
+	v, err := chromedp.Run(ctx, chromedp.Evaluate[T](expr))
+	if err != nil {
+		p.fail("evaluating %s: %v", expr, err)
+	}
+	return v
+}
+
+// waitFor polls a JavaScript condition until it holds, for at most 20s.
+func (p *page) waitFor(what, cond string) {
+	p.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(p.ctx, 5*time.Second)
+		ok, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`!!(`+cond+`)`))
+		cancel()
+		if err == nil && ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			p.fail("waited 20s for %s (%s); last error %v", what, cond, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (p *page) do(what string, actions ...chromedp.Action[chromedp.Void]) {
+	p.t.Helper()
+	ctx, cancel := context.WithTimeout(p.ctx, 20*time.Second)
+	defer cancel()
+	if err := chromedp.Do(ctx, actions...); err != nil {
+		p.fail("%s: %v", what, err)
+	}
+}
+
+func (p *page) send(message string) {
+	p.t.Helper()
+	p.do("sending a message",
+		chromedp.SendKeys(chromedp.CSS("#input"), message),
+		chromedp.Click(chromedp.CSS("#send")))
+}
+
+var clockRE = regexp.MustCompile(`^(\d+(?:\.\d+)?)(ms|s)\b`)
+
+// clock reads a chip's timer as the user sees it ("1.4s / 10s"), in ms.
+func (p *page) clock(sel string) float64 {
+	p.t.Helper()
+	text := eval[string](p, `document.querySelector(`+strconv.Quote(sel+" .timer")+`).textContent`)
+	m := clockRE.FindStringSubmatch(text)
+	if m == nil {
+		p.fail("timer of %s reads %q", sel, text)
+	}
+	v, _ := strconv.ParseFloat(m[1], 64)
+	if m[2] == "s" {
+		v *= 1000
+	}
+	return v
+}
+
+// width reads the width of an element as a percentage of its style.
+func (p *page) width(sel string) float64 {
+	p.t.Helper()
+	w := eval[string](p, `(document.querySelector(`+strconv.Quote(sel)+`) || {style: {width: ''}}).style.width`)
+	v, _ := strconv.ParseFloat(strings.TrimSuffix(w, "%"), 64)
+	return v
+}
+
+func (p *page) count(sel string) int {
+	p.t.Helper()
+	return eval[int](p, `document.querySelectorAll(`+strconv.Quote(sel)+`).length`)
+}
+
+func (p *page) text(sel string) string {
+	p.t.Helper()
+	return eval[string](p, `(document.querySelector(`+strconv.Quote(sel)+`) || {innerText: ''}).innerText`)
+}
+
+func q(sel string) string { return `document.querySelector(` + strconv.Quote(sel) + `)` }
+
+const (
+	crawl    = `.chip[data-tool="crawl"]`
+	webFetch = `.chip[data-tool="web_fetch"]`
+)
+
+// TestPageFollowsADemoTurn is the issue's scene: a message to the demo
+// agent, a chip whose clock runs, a progress bar that moves, a tool that
+// times out, and the closing banner; the page reloaded mid-turn picks the
+// turn up where it was, and the past-turns page has its records.
+func TestPageFollowsADemoTurn(t *testing.T) {
+	proctest.AfterTest(t)
+	p := openPage(t, serveDemo(t))
+	p.send("Tour the budgets")
+
+	// A chip's clock counts from tool_started, live.
+	p.waitFor("the crawl chip", q(crawl+".running"))
+	first := p.clock(crawl)
+	p.waitFor("crawl's clock to advance", fmt.Sprintf(`(() => { const m = /^([\d.]+)(ms|s)/.exec(%s.textContent);
+		return m && (m[2] === 's' ? m[1] * 1000 : +m[1]) >= %f })()`, q(crawl+" .timer"), first+400))
+
+	// The progress bar moves as the tool reports.
+	p.waitFor("crawl's first progress", q(crawl+` .progress .fill[style*="width"]`))
+	w1 := p.width(crawl + " .progress .fill")
+	p.waitFor("crawl's progress bar to move", fmt.Sprintf(`parseFloat(%s.style.width) > %f`, q(crawl+" .progress .fill"), w1))
+
+	// The hung tool is stopped by its 1s timeout, and says so.
+	p.waitFor("web_fetch to time out", q(webFetch+`[data-outcome="timed_out"]`))
+	if got := p.text(webFetch + " .outcome"); got != "timed out at its 1s timeout" {
+		p.fail("web_fetch's outcome reads %q", got)
+	}
+
+	// Reloaded mid-turn, the page replays what happened and follows on.
+	// (crawl runs 3.2s; web_fetch timed out at 1s: the turn is still on.)
+	if p.count(`.banner`) != 0 {
+		p.fail("the turn ended before crawl finished")
+	}
+	before := p.clock(crawl)
+	p.do("reloading the page", chromedp.Reload())
+	p.waitFor("the turn after the reload", q(crawl))
+	if p.count(`.banner`) == 0 && p.count(crawl+".running") == 1 {
+		if after := p.clock(crawl); after < before {
+			p.fail("after the reload crawl's clock reads %.0fms, before it %.0fms: it must count from tool_started", after, before)
+		}
+	}
+	p.waitFor("the still_working notice", q(`.still-working`))
+	if shot := os.Getenv("TIMEBOX_PAGE_SCREENSHOT"); shot != "" { // docs/page.png
+		ctx, cancel := context.WithTimeout(p.ctx, 10*time.Second)
+		if b, err := chromedp.Run(ctx, chromedp.CaptureScreenshot()); err == nil {
+			_ = os.WriteFile(shot, b, 0o644)
+		}
+		cancel()
+	}
+	p.waitFor("the closing banner", q(`.banner[data-stop-reason="answered"]`))
+	p.waitFor("the answer", q(`.bubble.said.answer`))
+
+	for sel, want := range map[string]int{
+		`.chip.tool`: 5, `.banner`: 1, `.bubble.user`: 1,
+		`.chip.tool[data-outcome="timed_out"]`: 2, // web_fetch, legacy_sync
+		`.chip[data-tool="report"].overran[data-outcome="ok"]`: 1,
+		`.chip[data-tool="word_count"][data-outcome="ok"]`:     1,
+		crawl + `[data-outcome="ok"]`:                          1,
+		`.chip.running`:                                        0,
+	} {
+		if n := p.count(sel); n != want {
+			p.fail("%d of %s, want %d", n, sel, want)
+		}
+	}
+	if w := p.width(crawl + " .progress .fill"); w != 100 {
+		p.fail("crawl's progress bar ends at %v%%", w)
+	}
+
+	// The past turns page lists it; its page has the per-call records.
+	p.do("opening past turns", chromedp.Click(chromedp.CSS("#nav-turns")))
+	p.waitFor("the turn in the list", q(`#turns-table tbody tr[data-turn-id]`))
+	if got := p.text(`#turns-table tbody tr`); !strings.Contains(got, "completed") || !strings.Contains(got, "answered") {
+		p.fail("the turn's row reads %q", got)
+	}
+	p.do("opening the turn", chromedp.Click(chromedp.CSS(`#turns-table tbody tr[data-turn-id]`)))
+	p.waitFor("the records", q(`table.calls tbody tr`))
+	if n := p.count(`table.calls tbody tr`); n != 5 {
+		p.fail("%d tool call records, want 5", n)
+	}
+	row := p.text(`table.calls tr[data-outcome="timed_out"]`)
+	for _, want := range []string{"/ 1s", "tool", "hard", "phase tool"} {
+		if !strings.Contains(row, want) {
+			p.fail("a timed-out record reads %q, want %q in it", row, want)
+		}
+	}
+	if got := p.text(`table.calls`); !strings.Contains(got, "overran") {
+		p.fail("the records do not say report overran: %q", got)
+	}
+	if n := p.count(`table.models tbody tr`); n != 2 {
+		p.fail("%d model call records, want 2", n)
+	}
+}
+
+// TestPageBannerNamesTheBudget: a turn stopped by its ceiling ends with a
+// banner that says which budget fired, its value and source, and the knob.
+func TestPageBannerNamesTheBudget(t *testing.T) {
+	proctest.AfterTest(t)
+	p := openPage(t, serveDemo(t, "TIMEBOX_TURN_TIMEOUT=2s"))
+	p.send("Tour the budgets")
+	p.waitFor("the closing banner", q(`.banner[data-stop-reason="turn_timeout"]`))
+	got := p.text(`.banner`)
+	for _, want := range []string{"turn_timeout", "timeouts.turn = 2s (from env)", "Change TIMEBOX_TURN_TIMEOUT", "timed_out_during_tool_execution"} {
+		if !strings.Contains(got, want) {
+			p.fail("the banner reads %q, want %q in it", got, want)
+		}
+	}
+	if n := p.count(`.chip.running`); n != 0 {
+		p.fail("%d chips still running after the turn ended", n)
+	}
+	if got := p.text(crawl + " .outcome"); got == "" || got == "running" || got == "ok" {
+		p.fail("crawl, cut by the turn's end, reads %q", got)
+	}
+}
+
+// TestPageCancelButton: the cancel button ends the running turn as
+// cancelled, its tools' processes gone.
+func TestPageCancelButton(t *testing.T) {
+	proctest.AfterTest(t)
+	p := openPage(t, serveDemo(t))
+	p.send("Tour the budgets")
+	p.waitFor("the crawl chip", q(crawl+".running"))
+	p.waitFor("the cancel button", `!`+q(`#cancel`)+`.hidden`)
+	p.do("cancelling", chromedp.Click(chromedp.CSS("#cancel")))
+	p.waitFor("the closing banner", q(`.banner[data-stop-reason="cancelled"]`))
+	if n := p.count(`.chip.running`); n != 0 {
+		p.fail("%d chips still running after the cancel", n)
+	}
+	p.waitFor("the composer to be ready again", q(`#cancel`)+`.hidden && !`+q(`#send`)+`.disabled`)
+}

@@ -1,0 +1,788 @@
+// The timebox page: a chat whose timeline shows every model call and tool
+// call of a turn as a chip with its own live clock and budget, and a page of
+// past turns with their records. It speaks only the public API (spec §12);
+// untrusted text is always set as textContent, never parsed as HTML.
+'use strict';
+
+// ---- small helpers ----------------------------------------------------------
+
+function el(tag, attrs, ...kids) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k === 'class') e.className = v;
+    else if (k === 'text') e.textContent = v;
+    else if (k.startsWith('on')) e.addEventListener(k.slice(2), v);
+    else e.setAttribute(k, v === true ? '' : v);
+  }
+  for (const k of kids) if (k !== null && k !== undefined) e.append(k);
+  return e;
+}
+
+const $ = (sel, root = document) => root.querySelector(sel);
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+// fmtMS prints a duration the way the CLI does: 850ms, 1.2s, 2m05s.
+function fmtMS(ms) {
+  if (ms === undefined || ms === null || isNaN(ms)) return '';
+  if (ms < 0) ms = 0;
+  if (ms < 1000) return Math.round(ms) + 'ms';
+  if (ms < 60000) return (ms / 1000).toFixed(1) + 's';
+  const m = Math.floor(ms / 60000), s = Math.floor((ms % 60000) / 1000);
+  return m + 'm' + String(s).padStart(2, '0') + 's';
+}
+
+// fmtLimit prints a budget: whole seconds without a decimal.
+function fmtLimit(ms) {
+  if (!ms) return '';
+  if (ms % 1000 === 0 && ms < 60000) return ms / 1000 + 's';
+  return fmtMS(ms);
+}
+
+function short(s, n) {
+  s = String(s || '');
+  return s.length > n ? s.slice(0, n - 1) + '…' : s;
+}
+
+function when(iso) {
+  const d = new Date(iso);
+  return isNaN(d) ? '' : d.toLocaleString();
+}
+
+// ---- the API ----------------------------------------------------------------
+
+const app = {
+  token: sessionStorage.getItem('timebox.token') || '',
+  session: '',     // the chat's session id
+  running: null,   // the TurnView of the turn being followed
+  skew: 0,         // browser clock minus server clock, when they differ by more than 2s
+  views: new Set(),
+};
+
+let tokenWait = null;
+
+// askToken shows the token dialog once, however many requests wait on it.
+function askToken() {
+  if (tokenWait) return tokenWait;
+  tokenWait = new Promise((resolve) => {
+    const d = $('#token-dialog');
+    $('#token-form').onsubmit = () => {
+      app.token = $('#token-input').value.trim();
+      sessionStorage.setItem('timebox.token', app.token);
+      tokenWait = null;
+      resolve();
+    };
+    d.showModal();
+  });
+  return tokenWait;
+}
+
+async function api(path, opts = {}) {
+  for (;;) {
+    const headers = Object.assign({}, opts.headers);
+    if (app.token) headers['Authorization'] = 'Bearer ' + app.token;
+    const res = await fetch(path, Object.assign({}, opts, { headers }));
+    if (res.status !== 401) {
+      noteSkew(res);
+      return res;
+    }
+    await askToken();
+  }
+}
+
+// noteSkew compares the browser's clock with the server's Date header, so
+// that live timers count from the server's event times correctly even when
+// the clocks disagree. The header has whole seconds: small skews are noise.
+function noteSkew(res) {
+  const d = Date.parse(res.headers.get('Date') || '');
+  if (isNaN(d)) return;
+  const skew = Date.now() - d;
+  app.skew = Math.abs(skew) > 2000 ? skew : 0;
+}
+
+async function errorText(res) {
+  try {
+    const b = await res.json();
+    if (b && b.error) return b.error.message || b.error.code;
+  } catch (_) { /* not JSON */ }
+  return res.status + ' ' + res.statusText;
+}
+
+async function getJSON(path) {
+  const res = await api(path, { headers: { Accept: 'application/json' } });
+  if (!res.ok) throw new Error(await errorText(res));
+  return res.json();
+}
+
+// readSSE reads a text/event-stream body and calls onEvent with each event's
+// parsed data (the flat JSON of spec §7, which carries its own seq and type).
+async function readSSE(body, onEvent) {
+  const reader = body.pipeThrough(new TextDecoderStream()).getReader();
+  let buf = '', data = [];
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buf += value;
+    let nl;
+    while ((nl = buf.indexOf('\n')) >= 0) {
+      let line = buf.slice(0, nl);
+      buf = buf.slice(nl + 1);
+      if (line.endsWith('\r')) line = line.slice(0, -1);
+      if (line === '') {
+        if (data.length) {
+          let ev = null;
+          try { ev = JSON.parse(data.join('\n')); } catch (_) { /* a broken frame is skipped */ }
+          data = [];
+          if (ev) onEvent(ev);
+        }
+      } else if (line.startsWith('data:')) {
+        data.push(line.slice(line.startsWith('data: ') ? 6 : 5));
+      }
+      // id:, event:, retry: and comments are implied by the data or unused.
+    }
+  }
+}
+
+function setConn(state, text) {
+  const c = $('#conn');
+  c.className = 'conn ' + (state || '');
+  c.textContent = text || '';
+}
+
+// ---- live clocks ------------------------------------------------------------
+
+// Every running clock is an element with a start time; one interval moves
+// them all. Clocks stop when their call or turn ends.
+const clocks = new Set();
+
+function startClock(node, startISO, limitMS, bar, onOver) {
+  const c = { node, start: Date.parse(startISO), limit: limitMS || 0, bar, onOver };
+  clocks.add(c);
+  tickClock(c, Date.now());
+  return c;
+}
+
+function tickClock(c, now) {
+  const ms = now - app.skew - c.start;
+  c.node.textContent = fmtMS(ms) + (c.limit ? ' / ' + fmtLimit(c.limit) : '');
+  if (c.bar && c.limit) {
+    c.bar.firstChild.style.width = Math.min(100, (100 * ms) / c.limit) + '%';
+    c.bar.classList.toggle('over', ms > c.limit);
+  }
+  if (c.limit && ms > c.limit && !c.over) {
+    c.over = true;
+    if (c.onOver) c.onOver();
+  }
+}
+
+function stopClock(c, ms) {
+  if (!c) return;
+  clocks.delete(c);
+  c.node.textContent = fmtMS(ms) + (c.limit ? ' / ' + fmtLimit(c.limit) : '');
+  if (c.bar && c.limit) {
+    c.bar.firstChild.style.width = Math.min(100, (100 * ms) / c.limit) + '%';
+    c.bar.classList.toggle('over', ms > c.limit);
+  }
+}
+
+setInterval(() => {
+  const now = Date.now();
+  for (const c of clocks) tickClock(c, now);
+}, 100);
+
+// ---- what a stopped turn's banner says ----------------------------------------
+
+// The budget each stop reason comes from, so the banner can name the knob
+// and its value with where the value came from.
+const reasonKnob = {
+  turn_timeout: 'timeouts.turn',
+  no_progress: 'timeouts.step',
+  llm_budget_exhausted: 'timeouts.llm_budget',
+  max_steps: 'limits.max_steps',
+  max_tool_calls: 'limits.max_tool_calls',
+  model_unresponsive: 'limits.idle_breaker',
+  compaction_failed: 'timeouts.compaction',
+};
+
+const reasonTitle = {
+  answered: 'Answered',
+  turn_timeout: 'Stopped by the turn ceiling',
+  no_progress: 'Stopped: no progress',
+  llm_budget_exhausted: 'Stopped: model time budget spent',
+  max_steps: 'Stopped: step limit',
+  max_tool_calls: 'Stopped: tool call limit',
+  model_unresponsive: 'Stopped: the model stopped responding',
+  model_unavailable: 'Failed: no model available',
+  model_rejected: 'Failed: the model refused the request',
+  compaction_failed: 'Stopped: history compaction failed',
+  cancelled: 'Cancelled',
+  client_gone: 'Cancelled: the client went away',
+  shutdown: 'Stopped: the server shut down',
+  interrupted: 'Interrupted',
+};
+
+// banner builds the closing banner of a turn from turn_finished or a record.
+function banner(fin, budgets, turnID) {
+  const b = el('div', { class: 'banner ' + fin.status, 'data-stop-reason': fin.stop_reason, 'data-status': fin.status });
+  b.append(el('div', { class: 'title', text: (reasonTitle[fin.stop_reason] || fin.stop_reason) + ' · ' + fin.stop_reason }));
+  if (fin.message && fin.stop_reason !== 'answered') b.append(el('div', { class: 'msg', text: fin.message }));
+  const knob = reasonKnob[fin.stop_reason];
+  if (knob) {
+    const v = budgets && budgets[knob];
+    const text = v
+      ? `Budget: ${knob} = ${v.value} (from ${v.source}). Change ${v.knob || knob} to give turns like this more room.`
+      : `Budget: ${knob}. Change it to give turns like this more room.`;
+    b.append(el('div', { class: 'knob', text }));
+  }
+  const flags = Object.entries(fin.flags || {}).filter(([, on]) => on).map(([k]) => el('span', { class: 'flag', text: k }));
+  if (flags.length) b.append(el('div', { class: 'flags' }, ...flags));
+  const t = fin.totals || {};
+  const parts = [`wall ${fmtMS(t.wall_ms)}`, `${t.steps} step${t.steps === 1 ? '' : 's'}`,
+    `${t.tool_calls} tool call${t.tool_calls === 1 ? '' : 's'}`, `model ${fmtMS(t.llm_ms)}`, `tools ${fmtMS(t.tool_ms)}`];
+  if (t.failovers) parts.push(`${t.failovers} failover${t.failovers === 1 ? '' : 's'}`);
+  const totals = el('div', { class: 'totals', text: parts.join(' · ') + ' · ' });
+  if (turnID) totals.append(el('a', { href: '#/turns/' + encodeURIComponent(turnID), text: 'records' }));
+  b.append(totals);
+  return b;
+}
+
+// outcomeText says how a tool call ended, in words.
+function outcomeText(r) {
+  switch (r.outcome) {
+    case 'ok': return 'ok';
+    case 'timed_out':
+      if (r.phase === 'tool_idle') return `stopped: silent for ${fmtLimit(r.idle_timeout_ms)} (idle_timeout)`;
+      if (r.phase === 'tool') return `timed out at its ${fmtLimit(r.timeout_ms)} timeout`;
+      return `stopped by the ${r.phase} budget`;
+    case 'abandoned': return 'abandoned: it did not stop when asked';
+    case 'cancelled': return r.phase === 'turn' ? 'stopped with the turn' : 'cancelled';
+    case 'error': return 'error' + (r.exit_code !== null && r.exit_code !== undefined ? ` (exit ${r.exit_code})` : '');
+    default: return r.outcome || '';
+  }
+}
+
+// ---- one turn in the timeline -------------------------------------------------
+
+class TurnView {
+  constructor(turnID, parent) {
+    this.id = turnID;
+    this.root = el('article', { class: 'turn', 'data-turn-id': turnID });
+    this.userBubble = el('div', { class: 'bubble user' });
+    this.head = el('div', { class: 'turn-head' });
+    this.steps = el('div', { class: 'steps' });
+    this.root.append(this.userBubble, this.head, this.steps);
+    parent.append(this.root);
+    this.chips = new Map();   // call_id or model attempt → chip state
+    this.lastSeq = 0;
+    this.finished = false;
+    this.budgets = {};
+    this.said = null;         // the bubble the current model call streams into
+    this.ctrl = new AbortController();
+    app.views.add(this);
+  }
+
+  dispose() {
+    this.ctrl.abort();
+    for (const c of this.chips.values()) clocks.delete(c.clock);
+    clocks.delete(this.turnClock);
+    app.views.delete(this);
+  }
+
+  apply(ev) {
+    if (ev.seq && ev.seq <= this.lastSeq) return; // a replay overlap: seen already
+    if (ev.seq) this.lastSeq = ev.seq;
+    const f = this['on_' + ev.type];
+    if (f) f.call(this, ev);
+  }
+
+  on_turn_started(ev) {
+    this.userBubble.textContent = ev.input;
+    this.budgets = ev.budgets || {};
+    const turn = this.budgets['timeouts.turn'];
+    this.turnTimer = el('span', { class: 'timer' });
+    this.head.replaceChildren(
+      el('span', { text: 'model ' + ev.model }),
+      el('span', {}, 'turn ', this.turnTimer),
+      el('span', { class: 'mono', text: this.id }));
+    this.turnClock = startClock(this.turnTimer, ev.at, turn ? turn.ms : 0);
+  }
+
+  chip(key, kind, name, extra) {
+    const c = { key };
+    c.node = el('div', { class: 'chip running ' + kind, 'data-call-id': key, 'data-tool': name, 'data-outcome': 'running' });
+    c.outcome = el('span', { class: 'outcome', text: 'running' });
+    c.timer = el('span', { class: 'timer' });
+    c.row = el('div', { class: 'row' }, el('span', { class: 'name', text: name }), ...extra, c.outcome, c.timer);
+    c.budget = el('div', { class: 'budget' }, el('div', { class: 'used' }));
+    c.node.append(c.row, c.budget);
+    this.steps.append(c.node);
+    this.chips.set(key, c);
+    return c;
+  }
+
+  on_llm_started(ev) {
+    const key = `llm-${ev.step}-${ev.attempt}-${ev.seq}`;
+    const fc = this.budgets['timeouts.llm_first_chunk'];
+    const c = this.chip(key, 'model', 'model ' + ev.model, [
+      el('span', { class: 'badge', text: `${ev.provider}${ev.profile ? ' · ' + ev.profile : ''} · step ${ev.step}${ev.attempt > 1 ? ' · attempt ' + ev.attempt : ''}` }),
+    ]);
+    c.clock = startClock(c.timer, ev.at, 0, null);
+    c.budget.hidden = true;
+    if (fc) c.node.title = `first chunk within ${fc.value} (${fc.knob}), then no silence over ${(this.budgets['timeouts.llm_idle'] || {}).value}`;
+    this.llm = c;
+    this.said = null;
+  }
+
+  on_llm_delta(ev) {
+    if (!this.said) {
+      this.said = el('div', { class: 'bubble said' });
+      this.steps.append(this.said);
+    }
+    this.said.append(ev.text);
+  }
+
+  on_llm_finished(ev) {
+    const c = this.llm;
+    if (!c) return;
+    this.llm = null;
+    c.node.classList.remove('running');
+    c.node.dataset.outcome = ev.outcome;
+    const parts = [];
+    if (ev.first_chunk_ms) parts.push('first chunk ' + fmtMS(ev.first_chunk_ms));
+    if (ev.tool_calls) parts.push(ev.tool_calls + ' tool call' + (ev.tool_calls === 1 ? '' : 's'));
+    c.outcome.textContent = ev.outcome === 'ok' ? (parts.join(' · ') || 'ok') : `${ev.outcome}${ev.phase ? ' (' + ev.phase + ')' : ''}`;
+    if (ev.error) c.node.append(el('div', { class: 'note', text: ev.error }));
+    stopClock(c.clock, ev.stream_ms || Date.parse(ev.at) - Date.parse(ev.started_at));
+  }
+
+  on_failover(ev) {
+    this.steps.append(el('div', { class: 'notice failover', text: `failover: ${ev.from} → ${ev.to} after ${ev.phase}: ${ev.reason}` }));
+  }
+
+  on_tool_started(ev) {
+    const badges = [];
+    if (ev.arguments && JSON.stringify(ev.arguments) !== '{}') badges.push(el('span', { class: 'args', text: JSON.stringify(ev.arguments) }));
+    if (ev.enforcement && ev.enforcement !== 'hard') badges.push(el('span', { class: 'badge', text: ev.enforcement }));
+    if (ev.idle_timeout_ms) badges.push(el('span', { class: 'badge', text: 'idle ' + fmtLimit(ev.idle_timeout_ms) }));
+    badges.push(el('span', { class: 'badge', text: 'timeout from ' + ev.source }));
+    const c = this.chip(ev.call_id, 'tool', ev.tool, badges);
+    // Past its timeout a chip says what happens now: an advisory tool is
+    // left to finish; any other is being stopped (kill_grace at most).
+    const grace = this.budgets['timeouts.kill_grace'];
+    c.clock = startClock(c.timer, ev.at, ev.timeout_ms, c.budget, () => {
+      if (!c.node.classList.contains('running')) return;
+      c.outcome.textContent = ev.enforcement === 'advisory'
+        ? 'over its advisory budget: left to finish'
+        : 'timeout reached: stopping' + (grace ? ` (kill_grace ${grace.value})` : '');
+    });
+    c.node.title = `${ev.kind} tool, ${ev.enforcement} enforcement, deadline ${new Date(ev.deadline).toLocaleTimeString()}`;
+  }
+
+  on_tool_progress(ev) {
+    const c = this.chips.get(ev.call_id);
+    if (!c) return;
+    if (!c.progress) {
+      c.fill = el('div', { class: 'fill' });
+      c.ptext = el('span', { class: 'ptext' });
+      c.progress = el('div', { class: 'progress' }, el('div', { class: 'bar' }, c.fill), c.ptext);
+      c.budget.after(c.progress);
+      c.count = 0;
+    }
+    c.count++;
+    const known = typeof ev.progress === 'number' && typeof ev.total === 'number' && ev.total > 0;
+    c.progress.classList.toggle('indeterminate', !known);
+    if (known) c.fill.style.width = Math.min(100, (100 * ev.progress) / ev.total) + '%';
+    c.progress.dataset.progress = known ? String(ev.progress / ev.total) : '';
+    c.ptext.textContent = ev.message || (known ? `${ev.progress} of ${ev.total}` : `${c.count} progress reports`);
+  }
+
+  on_still_working(ev) {
+    const text = `still working: ${ev.subject} for ${fmtMS(ev.elapsed_ms)}` + (ev.limit_ms ? ` (budget ${fmtLimit(ev.limit_ms)})` : '');
+    const c = ev.call_id && this.chips.get(ev.call_id);
+    if (c && c.node.classList.contains('running')) {
+      if (!c.still) {
+        c.still = el('div', { class: 'note still-working' });
+        c.node.append(c.still);
+      }
+      c.still.textContent = text;
+      return;
+    }
+    if (this.llm && ev.subject.startsWith('model')) {
+      if (!this.llm.still) {
+        this.llm.still = el('div', { class: 'note still-working' });
+        this.llm.node.append(this.llm.still);
+      }
+      this.llm.still.textContent = text;
+      return;
+    }
+    this.steps.append(el('div', { class: 'notice still-working', text }));
+  }
+
+  on_tool_finished(ev) {
+    const c = this.chips.get(ev.call_id);
+    if (!c) return;
+    c.node.classList.remove('running');
+    c.node.dataset.outcome = ev.outcome;
+    c.node.classList.toggle('overran', !!ev.overran);
+    c.outcome.textContent = outcomeText(ev);
+    stopClock(c.clock, ev.duration_ms);
+    if (c.progress && ev.progress_count) c.ptext.textContent += ` · ${ev.progress_count} reports`;
+    const notes = [];
+    if (ev.overran) notes.push(`ran ${fmtMS(ev.duration_ms)} against its advisory ${fmtLimit(ev.timeout_ms)} budget` +
+      (ev.outcome === 'ok' ? '; its result was used' : ''));
+    if (ev.outcome === 'timed_out' || ev.outcome === 'abandoned') notes.push('the model was told it timed out and the turn went on');
+    if (ev.abandoned) notes.push('still running after kill_grace: abandoned, counted, and not waited for');
+    if (ev.truncated) notes.push('output cut to limits.max_tool_output');
+    if (notes.length) c.node.append(el('div', { class: 'note', text: notes.join('; ') }));
+    if (ev.result) c.node.append(el('details', {}, el('summary', { text: 'what the model was given' }), el('pre', { text: ev.result })));
+  }
+
+  on_late_result(ev) {
+    const c = this.chips.get(ev.call_id);
+    const text = `late result after ${fmtMS(ev.duration_ms)}: recorded, not given to the model`;
+    if (c) c.node.append(el('div', { class: 'note late', text }));
+  }
+
+  on_compaction_started(ev) {
+    this.compaction = el('div', { class: 'notice', text: `compacting history: ~${ev.estimated_tokens} tokens over ${ev.compact_at} (budget ${fmtLimit(ev.limit_ms)})` });
+    this.steps.append(this.compaction);
+  }
+
+  on_compaction_finished(ev) {
+    const text = ev.outcome === 'ok'
+      ? `history compacted in ${fmtMS(ev.duration_ms)}: ${ev.tokens_before} → ${ev.tokens_after} tokens`
+      : `compaction ${ev.outcome}${ev.phase ? ' (' + ev.phase + ')' : ''}: ${ev.message || ''}`;
+    this.steps.append(el('div', { class: 'notice', text }));
+  }
+
+  on_turn_finished(ev) {
+    this.finished = true;
+    for (const c of this.chips.values()) {
+      if (c.node.classList.contains('running')) {
+        c.node.classList.remove('running');
+        c.node.dataset.outcome = 'cancelled';
+        c.outcome.textContent = 'ended with the turn';
+        clocks.delete(c.clock);
+      }
+    }
+    if (this.turnClock) stopClock(this.turnClock, (ev.totals || {}).wall_ms);
+    if (ev.answer) {
+      if (this.said && this.said.textContent === ev.answer) this.said.classList.add('answer');
+      else this.steps.append(el('div', { class: 'bubble said answer', text: ev.answer }));
+    }
+    this.root.append(banner(ev, this.budgets, this.id));
+  }
+}
+
+// follow streams a turn's events after seq `after` into view, reconnecting
+// with ?after= when the connection drops, until the turn has ended.
+async function follow(view) {
+  let delay = 500;
+  while (!view.finished && !view.ctrl.signal.aborted) {
+    try {
+      const res = await api(`/v1/turns/${encodeURIComponent(view.id)}/events?after=${view.lastSeq}`,
+        { headers: { Accept: 'text/event-stream' }, signal: view.ctrl.signal });
+      if (res.status === 204) break; // ended, and nothing we have not seen
+      if (!res.ok) throw new Error(await errorText(res));
+      setConn('live', 'live');
+      await readSSE(res.body, (ev) => {
+        // Keep the newest step in sight, unless the reader scrolled up.
+        const stick = window.innerHeight + window.scrollY >= document.body.scrollHeight - 160;
+        view.apply(ev);
+        if (stick) window.scrollTo(0, document.body.scrollHeight);
+      });
+      delay = 500;
+    } catch (e) {
+      if (view.ctrl.signal.aborted) return;
+      console.warn('event stream:', e);
+    }
+    if (view.finished) break;
+    setConn('reconnecting', `reconnecting after event ${view.lastSeq}…`);
+    await sleep(delay);
+    delay = Math.min(delay * 2, 5000);
+  }
+  if (app.running === view) {
+    app.running = null;
+    setConn('', '');
+    composerIdle();
+  }
+}
+
+// ---- the chat ---------------------------------------------------------------
+
+function composerBusy(view) {
+  app.running = view;
+  $('#send').disabled = true;
+  $('#cancel').hidden = false;
+}
+
+function composerIdle() {
+  $('#send').disabled = false;
+  $('#cancel').hidden = true;
+  $('#cancel').disabled = false;
+}
+
+function showError(msg) {
+  const e = $('#composer-error');
+  e.textContent = msg || '';
+  e.hidden = !msg;
+}
+
+function clearChat() {
+  for (const v of [...app.views]) v.dispose();
+  $('#timeline').replaceChildren();
+  app.running = null;
+  setConn('', '');
+  composerIdle();
+  showError('');
+}
+
+async function openChat(session) {
+  clearChat();
+  app.session = session || '';
+  $('#session-label').textContent = session ? 'conversation ' + session : 'new conversation';
+  $('#empty').hidden = !!session;
+  if (!session) return;
+  let s;
+  try {
+    s = await getJSON('/v1/sessions/' + encodeURIComponent(session));
+  } catch (e) {
+    showError(e.message);
+    return;
+  }
+  if (app.session !== session) return; // the user moved on meanwhile
+  for (const t of s.turns) {
+    const view = new TurnView(t.turn_id, $('#timeline'));
+    if (t.status === 'running') {
+      composerBusy(view);
+      follow(view);
+      continue;
+    }
+    try {
+      const rec = await getJSON('/v1/turns/' + encodeURIComponent(t.turn_id));
+      for (const ev of rec.events || []) view.apply(ev);
+      if (!view.finished) {
+        // A turn interrupted by a crash has no turn_finished: say so.
+        view.on_turn_finished({ status: rec.status, stop_reason: rec.stop_reason, message: rec.message,
+          answer: '', flags: rec.flags, totals: { wall_ms: rec.wall_ms, steps: rec.steps, tool_calls: (rec.tool_calls || []).length,
+            llm_ms: rec.llm_ms, tool_ms: rec.tool_ms, failovers: rec.failovers } });
+      }
+    } catch (e) {
+      view.root.append(el('p', { class: 'error', text: e.message }));
+    }
+  }
+}
+
+async function send(ev) {
+  ev.preventDefault();
+  const input = $('#input').value;
+  if (!input.trim() || app.running) return;
+  showError('');
+  $('#send').disabled = true;
+  let res;
+  try {
+    // detach: the turn outlives this page; it is followed through its
+    // event stream, which survives reloads and dropped connections.
+    res = await api('/v1/turns', {
+      method: 'POST',
+      headers: { 'Content-Type': 'application/json', Accept: 'application/json' },
+      body: JSON.stringify({ session_id: app.session, input, detach: true }),
+    });
+  } catch (e) {
+    showError('could not reach the server: ' + e.message);
+    $('#send').disabled = false;
+    return;
+  }
+  if (res.status !== 202) {
+    showError(await errorText(res));
+    $('#send').disabled = false;
+    return;
+  }
+  const acc = await res.json();
+  $('#input').value = '';
+  $('#empty').hidden = true;
+  if (app.session !== acc.session_id) {
+    app.session = acc.session_id;
+    $('#session-label').textContent = 'conversation ' + acc.session_id;
+    history.replaceState(null, '', '#/chat/' + encodeURIComponent(acc.session_id));
+  }
+  const view = new TurnView(acc.turn_id, $('#timeline'));
+  composerBusy(view);
+  follow(view);
+}
+
+async function cancelTurn() {
+  const view = app.running;
+  if (!view) return;
+  $('#cancel').disabled = true;
+  try {
+    const res = await api(`/v1/turns/${encodeURIComponent(view.id)}/cancel`, { method: 'POST' });
+    if (!res.ok && res.status !== 202 && res.status !== 409) showError(await errorText(res));
+  } catch (e) {
+    showError('could not reach the server: ' + e.message);
+    $('#cancel').disabled = false;
+  }
+}
+
+// ---- past turns ---------------------------------------------------------------
+
+let turnsBefore = '';
+
+async function openTurns(more) {
+  const tbody = $('#turns-table tbody');
+  if (!more) {
+    tbody.replaceChildren();
+    turnsBefore = '';
+  }
+  const q = new URLSearchParams({ limit: '50' });
+  if ($('#filter-status').value) q.set('status', $('#filter-status').value);
+  if ($('#filter-reason').value) q.set('stop_reason', $('#filter-reason').value);
+  if (more && turnsBefore) q.set('before', turnsBefore);
+  let list;
+  try {
+    list = await getJSON('/v1/turns?' + q);
+  } catch (e) {
+    tbody.append(el('tr', {}, el('td', { colspan: '7', class: 'error', text: e.message })));
+    return;
+  }
+  for (const t of list.turns) {
+    const go = () => { location.hash = '#/turns/' + encodeURIComponent(t.turn_id); };
+    tbody.append(el('tr', { class: 'link', 'data-turn-id': t.turn_id, onclick: go },
+      el('td', { text: when(t.started_at) }),
+      el('td', { text: short(t.input, 80) }),
+      el('td', {}, el('span', { class: 'status ' + t.status, text: t.status })),
+      el('td', { text: t.stop_reason || '' }),
+      el('td', { class: 'num', text: t.status === 'running' ? '' : fmtMS(t.wall_ms) }),
+      el('td', { class: 'num', text: String(t.steps) }),
+      el('td', { class: 'num', text: String(t.tool_calls) })));
+  }
+  turnsBefore = list.next_before || '';
+  $('#turns-more').hidden = !turnsBefore;
+  $('#turns-empty').hidden = tbody.children.length > 0;
+}
+
+// against draws a duration against its budget.
+function against(ms, limit) {
+  const over = limit && ms > limit;
+  const fill = el('div', { class: 'fill' });
+  fill.style.width = (limit ? Math.min(100, (100 * ms) / limit) : 0) + '%';
+  return el('div', { class: 'against' + (over ? ' over' : '') }, el('div', { class: 'bar' }, fill),
+    el('span', { text: fmtMS(ms) + (limit ? ' / ' + fmtLimit(limit) : '') }));
+}
+
+async function openTurn(id) {
+  const root = $('#turn-view');
+  root.replaceChildren(el('p', { class: 'muted', text: 'Loading turn ' + id + '…' }));
+  let rec;
+  try {
+    rec = await getJSON('/v1/turns/' + encodeURIComponent(id));
+  } catch (e) {
+    root.replaceChildren(el('p', { class: 'error', text: e.message }));
+    return;
+  }
+  const started = (rec.events || []).find((e) => e.type === 'turn_started');
+  const budgets = started ? started.budgets : {};
+  const kids = [el('h2', { text: 'Turn ' + rec.turn_id })];
+  kids.push(el('dl', { class: 'facts' },
+    el('dt', { text: 'Input' }), el('dd', { text: rec.input }),
+    el('dt', { text: 'Started' }), el('dd', { text: when(rec.started_at) }),
+    el('dt', { text: 'Status' }), el('dd', {}, el('span', { class: 'status ' + rec.status, text: rec.status }),
+      rec.stop_reason ? ' · ' + rec.stop_reason : ''),
+    el('dt', { text: 'Conversation' }), el('dd', {}, rec.session_id
+      ? el('a', { href: '#/chat/' + encodeURIComponent(rec.session_id), text: rec.session_id }) : '—')));
+  if (rec.status !== 'running') {
+    kids.push(banner({ status: rec.status, stop_reason: rec.stop_reason, message: rec.message, flags: rec.flags,
+      totals: { wall_ms: rec.wall_ms, steps: rec.steps, tool_calls: (rec.tool_calls || []).length, llm_ms: rec.llm_ms,
+        tool_ms: rec.tool_ms, failovers: rec.failovers } }, budgets, ''));
+  }
+  if (rec.answer) kids.push(el('div', { class: 'bubble said answer', text: rec.answer }));
+
+  kids.push(el('h2', { text: 'Tool calls' }));
+  const tools = rec.tool_calls || [];
+  if (!tools.length) kids.push(el('p', { class: 'muted', text: 'None.' }));
+  else {
+    const rows = tools.map((c) => {
+      const notes = [];
+      if (c.phase) notes.push('phase ' + c.phase);
+      if (c.overran) notes.push('overran');
+      if (c.abandoned) notes.push('abandoned');
+      if (c.late_result) notes.push('late result recorded');
+      if (c.truncated) notes.push('output truncated');
+      if (c.exit_code !== null && c.exit_code !== undefined) notes.push('exit ' + c.exit_code);
+      return el('tr', { 'data-call-id': c.call_id, 'data-outcome': c.outcome },
+        el('td', { class: 'mono', text: c.tool }),
+        el('td', { text: c.kind }),
+        el('td', { text: String(c.step) }),
+        el('td', { text: c.outcome }),
+        el('td', {}, against(c.duration_ms, c.timeout_ms)),
+        el('td', { text: c.timeout_source }),
+        el('td', { text: c.idle_timeout_ms ? fmtLimit(c.idle_timeout_ms) : '—' }),
+        el('td', { text: c.enforcement }),
+        el('td', { class: 'num', text: String(c.progress_count) }),
+        el('td', { text: notes.join(', ') }));
+    });
+    kids.push(el('table', { class: 'grid calls' },
+      el('thead', {}, el('tr', {}, ...['Tool', 'Kind', 'Step', 'Outcome', 'Duration / budget', 'Budget from', 'Idle', 'Enforcement', 'Progress', 'Notes']
+        .map((h) => el('th', { text: h })))),
+      el('tbody', {}, ...rows)));
+  }
+
+  kids.push(el('h2', { text: 'Model calls' }));
+  const models = rec.model_calls || [];
+  if (!models.length) kids.push(el('p', { class: 'muted', text: 'None.' }));
+  else {
+    kids.push(el('table', { class: 'grid models' },
+      el('thead', {}, el('tr', {}, ...['Step', 'Model', 'Credential', 'Attempt', 'First chunk', 'Streaming', 'Outcome', 'Error']
+        .map((h) => el('th', { text: h })))),
+      el('tbody', {}, ...models.map((m) => el('tr', { 'data-outcome': m.outcome },
+        el('td', { text: String(m.step) + (m.compaction ? ' (compaction)' : '') }),
+        el('td', { class: 'mono', text: m.provider + ':' + m.model }),
+        el('td', { text: m.profile || '—' }),
+        el('td', { class: 'num', text: String(m.attempt) }),
+        el('td', { class: 'num', text: fmtMS(m.first_chunk_ms) }),
+        el('td', { class: 'num', text: fmtMS(m.stream_ms) }),
+        el('td', { text: m.outcome + (m.phase ? ' (' + m.phase + ')' : '') }),
+        el('td', { text: m.error || '' }))))));
+  }
+  root.replaceChildren(...kids);
+}
+
+// ---- routing ----------------------------------------------------------------
+
+// Routes: #/ a new chat; #/chat/{session} a conversation (its running turn is
+// followed); #/turns past turns; #/turns/{id} one turn's records.
+function route() {
+  const parts = location.hash.replace(/^#\/?/, '').split('/').map(decodeURIComponent);
+  const view = parts[0] || 'chat';
+  for (const s of ['chat-view', 'turns-view', 'turn-view']) $('#' + s).hidden = true;
+  $('#nav-chat').classList.toggle('active', view === 'chat');
+  $('#nav-turns').classList.toggle('active', view === 'turns');
+  if (view === 'turns' && parts[1]) {
+    $('#turn-view').hidden = false;
+    openTurn(parts[1]);
+  } else if (view === 'turns') {
+    $('#turns-view').hidden = false;
+    openTurns(false);
+  } else {
+    $('#chat-view').hidden = false;
+    const session = parts[0] === 'chat' ? parts[1] || '' : '';
+    if (session !== app.session || !session) openChat(session);
+  }
+}
+
+document.addEventListener('DOMContentLoaded', () => {
+  $('#composer').addEventListener('submit', send);
+  $('#cancel').addEventListener('click', cancelTurn);
+  $('#input').addEventListener('keydown', (e) => {
+    if (e.key === 'Enter' && !e.shiftKey) {
+      e.preventDefault();
+      $('#composer').requestSubmit();
+    }
+  });
+  $('#filter-status').addEventListener('change', () => openTurns(false));
+  $('#filter-reason').addEventListener('change', () => openTurns(false));
+  $('#turns-more').addEventListener('click', () => openTurns(true));
+  window.addEventListener('hashchange', route);
+  app.session = null; // force the first route to open the chat
+  route();
+});
