@@ -10,12 +10,15 @@ package cli_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -360,4 +363,100 @@ func TestPageCancelButton(t *testing.T) {
 		p.fail("%d chips still running after the cancel", n)
 	}
 	p.waitFor("the composer to be ready again", q(`#cancel`)+`.hidden && !`+q(`#send`)+`.disabled`)
+}
+
+// cutter is a loopback TCP proxy in front of the server that can cut every
+// connection through it, as a dropped network would, and notes the event
+// requests the page makes.
+type cutter struct {
+	t     *testing.T
+	ln    net.Listener
+	to    string
+	mu    sync.Mutex
+	conns []net.Conn
+	seen  syncBuffer // what the browser sent
+}
+
+func newCutter(t *testing.T, target string) *cutter {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &cutter{t: t, ln: ln, to: strings.TrimPrefix(target, "http://")}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("tcp", c.to)
+			if err != nil {
+				in.Close()
+				continue
+			}
+			c.mu.Lock()
+			c.conns = append(c.conns, in, out)
+			c.mu.Unlock()
+			wg.Add(2)
+			go func() { defer wg.Done(); io.Copy(io.MultiWriter(out, &c.seen), in); out.Close() }()
+			go func() { defer wg.Done(); io.Copy(in, out); in.Close() }()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		c.cut()
+		wg.Wait()
+	})
+	return c
+}
+
+func (c *cutter) url() string { return "http://" + c.ln.Addr().String() }
+
+// cut closes every connection through the proxy.
+func (c *cutter) cut() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, conn := range c.conns {
+		conn.Close()
+	}
+	c.conns = nil
+}
+
+var afterRE = regexp.MustCompile(`GET /v1/turns/\S+/events\?after=(\d+)`)
+
+// TestPageReconnects: the network drops mid-turn; the page says it is
+// reconnecting, resumes after the last event it applied, and ends with every
+// event once.
+func TestPageReconnects(t *testing.T) {
+	proctest.AfterTest(t)
+	proxy := newCutter(t, serveDemo(t))
+	p := openPage(t, proxy.url())
+	p.send("Tour the budgets")
+	p.waitFor("crawl's first progress", q(crawl+` .progress .fill[style*="width"]`))
+	w1 := p.width(crawl + " .progress .fill")
+	seq := eval[string](p, q(`.turn`)+`.dataset.lastSeq`)
+
+	proxy.cut()
+	p.waitFor("crawl's progress bar to move after the cut", fmt.Sprintf(`parseFloat(%s.style.width) > %f`, q(crawl+" .progress .fill"), w1))
+	p.waitFor("the closing banner", q(`.banner[data-stop-reason="answered"]`))
+
+	last, _ := strconv.Atoi(seq)
+	resumed := false
+	for _, m := range afterRE.FindAllStringSubmatch(proxy.seen.String(), -1) {
+		if n, _ := strconv.Atoi(m[1]); n > 0 && n >= last {
+			resumed = true
+		}
+	}
+	if !resumed {
+		p.fail("no events request resumed after event %s; requests:\n%s", seq, strings.Join(afterRE.FindAllString(proxy.seen.String(), -1), "\n"))
+	}
+	for sel, want := range map[string]int{`.chip.tool`: 5, `.chip.model`: 2, `.banner`: 1, `.bubble.said`: 2} {
+		if n := p.count(sel); n != want {
+			p.fail("%d of %s after the reconnect, want %d", n, sel, want)
+		}
+	}
 }

@@ -290,7 +290,7 @@ class TurnView {
 
   apply(ev) {
     if (ev.seq && ev.seq <= this.lastSeq) return; // a replay overlap: seen already
-    if (ev.seq) this.lastSeq = ev.seq;
+    if (ev.seq) this.root.dataset.lastSeq = this.lastSeq = ev.seq;
     const f = this['on_' + ev.type];
     if (f) f.call(this, ev);
   }
