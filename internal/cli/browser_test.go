@@ -289,7 +289,7 @@ func TestPageFollowsADemoTurn(t *testing.T) {
 
 	for sel, want := range map[string]int{
 		`.chip.tool`: 5, `.banner`: 1, `.bubble.user`: 1,
-		`.chip.tool[data-outcome="timed_out"]`: 2, // web_fetch, legacy_sync
+		`.chip.tool[data-outcome="timed_out"]`:                 2, // web_fetch, legacy_sync
 		`.chip[data-tool="report"].overran[data-outcome="ok"]`: 1,
 		`.chip[data-tool="word_count"][data-outcome="ok"]`:     1,
 		crawl + `[data-outcome="ok"]`:                          1,
