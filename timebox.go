@@ -20,6 +20,7 @@ import (
 	"github.com/timebox-run/timebox/config"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/model"
+	"github.com/timebox-run/timebox/model/anthropic"
 	"github.com/timebox-run/timebox/model/openai"
 	"github.com/timebox-run/timebox/model/script"
 	"github.com/timebox-run/timebox/tool"
@@ -148,11 +149,7 @@ func Endpoints(cfg *config.Agent, getenv func(string) string) ([]model.Endpoint,
 				case ref.Provider == "openai":
 					ep.Provider = openai.New(openai.Options{BaseURL: p.BaseURL, APIKey: key})
 				default:
-					prov, err := newAnthropic(p.BaseURL, key)
-					if err != nil {
-						return nil, err
-					}
-					ep.Provider = prov
+					ep.Provider = anthropic.New(anthropic.Options{BaseURL: p.BaseURL, APIKey: key})
 				}
 				out = append(out, ep)
 			}

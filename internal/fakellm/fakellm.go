@@ -1,6 +1,6 @@
 // Package fakellm is a scriptable fake model provider for tests: an HTTP
-// server on loopback that speaks the real streaming wire format (OpenAI Chat
-// Completions SSE) and plays, per request, a scripted Reply — text and tool
+// server on loopback that speaks a real streaming wire format (OpenAI Chat
+// Completions SSE, or Anthropic Messages SSE) and plays, per request, a scripted Reply — text and tool
 // call fragments with delays, a stall before or during the stream, an HTTP
 // error with Retry-After, a reset connection, a malformed or truncated
 // stream. It records every request it received.
@@ -23,6 +23,8 @@ type Format string
 // The wire formats.
 const (
 	OpenAI Format = "openai"
+	// Anthropic is the Messages API: POST /v1/messages, named SSE events.
+	Anthropic Format = "anthropic"
 )
 
 // Reply is what the server does with one request.
@@ -49,6 +51,10 @@ type Reply struct {
 	Truncate bool
 	// Malformed sends a line of broken JSON after the chunks.
 	Malformed bool
+	// ErrorEvent, for Anthropic, is the data of an "error" event sent
+	// after the chunks in place of the end of the message (how the
+	// Messages API reports overloaded_error mid-stream).
+	ErrorEvent string
 }
 
 // Chunk is one streamed event.
@@ -92,7 +98,9 @@ func ToolCall(id, name, args string, n int) Reply {
 
 // Request is a request the server received.
 type Request struct {
-	Path          string
+	Path string
+	// Authorization is the Authorization header, or for Anthropic's
+	// x-api-key "Bearer " and its value.
 	Authorization string
 	Model         string
 	Body          map[string]any
@@ -158,6 +166,9 @@ func (s *Server) Gone(n int) <-chan struct{} {
 func (s *Server) handle(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	req := Request{Path: r.URL.Path, Authorization: r.Header.Get("Authorization")}
+	if k := r.Header.Get("X-Api-Key"); k != "" && req.Authorization == "" {
+		req.Authorization = "Bearer " + k // Anthropic's x-api-key, in the same form
+	}
 	_ = json.Unmarshal(body, &req.Body)
 	if m, ok := req.Body["model"].(string); ok {
 		req.Model = m
@@ -232,6 +243,9 @@ func (s *Server) play(w http.ResponseWriter, r *http.Request, rep Reply) {
 		if b == "" {
 			msg, _ := json.Marshal(rep.Message)
 			b = fmt.Sprintf(`{"error": {"message": %s, "type": "fake_error", "code": "fake"}}`, msg)
+			if s.format == Anthropic {
+				b = fmt.Sprintf(`{"type": "error", "error": {"type": %q, "message": %s}}`, anthropicErrorType(rep.Status), msg)
+			}
 		}
 		io.WriteString(w, b)
 		return
@@ -247,6 +261,10 @@ func (s *Server) play(w http.ResponseWriter, r *http.Request, rep Reply) {
 	}
 	flush()
 	if rep.FirstDelay > 0 && !s.wait(r, rep.FirstDelay) {
+		return
+	}
+	if s.format == Anthropic {
+		s.playAnthropic(w, r, rep, flush)
 		return
 	}
 	hasTools := false

@@ -1,0 +1,305 @@
+package anthropic_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/internal/fakellm"
+	"github.com/timebox-run/timebox/model"
+	"github.com/timebox-run/timebox/model/anthropic"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func provider(s *fakellm.Server) *anthropic.Provider {
+	return anthropic.New(anthropic.Options{BaseURL: s.BaseURL(), APIKey: "sk-ant-test"})
+}
+
+// collect reads a stream to its end.
+func collect(t *testing.T, p model.Provider, req model.Request) ([]model.Chunk, model.Response, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	s, err := p.Stream(ctx, req)
+	if err != nil {
+		return nil, model.Response{}, err
+	}
+	defer s.Close()
+	var chunks []model.Chunk
+	for {
+		c, err := s.Recv()
+		if err == io.EOF {
+			return chunks, s.Response(), nil
+		}
+		if err != nil {
+			return chunks, model.Response{}, err
+		}
+		chunks = append(chunks, c)
+	}
+}
+
+func TestTextStreamsEventByEvent(t *testing.T) {
+	s := fakellm.New(fakellm.Anthropic, fakellm.Text("hello there world", 0))
+	defer s.Close()
+	chunks, resp, err := collect(t, provider(s), model.Request{Model: "claude-x", Messages: []model.Message{{Role: model.RoleUser, Content: "hi"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var text strings.Builder
+	for _, c := range chunks {
+		text.WriteString(c.Text)
+	}
+	// message_start, content_block_start, three text deltas,
+	// content_block_stop, message_delta, message_stop: each is a chunk.
+	if len(chunks) != 8 || text.String() != "hello there world" || resp.Text != "hello there world" || resp.FinishReason != "end_turn" {
+		t.Fatalf("chunks %+v resp %+v", chunks, resp)
+	}
+	if r := s.Requests()[0]; r.Path != "/v1/messages" || r.Authorization != "Bearer sk-ant-test" || r.Model != "claude-x" || r.Body["stream"] != true {
+		t.Fatalf("request %+v", r)
+	}
+}
+
+func TestToolUseAssemblesFromInputJSONDeltas(t *testing.T) {
+	two := fakellm.Reply{Chunks: []fakellm.Chunk{
+		{Text: "Let me look."},
+		{Tool: &fakellm.ToolFragment{ID: "toolu_1", Name: "crawl"}},
+		{Tool: &fakellm.ToolFragment{Arguments: `{"url": "https://`}},
+		{Tool: &fakellm.ToolFragment{Arguments: `example.org"}`}},
+		{Tool: &fakellm.ToolFragment{ID: "toolu_2", Name: "noargs"}},
+	}}
+	bad := fakellm.ToolCall("toolu_9", "broken", `{"url": `, 3)
+	s := fakellm.New(fakellm.Anthropic, two, bad)
+	defer s.Close()
+	p := provider(s)
+
+	_, resp, err := collect(t, p, model.Request{Model: "m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []model.ToolCall{{ID: "toolu_1", Name: "crawl", Arguments: `{"url": "https://example.org"}`}, {ID: "toolu_2", Name: "noargs", Arguments: "{}"}}
+	if resp.Text != "Let me look." || resp.FinishReason != "tool_use" || len(resp.ToolCalls) != 2 || resp.ToolCalls[0] != want[0] || resp.ToolCalls[1] != want[1] {
+		t.Fatalf("resp %+v", resp)
+	}
+	// Cut-off arguments are passed on as they came: the turn loop tells the
+	// model they are not JSON.
+	_, resp, err = collect(t, p, model.Request{Model: "m"})
+	if err != nil || len(resp.ToolCalls) != 1 || resp.ToolCalls[0].Arguments != `{"url": ` {
+		t.Fatalf("resp %+v err %v", resp, err)
+	}
+}
+
+type sentMessage struct {
+	Role    string `json:"role"`
+	Content []struct {
+		Type      string          `json:"type"`
+		Text      string          `json:"text"`
+		ID        string          `json:"id"`
+		Name      string          `json:"name"`
+		Input     json.RawMessage `json:"input"`
+		ToolUseID string          `json:"tool_use_id"`
+		Content   json.RawMessage `json:"content"`
+	} `json:"content"`
+}
+
+func sent(t *testing.T, r fakellm.Request) []sentMessage {
+	t.Helper()
+	b, _ := json.Marshal(r.Body["messages"])
+	var msgs []sentMessage
+	if err := json.Unmarshal(b, &msgs); err != nil {
+		t.Fatalf("messages %s: %v", b, err)
+	}
+	return msgs
+}
+
+func TestRequestMapping(t *testing.T) {
+	s := fakellm.New(fakellm.Anthropic, fakellm.Text("ok", 0))
+	defer s.Close()
+	// A base URL with or without /v1 reaches the same /v1/messages.
+	p := anthropic.New(anthropic.Options{BaseURL: s.URL + "/v1/", APIKey: "sk-ant-abc", MaxTokens: 321})
+	_, _, err := collect(t, p, model.Request{
+		Model: "claude-haiku", System: "be brief",
+		Messages: []model.Message{
+			{Role: model.RoleUser, Content: "count both"},
+			{Role: model.RoleAssistant, Content: "On it.", ToolCalls: []model.ToolCall{
+				{ID: "c1", Name: "wc", Arguments: `{"text":"a b"}`}, {ID: "c2", Name: "wc", Arguments: `{"text":`}}},
+			{Role: model.RoleTool, ToolCallID: "c1", ToolName: "wc", Content: "2"},
+			{Role: model.RoleTool, ToolCallID: "c2", ToolName: "wc", Content: "arguments are not JSON"},
+			{Role: model.RoleUser, Content: "thanks"},
+		},
+		Tools: []model.ToolDef{{Name: "wc", Description: "counts", Parameters: json.RawMessage(
+			`{"type":"object","properties":{"text":{"type":"string"}},"required":["text"],"additionalProperties":false}`)},
+			{Name: "noargs"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := s.Requests()[0]
+	if r.Path != "/v1/messages" || r.Authorization != "Bearer sk-ant-abc" || r.Body["max_tokens"] != 321.0 {
+		t.Fatalf("request %+v", r)
+	}
+	if sys, _ := json.Marshal(r.Body["system"]); !strings.Contains(string(sys), `"text":"be brief"`) {
+		t.Errorf("system %s", sys)
+	}
+	msgs := sent(t, r)
+	// user; assistant (text + two tool_use); user (two tool_results and
+	// the next message, merged: the roles must alternate).
+	if len(msgs) != 3 || msgs[0].Role != "user" || msgs[0].Content[0].Text != "count both" ||
+		msgs[1].Role != "assistant" || len(msgs[1].Content) != 3 || msgs[1].Content[0].Text != "On it." ||
+		msgs[1].Content[1].Type != "tool_use" || msgs[1].Content[1].ID != "c1" || string(msgs[1].Content[1].Input) != `{"text":"a b"}` ||
+		msgs[1].Content[2].Type != "tool_use" || string(msgs[1].Content[2].Input) != `{"_raw":"{\"text\":"}` ||
+		msgs[2].Role != "user" || len(msgs[2].Content) != 3 || msgs[2].Content[0].Type != "tool_result" ||
+		msgs[2].Content[0].ToolUseID != "c1" || msgs[2].Content[1].ToolUseID != "c2" || msgs[2].Content[2].Text != "thanks" {
+		b, _ := json.Marshal(r.Body["messages"])
+		t.Fatalf("messages %s", b)
+	}
+	tb, _ := json.Marshal(r.Body["tools"])
+	for _, want := range []string{`"name":"wc"`, `"name":"noargs"`, `"required":["text"]`, `"additionalProperties":false`, `"input_schema":{`} {
+		if !strings.Contains(string(tb), want) {
+			t.Errorf("tools %s: want %s", tb, want)
+		}
+	}
+}
+
+// A compacted history can open with the assistant; the Messages API wants
+// a user message first.
+func TestHistoryOpeningWithTheAssistant(t *testing.T) {
+	s := fakellm.New(fakellm.Anthropic, fakellm.Text("ok", 0))
+	defer s.Close()
+	_, _, err := collect(t, provider(s), model.Request{Model: "m", Messages: []model.Message{
+		{Role: model.RoleAssistant, Content: "Earlier I said so."},
+		{Role: model.RoleUser, Content: "go on"},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := sent(t, s.Requests()[0])
+	if len(msgs) != 3 || msgs[0].Role != "user" || msgs[1].Role != "assistant" || msgs[2].Role != "user" {
+		t.Fatalf("messages %+v", msgs)
+	}
+}
+
+func TestProviderFailures(t *testing.T) {
+	cases := []struct {
+		name      string
+		reply     fakellm.Reply
+		status    int
+		rejected  bool
+		malformed bool
+		retry     time.Duration
+		msg       string
+	}{
+		{"429 with Retry-After", fakellm.Reply{Status: 429, Message: "slow down", RetryAfter: "7"}, 429, false, false, 7 * time.Second, "rate_limit_error: slow down"},
+		{"500", fakellm.Reply{Status: 500, Message: "boom"}, 500, false, false, 0, "api_error: boom"},
+		{"503", fakellm.Reply{Status: 503, Message: "unavailable"}, 503, false, false, 0, "unavailable"},
+		{"529 overloaded", fakellm.Reply{Status: 529, Message: "Overloaded"}, 529, false, false, 0, "overloaded_error: Overloaded"},
+		{"400 is a refusal with the provider's reason", fakellm.Reply{Status: 400, Message: "prompt is too long"}, 400, true, false, 0, "prompt is too long"},
+		{"401", fakellm.Reply{Status: 401, Message: "invalid x-api-key"}, 401, true, false, 0, "invalid x-api-key"},
+		{"connection reset", fakellm.Reply{Reset: true}, 0, false, false, 0, ""},
+		{"truncated stream", fakellm.Reply{Chunks: []fakellm.Chunk{{Text: "half"}}, Truncate: true}, 0, false, false, 0, "no message_stop"},
+		{"malformed SSE JSON", fakellm.Reply{Chunks: []fakellm.Chunk{{Text: "a"}}, Malformed: true}, 0, false, true, 0, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := fakellm.New(fakellm.Anthropic, tc.reply)
+			defer s.Close()
+			_, _, err := collect(t, provider(s), model.Request{Model: "m"})
+			var me *model.Error
+			if !errors.As(err, &me) {
+				t.Fatalf("err %T %v", err, err)
+			}
+			if me.Status != tc.status || me.Rejected() != tc.rejected || me.Malformed != tc.malformed || me.RetryAfter != tc.retry ||
+				!strings.Contains(me.Message, tc.msg) || model.Phase(err) != budget.PhaseLLMHTTP || me.Provider != "anthropic" {
+				t.Fatalf("got %+v", me)
+			}
+			if strings.Contains(err.Error(), "sk-ant-test") {
+				t.Fatalf("the key is in the error: %v", err)
+			}
+		})
+	}
+}
+
+// An error event inside a 200 stream (Anthropic sends overloaded_error this
+// way) is classified by its type: retryable, not a refusal.
+func TestErrorEventInsideTheStream(t *testing.T) {
+	s := fakellm.NewFunc(fakellm.Anthropic, func(int, fakellm.Request) fakellm.Reply {
+		return fakellm.Reply{Chunks: []fakellm.Chunk{{Text: "a"}}, ErrorEvent: `{"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}`}
+	})
+	defer s.Close()
+	_, _, err := collect(t, provider(s), model.Request{Model: "m"})
+	var me *model.Error
+	if !errors.As(err, &me) || me.Status != 529 || me.Rejected() || !strings.Contains(me.Message, "Overloaded") {
+		t.Fatalf("err %v (%+v)", err, me)
+	}
+}
+
+func wd(d time.Duration) model.Watchdog {
+	return model.Watchdog{FirstChunk: budget.Duration{D: d, Knob: budget.KeyLLMFirstChunk}, Idle: budget.Duration{D: d, Knob: budget.KeyLLMIdle}}
+}
+
+func TestWatchdogsOnARealStream(t *testing.T) {
+	cases := []struct {
+		name  string
+		reply fakellm.Reply
+		phase budget.Phase
+	}{
+		{"stall before headers", fakellm.Reply{StallBeforeHeaders: true}, budget.PhaseLLMFirstChunk},
+		{"stall before the first event", fakellm.Reply{Stall: true, StallAfter: 0, Chunks: []fakellm.Chunk{{Text: "x"}}}, budget.PhaseLLMFirstChunk},
+		{"stall mid-stream", fakellm.Reply{Stall: true, StallAfter: 2, Chunks: []fakellm.Chunk{{Text: "a"}, {Text: "b"}, {Text: "c"}}}, budget.PhaseLLMIdle},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := fakellm.New(fakellm.Anthropic, tc.reply)
+			defer s.Close()
+			start := time.Now()
+			w := model.Open(t.Context(), provider(s), model.Request{Model: "m"}, wd(300*time.Millisecond), "model m")
+			var err error
+			for err == nil {
+				_, err = w.Recv()
+			}
+			w.Close()
+			el := time.Since(start)
+			te, ok := budget.AsTimeout(err)
+			if !ok || te.Phase != tc.phase {
+				t.Fatalf("err %v", err)
+			}
+			if el < 300*time.Millisecond || el > 3*time.Second {
+				t.Fatalf("fired after %s", el)
+			}
+			select {
+			case <-s.Gone(0):
+			case <-time.After(5 * time.Second):
+				t.Fatal("the server never saw the client go away")
+			}
+		})
+	}
+}
+
+func TestCancelledContextEndsRecvPromptly(t *testing.T) {
+	s := fakellm.New(fakellm.Anthropic, fakellm.Reply{Stall: true, StallAfter: 1, Chunks: []fakellm.Chunk{{Text: "a"}, {Text: "b"}}})
+	defer s.Close()
+	ctx, cancel := context.WithCancelCause(t.Context())
+	st, err := provider(s).Stream(ctx, model.Request{Model: "m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if _, err := st.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	time.AfterFunc(100*time.Millisecond, func() { cancel(&budget.CancelError{Reason: budget.ClientGone}) })
+	start := time.Now()
+	for err == nil {
+		_, err = st.Recv()
+	}
+	if ce, ok := budget.AsCancel(err); !ok || ce.Reason != budget.ClientGone || time.Since(start) > 3*time.Second {
+		t.Fatalf("err %v after %s", err, time.Since(start))
+	}
+}

@@ -1,0 +1,106 @@
+package timebox_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/timebox-run/timebox"
+	"github.com/timebox-run/timebox/agent"
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/fakellm"
+)
+
+// writeAgent writes an agent file and returns its path.
+func writeAgent(t *testing.T, yaml string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "agent.yaml")
+	if err := os.WriteFile(path, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+type events struct {
+	mu sync.Mutex
+	l  []event.Event
+}
+
+func (e *events) Emit(ev event.Event) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.l = append(e.l, ev)
+}
+
+// An agent file whose primary is an OpenAI-compatible endpoint and whose
+// fallback is Anthropic: the primary stalls mid-reply, the turn falls back
+// over the real wire formats of both and answers, and the records name both
+// attempts with their phases and credentials, never the keys.
+func TestOpenAIStallFallsBackToAnthropic(t *testing.T) {
+	oa := fakellm.New(fakellm.OpenAI, fakellm.Reply{Stall: true, StallAfter: 2, Chunks: []fakellm.Chunk{{Text: "Let "}, {Text: "me "}, {Text: "see"}}})
+	defer oa.Close()
+	an := fakellm.New(fakellm.Anthropic, fakellm.Text("Answered by the fallback.", 0))
+	defer an.Close()
+	path := writeAgent(t, fmt.Sprintf(`name: mixed
+model:
+  primary: openai:gpt-x
+  fallbacks: [anthropic:claude-x]
+providers:
+  openai:
+    base_url: %s
+    credentials: [{api_key_env: OA_KEY}]
+  anthropic:
+    base_url: %s
+    credentials: [{api_key_env: AN_KEY}]
+timeouts:
+  llm_idle: 300ms
+`, oa.BaseURL(), an.BaseURL()))
+	keys := map[string]string{"OA_KEY": "sk-openai-secret", "AN_KEY": "sk-ant-secret"}
+	a, err := timebox.Open(t.Context(), path, timebox.Options{Getenv: func(k string) string { return keys[k] }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	var evs events
+	res := a.Run(ctx, agent.Input{Text: "hello"}, &evs)
+	rec := res.Record
+	if rec.Status != budget.StatusCompleted || rec.Answer != "Answered by the fallback." || rec.Failovers != 1 {
+		t.Fatalf("record %+v", rec)
+	}
+	if len(rec.ModelCalls) != 2 {
+		t.Fatalf("model calls %+v", rec.ModelCalls)
+	}
+	first, second := rec.ModelCalls[0], rec.ModelCalls[1]
+	if first.Provider != "openai" || first.Model != "gpt-x" || first.Phase != budget.PhaseLLMIdle || first.Outcome != event.OutcomeTimedOut || first.Profile != "OA_KEY" ||
+		second.Provider != "anthropic" || second.Model != "claude-x" || second.Outcome != event.OutcomeOK || second.Profile != "AN_KEY" {
+		t.Fatalf("model calls %+v", rec.ModelCalls)
+	}
+	var fo *event.Failover
+	for _, e := range evs.l {
+		if f, ok := e.Data.(*event.Failover); ok {
+			fo = f
+		}
+	}
+	if fo == nil || fo.From != "openai:gpt-x (OA_KEY)" || fo.To != "anthropic:claude-x (AN_KEY)" || fo.Phase != budget.PhaseLLMIdle {
+		t.Fatalf("failover %+v", fo)
+	}
+	if r := an.Requests(); len(r) != 1 || r[0].Path != "/v1/messages" || r[0].Authorization != "Bearer sk-ant-secret" {
+		t.Fatalf("anthropic requests %+v", r)
+	}
+	b, _ := json.Marshal(rec)
+	eb, _ := json.Marshal(evs.l)
+	for _, k := range keys {
+		if strings.Contains(string(b), k) || strings.Contains(string(eb), k) {
+			t.Fatalf("a key is in the record or the events")
+		}
+	}
+}
