@@ -1,0 +1,426 @@
+package agent_test
+
+// The chaos suite: the turn loop over the real providers (model/openai,
+// model/anthropic) against fakellm servers on loopback that speak each
+// provider's real SSE wire format and misbehave on cue. A chain of three
+// endpoints — OpenAI model gpt-a with two credentials, then Anthropic model
+// claude-b with one — and per scenario: which endpoint each request hit, in
+// order; the phase of each failed attempt; the failover events; the stop
+// reason, the flags and the message. Tool scenarios prove that a tool's
+// time is never blamed on the model.
+//
+// These run on real time (sockets cannot live in a synctest bubble), with
+// model budgets of 300ms and bounds that allow a loaded machine.
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/timebox-run/timebox/agent"
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/fakellm"
+	"github.com/timebox-run/timebox/model"
+	"github.com/timebox-run/timebox/model/anthropic"
+	"github.com/timebox-run/timebox/model/openai"
+	"github.com/timebox-run/timebox/tool"
+)
+
+// The credentials of the chain. Records name them by profile; the keys
+// must never show in a record, an event or a message.
+var chaosKeys = map[string]string{"sk-a-first": "A1", "sk-a-second": "A2", "sk-b-only": "B"}
+
+// journal is the order in which the endpoints were hit, across servers.
+type journal struct {
+	mu   sync.Mutex
+	hits []string
+}
+
+func (j *journal) add(label string) int {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.hits = append(j.hits, label)
+	return len(j.hits) - 1
+}
+
+func (j *journal) list() []string {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return slices.Clone(j.hits)
+}
+
+// script is what a server answers to its nth request (from 0); past the
+// end it repeats its last reply.
+type replies []fakellm.Reply
+
+func (s replies) at(n int) fakellm.Reply {
+	if len(s) == 0 {
+		return fakellm.Text("ok", 0)
+	}
+	return s[min(n, len(s)-1)]
+}
+
+type chaos struct {
+	t       *testing.T
+	j       *journal
+	a, b    *fakellm.Server
+	reqs    map[string][]fakellm.Request
+	mu      sync.Mutex
+	budgets budget.Budgets
+	limits  budget.Limits
+	tools   []agent.Tool
+	history []model.Message
+	compact int
+}
+
+// newChaos starts the OpenAI server (gpt-a, credentials A1 and A2) and the
+// Anthropic server (claude-b, credential B).
+func newChaos(t *testing.T, a, b replies) *chaos {
+	c := &chaos{t: t, j: &journal{}, reqs: map[string][]fakellm.Request{}}
+	serve := func(format fakellm.Format, s replies) *fakellm.Server {
+		return fakellm.NewFunc(format, func(n int, r fakellm.Request) fakellm.Reply {
+			label := chaosKeys[strings.TrimPrefix(r.Authorization, "Bearer ")]
+			c.j.add(label)
+			c.mu.Lock()
+			c.reqs[label] = append(c.reqs[label], r)
+			c.mu.Unlock()
+			return s.at(n)
+		})
+	}
+	c.a, c.b = serve(fakellm.OpenAI, a), serve(fakellm.Anthropic, b)
+	t.Cleanup(c.a.Close)
+	t.Cleanup(c.b.Close)
+	c.budgets = budget.Defaults()
+	c.budgets.LLMFirstChunk = budget.Duration{D: 300 * time.Millisecond, Source: budget.SourceFile, Knob: budget.KeyLLMFirstChunk}
+	c.budgets.LLMIdle = budget.Duration{D: 300 * time.Millisecond, Source: budget.SourceFile, Knob: budget.KeyLLMIdle}
+	c.budgets.Turn = budget.Duration{D: 20 * time.Second, Source: budget.SourceFile, Knob: budget.KeyTurn}
+	c.limits = budget.DefaultLimits()
+	return c
+}
+
+func (c *chaos) endpoints() []model.Endpoint {
+	oa := func(key string) model.Provider { return openai.New(openai.Options{BaseURL: c.a.BaseURL(), APIKey: key}) }
+	return []model.Endpoint{
+		{Provider: oa("sk-a-first"), ProviderName: "openai", Model: "gpt-a", Profile: "A1"},
+		{Provider: oa("sk-a-second"), ProviderName: "openai", Model: "gpt-a", Profile: "A2"},
+		{Provider: anthropic.New(anthropic.Options{BaseURL: c.b.BaseURL(), APIKey: "sk-b-only"}), ProviderName: "anthropic", Model: "claude-b", Profile: "B"},
+	}
+}
+
+type outcome struct {
+	res      *agent.Result
+	rec      *recorder
+	hits     []string
+	elapsed  time.Duration
+	phases   []budget.Phase // of the failed model attempts, in order
+	failover []*event.Failover
+}
+
+func (c *chaos) run(models ...model.Endpoint) outcome {
+	c.t.Helper()
+	if models == nil {
+		models = c.endpoints()
+	}
+	a, err := agent.New(agent.Config{Name: "chaos", Instructions: "be brief", Models: models, Tools: c.tools,
+		Budgets: c.budgets, Limits: c.limits, CompactAt: c.compact})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(c.t.Context(), 30*time.Second)
+	defer cancel()
+	rec := &recorder{}
+	start := time.Now()
+	res := a.Run(ctx, agent.Input{SessionID: "chaos", History: c.history, Text: "go"}, rec)
+	o := outcome{res: res, rec: rec, hits: c.j.list(), elapsed: time.Since(start)}
+	checkEvents(c.t, res, rec)
+	for _, m := range res.Record.ModelCalls {
+		if m.Outcome != event.OutcomeOK {
+			o.phases = append(o.phases, m.Phase)
+		}
+	}
+	for _, e := range rec.ofType(event.TypeFailover) {
+		o.failover = append(o.failover, e.Data.(*event.Failover))
+	}
+	// Nothing of a key, anywhere.
+	b, _ := json.Marshal(res.Record)
+	for key := range chaosKeys {
+		if strings.Contains(string(b), key) {
+			c.t.Fatalf("key %s is in the record", key)
+		}
+	}
+	return o
+}
+
+func stallFirst() fakellm.Reply {
+	return fakellm.Reply{Stall: true, StallAfter: 0, Chunks: []fakellm.Chunk{{Text: "never"}}}
+}
+
+func stallMid() fakellm.Reply {
+	return fakellm.Reply{Stall: true, StallAfter: 2, Chunks: []fakellm.Chunk{{Text: "Let "}, {Text: "me "}, {Text: "see"}}}
+}
+
+func answer(text string) fakellm.Reply { return fakellm.Text(text, 0) }
+
+func TestChaos(t *testing.T) {
+	http := budget.PhaseLLMHTTP
+	cases := []struct {
+		name   string
+		a, b   replies
+		hits   []string
+		reason budget.StopReason
+		answer string
+		phases []budget.Phase
+		// msg must be in the closing message; notMsg must not.
+		msg, notMsg []string
+	}{
+		{name: "stall before the first chunk: next credential",
+			a: replies{stallFirst(), answer("from A2")}, hits: []string{"A1", "A2"}, reason: budget.Answered, answer: "from A2",
+			phases: []budget.Phase{budget.PhaseLLMFirstChunk}},
+		{name: "stall mid-stream on both credentials: fallback model over Anthropic",
+			a: replies{stallMid()}, b: replies{answer("from claude")}, hits: []string{"A1", "A2", "B"}, reason: budget.Answered, answer: "from claude",
+			phases: []budget.Phase{budget.PhaseLLMIdle, budget.PhaseLLMIdle}},
+		{name: "500: next credential",
+			a: replies{{Status: 500, Message: "boom"}, answer("from A2")}, hits: []string{"A1", "A2"}, reason: budget.Answered, answer: "from A2",
+			phases: []budget.Phase{http}},
+		{name: "503 then 429 then Anthropic 529: every endpoint failed",
+			a: replies{{Status: 503, Message: "unavailable"}, {Status: 429, Message: "quota"}}, b: replies{{Status: 529, Message: "Overloaded"}},
+			hits: []string{"A1", "A2", "B"}, reason: budget.ModelUnavailable, phases: []budget.Phase{http, http, http},
+			msg: []string{"1) openai:gpt-a with A1: HTTP 503: unavailable", "2) openai:gpt-a with A2: HTTP 429: quota",
+				"3) anthropic:claude-b with B: HTTP 529: overloaded_error: Overloaded"}},
+		{name: "connection reset: next credential",
+			a: replies{{Reset: true}, answer("from A2")}, hits: []string{"A1", "A2"}, reason: budget.Answered, answer: "from A2",
+			phases: []budget.Phase{http}},
+		{name: "malformed SSE: next credential",
+			a: replies{{Chunks: []fakellm.Chunk{{Text: "a"}}, Malformed: true}, answer("from A2")}, hits: []string{"A1", "A2"}, reason: budget.Answered,
+			answer: "from A2", phases: []budget.Phase{http}},
+		{name: "stream cut before it finished: next credential",
+			a: replies{{Chunks: []fakellm.Chunk{{Text: "half"}}, Truncate: true}, answer("from A2")}, hits: []string{"A1", "A2"},
+			reason: budget.Answered, answer: "from A2", phases: []budget.Phase{http}},
+		{name: "400 is a refusal: no rotation, the provider's reason",
+			a: replies{{Status: 400, Message: "context_length_exceeded"}}, hits: []string{"A1"}, reason: budget.ModelRejected,
+			phases: []budget.Phase{http}, msg: []string{"context_length_exceeded", "HTTP 400"}},
+		{name: "401 is a refusal too",
+			a: replies{{Status: 401, Message: "Incorrect API key provided"}}, hits: []string{"A1"}, reason: budget.ModelRejected,
+			phases: []budget.Phase{http}, msg: []string{"Incorrect API key provided"}},
+		{name: "Anthropic overloaded mid-stream after a stalled primary",
+			a: replies{stallFirst()}, b: replies{{Chunks: []fakellm.Chunk{{Text: "a"}}, ErrorEvent: `{"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}`}},
+			hits: []string{"A1", "A2", "B"}, reason: budget.ModelUnavailable,
+			phases: []budget.Phase{budget.PhaseLLMFirstChunk, budget.PhaseLLMFirstChunk, http},
+			msg: []string{"no reply within 300ms (llm_first_chunk; raise timeouts.llm_first_chunk)", "HTTP 529: overloaded_error: Overloaded"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newChaos(t, tc.a, tc.b)
+			o := c.run()
+			r := o.res.Record
+			if !slices.Equal(o.hits, tc.hits) {
+				t.Fatalf("hits %v, want %v", o.hits, tc.hits)
+			}
+			// (A stopped turn keeps what it produced, so its answer is
+			// only checked when it answered.)
+			if r.StopReason != tc.reason || (tc.reason == budget.Answered && r.Answer != tc.answer) {
+				t.Fatalf("stopped %s with %q: %s", r.StopReason, r.Answer, r.Message)
+			}
+			if !slices.Equal(o.phases, tc.phases) {
+				t.Fatalf("failed attempts in phases %v, want %v", o.phases, tc.phases)
+			}
+			// A failover event for each failed attempt that had somewhere to
+			// go (not after a refusal, nor after the last endpoint).
+			wantFailovers := len(tc.phases)
+			if tc.reason == budget.ModelRejected || tc.reason == budget.ModelUnavailable {
+				wantFailovers = len(tc.hits) - 1
+			}
+			if len(o.failover) != wantFailovers || r.Failovers != wantFailovers {
+				t.Fatalf("%d failover events, record %d, want %d", len(o.failover), r.Failovers, wantFailovers)
+			}
+			for i, f := range o.failover {
+				if f.Phase != tc.phases[i] || f.Attempt != i+2 {
+					t.Fatalf("failover %d: %+v", i, f)
+				}
+			}
+			for i, m := range r.ModelCalls {
+				if m.Attempt != i+1 || m.Profile != tc.hits[i] {
+					t.Fatalf("model call %d: %+v", i, m)
+				}
+			}
+			for _, s := range tc.msg {
+				if !strings.Contains(r.Message, s) {
+					t.Fatalf("message %q lacks %q", r.Message, s)
+				}
+			}
+			if r.Flags != (event.Flags{}) {
+				t.Fatalf("flags %+v", r.Flags)
+			}
+		})
+	}
+}
+
+// A 429 whose Retry-After fits the turn: the chain is tried on, and when
+// it is spent the rate-limited endpoint is asked again once its wait is
+// over — within the turn, not by burning requests.
+func TestChaosRetryAfterWithinTheTurn(t *testing.T) {
+	c := newChaos(t, replies{{Status: 429, Message: "slow down", RetryAfter: "1"}, {Status: 503, Message: "down"}, answer("after the wait")},
+		replies{{Status: 503, Message: "down"}})
+	o := c.run()
+	r := o.res.Record
+	if r.StopReason != budget.Answered || r.Answer != "after the wait" {
+		t.Fatalf("got %s: %s", r.StopReason, r.Message)
+	}
+	if want := []string{"A1", "A2", "B", "A1"}; !slices.Equal(o.hits, want) {
+		t.Fatalf("hits %v, want %v", o.hits, want)
+	}
+	if o.elapsed < 900*time.Millisecond || o.elapsed > 10*time.Second {
+		t.Fatalf("answered after %s; the Retry-After was 1s", o.elapsed)
+	}
+	if len(o.failover) != 3 || !strings.Contains(o.failover[2].Reason, "Retry-After") {
+		t.Fatalf("failovers %+v", o.failover)
+	}
+}
+
+// A provider that never answers: limits.idle_breaker attempts, not more.
+func TestChaosIdleBreaker(t *testing.T) {
+	c := newChaos(t, replies{stallMid()}, replies{stallMid()})
+	c.limits.IdleBreaker = budget.Count{N: 2, Source: budget.SourceFile, Knob: budget.KeyIdleBreaker}
+	o := c.run()
+	r := o.res.Record
+	if r.StopReason != budget.ModelUnresponsive || !slices.Equal(o.hits, []string{"A1", "A2"}) {
+		t.Fatalf("stopped %s after %v: %s", r.StopReason, o.hits, r.Message)
+	}
+	if !strings.Contains(r.Message, "limits.idle_breaker") {
+		t.Fatalf("message %q", r.Message)
+	}
+	// With the default of 3, three endpoints: the third silence stops it.
+	c = newChaos(t, replies{stallMid()}, replies{stallMid()})
+	o = c.run(append(c.endpoints(), c.endpoints()...)...)
+	if o.res.Record.StopReason != budget.ModelUnresponsive || len(o.hits) != 3 {
+		t.Fatalf("stopped %s after %v", o.res.Record.StopReason, o.hits)
+	}
+}
+
+// hang is a Go tool that runs until its context ends.
+func hang(name string, timeout time.Duration) agent.Tool {
+	return goTool(name, budget.Cooperative, timeout, func(ctx context.Context, _ json.RawMessage, _ tool.Progress) (any, error) {
+		<-ctx.Done()
+		return nil, context.Cause(ctx)
+	})
+}
+
+// The incident this project exists for: a tool hangs until the turn's
+// ceiling fires. That is the tool's time, not the model's: no rotation, no
+// fallback, no extra request, and a message about the tool.
+func TestChaosToolHangsUntilTheTurnCeiling(t *testing.T) {
+	c := newChaos(t, replies{fakellm.ToolCall("call_1", "web_fetch", `{"url": "https://unreachable.example"}`, 8), answer("never")},
+		replies{answer("the fallback must not be asked")})
+	c.tools = []agent.Tool{hang("web_fetch", 10*time.Minute)}
+	c.budgets.Turn = budget.Duration{D: time.Second, Source: budget.SourceFile, Knob: budget.KeyTurn}
+	o := c.run()
+	r := o.res.Record
+	if r.StopReason != budget.TurnTimeout || !r.Flags.TimedOutDuringToolExecution || !r.Flags.TimedOutByTurnBudget || r.Flags.TimedOutDuringCompaction {
+		t.Fatalf("stopped %s with flags %+v", r.StopReason, r.Flags)
+	}
+	if len(o.failover) != 0 || r.Failovers != 0 || !slices.Equal(o.hits, []string{"A1"}) {
+		t.Fatalf("%d failovers, hits %v", len(o.failover), o.hits)
+	}
+	if !strings.Contains(r.Message, "tool web_fetch") || !strings.Contains(r.Message, "timeouts.turn") ||
+		strings.Contains(strings.ToLower(r.Message), "model") {
+		t.Fatalf("message %q", r.Message)
+	}
+	if tr := toolRecord(t, o.res, "web_fetch"); tr.Phase != budget.PhaseTurn {
+		t.Fatalf("tool record %+v", tr)
+	}
+	if o.elapsed > 5*time.Second {
+		t.Fatalf("the 1s turn took %s", o.elapsed)
+	}
+}
+
+// A tool timing out is the tool's phase: the model is told, on the same
+// endpoint, and answers; nothing rotates.
+func TestChaosToolTimeoutIsNotAModelFailure(t *testing.T) {
+	c := newChaos(t, replies{fakellm.ToolCall("call_1", "web_fetch", `{"url": "x"}`, 4), answer("it timed out, so here is what I know")}, nil)
+	c.tools = []agent.Tool{hang("web_fetch", 200*time.Millisecond)}
+	o := c.run()
+	r := o.res.Record
+	if r.StopReason != budget.Answered || len(o.failover) != 0 || !slices.Equal(o.hits, []string{"A1", "A1"}) {
+		t.Fatalf("stopped %s, %d failovers, hits %v", r.StopReason, len(o.failover), o.hits)
+	}
+	tr := toolRecord(t, o.res, "web_fetch")
+	if tr.Outcome != event.OutcomeTimedOut || tr.Phase != budget.PhaseTool {
+		t.Fatalf("tool record %+v", tr)
+	}
+	// The model got the tool_timeout result in its next request.
+	b, _ := json.Marshal(c.reqs["A1"][1].Body["messages"])
+	if !strings.Contains(string(b), "tool_timeout") {
+		t.Fatalf("second request's messages: %s", b)
+	}
+}
+
+// Tool-call arguments cut off mid-JSON: the model is told its arguments
+// were not JSON and the turn goes on, on the same endpoint — over both wire
+// formats.
+func TestChaosTruncatedToolCallJSON(t *testing.T) {
+	cut := fakellm.ToolCall("call_1", "web_fetch", `{"url": "https://exa`, 5)
+	for _, first := range []string{"A1", "B"} {
+		t.Run(first, func(t *testing.T) {
+			c := newChaos(t, replies{cut, answer("retried properly")}, replies{cut, answer("retried properly")})
+			ran := false
+			c.tools = []agent.Tool{goTool("web_fetch", budget.Cooperative, time.Minute, func(context.Context, json.RawMessage, tool.Progress) (any, error) {
+				ran = true
+				return "page", nil
+			})}
+			models := c.endpoints()
+			if first == "B" {
+				models = models[2:]
+			}
+			o := c.run(models...)
+			r := o.res.Record
+			if r.StopReason != budget.Answered || len(o.failover) != 0 || !slices.Equal(o.hits, []string{first, first}) || ran {
+				t.Fatalf("stopped %s, %d failovers, hits %v, tool ran %v", r.StopReason, len(o.failover), o.hits, ran)
+			}
+			b, _ := json.Marshal(c.reqs[first][1].Body["messages"])
+			if !strings.Contains(string(b), "JSON") {
+				t.Fatalf("the model was not told: %s", b)
+			}
+		})
+	}
+}
+
+// A compaction call that times out: never rotated, never a fallback; the
+// turn goes on uncompacted, flagged.
+func TestChaosCompactionTimeoutDoesNotRotate(t *testing.T) {
+	c := newChaos(t, replies{stallFirst(), answer("answered with the full history")}, replies{answer("the fallback must not be asked")})
+	c.compact, c.history = 500, longHistory()
+	c.budgets.Compaction = budget.Duration{D: 300 * time.Millisecond, Source: budget.SourceFile, Knob: budget.KeyCompaction}
+	c.budgets.LLMFirstChunk.D = 5 * time.Second // the compaction budget fires first
+	o := c.run()
+	r := o.res.Record
+	if r.StopReason != budget.Answered || !r.Flags.TimedOutDuringCompaction || len(o.failover) != 0 || !slices.Equal(o.hits, []string{"A1", "A1"}) {
+		t.Fatalf("stopped %s, flags %+v, %d failovers, hits %v", r.StopReason, r.Flags, len(o.failover), o.hits)
+	}
+	f := o.rec.ofType(event.TypeCompactionFinished)[0].Data.(*event.CompactionFinished)
+	if f.Outcome != event.OutcomeTimedOut || f.Phase != budget.PhaseCompaction {
+		t.Fatalf("compaction_finished %+v", f)
+	}
+}
+
+// A cancelled turn is the user's doing: no rotation, stop reason cancelled.
+func TestChaosCancelIsNotAModelFailure(t *testing.T) {
+	c := newChaos(t, replies{stallMid()}, nil)
+	c.budgets.LLMIdle.D = 10 * time.Second
+	a, err := agent.New(agent.Config{Models: c.endpoints(), Budgets: c.budgets, Limits: c.limits})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancelCause(t.Context())
+	time.AfterFunc(200*time.Millisecond, func() { cancel(&budget.CancelError{Reason: budget.Cancelled, By: "the user"}) })
+	rec := &recorder{}
+	res := a.Run(ctx, agent.Input{Text: "go"}, rec)
+	r := res.Record
+	if r.StopReason != budget.Cancelled || len(rec.ofType(event.TypeFailover)) != 0 || len(c.j.list()) != 1 {
+		t.Fatalf("stopped %s, hits %v: %s", r.StopReason, c.j.list(), r.Message)
+	}
+}
