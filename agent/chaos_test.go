@@ -104,7 +104,9 @@ func newChaos(t *testing.T, a, b replies) *chaos {
 }
 
 func (c *chaos) endpoints() []model.Endpoint {
-	oa := func(key string) model.Provider { return openai.New(openai.Options{BaseURL: c.a.BaseURL(), APIKey: key}) }
+	oa := func(key string) model.Provider {
+		return openai.New(openai.Options{BaseURL: c.a.BaseURL(), APIKey: key})
+	}
 	return []model.Endpoint{
 		{Provider: oa("sk-a-first"), ProviderName: "openai", Model: "gpt-a", Profile: "A1"},
 		{Provider: oa("sk-a-second"), ProviderName: "openai", Model: "gpt-a", Profile: "A2"},
@@ -211,7 +213,7 @@ func TestChaos(t *testing.T) {
 			a: replies{stallFirst()}, b: replies{{Chunks: []fakellm.Chunk{{Text: "a"}}, ErrorEvent: `{"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}`}},
 			hits: []string{"A1", "A2", "B"}, reason: budget.ModelUnavailable,
 			phases: []budget.Phase{budget.PhaseLLMFirstChunk, budget.PhaseLLMFirstChunk, http},
-			msg: []string{"no reply within 300ms (llm_first_chunk; raise timeouts.llm_first_chunk)", "HTTP 529: overloaded_error: Overloaded"}},
+			msg:    []string{"no reply within 300ms (llm_first_chunk; raise timeouts.llm_first_chunk)", "HTTP 529: overloaded_error: Overloaded"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
