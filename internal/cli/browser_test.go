@@ -460,3 +460,26 @@ func TestPageReconnects(t *testing.T) {
 		}
 	}
 }
+
+// TestPageAsksForTheToken: on a server with a token, the page asks for it
+// once, keeps it in the tab only, and its requests carry it.
+func TestPageAsksForTheToken(t *testing.T) {
+	proctest.AfterTest(t)
+	p := openPage(t, serveDemo(t, "TIMEBOX_TOKEN=s3cret-token"))
+	p.send("Tour the budgets")
+	p.waitFor("the token dialog", q(`#token-dialog`)+`.open`)
+	p.do("giving the token",
+		chromedp.SendKeys(chromedp.CSS("#token-input"), "s3cret-token"),
+		chromedp.Click(chromedp.CSS(`#token-form button`)))
+	p.waitFor("the turn to run", q(crawl))
+	p.waitFor("the closing banner", q(`.banner[data-stop-reason="answered"]`))
+	if got := eval[string](p, `sessionStorage.getItem('timebox.token')`); got != "s3cret-token" {
+		p.fail("sessionStorage has %q", got)
+	}
+	if got := eval[string](p, `location.href + ' ' + JSON.stringify(localStorage)`); strings.Contains(got, "s3cret") {
+		p.fail("the token is in the URL or localStorage: %s", got)
+	}
+	if n := p.count(`.chip.tool`); n != 5 {
+		p.fail("%d tool chips, want 5", n)
+	}
+}
