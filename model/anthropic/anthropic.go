@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
@@ -298,7 +297,7 @@ func (s *stream) classify(err error) error {
 			me.Message = typ + ": " + me.Message
 		}
 		if apiErr.Response != nil {
-			me.RetryAfter = retryAfter(apiErr.Response.Header.Get("Retry-After"))
+			me.RetryAfter = model.ParseRetryAfter(apiErr.Response.Header.Get("Retry-After"), time.Now())
 		}
 		return me
 	}
@@ -321,22 +320,6 @@ func errorBody(raw string) (typ, msg string) {
 		return "", ""
 	}
 	return b.Error.Type, b.Error.Message
-}
-
-// retryAfter parses a Retry-After header: seconds or an HTTP date.
-func retryAfter(v string) time.Duration {
-	if v == "" {
-		return 0
-	}
-	if n, err := strconv.ParseFloat(v, 64); err == nil && n >= 0 {
-		return time.Duration(n * float64(time.Second))
-	}
-	if t, err := http.ParseTime(v); err == nil {
-		if d := time.Until(t); d > 0 {
-			return d
-		}
-	}
-	return 0
 }
 
 // Response returns the assembled reply: its text, and its tool calls in

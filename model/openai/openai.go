@@ -14,7 +14,6 @@ import (
 	"io"
 	"net/http"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
@@ -202,7 +201,7 @@ func (s *stream) classify(err error) error {
 			me.Message = http.StatusText(apiErr.StatusCode)
 		}
 		if apiErr.Response != nil {
-			me.RetryAfter = retryAfter(apiErr.Response.Header.Get("Retry-After"))
+			me.RetryAfter = model.ParseRetryAfter(apiErr.Response.Header.Get("Retry-After"), time.Now())
 		}
 		return me
 	}
@@ -211,22 +210,6 @@ func (s *stream) classify(err error) error {
 		return &model.Error{Provider: "openai", Malformed: true, Message: err.Error(), Err: err}
 	}
 	return &model.Error{Provider: "openai", Message: err.Error(), Err: err}
-}
-
-// retryAfter parses a Retry-After header: seconds or an HTTP date.
-func retryAfter(v string) time.Duration {
-	if v == "" {
-		return 0
-	}
-	if n, err := strconv.ParseFloat(v, 64); err == nil && n >= 0 {
-		return time.Duration(n * float64(time.Second))
-	}
-	if t, err := http.ParseTime(v); err == nil {
-		if d := time.Until(t); d > 0 {
-			return d
-		}
-	}
-	return 0
 }
 
 // Response returns the assembled reply.

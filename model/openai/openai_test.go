@@ -13,6 +13,7 @@ import (
 
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/internal/fakellm"
+	"github.com/timebox-run/timebox/internal/providertest"
 	"github.com/timebox-run/timebox/model"
 	"github.com/timebox-run/timebox/model/openai"
 )
@@ -174,64 +175,10 @@ func TestProviderFailures(t *testing.T) {
 	}
 }
 
-func wd(d time.Duration) model.Watchdog {
-	return model.Watchdog{FirstChunk: budget.Duration{D: d, Knob: budget.KeyLLMFirstChunk}, Idle: budget.Duration{D: d, Knob: budget.KeyLLMIdle}}
-}
-
 func TestWatchdogsOnARealStream(t *testing.T) {
-	cases := []struct {
-		name  string
-		reply fakellm.Reply
-		phase budget.Phase
-	}{
-		{"stall before headers", fakellm.Reply{StallBeforeHeaders: true}, budget.PhaseLLMFirstChunk},
-		{"stall before the first chunk", fakellm.Reply{Stall: true, StallAfter: 0, Chunks: []fakellm.Chunk{{Text: "x"}}}, budget.PhaseLLMFirstChunk},
-		{"stall mid-stream", fakellm.Reply{Stall: true, StallAfter: 2, Chunks: []fakellm.Chunk{{Text: "a"}, {Text: "b"}, {Text: "c"}}}, budget.PhaseLLMIdle},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			s := fakellm.New(fakellm.OpenAI, tc.reply)
-			defer s.Close()
-			start := time.Now()
-			w := model.Open(t.Context(), provider(s), model.Request{Model: "m"}, wd(300*time.Millisecond), "model m")
-			var err error
-			for err == nil {
-				_, err = w.Recv()
-			}
-			w.Close()
-			el := time.Since(start)
-			te, ok := budget.AsTimeout(err)
-			if !ok || te.Phase != tc.phase {
-				t.Fatalf("err %v", err)
-			}
-			if el < 300*time.Millisecond || el > 3*time.Second {
-				t.Fatalf("fired after %s", el)
-			}
-			select {
-			case <-s.Gone(0):
-			case <-time.After(5 * time.Second):
-				t.Fatal("the server never saw the client go away")
-			}
-		})
-	}
+	providertest.Watchdogs(t, fakellm.OpenAI, func(s *fakellm.Server) model.Provider { return provider(s) })
 }
 
 func TestCancelledContextEndsRecvPromptly(t *testing.T) {
-	s := fakellm.New(fakellm.OpenAI, fakellm.Reply{Stall: true, StallAfter: 1, Chunks: []fakellm.Chunk{{Text: "a"}, {Text: "b"}}})
-	defer s.Close()
-	ctx, cancel := context.WithCancelCause(t.Context())
-	st, err := provider(s).Stream(ctx, model.Request{Model: "m"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	if _, err := st.Recv(); err != nil {
-		t.Fatal(err)
-	}
-	time.AfterFunc(100*time.Millisecond, func() { cancel(&budget.CancelError{Reason: budget.ClientGone}) })
-	start := time.Now()
-	_, err = st.Recv()
-	if ce, ok := budget.AsCancel(err); !ok || ce.Reason != budget.ClientGone || time.Since(start) > 3*time.Second {
-		t.Fatalf("err %v after %s", err, time.Since(start))
-	}
+	providertest.CancelEndsRecv(t, fakellm.OpenAI, func(s *fakellm.Server) model.Provider { return provider(s) })
 }
