@@ -326,6 +326,13 @@ func TestPageFollowsADemoTurn(t *testing.T) {
 	if n := p.count(`table.models tbody tr`); n != 2 {
 		p.fail("%d model call records, want 2", n)
 	}
+
+	// The Chat tab leads back to the conversation, not to a new one.
+	p.do("back to the chat", chromedp.Click(chromedp.CSS("#nav-chat")))
+	p.waitFor("the conversation again", q(`.banner[data-stop-reason="answered"]`))
+	if n := p.count(`.chip.tool`); n != 5 {
+		p.fail("%d tool chips in the replayed conversation, want 5", n)
+	}
 }
 
 // TestPageBannerNamesTheBudget: a turn stopped by its ceiling ends with a

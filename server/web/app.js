@@ -537,9 +537,16 @@ function clearChat() {
   showError('');
 }
 
+// chatLink points the Chat tab at the conversation on screen, so that a
+// visit to Past turns comes back to it.
+function chatLink() {
+  $('#nav-chat').href = app.session ? '#/chat/' + encodeURIComponent(app.session) : '#/';
+}
+
 async function openChat(session) {
   clearChat();
   app.session = session || '';
+  chatLink();
   $('#session-label').textContent = session ? 'conversation ' + session : 'new conversation';
   $('#empty').hidden = !!session;
   if (!session) return;
@@ -605,6 +612,7 @@ async function send(ev) {
     app.session = acc.session_id;
     $('#session-label').textContent = 'conversation ' + acc.session_id;
     history.replaceState(null, '', '#/chat/' + encodeURIComponent(acc.session_id));
+    chatLink();
   }
   const view = new TurnView(acc.turn_id, $('#timeline'));
   composerBusy(view);
