@@ -474,6 +474,15 @@ class TurnView {
   }
 }
 
+// closeFrom ends a view from the turn's record when its events did not: a
+// turn interrupted by a crash has no turn_finished.
+TurnView.prototype.closeFrom = function (rec) {
+  if (this.finished || rec.status === 'running') return;
+  this.on_turn_finished({ status: rec.status, stop_reason: rec.stop_reason, message: rec.message,
+    answer: '', flags: rec.flags, totals: { wall_ms: rec.wall_ms, steps: rec.steps, tool_calls: (rec.tool_calls || []).length,
+      llm_ms: rec.llm_ms, tool_ms: rec.tool_ms, failovers: rec.failovers } });
+};
+
 // follow streams a turn's events after seq `after` into view, reconnecting
 // with ?after= when the connection drops, until the turn has ended.
 async function follow(view) {
@@ -500,6 +509,13 @@ async function follow(view) {
     setConn('reconnecting', `reconnecting after event ${view.lastSeq}…`);
     await sleep(delay);
     delay = Math.min(delay * 2, 5000);
+  }
+  if (!view.finished && !view.ctrl.signal.aborted) {
+    try {
+      view.closeFrom(await getJSON('/v1/turns/' + encodeURIComponent(view.id) + '?events=false'));
+    } catch (e) {
+      view.root.append(el('p', { class: 'error', text: e.message }));
+    }
   }
   if (app.running === view) {
     app.running = null;
@@ -568,12 +584,7 @@ async function openChat(session) {
     try {
       const rec = await getJSON('/v1/turns/' + encodeURIComponent(t.turn_id));
       for (const ev of rec.events || []) view.apply(ev);
-      if (!view.finished) {
-        // A turn interrupted by a crash has no turn_finished: say so.
-        view.on_turn_finished({ status: rec.status, stop_reason: rec.stop_reason, message: rec.message,
-          answer: '', flags: rec.flags, totals: { wall_ms: rec.wall_ms, steps: rec.steps, tool_calls: (rec.tool_calls || []).length,
-            llm_ms: rec.llm_ms, tool_ms: rec.tool_ms, failovers: rec.failovers } });
-      }
+      view.closeFrom(rec);
     } catch (e) {
       view.root.append(el('p', { class: 'error', text: e.message }));
     }
