@@ -148,14 +148,41 @@ func (c *chaos) run(models ...model.Endpoint) outcome {
 	for _, e := range rec.ofType(event.TypeFailover) {
 		o.failover = append(o.failover, e.Data.(*event.Failover))
 	}
-	// Nothing of a key, anywhere.
+	// Nothing of a key, anywhere: the record (with its event log), the
+	// conversation handed to the next turn, the closing message.
 	b, _ := json.Marshal(res.Record)
+	m, _ := json.Marshal(res.Messages)
 	for key := range chaosKeys {
-		if strings.Contains(string(b), key) {
-			c.t.Fatalf("key %s is in the record", key)
+		if strings.Contains(string(b), key) || strings.Contains(string(m), key) {
+			c.t.Fatalf("key %s is in the record or the messages", key)
+		}
+	}
+	// Each endpoint was asked for its own model.
+	for label, rs := range c.requests() {
+		for _, r := range rs {
+			if want := chaosModels[label]; r.Model != want {
+				c.t.Fatalf("%s was asked for model %q, want %q", label, r.Model, want)
+			}
 		}
 	}
 	return o
+}
+
+// chaosModels is the model each credential's endpoint asks for, and
+// chaosLabels how failover events name each endpoint.
+var (
+	chaosModels = map[string]string{"A1": "gpt-a", "A2": "gpt-a", "B": "claude-b"}
+	chaosLabels = map[string]string{"A1": "openai:gpt-a (A1)", "A2": "openai:gpt-a (A2)", "B": "anthropic:claude-b (B)"}
+)
+
+func (c *chaos) requests() map[string][]fakellm.Request {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := map[string][]fakellm.Request{}
+	for k, v := range c.reqs {
+		out[k] = slices.Clone(v)
+	}
+	return out
 }
 
 func stallFirst() fakellm.Reply {
@@ -209,6 +236,42 @@ func TestChaos(t *testing.T) {
 		{name: "401 is a refusal too",
 			a: replies{{Status: 401, Message: "Incorrect API key provided"}}, hits: []string{"A1"}, reason: budget.ModelRejected,
 			phases: []budget.Phase{http}, msg: []string{"Incorrect API key provided"}},
+		{name: "stall before even the headers: next credential",
+			a: replies{{StallBeforeHeaders: true}, answer("from A2")}, hits: []string{"A1", "A2"}, reason: budget.Answered, answer: "from A2",
+			phases: []budget.Phase{budget.PhaseLLMFirstChunk}},
+		{name: "stall mid-stream on the first credential only: its partial text is not the answer",
+			a: replies{stallMid(), answer("from A2")}, hits: []string{"A1", "A2"}, reason: budget.Answered, answer: "from A2",
+			phases: []budget.Phase{budget.PhaseLLMIdle}},
+		{name: "408: next credential",
+			a: replies{{Status: 408, Message: "request timeout"}, answer("from A2")}, hits: []string{"A1", "A2"}, reason: budget.Answered, answer: "from A2",
+			phases: []budget.Phase{http}},
+		{name: "429 without Retry-After: next credential at once",
+			a: replies{{Status: 429, Message: "rate limited"}, answer("from A2")}, hits: []string{"A1", "A2"}, reason: budget.Answered, answer: "from A2",
+			phases: []budget.Phase{http}},
+		{name: "403 is a refusal",
+			a: replies{{Status: 403, Message: "model not enabled for this project"}}, hits: []string{"A1"}, reason: budget.ModelRejected,
+			phases: []budget.Phase{http}, msg: []string{"HTTP 403", "model not enabled for this project", "not a timeout"}},
+		{name: "404 is a refusal",
+			a: replies{{Status: 404, Message: "The model `gpt-a` does not exist"}}, hits: []string{"A1"}, reason: budget.ModelRejected,
+			phases: []budget.Phase{http}, msg: []string{"HTTP 404", "does not exist"}},
+		{name: "413 is a refusal",
+			a: replies{{Status: 413, Message: "request too large"}}, hits: []string{"A1"}, reason: budget.ModelRejected,
+			phases: []budget.Phase{http}, msg: []string{"HTTP 413", "request too large"}},
+		{name: "422 is a refusal",
+			a: replies{{Status: 422, Message: "invalid tool schema"}}, hits: []string{"A1"}, reason: budget.ModelRejected,
+			phases: []budget.Phase{http}, msg: []string{"HTTP 422", "invalid tool schema"}},
+		{name: "the fallback refuses after the primary failed: model_rejected, the failovers before it kept",
+			a: replies{{Status: 500, Message: "boom"}}, b: replies{{Status: 401, Message: "invalid x-api-key"}},
+			hits: []string{"A1", "A2", "B"}, reason: budget.ModelRejected, phases: []budget.Phase{http, http, http},
+			msg: []string{"anthropic rejected the request (HTTP 401)", "invalid x-api-key"}},
+		{name: "Anthropic malformed and OpenAI reset: every endpoint failed",
+			a: replies{{Reset: true}}, b: replies{{Chunks: []fakellm.Chunk{{Text: "a"}}, Malformed: true}},
+			hits: []string{"A1", "A2", "B"}, reason: budget.ModelUnavailable, phases: []budget.Phase{http, http, http},
+			msg: []string{"1) openai:gpt-a with A1:", "2) openai:gpt-a with A2:", "3) anthropic:claude-b with B: malformed stream:", "(llm_http)"}},
+		{name: "Anthropic stream cut short after the primary failed",
+			a: replies{{Status: 502, Message: "bad gateway"}}, b: replies{{Chunks: []fakellm.Chunk{{Text: "half"}}, Truncate: true}},
+			hits: []string{"A1", "A2", "B"}, reason: budget.ModelUnavailable, phases: []budget.Phase{http, http, http},
+			msg: []string{"HTTP 502: bad gateway (llm_http)"}, notMsg: []string{"timed out", "llm_idle", "llm_first_chunk"}},
 		{name: "Anthropic overloaded mid-stream after a stalled primary",
 			a: replies{stallFirst()}, b: replies{{Chunks: []fakellm.Chunk{{Text: "a"}}, ErrorEvent: `{"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}`}},
 			hits: []string{"A1", "A2", "B"}, reason: budget.ModelUnavailable,
@@ -241,18 +304,31 @@ func TestChaos(t *testing.T) {
 				t.Fatalf("%d failover events, record %d, want %d", len(o.failover), r.Failovers, wantFailovers)
 			}
 			for i, f := range o.failover {
-				if f.Phase != tc.phases[i] || f.Attempt != i+2 {
+				if f.Phase != tc.phases[i] || f.Attempt != i+2 || f.Step != 1 ||
+					f.From != chaosLabels[tc.hits[i]] || f.To != chaosLabels[tc.hits[i+1]] || f.Reason != r.ModelCalls[i].Error {
 					t.Fatalf("failover %d: %+v", i, f)
 				}
 			}
 			for i, m := range r.ModelCalls {
-				if m.Attempt != i+1 || m.Profile != tc.hits[i] {
+				want := event.OutcomeOK
+				switch {
+				case i < len(tc.phases) && tc.phases[i] == http:
+					want = event.OutcomeError
+				case i < len(tc.phases):
+					want = event.OutcomeTimedOut
+				}
+				if m.Attempt != i+1 || m.Profile != tc.hits[i] || m.Model != chaosModels[tc.hits[i]] || m.Outcome != want || m.Step != 1 {
 					t.Fatalf("model call %d: %+v", i, m)
 				}
 			}
 			for _, s := range tc.msg {
 				if !strings.Contains(r.Message, s) {
 					t.Fatalf("message %q lacks %q", r.Message, s)
+				}
+			}
+			for _, s := range tc.notMsg {
+				if strings.Contains(r.Message, s) {
+					t.Fatalf("message %q says %q", r.Message, s)
 				}
 			}
 			if r.Flags != (event.Flags{}) {
@@ -325,7 +401,9 @@ func TestChaosToolHangsUntilTheTurnCeiling(t *testing.T) {
 	if r.StopReason != budget.TurnTimeout || !r.Flags.TimedOutDuringToolExecution || !r.Flags.TimedOutByTurnBudget || r.Flags.TimedOutDuringCompaction {
 		t.Fatalf("stopped %s with flags %+v", r.StopReason, r.Flags)
 	}
-	if len(o.failover) != 0 || r.Failovers != 0 || !slices.Equal(o.hits, []string{"A1"}) {
+	// The servers' own logs agree: one request, to A1; none after the stop.
+	if len(o.failover) != 0 || r.Failovers != 0 || !slices.Equal(o.hits, []string{"A1"}) ||
+		len(c.a.Requests()) != 1 || len(c.b.Requests()) != 0 || len(r.ModelCalls) != 1 {
 		t.Fatalf("%d failovers, hits %v", len(o.failover), o.hits)
 	}
 	if !strings.Contains(r.Message, "tool web_fetch") || !strings.Contains(r.Message, "timeouts.turn") ||
@@ -425,4 +503,207 @@ func TestChaosCancelIsNotAModelFailure(t *testing.T) {
 	if r.StopReason != budget.Cancelled || len(rec.ofType(event.TypeFailover)) != 0 || len(c.j.list()) != 1 {
 		t.Fatalf("stopped %s, hits %v: %s", r.StopReason, c.j.list(), r.Message)
 	}
+}
+
+// A Retry-After is waited out only when every link has failed and the wait
+// ends inside the turn and inside the step window; otherwise the chain moves
+// on at once and, spent, the turn fails model_unavailable without waiting.
+func TestChaosRetryAfterNotWaited(t *testing.T) {
+	cases := []struct {
+		name   string
+		a, b   replies
+		step   time.Duration
+		hits   []string
+		reason budget.StopReason
+	}{
+		{name: "beyond the turn's remaining time",
+			a: replies{{Status: 429, Message: "slow down", RetryAfter: "3600"}, {Status: 503, Message: "down"}}, b: replies{{Status: 503, Message: "down"}},
+			hits: []string{"A1", "A2", "B"}, reason: budget.ModelUnavailable},
+		{name: "beyond the step window",
+			a: replies{{Status: 429, Message: "slow down", RetryAfter: "3"}, {Status: 503, Message: "down"}}, b: replies{{Status: 503, Message: "down"}},
+			step: 2 * time.Second, hits: []string{"A1", "A2", "B"}, reason: budget.ModelUnavailable},
+		{name: "another credential answers: no wait at all",
+			a:    replies{{Status: 429, Message: "slow down", RetryAfter: "30"}, answer("from A2")},
+			hits: []string{"A1", "A2"}, reason: budget.Answered},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newChaos(t, tc.a, tc.b)
+			if tc.step > 0 {
+				c.budgets.Step = budget.Duration{D: tc.step, Source: budget.SourceFile, Knob: budget.KeyStep}
+			}
+			o := c.run()
+			r := o.res.Record
+			if r.StopReason != tc.reason || !slices.Equal(o.hits, tc.hits) {
+				t.Fatalf("stopped %s after %v: %s", r.StopReason, o.hits, r.Message)
+			}
+			if o.elapsed > 900*time.Millisecond {
+				t.Fatalf("took %s: a Retry-After was waited out", o.elapsed)
+			}
+			if len(o.failover) != len(tc.hits)-1 {
+				t.Fatalf("failovers %+v", o.failover)
+			}
+			for _, f := range o.failover {
+				if strings.Contains(f.Reason, "retrying") {
+					t.Fatalf("failover %+v", f)
+				}
+			}
+			if tc.reason == budget.ModelUnavailable && !strings.Contains(r.Message, "1) openai:gpt-a with A1: HTTP 429: slow down (llm_http)") {
+				t.Fatalf("message %q", r.Message)
+			}
+		})
+	}
+}
+
+// The idle breaker counts silences in a row: a completed reply in between
+// starts the count again.
+func TestChaosIdleBreakerResetsOnAReply(t *testing.T) {
+	c := newChaos(t, replies{stallFirst(), fakellm.ToolCall("call_1", "lookup", `{}`, 8), stallFirst(), stallMid()}, nil)
+	c.limits.IdleBreaker = budget.Count{N: 2, Source: budget.SourceFile, Knob: budget.KeyIdleBreaker}
+	c.tools = []agent.Tool{goTool("lookup", budget.Cooperative, time.Minute, func(context.Context, json.RawMessage, tool.Progress) (any, error) {
+		return "found", nil
+	})}
+	o := c.run()
+	r := o.res.Record
+	// Step 1: A1 silent (1), A2 asks for a tool (0). Step 2: A1 silent (1),
+	// A2 silent mid-reply (2): stop, before the fallback is asked.
+	if r.StopReason != budget.ModelUnresponsive || !slices.Equal(o.hits, []string{"A1", "A2", "A1", "A2"}) {
+		t.Fatalf("stopped %s after %v: %s", r.StopReason, o.hits, r.Message)
+	}
+	want := []budget.Phase{budget.PhaseLLMFirstChunk, budget.PhaseLLMFirstChunk, budget.PhaseLLMIdle}
+	if !slices.Equal(o.phases, want) || len(o.failover) != 2 || o.failover[1].Step != 2 {
+		t.Fatalf("phases %v, failovers %+v", o.phases, o.failover)
+	}
+	if !strings.Contains(r.Message, "went silent 2 times in a row (limits.idle_breaker)") ||
+		!strings.Contains(r.Message, "2) openai:gpt-a with A2: went silent for 300ms mid-reply (llm_idle; raise timeouts.llm_idle)") {
+		t.Fatalf("message %q", r.Message)
+	}
+}
+
+// The step watchdog firing while a tool runs past its own timeout is the
+// tool's time: no rotation, no new request, a message about the tool.
+func TestChaosStepWatchdogDuringTool(t *testing.T) {
+	c := newChaos(t, replies{fakellm.ToolCall("call_1", "drift", `{}`, 8), answer("never")}, replies{answer("the fallback must not be asked")})
+	c.tools = []agent.Tool{hang("drift", 50*time.Millisecond)}
+	c.tools[0].Budget.Enforcement = budget.Advisory // never stopped by its own budget
+	c.budgets.Step = budget.Duration{D: 400 * time.Millisecond, Source: budget.SourceFile, Knob: budget.KeyStep}
+	o := c.run()
+	r := o.res.Record
+	if r.StopReason != budget.NoProgress || !r.Flags.TimedOutDuringToolExecution || r.Flags.TimedOutByTurnBudget || r.Flags.TimedOutDuringCompaction {
+		t.Fatalf("stopped %s with flags %+v: %s", r.StopReason, r.Flags, r.Message)
+	}
+	if len(o.failover) != 0 || r.Failovers != 0 || !slices.Equal(o.hits, []string{"A1"}) || len(c.b.Requests()) != 0 {
+		t.Fatalf("%d failovers, hits %v", len(o.failover), o.hits)
+	}
+	if !strings.Contains(r.Message, "nothing progressed for 400ms (timeouts.step)") || !strings.Contains(r.Message, "tool drift") ||
+		strings.Contains(strings.ToLower(r.Message), "model") {
+		t.Fatalf("message %q", r.Message)
+	}
+	if tr := toolRecord(t, o.res, "drift"); tr.Phase != budget.PhaseStep || !tr.Overran {
+		t.Fatalf("tool record %+v", tr)
+	}
+}
+
+// Turn-level budgets that fire while a model call is waiting are not model
+// failures either: no rotation, and the flags say which budget fired.
+func TestChaosTurnBudgetsDuringAModelCall(t *testing.T) {
+	t.Run("the turn ceiling while the model is silent", func(t *testing.T) {
+		c := newChaos(t, replies{stallFirst()}, replies{answer("the fallback must not be asked")})
+		c.budgets.LLMFirstChunk.D = 10 * time.Second
+		c.budgets.Turn = budget.Duration{D: 500 * time.Millisecond, Source: budget.SourceFile, Knob: budget.KeyTurn}
+		o := c.run()
+		r := o.res.Record
+		if r.StopReason != budget.TurnTimeout || r.Flags != (event.Flags{TimedOutByTurnBudget: true}) {
+			t.Fatalf("stopped %s with flags %+v: %s", r.StopReason, r.Flags, r.Message)
+		}
+		if len(o.failover) != 0 || !slices.Equal(o.hits, []string{"A1"}) || len(r.ModelCalls) != 1 || r.ModelCalls[0].Phase != budget.PhaseTurn {
+			t.Fatalf("%d failovers, hits %v, model calls %+v", len(o.failover), o.hits, r.ModelCalls)
+		}
+		if !strings.Contains(r.Message, "the limit for one turn (timeouts.turn)") || !strings.Contains(r.Message, "model gpt-a, waiting for its reply") ||
+			strings.Contains(r.Message, "llm_first_chunk") {
+			t.Fatalf("message %q", r.Message)
+		}
+	})
+	t.Run("llm_budget spent on a slow stream", func(t *testing.T) {
+		c := newChaos(t, replies{stallMid()}, replies{answer("the fallback must not be asked")})
+		c.budgets.LLMIdle.D = 10 * time.Second
+		c.budgets.LLMBudget = budget.Duration{D: 400 * time.Millisecond, Source: budget.SourceFile, Knob: budget.KeyLLMBudget}
+		o := c.run()
+		r := o.res.Record
+		if r.StopReason != budget.LLMBudgetExhausted || r.Flags != (event.Flags{}) || r.Answer != "Let me " {
+			t.Fatalf("stopped %s with flags %+v and answer %q: %s", r.StopReason, r.Flags, r.Answer, r.Message)
+		}
+		if len(o.failover) != 0 || !slices.Equal(o.hits, []string{"A1"}) || !slices.Equal(o.phases, []budget.Phase{budget.PhaseLLMBudget}) {
+			t.Fatalf("%d failovers, hits %v, phases %v", len(o.failover), o.hits, o.phases)
+		}
+		if !strings.Contains(r.Message, "its budget (timeouts.llm_budget)") {
+			t.Fatalf("message %q", r.Message)
+		}
+	})
+}
+
+// A tool silent past its idle_timeout: phase tool_idle, no rotation; the
+// model, on the same endpoint, is told and answers.
+func TestChaosToolIdleTimeoutIsNotAModelFailure(t *testing.T) {
+	c := newChaos(t, replies{fakellm.ToolCall("call_1", "crawl", `{}`, 8), answer("the crawl went quiet")}, nil)
+	crawl := hang("crawl", time.Minute)
+	crawl.Tool = tool.NewFunc("crawl", "test tool", nil, func(ctx context.Context, _ json.RawMessage, p tool.Progress) (any, error) {
+		p.Report(tool.Report{Message: "page 1"})
+		<-ctx.Done()
+		return nil, context.Cause(ctx)
+	})
+	crawl.Budget.IdleTimeout = budget.Duration{D: 150 * time.Millisecond, Source: budget.SourceTool, Knob: "tools[crawl].idle_timeout in agent.yaml"}
+	c.tools = []agent.Tool{crawl}
+	o := c.run()
+	r := o.res.Record
+	if r.StopReason != budget.Answered || r.Answer != "the crawl went quiet" || len(o.failover) != 0 || !slices.Equal(o.hits, []string{"A1", "A1"}) {
+		t.Fatalf("stopped %s, %d failovers, hits %v", r.StopReason, len(o.failover), o.hits)
+	}
+	if tr := toolRecord(t, o.res, "crawl"); tr.Outcome != event.OutcomeTimedOut || tr.Phase != budget.PhaseToolIdle || tr.ProgressCount != 1 {
+		t.Fatalf("tool record %+v", tr)
+	}
+	b, _ := json.Marshal(c.requests()["A1"][1].Body["messages"])
+	if !strings.Contains(string(b), "tool_timeout") || !strings.Contains(string(b), "tool_idle") {
+		t.Fatalf("second request's messages: %s", b)
+	}
+}
+
+// Compaction and the turn's budgets over the real wire format.
+func TestChaosCompaction(t *testing.T) {
+	t.Run("the turn ceiling fires during compaction", func(t *testing.T) {
+		c := newChaos(t, replies{stallFirst()}, replies{answer("the fallback must not be asked")})
+		c.compact, c.history = 500, longHistory()
+		c.budgets.LLMFirstChunk.D = 10 * time.Second
+		c.budgets.Turn = budget.Duration{D: 500 * time.Millisecond, Source: budget.SourceFile, Knob: budget.KeyTurn}
+		o := c.run()
+		r := o.res.Record
+		if r.StopReason != budget.TurnTimeout || r.Flags != (event.Flags{TimedOutByTurnBudget: true, TimedOutDuringCompaction: true}) {
+			t.Fatalf("stopped %s with flags %+v: %s", r.StopReason, r.Flags, r.Message)
+		}
+		if len(o.failover) != 0 || !slices.Equal(o.hits, []string{"A1"}) || len(r.ModelCalls) != 1 || !r.ModelCalls[0].Compaction {
+			t.Fatalf("%d failovers, hits %v, model calls %+v", len(o.failover), o.hits, r.ModelCalls)
+		}
+		if !strings.Contains(r.Message, "Last step: compaction (model gpt-a)") || !strings.Contains(r.Message, "(timeouts.turn)") ||
+			strings.Contains(r.Message, "llm_") || strings.Contains(r.Message, "timeouts.compaction") {
+			t.Fatalf("message %q", r.Message)
+		}
+	})
+	t.Run("compaction times out and the full history is refused", func(t *testing.T) {
+		c := newChaos(t, replies{stallFirst(), {Status: 400, Message: "context_length_exceeded"}}, replies{answer("the fallback must not be asked")})
+		c.compact, c.history = 500, longHistory()
+		c.budgets.Compaction = budget.Duration{D: 300 * time.Millisecond, Source: budget.SourceFile, Knob: budget.KeyCompaction}
+		c.budgets.LLMFirstChunk.D = 10 * time.Second
+		o := c.run()
+		r := o.res.Record
+		if r.StopReason != budget.ModelRejected || r.Flags != (event.Flags{TimedOutDuringCompaction: true}) {
+			t.Fatalf("stopped %s with flags %+v: %s", r.StopReason, r.Flags, r.Message)
+		}
+		if len(o.failover) != 0 || !slices.Equal(o.hits, []string{"A1", "A1"}) {
+			t.Fatalf("%d failovers, hits %v", len(o.failover), o.hits)
+		}
+		if !strings.Contains(r.Message, "context_length_exceeded") ||
+			!strings.Contains(r.Message, "History compaction had timed out after 300ms (timeouts.compaction)") {
+			t.Fatalf("message %q", r.Message)
+		}
+	})
 }

@@ -114,8 +114,13 @@ func attemptReason(err error) string {
 	}
 	var me *model.Error
 	if errors.As(err, &me) {
-		if me.Status != 0 {
+		switch {
+		case me.Status != 0:
 			return fmt.Sprintf("HTTP %d: %s (llm_http)", me.Status, me.Message)
+		case me.Malformed:
+			// The parser's own words ("unexpected end of JSON input") do
+			// not say whose JSON it was.
+			return "malformed stream: " + me.Message + " (llm_http)"
 		}
 		return me.Message + " (llm_http)"
 	}
