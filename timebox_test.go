@@ -104,3 +104,68 @@ timeouts:
 		}
 	}
 }
+
+// An agent file whose primary is Anthropic: the model asks for a tool in
+// input_json_delta fragments, the tool runs and prints nothing, and the
+// second request carries the call and its result in the shape the Messages
+// API accepts (alternating roles, no empty text block) before the answer.
+func TestAnthropicPrimaryRunsATool(t *testing.T) {
+	an := fakellm.New(fakellm.Anthropic,
+		fakellm.ToolCall("toolu_1", "touch", `{"path": "a.txt"}`, 4),
+		fakellm.Text("Touched it.", 0))
+	defer an.Close()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "touch.sh"), []byte("#!/bin/sh\ncat >/dev/null\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "agent.yaml")
+	if err := os.WriteFile(path, []byte(fmt.Sprintf(`name: claude
+instructions: Be brief.
+model:
+  primary: anthropic:claude-x
+providers:
+  anthropic:
+    base_url: %s
+    credentials: [{api_key_env: AN_KEY}]
+tools:
+  - name: touch
+    description: Touches a file.
+    input_schema: {type: object, properties: {path: {type: string}}, required: [path]}
+    exec: [%s]
+`, an.BaseURL(), filepath.Join(dir, "touch.sh"))), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a, err := timebox.Open(t.Context(), path, timebox.Options{Getenv: func(k string) string {
+		if k == "AN_KEY" {
+			return "sk-ant-secret"
+		}
+		return ""
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	res := a.Run(ctx, agent.Input{Text: "touch a.txt"}, &events{})
+	if rec := res.Record; rec.Status != budget.StatusCompleted || rec.Answer != "Touched it." || len(rec.ModelCalls) != 2 || len(rec.ToolCalls) != 1 {
+		t.Fatalf("record %+v", rec)
+	}
+	reqs := an.Requests()
+	if len(reqs) != 2 || reqs[1].Model != "claude-x" || reqs[1].Authorization != "Bearer sk-ant-secret" {
+		t.Fatalf("requests %+v", reqs)
+	}
+	if sys, _ := json.Marshal(reqs[0].Body["system"]); !strings.Contains(string(sys), "Be brief.") {
+		t.Errorf("system %s", sys)
+	}
+	if tools, _ := json.Marshal(reqs[0].Body["tools"]); !strings.Contains(string(tools), `"required":["path"]`) {
+		t.Errorf("tools %s", tools)
+	}
+	msgs, _ := json.Marshal(reqs[1].Body["messages"])
+	want := `[{"content":[{"text":"touch a.txt","type":"text"}],"role":"user"},` +
+		`{"content":[{"id":"toolu_1","input":{"path":"a.txt"},"name":"touch","type":"tool_use"}],"role":"assistant"},` +
+		`{"content":[{"tool_use_id":"toolu_1","type":"tool_result"}],"role":"user"}]`
+	if string(msgs) != want {
+		t.Fatalf("second request's messages\n got %s\nwant %s", msgs, want)
+	}
+}

@@ -66,7 +66,10 @@ type Chunk struct {
 	Tool *ToolFragment
 }
 
-// ToolFragment is a piece of a streamed tool call.
+// ToolFragment is a piece of a streamed tool call. Index picks the call an
+// OpenAI fragment belongs to; Anthropic streams one content block after
+// another, so there a fragment with an ID starts a new tool_use block and
+// later fragments continue it, whatever their Index.
 type ToolFragment struct {
 	Index     int
 	ID        string
@@ -141,8 +144,10 @@ func (s *Server) Close() {
 	s.Server.Close()
 }
 
-// BaseURL returns the base URL a provider is configured with ("/v1" for
-// OpenAI).
+// BaseURL returns the base URL a provider is configured with: the server's
+// URL and "/v1". The OpenAI SDK appends "/chat/completions" to it; the
+// Anthropic provider takes a base URL with or without "/v1" and posts to
+// "/v1/messages".
 func (s *Server) BaseURL() string { return s.Server.URL + "/v1" }
 
 // Requests returns the requests received so far.

@@ -32,8 +32,9 @@ const DefaultBaseURL = "https://api.anthropic.com"
 const DefaultMaxTokens = 4096
 
 // continuePrompt opens a history that would otherwise start with an
-// assistant message, which the Messages API refuses (a compacted history
-// can, once its summary went to the system prompt).
+// assistant message or be empty, both of which the Messages API refuses (a
+// compacted history can open with the assistant, once its summary went to
+// the system prompt).
 const continuePrompt = "(continuing the conversation above)"
 
 // Options configure a Provider.
@@ -96,6 +97,10 @@ func (p *Provider) Stream(ctx context.Context, req model.Request) (model.Stream,
 // tool results as user-role tool_result blocks, consecutive messages of one
 // role merged (the API wants them alternating), and a history opening with
 // the assistant given a user turn first.
+//
+// The API refuses a text block that is empty or only white space, so such
+// text is left out: an assistant message that was only tool calls, a tool
+// that printed nothing (its tool_result goes without content).
 func (p *Provider) toParams(req model.Request) (sdk.MessageNewParams, error) {
 	var msgs []sdk.MessageParam
 	add := func(role sdk.MessageParamRole, b sdk.ContentBlockParamUnion) {
@@ -108,14 +113,17 @@ func (p *Provider) toParams(req model.Request) (sdk.MessageNewParams, error) {
 	for _, m := range req.Messages {
 		switch m.Role {
 		case model.RoleUser:
-			add(sdk.MessageParamRoleUser, sdk.NewTextBlock(m.Content))
-		case model.RoleTool:
-			add(sdk.MessageParamRoleUser, sdk.NewToolResultBlock(m.ToolCallID, m.Content, false))
-		case model.RoleAssistant:
-			if len(msgs) == 0 {
-				add(sdk.MessageParamRoleUser, sdk.NewTextBlock(continuePrompt))
+			if !blank(m.Content) {
+				add(sdk.MessageParamRoleUser, sdk.NewTextBlock(m.Content))
 			}
-			if m.Content != "" {
+		case model.RoleTool:
+			r := sdk.ToolResultBlockParam{ToolUseID: m.ToolCallID}
+			if !blank(m.Content) {
+				r.Content = []sdk.ToolResultBlockParamContentUnion{{OfText: &sdk.TextBlockParam{Text: m.Content}}}
+			}
+			add(sdk.MessageParamRoleUser, sdk.ContentBlockParamUnion{OfToolResult: &r})
+		case model.RoleAssistant:
+			if !blank(m.Content) {
 				add(sdk.MessageParamRoleAssistant, sdk.NewTextBlock(m.Content))
 			}
 			for _, c := range m.ToolCalls {
@@ -124,6 +132,9 @@ func (p *Provider) toParams(req model.Request) (sdk.MessageNewParams, error) {
 		default:
 			return sdk.MessageNewParams{}, fmt.Errorf("message role %q is not supported", m.Role)
 		}
+	}
+	if len(msgs) == 0 || msgs[0].Role != sdk.MessageParamRoleUser {
+		msgs = append([]sdk.MessageParam{sdk.NewUserMessage(sdk.NewTextBlock(continuePrompt))}, msgs...)
 	}
 	params := sdk.MessageNewParams{Model: sdk.Model(req.Model), MaxTokens: p.maxTokens, Messages: msgs}
 	if req.System != "" {
@@ -167,6 +178,9 @@ func (p *Provider) toParams(req model.Request) (sdk.MessageNewParams, error) {
 	}
 	return params, nil
 }
+
+// blank reports whether text is empty or only white space.
+func blank(text string) bool { return strings.TrimSpace(text) == "" }
 
 // toolInput is a tool call's arguments as the tool_use block's input, which
 // must be a JSON object. Arguments the model sent that were not one (a

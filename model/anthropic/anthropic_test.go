@@ -187,6 +187,37 @@ func TestHistoryOpeningWithTheAssistant(t *testing.T) {
 	}
 }
 
+// The Messages API refuses empty or blank text blocks: a tool that printed
+// nothing, an assistant reply that was white space before its tool call,
+// and an empty history must still make a request it accepts.
+func TestBlankTextIsLeftOut(t *testing.T) {
+	s := fakellm.New(fakellm.Anthropic, fakellm.Text("ok", 0))
+	defer s.Close()
+	p := provider(s)
+	_, _, err := collect(t, p, model.Request{Model: "m", Messages: []model.Message{
+		{Role: model.RoleUser, Content: "touch it"},
+		{Role: model.RoleAssistant, Content: "\n\n", ToolCalls: []model.ToolCall{{ID: "c1", Name: "touch", Arguments: "{}"}}},
+		{Role: model.RoleTool, ToolCallID: "c1", ToolName: "touch", Content: ""},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := sent(t, s.Requests()[0])
+	if len(msgs) != 3 || len(msgs[1].Content) != 1 || msgs[1].Content[0].Type != "tool_use" ||
+		len(msgs[2].Content) != 1 || msgs[2].Content[0].Type != "tool_result" || msgs[2].Content[0].ToolUseID != "c1" ||
+		msgs[2].Content[0].Content != nil {
+		b, _ := json.Marshal(s.Requests()[0].Body["messages"])
+		t.Fatalf("messages %s", b)
+	}
+
+	if _, _, err := collect(t, p, model.Request{Model: "m"}); err != nil {
+		t.Fatal(err)
+	}
+	if msgs := sent(t, s.Requests()[1]); len(msgs) != 1 || msgs[0].Role != "user" || msgs[0].Content[0].Text == "" {
+		t.Fatalf("messages %+v", msgs)
+	}
+}
+
 func TestProviderFailures(t *testing.T) {
 	cases := []struct {
 		name      string
@@ -203,6 +234,10 @@ func TestProviderFailures(t *testing.T) {
 		{"529 overloaded", fakellm.Reply{Status: 529, Message: "Overloaded"}, 529, false, false, 0, "overloaded_error: Overloaded"},
 		{"400 is a refusal with the provider's reason", fakellm.Reply{Status: 400, Message: "prompt is too long"}, 400, true, false, 0, "prompt is too long"},
 		{"401", fakellm.Reply{Status: 401, Message: "invalid x-api-key"}, 401, true, false, 0, "invalid x-api-key"},
+		{"403", fakellm.Reply{Status: 403, Message: "no access to this model"}, 403, true, false, 0, "permission_error: no access to this model"},
+		{"404", fakellm.Reply{Status: 404, Message: "model: claude-nope"}, 404, true, false, 0, "not_found_error: model: claude-nope"},
+		{"422", fakellm.Reply{Status: 422, Message: "unprocessable"}, 422, true, false, 0, "unprocessable"},
+		{"408 is retryable", fakellm.Reply{Status: 408, Message: "request timeout"}, 408, false, false, 0, "request timeout"},
 		{"connection reset", fakellm.Reply{Reset: true}, 0, false, false, 0, ""},
 		{"truncated stream", fakellm.Reply{Chunks: []fakellm.Chunk{{Text: "half"}}, Truncate: true}, 0, false, false, 0, "no message_stop"},
 		{"malformed SSE JSON", fakellm.Reply{Chunks: []fakellm.Chunk{{Text: "a"}}, Malformed: true}, 0, false, true, 0, ""},
@@ -237,6 +272,18 @@ func TestErrorEventInsideTheStream(t *testing.T) {
 	_, _, err := collect(t, provider(s), model.Request{Model: "m"})
 	var me *model.Error
 	if !errors.As(err, &me) || me.Status != 529 || me.Rejected() || !strings.Contains(me.Message, "Overloaded") {
+		t.Fatalf("err %v (%+v)", err, me)
+	}
+}
+
+// A refusal sent as an error event (invalid_request_error) is a refusal,
+// not something another endpoint may fix.
+func TestRefusalEventInsideTheStream(t *testing.T) {
+	s := fakellm.New(fakellm.Anthropic, fakellm.Reply{ErrorEvent: `{"type": "error", "error": {"type": "invalid_request_error", "message": "bad tool schema"}}`})
+	defer s.Close()
+	_, _, err := collect(t, provider(s), model.Request{Model: "m"})
+	var me *model.Error
+	if !errors.As(err, &me) || me.Status != 400 || !me.Rejected() || me.Message != "invalid_request_error: bad tool schema" {
 		t.Fatalf("err %v (%+v)", err, me)
 	}
 }
