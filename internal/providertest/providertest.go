@@ -7,6 +7,7 @@ package providertest
 
 import (
 	"context"
+	"io"
 	"testing"
 	"time"
 
@@ -86,5 +87,29 @@ func CancelEndsRecv(t *testing.T, format fakellm.Format, newProvider New) {
 	}
 	if ce, ok := budget.AsCancel(err); !ok || ce.Reason != budget.ClientGone || time.Since(start) > 3*time.Second {
 		t.Fatalf("err %v after %s", err, time.Since(start))
+	}
+}
+
+// Collect reads a reply stream to its end (within 10s): its chunks, and
+// its response when it ended with io.EOF, else the error it ended with.
+func Collect(t *testing.T, p model.Provider, req model.Request) ([]model.Chunk, model.Response, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	s, err := p.Stream(ctx, req)
+	if err != nil {
+		return nil, model.Response{}, err
+	}
+	defer s.Close()
+	var chunks []model.Chunk
+	for {
+		c, err := s.Recv()
+		if err == io.EOF {
+			return chunks, s.Response(), nil
+		}
+		if err != nil {
+			return chunks, model.Response{}, err
+		}
+		chunks = append(chunks, c)
 	}
 }

@@ -315,11 +315,7 @@ func (s *stream) classify(err error) error {
 		}
 		return me
 	}
-	var se *json.SyntaxError
-	if errors.As(err, &se) || strings.Contains(err.Error(), "invalid character") || strings.Contains(err.Error(), "unexpected end of JSON") {
-		return &model.Error{Provider: "anthropic", Malformed: true, Message: err.Error(), Err: err}
-	}
-	return &model.Error{Provider: "anthropic", Message: err.Error(), Err: err}
+	return model.TransportError("anthropic", err)
 }
 
 // errorBody reads {"type": "error", "error": {"type": ..., "message": ...}}.

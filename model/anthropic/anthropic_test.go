@@ -1,10 +1,8 @@
 package anthropic_test
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
-	"io"
 	"strings"
 	"testing"
 	"time"
@@ -24,33 +22,10 @@ func provider(s *fakellm.Server) *anthropic.Provider {
 	return anthropic.New(anthropic.Options{BaseURL: s.BaseURL(), APIKey: "sk-ant-test"})
 }
 
-// collect reads a stream to its end.
-func collect(t *testing.T, p model.Provider, req model.Request) ([]model.Chunk, model.Response, error) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-	defer cancel()
-	s, err := p.Stream(ctx, req)
-	if err != nil {
-		return nil, model.Response{}, err
-	}
-	defer s.Close()
-	var chunks []model.Chunk
-	for {
-		c, err := s.Recv()
-		if err == io.EOF {
-			return chunks, s.Response(), nil
-		}
-		if err != nil {
-			return chunks, model.Response{}, err
-		}
-		chunks = append(chunks, c)
-	}
-}
-
 func TestTextStreamsEventByEvent(t *testing.T) {
 	s := fakellm.New(fakellm.Anthropic, fakellm.Text("hello there world", 0))
 	defer s.Close()
-	chunks, resp, err := collect(t, provider(s), model.Request{Model: "claude-x", Messages: []model.Message{{Role: model.RoleUser, Content: "hi"}}})
+	chunks, resp, err := providertest.Collect(t, provider(s), model.Request{Model: "claude-x", Messages: []model.Message{{Role: model.RoleUser, Content: "hi"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +56,7 @@ func TestToolUseAssemblesFromInputJSONDeltas(t *testing.T) {
 	defer s.Close()
 	p := provider(s)
 
-	_, resp, err := collect(t, p, model.Request{Model: "m"})
+	_, resp, err := providertest.Collect(t, p, model.Request{Model: "m"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +66,7 @@ func TestToolUseAssemblesFromInputJSONDeltas(t *testing.T) {
 	}
 	// Cut-off arguments are passed on as they came: the turn loop tells the
 	// model they are not JSON.
-	_, resp, err = collect(t, p, model.Request{Model: "m"})
+	_, resp, err = providertest.Collect(t, p, model.Request{Model: "m"})
 	if err != nil || len(resp.ToolCalls) != 1 || resp.ToolCalls[0].Arguments != `{"url": ` {
 		t.Fatalf("resp %+v err %v", resp, err)
 	}
@@ -125,7 +100,7 @@ func TestRequestMapping(t *testing.T) {
 	defer s.Close()
 	// A base URL with or without /v1 reaches the same /v1/messages.
 	p := anthropic.New(anthropic.Options{BaseURL: s.URL + "/v1/", APIKey: "sk-ant-abc", MaxTokens: 321})
-	_, _, err := collect(t, p, model.Request{
+	_, _, err := providertest.Collect(t, p, model.Request{
 		Model: "claude-haiku", System: "be brief",
 		Messages: []model.Message{
 			{Role: model.RoleUser, Content: "count both"},
@@ -174,7 +149,7 @@ func TestRequestMapping(t *testing.T) {
 func TestHistoryOpeningWithTheAssistant(t *testing.T) {
 	s := fakellm.New(fakellm.Anthropic, fakellm.Text("ok", 0))
 	defer s.Close()
-	_, _, err := collect(t, provider(s), model.Request{Model: "m", Messages: []model.Message{
+	_, _, err := providertest.Collect(t, provider(s), model.Request{Model: "m", Messages: []model.Message{
 		{Role: model.RoleAssistant, Content: "Earlier I said so."},
 		{Role: model.RoleUser, Content: "go on"},
 	}})
@@ -194,7 +169,7 @@ func TestBlankTextIsLeftOut(t *testing.T) {
 	s := fakellm.New(fakellm.Anthropic, fakellm.Text("ok", 0))
 	defer s.Close()
 	p := provider(s)
-	_, _, err := collect(t, p, model.Request{Model: "m", Messages: []model.Message{
+	_, _, err := providertest.Collect(t, p, model.Request{Model: "m", Messages: []model.Message{
 		{Role: model.RoleUser, Content: "touch it"},
 		{Role: model.RoleAssistant, Content: "\n\n", ToolCalls: []model.ToolCall{{ID: "c1", Name: "touch", Arguments: "{}"}}},
 		{Role: model.RoleTool, ToolCallID: "c1", ToolName: "touch", Content: ""},
@@ -210,7 +185,7 @@ func TestBlankTextIsLeftOut(t *testing.T) {
 		t.Fatalf("messages %s", b)
 	}
 
-	if _, _, err := collect(t, p, model.Request{Model: "m"}); err != nil {
+	if _, _, err := providertest.Collect(t, p, model.Request{Model: "m"}); err != nil {
 		t.Fatal(err)
 	}
 	if msgs := sent(t, s.Requests()[1]); len(msgs) != 1 || msgs[0].Role != "user" || msgs[0].Content[0].Text == "" {
@@ -246,7 +221,7 @@ func TestProviderFailures(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s := fakellm.New(fakellm.Anthropic, tc.reply)
 			defer s.Close()
-			_, _, err := collect(t, provider(s), model.Request{Model: "m"})
+			_, _, err := providertest.Collect(t, provider(s), model.Request{Model: "m"})
 			var me *model.Error
 			if !errors.As(err, &me) {
 				t.Fatalf("err %T %v", err, err)
@@ -269,7 +244,7 @@ func TestErrorEventInsideTheStream(t *testing.T) {
 		return fakellm.Reply{Chunks: []fakellm.Chunk{{Text: "a"}}, ErrorEvent: `{"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}`}
 	})
 	defer s.Close()
-	_, _, err := collect(t, provider(s), model.Request{Model: "m"})
+	_, _, err := providertest.Collect(t, provider(s), model.Request{Model: "m"})
 	var me *model.Error
 	if !errors.As(err, &me) || me.Status != 529 || me.Rejected() || !strings.Contains(me.Message, "Overloaded") {
 		t.Fatalf("err %v (%+v)", err, me)
@@ -281,7 +256,7 @@ func TestErrorEventInsideTheStream(t *testing.T) {
 func TestRefusalEventInsideTheStream(t *testing.T) {
 	s := fakellm.New(fakellm.Anthropic, fakellm.Reply{ErrorEvent: `{"type": "error", "error": {"type": "invalid_request_error", "message": "bad tool schema"}}`})
 	defer s.Close()
-	_, _, err := collect(t, provider(s), model.Request{Model: "m"})
+	_, _, err := providertest.Collect(t, provider(s), model.Request{Model: "m"})
 	var me *model.Error
 	if !errors.As(err, &me) || me.Status != 400 || !me.Rejected() || me.Message != "invalid_request_error: bad tool schema" {
 		t.Fatalf("err %v (%+v)", err, me)

@@ -205,11 +205,7 @@ func (s *stream) classify(err error) error {
 		}
 		return me
 	}
-	var se *json.SyntaxError
-	if errors.As(err, &se) || strings.Contains(err.Error(), "invalid character") || strings.Contains(err.Error(), "unexpected end of JSON") {
-		return &model.Error{Provider: "openai", Malformed: true, Message: err.Error(), Err: err}
-	}
-	return &model.Error{Provider: "openai", Message: err.Error(), Err: err}
+	return model.TransportError("openai", err)
 }
 
 // Response returns the assembled reply.

@@ -1,10 +1,8 @@
 package openai_test
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
-	"io"
 	"strings"
 	"testing"
 	"time"
@@ -24,33 +22,10 @@ func provider(s *fakellm.Server) *openai.Provider {
 	return openai.New(openai.Options{BaseURL: s.BaseURL(), APIKey: "sk-test"})
 }
 
-// collect reads a stream to its end.
-func collect(t *testing.T, p model.Provider, req model.Request) ([]model.Chunk, model.Response, error) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-	defer cancel()
-	s, err := p.Stream(ctx, req)
-	if err != nil {
-		return nil, model.Response{}, err
-	}
-	defer s.Close()
-	var chunks []model.Chunk
-	for {
-		c, err := s.Recv()
-		if err == io.EOF {
-			return chunks, s.Response(), nil
-		}
-		if err != nil {
-			return chunks, model.Response{}, err
-		}
-		chunks = append(chunks, c)
-	}
-}
-
 func TestTextStreamsChunkByChunk(t *testing.T) {
 	s := fakellm.New(fakellm.OpenAI, fakellm.Text("hello there world", 0))
 	defer s.Close()
-	chunks, resp, err := collect(t, provider(s), model.Request{Model: "gpt-x", Messages: []model.Message{{Role: model.RoleUser, Content: "hi"}}})
+	chunks, resp, err := providertest.Collect(t, provider(s), model.Request{Model: "gpt-x", Messages: []model.Message{{Role: model.RoleUser, Content: "hi"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +49,7 @@ func TestToolCallsAssembleFromFragments(t *testing.T) {
 	defer s.Close()
 	p := provider(s)
 
-	chunks, resp, err := collect(t, p, model.Request{Model: "m"})
+	chunks, resp, err := providertest.Collect(t, p, model.Request{Model: "m"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,12 +57,12 @@ func TestToolCallsAssembleFromFragments(t *testing.T) {
 		Arguments: `{"url": "https://example.org", "depth": 2}`}) || resp.FinishReason != "tool_calls" {
 		t.Fatalf("%d chunks, %+v", len(chunks), resp)
 	}
-	_, resp, err = collect(t, p, model.Request{Model: "m"})
+	_, resp, err = providertest.Collect(t, p, model.Request{Model: "m"})
 	if err != nil || len(resp.ToolCalls) != 2 || resp.ToolCalls[0].Arguments != `{"x": 1}` || resp.ToolCalls[1].Arguments != `{"y": 2}` ||
 		resp.ToolCalls[1].Name != "b" {
 		t.Fatalf("interleaved: %+v %v", resp, err)
 	}
-	_, resp, err = collect(t, p, model.Request{Model: "m"})
+	_, resp, err = providertest.Collect(t, p, model.Request{Model: "m"})
 	if err != nil || resp.ToolCalls[0].Arguments != `{"url": ` {
 		t.Fatalf("invalid JSON arguments must be kept as sent: %+v %v", resp, err)
 	}
@@ -97,7 +72,7 @@ func TestRequestMapping(t *testing.T) {
 	s := fakellm.New(fakellm.OpenAI, fakellm.Text("ok", 0))
 	defer s.Close()
 	p := openai.New(openai.Options{BaseURL: s.URL + "/proxy/v1/", APIKey: "sk-abc"})
-	_, _, err := collect(t, p, model.Request{
+	_, _, err := providertest.Collect(t, p, model.Request{
 		Model: "gpt-4o-mini", System: "be brief",
 		Messages: []model.Message{
 			{Role: model.RoleUser, Content: "count"},
@@ -162,7 +137,7 @@ func TestProviderFailures(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s := fakellm.New(fakellm.OpenAI, tc.reply)
 			defer s.Close()
-			_, _, err := collect(t, provider(s), model.Request{Model: "m"})
+			_, _, err := providertest.Collect(t, provider(s), model.Request{Model: "m"})
 			var me *model.Error
 			if !errors.As(err, &me) {
 				t.Fatalf("err %T %v", err, err)

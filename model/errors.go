@@ -1,6 +1,8 @@
 package model
 
 import (
+	"encoding/json"
+	"errors"
 	"strconv"
 	"strings"
 	"time"
@@ -31,4 +33,16 @@ func ParseRetryAfter(v string, now time.Time) time.Duration {
 		}
 	}
 	return 0
+}
+
+// TransportError classifies a stream failure that is not an HTTP error
+// status: a reply that could not be parsed is Malformed, anything else (a
+// reset connection, an unexpected EOF) a plain provider failure. Both are
+// LLM-phase failures that move along the failover chain.
+func TransportError(provider string, err error) *Error {
+	var se *json.SyntaxError
+	if errors.As(err, &se) || strings.Contains(err.Error(), "invalid character") || strings.Contains(err.Error(), "unexpected end of JSON") {
+		return &Error{Provider: provider, Malformed: true, Message: err.Error(), Err: err}
+	}
+	return &Error{Provider: provider, Message: err.Error(), Err: err}
 }
