@@ -485,28 +485,71 @@ func TestStepWatchdog(t *testing.T) {
 			}
 		})
 	})
-	t.Run("an advisory tool past its timeout and silent is not", func(t *testing.T) {
+	t.Run("an advisory tool past its timeout and silent keeps the turn alive", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			// The issue's case: timeout 1s, silent for 3s, step 1500ms. The
+			// advisory result must be used, not thrown away by no_progress.
+			p := lines(t, `{"tool_calls": [{"name": "report"}]}`, `{"text": "ok"}`)
+			report := goTool("report", budget.Advisory, time.Second, func(ctx context.Context, _ json.RawMessage, _ tool.Progress) (any, error) {
+				select {
+				case <-time.After(3 * time.Second):
+					return "the report", nil
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
+			})
+			b := budget.Defaults()
+			b.Step = secs(1500*time.Millisecond, budget.SourceFile, budget.KeyStep)
+			res, _ := fixture{models: []model.Endpoint{endpoint(p, "m")}, tools: []agent.Tool{report}, budgets: b}.run(t, t.Context(), "go")
+			r := res.Record
+			tr := toolRecord(t, res, "report")
+			if r.StopReason != budget.Answered || tr.Outcome != event.OutcomeOK || !tr.Overran || tr.DurationMS != 3000 {
+				t.Fatalf("got %s, record %+v: %s", r.StopReason, tr, r.Message)
+			}
+		})
+	})
+	t.Run("a silent advisory tool is still stopped by the turn ceiling", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			p := lines(t, `{"tool_calls": [{"name": "drift"}]}`, `{"text": "ok"}`)
 			drift := goTool("drift", budget.Advisory, time.Minute, func(ctx context.Context, _ json.RawMessage, _ tool.Progress) (any, error) {
 				<-ctx.Done()
 				return nil, ctx.Err()
 			})
+			b := budget.Defaults()
+			b.Turn = secs(20*time.Minute, budget.SourceFile, budget.KeyTurn)
 			start := time.Now()
-			res, _ := fixture{models: []model.Endpoint{endpoint(p, "m")}, tools: []agent.Tool{drift}}.run(t, t.Context(), "go")
+			res, _ := fixture{models: []model.Endpoint{endpoint(p, "m")}, tools: []agent.Tool{drift}, budgets: b}.run(t, t.Context(), "go")
 			r := res.Record
-			if r.StopReason != budget.NoProgress || !r.Flags.TimedOutDuringToolExecution || r.Flags.TimedOutByTurnBudget {
+			// step (5m) never fires while it runs; the ceiling does.
+			if r.StopReason != budget.TurnTimeout || !r.Flags.TimedOutDuringToolExecution || !r.Flags.TimedOutByTurnBudget {
 				t.Fatalf("got %s %+v: %s", r.StopReason, r.Flags, r.Message)
 			}
-			// Last progress: the model reply at 0s; step fires at 5m.
-			if d := time.Since(start); d != 5*time.Minute {
+			if d := time.Since(start); d != 20*time.Minute {
 				t.Fatalf("stopped after %s", d)
 			}
-			if !strings.Contains(r.Message, "nothing progressed for 5m0s (timeouts.step)") || !strings.Contains(r.Message, "tool drift") {
-				t.Fatalf("message %q", r.Message)
-			}
-			if tr := toolRecord(t, res, "drift"); tr.Outcome != event.OutcomeCancelled || tr.Phase != budget.PhaseStep {
+			if tr := toolRecord(t, res, "drift"); tr.Outcome != event.OutcomeCancelled || tr.Phase != budget.PhaseTurn {
 				t.Fatalf("record %+v", tr)
+			}
+		})
+	})
+	t.Run("the step window starts again when an advisory call returns", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			// After the advisory call returns at 8m the model stays silent:
+			// step (5m) counts from the call's end, so the turn stops at 13m.
+			p := lines(t, `{"tool_calls": [{"name": "drift"}]}`, `{"text": "x", "stall_after": 0}`)
+			drift := goTool("drift", budget.Advisory, time.Minute, func(ctx context.Context, _ json.RawMessage, _ tool.Progress) (any, error) {
+				time.Sleep(8 * time.Minute)
+				return "done", nil
+			})
+			b := budget.Defaults()
+			b.LLMFirstChunk.D, b.LLMIdle.D = 0, 0
+			start := time.Now()
+			res, _ := fixture{models: []model.Endpoint{endpoint(p, "m")}, tools: []agent.Tool{drift}, budgets: b}.run(t, t.Context(), "go")
+			if r := res.Record; r.StopReason != budget.NoProgress || r.Flags.TimedOutDuringToolExecution {
+				t.Fatalf("got %s %+v: %s", r.StopReason, r.Flags, r.Message)
+			}
+			if d := time.Since(start); d != 13*time.Minute {
+				t.Fatalf("stopped after %s", d)
 			}
 		})
 	})

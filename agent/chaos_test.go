@@ -581,11 +581,16 @@ func TestChaosIdleBreakerResetsOnAReply(t *testing.T) {
 }
 
 // The step watchdog firing while a tool runs past its own timeout is the
-// tool's time: no rotation, no new request, a message about the tool.
+// tool's time: no rotation, no new request, a message about the tool. A
+// cooperative tool that ignores its cancellation is still running in its
+// kill grace when step fires.
 func TestChaosStepWatchdogDuringTool(t *testing.T) {
 	c := newChaos(t, replies{fakellm.ToolCall("call_1", "drift", `{}`, 8), answer("never")}, replies{answer("the fallback must not be asked")})
-	c.tools = []agent.Tool{hang("drift", 50*time.Millisecond)}
-	c.tools[0].Budget.Enforcement = budget.Advisory // never stopped by its own budget
+	c.tools = []agent.Tool{goTool("drift", budget.Cooperative, 50*time.Millisecond, func(ctx context.Context, _ json.RawMessage, _ tool.Progress) (any, error) {
+		<-ctx.Done()
+		time.Sleep(1500 * time.Millisecond) // ignores its cancellation past its 1s kill grace
+		return nil, context.Cause(ctx)
+	})}
 	c.budgets.Step = budget.Duration{D: 400 * time.Millisecond, Source: budget.SourceFile, Knob: budget.KeyStep}
 	o := c.run()
 	r := o.res.Record
@@ -599,7 +604,34 @@ func TestChaosStepWatchdogDuringTool(t *testing.T) {
 		strings.Contains(strings.ToLower(r.Message), "model") {
 		t.Fatalf("message %q", r.Message)
 	}
-	if tr := toolRecord(t, o.res, "drift"); tr.Phase != budget.PhaseStep || !tr.Overran {
+	if tr := toolRecord(t, o.res, "drift"); tr.Phase != budget.PhaseTool || tr.Outcome != event.OutcomeAbandoned {
+		t.Fatalf("tool record %+v", tr)
+	}
+}
+
+// An advisory tool that runs silently past its own timeout and past
+// timeouts.step is waited for (spec §6): its result is used, the model
+// answers, and nothing rotates.
+func TestChaosAdvisoryToolOutlastsStep(t *testing.T) {
+	c := newChaos(t, replies{fakellm.ToolCall("call_1", "report", `{}`, 8), answer("done")}, replies{answer("the fallback must not be asked")})
+	c.tools = []agent.Tool{goTool("report", budget.Advisory, 50*time.Millisecond, func(ctx context.Context, _ json.RawMessage, _ tool.Progress) (any, error) {
+		select {
+		case <-time.After(700 * time.Millisecond):
+			return "the report", nil
+		case <-ctx.Done():
+			return nil, context.Cause(ctx)
+		}
+	})}
+	c.budgets.Step = budget.Duration{D: 400 * time.Millisecond, Source: budget.SourceFile, Knob: budget.KeyStep}
+	o := c.run()
+	r := o.res.Record
+	if r.StopReason != budget.Answered || r.Answer != "done" || r.Flags != (event.Flags{}) {
+		t.Fatalf("stopped %s with flags %+v: %s", r.StopReason, r.Flags, r.Message)
+	}
+	if len(o.failover) != 0 || !slices.Equal(o.hits, []string{"A1", "A1"}) || len(c.b.Requests()) != 0 {
+		t.Fatalf("%d failovers, hits %v", len(o.failover), o.hits)
+	}
+	if tr := toolRecord(t, o.res, "report"); tr.Outcome != event.OutcomeOK || !tr.Overran {
 		t.Fatalf("tool record %+v", tr)
 	}
 }

@@ -23,6 +23,10 @@ type activity struct {
 	// calls, which have their own watchdogs.
 	deadline time.Time
 	limit    time.Duration
+	// advisory marks an advisory tool call: it keeps the turn alive until
+	// it returns, whatever its own deadline (spec §6), so the step
+	// watchdog waits for it.
+	advisory bool
 	// streaming is set once a model call has received a chunk.
 	streaming bool
 	// compaction marks a history-compaction call.
@@ -161,7 +165,7 @@ func (l *liveness) check(now time.Time) (next time.Time, ok bool) {
 		consider(a.nextNotice)
 	}
 	var fire *budget.TimeoutError
-	if !l.step.Off() && !l.fired {
+	if !l.step.Off() && !l.fired && !l.advisoryRunningLocked() {
 		due := l.lastProgress.Add(l.step.D)
 		for a := range l.running {
 			if a.deadline.After(due) {
@@ -185,6 +189,19 @@ func (l *liveness) check(now time.Time) (next time.Time, ok bool) {
 		l.stop(fire)
 	}
 	return next, ok
+}
+
+// advisoryRunningLocked reports whether an advisory tool call is running;
+// while one is, the step watchdog does not fire. Its end is a progress
+// signal (end with completed), which starts a fresh step window. l.mu is
+// held.
+func (l *liveness) advisoryRunningLocked() bool {
+	for a := range l.running {
+		if a.advisory {
+			return true
+		}
+	}
+	return false
 }
 
 // compacting reports whether a history compaction is running.

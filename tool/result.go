@@ -104,7 +104,10 @@ func timeoutInfo(name string, b budget.ToolBudget, x *Execution) ErrorInfo {
 		what = fmt.Sprintf("Tool %q did not finish within %s and was stopped.", name, te.Limit)
 	}
 	if x.Abandoned {
-		what = strings.TrimSuffix(what, " and was stopped.") + fmt.Sprintf(" It was asked to stop and had not after %s, so timebox stopped waiting for it.", budget.Round(b.KillGrace))
+		if cut, ok := strings.CutSuffix(what, " and was stopped."); ok {
+			what = cut + "."
+		}
+		what += fmt.Sprintf(" It was asked to stop and had not after %s, so timebox stopped waiting for it.", budget.Round(b.KillGrace))
 	}
 	info.Message = what + fmt.Sprintf(" It may be hung (for example on an unreachable service). Try a narrower request or a different tool; an operator can raise %s.", te.Knob)
 	if x.Result != nil {
