@@ -201,7 +201,7 @@ func (st *streamState) follow(lt *liveTurn, sb *sub) streamEnd {
 				return endClientGone
 			case <-st.s.closing:
 				lt.hub.unsubscribe(sb)
-				return st.end(endShutdown)
+				return st.shutdown(lt)
 			}
 			if st.x.err != nil {
 				lt.hub.unsubscribe(sb)
@@ -209,6 +209,31 @@ func (st *streamState) follow(lt *liveTurn, sb *sub) streamEnd {
 			}
 		}
 	}
+}
+
+// shutdown ends a stream because the server is closing its streams.
+// Shutdown closes them only once the running turns have ended and stored
+// their records, but the follower may not have sent the last frames yet
+// (select picks at random between a ready frame and the closing server):
+// whatever the stream has not sent, turn_finished included, is in the
+// store, and it is sent before the stream ends. Only a turn that did not
+// end (a Runner that ignored its cancellation) ends its stream without
+// turn_finished; the client resumes it from the store after a restart.
+func (st *streamState) shutdown(lt *liveTurn) streamEnd {
+	if lt != nil {
+		select {
+		case <-lt.done:
+		default:
+			return st.end(endShutdown)
+		}
+	}
+	if err := st.replay(replayAll); err != nil {
+		return st.end(endClientGone)
+	}
+	if st.finished {
+		return st.end(endFinished)
+	}
+	return st.end(endShutdown)
 }
 
 // waitStored waits, briefly, until the turn's record is stored, so that a
@@ -251,7 +276,7 @@ func (st *streamState) poll() streamEnd {
 		case <-st.ctx.Done():
 			return endClientGone
 		case <-st.s.closing:
-			return st.end(endShutdown)
+			return st.shutdown(nil)
 		}
 		if st.x.err != nil {
 			return endClientGone
