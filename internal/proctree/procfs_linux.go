@@ -207,3 +207,26 @@ func cmdline(pid int) string {
 	}
 	return strings.ToValidUTF8(s, "?")
 }
+
+// userHZ is the unit of the start times in /proc/<pid>/stat: clock ticks,
+// which the kernel reports at USER_HZ, 100 a second, on every architecture
+// Linux runs Go on.
+const userHZ = 100
+
+// bootTicks returns the time since boot (CLOCK_BOOTTIME, the clock of
+// /proc/<pid>/stat's start times) in clock ticks, rounded down.
+func bootTicks() uint64 {
+	var ts unix.Timespec
+	if unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts) != nil {
+		return 0
+	}
+	return uint64(ts.Nano()) / (1e9 / userHZ)
+}
+
+// startedBefore reports whether process pid started in a clock tick
+// before tick: certainly before that tick began. It is false when that
+// cannot be told (0 ticks, no such process).
+func startedBefore(pid int, tick uint64) bool {
+	st, err := readStat(pid)
+	return err == nil && tick > 0 && st.start < tick
+}

@@ -191,8 +191,9 @@ func (t *Tree) signal(sig unix.Signal) {
 	if t.cg == nil {
 		// The group first, in one system call, so that the common case
 		// (nothing left the group) is signalled before the scan.
+		before := bootTicks()
 		if unix.Kill(-t.pid, sig) == nil {
-			t.refreshGroup(sig)
+			t.refreshGroup(sig, before)
 			return
 		}
 	}
@@ -200,12 +201,21 @@ func (t *Tree) signal(sig unix.Signal) {
 }
 
 // refreshGroup holds the members a scan finds right after the process
-// group was sent sig: those in the group are counted as signalled, so that
-// a process that traps the signal sees it once; the others get it now.
-func (t *Tree) refreshGroup(sig unix.Signal) {
+// group was sent sig (at boot tick `before` or later). A member that
+// existed when the group was signalled got it then, and is counted as
+// signalled, so that a process that traps the signal sees it once: one
+// held before, or one that started a whole clock tick before the group
+// was signalled. Every other member gets it now — among them a process
+// forked between the group signal and the scan, which the group signal
+// missed (a parent that forks as it handles SIGTERM). One that started in
+// the same clock tick as the group signal may see it twice; missing it
+// would cost its whole kill grace.
+func (t *Tree) refreshGroup(sig unix.Signal, before uint64) {
 	for _, ref := range trk.members(t.n) {
+		old, known := t.members[ref.pid]
+		known = known && !old.exited()
 		h := t.hold(ref)
-		if ref.inGroup {
+		if ref.inGroup && (known || startedBefore(ref.pid, before)) {
 			if h.sent == nil {
 				h.sent = map[unix.Signal]bool{}
 			}
