@@ -3,7 +3,7 @@ package cli_test
 // Browser tests: `timebox serve` on the demo agent, driven in a real
 // headless Chromium with chromedp, the way a user watches a turn.
 //
-// Without a Chromium these tests skip, unless TIMEBOX_BROWSER_TESTS=require
+// Without a Chromium these tests skip, unless TB_TEST_REQUIRE=chromium
 // (CI sets it, after installing Debian's chromium), when they fail. On a
 // failure the page is saved as a screenshot and its text is logged.
 
@@ -13,7 +13,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -26,30 +25,19 @@ import (
 
 	"github.com/timebox-run/timebox/internal/cli"
 	"github.com/timebox-run/timebox/internal/proctest"
+	"github.com/timebox-run/timebox/internal/testenv"
 )
 
 const demoAgent = "../../examples/demo/agent.yaml"
 
-// chromium returns the browser to drive, or skips the test.
+// chromium returns the browser to drive, or skips the test (fails it
+// under TB_TEST_REQUIRE=chromium).
 func chromium(t *testing.T) string {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("browser tests are not short")
 	}
-	names := []string{os.Getenv("TIMEBOX_CHROMIUM"), "chromium", "chromium-browser", "google-chrome", "google-chrome-stable"}
-	for _, n := range names {
-		if n == "" {
-			continue
-		}
-		if p, err := exec.LookPath(n); err == nil {
-			return p
-		}
-	}
-	if os.Getenv("TIMEBOX_BROWSER_TESTS") == "require" {
-		t.Fatal("TIMEBOX_BROWSER_TESTS=require but no chromium was found: apt-get install chromium, or set TIMEBOX_CHROMIUM")
-	}
-	t.Skip("no chromium on PATH (set TIMEBOX_CHROMIUM, or TIMEBOX_BROWSER_TESTS=require to fail instead)")
-	return ""
+	return testenv.Chromium(t)
 }
 
 // serveDemo runs `timebox serve` on the demo agent on a free loopback port
@@ -113,7 +101,7 @@ func openPage(t *testing.T, base string) *page {
 		chromedp.Flag("disable-component-update", true),
 		chromedp.WindowSize(1100, 900),
 	)
-	if os.Getenv("TIMEBOX_PAGE_SCREENSHOT") != "" {
+	if os.Getenv("TB_TEST_SCREENSHOT") != "" {
 		opts = append(opts, chromedp.WindowSize(1100, 1250)) // the whole demo turn in sight
 	}
 	log := &syncBuffer{}
@@ -277,7 +265,7 @@ func TestPageFollowsADemoTurn(t *testing.T) {
 		}
 	}
 	p.waitFor("the still_working notice", q(`.still-working`))
-	if shot := os.Getenv("TIMEBOX_PAGE_SCREENSHOT"); shot != "" { // docs/page.png
+	if shot := os.Getenv("TB_TEST_SCREENSHOT"); shot != "" { // docs/page.png
 		ctx, cancel := context.WithTimeout(p.ctx, 10*time.Second)
 		if b, err := chromedp.Run(ctx, chromedp.CaptureScreenshot()); err == nil {
 			_ = os.WriteFile(shot, b, 0o644)

@@ -1,8 +1,9 @@
 package mcptool
 
 // Tests against real MCP servers from npm, pinned in testdata/package.json
-// and installed with `npm ci --prefix tool/mcptool/testdata`. They are
-// skipped only when node itself is absent.
+// and testdata/package-lock.json. The first test that needs them installs
+// them (`npm ci --prefix tool/mcptool/testdata`); without node, or when the
+// install fails, they skip, unless TB_TEST_REQUIRE=npm (CI), when they fail.
 
 import (
 	"bytes"
@@ -26,20 +27,17 @@ import (
 
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/testenv"
 )
 
-// npmBin returns the path of an installed server's binary.
+// npmBin returns the path of an installed server's binary, installing the
+// pinned packages first if need be (internal/testenv.NPM).
 func npmBin(t *testing.T, name string) string {
 	t.Helper()
-	if _, err := exec.LookPath("node"); err != nil {
-		t.Skip("node is not installed: the tests against real MCP servers need node (and `npm ci --prefix tool/mcptool/testdata`)")
-	}
-	p, err := filepath.Abs(filepath.Join("testdata", "node_modules", ".bin", name))
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir := testenv.NPM(t, "testdata")
+	p := filepath.Join(dir, "node_modules", ".bin", name)
 	if _, err := os.Stat(p); err != nil {
-		t.Fatalf("%s is not installed: run `npm ci --prefix tool/mcptool/testdata`", name)
+		t.Fatalf("%s is not in the pinned packages of %s/package.json: %v", name, dir, err)
 	}
 	return p
 }
