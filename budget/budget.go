@@ -9,6 +9,8 @@ package budget
 
 import (
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -200,6 +202,23 @@ func Round(d time.Duration) time.Duration {
 		return d.Round(time.Second)
 	}
 	return d.Round(time.Millisecond)
+}
+
+// FormatDuration renders d the way a person writes it in the agent file:
+// whole seconds under two minutes as "60s", whole minutes as "5m", whole
+// hours as "2h", and Go's syntax otherwise ("1m30s", "750ms").
+func FormatDuration(d time.Duration) string {
+	if d > 0 && d < 2*time.Minute && d%time.Second == 0 {
+		return strconv.FormatInt(int64(d/time.Second), 10) + "s"
+	}
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
 }
 
 // FormatBytes renders a byte count the way the agent file accepts it.

@@ -321,16 +321,4 @@ func checkSize(v value, b bounds) (int64, string) {
 // Whole seconds under two minutes stay in seconds, because that is how the
 // spec and most files write them (60s, 90s), and a table that printed 1m
 // would look like a different value from the one in the file.
-func fmtDuration(d time.Duration) string {
-	if d > 0 && d < 2*time.Minute && d%time.Second == 0 {
-		return strconv.FormatInt(int64(d/time.Second), 10) + "s"
-	}
-	s := d.String()
-	if strings.HasSuffix(s, "m0s") {
-		s = strings.TrimSuffix(s, "0s")
-	}
-	if strings.HasSuffix(s, "h0m") {
-		s = strings.TrimSuffix(s, "0m")
-	}
-	return s
-}
+func fmtDuration(d time.Duration) string { return budget.FormatDuration(d) }

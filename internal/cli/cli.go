@@ -84,7 +84,12 @@ func Run(ctx context.Context, args []string, o IO) int {
 		return cmdValidate(args[1:], o)
 	case "tool":
 		if len(args) < 2 || args[1] != "call" {
-			fmt.Fprintln(o.Err, "usage: timebox tool call NAME --input '{...}' [-f agent.yaml]")
+			const toolUsage = "usage: timebox tool call NAME --input '{...}' [-f agent.yaml]"
+			if len(args) == 2 && isHelp(args[1]) {
+				fmt.Fprintln(o.Out, toolUsage)
+				return ExitOK
+			}
+			fmt.Fprintln(o.Err, toolUsage)
 			return ExitUsage
 		}
 		return cmdToolCall(ctx, args[2:], o)
@@ -93,7 +98,7 @@ func Run(ctx context.Context, args []string, o IO) int {
 	case "runs":
 		return cmdRuns(ctx, args[1:], o)
 	case "version", "--version", "-v":
-		fmt.Fprintln(o.Out, "timebox", versionString())
+		fmt.Fprint(o.Out, versionText())
 		return ExitOK
 	case "help", "-h", "--help":
 		fmt.Fprint(o.Out, usage)
@@ -131,6 +136,25 @@ func (c *common) overrides(fs *flag.FlagSet, o IO) config.Overrides {
 		}
 	}
 	return ov
+}
+
+// isHelp reports whether arg asks for a command's usage.
+func isHelp(arg string) bool {
+	switch arg {
+	case "-h", "-help", "--help", "help":
+		return true
+	}
+	return false
+}
+
+// usageExit returns the exit code of a command whose flags did not parse:
+// ExitOK when -h or --help asked for the usage (which the flag set printed),
+// ExitUsage for a flag error.
+func usageExit(err error) int {
+	if errors.Is(err, flag.ErrHelp) {
+		return ExitOK
+	}
+	return ExitUsage
 }
 
 // parse parses flags and positional arguments in any order.

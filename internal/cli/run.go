@@ -19,7 +19,6 @@ import (
 	"github.com/timebox-run/timebox/model/script"
 )
 
-func versionString() string { return timebox.Version }
 
 // jsonLines is a sink that writes each event as one JSON line.
 type jsonLines struct {
@@ -94,12 +93,12 @@ func cmdRun(ctx context.Context, args []string, o IO) int {
 	asJSON := fs.Bool("json", false, "write the events as JSON lines to stdout, and nothing else")
 	session := fs.String("session", "", "the session id (conversation) the turn belongs to")
 	// Storing the turn (issue 3): see runs.go and docs/decisions/run-stores-turns.md.
-	db := fs.String("db", "", `store the turn in this file, for timebox runs (env TIMEBOX_DB; default `+defaultDB+`; "" stores nothing)`)
+	db := fs.String("db", "", `store the turn in this file, for timebox runs (env TIMEBOX_DB; default `+stateDB(o)+`; "" stores nothing)`)
 	noStore := fs.Bool("no-store", false, "do not store the turn")
 	recordTo := fs.String("record", "", "write the model's replies, with timings, to this file as a script (model/script) for offline replay")
 	pos, err := parse(fs, args)
 	if err != nil {
-		return ExitUsage
+		return usageExit(err)
 	}
 	prompt := strings.Join(pos, " ")
 	if prompt == "-" {

@@ -82,7 +82,9 @@ func TestDemo(t *testing.T) {
 func TestPlainViewAndExitCodes(t *testing.T) {
 	proctest.AfterTest(t)
 	r := run(t, nil, "run", "-f", demo, "--no-store", "Tour the budgets")
-	for _, want := range []string{"web_fetch", "timed out", "overran its budget (advisory): result used", "8 progress reports", "✔ answered"} {
+	// Durations read as in the agent file and validate: 60s, 2m, not 1m0s.
+	for _, want := range []string{"budgets: tool 60s, step 5m, turn 2m, llm_idle 2m", "web_fetch started (timeout 1s from tool, hard)",
+		"timed out: stopped, the model was told", "web_fetch", "overran its budget (advisory): result used", "8 progress reports", "✔ answered"} {
 		if !strings.Contains(r.out, want) {
 			t.Errorf("plain output lacks %q:\n%s", want, r.out)
 		}
@@ -99,6 +101,22 @@ func TestPlainViewAndExitCodes(t *testing.T) {
 	if r := run(t, nil, "run", "-f", stalling, "--no-store", "--llm-first-chunk-timeout", "0", "--turn-timeout", "300ms", "hi"); r.code != 3 ||
 		!strings.Contains(r.out, "turn_timeout") || !strings.Contains(r.out, "raise --turn-timeout") {
 		t.Errorf("stopped turn: exit %d\n%s%s", r.code, r.out, r.err)
+	}
+}
+
+// Every command answers -h and --help with its usage and exit 0.
+func TestHelpExitsZero(t *testing.T) {
+	for _, args := range [][]string{{"run"}, {"validate"}, {"serve"}, {"tool"}, {"tool", "call"}, {"runs"}, {"runs", "list"},
+		{"runs", "show"}, {"runs", "export"}, {"version"}, {"help"}} {
+		for _, h := range []string{"-h", "--help"} {
+			r := run(t, nil, append(args, h)...)
+			if r.code != 0 || r.out+r.err == "" {
+				t.Errorf("timebox %s %s: exit %d, nothing printed: %q %q", strings.Join(args, " "), h, r.code, r.out, r.err)
+			}
+		}
+	}
+	if r := run(t, nil, "run", "--no-such-flag"); r.code != 2 {
+		t.Errorf("an unknown flag: exit %d", r.code)
 	}
 }
 
@@ -147,6 +165,10 @@ func TestToolCall(t *testing.T) {
 	}
 	if r.code != 3 || rec.Outcome != "timed_out" || rec.TimeoutMS != 1000 || rec.TimeoutSource != "tool" {
 		t.Fatalf("exit %d, record %+v", r.code, rec)
+	}
+	// Outside a turn there is no model: the person calling is told.
+	if !strings.Contains(r.err, "timed out: stopped, the caller was told") || strings.Contains(r.err, "model") {
+		t.Fatalf("tool call output: %s", r.err)
 	}
 	r = run(t, nil, "tool", "call", "word_count", "-f", demo, "--input", `{"text": "one two"}`)
 	if r.code != 0 || !strings.Contains(r.out, `"outcome": "ok"`) {

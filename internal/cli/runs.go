@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -22,9 +23,13 @@ import (
 )
 
 const runsUsage = `usage:
-  timebox runs list [--status S] [--stop-reason R] [--session ID] [--limit N] [--json] [--db timebox.db]
-  timebox runs show ID [--json] [--db timebox.db]      a turn's record: status, message, every call against its budget
-  timebox runs export ID [--db timebox.db]             a turn's events as JSON lines (as run --json wrote them)`
+  timebox runs list [--status S] [--stop-reason R] [--session ID] [--limit N] [--json] [--db FILE]
+  timebox runs show ID [--json] [--db FILE]      a turn's record: status, message, every call against its budget
+  timebox runs export ID [--db FILE]             a turn's events as JSON lines (as run --json wrote them)
+
+The store is --db, else TIMEBOX_DB, else timebox.db in $XDG_STATE_HOME/timebox
+(~/.local/state/timebox), where timebox run keeps its turns; timebox serve
+keeps them in timebox.db in its working directory unless told otherwise.`
 
 func openSQLite(path string) (*sqlite.Store, error) {
 	st, err := sqlite.Open(path, sqlite.Options{})
@@ -42,7 +47,7 @@ func cmdRuns(ctx context.Context, args []string, o IO) int {
 	sub := args[0]
 	fs := flag.NewFlagSet("timebox runs "+sub, flag.ContinueOnError)
 	fs.SetOutput(o.Err)
-	dbFlag := fs.String("db", "", "the store file (env TIMEBOX_DB; default "+defaultDB+")")
+	dbFlag := fs.String("db", "", "the store file (env TIMEBOX_DB; default "+stateDB(o)+")")
 	asJSON := fs.Bool("json", false, "write JSON instead of a table")
 	var f store.Filter
 	var status, reason string
@@ -54,7 +59,7 @@ func cmdRuns(ctx context.Context, args []string, o IO) int {
 	}
 	switch sub {
 	case "list", "show", "export":
-	case "-h", "--help", "help":
+	case "-h", "-help", "--help", "help":
 		fmt.Fprintln(o.Out, runsUsage)
 		return ExitOK
 	default:
@@ -63,19 +68,20 @@ func cmdRuns(ctx context.Context, args []string, o IO) int {
 	}
 	pos, err := parse(fs, args[1:])
 	if err != nil {
-		return ExitUsage
+		return usageExit(err)
 	}
 	if (sub == "list") != (len(pos) == 0) || len(pos) > 1 {
 		fmt.Fprintln(o.Err, runsUsage)
 		return ExitUsage
 	}
-	db := setting(fs, "db", *dbFlag, "TIMEBOX_DB", o, defaultDB)
+	db := setting(fs, "db", *dbFlag, "TIMEBOX_DB", o, stateDB(o))
 	if db == "" {
 		fmt.Fprintln(o.Err, `timebox runs: --db is "": name the store file`)
 		return ExitUsage
 	}
 	if _, err := os.Stat(db); errors.Is(err, os.ErrNotExist) {
-		fmt.Fprintf(o.Err, "timebox runs: no store at %s: nothing was stored there yet (timebox run and timebox serve store their turns in %s; --db or TIMEBOX_DB names another file)\n", db, defaultDB)
+		fmt.Fprintf(o.Err, "timebox runs: no store at %s: nothing was stored there yet (timebox run stores its turns in %s, timebox serve in %s in its working directory; --db or TIMEBOX_DB names another file)\n",
+			db, stateDB(o), defaultDB)
 		return ExitFailed
 	}
 	st, err := openStore(db, false, o)
@@ -299,13 +305,32 @@ type runStore struct {
 	rec *store.Recorder
 }
 
+// stateDB returns where `timebox run` keeps its turns unless told
+// otherwise, and where `timebox runs` looks for them: timebox.db in the
+// user's state directory ($XDG_STATE_HOME/timebox, else
+// ~/.local/state/timebox), or in the working directory when neither
+// variable is set (docs/decisions/where-turns-are-stored.md).
+func stateDB(o IO) string {
+	if d := o.getenv("XDG_STATE_HOME"); filepath.IsAbs(d) {
+		return filepath.Join(d, "timebox", defaultDB)
+	}
+	if h := o.getenv("HOME"); filepath.IsAbs(h) {
+		return filepath.Join(h, ".local", "state", "timebox", defaultDB)
+	}
+	return defaultDB
+}
+
 // openRunStore opens the store `timebox run` writes to: --db, else
-// TIMEBOX_DB, else timebox.db; nothing with --no-store or --db "". A store
+// TIMEBOX_DB, else stateDB; nothing with --no-store or --db "". A store
 // that cannot be opened is a warning, not a failure: the turn is what the
 // user asked for.
 func openRunStore(fs *flag.FlagSet, db string, noStore bool, o IO) *runStore {
-	path := setting(fs, "db", db, "TIMEBOX_DB", o, defaultDB)
+	path := setting(fs, "db", db, "TIMEBOX_DB", o, stateDB(o))
 	if noStore || path == "" {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		fmt.Fprintf(o.Err, "warning: %v; the turn will not be stored (--no-store silences this)\n", err)
 		return nil
 	}
 	st, err := openStore(path, false, o)

@@ -46,7 +46,7 @@ func cmdServe(ctx context.Context, args []string, o IO) int {
 	tokenFlag := fs.String("token", "", "require \"Authorization: Bearer TOKEN\" on the API and /metrics (env TIMEBOX_TOKEN, which ps does not show)")
 	pos, err := parse(fs, args)
 	if err != nil {
-		return ExitUsage
+		return usageExit(err)
 	}
 	if len(pos) > 0 {
 		fmt.Fprintf(o.Err, "timebox serve: unexpected argument %q (the file is given with -f)\n", pos[0])

@@ -19,7 +19,7 @@ func cmdValidate(args []string, o IO) int {
 	fs, c := newFlags("validate", o)
 	pos, err := parse(fs, args)
 	if err != nil {
-		return ExitUsage
+		return usageExit(err)
 	}
 	if len(pos) > 0 {
 		fmt.Fprintf(o.Err, "timebox validate: unexpected argument %q (the file is given with -f)\n", pos[0])
@@ -104,7 +104,7 @@ func cmdToolCall(ctx context.Context, args []string, o IO) int {
 	input := fs.String("input", "{}", "the call's arguments, a JSON object")
 	pos, err := parse(fs, args)
 	if err != nil {
-		return ExitUsage
+		return usageExit(err)
 	}
 	if len(pos) != 1 {
 		fmt.Fprintln(o.Err, "usage: timebox tool call NAME --input '{...}' [-f agent.yaml]")
@@ -133,6 +133,7 @@ func cmdToolCall(ctx context.Context, args []string, o IO) int {
 		return ExitUsage
 	}
 	v := newView(o.Err, false, false)
+	v.told = "the caller"
 	rec := a.CallTool(ctx, pos[0], json.RawMessage(*input), v)
 	b, _ := json.MarshalIndent(rec, "", "  ")
 	fmt.Fprintln(o.Out, string(b))

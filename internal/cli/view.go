@@ -21,6 +21,9 @@ type view struct {
 	live  bool
 	color bool
 	now   func() time.Time
+	// told names who gets a stopped call's result: the model in a turn,
+	// the caller of `timebox tool call`.
+	told string
 
 	mu       sync.Mutex
 	running  map[string]*chip // by call_id, or "model"
@@ -49,7 +52,7 @@ type chip struct {
 }
 
 func newView(w io.Writer, live, color bool) *view {
-	v := &view{w: w, live: live, color: color, now: time.Now, running: map[string]*chip{}}
+	v := &view{w: w, live: live, color: color, now: time.Now, told: "the model", running: map[string]*chip{}}
 	if live {
 		v.quit, v.done = make(chan struct{}), make(chan struct{})
 		go v.tick()
@@ -112,7 +115,8 @@ func (v *view) Emit(e event.Event) {
 	case *event.TurnStarted:
 		b := d.Budgets
 		v.println(v.c(dim, fmt.Sprintf("turn %s · model %s · budgets: tool %s, step %s, turn %s, llm_idle %s",
-			e.TurnID, d.Model, b[budget.KeyTool].Value, b[budget.KeyStep].Value, b[budget.KeyTurn].Value, b[budget.KeyLLMIdle].Value)))
+			e.TurnID, d.Model, budgetText(b[budget.KeyTool]), budgetText(b[budget.KeyStep]), budgetText(b[budget.KeyTurn]),
+			budgetText(b[budget.KeyLLMIdle]))))
 	case *event.LLMStarted:
 		v.add(&chip{key: "model", label: fmt.Sprintf("model %s", d.Model), started: e.At, isModel: true})
 		if !v.live {
@@ -142,7 +146,7 @@ func (v *view) Emit(e event.Event) {
 			advisory: d.Enforcement == "advisory"})
 		if !v.live {
 			v.println(fmt.Sprintf("%s %s started (timeout %s from %s, %s)", v.c(cyan, "▸"), d.Tool,
-				time.Duration(d.TimeoutMS)*time.Millisecond, d.Source, d.Enforcement))
+				msDuration(d.TimeoutMS), d.Source, d.Enforcement))
 		}
 	case *event.ToolProgress:
 		if c := v.running[d.CallID]; c != nil {
@@ -172,7 +176,7 @@ func (v *view) Emit(e event.Event) {
 }
 
 func (v *view) finishedLine(r *event.ToolCall) string {
-	took := fmt.Sprintf("%s / %s", ms(r.DurationMS), time.Duration(r.TimeoutMS)*time.Millisecond)
+	took := fmt.Sprintf("%s / %s", ms(r.DurationMS), msDuration(r.TimeoutMS))
 	name := fmt.Sprintf("%-14s", r.Tool)
 	extra := ""
 	if r.ProgressCount > 0 {
@@ -191,9 +195,9 @@ func (v *view) finishedLine(r *event.ToolCall) string {
 	case event.OutcomeTimedOut:
 		what := "timed out"
 		if r.Phase == budget.PhaseToolIdle {
-			what = fmt.Sprintf("went silent past its idle limit (%s)", time.Duration(r.IdleTimeoutMS)*time.Millisecond)
+			what = fmt.Sprintf("went silent past its idle limit (%s)", msDuration(r.IdleTimeoutMS))
 		}
-		return fmt.Sprintf("%s %s %s  %s: stopped, the model was told%s", v.c(red, "⏱"), name, took, what, extra)
+		return fmt.Sprintf("%s %s %s  %s: stopped, %s was told%s", v.c(red, "⏱"), name, took, what, v.told, extra)
 	case event.OutcomeAbandoned:
 		return fmt.Sprintf("%s %s %s  timed out and would not stop: abandoned%s", v.c(red, "⏱"), name, took, extra)
 	case event.OutcomeCancelled:
@@ -355,3 +359,15 @@ func firstLine(s string) string {
 	}
 	return s
 }
+
+// msDuration renders a budget in milliseconds as the agent file and
+// `timebox validate` write it: "60s", "2m", "1.5s".
+func msDuration(n int64) string {
+	if n <= 0 {
+		return "off"
+	}
+	return budget.FormatDuration(time.Duration(n) * time.Millisecond)
+}
+
+// budgetText renders one of turn_started's budgets as validate does.
+func budgetText(b event.BudgetValue) string { return msDuration(b.MS) }
