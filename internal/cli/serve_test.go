@@ -222,3 +222,39 @@ func TestRunsUsage(t *testing.T) {
 		t.Error("runs list created the store it did not find")
 	}
 }
+
+// Without --db or TIMEBOX_DB, `timebox run` keeps its turns in the user's
+// state directory, not the working directory, and `timebox runs` finds
+// them there.
+func TestRunStoresInTheStateDirectory(t *testing.T) {
+	file := agentFile(t, `{"text": "one"}`)
+	cases := []struct {
+		name string
+		env  func(home string) []string
+		want func(home string) string
+	}{
+		{"XDG_STATE_HOME", func(home string) []string { return []string{"HOME=" + home, "XDG_STATE_HOME=" + filepath.Join(home, "state")} },
+			func(home string) string { return filepath.Join(home, "state", "timebox", "timebox.db") }},
+		{"HOME alone", func(home string) []string { return []string{"HOME=" + home} },
+			func(home string) string { return filepath.Join(home, ".local", "state", "timebox", "timebox.db") }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			home := t.TempDir()
+			env := tc.env(home)
+			if r := run(t, env, "run", "-f", file, "--json", "stored by default"); r.code != 0 {
+				t.Fatalf("run: %d %q", r.code, r.err)
+			}
+			if _, err := os.Stat(tc.want(home)); err != nil {
+				t.Fatalf("no store where it belongs: %v", err)
+			}
+			r := run(t, env, "runs", "list", "--json")
+			if r.code != 0 || !strings.Contains(r.out, "stored by default") {
+				t.Fatalf("runs list: %d %q %q", r.code, r.out, r.err)
+			}
+		})
+	}
+	if _, err := os.Stat("timebox.db"); err == nil {
+		t.Error("a store was made in the working directory")
+	}
+}
