@@ -19,7 +19,6 @@ import (
 	"github.com/timebox-run/timebox/model/script"
 )
 
-
 // jsonLines is a sink that writes each event as one JSON line.
 type jsonLines struct {
 	mu  sync.Mutex

@@ -233,7 +233,9 @@ func TestRunStoresInTheStateDirectory(t *testing.T) {
 		env  func(home string) []string
 		want func(home string) string
 	}{
-		{"XDG_STATE_HOME", func(home string) []string { return []string{"HOME=" + home, "XDG_STATE_HOME=" + filepath.Join(home, "state")} },
+		{"XDG_STATE_HOME", func(home string) []string {
+			return []string{"HOME=" + home, "XDG_STATE_HOME=" + filepath.Join(home, "state")}
+		},
 			func(home string) string { return filepath.Join(home, "state", "timebox", "timebox.db") }},
 		{"HOME alone", func(home string) []string { return []string{"HOME=" + home} },
 			func(home string) string { return filepath.Join(home, ".local", "state", "timebox", "timebox.db") }},
