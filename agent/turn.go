@@ -123,6 +123,10 @@ type turn struct {
 	compactedUpTo     int
 	compactionFailed  error
 	compactionTimeout bool
+	// insufficient: the last compaction left the conversation over
+	// compact_at; retryAt: no compaction before the estimate reaches it.
+	insufficient bool
+	retryAt      int
 }
 
 // stop is how the loop ended.
@@ -208,12 +212,15 @@ func (t *turn) loop(ctx context.Context) stop {
 		if lb := t.a.budgets.LLMBudget; !lb.Off() && t.llmUsed >= lb.D {
 			return stop{reason: budget.LLMBudgetExhausted}
 		}
-		if st := t.compact(ctx, t.steps+1); st != nil {
+		if _, st := t.compact(ctx, t.steps+1, false); st != nil {
 			return *st
 		}
 		t.steps++
 		resp, st := t.modelStep(ctx, t.steps)
 		if st != nil {
+			if st = t.tooLong(ctx, st); st == nil {
+				continue // compacted after a length refusal: make the step again
+			}
 			return *st
 		}
 		t.msgs = append(t.msgs, model.Message{Role: model.RoleAssistant, Content: resp.Text, ToolCalls: resp.ToolCalls})
@@ -261,7 +268,7 @@ func (t *turn) request() model.Request {
 	if conv == "" {
 		conv = t.id
 	}
-	msgs := t.conversation()[t.compactedUpTo:]
+	msgs := t.sendable(t.conversation()[t.compactedUpTo:])
 	system := t.a.instructions
 	if t.summary != "" {
 		system += "\n\n" + summaryHeading + "\n" + t.summary

@@ -17,6 +17,10 @@ const (
 	OutcomeTimedOut  Outcome = "timed_out"
 	OutcomeCancelled Outcome = "cancelled"
 	OutcomeAbandoned Outcome = "abandoned"
+	// OutcomeInsufficient is a compaction that worked but left the
+	// conversation over context.compact_at (compaction_finished and the
+	// compaction's model call record).
+	OutcomeInsufficient Outcome = "insufficient"
 )
 
 // ToolCall is the durable record of one tool call (spec §8).
