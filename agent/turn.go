@@ -57,6 +57,8 @@ func (a *Agent) Run(ctx context.Context, in Input, sinks ...event.Sink) *Result 
 		t.id = NewTurnID()
 	}
 	t.em = event.NewEmitter(t.id, sinks...)
+	// A history cut by a crash would be refused by the providers.
+	t.in.History, t.repaired = RepairHistory(in.History)
 	// The turn's context is detached from ctx and cancelled by hand when
 	// ctx ends, so that what was running is noted before the cancellation
 	// reaches the tools.
@@ -127,6 +129,9 @@ type turn struct {
 	// compact_at; retryAt: no compaction before the estimate reaches it.
 	insufficient bool
 	retryAt      int
+
+	// repaired counts the history messages RepairHistory added or dropped.
+	repaired int
 }
 
 // stop is how the loop ended.
@@ -197,7 +202,7 @@ func (t *turn) started() *event.TurnStarted {
 			IdleTimeoutMS: e.Budget.IdleTimeout.MS(), Enforcement: string(e.Budget.Enforcement)}
 	}
 	return &event.TurnStarted{SessionID: t.in.SessionID, Agent: a.name, Input: t.in.Text,
-		Model: a.models[0].Name(), Budgets: b, Tools: tools}
+		Model: a.models[0].Name(), Budgets: b, Tools: tools, HistoryRepaired: t.repaired}
 }
 
 func (t *turn) loop(ctx context.Context) stop {
