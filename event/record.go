@@ -48,7 +48,9 @@ type ToolCall struct {
 	ProgressCount int          `json:"progress_count"`
 	ExitCode      *int         `json:"exit_code"`
 	StderrTail    string       `json:"stderr_tail,omitempty"`
-	// Result is what the model was given for this call.
+	// Result is what the model was given for this call. A result larger
+	// than a step's share of context.compact_at is sent to the model cut;
+	// Result keeps it whole (docs/decisions/compaction-convergence.md).
 	Result    string `json:"result"`
 	Truncated bool   `json:"truncated"`
 	// LateOutput is what an abandoned call returned after it was
