@@ -14,6 +14,9 @@ import (
 //   - a tool call without its result, a result without its call, or two
 //     results for one call (the pairing both APIs enforce);
 //   - with LimitContext, a request longer than the model's context window.
+//
+// A refused request is recorded, and NewFunc's function is still called for
+// it (a test's count of requests stays true), but its reply is not played.
 
 // LimitContext makes the server refuse every request whose body is over
 // tokens estimated tokens (four bytes a token), as the real API refuses a
