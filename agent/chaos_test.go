@@ -727,15 +727,78 @@ func TestChaosCompaction(t *testing.T) {
 		c.budgets.LLMFirstChunk.D = 10 * time.Second
 		o := c.run()
 		r := o.res.Record
-		if r.StopReason != budget.ModelRejected || r.Flags != (event.Flags{TimedOutDuringCompaction: true}) {
+		// A length refusal after the compaction timed out: the history
+		// cannot fit (spec §6), compaction_failed, no second compaction.
+		if r.StopReason != budget.CompactionFailed || r.Flags != (event.Flags{TimedOutDuringCompaction: true}) {
 			t.Fatalf("stopped %s with flags %+v: %s", r.StopReason, r.Flags, r.Message)
 		}
 		if len(o.failover) != 0 || !slices.Equal(o.hits, []string{"A1", "A1"}) {
 			t.Fatalf("%d failovers, hits %v", len(o.failover), o.hits)
 		}
-		if !strings.Contains(r.Message, "context_length_exceeded") ||
-			!strings.Contains(r.Message, "History compaction had timed out after 300ms (timeouts.compaction)") {
-			t.Fatalf("message %q", r.Message)
+		for _, want := range []string{"context_length_exceeded", "History compaction had timed out after 300ms (timeouts.compaction)",
+			"context.compact_at", "limits.max_tool_output"} {
+			if !strings.Contains(r.Message, want) {
+				t.Fatalf("message %q lacks %q", r.Message, want)
+			}
 		}
 	})
+}
+
+// A conversation longer than the model's context window, over both wire
+// formats (the fakes refuse it as the APIs do): the refusal is recognised,
+// the history compacted and the step made again; when even the compaction
+// call does not fit, the turn stops with compaction_failed.
+func TestChaosLengthRefusal(t *testing.T) {
+	manual := agent.Tool{Tool: tool.NewFunc("manual", strings.Repeat("A very long manual. ", 400), nil,
+		func(context.Context, json.RawMessage, tool.Progress) (any, error) { return "read", nil })}
+	for _, format := range []fakellm.Format{fakellm.OpenAI, fakellm.Anthropic} {
+		label := map[fakellm.Format]string{fakellm.OpenAI: "A1", fakellm.Anthropic: "B"}[format]
+		only := func(c *chaos) []model.Endpoint {
+			for _, ep := range c.endpoints() {
+				if ep.Profile == label {
+					return []model.Endpoint{ep}
+				}
+			}
+			return nil
+		}
+		server := func(c *chaos) *fakellm.Server {
+			if format == fakellm.Anthropic {
+				return c.b
+			}
+			return c.a
+		}
+		t.Run(string(format)+": compacted and answered", func(t *testing.T) {
+			rs := replies{answer("refused, never sent"), answer("Four long questions, answered at length."), answer("the answer")}
+			c := newChaos(t, rs, rs)
+			// The tool definitions (~2,000 tokens) and the history (~2,000)
+			// do not fit in 3,000 together; the compaction call (the
+			// history without tools) and the compacted request do.
+			server(c).LimitContext(3000)
+			c.compact, c.history, c.tools = 100000, longHistory(), []agent.Tool{manual}
+			o := c.run(only(c)...)
+			r := o.res.Record
+			if r.StopReason != budget.Answered || r.Answer != "the answer" || !slices.Equal(o.hits, []string{label, label, label}) {
+				t.Fatalf("got %s, hits %v: %s", r.StopReason, o.hits, r.Message)
+			}
+			if len(r.ModelCalls) != 3 || r.ModelCalls[0].Outcome != event.OutcomeError || !r.ModelCalls[1].Compaction ||
+				r.ModelCalls[1].Outcome != event.OutcomeOK || r.ModelCalls[2].Outcome != event.OutcomeOK {
+				t.Fatalf("model calls %+v", r.ModelCalls)
+			}
+		})
+		t.Run(string(format)+": even the compaction does not fit", func(t *testing.T) {
+			c := newChaos(t, nil, nil)
+			server(c).LimitContext(500)
+			c.compact, c.history = 100000, longHistory()
+			o := c.run(only(c)...)
+			r := o.res.Record
+			if r.StopReason != budget.CompactionFailed || r.Status != budget.StatusStopped || !slices.Equal(o.hits, []string{label, label}) || len(o.failover) != 0 {
+				t.Fatalf("got %s, hits %v: %s", r.StopReason, o.hits, r.Message)
+			}
+			for _, want := range []string{"refused it as too long", "History compaction had failed", "context.compact_at", "limits.max_tool_output"} {
+				if !strings.Contains(r.Message, want) {
+					t.Fatalf("message %q lacks %q", r.Message, want)
+				}
+			}
+		})
+	}
 }

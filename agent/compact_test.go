@@ -1,6 +1,9 @@
 package agent_test
 
 import (
+	"context"
+	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -10,6 +13,7 @@ import (
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/model"
+	"github.com/timebox-run/timebox/tool"
 )
 
 // longHistory is an earlier conversation of about 2,000 tokens.
@@ -36,7 +40,7 @@ func runCompacting(t *testing.T, p *requests, models []model.Endpoint, b budget.
 
 func TestCompaction(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		p := lines(t, `{"text": "They asked four questions and got long answers."}`, `{"text": "the answer"}`)
+		p := lines(t, `{"compaction": true, "text": "They asked four questions and got long answers."}`, `{"text": "the answer"}`)
 		res, rec := runCompacting(t, p, []model.Endpoint{endpoint(p, "m")}, budget.Budgets{})
 		r := res.Record
 		if r.StopReason != budget.Answered || r.Answer != "the answer" {
@@ -67,7 +71,7 @@ func TestCompaction(t *testing.T) {
 
 func TestCompactionTimeoutGoesOnUncompactedWithoutFailover(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		p := lines(t, `{"text": "never", "stall_after": 0}`, `{"text": "answered with the full history"}`)
+		p := lines(t, `{"compaction": true, "text": "never", "stall_after": 0}`, `{"text": "answered with the full history"}`)
 		backup := lines(t, `{"text": "the fallback must not be asked"}`)
 		b := budget.Defaults()
 		b.LLMFirstChunk.D, b.LLMIdle.D = 0, 0
@@ -94,7 +98,7 @@ func TestCompactionTimeoutGoesOnUncompactedWithoutFailover(t *testing.T) {
 
 func TestTurnCeilingDuringCompaction(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		p := lines(t, `{"text": "never", "stall_after": 0}`)
+		p := lines(t, `{"compaction": true, "text": "never", "stall_after": 0}`, `{"text": "not reached"}`)
 		b := budget.Defaults()
 		b.LLMFirstChunk.D = 0
 		b.Turn = budget.Duration{D: 30 * time.Second, Source: budget.SourceFile, Knob: budget.KeyTurn}
@@ -112,12 +116,215 @@ func TestTurnCeilingDuringCompaction(t *testing.T) {
 
 func TestRefusalAfterFailedCompactionSaysSo(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		p := lines(t, `{"error": {"status": 503, "message": "overloaded"}}`, `{"error": {"status": 400, "message": "context_length_exceeded"}}`)
+		p := lines(t, `{"compaction": true, "error": {"status": 503, "message": "overloaded"}}`, `{"error": {"status": 400, "message": "context_length_exceeded"}}`)
 		res, _ := runCompacting(t, p, []model.Endpoint{endpoint(p, "m")}, budget.Budgets{})
 		r := res.Record
-		if r.StopReason != budget.ModelRejected || !strings.Contains(r.Message, "context_length_exceeded") ||
-			!strings.Contains(r.Message, "History compaction had failed (overloaded)") {
-			t.Fatalf("got %s: %s", r.StopReason, r.Message)
+		// The refusal says the history cannot fit and compaction has just
+		// failed at this size: a second attempt would not help.
+		if r.StopReason != budget.CompactionFailed || r.Status != budget.StatusStopped || !strings.Contains(r.Message, "context_length_exceeded") ||
+			!strings.Contains(r.Message, "History compaction had failed (overloaded)") || len(r.ModelCalls) != 2 {
+			t.Fatalf("got %s: %s (%d model calls)", r.StopReason, r.Message, len(r.ModelCalls))
 		}
 	})
+}
+
+// compacting runs one turn of an agent with the given instructions,
+// compact_at and tools over the script lines, and returns the result, the
+// events and the provider (for the requests it got).
+func compacting(t *testing.T, instructions string, compactAt int, history []model.Message, tools []agent.Tool, jsonl ...string) (*agent.Result, *recorder, *requests) {
+	t.Helper()
+	p := lines(t, jsonl...)
+	a, err := agent.New(agent.Config{Instructions: instructions, Models: []model.Endpoint{endpoint(p, "m")}, Tools: tools, CompactAt: compactAt})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{}
+	res := a.Run(t.Context(), agent.Input{SessionID: "s", History: history, Text: "go"}, rec)
+	checkEvents(t, res, rec)
+	return res, rec, p
+}
+
+func output(s string) agent.Tool {
+	return goTool("out", budget.Cooperative, time.Minute, func(context.Context, json.RawMessage, tool.Progress) (any, error) { return s, nil })
+}
+
+func finishedCompactions(rec *recorder) []*event.CompactionFinished {
+	var out []*event.CompactionFinished
+	for _, e := range rec.ofType(event.TypeCompactionFinished) {
+		out = append(out, e.Data.(*event.CompactionFinished))
+	}
+	return out
+}
+
+// One maximal tool result (limits.max_tool_output, 1 MiB, about 262k
+// estimated tokens) does not by itself put a fresh conversation over the
+// default compact_at (100000): the model is sent the first 200,000 bytes
+// (half of compact_at), the record and the session keep the whole result,
+// and no compaction runs.
+func TestOneStepsResultsAreSentWithinHalfOfCompactAt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		big := strings.Repeat("0123456789abcdef", 1<<16) // 1 MiB
+		res, rec, p := compacting(t, "be brief", 100000, nil, []agent.Tool{output(big)},
+			`{"tool_calls": [{"name": "out"}]}`, `{"text": "done"}`)
+		r := res.Record
+		if r.StopReason != budget.Answered || r.Answer != "done" || len(rec.ofType(event.TypeCompactionStarted)) != 0 {
+			t.Fatalf("got %s (%d compactions): %s", r.StopReason, len(rec.ofType(event.TypeCompactionStarted)), r.Message)
+		}
+		sent := p.last().Messages[2].Content
+		if !strings.HasPrefix(sent, big[:200000]) || strings.HasPrefix(sent, big[:200001]) ||
+			!strings.Contains(sent, "[output cut: only the first 200000 of its 1048576 bytes are sent to the model") {
+			t.Fatalf("sent %d bytes: ...%s", len(sent), sent[min(len(sent), 200000):])
+		}
+		if toolRecord(t, res, "out").Result != big || res.Messages[2].Content != big {
+			t.Fatal("the record or the session lost part of the result")
+		}
+	})
+}
+
+// The results of one step share the room: a small one is sent whole, the
+// large ones split what is left; a cut never splits a character.
+func TestResultsOfOneStepShareTheRoom(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		small := "small result"
+		big := strings.Repeat("é", 100000) // 200,000 bytes
+		tools := []agent.Tool{output(big), goTool("tiny", budget.Cooperative, time.Minute,
+			func(context.Context, json.RawMessage, tool.Progress) (any, error) { return small, nil })}
+		_, _, p := compacting(t, "", 1000, nil, tools,
+			`{"tool_calls": [{"name": "out"}, {"name": "tiny"}, {"name": "out"}]}`, `{"text": "done"}`)
+		msgs := p.last().Messages
+		// 1000 tokens: 2000 bytes for the step; 12 for the small one, 994
+		// for each large one (rounded down to a whole character).
+		if msgs[3].Content != small {
+			t.Fatalf("small result sent as %q", msgs[3].Content)
+		}
+		for _, i := range []int{2, 4} {
+			if !strings.HasPrefix(msgs[i].Content, strings.Repeat("é", 497)+"\n[output cut: only the first 994 of its 200000 bytes") {
+				t.Fatalf("result %d sent as %.1100q", i, msgs[i].Content)
+			}
+		}
+	})
+}
+
+// A compaction that cannot get under compact_at (here the instructions
+// alone are over it) is recorded as insufficient, its summary is used, and
+// it is not tried again on each of the following steps: the turn answers
+// with the reply the script meant for it.
+func TestInsufficientCompactionIsNotRetriedOnEveryStep(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		instructions := strings.Repeat("Follow the house rules. ", 100) // ~600 tokens
+		call := `{"tool_calls": [{"name": "out", "arguments": {}}]}`
+		res, rec, p := compacting(t, instructions, 500, longHistory(), []agent.Tool{output("ok")},
+			call, call, call, call, `{"text": "the answer"}`)
+		r := res.Record
+		if r.StopReason != budget.Answered || r.Answer != "the answer" || r.Steps != 5 {
+			t.Fatalf("got %s after %d steps: %s", r.StopReason, r.Steps, r.Message)
+		}
+		fins := finishedCompactions(rec)
+		if len(fins) != 1 || fins[0].Outcome != event.OutcomeInsufficient || fins[0].TokensAfter <= 500 ||
+			fins[0].TokensAfter >= fins[0].TokensBefore || !strings.Contains(fins[0].Message, "still over context.compact_at (500)") {
+			t.Fatalf("compactions %+v", fins)
+		}
+		if mc := r.ModelCalls[0]; !mc.Compaction || mc.Outcome != event.OutcomeInsufficient {
+			t.Fatalf("compaction record %+v", mc)
+		}
+		// The summary (the script's deterministic one) replaced the history.
+		if last := p.last(); !strings.Contains(last.System, "(script model summary of") || len(last.Messages) != 9 {
+			t.Fatalf("last request: %d messages, system %.80q…", len(last.Messages), last.System[len(instructions):])
+		}
+	})
+}
+
+// Once the conversation has grown by a tenth of compact_at since an
+// insufficient compaction, compaction is tried again.
+func TestCompactionIsRetriedAfterGrowth(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		instructions := strings.Repeat("Follow the house rules. ", 100)
+		call := `{"tool_calls": [{"name": "out", "arguments": {}}]}`
+		// Each step adds about 30 tokens (a 100-byte result and its call):
+		// 500/10 = 50 tokens of growth take two steps.
+		res, rec, _ := compacting(t, instructions, 500, longHistory(), []agent.Tool{output(strings.Repeat("x", 100))},
+			call, call, call, call, `{"text": "the answer"}`)
+		if r := res.Record; r.StopReason != budget.Answered || r.Answer != "the answer" {
+			t.Fatalf("got %s: %s", r.StopReason, r.Message)
+		}
+		fins := finishedCompactions(rec)
+		var steps []int
+		for _, f := range fins {
+			if f.Outcome != event.OutcomeInsufficient {
+				t.Fatalf("compaction %+v", f)
+			}
+			steps = append(steps, f.Step)
+		}
+		if fmt.Sprint(steps) != "[1 3 5]" {
+			t.Fatalf("compactions at steps %v", steps)
+		}
+	})
+}
+
+// The provider refuses the conversation as too long although the estimate
+// was under compact_at: the history is compacted and the step made again.
+func TestLengthRefusalCompactsAndRetries(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		res, rec, p := compacting(t, "be brief", 100000, longHistory(), nil,
+			`{"error": {"status": 400, "message": "This model's maximum context length is 1024 tokens. However, your messages resulted in 1962 tokens."}}`,
+			`{"compaction": true, "text": "Four long questions, answered."}`,
+			`{"text": "the answer"}`)
+		r := res.Record
+		if r.StopReason != budget.Answered || r.Answer != "the answer" || r.Steps != 2 {
+			t.Fatalf("got %s after %d steps: %s", r.StopReason, r.Steps, r.Message)
+		}
+		if fins := finishedCompactions(rec); len(fins) != 1 || fins[0].Outcome != event.OutcomeOK {
+			t.Fatalf("compactions %+v", fins)
+		}
+		if len(r.ModelCalls) != 3 || r.ModelCalls[0].Outcome != event.OutcomeError || !r.ModelCalls[1].Compaction || r.ModelCalls[2].Outcome != event.OutcomeOK {
+			t.Fatalf("model calls %+v", r.ModelCalls)
+		}
+		if last := p.last(); len(last.Messages) != 1 || !strings.Contains(last.System, "Four long questions, answered.") {
+			t.Fatalf("retried with %d messages", len(last.Messages))
+		}
+	})
+}
+
+// When the history cannot fit — the provider refuses it as too long and a
+// compaction would not help — the turn stops with compaction_failed and a
+// message naming both knobs; with compaction off it is a refusal that says
+// how to turn it on.
+func TestHistoryThatCannotFit(t *testing.T) {
+	tooLong := `{"error": {"status": 400, "message": "prompt is too long: 210000 tokens > 200000 maximum"}}`
+	instructions := strings.Repeat("Follow the house rules. ", 100)
+	cases := []struct {
+		name         string
+		instructions string
+		compactAt    int
+		history      []model.Message
+		jsonl        []string
+		reason       budget.StopReason
+		compactions  int
+		says         []string
+	}{
+		{"nothing to summarise", "", 1000, nil, []string{tooLong}, budget.CompactionFailed, 0,
+			[]string{"prompt is too long", "Nothing older than the latest step was left to summarise", "context.compact_at (now 1000)", "limits.max_tool_output, now 1MiB"}},
+		{"after an insufficient compaction", instructions, 500, longHistory(), []string{tooLong}, budget.CompactionFailed, 1,
+			[]string{"prompt is too long", "Compaction could not bring it under context.compact_at", "limits.max_tool_output"}},
+		{"still refused after compacting", "", 100000, longHistory(), []string{tooLong, tooLong}, budget.CompactionFailed, 1,
+			[]string{"prompt is too long", "Older history was summarised, and what cannot be", "context.compact_at (now 100000)"}},
+		{"compaction off", "", 0, longHistory(), []string{tooLong}, budget.ModelRejected, 0,
+			[]string{"prompt is too long", "history compaction is off: set context.compact_at", "limits.max_tool_output"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				res, rec, _ := compacting(t, tc.instructions, tc.compactAt, tc.history, nil, tc.jsonl...)
+				r := res.Record
+				if r.StopReason != tc.reason || len(finishedCompactions(rec)) != tc.compactions {
+					t.Fatalf("got %s after %d compactions: %s", r.StopReason, len(finishedCompactions(rec)), r.Message)
+				}
+				for _, want := range tc.says {
+					if !strings.Contains(r.Message, want) {
+						t.Fatalf("message %q lacks %q", r.Message, want)
+					}
+				}
+			})
+		})
+	}
 }

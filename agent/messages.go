@@ -59,10 +59,12 @@ func (t *turn) message(st stop, now time.Time) string {
 	case budget.ModelRejected:
 		var me *model.Error
 		if errors.As(st.cause, &me) {
-			return fmt.Sprintf("Failed: %s rejected the request (HTTP %d): %s. This is not a timeout; it was not retried with another credential or model. Fix the request, the model name or the credential.%s",
-				me.Provider, me.Status, me.Message, t.compactionNote())
+			return fmt.Sprintf("Failed: %s rejected the request (HTTP %d): %s. This is not a timeout; it was not retried with another credential or model. Fix the request, the model name or the credential.%s%s",
+				me.Provider, me.Status, me.Message, t.compactionNote(), tooLongNote(st.cause))
 		}
 		return fmt.Sprintf("Failed: the provider rejected the request: %v.", st.cause)
+	case budget.CompactionFailed:
+		return t.compactionFailedMessage(st, now.Sub(t.start))
 	case budget.Cancelled, budget.ClientGone, budget.Shutdown:
 		who := map[budget.StopReason]string{
 			budget.Cancelled:  "Cancelled by the client after %s",

@@ -57,6 +57,8 @@ func (a *Agent) Run(ctx context.Context, in Input, sinks ...event.Sink) *Result 
 		t.id = NewTurnID()
 	}
 	t.em = event.NewEmitter(t.id, sinks...)
+	// A history cut by a crash would be refused by the providers.
+	t.in.History, t.repaired = RepairHistory(in.History)
 	// The turn's context is detached from ctx and cancelled by hand when
 	// ctx ends, so that what was running is noted before the cancellation
 	// reaches the tools.
@@ -123,6 +125,13 @@ type turn struct {
 	compactedUpTo     int
 	compactionFailed  error
 	compactionTimeout bool
+	// insufficient: the last compaction left the conversation over
+	// compact_at; retryAt: no compaction before the estimate reaches it.
+	insufficient bool
+	retryAt      int
+
+	// repaired counts the history messages RepairHistory added or dropped.
+	repaired int
 }
 
 // stop is how the loop ended.
@@ -193,7 +202,7 @@ func (t *turn) started() *event.TurnStarted {
 			IdleTimeoutMS: e.Budget.IdleTimeout.MS(), Enforcement: string(e.Budget.Enforcement)}
 	}
 	return &event.TurnStarted{SessionID: t.in.SessionID, Agent: a.name, Input: t.in.Text,
-		Model: a.models[0].Name(), Budgets: b, Tools: tools}
+		Model: a.models[0].Name(), Budgets: b, Tools: tools, HistoryRepaired: t.repaired}
 }
 
 func (t *turn) loop(ctx context.Context) stop {
@@ -208,12 +217,15 @@ func (t *turn) loop(ctx context.Context) stop {
 		if lb := t.a.budgets.LLMBudget; !lb.Off() && t.llmUsed >= lb.D {
 			return stop{reason: budget.LLMBudgetExhausted}
 		}
-		if st := t.compact(ctx, t.steps+1); st != nil {
+		if _, st := t.compact(ctx, t.steps+1, false); st != nil {
 			return *st
 		}
 		t.steps++
 		resp, st := t.modelStep(ctx, t.steps)
 		if st != nil {
+			if st = t.tooLong(ctx, st); st == nil {
+				continue // compacted after a length refusal: make the step again
+			}
 			return *st
 		}
 		t.msgs = append(t.msgs, model.Message{Role: model.RoleAssistant, Content: resp.Text, ToolCalls: resp.ToolCalls})
@@ -261,7 +273,7 @@ func (t *turn) request() model.Request {
 	if conv == "" {
 		conv = t.id
 	}
-	msgs := t.conversation()[t.compactedUpTo:]
+	msgs := t.sendable(t.conversation()[t.compactedUpTo:])
 	system := t.a.instructions
 	if t.summary != "" {
 		system += "\n\n" + summaryHeading + "\n" + t.summary

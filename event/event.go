@@ -60,6 +60,10 @@ type TurnStarted struct {
 	Model     string                       `json:"model"`
 	Budgets   map[string]BudgetValue       `json:"budgets"`
 	Tools     map[string]ToolBudgetSummary `json:"tools,omitempty"`
+	// HistoryRepaired counts the messages of the session's history that
+	// were added or dropped so that every tool call has one result (a
+	// turn cut by a crash; see agent.RepairHistory).
+	HistoryRepaired int `json:"history_repaired,omitempty"`
 }
 
 // BudgetValue is one resolved budget as turn_started and `timebox validate`

@@ -17,6 +17,10 @@ const (
 	OutcomeTimedOut  Outcome = "timed_out"
 	OutcomeCancelled Outcome = "cancelled"
 	OutcomeAbandoned Outcome = "abandoned"
+	// OutcomeInsufficient is a compaction that worked but left the
+	// conversation over context.compact_at (compaction_finished and the
+	// compaction's model call record).
+	OutcomeInsufficient Outcome = "insufficient"
 )
 
 // ToolCall is the durable record of one tool call (spec §8).
@@ -44,7 +48,9 @@ type ToolCall struct {
 	ProgressCount int          `json:"progress_count"`
 	ExitCode      *int         `json:"exit_code"`
 	StderrTail    string       `json:"stderr_tail,omitempty"`
-	// Result is what the model was given for this call.
+	// Result is what the model was given for this call. A result larger
+	// than a step's share of context.compact_at is sent to the model cut;
+	// Result keeps it whole (docs/decisions/compaction-convergence.md).
 	Result    string `json:"result"`
 	Truncated bool   `json:"truncated"`
 	// LateOutput is what an abandoned call returned after it was

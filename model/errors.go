@@ -46,3 +46,35 @@ func TransportError(provider string, err error) *Error {
 	}
 	return &Error{Provider: provider, Message: err.Error(), Err: err}
 }
+
+// tooLongPhrases are how providers word a refusal of a request longer than
+// the model's context window: OpenAI's code and message, Anthropic's
+// message, and what OpenAI-compatible servers (vLLM, llama.cpp, Ollama,
+// LiteLLM) send.
+var tooLongPhrases = []string{
+	"context_length_exceeded", "maximum context length", "context length exceeded",
+	"prompt is too long", "exceeds the context window", "exceed context window",
+	"exceeds the available context size", "context window exceeded", "too many tokens",
+	"input is too long", "request_too_large",
+}
+
+// IsTooLong reports whether a refusal with this HTTP status and these
+// texts (the provider's message, error code or type) says the request was
+// longer than the model accepts. A 413 always does; a 400 does when one of
+// the texts reads like a context-length refusal.
+func IsTooLong(status int, texts ...string) bool {
+	switch status {
+	case 413:
+		return true
+	case 400:
+		for _, t := range texts {
+			t = strings.ToLower(t)
+			for _, p := range tooLongPhrases {
+				if strings.Contains(t, p) {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}

@@ -25,3 +25,27 @@ func TestParseRetryAfter(t *testing.T) {
 		}
 	}
 }
+
+func TestIsTooLong(t *testing.T) {
+	cases := []struct {
+		status int
+		texts  []string
+		want   bool
+	}{
+		{400, []string{"context_length_exceeded", "This model's maximum context length is 128000 tokens."}, true},
+		{400, []string{"", "This model's maximum context length is 4096 tokens. However, you requested 5000 tokens"}, true}, // vLLM
+		{400, []string{"invalid_request_error", "prompt is too long: 210000 tokens > 200000 maximum"}, true},
+		{400, []string{"the request exceeds the available context size, try increasing it"}, true}, // llama.cpp
+		{413, []string{"request_too_large", "Request exceeds the maximum allowed number of bytes."}, true},
+		{413, nil, true},
+		{400, []string{"invalid_request_error", "tools.0.input_schema: JSON schema is invalid"}, false},
+		{400, []string{"max_tokens: 100000 > 64000, which is the maximum allowed number of output tokens"}, false},
+		{429, []string{"too many tokens per minute"}, false}, // a rate limit, not a length
+		{500, []string{"context_length_exceeded"}, false},
+	}
+	for _, tc := range cases {
+		if got := model.IsTooLong(tc.status, tc.texts...); got != tc.want {
+			t.Errorf("IsTooLong(%d, %q) = %v, want %v", tc.status, tc.texts, got, tc.want)
+		}
+	}
+}

@@ -63,6 +63,10 @@ type Request struct {
 	// Conversation identifies the conversation the call belongs to (the
 	// session); the script provider keeps its place per conversation.
 	Conversation string
+	// Compaction marks a history-compaction call: Messages hold the older
+	// conversation as one transcript and the reply is its summary. The
+	// script provider answers it apart from the turn's own replies.
+	Compaction bool
 }
 
 // Chunk is one piece of a streamed reply. Every chunk is a progress signal,
@@ -123,7 +127,11 @@ type Error struct {
 	RetryAfter time.Duration
 	// Malformed is set when the stream could not be parsed.
 	Malformed bool
-	Err       error
+	// TooLong is set when the provider refused the request because it is
+	// longer than the model accepts (its context window, or the request
+	// size): a shorter history may be accepted where a retry would not.
+	TooLong bool
+	Err     error
 }
 
 func (e *Error) Error() string {

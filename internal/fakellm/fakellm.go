@@ -3,7 +3,9 @@
 // Completions SSE, or Anthropic Messages SSE) and plays, per request, a scripted Reply — text and tool
 // call fragments with delays, a stall before or during the stream, an HTTP
 // error with Retry-After, a reset connection, a malformed or truncated
-// stream. It records every request it received.
+// stream. It records every request it received, and refuses, as the real
+// APIs do, a request whose tool calls and results do not pair up or (with
+// LimitContext) that is longer than the model's context window.
 package fakellm
 
 import (
@@ -119,6 +121,7 @@ type Server struct {
 	next    func(n int, r Request) Reply
 	reqs    []Request
 	gone    []chan struct{}
+	window  int // LimitContext, in estimated tokens; 0 is none
 	closed  chan struct{}
 	once    sync.Once
 }
@@ -200,6 +203,9 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mu.Unlock()
 	defer close(gone)
+	if ref := s.refusal(body, req.Body); ref != nil {
+		rep = *ref
+	}
 	s.play(w, r, rep)
 }
 

@@ -313,6 +313,9 @@ func (s *stream) classify(err error) error {
 		if apiErr.Response != nil {
 			me.RetryAfter = model.ParseRetryAfter(apiErr.Response.Header.Get("Retry-After"), time.Now())
 		}
+		// "prompt is too long: 210000 tokens > 200000 maximum", or a body
+		// over the request size limit (request_too_large, 413).
+		me.TooLong = model.IsTooLong(status, typ, me.Message)
 		return me
 	}
 	return model.TransportError("anthropic", err)

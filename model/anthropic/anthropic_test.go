@@ -270,3 +270,28 @@ func TestWatchdogsOnARealStream(t *testing.T) {
 func TestCancelledContextEndsRecvPromptly(t *testing.T) {
 	providertest.CancelEndsRecv(t, fakellm.Anthropic, func(s *fakellm.Server) model.Provider { return provider(s) })
 }
+
+// "prompt is too long" (400) and request_too_large (413) are refusals
+// marked TooLong, so the turn can compact instead of failing; other
+// refusals are not.
+func TestLengthRefusal(t *testing.T) {
+	long := fakellm.New(fakellm.Anthropic, fakellm.Text("never", 0))
+	defer long.Close()
+	long.LimitContext(100)
+	large := fakellm.New(fakellm.Anthropic, fakellm.Reply{Status: 413, Message: "Request exceeds the maximum allowed number of bytes."})
+	defer large.Close()
+	other := fakellm.New(fakellm.Anthropic, fakellm.Reply{Status: 400, Message: "tools.0.input_schema: JSON schema is invalid"})
+	defer other.Close()
+	req := model.Request{Model: "m", Messages: []model.Message{{Role: model.RoleUser, Content: strings.Repeat("word ", 200)}}}
+	for _, tc := range []struct {
+		s       *fakellm.Server
+		status  int
+		tooLong bool
+	}{{long, 400, true}, {large, 413, true}, {other, 400, false}} {
+		_, _, err := providertest.Collect(t, provider(tc.s), req)
+		var me *model.Error
+		if !errors.As(err, &me) || me.Status != tc.status || !me.Rejected() || me.TooLong != tc.tooLong {
+			t.Fatalf("err %v (%+v)", err, me)
+		}
+	}
+}

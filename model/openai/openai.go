@@ -203,6 +203,8 @@ func (s *stream) classify(err error) error {
 		if apiErr.Response != nil {
 			me.RetryAfter = model.ParseRetryAfter(apiErr.Response.Header.Get("Retry-After"), time.Now())
 		}
+		// OpenAI says so in its code; compatible servers only in words.
+		me.TooLong = model.IsTooLong(apiErr.StatusCode, apiErr.Code, me.Message)
 		return me
 	}
 	return model.TransportError("openai", err)

@@ -157,3 +157,25 @@ func TestWatchdogsOnARealStream(t *testing.T) {
 func TestCancelledContextEndsRecvPromptly(t *testing.T) {
 	providertest.CancelEndsRecv(t, fakellm.OpenAI, func(s *fakellm.Server) model.Provider { return provider(s) })
 }
+
+// A conversation longer than the model's context window is refused with
+// code context_length_exceeded: a refusal marked TooLong, so the turn can
+// compact instead of failing; other refusals are not.
+func TestLengthRefusal(t *testing.T) {
+	long := fakellm.New(fakellm.OpenAI, fakellm.Text("never", 0))
+	defer long.Close()
+	long.LimitContext(100)
+	other := fakellm.New(fakellm.OpenAI, fakellm.Reply{Status: 400, Message: "Invalid schema for function 'wc'"})
+	defer other.Close()
+	req := model.Request{Model: "m", Messages: []model.Message{{Role: model.RoleUser, Content: strings.Repeat("word ", 200)}}}
+	for _, tc := range []struct {
+		s       *fakellm.Server
+		tooLong bool
+	}{{long, true}, {other, false}} {
+		_, _, err := providertest.Collect(t, provider(tc.s), req)
+		var me *model.Error
+		if !errors.As(err, &me) || me.Status != 400 || !me.Rejected() || me.TooLong != tc.tooLong {
+			t.Fatalf("err %v (%+v)", err, me)
+		}
+	}
+}

@@ -57,19 +57,24 @@ func (rp *recorded) Stream(ctx context.Context, req model.Request) (model.Stream
 	start := time.Now()
 	s, err := rp.p.Stream(ctx, req)
 	if err != nil {
-		rp.r.write(failureLine(err, time.Since(start), 0))
+		l := failureLine(err, time.Since(start), 0)
+		l.Compaction = req.Compaction
+		rp.r.write(l)
 		return nil, err
 	}
-	return &recordedStream{Stream: s, r: rp.r, start: start}, nil
+	return &recordedStream{Stream: s, r: rp.r, start: start, compaction: req.Compaction}, nil
 }
 
 type recordedStream struct {
 	model.Stream
-	r      *Recording
-	start  time.Time
-	chunks []string
-	at     []time.Time
-	once   sync.Once
+	r *Recording
+	// compaction marks the line of a compaction call, so that a replay
+	// answers compaction calls with it and the turn's calls without.
+	compaction bool
+	start      time.Time
+	chunks     []string
+	at         []time.Time
+	once       sync.Once
 }
 
 func (s *recordedStream) Recv() (model.Chunk, error) {
@@ -88,6 +93,7 @@ func (s *recordedStream) Recv() (model.Chunk, error) {
 				n := len(s.chunks)
 				l.StallAfter = &n
 			}
+			l.Compaction = s.compaction
 			s.r.write(l)
 		})
 	}
@@ -107,7 +113,7 @@ func (s *recordedStream) Close() error {
 }
 
 func (s *recordedStream) line(resp model.Response) Line {
-	l := Line{Chunks: s.chunks}
+	l := Line{Chunks: s.chunks, Compaction: s.compaction}
 	if len(s.at) > 0 {
 		l.FirstChunkDelay = Duration(s.at[0].Sub(s.start).Round(time.Millisecond))
 	}

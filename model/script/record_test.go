@@ -74,3 +74,31 @@ func TestRecordingReplays(t *testing.T) {
 		}
 	})
 }
+
+// A compaction call is recorded as a compaction line, so that the replay
+// answers the compaction with it and the turn's calls with the rest.
+func TestRecordingMarksCompaction(t *testing.T) {
+	live, _ := script.Parse(strings.NewReader(`{"text": "the answer"}
+{"compaction": true, "text": "the summary"}`), "live")
+	lp, _ := script.New(live)
+	var buf bytes.Buffer
+	rec := script.NewRecording(&buf)
+	p := rec.Wrap(lp)
+	for _, req := range []model.Request{{Compaction: true}, {}} {
+		s, err := p.Stream(t.Context(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for {
+			if _, err := s.Recv(); err != nil {
+				break
+			}
+		}
+		s.Close()
+	}
+	got, err := script.Parse(bytes.NewReader(buf.Bytes()), "recorded")
+	if err != nil || len(got) != 2 || !got[0].Compaction || strings.Join(got[0].Chunks, "") != "the summary" ||
+		got[1].Compaction || strings.Join(got[1].Chunks, "") != "the answer" {
+		t.Fatalf("%v\n%s", err, buf.String())
+	}
+}

@@ -37,6 +37,12 @@ type Line struct {
 	ToolCalls []Call `json:"tool_calls,omitempty"`
 	// Error makes the call fail as a provider would.
 	Error *Failure `json:"error,omitempty"`
+	// Compaction marks a line that answers history-compaction calls (its
+	// text is the summary) instead of the turn's own calls. Compaction
+	// calls play the compaction lines in order and ordinary calls skip
+	// them; a script without any is answered with a short deterministic
+	// summary, so compaction never takes a reply meant for the turn.
+	Compaction bool `json:"compaction,omitempty"`
 }
 
 // Call is a scripted tool call. Arguments is any JSON value; a JSON string
@@ -79,18 +85,33 @@ func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Durat
 // the first. It is safe for concurrent use.
 type Provider struct {
 	lines []Line
+	// replies and summaries index lines: the turn's replies and the
+	// compaction lines, each played in order.
+	replies, summaries []int
 
-	mu   sync.Mutex
-	next map[string]int
+	mu          sync.Mutex
+	next        map[string]int
+	nextSummary map[string]int
 }
 
 // New returns a provider that plays lines. It returns an error if there are
-// none.
+// no lines other than compaction lines.
 func New(lines []Line) (*Provider, error) {
 	if len(lines) == 0 {
 		return nil, fmt.Errorf("script: no lines")
 	}
-	return &Provider{lines: lines, next: map[string]int{}}, nil
+	p := &Provider{lines: lines, next: map[string]int{}, nextSummary: map[string]int{}}
+	for i, l := range lines {
+		if l.Compaction {
+			p.summaries = append(p.summaries, i)
+		} else {
+			p.replies = append(p.replies, i)
+		}
+	}
+	if len(p.replies) == 0 {
+		return nil, fmt.Errorf("script: every line is a compaction line; add a reply for the turn")
+	}
+	return p, nil
 }
 
 // Load reads a JSONL script file. Errors name the file and line.
@@ -132,6 +153,9 @@ func Parse(r io.Reader, name string) ([]Line, error) {
 		if l.Text != "" && len(l.Chunks) > 0 {
 			return nil, fmt.Errorf("%s:%d: give text or chunks, not both", name, n)
 		}
+		if l.Compaction && len(l.ToolCalls) > 0 {
+			return nil, fmt.Errorf("%s:%d: a compaction line is a summary: it cannot have tool_calls", name, n)
+		}
 		for i, c := range l.ToolCalls {
 			if c.Name == "" {
 				return nil, fmt.Errorf("%s:%d: tool_calls[%d]: name is required", name, n, i)
@@ -145,19 +169,28 @@ func Parse(r io.Reader, name string) ([]Line, error) {
 	return lines, nil
 }
 
-// Stream plays the conversation's next line.
+// Stream plays the conversation's next line: its next compaction line for
+// a compaction call (req.Compaction), its next other line otherwise.
 func (p *Provider) Stream(ctx context.Context, req model.Request) (model.Stream, error) {
+	order, next := p.replies, p.next
+	if req.Compaction {
+		if len(p.summaries) == 0 {
+			return &stream{ctx: ctx, chunks: []string{Summary(req)}}, nil
+		}
+		order, next = p.summaries, p.nextSummary
+	}
 	p.mu.Lock()
-	i := p.next[req.Conversation]
-	p.next[req.Conversation] = (i + 1) % len(p.lines)
+	k := next[req.Conversation]
+	next[req.Conversation] = (k + 1) % len(order)
 	p.mu.Unlock()
+	i := order[k]
 	l := p.lines[i]
 	if l.Error != nil {
 		if err := sleep(ctx, time.Duration(l.FirstChunkDelay)); err != nil {
 			return nil, err
 		}
 		return nil, &model.Error{Provider: "script", Status: l.Error.Status, Message: l.Error.Message,
-			RetryAfter: time.Duration(l.Error.RetryAfter)}
+			RetryAfter: time.Duration(l.Error.RetryAfter), TooLong: model.IsTooLong(l.Error.Status, l.Error.Message)}
 	}
 	chunks := l.Chunks
 	if len(chunks) == 0 && l.Text != "" {
@@ -176,6 +209,27 @@ func (p *Provider) Stream(ctx context.Context, req model.Request) (model.Stream,
 		s.calls = append(s.calls, model.ToolCall{ID: fmt.Sprintf("call_%d_%d", i+1, j+1), Name: c.Name, Arguments: args})
 	}
 	return s, nil
+}
+
+// summaryHead is how much of the transcript a deterministic summary
+// quotes.
+const summaryHead = 160
+
+// Summary returns the script provider's answer to a compaction call when
+// the script has no compaction line: one short line that depends only on
+// the request, so that a compacted history stays small and a replay is
+// exact.
+func Summary(req model.Request) string {
+	var text strings.Builder
+	for _, m := range req.Messages {
+		text.WriteString(m.Content)
+	}
+	all := strings.Join(strings.Fields(text.String()), " ")
+	head := all
+	if len(head) > summaryHead {
+		head = strings.ToValidUTF8(head[:summaryHead], "") + "…"
+	}
+	return fmt.Sprintf("(script model summary of %d bytes of earlier conversation) %s", text.Len(), head)
 }
 
 type stream struct {

@@ -2,11 +2,13 @@ package script_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
+	"unicode/utf8"
 
 	"github.com/timebox-run/timebox/model"
 	"github.com/timebox-run/timebox/model/script"
@@ -93,4 +95,95 @@ func TestStallEndsWithTheContext(t *testing.T) {
 			t.Fatalf("stall ended after %s with %v", time.Since(start), err)
 		}
 	})
+}
+
+// collect plays one call and returns its text, or the error.
+func collect(t *testing.T, p model.Provider, req model.Request) (string, error) {
+	t.Helper()
+	s, err := p.Stream(t.Context(), req)
+	if err != nil {
+		return "", err
+	}
+	defer s.Close()
+	for {
+		if _, err := s.Recv(); err == io.EOF {
+			return s.Response().Text, nil
+		} else if err != nil {
+			return "", err
+		}
+	}
+}
+
+// Compaction calls play the lines marked for compaction, in order, and the
+// turn's calls skip them: a compaction never takes the turn's next reply.
+func TestCompactionLines(t *testing.T) {
+	ls, err := script.Parse(strings.NewReader(`{"text": "first"}
+{"compaction": true, "text": "summary one"}
+{"text": "second"}
+{"compaction": true, "error": {"status": 503, "message": "overloaded"}}`), "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, _ := script.New(ls)
+	turn := model.Request{Conversation: "c"}
+	compact := model.Request{Conversation: "c", Compaction: true, Messages: []model.Message{{Role: model.RoleUser, Content: "transcript"}}}
+	var got []string
+	for _, req := range []model.Request{compact, turn, compact, turn, compact, turn} {
+		text, err := collect(t, p, req)
+		if err != nil {
+			text = "error: " + err.Error()
+		}
+		got = append(got, text)
+	}
+	want := []string{"summary one", "first", "error: script: HTTP 503: overloaded", "second", "summary one", "first"}
+	if strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Fatalf("played\n %q\nwant\n %q", got, want)
+	}
+}
+
+// Without compaction lines a compaction call gets a short summary that
+// depends only on the request, and the turn's replies are untouched.
+func TestDeterministicSummary(t *testing.T) {
+	ls, _ := script.Parse(strings.NewReader(`{"text": "first"}
+{"text": "second"}`), "s")
+	p, _ := script.New(ls)
+	compact := model.Request{Conversation: "c", Compaction: true, Messages: []model.Message{{Role: model.RoleUser,
+		Content: "[user]\nhello " + strings.Repeat("é", 1<<20)}}}
+	a, err := collect(t, p, compact)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := collect(t, p, compact)
+	if a != b || len(a) > 300 || !strings.HasPrefix(a, "(script model summary of 2097165 bytes of earlier conversation) [user] hello é") ||
+		!utf8.ValidString(a) {
+		t.Fatalf("summaries %q and %q", a, b)
+	}
+	if text, _ := collect(t, p, model.Request{Conversation: "c"}); text != "first" {
+		t.Fatalf("the turn's first reply is %q", text)
+	}
+}
+
+func TestCompactionLineChecks(t *testing.T) {
+	if _, err := script.Parse(strings.NewReader(`{"compaction": true, "tool_calls": [{"name": "x"}]}`), "s"); err == nil ||
+		!strings.Contains(err.Error(), "s:1: a compaction line is a summary") {
+		t.Fatalf("got %v", err)
+	}
+	ls, _ := script.Parse(strings.NewReader(`{"compaction": true, "text": "only a summary"}`), "s")
+	if _, err := script.New(ls); err == nil || !strings.Contains(err.Error(), "every line is a compaction line") {
+		t.Fatalf("got %v", err)
+	}
+}
+
+// A scripted length refusal reads as one, as the real providers' do.
+func TestScriptedLengthRefusal(t *testing.T) {
+	ls, _ := script.Parse(strings.NewReader(`{"error": {"status": 400, "message": "This model's maximum context length is 8192 tokens."}}
+{"error": {"status": 400, "message": "bad tool schema"}}`), "s")
+	p, _ := script.New(ls)
+	for _, want := range []bool{true, false} {
+		_, err := p.Stream(t.Context(), model.Request{})
+		var me *model.Error
+		if !errors.As(err, &me) || me.TooLong != want {
+			t.Fatalf("err %v: too long %v, want %v", err, me != nil && me.TooLong, want)
+		}
+	}
 }

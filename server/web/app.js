@@ -201,7 +201,7 @@ const reasonKnob = {
   max_steps: 'limits.max_steps',
   max_tool_calls: 'limits.max_tool_calls',
   model_unresponsive: 'limits.idle_breaker',
-  compaction_failed: 'timeouts.compaction',
+  compaction_failed: 'context.compact_at',
 };
 
 const reasonTitle = {
