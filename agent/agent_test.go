@@ -844,14 +844,14 @@ func TestFailover(t *testing.T) {
 	})
 	t.Run("a refusal is not retried", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			bad := lines(t, `{"error": {"status": 400, "message": "context too long"}}`)
+			bad := lines(t, `{"error": {"status": 400, "message": "the model name is unknown."}}`)
 			good := lines(t, `{"text": "never"}`)
 			res, rec := fixture{models: []model.Endpoint{endpoint(bad, "primary"), endpoint(good, "backup")}}.run(t, t.Context(), "hi")
 			r := res.Record
 			if r.Status != budget.StatusFailed || r.StopReason != budget.ModelRejected || len(rec.ofType(event.TypeFailover)) != 0 {
 				t.Fatalf("got %s", r.StopReason)
 			}
-			if !strings.Contains(r.Message, "context too long") || !strings.Contains(r.Message, "HTTP 400") {
+			if !strings.Contains(r.Message, "HTTP 400): the model name is unknown. This is not a timeout") || strings.Contains(r.Message, "..") {
 				t.Fatalf("message %q", r.Message)
 			}
 		})

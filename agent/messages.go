@@ -60,7 +60,7 @@ func (t *turn) message(st stop, now time.Time) string {
 		var me *model.Error
 		if errors.As(st.cause, &me) {
 			return fmt.Sprintf("Failed: %s rejected the request (HTTP %d): %s. This is not a timeout; it was not retried with another credential or model. Fix the request, the model name or the credential.%s%s",
-				me.Provider, me.Status, me.Message, t.compactionNote(), tooLongNote(st.cause))
+				me.Provider, me.Status, strings.TrimRight(me.Message, ". "), t.compactionNote(), tooLongNote(st.cause))
 		}
 		return fmt.Sprintf("Failed: the provider rejected the request: %v.", st.cause)
 	case budget.CompactionFailed:
