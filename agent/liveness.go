@@ -5,6 +5,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/timebox-run/timebox/budget"
@@ -44,6 +45,12 @@ type liveness struct {
 	emit   func(any)
 	stop   func(*budget.TimeoutError)
 
+	// base and lastAlive: the time of the last tool progress report, as
+	// time since base (it keeps the monotonic clock), stored without the
+	// lock (alive).
+	base      time.Time
+	lastAlive atomic.Int64
+
 	mu           sync.Mutex
 	lastProgress time.Time
 	running      map[*activity]struct{}
@@ -57,13 +64,14 @@ type liveness struct {
 }
 
 func newLiveness(step budget.Duration, notice time.Duration, emit func(any), stop func(*budget.TimeoutError)) *liveness {
+	now := time.Now()
 	l := &liveness{
 		step: step, notice: notice, emit: emit, stop: stop,
-		lastProgress: time.Now(),
-		running:      map[*activity]struct{}{},
-		poke:         make(chan struct{}, 1),
-		quit:         make(chan struct{}),
-		done:         make(chan struct{}),
+		base: now, lastProgress: now,
+		running: map[*activity]struct{}{},
+		poke:    make(chan struct{}, 1),
+		quit:    make(chan struct{}),
+		done:    make(chan struct{}),
 	}
 	go l.loop()
 	return l
@@ -76,6 +84,19 @@ func (l *liveness) progress() {
 	l.lastProgress = time.Now()
 	l.mu.Unlock()
 	l.wake()
+}
+
+// alive records a tool's progress report. A flooding tool calls it for
+// each of thousands of reports, on the goroutine reading its output, so it
+// only stores the time: the watchdog's timer, when it fires, finds the
+// later time and waits again (progress can only move its deadline later).
+func (l *liveness) alive() { l.lastAlive.Store(int64(time.Since(l.base))) }
+
+// syncAlive folds the last report's time into lastProgress. l.mu is held.
+func (l *liveness) syncAlive() {
+	if a := l.base.Add(time.Duration(l.lastAlive.Load())); a.After(l.lastProgress) {
+		l.lastProgress = a
+	}
 }
 
 func (l *liveness) begin(a *activity) {
@@ -165,6 +186,7 @@ func (l *liveness) check(now time.Time) (next time.Time, ok bool) {
 		consider(a.nextNotice)
 	}
 	var fire *budget.TimeoutError
+	l.syncAlive()
 	if !l.step.Off() && !l.fired && !l.advisoryRunningLocked() {
 		due := l.lastProgress.Add(l.step.D)
 		for a := range l.running {

@@ -585,8 +585,10 @@ func (t *turn) runTool(ctx context.Context, step int, callID string, c model.Too
 	call := &tool.Call{ID: callID, TurnID: t.id, Tool: c.Name, Input: args, KillGrace: b.KillGrace,
 		MaxOutput: t.a.limits.MaxToolOutput.N}
 	x := tool.Run(ctx, e.Tool.Tool, call, b, tool.Hooks{
+		// Every report keeps the turn alive; the coalesced ones become
+		// events (tool.Hooks).
+		OnAlive: t.live.alive,
 		OnProgress: func(r tool.Report) {
-			t.live.progress()
 			t.em.Emit(&event.ToolProgress{CallID: callID, Tool: c.Name, Progress: r.Progress, Total: r.Total, Message: r.Message})
 		},
 		OnLate: func(res *tool.Result, err error, ended time.Time) { t.late(callID, res, err, ended) },

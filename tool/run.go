@@ -51,8 +51,18 @@ func (x *Execution) Elapsed() time.Duration { return x.Ended.Sub(x.Started) }
 
 // Hooks are called by Run as the call goes. Each may be nil.
 type Hooks struct {
-	// OnProgress is called for each progress report accepted while the
-	// call runs, after the idle window has been reset.
+	// OnAlive is called for every progress report the call makes, before
+	// any coalescing, on the goroutine that reports (for a subprocess, the
+	// one reading its stderr). It must be quick and must never block: the
+	// turn's step watchdog only notes the time there (spec §4).
+	OnAlive func()
+	// OnProgress is called with the call's progress reports, coalesced:
+	// the first, then at most one every ProgressInterval, or one for each
+	// new whole percent of the report's total, and always the call's last
+	// report. It is called on a goroutine of its own, one report at a time
+	// and in order, so it may be slow (it stores and publishes an event)
+	// without ever holding the tool up; every call of it has returned
+	// before Run returns.
 	OnProgress func(Report)
 	// OnLate is called when an abandoned call finally returns, with what it
 	// returned. It runs on the call's own goroutine.
@@ -87,10 +97,12 @@ func Run(ctx context.Context, t Tool, c *Call, b budget.ToolBudget, h Hooks) *Ex
 	}
 	callCtx, cancel := context.WithCancelCause(ctx)
 
-	var idle *time.Timer
+	p := newProgress(start, h)
+	c.Progress = p
+	var idle *idleWindow
 	enforced := b.Enforcement != budget.Advisory
 	if enforced && b.IdleTimeout.D > 0 {
-		idle = time.AfterFunc(b.IdleTimeout.D, func() {
+		idle = p.idleWindow(b.IdleTimeout.D, func() {
 			cancel(&budget.TimeoutError{Phase: budget.PhaseToolIdle, Limit: b.IdleTimeout.D,
 				Source: b.IdleTimeout.Source, Knob: b.IdleTimeout.Knob, Subject: subject})
 		})
@@ -102,16 +114,6 @@ func Run(ctx context.Context, t Tool, c *Call, b budget.ToolBudget, h Hooks) *Ex
 				Source: b.Timeout.Source, Knob: b.Timeout.Knob, Subject: subject})
 		})
 	}
-	p := &progress{on: func(r Report) {
-		if idle != nil {
-			idle.Reset(b.IdleTimeout.D)
-		}
-		if h.OnProgress != nil {
-			h.OnProgress(r)
-		}
-	}}
-	c.Progress = p
-
 	done := make(chan returned, 1)
 	go func() {
 		res, err := invoke(callCtx, t, c)
@@ -139,7 +141,7 @@ func Run(ctx context.Context, t Tool, c *Call, b budget.ToolBudget, h Hooks) *Ex
 		deadline.Stop()
 	}
 	if idle != nil {
-		idle.Stop()
+		idle.stop()
 	}
 	x.Progress = p.end()
 

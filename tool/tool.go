@@ -12,7 +12,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/timebox-run/timebox/budget"
@@ -121,33 +120,4 @@ func (e *Error) Error() string {
 		return fmt.Sprintf("exit status %d: %s", *e.ExitCode, e.Message)
 	}
 	return e.Message
-}
-
-// progress is the Progress a running call is handed. It forwards reports to
-// the runner until the call ends.
-type progress struct {
-	mu    sync.Mutex
-	ended bool
-	count int
-	on    func(Report)
-}
-
-func (p *progress) Report(r Report) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.ended {
-		return
-	}
-	p.count++
-	if p.on != nil {
-		p.on(r)
-	}
-}
-
-// end stops forwarding and returns the number of reports accepted.
-func (p *progress) end() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.ended = true
-	return p.count
 }

@@ -193,20 +193,39 @@ func TestStdinProtocol(t *testing.T) {
 	})
 }
 
+// reportList is a tool.Progress that keeps every report, as the tool made
+// them (tool.Run would coalesce them).
+type reportList struct {
+	mu      sync.Mutex
+	reports []tool.Report
+}
+
+func (l *reportList) Report(r tool.Report) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.reports = append(l.reports, r)
+}
+
 func TestProgress(t *testing.T) {
 	forEachStrategy(t, func(t *testing.T, s proctree.Strategy) {
-		var mu sync.Mutex
-		var reports []tool.Report
-		x := call(t, newTool(t, s, "progress"), hard(10*time.Second, time.Second), tool.Hooks{OnProgress: func(r tool.Report) {
-			mu.Lock()
-			defer mu.Unlock()
-			reports = append(reports, r)
-		}})
+		// Through the runner: every report counted, the last one passed on.
+		var last tool.Report
+		x := call(t, newTool(t, s, "progress"), hard(10*time.Second, time.Second), tool.Hooks{OnProgress: func(r tool.Report) { last = r }})
 		if x.Outcome != event.OutcomeOK {
 			t.Fatalf("outcome %s: %v", x.Outcome, x.Err)
 		}
-		if x.Progress != 5 || len(reports) != 5 {
-			t.Fatalf("progress count %d, reports %d, want 5: %+v", x.Progress, len(reports), reports)
+		if x.Progress != 5 || last.Message != `{"progress": "two", oops` {
+			t.Fatalf("progress count %d, last report %+v", x.Progress, last)
+		}
+		// Each line as the tool wrote it.
+		var l reportList
+		res, err := newTool(t, s, "progress").Call(t.Context(), &tool.Call{ID: "c1", Tool: "helper", Progress: &l})
+		if err != nil || string(res.Output) != "done" {
+			t.Fatalf("call: %q %v", res.Output, err)
+		}
+		reports := l.reports
+		if len(reports) != 5 {
+			t.Fatalf("%d reports, want 5: %+v", len(reports), reports)
 		}
 		f := func(v float64) *float64 { return &v }
 		want := []tool.Report{
@@ -221,7 +240,7 @@ func TestProgress(t *testing.T) {
 				t.Errorf("report %d: %v, want %v", i, deref(reports[i]), deref(want[i]))
 			}
 		}
-		if tail := x.Result.StderrTail; tail != "log line a\nlog line b" {
+		if tail := res.StderrTail; tail != "log line a\nlog line b" {
 			t.Errorf("stderr tail %q, want the log lines without the progress lines", tail)
 		}
 	})
