@@ -105,6 +105,11 @@ func (s *stderrLog) report(line []byte) bool {
 	switch {
 	case len(rest) == 0:
 	case rest[0] == '{':
+		var ok bool
+		if r, ok = quickReport(rest); ok {
+			break
+		}
+		r = tool.Report{}
 		if err := json.Unmarshal(rest, &r); err != nil {
 			r = tool.Report{Message: text(rest)}
 		}
