@@ -22,7 +22,8 @@ const subBuffer = 256
 
 // hub fans one live turn's events out to its followers.
 //
-// The turn's sink stores each event before it publishes it, so when a
+// The turn's sink publishes each event only once the store has committed
+// it (from the store's QueueEvent callback, in seq order), so when a
 // follower subscribes, every event up to the hub's last seq is already in
 // the store: the follower replays (after, last] from the store and then
 // takes (last, …] from its channel — exactly the missed events, no gap, no

@@ -5,9 +5,10 @@
 //
 // Each turn runs on its own goroutine, detached from the request that
 // started it: a client that drops a non-detached stream cancels the turn
-// with client_gone; a detached turn runs on. Events are stored as they are
-// emitted and then fanned out to every follower, so a follower that
-// reconnects with Last-Event-ID gets exactly what it missed.
+// with client_gone; a detached turn runs on. Events are queued for the
+// store as they are emitted and fanned out to every follower once stored,
+// so a follower that reconnects with Last-Event-ID gets exactly what it
+// missed.
 package server
 
 import (
@@ -248,6 +249,8 @@ func (s *Server) run(ctx context.Context, lt *liveTurn, in agent.Input) {
 	defer s.running.Done()
 	defer lt.cancel(nil)
 	res := s.cfg.Agent.Run(ctx, in, &turnSink{s: s, lt: lt})
+	// FinishTurn stores the events still queued first, and their callbacks
+	// have published them when it returns.
 	if err := s.cfg.Store.FinishTurn(context.Background(), res.Record, res.Messages); err != nil {
 		s.storeError("finish_turn", lt.id, err)
 	}
@@ -263,9 +266,13 @@ func (s *Server) run(ctx context.Context, lt *liveTurn, in agent.Input) {
 	s.log.Info("turn ended", "turn_id", lt.id, "status", r.Status, "stop_reason", r.StopReason, "wall_ms", r.WallMS)
 }
 
-// turnSink stores each event of a turn, then publishes it to the turn's
-// followers and counts it in the metrics. Storing first is what lets a
-// follower replay from the store without a gap (see hub).
+// turnSink queues each event of a turn for the store and, once the store
+// has committed it, publishes it to the turn's followers and counts it in
+// the metrics. Publishing only what is stored is what lets a follower
+// replay from the store without a gap (see hub); the store's callbacks
+// come in queue order, so followers get the events in seq order. The turn
+// waits only for the events that carry a call record
+// (store.WaitForStore).
 type turnSink struct {
 	s  *Server
 	lt *liveTurn
@@ -273,16 +280,29 @@ type turnSink struct {
 
 // Emit implements event.Sink.
 func (t *turnSink) Emit(e event.Event) {
-	if err := t.s.cfg.Store.AppendEvent(context.Background(), e); err != nil {
-		t.s.storeError("append_event", e.TurnID, err)
+	data, merr := e.MarshalJSON()
+	if merr != nil {
+		t.s.log.Error("encoding an event", "turn_id", e.TurnID, "seq", e.Seq, "err", merr)
 	}
-	data, err := e.MarshalJSON()
-	if err != nil {
-		t.s.log.Error("encoding an event", "turn_id", e.TurnID, "seq", e.Seq, "err", err)
-		return
+	var stored chan struct{}
+	if store.WaitForStore(e) {
+		stored = make(chan struct{})
 	}
-	t.lt.hub.publish(frame{seq: e.Seq, typ: e.Type, at: e.At, data: data})
-	t.s.m.observe(e)
+	t.s.cfg.Store.QueueEvent(e, func(err error) {
+		if err != nil {
+			t.s.storeError("append_event", e.TurnID, err)
+		}
+		if merr == nil {
+			t.lt.hub.publish(frame{seq: e.Seq, typ: e.Type, at: e.At, data: data})
+			t.s.m.observe(e)
+		}
+		if stored != nil {
+			close(stored)
+		}
+	})
+	if stored != nil {
+		<-stored
+	}
 }
 
 func (s *Server) live(id string) *liveTurn {

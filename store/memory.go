@@ -119,6 +119,22 @@ func (m *Memory) AppendEvent(_ context.Context, e event.Event) error {
 	return nil
 }
 
+// QueueEvent implements Store. Memory has no disk to wait for: the event
+// is stored and committed is called before QueueEvent returns.
+func (m *Memory) QueueEvent(e event.Event, committed func(error)) {
+	err := m.AppendEvent(context.Background(), e)
+	if committed != nil {
+		committed(err)
+	}
+}
+
+// Flush implements Store; Memory queues nothing.
+func (m *Memory) Flush(context.Context) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.check()
+}
+
 func (mt *memTurn) putTool(tc event.ToolCall) {
 	for i := range mt.tools {
 		if mt.tools[i].CallID == tc.CallID {

@@ -11,8 +11,10 @@ import (
 
 // Recorder writes one turn to a Store as it runs: Begin before the turn,
 // every event as it is emitted (Recorder is the turn's event.Sink), Finish
-// with the turn's result. Writing each event synchronously, before the turn
-// goes on, is what makes a crash lose nothing already emitted.
+// with the turn's result. Events are queued (Store.QueueEvent), so the
+// turn never waits for the disk, except for those that carry a call record
+// (WaitForStore), which are durable before the turn goes on: a crash loses
+// at most the last few milliseconds of deltas and progress, never a record.
 //
 // A failed write does not stop the turn — a full disk must not turn a
 // finished answer into a failure — so Emit keeps the first error for Err
@@ -39,16 +41,24 @@ func (r *Recorder) Begin(ctx context.Context, t TurnStart) error {
 
 // Emit stores e. It is called by the turn's emitter, one event at a time.
 func (r *Recorder) Emit(e event.Event) {
-	// Background: the write must happen even when the turn is being
-	// cancelled — those are the events that matter most afterwards.
-	if err := r.s.AppendEvent(context.Background(), e); err != nil {
-		r.fail(fmt.Errorf("storing event %d (%s) of turn %s: %w", e.Seq, e.Type, e.TurnID, err))
+	failed := func(err error) {
+		if err != nil {
+			r.fail(fmt.Errorf("storing event %d (%s) of turn %s: %w", e.Seq, e.Type, e.TurnID, err))
+		}
 	}
+	if WaitForStore(e) {
+		// Background: the write must happen even when the turn is being
+		// cancelled — those are the events that matter most afterwards.
+		failed(r.s.AppendEvent(context.Background(), e))
+		return
+	}
+	r.s.QueueEvent(e, failed)
 }
 
 // Finish stores the turn's final record and its session messages
-// (Store.FinishTurn). It returns the first error of the whole turn: this
-// one, or an earlier failed event write.
+// (Store.FinishTurn, which stores the queued events first). It returns the
+// first error of the whole turn: this one, or an earlier failed event
+// write.
 func (r *Recorder) Finish(ctx context.Context, rec *event.Turn, msgs []model.Message) error {
 	if err := r.s.FinishTurn(ctx, rec, msgs); err != nil {
 		r.fail(fmt.Errorf("storing the record of turn %s: %w", rec.TurnID, err))

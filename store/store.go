@@ -4,10 +4,12 @@
 // store (store/sqlite) can give way to a server database when several
 // gateways share one history.
 //
-// Events are written as they are emitted (Recorder), so a crash loses
-// nothing a turn already said; a turn that a crash left running is marked
-// interrupted by the next process that opens the store. Memory is an
-// in-memory Store for tests and for programs that keep nothing.
+// Events are queued as they are emitted (Recorder) and written in batches,
+// so a crash loses at most the last few milliseconds of what a turn said,
+// never a call record (docs/decisions/group-commit.md); a turn that a
+// crash left running is marked interrupted by the next process that opens
+// the store. Memory is an in-memory Store for tests and for programs that
+// keep nothing.
 package store
 
 import (
@@ -32,21 +34,37 @@ var ErrExists = errors.New("already exists")
 var ErrClosed = errors.New("store is closed")
 
 // Store holds sessions, turns, events and records. Implementations are safe
-// for concurrent use; every write is durable when the method returns (a
-// process crash right after loses nothing).
+// for concurrent use; every write but QueueEvent is durable when the method
+// returns (a process crash right after loses nothing).
 type Store interface {
 	// BeginTurn records a new turn as running, and its session if the
 	// session is new. It returns ErrExists for a turn id already stored.
 	BeginTurn(ctx context.Context, t TurnStart) error
-	// AppendEvent stores one event of a running turn, in seq order. The
-	// records that tool_finished and llm_finished carry are stored with it,
-	// so a crashed turn keeps its call records. Appending a seq already
+	// AppendEvent stores one event of a running turn, in seq order, and
+	// returns once it is durable: it is QueueEvent waiting for its batch.
+	// The records that tool_finished and llm_finished carry are stored with
+	// it, so a crashed turn keeps its call records. Appending a seq already
 	// stored is a no-op.
 	AppendEvent(ctx context.Context, e event.Event) error
+	// QueueEvent queues one event of a running turn to be stored as
+	// AppendEvent stores it, and returns without waiting for the disk:
+	// queued events are written in batches, one transaction each, in the
+	// order they were queued (group commit). committed, when not nil, is
+	// called once e is durable, or with the error that kept it from being
+	// stored — in queue order, on the store's writer, so it must be quick
+	// and must not call the store's write methods or Flush. A crash loses
+	// what is still queued; Flush, FinishTurn and Close store it first.
+	// When the store cannot keep up, QueueEvent waits for room in a
+	// bounded queue rather than grow without end.
+	QueueEvent(e event.Event, committed func(error))
+	// Flush returns once every event queued before it is stored (or has
+	// failed) and its committed callback has returned.
+	Flush(ctx context.Context) error
 	// FinishTurn stores a turn's final record and the messages it added to
-	// its session's conversation. Events of rec.Events not yet stored are
-	// stored; a tool call record already updated by UpdateToolCall with a
-	// late result keeps it. A turn that BeginTurn never saw is created.
+	// its session's conversation. Events queued before it are stored first
+	// (Flush), then the events of rec.Events not yet stored; a tool call
+	// record already updated by UpdateToolCall with a late result keeps it.
+	// A turn that BeginTurn never saw is created.
 	FinishTurn(ctx context.Context, rec *event.Turn, msgs []model.Message) error
 	// UpdateToolCall replaces one tool call record, for a late result
 	// (agent.Config.LateResult) that came back after its turn ended. It
@@ -72,9 +90,9 @@ type Store interface {
 	// as agent.Input.History. An unknown session has an empty history.
 	History(ctx context.Context, sessionID string) ([]model.Message, error)
 
-	// Close releases the store. Turns it began and never finished are
-	// marked interrupted first: nothing can record their end any more.
-	// Close is idempotent.
+	// Close releases the store. Queued events are stored, then turns it
+	// began and never finished are marked interrupted: nothing can record
+	// their end any more. Close is idempotent.
 	Close() error
 }
 
@@ -198,6 +216,17 @@ func CallRecords(e event.Event) (*event.ToolCall, *event.ModelCall) {
 		return nil, &mc
 	}
 	return nil, nil
+}
+
+// WaitForStore reports whether a sink should wait for e to be durable
+// (AppendEvent) before the turn goes on, rather than queue it
+// (QueueEvent): the events that carry a call record, so that a crash never
+// loses the record of a call the turn has moved past. The rest — stream
+// deltas, progress, notices — may be lost for the last few milliseconds
+// before a crash.
+func WaitForStore(e event.Event) bool {
+	tc, mc := CallRecords(e)
+	return tc != nil || mc != nil
 }
 
 // KeepLate reports whether an update of a tool call record from old to new

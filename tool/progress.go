@@ -44,17 +44,48 @@ type progress struct {
 	// maxPct is the highest whole percent of a total passed on so far,
 	// -1 before any.
 	maxPct float64
-	held   Report // the latest report not passed on, when hasHeld
+	held   report // the latest report not passed on, when hasHeld
 	// hasHeld is set while a report waits for its window to open.
 	hasHeld bool
 	// trailing passes the held report on once its window opens; armed
 	// while it is set to fire.
 	trailing *time.Timer
 	armed    bool
-	outbox   []Report
+	outbox   []report
 	// draining is non-nil while a goroutine delivers the outbox; it is
 	// closed when that goroutine ends.
 	draining chan struct{}
+}
+
+// report is a Report as made: its values copied, since a tool may reuse
+// what its pointers point to once Report has returned.
+type report struct {
+	progress, total       float64
+	hasProgress, hasTotal bool
+	message               string
+}
+
+func copyReport(r Report) report {
+	c := report{message: r.Message}
+	if r.Progress != nil {
+		c.progress, c.hasProgress = *r.Progress, true
+	}
+	if r.Total != nil {
+		c.total, c.hasTotal = *r.Total, true
+	}
+	return c
+}
+
+// Report returns the Report that OnProgress is given.
+func (c report) Report() Report {
+	r := Report{Message: c.message}
+	if c.hasProgress {
+		r.Progress = &c.progress
+	}
+	if c.hasTotal {
+		r.Total = &c.total
+	}
+	return r
 }
 
 func newProgress(start time.Time, h Hooks) *progress {
@@ -62,8 +93,9 @@ func newProgress(start time.Time, h Hooks) *progress {
 }
 
 // Report implements Progress. It never blocks on the hooks.
-func (p *progress) Report(r Report) {
+func (p *progress) Report(rep Report) {
 	now := time.Now()
+	r := copyReport(rep)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.ended {
@@ -100,7 +132,7 @@ func (p *progress) Report(r Report) {
 // rule counts only progress between 0 and the total and only upwards, so
 // a tool cannot flood through it: it lets at most 101 reports through a
 // call.
-func (p *progress) due(r Report, now time.Time) bool {
+func (p *progress) due(r report, now time.Time) bool {
 	if !p.sent || now.Sub(p.sentAt) >= ProgressInterval {
 		return true
 	}
@@ -109,15 +141,15 @@ func (p *progress) due(r Report, now time.Time) bool {
 }
 
 // percent returns the whole percent of its total that r reports.
-func percent(r Report) (float64, bool) {
-	if r.Progress == nil || r.Total == nil || !(*r.Total > 0) || !(*r.Progress >= 0) || *r.Progress > *r.Total {
+func percent(r report) (float64, bool) {
+	if !r.hasProgress || !r.hasTotal || !(r.total > 0) || !(r.progress >= 0) || r.progress > r.total {
 		return 0, false
 	}
-	return math.Floor(*r.Progress / *r.Total * 100), true
+	return math.Floor(r.progress / r.total * 100), true
 }
 
 // send queues r for OnProgress. p.mu is held.
-func (p *progress) send(r Report, now time.Time) {
+func (p *progress) send(r report, now time.Time) {
 	p.sent, p.sentAt = true, now
 	if pct, ok := percent(r); ok && pct > p.maxPct {
 		p.maxPct = pct
@@ -166,7 +198,7 @@ func (p *progress) drain(done chan struct{}) {
 		r := p.outbox[0]
 		p.outbox = p.outbox[1:]
 		p.mu.Unlock()
-		p.deliver(r)
+		p.deliver(r.Report())
 	}
 }
 
@@ -189,7 +221,7 @@ func (p *progress) end() int {
 		}
 	}
 	draining := p.draining
-	var rest []Report
+	var rest []report
 	if draining == nil {
 		rest, p.outbox = p.outbox, nil
 	}
@@ -214,7 +246,7 @@ func (p *progress) end() int {
 		t.Stop()
 	}
 	for _, r := range rest {
-		p.deliver(r)
+		p.deliver(r.Report())
 	}
 	return n
 }

@@ -189,3 +189,26 @@ func TestEveryReportKeepsTheCallAlive(t *testing.T) {
 		}
 	})
 }
+
+// TestReportKeepsNoReference: a tool may reuse what a report's pointers
+// point to as soon as Report returns; OnProgress, which runs later, sees
+// the values as they were reported.
+func TestReportKeepsNoReference(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var got []float64
+		x := tool.Run(t.Context(), fake{tool.KindGo, func(ctx context.Context, c *tool.Call) (*tool.Result, error) {
+			n, total := 1.0, 3.0
+			for range 3 {
+				c.Progress.Report(tool.Report{Progress: &n, Total: &total})
+				n++ // reused at once
+			}
+			n = -1
+			return nil, nil
+		}}, &tool.Call{Tool: "t"}, tb(time.Hour, budget.Cooperative), tool.Hooks{OnProgress: func(r tool.Report) {
+			got = append(got, *r.Progress)
+		}})
+		if x.Progress != 3 || fmt.Sprint(got) != "[1 2 3]" {
+			t.Fatalf("%d reports, OnProgress saw %v; want [1 2 3]", x.Progress, got)
+		}
+	})
+}

@@ -87,7 +87,9 @@ type Report struct {
 }
 
 // Progress is how a running call reports that it is alive. Report is safe
-// for concurrent use; a report made after the call ended is dropped quietly.
+// for concurrent use, never blocks for long, and keeps no reference to r:
+// the caller may reuse what its pointers point to. A report made after the
+// call ended is dropped quietly.
 type Progress interface {
 	Report(Report)
 }

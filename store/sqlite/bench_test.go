@@ -12,9 +12,29 @@ import (
 	"github.com/timebox-run/timebox/store"
 )
 
-// BenchmarkAppendEvent measures one synchronous event write: the cost every
-// emitted event pays before the turn goes on.
+// BenchmarkAppendEvent measures one event written and waited for: what an
+// event that carries a call record (store.WaitForStore) costs the turn.
 func BenchmarkAppendEvent(b *testing.B) {
+	s := open(&testing.T{}, filepath.Join(b.TempDir(), "timebox.db"))
+	defer s.Close()
+	ctx := context.Background()
+	if err := s.BeginTurn(ctx, store.TurnStart{TurnID: "t1", Input: "x", StartedAt: time.Now()}); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	seq := int64(0)
+	for b.Loop() {
+		seq++
+		e := event.Event{Seq: seq, TurnID: "t1", Type: event.TypeLLMDelta, At: time.Now(), Data: &event.LLMDelta{Step: 1, Text: "a few words of a reply"}}
+		if err := s.AppendEvent(ctx, e); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkQueueEvent measures the events of one streaming turn, queued by
+// its Recorder and committed in batches; the final Flush is timed too.
+func BenchmarkQueueEvent(b *testing.B) {
 	s := open(&testing.T{}, filepath.Join(b.TempDir(), "timebox.db"))
 	defer s.Close()
 	if err := s.BeginTurn(context.Background(), store.TurnStart{TurnID: "t1", Input: "x", StartedAt: time.Now()}); err != nil {
@@ -25,11 +45,14 @@ func BenchmarkAppendEvent(b *testing.B) {
 	for b.Loop() {
 		em.Emit(&event.LLMDelta{Step: 1, Text: "a few words of a reply"})
 	}
+	if err := s.Flush(context.Background()); err != nil {
+		b.Fatal(err)
+	}
 }
 
-// BenchmarkAppendEventConcurrent measures event writes from 64 turns at
+// BenchmarkQueueEventConcurrent measures event writes from 64 turns at
 // once, which share commits.
-func BenchmarkAppendEventConcurrent(b *testing.B) {
+func BenchmarkQueueEventConcurrent(b *testing.B) {
 	s := open(&testing.T{}, filepath.Join(b.TempDir(), "timebox.db"))
 	defer s.Close()
 	b.SetParallelism(32)
@@ -46,4 +69,7 @@ func BenchmarkAppendEventConcurrent(b *testing.B) {
 			em.Emit(&event.LLMDelta{Step: 1, Text: "a few words of a reply"})
 		}
 	})
+	if err := s.Flush(context.Background()); err != nil {
+		b.Fatal(err)
+	}
 }

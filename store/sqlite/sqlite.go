@@ -1,11 +1,14 @@
 // Package sqlite is the embedded store: one SQLite file (modernc.org/sqlite,
 // no cgo) holding sessions, turns, events and records (spec §13).
 //
-// The file is in WAL mode with synchronous=NORMAL: every write is committed
-// before the method returns, so a crashed or killed process loses nothing
-// it stored; only a power loss may lose the last transactions (see
-// docs/decisions/store-sqlite.md). Writes go through one connection, reads
-// through a small pool, so readers never wait for the writer.
+// The file is in WAL mode with synchronous=NORMAL. Events are queued and
+// committed in batches by one writer goroutine (group commit): a crashed
+// or killed process loses at most what was queued in its last few
+// milliseconds, and never a call record, which sinks wait for
+// (docs/decisions/group-commit.md). Every other write is committed before
+// its method returns; only a power loss may lose the last transactions
+// (docs/decisions/store-sqlite.md). Writes go through one connection,
+// reads through a small pool, so readers never wait for the writer.
 //
 // Several processes may share a file — `timebox serve` and `timebox run`
 // side by side. Each open store registers itself as an owner; a turn
@@ -63,11 +66,15 @@ type Store struct {
 
 	recovered []string
 
-	// Event appends are committed in groups (see appender): mu guards
-	// sending on appends against Close closing it.
-	mu       sync.RWMutex
-	appends  chan *appendReq
-	appended chan struct{} // closed when the appender has stopped
+	// Event appends are queued and committed in batches by the writer
+	// goroutine (writer). qmu guards the queue; room is signalled when the
+	// writer takes it, for QueueEvent waiting on a full queue.
+	qmu      sync.Mutex
+	queue    []*appendReq
+	qclosed  bool
+	room     *sync.Cond
+	wake     chan struct{} // the writer has work (capacity 1)
+	written  chan struct{} // closed when the writer has stopped
 	insEvent *sql.Stmt
 
 	stop      chan struct{}
@@ -77,15 +84,22 @@ type Store struct {
 	closed    chan struct{}
 }
 
-// appendReq is one AppendEvent waiting for its group's commit.
+// appendReq is one queued event, or a Flush marker (flushed set).
 type appendReq struct {
-	e    event.Event
-	data []byte
-	done chan error
+	e         event.Event
+	data      []byte
+	committed func(error)
+	flushed   chan struct{}
 }
 
-// maxGroup bounds how many event appends share one transaction.
-const maxGroup = 256
+const (
+	// maxGroup bounds how many event appends share one transaction.
+	maxGroup = 1024
+	// maxQueue bounds the events waiting for the writer: past it
+	// QueueEvent waits, so that a disk that cannot keep up slows the turns
+	// down instead of growing memory without end.
+	maxQueue = 8192
+)
 
 var _ store.Store = (*Store)(nil)
 
@@ -139,7 +153,8 @@ func Open(path string, o Options) (*Store, error) {
 	r.SetMaxIdleConns(4)
 	s := &Store{path: path, w: w, r: r, owner: newID(), machine: machineID(), hb: o.Heartbeat, stale: o.Stale,
 		stop: make(chan struct{}), done: make(chan struct{}), closed: make(chan struct{}),
-		appends: make(chan *appendReq, maxGroup), appended: make(chan struct{})}
+		wake: make(chan struct{}, 1), written: make(chan struct{})}
+	s.room = sync.NewCond(&s.qmu)
 	if s.insEvent, err = w.PrepareContext(ctx, insertEventSQL); err != nil {
 		s.closeDBs()
 		return nil, err
@@ -159,7 +174,7 @@ func Open(path string, o Options) (*Store, error) {
 		return nil, fmt.Errorf("opening store %s: marking interrupted turns: %w", path, err)
 	}
 	go s.heartbeat()
-	go s.appender()
+	go s.writer()
 	return s, nil
 }
 
@@ -222,11 +237,13 @@ func (s *Store) Close() error {
 // stopWriters refuses new writes, lets the appends already queued commit,
 // and stops the background goroutines.
 func (s *Store) stopWriters() {
-	s.mu.Lock()
+	s.qmu.Lock()
 	close(s.closed)
-	close(s.appends)
-	s.mu.Unlock()
-	<-s.appended
+	s.qclosed = true
+	s.room.Broadcast()
+	s.qmu.Unlock()
+	s.poke()
+	<-s.written
 	close(s.stop)
 	<-s.done
 }
@@ -302,57 +319,121 @@ func (s *Store) begin(ctx context.Context, tx *sql.Tx, t store.TurnStart) error 
 	return err
 }
 
-// AppendEvent implements store.Store. Appends from concurrent turns are
-// committed together, one transaction for all that are waiting, so that
-// many streaming turns do not queue one commit each; each call still
-// returns only once its event is committed.
+// AppendEvent implements store.Store: it queues e and waits for the
+// commit of its batch.
 func (s *Store) AppendEvent(ctx context.Context, e event.Event) error {
-	data, err := json.Marshal(e)
-	if err != nil {
-		return err
-	}
-	req := &appendReq{e: e, data: data, done: make(chan error, 1)}
-	s.mu.RLock()
-	if s.isClosed() {
-		s.mu.RUnlock()
-		return store.ErrClosed
-	}
-	s.appends <- req
-	s.mu.RUnlock()
+	done := make(chan error, 1)
+	s.QueueEvent(e, func(err error) { done <- err })
 	select {
-	case err := <-req.done:
+	case err := <-done:
 		return err
 	case <-ctx.Done():
 		return ctx.Err()
 	}
 }
 
-// appender commits queued event appends in groups until Close.
-func (s *Store) appender() {
-	defer close(s.appended)
-	batch := make([]*appendReq, 0, maxGroup)
-	for req := range s.appends {
-		batch = append(batch[:0], req)
-	more:
-		for len(batch) < maxGroup {
-			select {
-			case r, ok := <-s.appends:
-				if !ok {
-					break more
-				}
-				batch = append(batch, r)
-			default:
-				break more
-			}
+// QueueEvent implements store.Store. The event is encoded on the caller's
+// goroutine; the writer commits what is queued whenever it is free, so
+// appends from concurrent turns, and the events one turn emits while a
+// commit is under way, share one transaction.
+func (s *Store) QueueEvent(e event.Event, committed func(error)) {
+	data, err := json.Marshal(e)
+	if err != nil {
+		if committed != nil {
+			committed(err)
 		}
-		s.commitGroup(batch)
+		return
+	}
+	if err := s.enqueue(&appendReq{e: e, data: data, committed: committed}); err != nil && committed != nil {
+		committed(err)
 	}
 }
 
-// commitGroup writes a group of appends in one transaction. If that fails,
-// each is written alone, so that one bad append (an unknown turn) fails
-// only its own caller.
-func (s *Store) commitGroup(batch []*appendReq) {
+// Flush implements store.Store.
+func (s *Store) Flush(ctx context.Context) error {
+	r := &appendReq{flushed: make(chan struct{})}
+	if err := s.enqueue(r); err != nil {
+		return err
+	}
+	select {
+	case <-r.flushed:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// enqueue adds r to the writer's queue, waiting while it is full.
+func (s *Store) enqueue(r *appendReq) error {
+	s.qmu.Lock()
+	for !s.qclosed && len(s.queue) >= maxQueue && r.flushed == nil {
+		s.room.Wait()
+	}
+	if s.qclosed {
+		s.qmu.Unlock()
+		return store.ErrClosed
+	}
+	s.queue = append(s.queue, r)
+	s.qmu.Unlock()
+	s.poke()
+	return nil
+}
+
+func (s *Store) poke() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// writer commits the queue, all that is waiting at a time, until the
+// store is closed and the queue is empty.
+func (s *Store) writer() {
+	defer close(s.written)
+	var batch []*appendReq
+	for {
+		s.qmu.Lock()
+		for len(s.queue) == 0 && !s.qclosed {
+			s.qmu.Unlock()
+			<-s.wake
+			s.qmu.Lock()
+		}
+		if len(s.queue) == 0 {
+			s.qmu.Unlock()
+			return
+		}
+		batch, s.queue = s.queue, batch[:0]
+		s.room.Broadcast()
+		s.qmu.Unlock()
+		s.writeQueued(batch)
+		clear(batch) // let the events go
+	}
+}
+
+// writeQueued commits a taken queue in order: runs of events up to
+// maxGroup per transaction, each followed by its callbacks; a Flush marker
+// is released once everything before it is done.
+func (s *Store) writeQueued(batch []*appendReq) {
+	for len(batch) > 0 {
+		if batch[0].flushed != nil {
+			close(batch[0].flushed)
+			batch = batch[1:]
+			continue
+		}
+		n := 1
+		for n < len(batch) && n < maxGroup && batch[n].flushed == nil {
+			n++
+		}
+		s.commitGroup(batch[:n])
+		batch = batch[n:]
+	}
+}
+
+// commitGroup writes a group of appends in one transaction and then calls
+// their callbacks in order. If the transaction fails, each append is
+// written alone, so that one bad append (an unknown turn) fails only its
+// own.
+func (s *Store) commitGroup(group []*appendReq) {
 	ctx := context.Background()
 	write := func(reqs []*appendReq) error {
 		tx, err := s.w.BeginTx(ctx, nil)
@@ -368,16 +449,21 @@ func (s *Store) commitGroup(batch []*appendReq) {
 		}
 		return tx.Commit()
 	}
-	if len(batch) > 1 {
-		if err := write(batch); err == nil {
-			for _, r := range batch {
-				r.done <- nil
+	if len(group) > 1 {
+		if err := write(group); err == nil {
+			for _, r := range group {
+				if r.committed != nil {
+					r.committed(nil)
+				}
 			}
 			return
 		}
 	}
-	for _, r := range batch {
-		r.done <- write([]*appendReq{r})
+	for _, r := range group {
+		err := write([]*appendReq{r})
+		if r.committed != nil {
+			r.committed(err)
+		}
 	}
 }
 
@@ -462,6 +548,9 @@ func finalRecord(rec *event.Turn) ([]byte, error) {
 
 // FinishTurn implements store.Store.
 func (s *Store) FinishTurn(ctx context.Context, rec *event.Turn, msgs []model.Message) error {
+	if err := s.Flush(ctx); err != nil {
+		return err
+	}
 	final, err := finalRecord(rec)
 	if err != nil {
 		return err

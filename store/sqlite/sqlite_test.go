@@ -95,12 +95,14 @@ func TestBadPath(t *testing.T) {
 	}
 }
 
-// writeRunningTurn begins a turn and emits what a turn does up to a tool
-// call that is still running.
-func writeRunningTurn(s store.Store, id string) (int, error) {
+// writeRunningTurn begins a turn and emits, through a Recorder, what a
+// turn does up to a tool call that is still running. It returns how many
+// events it emitted and the seq of the last one that carries a call record
+// (which the Recorder waits for).
+func writeRunningTurn(s store.Store, id string) (emitted, lastRecord int, err error) {
 	rec := store.NewRecorder(s)
 	if err := rec.Begin(context.Background(), store.TurnStart{TurnID: id, SessionID: "s1", Input: "crawl it", StartedAt: time.Now()}); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	em := event.NewEmitter(id, rec)
 	em.Emit(&event.TurnStarted{SessionID: "s1", Input: "crawl it", Model: "script:m"})
@@ -109,16 +111,29 @@ func writeRunningTurn(s store.Store, id string) (int, error) {
 	em.Emit(&event.LLMFinished{ModelCall: event.ModelCall{Step: 1, Model: "m", Provider: "script", Attempt: 1, Outcome: event.OutcomeOK}, ToolCalls: 2})
 	em.Emit(&event.ToolStarted{Step: 1, CallID: "call_1_1", Tool: "word_count", TimeoutMS: 5000})
 	em.Emit(&event.ToolStarted{Step: 1, CallID: "call_1_2", Tool: "crawl", TimeoutMS: 10000})
-	em.Emit(&event.ToolFinished{ToolCall: event.ToolCall{CallID: "call_1_1", Step: 1, Tool: "word_count", Outcome: event.OutcomeOK, StartedAt: time.Now()}})
+	last := em.Emit(&event.ToolFinished{ToolCall: event.ToolCall{CallID: "call_1_1", Step: 1, Tool: "word_count", Outcome: event.OutcomeOK, StartedAt: time.Now()}})
 	for i := range 5 {
 		p := float64(i)
 		em.Emit(&event.ToolProgress{CallID: "call_1_2", Tool: "crawl", Progress: &p})
 	}
-	return len(em.Log()), rec.Err()
+	return len(em.Log()), int(last.Seq), rec.Err()
 }
 
-func checkInterrupted(t *testing.T, s store.Store, id string, emitted int, why string) {
+// checkInterrupted checks the record of a turn that crashed after emitting
+// `emitted` events, of which at least the first `kept` were stored: every
+// call record, the events as a gap-free prefix, and a message that counts
+// them.
+func checkInterrupted(t *testing.T, s store.Store, id string, emitted, kept int, why string) {
 	t.Helper()
+	evs, err := s.Events(context.Background(), id, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored := len(evs) - 1 // without the turn_finished the recovery adds
+	if stored < kept || stored > emitted {
+		t.Fatalf("%d events stored, want %d to %d (+1 turn_finished)", stored, kept, emitted)
+	}
+	t.Logf("%d of %d events stored", stored, emitted)
 	ctx := context.Background()
 	rec, err := s.Turn(ctx, id)
 	if err != nil {
@@ -127,20 +142,13 @@ func checkInterrupted(t *testing.T, s store.Store, id string, emitted int, why s
 	if rec.Status != budget.StatusInterrupted || rec.StopReason != budget.Interrupted {
 		t.Fatalf("status %s, stop reason %s", rec.Status, rec.StopReason)
 	}
-	for _, want := range []string{why, "Tool crawl was running", fmt.Sprintf("(%d events)", emitted)} {
+	for _, want := range []string{why, "Tool crawl was running", fmt.Sprintf("(%d events)", stored)} {
 		if !strings.Contains(rec.Message, want) {
 			t.Errorf("message %q lacks %q", rec.Message, want)
 		}
 	}
 	if len(rec.ToolCalls) != 1 || rec.ToolCalls[0].Tool != "word_count" || len(rec.ModelCalls) != 1 || rec.Steps != 1 {
 		t.Errorf("records kept: %+v %+v", rec.ToolCalls, rec.ModelCalls)
-	}
-	evs, err := s.Events(ctx, id, 0, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(evs) != emitted+1 {
-		t.Fatalf("%d events stored, %d emitted (+1 turn_finished)", len(evs), emitted)
 	}
 	for i, e := range evs {
 		if e.Seq != int64(i+1) {
@@ -160,18 +168,18 @@ func checkInterrupted(t *testing.T, s store.Store, id string, emitted int, why s
 func TestCrashLeavesTheTurnInterrupted(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "timebox.db")
 	a := open(t, path)
-	n, err := writeRunningTurn(a, "t1")
+	n, _, err := writeRunningTurn(a, "t1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	a.Crash()
+	a.Crash() // it writes what was queued first
 
 	b := open(t, path)
 	defer b.Close()
 	if got := b.Recovered(); len(got) != 1 || got[0] != "t1" {
 		t.Fatalf("Recovered() = %v", got)
 	}
-	checkInterrupted(t, b, "t1", n, "the store running it was closed without finishing it")
+	checkInterrupted(t, b, "t1", n, n, "the store running it was closed without finishing it")
 }
 
 func TestKill9(t *testing.T) {
@@ -192,8 +200,8 @@ func TestKill9(t *testing.T) {
 		cmd.Wait()
 		t.Fatalf("helper: %v", err)
 	}
-	var n int
-	if _, err := fmt.Sscanf(line, "ready %d", &n); err != nil {
+	var n, kept int
+	if _, err := fmt.Sscanf(line, "ready %d %d", &n, &kept); err != nil {
 		t.Fatalf("helper said %q", line)
 	}
 	cmd.Process.Kill() // SIGKILL: no cleanup of any kind
@@ -201,7 +209,9 @@ func TestKill9(t *testing.T) {
 
 	s := open(t, path)
 	defer s.Close()
-	checkInterrupted(t, s, "t1", n, fmt.Sprintf("(pid %d) stopped", cmd.Process.Pid))
+	// What was still queued when the process died may be lost; the call
+	// records never are.
+	checkInterrupted(t, s, "t1", n, kept, fmt.Sprintf("(pid %d) stopped", cmd.Process.Pid))
 }
 
 func crashHelper(path string) {
@@ -210,19 +220,43 @@ func crashHelper(path string) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	n, err := writeRunningTurn(s, "t1")
+	n, kept, err := writeRunningTurn(s, "t1")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	fmt.Printf("ready %d\n", n)
+	fmt.Printf("ready %d %d\n", n, kept)
 	select {}
+}
+
+// TestCloseStoresWhatIsQueued: a clean stop stores every queued event
+// before it marks the turn interrupted.
+func TestCloseStoresWhatIsQueued(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "timebox.db")
+	a := open(t, path)
+	ctx := context.Background()
+	if err := a.BeginTurn(ctx, store.TurnStart{TurnID: "t1", Input: "x", StartedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	const n = 3000
+	for seq := int64(1); seq <= n; seq++ {
+		a.QueueEvent(event.Event{Seq: seq, TurnID: "t1", Type: event.TypeLLMDelta, At: time.Now(), Data: &event.LLMDelta{Text: "x"}}, nil)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b := open(t, path)
+	defer b.Close()
+	evs, err := b.Events(ctx, "t1", 0, 0)
+	if err != nil || len(evs) != n+1 || evs[n].Type != event.TypeTurnFinished {
+		t.Fatalf("%d events stored (want %d and the interrupted turn_finished), %v", len(evs), n, err)
+	}
 }
 
 func TestALiveOwnerKeepsItsTurns(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "timebox.db")
 	a := open(t, path)
-	if _, err := writeRunningTurn(a, "t1"); err != nil {
+	if _, _, err := writeRunningTurn(a, "t1"); err != nil {
 		t.Fatal(err)
 	}
 	// A second process (here a second store) opening the file must not
@@ -249,16 +283,16 @@ func TestALiveOwnerKeepsItsTurns(t *testing.T) {
 func TestOwnersJudgedByPidAndHeartbeat(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "timebox.db")
 	s := open(t, path)
-	if _, err := writeRunningTurn(s, "dead-pid"); err != nil {
+	if _, _, err := writeRunningTurn(s, "dead-pid"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := writeRunningTurn(s, "other-machine-stale"); err != nil {
+	if _, _, err := writeRunningTurn(s, "other-machine-stale"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := writeRunningTurn(s, "other-machine-fresh"); err != nil {
+	if _, _, err := writeRunningTurn(s, "other-machine-fresh"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := writeRunningTurn(s, "no-owner"); err != nil {
+	if _, _, err := writeRunningTurn(s, "no-owner"); err != nil {
 		t.Fatal(err)
 	}
 	s.Crash()
@@ -323,7 +357,7 @@ func TestHeartbeatFindsACrashWhileOpen(t *testing.T) {
 	}
 	defer watcher.Close()
 	a := open(t, path)
-	if _, err := writeRunningTurn(a, "t1"); err != nil {
+	if _, _, err := writeRunningTurn(a, "t1"); err != nil {
 		t.Fatal(err)
 	}
 	a.Crash()
@@ -365,6 +399,9 @@ func TestConcurrentWritersShareAFile(t *testing.T) {
 			em := event.NewEmitter(id, rec)
 			for range 100 {
 				em.Emit(&event.LLMDelta{Text: "x"})
+			}
+			if err := s.Flush(context.Background()); err != nil {
+				errs <- err
 			}
 			if err := rec.Err(); err != nil {
 				errs <- err

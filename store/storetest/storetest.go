@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -31,6 +32,8 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"TurnLifecycle", testTurnLifecycle},
 		{"BeginTwice", testBeginTwice},
 		{"EventsAreIdempotentAndOrdered", testEvents},
+		{"QueuedEventsCommitInOrder", testQueueOrder},
+		{"FinishStoresWhatIsQueued", testFinishFlushes},
 		{"UnknownTurn", testUnknown},
 		{"LateResultSurvivesFinish", testLateResult},
 		{"FinishWithoutBegin", testFinishWithoutBegin},
@@ -397,5 +400,133 @@ func testClosed(t *testing.T, s store.Store) {
 	}
 	if err := s.BeginTurn(ctx, store.TurnStart{TurnID: "t2"}); !errors.Is(err, store.ErrClosed) {
 		t.Errorf("BeginTurn after Close: %v", err)
+	}
+	var queued error
+	s.QueueEvent(event.Event{Seq: 9, TurnID: "t1", Type: event.TypeLLMDelta, At: time.Now(), Data: &event.LLMDelta{}},
+		func(err error) { queued = err })
+	if !errors.Is(queued, store.ErrClosed) {
+		t.Errorf("QueueEvent after Close: committed with %v", queued)
+	}
+	if err := s.Flush(ctx); !errors.Is(err, store.ErrClosed) {
+		t.Errorf("Flush after Close: %v", err)
+	}
+}
+
+// delta is event seq of turn id: a one-character llm_delta.
+func delta(id string, seq int64) event.Event {
+	return event.Event{Seq: seq, TurnID: id, Type: event.TypeLLMDelta, At: clock.Add(time.Duration(seq)),
+		Data: &event.LLMDelta{Step: 1, Text: fmt.Sprint(seq % 10)}}
+}
+
+// testQueueOrder: events queued by concurrent turns are committed in the
+// order each turn queued them, and each one's callback runs once it can be
+// read back, in that order — what lets the server publish an event to
+// followers in its callback and followers replay the rest from the store
+// without a gap.
+func testQueueOrder(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	const turns, perTurn = 4, 200
+	var wg sync.WaitGroup
+	errs := make(chan error, turns)
+	for i := range turns {
+		id := fmt.Sprintf("t%d", i)
+		if err := s.BeginTurn(ctx, store.TurnStart{TurnID: id, Input: "x", StartedAt: clock}); err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() {
+			var mu sync.Mutex
+			var last int64
+			var fail error
+			for seq := int64(1); seq <= perTurn; seq++ {
+				s.QueueEvent(delta(id, seq), func(err error) {
+					mu.Lock()
+					defer mu.Unlock()
+					switch {
+					case fail != nil:
+					case err != nil:
+						fail = fmt.Errorf("%s: event %d: %w", id, seq, err)
+					case seq != last+1:
+						fail = fmt.Errorf("%s: callback of event %d after that of %d", id, seq, last)
+					default:
+						// Committed before its callback: readable now.
+						if evs, err := s.Events(ctx, id, seq-1, 1); err != nil || len(evs) != 1 || evs[0].Seq != seq {
+							fail = fmt.Errorf("%s: in the callback of event %d, the store has %v (%v)", id, seq, evs, err)
+						}
+					}
+					last = seq
+				})
+			}
+			if err := s.Flush(ctx); err != nil {
+				errs <- err
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if fail == nil && last != perTurn {
+				fail = fmt.Errorf("%s: after Flush, the last callback was event %d of %d", id, last, perTurn)
+			}
+			if fail != nil {
+				errs <- fail
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	for i := range turns {
+		id := fmt.Sprintf("t%d", i)
+		evs, err := s.Events(ctx, id, 0, 0)
+		if err != nil || len(evs) != perTurn {
+			t.Fatalf("%s: %d events stored, %v", id, len(evs), err)
+		}
+		for j, e := range evs {
+			if e.Seq != int64(j+1) || e.Data.(*event.LLMDelta).Text != fmt.Sprint(e.Seq%10) {
+				t.Fatalf("%s: event %d is %+v", id, j, e)
+			}
+		}
+	}
+	// A failed append fails its own callback only.
+	var bad error
+	s.QueueEvent(delta("nope", 1), func(err error) { bad = err })
+	if err := s.Flush(ctx); err != nil || !errors.Is(bad, store.ErrNotFound) {
+		t.Fatalf("Flush %v; an unknown turn's event committed with %v", err, bad)
+	}
+}
+
+// testFinishFlushes: FinishTurn stores the events still queued before it
+// returns — those its record does not list too — so a turn's stored
+// events are complete once its end is stored, and a record that only a
+// queued tool_finished carried is kept.
+func testFinishFlushes(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	if err := s.BeginTurn(ctx, store.TurnStart{TurnID: "t1", Input: "x", StartedAt: clock}); err != nil {
+		t.Fatal(err)
+	}
+	const n = 3000
+	tc := event.ToolCall{CallID: "call_1_1", TurnID: "t1", Step: 1, Tool: "echo", Kind: "go", StartedAt: clock,
+		EndedAt: clock.Add(time.Second), DurationMS: 1000, Outcome: event.OutcomeOK, ProgressCount: 7}
+	for seq := int64(1); seq <= n; seq++ {
+		e := delta("t1", seq)
+		if seq == n/2 {
+			e = event.Event{Seq: seq, TurnID: "t1", Type: event.TypeToolFinished, At: clock, Data: &event.ToolFinished{ToolCall: tc}}
+		}
+		s.QueueEvent(e, nil)
+	}
+	// The record lists neither the events nor the call: FinishTurn must
+	// not finish before the queue is stored.
+	rec := &event.Turn{TurnID: "t1", Input: "x", Status: budget.StatusCompleted, StopReason: budget.Answered, Message: "done",
+		StartedAt: clock, EndedAt: clock.Add(2 * time.Second), WallMS: 2000}
+	if err := s.FinishTurn(ctx, rec, nil); err != nil {
+		t.Fatal(err)
+	}
+	evs, err := s.Events(ctx, "t1", 0, 0)
+	if err != nil || len(evs) != n || evs[n-1].Seq != n {
+		t.Fatalf("after FinishTurn: %d of %d events stored, %v", len(evs), n, err)
+	}
+	got, err := s.Turn(ctx, "t1")
+	if err != nil || got.Status != budget.StatusCompleted || len(got.ToolCalls) != 1 || got.ToolCalls[0].ProgressCount != 7 {
+		t.Fatalf("after FinishTurn: %+v %v", got, err)
 	}
 }
