@@ -21,7 +21,7 @@ import (
 // store has it, so a replay from the store never misses what the live
 // stream has already passed (docs/decisions/group-commit.md).
 func TestFollowersGetEveryEventOnce(t *testing.T) {
-	chunks := make([]string, 3000)
+	chunks := make([]string, 2000)
 	for i := range chunks {
 		chunks[i] = fmt.Sprint(i%10, " ")
 	}
@@ -90,7 +90,7 @@ func TestFollowersGetEveryEventOnce(t *testing.T) {
 		t.Error(err)
 	}
 	rec := e.record(acc.TurnID)
-	if n := len(rec.Events); n < 3000 || !strings.Contains(string(rec.Events[n-1]), "turn_finished") {
+	if n := len(rec.Events); n < 2000 || !strings.Contains(string(rec.Events[n-1]), "turn_finished") {
 		t.Fatalf("the turn has %d events", n)
 	}
 }
