@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -13,6 +12,7 @@ import (
 	"github.com/goccy/go-yaml/ast"
 
 	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/internal/regular"
 )
 
 // Overrides are the values that beat the agent file (spec §2): flags, then
@@ -32,6 +32,11 @@ type Overrides struct {
 // Load reads the agent file at path (spec §15), checks it fully and
 // resolves every budget with its source and knob.
 //
+// The file must be a regular file (a FIFO or a device is an error, and
+// never blocks) of at most MaxFileBytes; it is refused before it is
+// parsed when it passes the other bounds of bounds.go (nesting, keys of a
+// mapping, tokens, values behind aliases).
+//
 // On any problem it returns a nil *Agent and an Errors holding every
 // problem found in the file, the flags and the environment, each with its
 // position and a fix. Unknown TIMEBOX_* variables and other doubtful but
@@ -44,7 +49,7 @@ type Overrides struct {
 // it.
 func Load(path string, o Overrides) (*Agent, error) {
 	l := newLoader(path, o)
-	data, err := os.ReadFile(path)
+	data, err := regular.ReadFile(path, MaxFileBytes)
 	if err != nil {
 		l.errs = append(l.errs, &Error{File: path, Msg: readProblem(err)})
 		l.readOverrides()
@@ -57,6 +62,10 @@ func Load(path string, o Overrides) (*Agent, error) {
 func readProblem(err error) string {
 	if errors.Is(err, fs.ErrNotExist) {
 		return "the agent file does not exist"
+	}
+	var nr *regular.NotRegularError
+	if errors.As(err, &nr) {
+		return fmt.Sprintf("the agent file is %s, not a regular file (give the path of a YAML file)", regular.Describe(nr.Mode))
 	}
 	var pe *fs.PathError
 	if errors.As(err, &pe) {
@@ -139,9 +148,16 @@ func (l *loader) warnAt(p pos, key, msg string) {
 }
 
 func (l *loader) load(data []byte) (*Agent, error) {
-	f, p, msg := parseYAML(data)
-	if msg != "" {
+	if len(data) > MaxFileBytes {
+		p, msg := fileTooLarge(data)
 		l.errAt(p, "", msg)
+		l.readOverrides()
+		l.errs.sort()
+		return nil, l.errs
+	}
+	f, p, key, msg := parseYAML(data)
+	if msg != "" {
+		l.errAt(p, key, msg)
 		l.readOverrides()
 		l.errs.sort()
 		return nil, l.errs

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"flag"
-	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -699,39 +698,6 @@ func FuzzLoad(f *testing.F) {
 			t.Fatal(err)
 		}
 	})
-}
-
-// TestHostileYAML checks that files built to make a parser work
-// exponentially (merges of merges, aliases of aliases) or recurse deeply
-// are refused promptly with an error instead of hanging the loader.
-func TestHostileYAML(t *testing.T) {
-	var bomb strings.Builder
-	bomb.WriteString("model: {primary: 'openai:x'}\nx-a0: &a0 {k: 1}\n")
-	for i := 1; i < 40; i++ {
-		fmt.Fprintf(&bomb, "x-a%d: &a%d {<<: [*a%d, *a%d], k%d: 1}\n", i, i, i-1, i-1, i)
-	}
-	bomb.WriteString("timeouts: {<<: *a39}\n")
-
-	var laughs strings.Builder
-	laughs.WriteString("model: {primary: 'openai:x'}\nx-l0: &l0 [a, a, a, a, a, a, a, a, a, a]\n")
-	for i := 1; i < 10; i++ {
-		fmt.Fprintf(&laughs, "x-l%d: &l%d [*l%d, *l%d, *l%d, *l%d, *l%d, *l%d, *l%d, *l%d, *l%d, *l%d]\n", i, i, i-1, i-1, i-1, i-1, i-1, i-1, i-1, i-1, i-1, i-1)
-	}
-	laughs.WriteString("tools: [{name: a, exec: [x], input_schema: {type: object, x: *l9}}]\n")
-
-	for name, c := range map[string]struct{ data, want string }{
-		"merge bomb":     {bomb.String(), "merge keys (<<) expand to too many entries"},
-		"billion laughs": {laughs.String(), "is too large"},
-		"self alias":     {"model: {primary: 'openai:x'}\ntools: [{name: a, exec: [x], input_schema: &s {type: object, properties: {a: *s}}}]\n", "nests too deeply"},
-		"deep list":      {"model: {primary: 'openai:x'}\ntools: " + strings.Repeat("[", 5000) + strings.Repeat("]", 5000) + "\n", "tools[0]"},
-	} {
-		t.Run(name, func(t *testing.T) {
-			_, err := newLoader(filepath.Join(t.TempDir(), "agent.yaml"), Overrides{}).load([]byte(c.data))
-			if err == nil || !strings.Contains(err.Error(), c.want) {
-				t.Errorf("got %v\nwant an error containing %q", err, c.want)
-			}
-		})
-	}
 }
 
 func TestParseCount(t *testing.T) {

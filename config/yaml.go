@@ -9,6 +9,7 @@ import (
 
 	"github.com/goccy/go-yaml"
 	"github.com/goccy/go-yaml/ast"
+	"github.com/goccy/go-yaml/lexer"
 	"github.com/goccy/go-yaml/parser"
 	"github.com/goccy/go-yaml/token"
 )
@@ -54,29 +55,46 @@ func posOf(n ast.Node) pos {
 	return tokenPos(n.GetToken())
 }
 
-// parseYAML parses the agent file. goccy's parser is third-party code
-// fed arbitrary bytes; a panic in it is turned into a syntax error so that
-// a bad file can never crash the process that loads it.
-func parseYAML(data []byte) (f *ast.File, p pos, msg string) {
+// parseYAML parses the agent file within the bounds of bounds.go: the
+// token count is checked on the bytes, the nesting and the keys of each
+// mapping on the lexer's tokens, both before the parser runs, and the
+// aliases on the parsed tree before the loader expands any. goccy's parser
+// is third-party code fed arbitrary bytes; a panic in it is turned into a
+// syntax error so that a bad file can never crash the process that loads
+// it. A problem comes back with its position, its key path (if it has
+// one) and its message.
+func parseYAML(data []byte) (f *ast.File, p pos, key, msg string) {
 	defer func() {
 		if r := recover(); r != nil {
-			f, p, msg = nil, pos{}, fmt.Sprintf("YAML syntax: the file could not be parsed (%v)", r)
+			f, p, key, msg = nil, pos{}, "", fmt.Sprintf("YAML syntax: the file could not be parsed (%v)", r)
 		}
 	}()
-	f, err := parser.ParseBytes(data, 0)
+	if n, at := tokenBound(data, MaxTokens); n > MaxTokens {
+		return nil, at, "", fmt.Sprintf("the file has more than %d YAML tokens (keys, values and punctuation); an agent file needs far fewer (keep it to settings and tool declarations)", MaxTokens)
+	}
+	tks := lexer.Tokenize(string(data))
+	if at, key, problem := nestingProblem(tks, fileLimits); problem != "" {
+		return nil, at, key, problem
+	}
+	f, err := parser.Parse(tks, 0)
 	if err == nil {
-		return f, pos{}, ""
+		if at, key, problem := checkAliases(f); problem != "" {
+			return nil, at, key, problem
+		}
+		return f, pos{}, "", ""
 	}
 	var ye yaml.Error
 	if errors.As(err, &ye) {
+		// GetMessage, never Error: goccy's Error renders the source around
+		// the problem, which costs gigabytes on a long line.
 		msg := firstLine(ye.GetMessage())
 		if m := duplicateKeyRE.FindStringSubmatch(msg); m != nil {
 			// A key set twice is ambiguous: which one did the author mean?
-			return nil, tokenPos(ye.GetToken()), fmt.Sprintf("%q is set twice (first at line %s); keep one", m[1], m[2])
+			return nil, tokenPos(ye.GetToken()), "", fmt.Sprintf("%q is set twice (first at line %s); keep one", m[1], m[2])
 		}
-		return nil, tokenPos(ye.GetToken()), "YAML syntax: " + msg
+		return nil, tokenPos(ye.GetToken()), "", "YAML syntax: " + msg
 	}
-	return nil, pos{}, "YAML syntax: " + firstLine(err.Error())
+	return nil, pos{}, "", "YAML syntax: " + firstLine(err.Error())
 }
 
 var duplicateKeyRE = regexp.MustCompile(`^mapping key "(.*)" already defined at \[(\d+):\d+\]`)

@@ -1,0 +1,101 @@
+// Package regular opens the files timebox reads its configuration from —
+// the agent file, the script model's file — so that no load step can
+// block: a named pipe, a device or a socket in place of a file is an
+// error at once, never an open() or a read that waits for ever (a FIFO
+// with no writer) or never ends (/dev/zero).
+package regular
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"syscall"
+)
+
+// NotRegularError is returned for a path that exists but is not a regular
+// file.
+type NotRegularError struct {
+	Path string
+	Mode fs.FileMode
+}
+
+func (e *NotRegularError) Error() string {
+	return fmt.Sprintf("%s is %s, not a regular file", e.Path, Describe(e.Mode))
+}
+
+// Describe names a kind of file for a message: "a directory", "a named
+// pipe (FIFO)", "a character device", …
+func Describe(m fs.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "a directory"
+	case m&fs.ModeNamedPipe != 0:
+		return "a named pipe (FIFO)"
+	case m&fs.ModeCharDevice != 0:
+		return "a character device"
+	case m&fs.ModeDevice != 0:
+		return "a device"
+	case m&fs.ModeSocket != 0:
+		return "a socket"
+	case m&fs.ModeIrregular != 0:
+		return "an irregular file"
+	}
+	return "not a regular file"
+}
+
+// Open opens path for reading when it is a regular file (a symbolic link
+// is followed). It never blocks: the file is opened with O_NONBLOCK, which
+// makes open() of a FIFO return at once, and its kind is checked on the
+// open descriptor, so that a file swapped after a check cannot slip
+// through. (O_NONBLOCK changes nothing for a regular file's reads.) Errors are *fs.PathError from the system, or
+// *NotRegularError.
+func Open(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, &NotRegularError{Path: path, Mode: fi.Mode()}
+	}
+	return f, nil
+}
+
+// ReadFile reads a regular file, at most max bytes of it and one more to
+// tell whether it is longer: it returns max+1 bytes for a longer file
+// (whatever its size, nothing beyond is read), so the caller can say
+// where the limit was passed.
+func ReadFile(path string, max int64) ([]byte, error) {
+	f, err := Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(io.LimitReader(f, max+1))
+}
+
+// Check reports why path is not a regular file that can be opened, or nil.
+// It stats and never opens, for files that are run rather than read.
+func Check(path string) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	if !fi.Mode().IsRegular() {
+		return &NotRegularError{Path: path, Mode: fi.Mode()}
+	}
+	return nil
+}
+
+// IsNotRegular reports whether err is a *NotRegularError.
+func IsNotRegular(err error) bool {
+	var e *NotRegularError
+	return errors.As(err, &e)
+}
