@@ -36,7 +36,8 @@ type Options struct {
 	// file (flag > env > file > default).
 	Overrides config.Overrides
 	// Tools are Go-function tools the program registers, next to the
-	// file's tools. A zero Budget takes the file's defaults.
+	// file's tools. A zero Budget takes the file's defaults; a timeout
+	// over the file's timeouts.tool_max is an error, as in the file.
 	Tools []agent.Tool
 	// LateResult receives abandoned tool calls that return after their
 	// turn ended (see agent.Config.LateResult).
@@ -132,8 +133,15 @@ func Endpoints(cfg *config.Agent, getenv func(string) string) ([]model.Endpoint,
 		case "script":
 			sp := scripts[p.File]
 			if sp == nil {
+				// config.Load parsed the file; a configuration built in
+				// code may name only the file.
 				var err error
-				if sp, err = script.Load(p.File); err != nil {
+				if len(p.Script) > 0 {
+					sp, err = script.New(p.Script)
+				} else {
+					sp, err = script.Load(p.File)
+				}
+				if err != nil {
 					return nil, fmt.Errorf("providers.script.file: %w", err)
 				}
 				scripts[p.File] = sp
@@ -168,8 +176,12 @@ func (u unsetCredential) Stream(context.Context, model.Request) (model.Stream, e
 	return nil, &model.Error{Provider: u.provider, Message: fmt.Sprintf("credential %s is not set in the environment", u.env)}
 }
 
+// buildTools builds every tool of the file. It goes on past a tool that
+// fails (an MCP server that will not start, say) so that the error lists
+// every one; the caller closes what was started.
 func buildTools(ctx context.Context, cfg *config.Agent, a *Agent) ([]agent.Tool, error) {
 	var out []agent.Tool
+	var errs []error
 	for _, t := range cfg.Tools {
 		switch {
 		case t.Exec != nil:
@@ -178,17 +190,19 @@ func buildTools(ctx context.Context, cfg *config.Agent, a *Agent) ([]agent.Tool,
 				Argv: t.Exec, Env: t.Env, Workdir: t.Workdir,
 			})
 			if err != nil {
-				return nil, fmt.Errorf("tools[%s]: %w", t.Name, err)
+				errs = append(errs, fmt.Errorf("tools[%s]: %w", t.Name, err))
+				continue
 			}
 			out = append(out, agent.Tool{Tool: et, Budget: t.Budget})
 		case t.MCP != nil:
 			ts, closer, err := openMCP(ctx, t)
 			if err != nil {
-				return nil, fmt.Errorf("tools[%s]: %w", t.Name, err)
+				errs = append(errs, fmt.Errorf("tools[%s]: %w", t.Name, err))
+				continue
 			}
 			a.closers = append(a.closers, closer)
 			out = append(out, ts...)
 		}
 	}
-	return out, nil
+	return out, errors.Join(errs...)
 }

@@ -113,6 +113,12 @@ func New(cfg Config) (*Agent, error) {
 		}
 		e := &entry{Tool: t, spec: spec, schema: s}
 		e.Budget = a.toolBudget(t.Tool, t.Budget)
+		if m := a.budgets.ToolMax; m.D > 0 && e.Budget.Timeout.D > m.D {
+			// tool_max bounds every tool's timeout, a Go tool's given in
+			// code as much as one from the agent file (spec §2).
+			return nil, fmt.Errorf("agent: tool %s: timeout %v (%s) exceeds %s (%v); lower it or raise %s",
+				spec.Name, e.Budget.Timeout.D, e.Budget.Timeout.Knob, m.Knob, m.D, m.Knob)
+		}
 		a.tools[spec.Name] = e
 		a.order = append(a.order, spec.Name)
 	}

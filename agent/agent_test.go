@@ -687,6 +687,10 @@ func TestLimits(t *testing.T) {
 			if ok != 2 || refused != 1 {
 				t.Fatalf("ok %d refused %d", ok, refused)
 			}
+			// The totals count the calls that ran, and the refused apart.
+			if tot := r.Totals(); tot.ToolCalls != 2 || tot.ToolCallsRefused != 1 {
+				t.Fatalf("totals %+v", tot)
+			}
 		})
 	})
 	t.Run("parallel_tools", func(t *testing.T) {
@@ -761,6 +765,13 @@ func TestBadToolCalls(t *testing.T) {
 				if info.Type != "tool_error" || info.Reason != tc.reason || info.Field != tc.field {
 					t.Fatalf("result %+v", info)
 				}
+				if got := res.Record.ToolCalls[0].Refused; got != tc.reason {
+					t.Fatalf("record refused %q, want %q", got, tc.reason)
+				}
+				fin := res.Record.Events[len(res.Record.Events)-1].Data.(*event.TurnFinished)
+				if fin.Totals.ToolCalls != 0 || fin.Totals.ToolCallsRefused != 1 {
+					t.Fatalf("turn_finished totals %+v: a refused call is not a call that ran", fin.Totals)
+				}
 				if tc.field != "" && !strings.Contains(info.Message, "url") {
 					t.Fatalf("message does not name the field: %q", info.Message)
 				}
@@ -769,6 +780,25 @@ func TestBadToolCalls(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// TestGoToolBudgetIsBoundedByToolMax: tool_max bounds a budget given to a
+// Go tool in code as it bounds one from the agent file.
+func TestGoToolBudgetIsBoundedByToolMax(t *testing.T) {
+	p := lines(t, `{"text": "ok"}`)
+	b := budget.Defaults()
+	b.ToolMax = secs(10*time.Minute, budget.SourceFile, budget.KeyToolMax)
+	noop := func(context.Context, json.RawMessage, tool.Progress) (any, error) { return "ok", nil }
+	_, err := agent.New(agent.Config{Models: []model.Endpoint{endpoint(p, "m")}, Budgets: b,
+		Tools: []agent.Tool{goTool("slow", budget.Cooperative, time.Hour, noop)}})
+	want := "agent: tool slow: timeout 1h0m0s (tools[slow].timeout in agent.yaml) exceeds timeouts.tool_max (10m0s); lower it or raise timeouts.tool_max"
+	if err == nil || err.Error() != want {
+		t.Fatalf("got %v\nwant %s", err, want)
+	}
+	if _, err := agent.New(agent.Config{Models: []model.Endpoint{endpoint(p, "m")}, Budgets: b,
+		Tools: []agent.Tool{goTool("ok", budget.Cooperative, 10*time.Minute, noop)}}); err != nil {
+		t.Fatalf("a timeout equal to tool_max: %v", err)
 	}
 }
 

@@ -538,7 +538,7 @@ func (t *turn) refuse(step int, callID string, c model.ToolCall, reason, field, 
 	now := time.Now()
 	res := tool.Refusal(c.Name, reason, field, msg)
 	rec := event.ToolCall{CallID: callID, TurnID: t.id, Step: step, Tool: c.Name, Arguments: arguments(c.Arguments),
-		StartedAt: now, EndedAt: now, Outcome: event.OutcomeError, Result: res}
+		StartedAt: now, EndedAt: now, Outcome: event.OutcomeError, Refused: reason, Result: res}
 	if e, ok := t.a.tools[c.Name]; ok {
 		rec.Kind = string(e.Tool.Tool.Kind())
 		rec.TimeoutMS, rec.TimeoutSource = e.Budget.Timeout.MS(), e.Budget.Timeout.Source

@@ -69,8 +69,8 @@ func posAt(data []byte, off int) pos {
 // space or a line break may start a token (a tab too: the lexer makes an
 // invalid token of a misplaced one), and so may each run of letters, digits and
 // non-ASCII bytes; a token never starts inside such a run. A block
-// scalar's | or > counts twice: the lexer adds an empty token for a block
-// scalar with no lines. It stops when
+// scalar's | or > counts three times: the lexer may add an empty token and
+// one for its text besides the header. It stops when
 // the count passes max, and returns the count and where it passed max.
 func tokenBound(data []byte, max int) (int, pos) {
 	n := 0
@@ -87,7 +87,7 @@ func tokenBound(data []byte, max int) (int, pos) {
 			continue
 		case c == '|', c == '>':
 			inRun = false
-			n++
+			n += 2
 		default:
 			inRun = false
 		}

@@ -27,6 +27,10 @@ type Error struct {
 	Key string
 	// Msg says what is wrong and how to fix it.
 	Msg string
+
+	// other marks a problem in a file the agent file names (the script),
+	// listed after the agent file's own.
+	other bool
 }
 
 // Error renders the problem the way the spec writes it:
@@ -83,6 +87,9 @@ func (es Errors) sort() {
 		a, b := es[i], es[j]
 		if a.rank() != b.rank() {
 			return a.rank() < b.rank()
+		}
+		if a.other != b.other {
+			return b.other
 		}
 		if a.Line != b.Line {
 			return a.Line < b.Line

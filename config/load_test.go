@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/model/script"
 	"github.com/timebox-run/timebox/tool"
 )
 
@@ -207,7 +208,7 @@ func TestReference(t *testing.T) {
 		"openai": {BaseURL: "https://api.openai.com/v1", Credentials: []Credential{
 			{APIKeyEnv: "OPENAI_API_KEY"}, {APIKeyEnv: "OPENAI_API_KEY_BACKUP"}}},
 		"anthropic": {Credentials: []Credential{{APIKeyEnv: "ANTHROPIC_API_KEY"}}},
-		"script":    {File: filepath.Join(dir, "script.jsonl")},
+		"script":    {File: filepath.Join(dir, "script.jsonl"), Script: []script.Line{{Text: "hello"}}},
 	}
 	if !reflect.DeepEqual(a.Providers, wantProviders) {
 		t.Errorf("providers %#v", a.Providers)

@@ -1,12 +1,16 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
+
+	"github.com/timebox-run/timebox/internal/regular"
+	"github.com/timebox-run/timebox/model/script"
 )
 
 // providerNames are the model providers of spec §11.
@@ -208,8 +212,33 @@ func (l *loader) decodeScript(e entry, path string) {
 	p := Provider{File: abs}
 	if problem := fileProblem(s, abs); problem != "" {
 		l.errAt(at, path+".file", problem)
+	} else {
+		p.Script = l.readScript(s, abs, at, path+".file")
 	}
 	l.a.Providers["script"] = p
+}
+
+// readScript parses the script file now, as the script model will play
+// it, so that a bad line is a configuration error with its place in the
+// script (file:line:col) rather than a failure when the agent is built.
+func (l *loader) readScript(written, abs string, at pos, key string) []script.Line {
+	name := written
+	if !filepath.IsAbs(written) {
+		name = filepath.Join(filepath.Dir(l.path), written) // as the person can open it
+	}
+	lines, err := script.ParseFile(abs, name)
+	var pe *script.ParseError
+	switch {
+	case errors.As(err, &pe):
+		l.errs = append(l.errs, &Error{File: pe.File, Line: pe.Line, Col: pe.Col, Msg: pe.Msg, other: true})
+		return nil
+	case err != nil:
+		l.errAt(at, key, fmt.Sprintf("%q cannot be read: %v", written, unwrapPath(err)))
+		return nil
+	case len(lines) == 0:
+		l.errAt(at, key, fmt.Sprintf("%q has no lines (each line is a JSON reply, such as {\"text\": \"Hello\"})", written))
+	}
+	return lines
 }
 
 // resolveProviders gives each provider the chain uses what it needs: the
@@ -250,7 +279,8 @@ func (l *loader) abs(p string) string {
 }
 
 // fileProblem says why the file that written (as written) names and abs
-// (made absolute) cannot be read, or "".
+// (made absolute) cannot be read or run, or "". It must be a regular file:
+// reading a FIFO would block, and a device may never end.
 func fileProblem(written, abs string) string {
 	fi, err := os.Stat(abs)
 	switch {
@@ -260,6 +290,8 @@ func fileProblem(written, abs string) string {
 		return fmt.Sprintf("%q cannot be read: %v", written, unwrapPath(err))
 	case fi.IsDir():
 		return fmt.Sprintf("%q is a directory, not a file", written)
+	case !fi.Mode().IsRegular():
+		return fmt.Sprintf("%q is %s, not a regular file", written, regular.Describe(fi.Mode()))
 	}
 	return ""
 }

@@ -62,8 +62,8 @@ var Settings = []Setting{
 		"total model-streaming time in a turn, tool time excluded; 0 is off"),
 	dur(budget.KeyStep, "step-timeout", "TIMEBOX_STEP_TIMEOUT", "5m", true,
 		"longest time a turn may go without any progress signal; 0 is off"),
-	dur(budget.KeyTurn, "turn-timeout", "TIMEBOX_TURN_TIMEOUT", "30m", false,
-		"the whole turn, wall clock"),
+	upTo(maxTurn, dur(budget.KeyTurn, "turn-timeout", "TIMEBOX_TURN_TIMEOUT", "30m", false,
+		"the whole turn, wall clock")),
 	dur(budget.KeyProgressNotice, "progress-notice", "TIMEBOX_PROGRESS_NOTICE", "30s", true,
 		"interval of still_working notices for a long step; 0 is off"),
 	dur(budget.KeyKillGrace, "kill-grace", "TIMEBOX_KILL_GRACE", "2s", true,
@@ -106,6 +106,16 @@ var otherEnv = []string{
 func dur(key, flag, env, def string, zeroOK bool, doc string) Setting {
 	return Setting{Key: key, Flag: flag, Env: env, Kind: KindDuration, Default: def,
 		Min: minDuration, Max: maxDuration, ZeroOK: zeroOK, Doc: doc}
+}
+
+// maxTurn is the bound of timeouts.turn: long agentic tasks run for days,
+// and the turn is the ceiling of them all (spec §2).
+const maxTurn = int64(7 * 24 * time.Hour)
+
+// upTo gives s a larger upper bound than its kind's.
+func upTo(max int64, s Setting) Setting {
+	s.Max = max
+	return s
 }
 
 func count(key, flag, env, def string, lo, hi int64, zeroOK bool, doc string) Setting {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"path/filepath"
 	"regexp"
 	"sort"
 	"strconv"
@@ -282,16 +283,22 @@ func (l *loader) argv(e entry, path, field string) ([]string, bool) {
 	return argv, ok
 }
 
-// program checks an argv's program. One with a slash is a path, made
-// absolute against the agent file's directory and checked now; one
-// without is looked up in PATH when it runs, in the environment it runs
-// with.
+// program checks an argv's program as it will be run. One with a slash is
+// a path, made absolute against the agent file's directory; one without is
+// looked up in PATH as exec does when the tool runs, in timebox's own
+// environment (the PATH of Overrides.Env; not checked when it has none, so
+// that tests and library callers stay hermetic). Either must be a regular
+// file that is executable.
 func (l *loader) program(s string, at pos, path string) (string, bool) {
 	if strings.TrimSpace(s) == "" {
 		l.errAt(at, path, "the program is empty (such as ./tools/x.sh)")
 		return s, false
 	}
 	if !strings.Contains(s, "/") {
+		if problem := l.lookPath(s); problem != "" {
+			l.errAt(at, path, problem)
+			return s, false
+		}
 		return s, true
 	}
 	abs := l.abs(s)
@@ -304,6 +311,39 @@ func (l *loader) program(s string, at pos, path string) (string, bool) {
 		return abs, false
 	}
 	return abs, true
+}
+
+// lookPath finds a program without a slash in the PATH of Overrides.Env as
+// os/exec does (which also refuses a relative PATH entry), and says why it
+// cannot be run, or "".
+func (l *loader) lookPath(name string) string {
+	pathVar, set := "", false
+	for _, kv := range l.o.Env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			pathVar, set = v, true // the last one wins, as in exec.Cmd
+		}
+	}
+	if !set {
+		return ""
+	}
+	notExec := ""
+	for _, dir := range filepath.SplitList(pathVar) {
+		if dir == "" || !filepath.IsAbs(dir) {
+			continue
+		}
+		fi, err := os.Stat(filepath.Join(dir, name))
+		if err != nil || !fi.Mode().IsRegular() {
+			continue
+		}
+		if fi.Mode()&0o111 != 0 {
+			return ""
+		}
+		notExec = filepath.Join(dir, name)
+	}
+	if notExec != "" {
+		return fmt.Sprintf("%q is found in PATH as %s, which is not executable (chmod +x %s)", name, notExec, notExec)
+	}
+	return fmt.Sprintf("%q is not found in PATH (install it, or give its path, such as ./tools/%s)", name, name)
 }
 
 // argvFix splits a shell-looking string into the list it probably meant.

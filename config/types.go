@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/model/script"
 	"github.com/timebox-run/timebox/tool"
 )
 
@@ -69,6 +70,9 @@ type Provider struct {
 	Credentials []Credential
 	// File is the script provider's JSONL file, made absolute.
 	File string
+	// Script holds File's lines, parsed when the file was loaded, so that
+	// the agent plays what was checked.
+	Script []script.Line
 }
 
 // Credential names where an API key comes from. The key itself is read at

@@ -109,3 +109,18 @@ func TestUnknownTypeIsKept(t *testing.T) {
 		t.Fatalf("re-encoded as %s (%v)", b, err)
 	}
 }
+
+func TestTotalsCountRefusedCallsApart(t *testing.T) {
+	tr := event.Turn{Steps: 2, ToolCalls: []event.ToolCall{
+		{Outcome: event.OutcomeOK}, {Outcome: event.OutcomeTimedOut},
+		{Outcome: event.OutcomeError, Refused: "unknown_tool"}, {Outcome: event.OutcomeCancelled, Refused: "cancelled"},
+	}}
+	got := tr.Totals()
+	if got.ToolCalls != 2 || got.ToolCallsRefused != 2 {
+		t.Fatalf("totals %+v: want 2 that ran, 2 refused", got)
+	}
+	b, _ := json.Marshal(got)
+	if !strings.Contains(string(b), `"tool_calls":2,"tool_calls_refused":2`) {
+		t.Fatalf("JSON %s", b)
+	}
+}

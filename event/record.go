@@ -39,6 +39,11 @@ type ToolCall struct {
 	IdleTimeoutMS int64           `json:"idle_timeout_ms"`
 	Enforcement   string          `json:"enforcement"`
 	Outcome       Outcome         `json:"outcome"`
+	// Refused is set for a call that was never run, to why: the tool is
+	// unknown, its arguments failed the schema, the turn had reached
+	// max_tool_calls, or was stopped before the call could start. Such a
+	// record has outcome error (cancelled for the last) and no duration.
+	Refused string `json:"refused,omitempty"`
 	// Phase is set when a budget or a cancellation ended the call: tool,
 	// tool_idle, step, turn, cancel.
 	Phase         budget.Phase `json:"phase,omitempty"`
@@ -86,12 +91,16 @@ type Flags struct {
 
 // Totals are a turn's counters.
 type Totals struct {
-	Steps     int   `json:"steps"`
-	ToolCalls int   `json:"tool_calls"`
-	LLMMS     int64 `json:"llm_ms"`
-	ToolMS    int64 `json:"tool_ms"`
-	WallMS    int64 `json:"wall_ms"`
-	Failovers int   `json:"failovers"`
+	Steps int `json:"steps"`
+	// ToolCalls counts the tool calls that ran (whatever their outcome);
+	// ToolCallsRefused those the model asked for that were never run (see
+	// ToolCall.Refused).
+	ToolCalls        int   `json:"tool_calls"`
+	ToolCallsRefused int   `json:"tool_calls_refused"`
+	LLMMS            int64 `json:"llm_ms"`
+	ToolMS           int64 `json:"tool_ms"`
+	WallMS           int64 `json:"wall_ms"`
+	Failovers        int   `json:"failovers"`
 }
 
 // Turn is the durable record of one turn (spec §8).
@@ -119,6 +128,13 @@ type Turn struct {
 
 // Totals returns the turn's counters as turn_finished carries them.
 func (t *Turn) Totals() Totals {
-	return Totals{Steps: t.Steps, ToolCalls: len(t.ToolCalls), LLMMS: t.LLMMS,
-		ToolMS: t.ToolMS, WallMS: t.WallMS, Failovers: t.Failovers}
+	tot := Totals{Steps: t.Steps, LLMMS: t.LLMMS, ToolMS: t.ToolMS, WallMS: t.WallMS, Failovers: t.Failovers}
+	for _, c := range t.ToolCalls {
+		if c.Refused != "" {
+			tot.ToolCallsRefused++
+		} else {
+			tot.ToolCalls++
+		}
+	}
+	return tot
 }

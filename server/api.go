@@ -43,10 +43,27 @@ var apiRoute = regexp.MustCompile(`^/v1/(turns(/[^/]+(/events|/cancel)?)?|sessio
 
 func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) {
 	if apiRoute.MatchString(r.URL.Path) {
-		writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", fmt.Sprintf("%s is not allowed on %s", r.Method, r.URL.Path))
+		writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", fmt.Sprintf("%s is not allowed on %s", shown(r.Method), shown(r.URL.Path)))
 		return
 	}
-	writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no API route %s %s", r.Method, r.URL.Path))
+	writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no API route %s %s", shown(r.Method), shown(r.URL.Path)))
+}
+
+// maxShown is how many characters of a value the client sent (an id, a
+// path, a header) an error message quotes back.
+const maxShown = 200
+
+// shown cuts a value the client sent to maxShown characters for an error
+// message, marking the cut, so that a megabyte-long id is not echoed whole.
+func shown(v string) string {
+	n := 0
+	for i := range v {
+		if n == maxShown {
+			return v[:i] + "…"
+		}
+		n++
+	}
+	return v
 }
 
 // errorBody is every API error: {"error": {"message": ..., "code": ...}}.
@@ -92,7 +109,7 @@ func (s *Server) guard(h http.Handler) http.Handler {
 		w.Header().Set("X-Content-Type-Options", "nosniff")
 		if s.cfg.Token == "" && !isLoopback(hostOnly(r.Host)) {
 			writeError(w, http.StatusForbidden, "forbidden_host", fmt.Sprintf(
-				"this server answers only requests for localhost (it has no token); %q is not: set --token to serve other names", r.Host))
+				"this server answers only requests for localhost (it has no token); %q is not: set --token to serve other names", shown(r.Host)))
 			return
 		}
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
@@ -277,12 +294,12 @@ func (s *Server) getTurn(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	rec, err := s.cfg.Store.Turn(r.Context(), id)
 	if err != nil {
-		s.storeFailed(w, err, "turn "+id)
+		s.storeFailed(w, err, "turn "+shown(id))
 		return
 	}
 	if v := r.URL.Query().Get("events"); v != "false" && v != "0" {
 		if rec.Events, err = s.cfg.Store.Events(r.Context(), id, 0, 0); err != nil {
-			s.storeFailed(w, err, "turn "+id)
+			s.storeFailed(w, err, "turn "+shown(id))
 			return
 		}
 	}
@@ -351,7 +368,7 @@ func (s *Server) listTurns(w http.ResponseWriter, r *http.Request) {
 	}
 	turns, err := s.cfg.Store.Turns(r.Context(), f)
 	if err != nil {
-		s.storeFailed(w, err, "turn "+f.Before)
+		s.storeFailed(w, err, "turn "+shown(f.Before))
 		return
 	}
 	out := TurnList{Turns: turns}
@@ -371,14 +388,14 @@ func (s *Server) cancel(w http.ResponseWriter, r *http.Request) {
 	if lt == nil {
 		rec, err := s.cfg.Store.Turn(r.Context(), id)
 		if err != nil {
-			s.storeFailed(w, err, "turn "+id)
+			s.storeFailed(w, err, "turn "+shown(id))
 			return
 		}
 		if rec.Status == budget.StatusRunning {
-			writeError(w, http.StatusConflict, "not_here", fmt.Sprintf("turn %s is running in another timebox process; cancel it there", id))
+			writeError(w, http.StatusConflict, "not_here", fmt.Sprintf("turn %s is running in another timebox process; cancel it there", shown(id)))
 			return
 		}
-		writeError(w, http.StatusConflict, "already_ended", fmt.Sprintf("turn %s already ended: %s (%s)", id, rec.Status, rec.StopReason))
+		writeError(w, http.StatusConflict, "already_ended", fmt.Sprintf("turn %s already ended: %s (%s)", shown(id), rec.Status, rec.StopReason))
 		return
 	}
 	s.cancelTurn(lt, &budget.CancelError{Reason: budget.Cancelled})
@@ -417,7 +434,7 @@ func (s *Server) getSession(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	sess, err := s.cfg.Store.Session(r.Context(), id)
 	if err != nil {
-		s.storeFailed(w, err, "session "+id)
+		s.storeFailed(w, err, "session "+shown(id))
 		return
 	}
 	writeJSON(w, http.StatusOK, sess)
@@ -435,7 +452,7 @@ func eventsAfter(r *http.Request) (int64, error) {
 	}
 	n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 	if err != nil || n < 0 {
-		return 0, fmt.Errorf("%s must be an event seq (a whole number ≥ 0), not %q", what, v)
+		return 0, fmt.Errorf("%s must be an event seq (a whole number ≥ 0), not %q", what, shown(v))
 	}
 	return n, nil
 }
@@ -454,13 +471,13 @@ func (s *Server) getEvents(w http.ResponseWriter, r *http.Request) {
 		// EventSource to stop reconnecting.
 		rec, err := s.cfg.Store.Turn(r.Context(), id)
 		if err != nil {
-			s.storeFailed(w, err, "turn "+id)
+			s.storeFailed(w, err, "turn "+shown(id))
 			return
 		}
 		if rec.Status != budget.StatusRunning {
 			evs, err := s.cfg.Store.Events(r.Context(), id, after, 1)
 			if err != nil {
-				s.storeFailed(w, err, "turn "+id)
+				s.storeFailed(w, err, "turn "+shown(id))
 				return
 			}
 			if len(evs) == 0 {

@@ -23,6 +23,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -60,7 +62,8 @@ type Config struct {
 	// Token, when set, is required as "Authorization: Bearer <token>" on
 	// every /v1 route and on /metrics. Without it the server answers only
 	// requests addressed to a loopback host, and Serve refuses a
-	// non-loopback listener (CheckAddr).
+	// non-loopback listener (CheckAddr). New refuses a token that
+	// CheckToken refuses.
 	Token string
 	// ShutdownGrace is how long Shutdown lets running turns go on before it
 	// cancels them with stop reason shutdown. Zero cancels them at once;
@@ -123,6 +126,11 @@ type liveTurn struct {
 func New(cfg Config) (*Server, error) {
 	if cfg.Agent == nil || cfg.Store == nil {
 		return nil, errors.New("server: Config.Agent and Config.Store are required")
+	}
+	if cfg.Token != "" {
+		if _, err := CheckToken(cfg.Token); err != nil {
+			return nil, fmt.Errorf("server: token: %w", err)
+		}
 	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = DefaultMaxBodyBytes
@@ -446,6 +454,31 @@ func CheckAddr(addr, token string) error {
 		shown += " (every interface)"
 	}
 	return fmt.Errorf("refusing to serve on %s without a token: anyone who can reach that address could run this agent's tools. Set --token or TIMEBOX_TOKEN, or bind a loopback address such as 127.0.0.1:8080", shown)
+}
+
+// MinTokenLength is the length below which CheckToken warns that a token
+// could be guessed.
+const MinTokenLength = 16
+
+// CheckToken checks a bearer token that was given (an empty one was given
+// as empty, which is not the same as none). It returns an error, a
+// sentence fragment with its fix, for a token no client could send: empty,
+// only whitespace, or holding whitespace or control characters (an
+// Authorization header carries one word); and a warning for one shorter
+// than MinTokenLength.
+func CheckToken(token string) (warning string, err error) {
+	const fix = "use 16 or more letters and digits, such as the output of `openssl rand -hex 32`"
+	switch {
+	case token == "":
+		return "", fmt.Errorf("is empty: it would serve without a token (%s; or leave it unset for no token)", fix)
+	case strings.TrimSpace(token) == "":
+		return "", fmt.Errorf("is only whitespace (%s)", fix)
+	case strings.ContainsFunc(token, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }):
+		return "", fmt.Errorf("holds whitespace or a control character, which an Authorization header cannot carry as one token (%s)", fix)
+	case utf8.RuneCountInString(token) < MinTokenLength:
+		return fmt.Sprintf("is shorter than %d characters; a short token can be guessed (%s)", MinTokenLength, fix), nil
+	}
+	return "", nil
 }
 
 // isLoopback reports whether host (a name or an IP, without port) is a

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"go.uber.org/goleak"
 
@@ -462,6 +463,30 @@ func TestBadRequests(t *testing.T) {
 	if n := len(decode[server.TurnList](t, e.do("GET", "/v1/turns", nil), http.StatusOK).Turns); n != 0 {
 		t.Fatalf("a bad request started %d turns", n)
 	}
+
+	// An error quotes at most 200 characters of what the client sent.
+	long := "t_" + strings.Repeat("x", 10000)
+	for _, c := range []struct {
+		method, path string
+		hdr          []string
+		status       int
+	}{
+		{"GET", "/v1/turns/" + long, nil, 404},
+		{"GET", "/v1/turns/" + long + "/events", nil, 404},
+		{"POST", "/v1/turns/" + long + "/cancel", nil, 404},
+		{"GET", "/v1/sessions/" + long, nil, 404},
+		{"GET", "/v1/" + long, nil, 404},
+		{"PUT", "/v1/turns/" + long, nil, 405},
+		{"GET", "/v1/turns/t_1/events", []string{"Last-Event-ID", long}, 400},
+		{"GET", "/v1/turns/t_1/events?after=" + long, nil, 400},
+		{"GET", "/v1/turns?before=" + long, nil, 404},
+	} {
+		er := decode[apiError](t, e.do(c.method, c.path, nil, c.hdr...), c.status)
+		if n := utf8.RuneCountInString(er.Error.Message); n > 300 || !strings.Contains(er.Error.Message, strings.Repeat("x", 150)) ||
+			!strings.Contains(er.Error.Message, "…") {
+			t.Errorf("%s %.40s…: %d characters: %.300s", c.method, c.path, n, er.Error.Message)
+		}
+	}
 }
 
 func TestTokenAuth(t *testing.T) {
@@ -794,5 +819,29 @@ func TestRunningElsewhere(t *testing.T) {
 func TestNewNeedsAgentAndStore(t *testing.T) {
 	if _, err := server.New(server.Config{}); err == nil {
 		t.Fatal("New without agent and store worked")
+	}
+}
+
+func TestCheckToken(t *testing.T) {
+	for _, c := range []struct {
+		token, warning, err string
+	}{
+		{"0123456789abcdef", "", ""},
+		{"short", "is shorter than 16 characters; a short token can be guessed", ""},
+		{"", "", "is empty"},
+		{" \t", "", "is only whitespace"},
+		{"two words-and-more-text", "", "holds whitespace or a control character"},
+		{"0123456789abcdef\n", "", "holds whitespace or a control character"},
+	} {
+		w, err := server.CheckToken(c.token)
+		if !strings.HasPrefix(w, c.warning) || (c.warning == "") != (w == "") ||
+			(c.err == "") != (err == nil) || (err != nil && !strings.HasPrefix(err.Error(), c.err)) {
+			t.Errorf("CheckToken(%q) = %q, %v; want %q, %q", c.token, w, err, c.warning, c.err)
+		}
+	}
+	st := openStore(t)
+	defer st.Close()
+	if _, err := server.New(server.Config{Agent: newAgent(t, scripted(t, `{"text": "hi"}`), nil), Store: st, Token: "   "}); err == nil || !strings.Contains(err.Error(), "token: is only whitespace") {
+		t.Errorf("server.New with a blank token: %v", err)
 	}
 }

@@ -46,12 +46,19 @@ func Std() IO {
 }
 
 func (o IO) getenv(k string) string {
+	v, _ := o.lookupEnv(k)
+	return v
+}
+
+// lookupEnv returns a variable's value and whether it is set at all (to
+// tell an empty variable from an unset one).
+func (o IO) lookupEnv(k string) (string, bool) {
 	for i := len(o.Env) - 1; i >= 0; i-- {
 		if v, ok := strings.CutPrefix(o.Env[i], k+"="); ok {
-			return v
+			return v, true
 		}
 	}
-	return ""
+	return "", false
 }
 
 const usage = `timebox runs LLM agent turns in honest, enforced, explained, measured time budgets.

@@ -39,6 +39,32 @@ func setting(fs *flag.FlagSet, name, value, env string, o IO, def string) string
 	return def
 }
 
+// serveToken returns the bearer token from --token, else TIMEBOX_TOKEN. A
+// token that was given must be one a client can send: an empty or blank
+// one is refused rather than taken as "no token", which would serve
+// without one while the person believes otherwise. A short one is served
+// with a warning.
+func serveToken(fs *flag.FlagSet, flagValue string, o IO) (string, bool) {
+	name, token, given := "--token", flagValue, false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == "token" })
+	if !given {
+		name = "TIMEBOX_TOKEN"
+		token, given = o.lookupEnv(name)
+	}
+	if !given {
+		return "", true
+	}
+	warning, err := server.CheckToken(token)
+	if err != nil {
+		fmt.Fprintf(o.Err, "timebox serve: %s %v\n", name, err)
+		return "", false
+	}
+	if warning != "" {
+		fmt.Fprintf(o.Err, "warning: %s %s\n", name, warning)
+	}
+	return token, true
+}
+
 func cmdServe(ctx context.Context, args []string, o IO) int {
 	fs, c := newFlags("serve", o)
 	addrFlag := fs.String("addr", "", "the address to serve on (env TIMEBOX_ADDR; default "+defaultAddr+"); a non-loopback address needs a token")
@@ -54,7 +80,10 @@ func cmdServe(ctx context.Context, args []string, o IO) int {
 	}
 	addr := setting(fs, "addr", *addrFlag, "TIMEBOX_ADDR", o, defaultAddr)
 	db := setting(fs, "db", *dbFlag, "TIMEBOX_DB", o, defaultDB)
-	token := setting(fs, "token", *tokenFlag, "TIMEBOX_TOKEN", o, "")
+	token, ok := serveToken(fs, *tokenFlag, o)
+	if !ok {
+		return ExitUsage
+	}
 	if err := server.CheckAddr(addr, token); err != nil {
 		fmt.Fprintln(o.Err, "timebox serve:", err)
 		return ExitUsage

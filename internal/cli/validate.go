@@ -5,16 +5,24 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
 	"github.com/timebox-run/timebox"
+	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/config"
 	"github.com/timebox-run/timebox/event"
-	"github.com/timebox-run/timebox/tool/mcptool"
+	"github.com/timebox-run/timebox/tool"
 )
 
+// cmdValidate checks everything run would check before a turn starts, by
+// the same code path: the agent file, its flags and variables (config.Load:
+// the script parsed line by line, every program found and executable,
+// every file a regular one), then the agent built as run builds it (each
+// MCP server started and its tools listed, each Go tool's budget checked).
+// Only the model is not called.
 func cmdValidate(args []string, o IO) int {
 	fs, c := newFlags("validate", o)
 	pos, err := parse(fs, args)
@@ -36,52 +44,39 @@ func cmdValidate(args []string, o IO) int {
 			}
 		}
 	}
-	// An mcp entry's tools are known only to its server: start each one to
-	// list them with their budgets, and report one that will not start.
-	var servers []*mcptool.Server
-	defer func() {
-		for _, s := range servers {
-			s.Close()
-		}
-	}()
 	ctx, stop := interrupts(context.Background(), o)
 	defer stop()
-	failed := false
-	for _, t := range cfg.Tools {
-		if t.MCP == nil {
-			continue
-		}
-		s, err := timebox.OpenMCP(ctx, t)
-		if err != nil {
-			fmt.Fprintf(o.Err, "timebox validate: tools[%s]: %v\n", t.Name, err)
-			failed = true
-			continue
-		}
-		servers = append(servers, s)
-	}
-	if failed {
+	a, err := timebox.Build(ctx, cfg, timebox.Options{Getenv: o.getenv})
+	if err != nil {
+		fmt.Fprintln(o.Err, "timebox validate:", err)
 		return ExitUsage
 	}
+	defer a.Close()
 	fmt.Fprintf(o.Out, "%s: ok\n\n", c.file)
 	config.WriteTable(o.Out, cfg)
-	if len(servers) > 0 {
-		writeMCPTools(o.Out, servers)
-	}
+	writeMCPTools(o.Out, a.Tools())
 	return ExitOK
 }
 
-// writeMCPTools lists the tools of each started MCP server with its resolved
-// budget, in the columns of the tool table.
-func writeMCPTools(w io.Writer, servers []*mcptool.Server) {
+// writeMCPTools lists the tools the MCP servers gave, with their resolved
+// budgets, in the columns of the tool table.
+func writeMCPTools(w io.Writer, tools []agent.Tool) {
+	var mcp []agent.Tool
+	for _, t := range tools {
+		if t.Tool.Kind() == tool.KindMCP {
+			mcp = append(mcp, t)
+		}
+	}
+	if len(mcp) == 0 {
+		return
+	}
 	fmt.Fprintln(w, "\nMCP tools (listed by their servers):")
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
 	fmt.Fprintln(tw, "TOOL\tKIND\tTIMEOUT\tSOURCE\tIDLE\tENFORCEMENT\tKNOB")
-	for _, s := range servers {
-		for _, t := range s.Tools() {
-			b := t.Budget()
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.Spec().Name, t.Kind(), shortDuration(b.Timeout), b.Timeout.Source,
-				shortDuration(b.IdleTimeout), b.Enforcement, b.Timeout.Knob)
-		}
+	for _, t := range mcp {
+		b := t.Budget
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.Tool.Spec().Name, t.Tool.Kind(), shortDuration(b.Timeout), b.Timeout.Source,
+			shortDuration(b.IdleTimeout), b.Enforcement, b.Timeout.Knob)
 	}
 	tw.Flush()
 }
@@ -108,6 +103,19 @@ func cmdToolCall(ctx context.Context, args []string, o IO) int {
 	}
 	if len(pos) != 1 {
 		fmt.Fprintln(o.Err, "usage: timebox tool call NAME --input '{...}' [-f agent.yaml]")
+		return ExitUsage
+	}
+	// The arguments of a call are a JSON object; anything else is the
+	// caller's mistake, said before any tool or server starts.
+	var object map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(*input), &object); err != nil || object == nil {
+		why := "it is not JSON"
+		if err == nil || json.Valid([]byte(*input)) {
+			why = "it is JSON, but not an object"
+		} else {
+			why += ": " + strings.TrimPrefix(err.Error(), "json: ")
+		}
+		fmt.Fprintf(o.Err, "timebox tool call: --input %s: %s (give the arguments as one JSON object, such as --input '{\"url\": \"https://example.org\"}')\n", strconv.Quote(clip(*input, 80)), why)
 		return ExitUsage
 	}
 	cfg, ok := loadConfig(c, fs, o)

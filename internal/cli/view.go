@@ -211,8 +211,12 @@ func (v *view) banner(d *event.TurnFinished) string {
 	took := ms(d.Totals.WallMS)
 	switch d.Status {
 	case budget.StatusCompleted:
-		return fmt.Sprintf("%s in %s · %d step%s · %d tool call%s\n\n%s", v.c(green+bold, "✔ answered"), took,
-			d.Totals.Steps, plural(d.Totals.Steps), d.Totals.ToolCalls, plural(d.Totals.ToolCalls), d.Answer)
+		refused := ""
+		if n := d.Totals.ToolCallsRefused; n > 0 {
+			refused = fmt.Sprintf(" (%d more refused)", n)
+		}
+		return fmt.Sprintf("%s in %s · %d step%s · %d tool call%s%s\n\n%s", v.c(green+bold, "✔ answered"), took,
+			d.Totals.Steps, plural(d.Totals.Steps), d.Totals.ToolCalls, plural(d.Totals.ToolCalls), refused, d.Answer)
 	case budget.StatusCancelled:
 		return fmt.Sprintf("%s (%s)\n%s", v.c(yellow+bold, "⊘ cancelled"), d.StopReason, d.Message)
 	case budget.StatusFailed:

@@ -11,11 +11,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/timebox-run/timebox/internal/regular"
 	"github.com/timebox-run/timebox/model"
 )
 
@@ -114,22 +114,32 @@ func New(lines []Line) (*Provider, error) {
 	return p, nil
 }
 
-// Load reads a JSONL script file. Errors name the file and line.
+// Load reads a JSONL script file. Errors name the file and line. The file
+// must be a regular file: a FIFO or a device is an error at once, never a
+// read that blocks or does not end.
 func Load(path string) (*Provider, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	lines, err := Parse(f, path)
+	lines, err := ParseFile(path, path)
 	if err != nil {
 		return nil, err
 	}
 	return New(lines)
 }
 
+// ParseFile reads the lines of the script file at path, named name in
+// errors, as Parse does. The file must be a regular file, which is opened
+// without blocking (internal/regular).
+func ParseFile(path, name string) ([]Line, error) {
+	f, err := regular.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return Parse(f, name)
+}
+
 // Parse reads JSONL script lines from r; blank lines and lines starting with
-// "//" are skipped. name is used in errors.
+// "//" are skipped. name is used in errors; a problem of a line is a
+// *ParseError.
 func Parse(r io.Reader, name string) ([]Line, error) {
 	var lines []Line
 	sc := bufio.NewScanner(r)
@@ -145,21 +155,13 @@ func Parse(r io.Reader, name string) ([]Line, error) {
 		dec := json.NewDecoder(bytes.NewReader(raw))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&l); err != nil {
-			return nil, fmt.Errorf("%s:%d: %v", name, n, err)
+			return nil, lineError(name, n, raw, err)
 		}
 		if dec.More() {
-			return nil, fmt.Errorf("%s:%d: one JSON object per line, found more after it", name, n)
+			return nil, &ParseError{File: name, Line: n, Col: column(raw, int(dec.InputOffset())), Msg: "one JSON object per line, found more after it"}
 		}
-		if l.Text != "" && len(l.Chunks) > 0 {
-			return nil, fmt.Errorf("%s:%d: give text or chunks, not both", name, n)
-		}
-		if l.Compaction && len(l.ToolCalls) > 0 {
-			return nil, fmt.Errorf("%s:%d: a compaction line is a summary: it cannot have tool_calls", name, n)
-		}
-		for i, c := range l.ToolCalls {
-			if c.Name == "" {
-				return nil, fmt.Errorf("%s:%d: tool_calls[%d]: name is required", name, n, i)
-			}
+		if problem := l.check(); problem != "" {
+			return nil, &ParseError{File: name, Line: n, Col: 1, Msg: problem}
 		}
 		lines = append(lines, l)
 	}

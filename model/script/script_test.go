@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"io"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -16,16 +18,51 @@ import (
 
 func TestParseErrorsNameTheLine(t *testing.T) {
 	cases := map[string]string{
-		"{\"text\": \"a\"}\n{\"txt\": \"b\"}":                      `test:2: json: unknown field "txt"`,
-		`{"text": "a", "chunks": ["b"]}`:                           "test:1: give text or chunks, not both",
-		`{"chunk_delay": "10 ms"}`:                                 `"10 ms" is not a duration`,
-		`{"tool_calls": [{"arguments": {}}]}`:                      "tool_calls[0]: name is required",
-		"// a comment\n\n{\"text\": \"ok\"}\n{\"text\": \"ok\"} x": "test:4",
+		"{\"text\": \"a\"}\n{\"txt\": \"b\"}":         `test:2:2: unknown field "txt" (did you mean text?)`,
+		`{"text": "a", "tool_calls": [{"nme": "x"}]}`: `test:1:31: unknown field "nme" (did you mean name?)`,
+		`{"zzzzzz": 1}`:                       `test:1:2: unknown field "zzzzzz" (the fields are arguments, chunk_delay, chunks, error,`,
+		`{"text": "a", "chunks": ["b"]}`:      "test:1:1: give text or chunks, not both",
+		`{"chunk_delay": "10 ms"}`:            `test:1:1: "10 ms" is not a duration`,
+		`{"tool_calls": [{"arguments": {}}]}`: "test:1:1: tool_calls[0]: name is required",
+		`{"text": 5}`:                         "test:1:10: text is number, not string",
+		`{"text": "a",}`:                      "test:1:14: invalid character '}' looking for beginning of object key string (each line is one JSON object)",
+		`{"stall_after": -1}`:                 "test:1:1: stall_after is -1 (give a number of chunks, 0 or more)",
+		`{"error": {"status": 99}}`:           "test:1:1: error.status 99 is not an HTTP status",
+		"// a comment\n\n{\"text\": \"ok\"}\n{\"text\": \"ok\"} x": "test:4:16: one JSON object per line, found more after it",
 	}
 	for in, want := range cases {
 		_, err := script.Parse(strings.NewReader(in), "test")
-		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("%q: got %v, want %q", in, err, want)
+		var pe *script.ParseError
+		if !errors.As(err, &pe) || !strings.HasPrefix(err.Error(), want) {
+			t.Errorf("%q: got %v\nwant %q", in, err, want)
+		}
+	}
+}
+
+// TestLoadRefusesWhatIsNotAFile: a FIFO (with no writer) or a device in
+// place of the script is an error at once; reading either would block or
+// never end.
+func TestLoadRefusesWhatIsNotAFile(t *testing.T) {
+	fifo := filepath.Join(t.TempDir(), "script.jsonl")
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Skip("no FIFOs here:", err)
+	}
+	for path, want := range map[string]string{
+		fifo:        "is a named pipe (FIFO), not a regular file",
+		"/dev/zero": "/dev/zero is a character device, not a regular file",
+	} {
+		done := make(chan error, 1)
+		go func() {
+			_, err := script.Load(path)
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("%s: got %v, want %q", path, err, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: Load blocked", path)
 		}
 	}
 }
@@ -165,7 +202,7 @@ func TestDeterministicSummary(t *testing.T) {
 
 func TestCompactionLineChecks(t *testing.T) {
 	if _, err := script.Parse(strings.NewReader(`{"compaction": true, "tool_calls": [{"name": "x"}]}`), "s"); err == nil ||
-		!strings.Contains(err.Error(), "s:1: a compaction line is a summary") {
+		!strings.Contains(err.Error(), "s:1:1: a compaction line is a summary") {
 		t.Fatalf("got %v", err)
 	}
 	ls, _ := script.Parse(strings.NewReader(`{"compaction": true, "text": "only a summary"}`), "s")

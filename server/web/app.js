@@ -238,7 +238,8 @@ function banner(fin, budgets, turnID) {
   if (flags.length) b.append(el('div', { class: 'flags' }, ...flags));
   const t = fin.totals || {};
   const parts = [`wall ${fmtMS(t.wall_ms)}`, `${t.steps} step${t.steps === 1 ? '' : 's'}`,
-    `${t.tool_calls} tool call${t.tool_calls === 1 ? '' : 's'}`, `model ${fmtMS(t.llm_ms)}`, `tools ${fmtMS(t.tool_ms)}`];
+    `${t.tool_calls} tool call${t.tool_calls === 1 ? '' : 's'}` + (t.tool_calls_refused ? ` (${t.tool_calls_refused} refused)` : ''),
+    `model ${fmtMS(t.llm_ms)}`, `tools ${fmtMS(t.tool_ms)}`];
   if (t.failovers) parts.push(`${t.failovers} failover${t.failovers === 1 ? '' : 's'}`);
   const totals = el('div', { class: 'totals', text: parts.join(' · ') + ' · ' });
   if (turnID) totals.append(el('a', { href: '#/turns/' + encodeURIComponent(turnID), text: 'records' }));
@@ -479,7 +480,9 @@ class TurnView {
 TurnView.prototype.closeFrom = function (rec) {
   if (this.finished || rec.status === 'running') return;
   this.on_turn_finished({ status: rec.status, stop_reason: rec.stop_reason, message: rec.message,
-    answer: '', flags: rec.flags, totals: { wall_ms: rec.wall_ms, steps: rec.steps, tool_calls: (rec.tool_calls || []).length,
+    answer: '', flags: rec.flags, totals: { wall_ms: rec.wall_ms, steps: rec.steps,
+      tool_calls: (rec.tool_calls || []).filter((c) => !c.refused).length,
+      tool_calls_refused: (rec.tool_calls || []).filter((c) => c.refused).length,
       llm_ms: rec.llm_ms, tool_ms: rec.tool_ms, failovers: rec.failovers } });
 };
 
@@ -711,7 +714,9 @@ async function openTurn(id) {
       ? el('a', { href: '#/chat/' + encodeURIComponent(rec.session_id), text: rec.session_id }) : '—')));
   if (rec.status !== 'running') {
     kids.push(banner({ status: rec.status, stop_reason: rec.stop_reason, message: rec.message, flags: rec.flags,
-      totals: { wall_ms: rec.wall_ms, steps: rec.steps, tool_calls: (rec.tool_calls || []).length, llm_ms: rec.llm_ms,
+      totals: { wall_ms: rec.wall_ms, steps: rec.steps,
+      tool_calls: (rec.tool_calls || []).filter((c) => !c.refused).length,
+      tool_calls_refused: (rec.tool_calls || []).filter((c) => c.refused).length, llm_ms: rec.llm_ms,
         tool_ms: rec.tool_ms, failovers: rec.failovers } }, budgets, ''));
   }
   if (rec.answer) kids.push(el('div', { class: 'bubble said answer', text: rec.answer }));

@@ -1,0 +1,121 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestFilesAreCheckedAsTheyWillBeUsed: Load parses the script the way the
+// script model will play it, and finds each program the way exec will, so
+// that what run would refuse is refused by validate too.
+func TestFilesAreCheckedAsTheyWillBeUsed(t *testing.T) {
+	bin := t.TempDir()
+	for name, mode := range map[string]os.FileMode{"tool-ok": 0o755, "tool-noexec": 0o644} {
+		if err := os.WriteFile(filepath.Join(bin, name), []byte("#!/bin/sh\n"), mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	env := []string{"PATH=relative/dir:" + bin}
+	for _, c := range []struct {
+		name, script, tools string
+		env                 []string
+		want                []string
+	}{
+		{name: "a good script and programs in PATH", script: `{"text": "hi"}`,
+			tools: "tools: [{name: a, exec: [tool-ok]}, {name: b, mcp: {command: [tool-ok, --stdio]}}]\n", env: env},
+		{name: "a bad script line, reported in the script, after the agent file's problems",
+			script: `{"text": "hi"}` + "\n" + `{"text": "a", "tool_calls": [{"nmae": "x"}]}`, tools: "limits: {max_steps: 0}\n",
+			want: []string{
+				`agent.yaml:3:21: limits.max_steps: 0 is below the minimum`,
+				`script.jsonl:2:31: unknown field "nmae" (did you mean name?)`,
+			}},
+		{name: "not in PATH", script: `{"text": "hi"}`, tools: "tools: [{name: a, exec: [tool-missing]}]\n", env: env,
+			want: []string{`agent.yaml:3:26: tools[0].exec[0]: "tool-missing" is not found in PATH (install it, or give its path, such as ./tools/tool-missing)`}},
+		{name: "in PATH but not executable", script: `{"text": "hi"}`, tools: "tools: [{name: a, mcp: {command: [tool-noexec]}}]\n", env: env,
+			want: []string{`tools[0].mcp.command[0]: "tool-noexec" is found in PATH as ` + bin + `/tool-noexec, which is not executable`}},
+		{name: "PATH not given: not looked up", script: `{"text": "hi"}`, tools: "tools: [{name: a, exec: [tool-missing]}]\n"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			t.Chdir(dir)
+			os.WriteFile("script.jsonl", []byte(c.script+"\n"), 0o644)
+			os.WriteFile("agent.yaml", []byte("model: {primary: 'script:m'}\nproviders: {script: {file: script.jsonl}}\n"+c.tools), 0o644)
+			a, err := Load("agent.yaml", Overrides{Env: c.env})
+			if len(c.want) == 0 {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(a.Providers["script"].Script) != 1 {
+					t.Fatalf("script lines %+v", a.Providers["script"].Script)
+				}
+				return
+			}
+			es, _ := err.(Errors)
+			if len(es) != len(c.want) {
+				t.Fatalf("got %v\nwant %q", err, c.want)
+			}
+			for i, w := range c.want {
+				if !strings.Contains(es[i].Error(), w) {
+					t.Errorf("problem %d: %s\nwant %s", i, es[i].Error(), w)
+				}
+			}
+		})
+	}
+}
+
+// TestScriptNotARegularFile: a FIFO (with no writer) or a device as the
+// script is a problem at its key, at once.
+func TestScriptNotARegularFile(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo.jsonl")
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Skip("no FIFOs here:", err)
+	}
+	for file, want := range map[string]string{
+		"fifo.jsonl": `agent.yaml:2:28: providers.script.file: "fifo.jsonl" is a named pipe (FIFO), not a regular file`,
+		"/dev/zero":  `agent.yaml:2:28: providers.script.file: "/dev/zero" is a character device, not a regular file`,
+	} {
+		os.WriteFile(filepath.Join(dir, "agent.yaml"), []byte("model: {primary: 'script:m'}\nproviders: {script: {file: "+file+"}}\n"), 0o644)
+		done := make(chan error, 1)
+		go func() {
+			_, err := Load(filepath.Join(dir, "agent.yaml"), Overrides{})
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if err == nil || !strings.HasSuffix(err.Error(), strings.TrimPrefix(want, "agent.yaml")) {
+				t.Errorf("%s: got %v\nwant %s", file, err, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: Load blocked", file)
+		}
+	}
+}
+
+// TestTurnMayLastAWeek: timeouts.turn goes up to 7 days (long agentic
+// tasks); every other duration stays within 24h.
+func TestTurnMayLastAWeek(t *testing.T) {
+	head := "model: {primary: 'script:m'}\nproviders: {script: {file: script.jsonl}}\n"
+	a, err := Load(writeAgent(t, head+"timeouts: {turn: 168h}\n"), Overrides{})
+	if err != nil || a.Budgets.Turn.D != 7*24*time.Hour {
+		t.Fatalf("168h: %v", err)
+	}
+	for body, want := range map[string]string{
+		"timeouts: {turn: 169h}\n":  `timeouts.turn: "169h" is above 168h, the largest allowed (lower it)`,
+		"timeouts: {turn: 8d}\n":    `timeouts.turn: "8d" is not a duration (use 192h)`,
+		"timeouts: {step: 25h}\n":   `timeouts.step: "25h" is above 24h, the largest allowed (lower it)`,
+		"timeouts: {llm_idle: 48h}": `timeouts.llm_idle: "48h" is above 24h`,
+	} {
+		_, err := Load(writeAgent(t, head+body), Overrides{})
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: got %v\nwant %s", body, err, want)
+		}
+	}
+	if _, err := Load(writeAgent(t, head), Overrides{Flags: map[string]string{"timeouts.turn": "100h"}}); err != nil {
+		t.Errorf("--turn-timeout 100h: %v", err)
+	}
+}
