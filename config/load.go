@@ -135,8 +135,13 @@ func newLoader(path string, o Overrides) *loader {
 	}
 }
 
-// errAt records a problem at a position of the file.
+// errAt records a problem at a position of the file. A problem of the
+// whole file (a key missing from it) is placed at its start, 1:1, so that
+// every problem of the file has the file:line:col of spec §10.
 func (l *loader) errAt(p pos, key, msg string) {
+	if p.line < 1 || p.col < 1 {
+		p = pos{1, 1}
+	}
 	l.errs = append(l.errs, &Error{File: l.path, Line: p.line, Col: p.col, Key: key, Msg: msg})
 }
 

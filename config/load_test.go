@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -661,7 +662,9 @@ func TestErrorFormat(t *testing.T) {
 }
 
 // FuzzLoad feeds arbitrary bytes (and an arbitrary flag value) to the
-// loader: it must never panic, and whatever it returns must be usable.
+// loader: it must never panic; every problem of the file must have the
+// spec's file:line:col and a message; and an agent it returns must be
+// usable. The corpus is testdata/fuzz/FuzzLoad and every file of testdata.
 func FuzzLoad(f *testing.F) {
 	seeds, _ := filepath.Glob(filepath.Join("testdata", "*", "*.yaml"))
 	for _, s := range seeds {
@@ -688,6 +691,12 @@ func FuzzLoad(f *testing.F) {
 			for _, e := range es {
 				if e.Msg == "" || e.Line < 0 || e.Col < 0 {
 					t.Fatalf("bad error %+v", *e)
+				}
+				if e.File == path && (e.Line < 1 || e.Col < 1 || !strings.HasPrefix(e.Error(), fmt.Sprintf("%s:%d:%d: ", path, e.Line, e.Col))) {
+					t.Fatalf("a problem of the file without file:line:col: %q", e.Error())
+				}
+				if e.File == "" && e.Key == "" {
+					t.Fatalf("a problem with neither a place nor a key: %q", e.Error())
 				}
 			}
 			return

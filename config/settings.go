@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"sort"
 	"strconv"
 	"time"
@@ -135,6 +136,24 @@ func SettingByKey(key string) (Setting, bool) {
 }
 
 func (s Setting) bounds() bounds { return bounds{min: s.Min, max: s.Max, zeroOK: s.ZeroOK} }
+
+// Bounds renders the values s accepts, as the reference tables write
+// them: "1ms–24h", "0 (off) or 1ms–24h", "1–100000", "1KiB–1GiB". The
+// tables in README.md are checked against it.
+func (s Setting) Bounds() string {
+	r := s.format(s.Min) + "–" + s.format(s.Max)
+	if d := time.Duration(s.Max); s.Kind == KindDuration && d > 24*time.Hour && d%(24*time.Hour) == 0 {
+		r += fmt.Sprintf(" (%d days)", d/(24*time.Hour))
+	}
+	if !s.ZeroOK {
+		return r
+	}
+	zero := "0 (off)"
+	if s.Key == budget.KeyKillGrace || s.Key == KeyShutdownGrace {
+		zero = "0 (at once)"
+	}
+	return zero + " or " + r
+}
 
 // example is the value a fix suggests for s: its default, or a sensible
 // value when the default is off.

@@ -212,7 +212,7 @@ func (s *Server) readTurnRequest(w http.ResponseWriter, r *http.Request) (TurnRe
 		return req, false
 	case err != nil:
 		writeError(w, http.StatusBadRequest, "bad_request",
-			fmt.Sprintf(`the body must be one JSON object {"session_id": "...", "input": "...", "detach": false}: %v`, err))
+			fmt.Sprintf(`the body must be one JSON object {"session_id": "...", "input": "...", "detach": false}: %s`, shown(err.Error())))
 		return req, false
 	}
 	// Read to EOF so that the server watches the connection from here on

@@ -64,6 +64,11 @@ func (s *stderrLog) write(p []byte) {
 func (s *stderrLog) add(p []byte) {
 	s.line = append(s.line, p...)
 	if len(s.line) > maxLine {
+		if !s.long {
+			// The last line of a long line is its start, the same
+			// whatever pieces the pipe delivered it in.
+			s.setLast(s.line[:maxLine+1])
+		}
 		s.appendLog(s.line)
 		s.line = s.line[:0]
 		s.long = true
@@ -80,14 +85,21 @@ func (s *stderrLog) endLine(newline bool) {
 	if newline {
 		s.appendLog([]byte("\n"))
 	}
+	if !s.long {
+		s.setLast(line)
+	}
+	s.line = s.line[:0]
+	s.long = false
+}
+
+// setLast keeps line as the last log line, unless it is blank.
+func (s *stderrLog) setLast(line []byte) {
 	if t := strings.TrimSpace(text(line)); t != "" {
 		if len(t) > maxLastLine {
 			t = cutRunes(t[:maxLastLine]) + "…"
 		}
 		s.last = t
 	}
-	s.line = s.line[:0]
-	s.long = false
 }
 
 // report turns a progress line into a report and reports whether line was
