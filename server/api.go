@@ -55,6 +55,8 @@ const maxShown = 200
 
 // shown cuts a value the client sent to maxShown characters for an error
 // message, marking the cut, so that a megabyte-long id is not echoed whole.
+// A value to be quoted is quoted first (shown(strconv.Quote(v))): quoting
+// can make a byte four characters.
 func shown(v string) string {
 	n := 0
 	for i := range v {
@@ -109,7 +111,7 @@ func (s *Server) guard(h http.Handler) http.Handler {
 		w.Header().Set("X-Content-Type-Options", "nosniff")
 		if s.cfg.Token == "" && !isLoopback(hostOnly(r.Host)) {
 			writeError(w, http.StatusForbidden, "forbidden_host", fmt.Sprintf(
-				"this server answers only requests for localhost (it has no token); %q is not: set --token to serve other names", shown(r.Host)))
+				"this server answers only requests for localhost (it has no token); %s is not: set --token to serve other names", shown(strconv.Quote(r.Host))))
 			return
 		}
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
@@ -452,7 +454,7 @@ func eventsAfter(r *http.Request) (int64, error) {
 	}
 	n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 	if err != nil || n < 0 {
-		return 0, fmt.Errorf("%s must be an event seq (a whole number ≥ 0), not %q", what, shown(v))
+		return 0, fmt.Errorf("%s must be an event seq (a whole number ≥ 0), not %s", what, shown(strconv.Quote(v)))
 	}
 	return n, nil
 }

@@ -140,7 +140,8 @@ func TestServeRefusesABlankToken(t *testing.T) {
 		{nil, []string{"--token", ""}, "timebox serve: --token is empty"},
 		{[]string{"TIMEBOX_TOKEN=a-good-long-token-value"}, []string{"--token", " "}, "--token is only whitespace"},
 	} {
-		r := run(t, c.env, append([]string{"serve", "-f", file, "--addr", "127.0.0.1:0"}, c.args...)...)
+		// runWithin: should the token be taken, serve would serve.
+		r := runWithin(t, 20*time.Second, c.env, append([]string{"serve", "-f", file, "--addr", "127.0.0.1:0", "--db", ""}, c.args...)...)
 		if r.code != 2 || !strings.Contains(r.err, c.want) {
 			t.Errorf("%v %v: exit %d, want 2 and %q in\n%s", c.env, c.args, r.code, c.want, r.err)
 		}
