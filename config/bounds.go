@@ -29,9 +29,14 @@ const (
 	// MaxKeys is the most keys one block mapping may have.
 	MaxKeys = 1000
 	// MaxTokens bounds the file's YAML tokens (keys, values, and the
-	// punctuation between them), counted on the bytes before the lexer
-	// runs, so that the lexer's work is bounded too.
+	// punctuation between them), so that the parser's work is bounded.
 	MaxTokens = 100_000
+	// MaxWords bounds the lexer's work: the tokens it may make, counted
+	// on the bytes before it runs. The count is of words and punctuation
+	// (a word of prose may start a token), which is why it is larger than
+	// MaxTokens: 1 MiB of instructions is about 200,000 words, and one
+	// token.
+	MaxWords = 250_000
 	// MaxAliasValues bounds the values that aliases (*name) stand for, all
 	// aliases of the file together: an alias repeats its anchor's whole
 	// value, and aliases of aliases multiply ("billion laughs").

@@ -69,10 +69,13 @@ func parseYAML(data []byte) (f *ast.File, p pos, key, msg string) {
 			f, p, key, msg = nil, pos{}, "", fmt.Sprintf("YAML syntax: the file could not be parsed (%v)", r)
 		}
 	}()
-	if n, at := tokenBound(data, MaxTokens); n > MaxTokens {
-		return nil, at, "", fmt.Sprintf("the file has more than %d YAML tokens (keys, values and punctuation); an agent file needs far fewer (keep it to settings and tool declarations)", MaxTokens)
+	if n, at := tokenBound(data, MaxWords); n > MaxWords {
+		return nil, at, "", fmt.Sprintf("the file has more than %d words and punctuation marks; an agent file needs far fewer (keep it to settings and tool declarations)", MaxWords)
 	}
 	tks := lexer.Tokenize(string(data))
+	if len(tks) > MaxTokens {
+		return nil, tokenPos(tks[MaxTokens]), "", fmt.Sprintf("the file has more than %d YAML tokens (keys, values and punctuation); an agent file needs far fewer (keep it to settings and tool declarations)", MaxTokens)
+	}
 	if at, key, problem := nestingProblem(tks, fileLimits); problem != "" {
 		return nil, at, key, problem
 	}

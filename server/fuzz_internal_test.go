@@ -45,7 +45,13 @@ func FuzzEventsAfter(f *testing.F) {
 			}
 			return
 		}
-		if n < 0 || strings.TrimSpace(used) != strconv.FormatInt(n, 10) && strings.TrimLeft(strings.TrimSpace(used), "+0") != strconv.FormatInt(n, 10) {
+		// Accepted: a decimal whole number, perhaps with a + and leading
+		// zeros, around spaces.
+		digits := strings.TrimLeft(strings.TrimPrefix(strings.TrimSpace(used), "+"), "0")
+		if digits == "" {
+			digits = "0"
+		}
+		if n < 0 || digits != strconv.FormatInt(n, 10) {
 			t.Fatalf("%q read as %d", used, n)
 		}
 		back, err := eventsAfter(httptest.NewRequest("GET", "/x?after="+strconv.FormatInt(n, 10), nil))
