@@ -34,8 +34,9 @@ type Overrides struct {
 //
 // The file must be a regular file (a FIFO or a device is an error, and
 // never blocks) of at most MaxFileBytes; it is refused before it is
-// parsed when it passes the other bounds of bounds.go (nesting, keys of a
-// mapping, tokens, values behind aliases).
+// parsed when it passes the other bounds of bounds.go (words, tokens,
+// nesting, keys of a mapping), and before any alias is expanded when its
+// aliases stand for more than MaxAliasValues values.
 //
 // On any problem it returns a nil *Agent and an Errors holding every
 // problem found in the file, the flags and the environment, each with its

@@ -55,10 +55,10 @@ func posOf(n ast.Node) pos {
 	return tokenPos(n.GetToken())
 }
 
-// parseYAML parses the agent file within the bounds of bounds.go: the
-// token count is checked on the bytes, the nesting and the keys of each
-// mapping on the lexer's tokens, both before the parser runs, and the
-// aliases on the parsed tree before the loader expands any. goccy's parser
+// parseYAML parses the agent file within the bounds of bounds.go: words
+// are counted on the bytes before the lexer runs; tokens, the nesting and
+// the keys of each mapping on the lexer's tokens before the parser runs;
+// the aliases on the parsed tree before the loader expands any. goccy's parser
 // is third-party code fed arbitrary bytes; a panic in it is turned into a
 // syntax error so that a bad file can never crash the process that loads
 // it. A problem comes back with its position, its key path (if it has

@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"sort"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -24,34 +25,41 @@ func (e *ParseError) Error() string {
 	return fmt.Sprintf("%s:%d:%d: %s", e.File, e.Line, e.Col, e.Msg)
 }
 
-// lineError words the problem err found in raw, line n of the script, and
+// lineError words the problem err found in line n of the script, and
 // places it in the line as well as the decoder tells: at the offset of a
-// syntax or type error, at the key of an unknown field, else at 1.
-func lineError(name string, n int, raw []byte, err error) *ParseError {
-	e := &ParseError{File: name, Line: n, Col: 1, Msg: err.Error()}
+// syntax or type error, at the key of an unknown field, else at the
+// line's first character.
+func lineError(name string, n int, line []byte, err error) *ParseError {
+	e := &ParseError{File: name, Line: n, Col: at(line, 0), Msg: err.Error()}
 	var syn *json.SyntaxError
 	var typ *json.UnmarshalTypeError
 	switch {
 	case errors.As(err, &syn):
-		e.Col = column(raw, int(syn.Offset)-1)
+		e.Col = at(line, int(syn.Offset)-1)
 		e.Msg = strings.TrimPrefix(e.Msg, "json: ") + " (each line is one JSON object)"
 	case errors.As(err, &typ):
-		e.Col = column(raw, int(typ.Offset)-1)
+		e.Col = at(line, int(typ.Offset)-1)
 		e.Msg = fmt.Sprintf("%s is %s, not %s", typ.Field, typ.Value, typ.Type)
 	case strings.HasPrefix(e.Msg, `json: unknown field "`):
 		field := strings.TrimSuffix(strings.TrimPrefix(e.Msg, `json: unknown field "`), `"`)
-		if i := bytes.Index(raw, []byte(`"`+field+`"`)); i >= 0 {
-			e.Col = column(raw, i)
+		if i := bytes.Index(trimmed(line), []byte(`"`+field+`"`)); i >= 0 {
+			e.Col = at(line, i)
 		}
 		e.Msg = fmt.Sprintf("unknown field %q (%s)", field, fieldHint(field))
 	}
 	return e
 }
 
-// column is the 1-based column, in characters, of byte offset off of raw.
-func column(raw []byte, off int) int {
-	off = min(max(off, 0), len(raw))
-	return 1 + utf8.RuneCount(raw[:off])
+// trimmed is what Parse decodes of a line: the line without the spaces
+// around it.
+func trimmed(line []byte) []byte { return bytes.TrimSpace(line) }
+
+// at is the 1-based column, in characters, of byte offset off of the
+// trimmed line within the whole line.
+func at(line []byte, off int) int {
+	lead := len(line) - len(bytes.TrimLeftFunc(line, unicode.IsSpace))
+	off = min(max(lead+off, 0), len(line))
+	return 1 + utf8.RuneCount(line[:off])
 }
 
 // fieldHint suggests the field meant, or lists the fields of a line.

@@ -42,7 +42,7 @@ func FuzzParse(f *testing.F) {
 			if pe.File != "s.jsonl" || pe.Line < 1 || pe.Line > len(rows) || pe.Msg == "" {
 				t.Fatalf("misplaced: %+v", pe)
 			}
-			if row := strings.TrimSpace(rows[pe.Line-1]); pe.Col < 1 || pe.Col > utf8.RuneCountInString(row)+1 {
+			if row := rows[pe.Line-1]; pe.Col < 1 || pe.Col > utf8.RuneCountInString(row)+1 {
 				t.Fatalf("column %d outside line %d (%q)", pe.Col, pe.Line, row)
 			}
 			return

@@ -155,13 +155,13 @@ func Parse(r io.Reader, name string) ([]Line, error) {
 		dec := json.NewDecoder(bytes.NewReader(raw))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&l); err != nil {
-			return nil, lineError(name, n, raw, err)
+			return nil, lineError(name, n, sc.Bytes(), err)
 		}
 		if dec.More() {
-			return nil, &ParseError{File: name, Line: n, Col: column(raw, int(dec.InputOffset())), Msg: "one JSON object per line, found more after it"}
+			return nil, &ParseError{File: name, Line: n, Col: at(sc.Bytes(), int(dec.InputOffset())), Msg: "one JSON object per line, found more after it"}
 		}
 		if problem := l.check(); problem != "" {
-			return nil, &ParseError{File: name, Line: n, Col: 1, Msg: problem}
+			return nil, &ParseError{File: name, Line: n, Col: at(sc.Bytes(), 0), Msg: problem}
 		}
 		lines = append(lines, l)
 	}

@@ -20,7 +20,7 @@ func TestParseErrorsNameTheLine(t *testing.T) {
 	cases := map[string]string{
 		"{\"text\": \"a\"}\n{\"txt\": \"b\"}":         `test:2:2: unknown field "txt" (did you mean text?)`,
 		`{"text": "a", "tool_calls": [{"nme": "x"}]}`: `test:1:31: unknown field "nme" (did you mean name?)`,
-		`{"zzzzzz": 1}`:                       `test:1:2: unknown field "zzzzzz" (the fields are arguments, chunk_delay, chunks, error,`,
+		`{"zzzzzz": 1}`:                       `test:1:2: unknown field "zzzzzz" (the fields are arguments, chunk_delay, chunks,`,
 		`{"text": "a", "chunks": ["b"]}`:      "test:1:1: give text or chunks, not both",
 		`{"chunk_delay": "10 ms"}`:            `test:1:1: "10 ms" is not a duration`,
 		`{"tool_calls": [{"arguments": {}}]}`: "test:1:1: tool_calls[0]: name is required",
@@ -222,5 +222,13 @@ func TestScriptedLengthRefusal(t *testing.T) {
 		if !errors.As(err, &me) || me.TooLong != want {
 			t.Fatalf("err %v: too long %v, want %v", err, me != nil && me.TooLong, want)
 		}
+	}
+}
+// TestParseErrorColumnsCountLeadingSpace: the column is in the line as a
+// person sees it, spaces before the object included.
+func TestParseErrorColumnsCountLeadingSpace(t *testing.T) {
+	_, err := script.Parse(strings.NewReader("\t  {\"txt\": 1}"), "s")
+	if err == nil || !strings.HasPrefix(err.Error(), `s:1:5: unknown field "txt"`) {
+		t.Fatalf("got %v", err)
 	}
 }
