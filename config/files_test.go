@@ -33,6 +33,8 @@ func TestFilesAreCheckedAsTheyWillBeUsed(t *testing.T) {
 				`agent.yaml:3:21: limits.max_steps: 0 is below the minimum`,
 				`script.jsonl:2:31: unknown field "nmae" (did you mean name?)`,
 			}},
+		{name: "only compaction lines", script: `{"compaction": true, "text": "a summary"}`,
+			want: []string{`agent.yaml:2:28: providers.script.file: "script.jsonl": every line is a compaction line; add a reply for the turn`}},
 		{name: "not in PATH", script: `{"text": "hi"}`, tools: "tools: [{name: a, exec: [tool-missing]}]\n", env: env,
 			want: []string{`agent.yaml:3:26: tools[0].exec[0]: "tool-missing" is not found in PATH (install it, or give its path, such as ./tools/tool-missing)`}},
 		{name: "in PATH but not executable", script: `{"text": "hi"}`, tools: "tools: [{name: a, mcp: {command: [tool-noexec]}}]\n", env: env,

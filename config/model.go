@@ -237,6 +237,12 @@ func (l *loader) readScript(written, abs string, at pos, key string) []script.Li
 		return nil
 	case len(lines) == 0:
 		l.errAt(at, key, fmt.Sprintf("%q has no lines (each line is a JSON reply, such as {\"text\": \"Hello\"})", written))
+		return nil
+	}
+	if _, err := script.New(lines); err != nil {
+		// What the script model itself refuses (only compaction lines).
+		l.errAt(at, key, fmt.Sprintf("%q: %s", written, strings.TrimPrefix(err.Error(), "script: ")))
+		return nil
 	}
 	return lines
 }
