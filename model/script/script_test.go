@@ -224,6 +224,7 @@ func TestScriptedLengthRefusal(t *testing.T) {
 		}
 	}
 }
+
 // TestParseErrorColumnsCountLeadingSpace: the column is in the line as a
 // person sees it, spaces before the object included.
 func TestParseErrorColumnsCountLeadingSpace(t *testing.T) {
