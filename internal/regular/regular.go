@@ -81,19 +81,6 @@ func ReadFile(path string, max int64) ([]byte, error) {
 	return io.ReadAll(io.LimitReader(f, max+1))
 }
 
-// Check reports why path is not a regular file that can be opened, or nil.
-// It stats and never opens, for files that are run rather than read.
-func Check(path string) error {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return err
-	}
-	if !fi.Mode().IsRegular() {
-		return &NotRegularError{Path: path, Mode: fi.Mode()}
-	}
-	return nil
-}
-
 // IsNotRegular reports whether err is a *NotRegularError.
 func IsNotRegular(err error) bool {
 	var e *NotRegularError
