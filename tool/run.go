@@ -14,9 +14,9 @@ import (
 )
 
 // ReapMargin is how long, past the kill grace, the runner waits for a
-// hard-enforced call to report that its process tree is gone before it
-// treats the call as abandoned. A hard tool sends SIGKILL when the grace
-// ends; this covers reaping.
+// hard-enforced call of a tool that is not a ProcessOwner (an MCP call,
+// whose server is told to cancel) before it treats the call as abandoned.
+// A ProcessOwner's hard calls are never abandoned: they are waited for.
 const ReapMargin = time.Second
 
 var abandonedRunning atomic.Int64
@@ -79,8 +79,10 @@ type returned struct {
 // when the call has returned, or when the call was abandoned: a call whose
 // context was cancelled (by its own budget or by ctx) and that did not
 // return within the grace that budget.GraceFor allows (plus ReapMargin for
-// hard enforcement). An abandoned call is counted by AbandonedRunning until
-// it returns. Run never returns an error; Execution says everything.
+// hard enforcement). A hard call of a ProcessOwner (an exec tool) is never
+// abandoned: Run waits until it returns, which the tool bounds. An
+// abandoned call is counted by AbandonedRunning until it returns. Run
+// never returns an error; Execution says everything.
 //
 // Run fills c.Progress, c.Deadline and c.Timeout. With advisory enforcement
 // the call's own budget never interrupts it; ctx still does.
@@ -125,6 +127,13 @@ func Run(ctx context.Context, t Tool, c *Call, b budget.ToolBudget, h Hooks) *Ex
 	select {
 	case r = <-done:
 	case <-callCtx.Done():
+		if _, owns := t.(ProcessOwner); owns && b.Enforcement == budget.Hard {
+			// The tool stops its processes and returns, within its own
+			// bound (see ProcessOwner); abandoning it here would only let
+			// them outlive the call.
+			r = <-done
+			break
+		}
 		grace := budget.GraceFor(context.Cause(callCtx), c.KillGrace)
 		if b.Enforcement == budget.Hard {
 			grace += ReapMargin

@@ -36,11 +36,18 @@ func (f fake) Call(ctx context.Context, c *tool.Call) (*tool.Result, error) {
 	return f.fn(ctx, c)
 }
 
+// owner is a fake that, like an exec tool, stops what it started before
+// its Call returns (tool.ProcessOwner).
+type owner struct{ fake }
+
+func (owner) OwnsProcesses() {}
+
 func TestRunOutcomes(t *testing.T) {
 	cases := []struct {
 		name      string
 		b         budget.ToolBudget
 		kind      tool.Kind
+		owns      bool // the tool is a tool.ProcessOwner
 		fn        func(ctx context.Context, c *tool.Call) (*tool.Result, error)
 		cancelAt  time.Duration // cancel the parent at this time, with a CancelError
 		outcome   event.Outcome
@@ -79,6 +86,19 @@ func TestRunOutcomes(t *testing.T) {
 				time.Sleep(time.Minute)
 				return nil, nil
 			}, outcome: event.OutcomeAbandoned, phase: budget.PhaseTool, elapsed: 3*time.Second + tool.ReapMargin, abandoned: true},
+		{name: "a process owner's hard call is waited for, never abandoned", b: tb(time.Second, budget.Hard), kind: tool.KindExec, owns: true,
+			fn: func(ctx context.Context, _ *tool.Call) (*tool.Result, error) {
+				<-ctx.Done()
+				time.Sleep(10 * time.Second) // the grace, SIGKILL, a slow kernel
+				return &tool.Result{Output: []byte("part")}, context.Cause(ctx)
+			}, outcome: event.OutcomeTimedOut, phase: budget.PhaseTool, elapsed: 11 * time.Second},
+		{name: "a process owner's cancelled call is waited for too", b: tb(time.Minute, budget.Hard), kind: tool.KindExec, owns: true,
+			cancelAt: time.Second,
+			fn: func(ctx context.Context, _ *tool.Call) (*tool.Result, error) {
+				<-ctx.Done()
+				time.Sleep(5 * time.Second)
+				return nil, context.Cause(ctx)
+			}, outcome: event.OutcomeCancelled, phase: budget.PhaseCancel, elapsed: 6 * time.Second},
 		{name: "advisory is never stopped by its budget", b: tb(time.Second, budget.Advisory),
 			fn: func(ctx context.Context, _ *tool.Call) (*tool.Result, error) {
 				time.Sleep(5 * time.Second)
@@ -113,7 +133,11 @@ func TestRunOutcomes(t *testing.T) {
 					kind = tool.KindGo
 				}
 				before := tool.AbandonedRunning()
-				x := tool.Run(ctx, fake{kind, tc.fn}, &tool.Call{Tool: "t"}, tc.b, tool.Hooks{})
+				var tl tool.Tool = fake{kind, tc.fn}
+				if tc.owns {
+					tl = owner{fake{kind, tc.fn}}
+				}
+				x := tool.Run(ctx, tl, &tool.Call{Tool: "t"}, tc.b, tool.Hooks{})
 				if x.Outcome != tc.outcome || x.Phase != tc.phase || x.Overran != tc.overran || x.Abandoned != tc.abandoned {
 					t.Fatalf("got %s/%s overran=%v abandoned=%v, want %s/%s %v %v (err %v)", x.Outcome, x.Phase, x.Overran, x.Abandoned,
 						tc.outcome, tc.phase, tc.overran, tc.abandoned, x.Err)

@@ -60,6 +60,19 @@ type Tool interface {
 	Call(ctx context.Context, c *Call) (*Result, error)
 }
 
+// ProcessOwner is implemented by tools whose Call, once its context is
+// done, stops every process the call started and returns only when they
+// are gone, within a bound of its own (tool/exectool: the kill grace, then
+// SIGKILL and at most a few seconds for the kernel to finish the
+// processes). Run never abandons a hard-enforced call of such a tool: it
+// waits for the call to return, so that the call ends timed_out or
+// cancelled with nothing it started left running, and no goroutine of it
+// outlives the call.
+type ProcessOwner interface {
+	Tool
+	OwnsProcesses()
+}
+
 // Call is one call of a tool, as the tool sees it.
 type Call struct {
 	ID     string

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,33 +18,45 @@ import (
 )
 
 // cgroupHost is where this process makes its calls' cgroups: directories
-// under timebox-<pid>, itself under this process's own cgroup v2 directory.
+// under timebox-<instance>, itself under this process's own cgroup v2
+// directory. The instance names this process (pid, start time, pid
+// namespace), so that the next timebox process can tell when it is gone
+// and stop what it left (ReapOrphans).
 //
 // A call's cgroup is reused by a later call once it is empty: making and
 // removing two cgroup directories per call (the parent and the call's)
-// would cost more than a tenth of a small tool's whole run. The idle ones,
-// and the parent, are removed when no call has run for idleLinger, or at
-// once by Close; a process that exits sooner leaves them empty, and the
-// next timebox process on the machine removes them (removeStale).
+// would cost more than a tenth of a small tool's whole run. The pool keeps
+// as many as the most calls that ran at once lately (in this idle-linger
+// window or the last one), so that a burst of a thousand calls finds a
+// thousand cgroups the next time without keeping them for ever. The idle
+// ones, and the parent, are removed when no call has run for idleLinger,
+// or at once by Close; a process that exits sooner leaves them, and the
+// next timebox process on the machine removes them.
 type cgroupHost struct {
 	base      string // this process's own cgroup directory
 	rel       string // the same as /proc/<pid>/cgroup names it ("/..." )
-	parent    string // base/timebox-<pid>
+	parent    string // base/timebox-<instance>
 	parentRel string
 
+	// mu guards the fields below. It is never held while a directory is
+	// made or opened: the kernel serialises cgroup creation, and under a
+	// burst a call would otherwise wait here for everyone's mkdir.
 	mu     sync.Mutex
-	made   bool          // parent exists
-	active int           // calls holding a cgroup
+	made   bool          // the parent may exist
+	active int           // calls holding a cgroup, or making one
 	idle   []*callCgroup // empty cgroups ready for reuse
 	linger *time.Timer   // removes the idle cgroups and the parent
+	// peak is the most calls active at once in the current window of
+	// idleLinger, which started at window; lastPeak that of the window
+	// before. The pool keeps up to the larger of the two.
+	peak, lastPeak int
+	window         time.Time
 }
 
 // idleLinger is how long idle call cgroups and their parent are kept after
-// the last call ends; maxIdle is how many are kept.
-const (
-	idleLinger = 2 * time.Second
-	maxIdle    = 32
-)
+// the last call ends, and the window over which the pool's size is the
+// peak number of calls at once.
+const idleLinger = 2 * time.Second
 
 // cgHost finds and probes the cgroup v2 hierarchy once per process.
 var cgHost = sync.OnceValues(detectCgroup)
@@ -81,9 +94,8 @@ func detectCgroup() (*cgroupHost, error) {
 	if base == "" {
 		return nil, fmt.Errorf("this process's cgroup %s is not under any cgroup2 mount", own)
 	}
-	name := "timebox-" + strconv.Itoa(os.Getpid())
+	name := parentPrefix + Instance()
 	h := &cgroupHost{base: base, rel: own, parent: filepath.Join(base, name), parentRel: path.Join(own, name)}
-	h.removeStale()
 	if err := h.probe(); err != nil {
 		return nil, err
 	}
@@ -110,35 +122,6 @@ func (h *cgroupHost) probe() error {
 	return nil
 }
 
-// removeStale removes the empty call directories, and then the parent,
-// that a timebox process which no longer exists left behind (it crashed,
-// or was killed with SIGKILL). Directories that still hold processes are
-// left alone: they are somebody's, and rmdir refuses anyway.
-func (h *cgroupHost) removeStale() {
-	entries, err := os.ReadDir(h.base)
-	if err != nil {
-		return
-	}
-	for _, e := range entries {
-		rest, ok := strings.CutPrefix(e.Name(), "timebox-")
-		if !ok || !e.IsDir() {
-			continue
-		}
-		pid, err := strconv.Atoi(rest)
-		if err != nil || pid == os.Getpid() || unix.Kill(pid, 0) != unix.ESRCH {
-			continue
-		}
-		dir := filepath.Join(h.base, e.Name())
-		calls, _ := os.ReadDir(dir)
-		for _, c := range calls {
-			if c.IsDir() {
-				removeTree(filepath.Join(dir, c.Name()))
-			}
-		}
-		os.Remove(dir)
-	}
-}
-
 // callCgroup is the cgroup of one call.
 type callCgroup struct {
 	host *cgroupHost
@@ -154,73 +137,99 @@ type callCgroup struct {
 // directory named after the call.
 func (h *cgroupHost) newCall(n uint64) (*callCgroup, error) {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	if h.linger != nil {
 		h.linger.Stop()
 		h.linger = nil
 	}
+	h.active++
+	h.notePeakLocked(time.Now())
 	if k := len(h.idle); k > 0 {
 		c := h.idle[k-1]
 		h.idle = h.idle[:k-1]
-		h.active++
+		h.mu.Unlock()
 		return c, nil
 	}
-	if !h.made {
-		if err := os.Mkdir(h.parent, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
-			return nil, err
-		}
-		h.made = true
-	}
+	// While this call is active no sweep removes the parent, so it can be
+	// made, and the call's directory in it, without the lock.
+	h.made = true
+	h.mu.Unlock()
+
 	name := "call-" + strconv.FormatUint(n, 10)
 	c := &callCgroup{host: h, dir: filepath.Join(h.parent, name), rel: path.Join(h.parentRel, name), fd: -1}
-	if err := os.Mkdir(c.dir, 0o755); err != nil {
-		h.idleLocked()
-		return nil, err
+	err := os.Mkdir(c.dir, 0o755)
+	if errors.Is(err, os.ErrNotExist) {
+		if err = os.Mkdir(h.parent, 0o755); err == nil || errors.Is(err, os.ErrExist) {
+			err = os.Mkdir(c.dir, 0o755)
+		}
 	}
-	fd, err := unix.Open(c.dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		unix.Rmdir(c.dir)
-		h.idleLocked()
-		return nil, err
-	}
-	c.fd = fd
-	h.active++
-	return c, nil
-}
-
-// release gives back the cgroup of a call whose tree is gone: to the idle
-// list when it is empty and has no cgroups below it, else it is removed.
-func (c *callCgroup) release() {
-	reusable := !c.killed && !c.populated() && !c.hasDescendants()
-	if !reusable {
-		c.closeFD()
-		pollUntil(time.Now().Add(time.Second), func() bool { return removeTree(c.dir) })
-	}
-	h := c.host
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.active--
-	if reusable {
-		if len(h.idle) < maxIdle {
-			h.idle = append(h.idle, c)
-		} else {
-			c.closeFD()
+	if err == nil {
+		c.fd, err = unix.Open(c.dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
 			unix.Rmdir(c.dir)
 		}
 	}
+	if err != nil {
+		h.mu.Lock()
+		h.active--
+		h.idleLocked()
+		h.mu.Unlock()
+		return nil, err
+	}
+	return c, nil
+}
+
+// notePeakLocked records the number of active calls in the peak of the
+// current window, starting a new window when idleLinger has passed.
+func (h *cgroupHost) notePeakLocked(now time.Time) {
+	if now.Sub(h.window) >= idleLinger {
+		h.lastPeak, h.peak, h.window = h.peak, 0, now
+	}
+	h.peak = max(h.peak, h.active)
+}
+
+// poolSizeLocked is how many cgroups, active and idle, the pool keeps.
+func (h *cgroupHost) poolSizeLocked() int { return max(h.peak, h.lastPeak) }
+
+// release gives back the cgroup of a call whose tree is gone: to the idle
+// list when it is empty, has no cgroups below it and the pool is not full,
+// else it is removed. Idle cgroups beyond the pool's size (after a burst)
+// are removed too.
+func (c *callCgroup) release() {
+	h := c.host
+	if c.killed || c.populated() || c.hasDescendants() {
+		c.closeFD()
+		pollUntil(time.Now().Add(time.Second), func() bool { return removeTree(c.dir) })
+		c = nil
+	}
+	h.mu.Lock()
+	h.active--
+	h.notePeakLocked(time.Now())
+	if c != nil {
+		h.idle = append(h.idle, c)
+	}
+	var drop []*callCgroup
+	if keep := max(h.poolSizeLocked()-h.active, 0); len(h.idle) > keep {
+		drop = slices.Clone(h.idle[keep:])
+		h.idle = h.idle[:keep]
+	}
 	h.idleLocked()
+	h.mu.Unlock()
+	for _, d := range drop {
+		d.closeFD()
+		unix.Rmdir(d.dir)
+	}
 }
 
 // discard removes a cgroup that was never used for a call (the probe's),
 // and the parent with it when no call is active, so that a process that
 // only checks its configuration leaves nothing behind.
 func (c *callCgroup) discard() {
+	c.closeFD()
+	unix.Rmdir(c.dir)
 	h := c.host
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.active--
-	c.closeFD()
-	unix.Rmdir(c.dir)
 	if h.active == 0 {
 		h.sweepLocked()
 	}
@@ -243,7 +252,8 @@ func (h *cgroupHost) idleLocked() {
 
 // sweepLocked removes the idle cgroups and the parent, which must have no
 // active call. It runs under h.mu, so that no call can be making a
-// directory in the parent meanwhile; removing an empty cgroup is quick.
+// directory in the parent meanwhile; it runs only when no call is active,
+// so nobody waits for it.
 func (h *cgroupHost) sweepLocked() {
 	for _, c := range h.idle {
 		c.closeFD()

@@ -3,6 +3,7 @@
 package proctree
 
 import (
+	"context"
 	"errors"
 	"os/exec"
 	"time"
@@ -12,11 +13,13 @@ var errUnsupported = errors.New("process trees are owned on Linux only")
 
 func cgroupUsable() error { return errUnsupported }
 
+func ownInstance() (string, bool) { return "", false }
+
 // Tree is the process tree of one started command. Only Linux has them.
 type Tree struct{}
 
 // Start returns an error: process trees are owned on Linux only.
-func Start(cmd *exec.Cmd, s Strategy) (*Tree, error) { return nil, errUnsupported }
+func Start(ctx context.Context, cmd *exec.Cmd, s Strategy) (*Tree, error) { return nil, errUnsupported }
 
 // Strategy returns the tree's strategy.
 func (t *Tree) Strategy() Strategy { return "" }
@@ -40,8 +43,20 @@ func (t *Tree) Stop(grace time.Duration) {}
 // Wait returns an error.
 func (t *Tree) Wait() error { return errUnsupported }
 
+// Unkilled returns nil.
+func (t *Tree) Unkilled() []int { return nil }
+
+// UnkilledRunning returns 0.
+func UnkilledRunning() int64 { return 0 }
+
 // Running returns an error: process trees are owned on Linux only.
 func Running() ([]Process, error) { return nil, errUnsupported }
+
+// ReapOrphans does nothing: process trees are owned on Linux only.
+func ReapOrphans() (Reaped, error) { return Reaped{}, nil }
+
+// ReapedTotal returns 0.
+func ReapedTotal() int64 { return 0 }
 
 // Close does nothing.
 func Close() {}

@@ -25,8 +25,10 @@
 package proctree
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -125,21 +127,56 @@ func Resolve(s Strategy) (Strategy, error) {
 	return "", fmt.Errorf("%q is not a process-tree strategy (use auto, cgroup or track)", s)
 }
 
-// Instance returns this process's marker instance: 12 random hex digits,
-// the same for the life of the process and different in every process, so
-// that two timebox processes (or two test binaries) never mistake each
-// other's subprocesses for their own.
+// Instance returns this process's marker instance, the same for the life
+// of the process and different in every process, so that two timebox
+// processes (or two test binaries) never mistake each other's
+// subprocesses for their own. On Linux it names its owner,
+// "<pid>.<start>.<pidns>" (the pid, its start time in clock ticks after
+// boot, and the inode of its pid namespace), so that the next timebox on
+// the machine can tell that the owner is gone and stop what it left
+// behind (ReapOrphans); where that cannot be read it is "r" and 12 random
+// hex digits, which no other process ever takes for a dead owner's.
 func Instance() string { return instance() }
 
 var instance = sync.OnceValue(func() string {
+	if id, ok := ownInstance(); ok {
+		return id
+	}
+	return randomInstance()
+})
+
+func randomInstance() string {
 	var b [6]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		// crypto/rand does not fail on Linux; the pid still separates
 		// processes alive at the same time.
 		return fmt.Sprintf("p%011x", os.Getpid())
 	}
-	return hex.EncodeToString(b[:])
-})
+	return "r" + hex.EncodeToString(b[:])
+}
+
+// Reaped is what ReapOrphans stopped.
+type Reaped struct {
+	// Processes is the number of processes it killed.
+	Processes int
+	// Owners are the pids of the gone timebox processes that left them.
+	Owners []int
+	// Unkilled is how many of them had not exited 5s after SIGKILL
+	// (uninterruptible sleep); they are counted in Processes too.
+	Unkilled int
+	// Cgroups is the number of stale cgroup directories it removed.
+	Cgroups int
+}
+
+// ErrNotStarted is wrapped, together with the context's cause, by the
+// error Start returns when its context was done before the process could
+// be started: the process was not started.
+var ErrNotStarted = errors.New("not started")
+
+// notStarted returns the error of a start that ctx ended first.
+func notStarted(ctx context.Context) error {
+	return fmt.Errorf("%w: %w", ErrNotStarted, context.Cause(ctx))
+}
 
 // calls numbers the calls of this process; the marker and the cgroup
 // directory of a call carry its number.

@@ -4,6 +4,7 @@ package proctree
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -96,6 +97,27 @@ func helper(mode string) int {
 				fmt.Println("ROOT-TERM")
 			}
 		}
+	case "own-tree":
+		// A timebox-like owner: starts "setsid-child" as a tree with the
+		// strategy named in TIMEBOX_PROCTREE, prints the root's pid and
+		// then the grandchild's, and waits to be killed.
+		cmd := exec.Command(self(), helperArg, "setsid-child")
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			return 1
+		}
+		tree, err := Start(context.Background(), cmd, Auto)
+		if err != nil {
+			fmt.Println("error", err)
+			return 1
+		}
+		fmt.Println(tree.PID())
+		sc := bufio.NewScanner(out)
+		if !sc.Scan() {
+			return 1
+		}
+		fmt.Println(sc.Text())
+		time.Sleep(time.Hour)
 	case "setsid-child", "leave-child":
 		c := exec.Command(self(), helperArg, "hang")
 		c.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -160,7 +182,7 @@ func start(t *testing.T, s Strategy, mode string) started {
 		t.Fatal(err)
 	}
 	cmd.Stdout = w
-	tree, err := Start(cmd, s)
+	tree, err := Start(t.Context(), cmd, s)
 	w.Close()
 	if err != nil {
 		r.Close()

@@ -1,9 +1,12 @@
 package proctree
 
 import (
+	"context"
 	"fmt"
 	"os/exec"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -26,24 +29,59 @@ type Tree struct {
 	mu      sync.Mutex
 	members map[int]*handle // every process held so far, by pid
 	gone    bool            // a check found no live member after the root exited
-	waited  bool
-	err     error
+	// unkilled are the processes still alive unkillableAfter after they
+	// were sent SIGKILL; the tree no longer waits for them.
+	unkilled []int
+	waited   bool
+	err      error
 }
+
+// unkillableAfter is how long a tree waits for its processes to exit once
+// they were all sent SIGKILL. A process cannot catch, block or survive
+// SIGKILL, and runs no code of its own once it is sent; but one in
+// uninterruptible sleep (state D: a hung network file system, a stuck
+// device, a frozen v1 cgroup) exits only when the kernel lets it go, which
+// may be never. Past this bound the tree counts such processes as stopped
+// (UnkilledRunning counts them until they exit), so that no call and no
+// turn waits on the kernel for ever. A thousand trees killed at once on a
+// loaded two-CPU machine are gone in about two seconds.
+var unkillableAfter = 5 * time.Second
+
+var unkilledRunning atomic.Int64
+
+// UnkilledRunning returns the number of processes of stopped trees that
+// were sent SIGKILL and had not exited unkillableAfter (5s) later, and
+// have not exited since: processes in uninterruptible sleep. They run no
+// code of their own any more; each is counted until it exits.
+func UnkilledRunning() int64 { return unkilledRunning.Load() }
 
 // Start starts cmd, which must not have been started, as the root of a new
 // tree owned with strategy s (see Resolve; Auto picks). It sets
 // cmd.SysProcAttr (a copy of the caller's, with Setpgid unless Setsid is
-// set, and the cgroup to start in) and cmd.Env (the marker TIMEBOX_CALL is
-// added; a nil Env becomes this process's environment first, as exec.Cmd
-// would have used).
+// set, Pdeathsig SIGKILL unless the caller set another, and the cgroup to
+// start in) and cmd.Env (the marker TIMEBOX_CALL is added; a nil Env
+// becomes this process's environment first, as exec.Cmd would have used).
+//
+// The root gets SIGKILL if this process dies without stopping it (killed
+// with SIGKILL, crashed); what the root started is stopped by the next
+// timebox process on the machine (ReapOrphans).
+//
+// If ctx is done before the process is started — checked right before the
+// fork, after any wait for the call's cgroup or for other starts — nothing
+// is started and the error wraps ErrNotStarted and context.Cause(ctx).
+// ctx has no effect once the process runs: stopping it is Stop's work.
 //
 // The caller must call Wait once the tree is done with, whatever happened:
 // it reaps the root and releases the tree's cgroup. It returns cmd.Start's
 // error, or an error from Resolve or from making the call's cgroup.
-func Start(cmd *exec.Cmd, s Strategy) (*Tree, error) {
+func Start(ctx context.Context, cmd *exec.Cmd, s Strategy) (*Tree, error) {
 	st, err := Resolve(s)
 	if err != nil {
 		return nil, err
+	}
+	reapAtFirstStart()
+	if ctx.Err() != nil {
+		return nil, notStarted(ctx)
 	}
 	n := calls.Add(1)
 	t := &Tree{cmd: cmd, strategy: st, n: n, marker: markerValue(n),
@@ -58,6 +96,9 @@ func Start(cmd *exec.Cmd, s Strategy) (*Tree, error) {
 		// and a terminal's Ctrl-C reaches timebox, not its tools.
 		attr.Setpgid, attr.Pgid = true, 0
 	}
+	if attr.Pdeathsig == 0 {
+		attr.Pdeathsig = syscall.SIGKILL
+	}
 	cmd.Env = withMarker(cmd.Env, t.marker)
 	if st == Cgroup {
 		host, _ := cgHost()
@@ -69,7 +110,7 @@ func Start(cmd *exec.Cmd, s Strategy) (*Tree, error) {
 		t.cg = cg
 	}
 	cmd.SysProcAttr = attr
-	if err := cmd.Start(); err != nil {
+	if err := starts.start(ctx, cmd); err != nil {
 		if t.cg != nil {
 			t.cg.release()
 		}
@@ -127,7 +168,7 @@ func (t *Tree) Exited() <-chan struct{} { return t.exited }
 func (t *Tree) Stop(grace time.Duration) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.waited || t.gone {
+	if t.waited || t.gone || t.unkilled != nil {
 		return
 	}
 	if grace > 0 {
@@ -144,6 +185,11 @@ func (t *Tree) Stop(grace time.Duration) {
 // process of it is alive, reaps the root and releases the tree's cgroup.
 // It returns the root's exit as cmd.Wait does (nil, *exec.ExitError, ...).
 // Calls after the first return the same.
+//
+// A process that has not exited unkillableAfter (5s) after it was sent
+// SIGKILL is not waited for (Unkilled lists it): the root is reaped and
+// the cgroup released in the background once it exits, and if it is the
+// root, Wait returns an error saying so.
 func (t *Tree) Wait() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -151,29 +197,88 @@ func (t *Tree) Wait() error {
 		return t.err
 	}
 	t.waited = true
-	if !t.gone && t.live() {
+	if !t.gone && t.unkilled == nil && t.live() {
 		t.kill()
 	}
-	select {
-	case <-t.exited:
-	default:
+	if !closed(t.exited) {
 		// Still alive after the whole tree was killed: the root left the
-		// tree (a privileged process can move itself out of its cgroup).
-		// It is our child, so its pid is ours to signal until reaped.
+		// tree (a privileged process can move itself out of its cgroup),
+		// or it is one of the unkilled. It is our child, so its pid is
+		// ours to signal until reaped.
 		unix.Kill(t.pid, unix.SIGKILL)
-		<-t.exited
+		wait := time.NewTimer(unkillableAfter)
+		select {
+		case <-t.exited:
+		case <-wait.C:
+		}
+		wait.Stop()
 	}
-	t.err = t.cmd.Wait()
-	for _, h := range t.members {
+	rootExited := closed(t.exited)
+	if !rootExited && !slices.Contains(t.unkilled, t.pid) {
+		t.unkilled = append(t.unkilled, t.pid)
+	}
+	members := t.members
+	t.members = nil
+	if len(t.unkilled) == 0 {
+		t.err = t.cmd.Wait()
+		t.finish(members)
+		return t.err
+	}
+	unkilledRunning.Add(int64(len(t.unkilled)))
+	if rootExited {
+		t.err = t.cmd.Wait()
+	} else {
+		t.err = fmt.Errorf("process %d did not exit within %s of SIGKILL (it is in uninterruptible sleep; it will exit when the kernel lets it go)",
+			t.pid, unkillableAfter)
+	}
+	go func() {
+		for _, h := range members {
+			h.wait(time.Time{})
+		}
+		if !rootExited {
+			<-t.exited
+			t.cmd.Wait()
+		}
+		if t.cg != nil {
+			// The last member has exited; the kernel's count follows.
+			pollUntil(time.Now().Add(time.Second), func() bool { return !t.cg.populated() })
+		}
+		t.finish(members)
+		unkilledRunning.Add(-int64(len(t.unkilled)))
+	}()
+	return t.err
+}
+
+// Unkilled returns the pids of the processes of the tree that were still
+// alive unkillableAfter (5s) after they were sent SIGKILL, when Stop or
+// Wait gave up waiting for them; nil when every process exited.
+func (t *Tree) Unkilled() []int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return slices.Clone(t.unkilled)
+}
+
+// finish closes the handles of a tree whose root was reaped, releases its
+// cgroup and its hold on the starter's thread.
+func (t *Tree) finish(members map[int]*handle) {
+	for _, h := range members {
 		h.close()
 	}
-	t.members = nil
 	if t.cg != nil {
 		t.cg.release()
 	} else {
 		trk.remove(t.pid)
 	}
-	return t.err
+	starts.release()
+}
+
+func closed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
 }
 
 // live reports whether any process of the tree is alive, cheaply for a
@@ -334,7 +439,8 @@ func (t *Tree) waitGone(deadline time.Time, sig unix.Signal) bool {
 }
 
 // kill sends SIGKILL to every process of the tree and waits until none is
-// alive.
+// alive, or until unkillableAfter has passed (see there), when it records
+// in t.unkilled the processes still alive.
 func (t *Tree) kill() {
 	if t.cg != nil {
 		// cgroup.kill reaches every process at once, including one in the
@@ -347,5 +453,14 @@ func (t *Tree) kill() {
 	for _, h := range t.members {
 		h.signal(unix.SIGKILL)
 	}
-	t.waitGone(time.Time{}, unix.SIGKILL)
+	if t.waitGone(time.Now().Add(unkillableAfter), unix.SIGKILL) {
+		return
+	}
+	t.unkilled = []int{}
+	for pid, h := range t.members {
+		if !h.exited() {
+			t.unkilled = append(t.unkilled, pid)
+		}
+	}
+	slices.Sort(t.unkilled)
 }

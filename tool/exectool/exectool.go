@@ -31,6 +31,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -143,7 +144,13 @@ type request struct {
 //     after the whole tree was stopped (SIGTERM; SIGKILL after
 //     budget.GraceFor(cause, c.KillGrace)) and every process of it is gone.
 //
-// In every case, when Call returns no process of the call is alive.
+// In every case, when Call returns no process of the call is alive, but
+// for one the kernel keeps in uninterruptible sleep after SIGKILL: Call
+// waits 5s for it, then returns and says so at the end of StderrTail.
+//
+// A call whose context is done before its process could be started (the
+// deadline passed while it waited for its turn to fork) starts nothing
+// and returns context.Cause(ctx).
 func (t *Tool) Call(ctx context.Context, c *tool.Call) (*tool.Result, error) {
 	if ctx.Err() != nil {
 		return nil, context.Cause(ctx)
@@ -165,10 +172,15 @@ func (t *Tool) Call(ctx context.Context, c *tool.Call) (*tool.Result, error) {
 		return nil, &tool.Error{Message: fmt.Sprintf("cannot start %s: %v", t.cfg.Argv[0], err)}
 	}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = p.childIn, p.childOut, p.childErr
-	tree, err := proctree.Start(cmd, t.cfg.ProcTree)
+	tree, err := proctree.Start(ctx, cmd, t.cfg.ProcTree)
 	p.closeChildEnds()
 	if err != nil {
 		p.closeParentEnds()
+		if errors.Is(err, proctree.ErrNotStarted) {
+			// The deadline (or a cancellation) came while the call waited
+			// to be started: it ends as stopped, having started nothing.
+			return nil, context.Cause(ctx)
+		}
 		return nil, &tool.Error{Message: startError(t.cfg.Argv[0], err)}
 	}
 
@@ -209,6 +221,9 @@ func (t *Tool) Call(ctx context.Context, c *tool.Call) (*tool.Result, error) {
 	p.err.Close()
 
 	res := &tool.Result{Output: out.bytes(), Truncated: out.truncated, StderrTail: log.tail()}
+	if pids := tree.Unkilled(); len(pids) > 0 {
+		res.StderrTail = unkilledNote(res.StderrTail, pids)
+	}
 	var code *int
 	if ps := cmd.ProcessState; ps != nil {
 		if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Exited() {
@@ -244,6 +259,26 @@ func (t *Tool) Call(ctx context.Context, c *tool.Call) (*tool.Result, error) {
 		msg = waitErr.Error()
 	}
 	return res, &tool.Error{Message: msg, ExitCode: code, StderrTail: res.StderrTail}
+}
+
+// OwnsProcesses marks the tool as one whose Call stops every process it
+// started before it returns (tool.ProcessOwner): the runner waits for a
+// stopped call instead of abandoning it.
+func (t *Tool) OwnsProcesses() {}
+
+// unkilledNote adds to a call's log tail the processes that were sent
+// SIGKILL and had not exited when the call gave up waiting for them.
+func unkilledNote(tail string, pids []int) string {
+	s := make([]string, len(pids))
+	for i, pid := range pids {
+		s[i] = strconv.Itoa(pid)
+	}
+	note := fmt.Sprintf("timebox: process %s did not exit after SIGKILL (uninterruptible sleep); it runs no more code and will exit when the kernel lets it go",
+		strings.Join(s, ", "))
+	if tail != "" && !strings.HasSuffix(tail, "\n") {
+		tail += "\n"
+	}
+	return tail + note
 }
 
 // request returns the stdin payload of call c.

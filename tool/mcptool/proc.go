@@ -1,6 +1,7 @@
 package mcptool
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -37,8 +38,9 @@ type proc struct {
 // startProc starts argv as the root of a new process tree. Pipes are made
 // here rather than by exec.Cmd so that the output stays readable after the
 // process is reaped: the server's last reply must not be lost to Wait
-// closing a pipe.
-func startProc(argv, env []string, dir string, log io.Writer) (*proc, error) {
+// closing a pipe. ctx bounds the wait to be started only: once the server
+// runs, it lives until stopped.
+func startProc(ctx context.Context, argv, env []string, dir string, log io.Writer) (*proc, error) {
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = env
 	cmd.Dir = dir
@@ -57,7 +59,7 @@ func startProc(argv, env []string, dir string, log io.Writer) (*proc, error) {
 		return nil, err
 	}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, errW
-	tree, err := proctree.Start(cmd, proctree.Auto)
+	tree, err := proctree.Start(ctx, cmd, proctree.Auto)
 	closeAll(inR, outW, errW)
 	if err != nil {
 		closeAll(inW, outR, errR)

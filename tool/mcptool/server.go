@@ -63,7 +63,7 @@ func (s *Server) dial(ctx context.Context) (*link, error) {
 			return nil, err
 		}
 	case len(s.cfg.Command) > 0:
-		p, err := startProc(s.cfg.Command, environ(s.cfg.Env), s.cfg.Dir, s.cfg.Stderr)
+		p, err := startProc(ctx, s.cfg.Command, environ(s.cfg.Env), s.cfg.Dir, s.cfg.Stderr)
 		if err != nil {
 			return nil, fmt.Errorf("starting MCP server %q (%s): %w", s.cfg.Name, strings.Join(s.cfg.Command, " "), err)
 		}
