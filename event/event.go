@@ -153,7 +153,8 @@ type StillWorking struct {
 }
 
 // ToolFinished closes a tool call with its record; Outcome says how it
-// ended (ok, error, timed_out, cancelled, abandoned).
+// ended (ok, error, timed_out, cancelled, abandoned, or interrupted when
+// the next start writes it for a call its dead process left running).
 type ToolFinished struct {
 	ToolCall
 	// TurnID shadows the record's own turn_id so the flat JSON form has the

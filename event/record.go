@@ -21,6 +21,11 @@ const (
 	// conversation over context.compact_at (compaction_finished and the
 	// compaction's model call record).
 	OutcomeInsufficient Outcome = "insufficient"
+	// OutcomeInterrupted is a call whose timebox process died (killed,
+	// crashed) before the call ended. Its record is written by the next
+	// process to open the store, from the call's events; its duration is
+	// a lower bound.
+	OutcomeInterrupted Outcome = "interrupted"
 )
 
 // ToolCall is the durable record of one tool call (spec §8).

@@ -8,6 +8,7 @@ import (
 
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/proctree"
 	"github.com/timebox-run/timebox/tool"
 )
 
@@ -25,6 +26,8 @@ type metrics struct {
 	storeErrors    *prometheus.CounterVec
 	turnsRunning   prometheus.GaugeFunc
 	abandonedCalls prometheus.GaugeFunc
+	reaped         prometheus.CounterFunc
+	unkilled       prometheus.GaugeFunc
 }
 
 func newMetrics(reg *prometheus.Registry, running func() float64) (*metrics, error) {
@@ -72,9 +75,17 @@ func newMetrics(reg *prometheus.Registry, running func() float64) (*metrics, err
 			Name: "timebox_abandoned_calls_running",
 			Help: "Abandoned cooperative tool calls whose code is still running in this process (tool.AbandonedRunning).",
 		}, func() float64 { return float64(tool.AbandonedRunning()) }),
+		reaped: prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "timebox_orphan_processes_reaped_total",
+			Help: "Tool processes left running by a timebox process that died (SIGKILL, crash), killed by this process at its start (proctree.ReapOrphans).",
+		}, func() float64 { return float64(proctree.ReapedTotal()) }),
+		unkilled: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "timebox_unkilled_processes",
+			Help: "Processes of stopped tool calls that were sent SIGKILL and have not exited 5s later (uninterruptible sleep), counted until they exit.",
+		}, func() float64 { return float64(proctree.UnkilledRunning()) }),
 	}
 	for _, c := range []prometheus.Collector{m.toolDuration, m.timeouts, m.overruns, m.turns, m.failovers,
-		m.delivered, m.deliveryDelay, m.storeErrors, m.turnsRunning, m.abandonedCalls} {
+		m.delivered, m.deliveryDelay, m.storeErrors, m.turnsRunning, m.abandonedCalls, m.reaped, m.unkilled} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

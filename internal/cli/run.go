@@ -116,6 +116,7 @@ func cmdRun(ctx context.Context, args []string, o IO) int {
 	if !ok {
 		return ExitUsage
 	}
+	reapOrphans(o)
 	ctx, stop := interrupts(ctx, o)
 	defer stop()
 	var recording *script.Recording

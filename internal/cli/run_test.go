@@ -206,13 +206,7 @@ func TestRecordThenReplay(t *testing.T) {
 // checks the exit code, the message, and that no process of the call is
 // left.
 func TestCtrlC(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the binary")
-	}
-	bin := filepath.Join(t.TempDir(), "timebox")
-	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/timebox").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
+	bin := timeboxBinary(t)
 	dir := t.TempDir()
 	pidfile := filepath.Join(dir, "pids")
 	os.WriteFile(filepath.Join(dir, "hang.sh"), []byte("#!/usr/bin/env bash\ncat >/dev/null\ntrap '' TERM\nsetsid sleep 300 &\necho $! >> "+pidfile+"\necho $$ >> "+pidfile+"\nwhile true; do sleep 1; done\n"), 0o755)

@@ -258,6 +258,9 @@ func callNotes(c event.ToolCall) string {
 	if c.Abandoned {
 		n = append(n, "abandoned")
 	}
+	if c.Outcome == event.OutcomeInterrupted {
+		n = append(n, "took at least this: timebox stopped before the call ended")
+	}
 	if c.LateResult {
 		n = append(n, "late result")
 	}

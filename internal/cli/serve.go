@@ -9,12 +9,14 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
 
 	"github.com/timebox-run/timebox"
 	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/proctree"
 	"github.com/timebox-run/timebox/server"
 	"github.com/timebox-run/timebox/store"
 )
@@ -92,6 +94,7 @@ func cmdServe(ctx context.Context, args []string, o IO) int {
 	if !ok {
 		return ExitUsage
 	}
+	reapOrphans(o)
 
 	st, err := openStore(db, true, o)
 	if err != nil {
@@ -135,13 +138,14 @@ func cmdServe(ctx context.Context, args []string, o IO) int {
 	if name == "" {
 		name = c.file
 	}
+	// The signals are caught before the address is printed: whoever reads
+	// it may stop the server at once, and must get a graceful stop.
+	ctx, stop := shutdownSignals(ctx, s, cfg.Server.ShutdownGrace.String(), o)
+	defer stop()
 	fmt.Fprintf(o.Out, "timebox serving %s on http://%s (store: %s)\n", name, ln.Addr(), where)
 	if token == "" {
 		fmt.Fprintln(o.Out, "no token: only this machine can reach it (set --token or TIMEBOX_TOKEN to serve others)")
 	}
-
-	ctx, stop := shutdownSignals(ctx, s, cfg.Server.ShutdownGrace.String(), o)
-	defer stop()
 	if err := s.Serve(ctx, ln); err != nil {
 		fmt.Fprintln(o.Err, "timebox serve:", err)
 		return ExitFailed
@@ -183,6 +187,32 @@ func shutdownSignals(ctx context.Context, s *server.Server, grace string, o IO) 
 		close(done)
 		cancel()
 	}
+}
+
+// reapOrphans stops the tool processes that a timebox process which died
+// (SIGKILL, a crash) left running, before this one runs anything, and says
+// how many on stderr. Their turns are marked interrupted when the store
+// opens.
+func reapOrphans(o IO) {
+	r, err := proctree.ReapOrphans()
+	if err != nil {
+		fmt.Fprintf(o.Err, "timebox: looking for tool processes a stopped timebox left running: %v\n", err)
+	}
+	if r.Processes == 0 {
+		return
+	}
+	pids := make([]string, len(r.Owners))
+	for i, p := range r.Owners {
+		pids[i] = strconv.Itoa(p)
+	}
+	msg := fmt.Sprintf("timebox: stopped %d tool process%s left running by timebox (pid %s), which stopped without stopping %s",
+		r.Processes, map[bool]string{true: "", false: "es"}[r.Processes == 1], strings.Join(pids, ", "),
+		map[bool]string{true: "it", false: "them"}[r.Processes == 1])
+	if r.Unkilled > 0 {
+		msg += fmt.Sprintf("; %d had not exited 5s after SIGKILL (uninterruptible sleep) and will when the kernel lets %s go",
+			r.Unkilled, map[bool]string{true: "it", false: "them"}[r.Unkilled == 1])
+	}
+	fmt.Fprintln(o.Err, msg)
 }
 
 // openStore opens the store at path; "" is an in-memory store when

@@ -122,6 +122,7 @@ func cmdToolCall(ctx context.Context, args []string, o IO) int {
 	if !ok {
 		return ExitUsage
 	}
+	reapOrphans(o)
 	ctx, stop := interrupts(ctx, o)
 	defer stop()
 	a, err := timebox.Build(ctx, cfg, timebox.Options{Getenv: o.getenv})

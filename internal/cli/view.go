@@ -202,6 +202,8 @@ func (v *view) finishedLine(r *event.ToolCall) string {
 		return fmt.Sprintf("%s %s %s  timed out and would not stop: abandoned%s", v.c(red, "⏱"), name, took, extra)
 	case event.OutcomeCancelled:
 		return fmt.Sprintf("%s %s %s  stopped (%s)", v.c(yellow, "⊘"), name, took, r.Phase)
+	case event.OutcomeInterrupted:
+		return fmt.Sprintf("%s %s at least %s  interrupted: timebox stopped before it ended", v.c(yellow, "⊘"), name, took)
 	}
 	reason := firstLine(errorMessage(r.Result))
 	return fmt.Sprintf("%s %s %s  error: %s", v.c(red, "✗"), name, took, reason)

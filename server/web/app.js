@@ -256,6 +256,7 @@ function outcomeText(r) {
       if (r.phase === 'tool') return `timed out at its ${fmtLimit(r.timeout_ms)} timeout`;
       return `stopped by the ${r.phase} budget`;
     case 'abandoned': return 'abandoned: it did not stop when asked';
+    case 'interrupted': return 'interrupted: timebox stopped before it ended';
     case 'cancelled': return r.phase === 'turn' ? 'stopped with the turn' : 'cancelled';
     case 'error': return 'error' + (r.exit_code !== null && r.exit_code !== undefined ? ` (exit ${r.exit_code})` : '');
     default: return r.outcome || '';

@@ -162,11 +162,12 @@ func interruptTurn(ctx context.Context, tx *sql.Tx, id, why string) error {
 		return err
 	}
 	var (
-		last    int64
-		lastAt  = rec.StartedAt
-		running = map[string]string{} // call_id → tool
-		model   string                // a model call under way
-		text    strings.Builder       // the reply of the last model call
+		last     int64
+		lastAt   = rec.StartedAt
+		running  = map[string]*runningCall{} // by call_id
+		progress = map[string]int{}          // progress reports by call_id
+		model    string                      // a model call under way
+		text     strings.Builder             // the reply of the last model call
 	)
 	for rows.Next() {
 		var b []byte
@@ -188,7 +189,9 @@ func interruptTurn(ctx context.Context, tx *sql.Tx, id, why string) error {
 		case *event.LLMFinished:
 			model = ""
 		case *event.ToolStarted:
-			running[d.CallID] = d.Tool
+			running[d.CallID] = &runningCall{started: d, at: e.At}
+		case *event.ToolProgress:
+			progress[d.CallID]++
 		case *event.ToolFinished:
 			delete(running, d.CallID)
 		}
@@ -196,6 +199,33 @@ func interruptTurn(ctx context.Context, tx *sql.Tx, id, why string) error {
 	rows.Close()
 	if err := rows.Err(); err != nil {
 		return err
+	}
+	// The calls that were running get their record, and their log the
+	// tool_finished the process never wrote, so that every tool_started
+	// has its end: outcome interrupted, ended at the last event stored,
+	// which is all that is known (the duration is a lower bound).
+	calls := make([]*runningCall, 0, len(running))
+	for _, c := range running {
+		calls = append(calls, c)
+	}
+	sort.Slice(calls, func(i, j int) bool { return calls[i].at.Before(calls[j].at) })
+	tools := make([]string, 0, len(calls))
+	seq := last
+	for _, c := range calls {
+		tc := c.record(id, lastAt, progress[c.started.CallID], why)
+		if err := putToolCall(ctx, tx, tc); err != nil {
+			return err
+		}
+		seq++
+		tf := event.Event{Seq: seq, TurnID: id, Type: event.TypeToolFinished, At: time.Now().UTC(), Data: &event.ToolFinished{ToolCall: tc}}
+		b, err := json.Marshal(tf)
+		if err != nil {
+			return err
+		}
+		if _, err := insertEvent(ctx, tx, id, tf.Seq, tf.Type, tf.At, b); err != nil {
+			return err
+		}
+		tools = append(tools, c.started.Tool)
 	}
 	var toolCalls int
 	if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM tool_calls WHERE turn_id = ?`, id).Scan(&toolCalls); err != nil {
@@ -212,7 +242,7 @@ func interruptTurn(ctx context.Context, tx *sql.Tx, id, why string) error {
 	if model == "" {
 		rec.Answer = ""
 	}
-	rec.Message = interruptMessage(why, lastAt.Sub(rec.StartedAt), last, running, model)
+	rec.Message = interruptMessage(why, lastAt.Sub(rec.StartedAt), last, tools, model)
 	final, err := finalRecord(&rec)
 	if err != nil {
 		return err
@@ -222,7 +252,7 @@ func interruptTurn(ctx context.Context, tx *sql.Tx, id, why string) error {
 		rec.Steps, final, id); err != nil {
 		return err
 	}
-	tf := event.Event{Seq: last + 1, TurnID: id, Type: event.TypeTurnFinished, At: time.Now().UTC(),
+	tf := event.Event{Seq: seq + 1, TurnID: id, Type: event.TypeTurnFinished, At: time.Now().UTC(),
 		Data: &event.TurnFinished{Status: rec.Status, StopReason: rec.StopReason, Message: rec.Message, Answer: rec.Answer,
 			Totals: event.Totals{Steps: rec.Steps, ToolCalls: toolCalls, WallMS: rec.WallMS}}}
 	b, err := json.Marshal(tf)
@@ -233,26 +263,45 @@ func interruptTurn(ctx context.Context, tx *sql.Tx, id, why string) error {
 	return err
 }
 
+// runningCall is a tool call a turn's log shows started and not finished.
+type runningCall struct {
+	started *event.ToolStarted
+	at      time.Time
+}
+
+// record returns the record of a call that was running when its process
+// stopped: outcome interrupted, ended at the turn's last event.
+func (c *runningCall) record(turnID string, lastAt time.Time, progress int, why string) event.ToolCall {
+	d := c.started
+	end := lastAt
+	if end.Before(c.at) {
+		end = c.at
+	}
+	return event.ToolCall{CallID: d.CallID, TurnID: turnID, Step: d.Step, Tool: d.Tool, Kind: d.Kind, Arguments: d.Arguments,
+		StartedAt: c.at, EndedAt: end, DurationMS: end.Sub(c.at).Milliseconds(), TimeoutMS: d.TimeoutMS,
+		TimeoutSource: d.Source, IdleTimeoutMS: d.IdleTimeoutMS, Enforcement: d.Enforcement,
+		Outcome: event.OutcomeInterrupted, ProgressCount: progress,
+		Result: fmt.Sprintf("Interrupted: %s while this call was running, at least %s after it started. Its result is unknown.",
+			why, budget.Round(end.Sub(c.at)))}
+}
+
 // interruptMessage says what happened to an interrupted turn and what was
-// running at the time, for the person who asked.
-func interruptMessage(why string, ran time.Duration, events int64, running map[string]string, model string) string {
+// running at the time, for the person who asked. How long the turn ran is
+// known only up to its last stored event, so it says "at least".
+func interruptMessage(why string, ran time.Duration, events int64, tools []string, model string) string {
 	var doing string
 	switch {
-	case len(running) > 0:
-		tools := make([]string, 0, len(running))
-		for _, t := range running {
-			tools = append(tools, t)
-		}
+	case len(tools) > 0:
 		sort.Strings(tools)
 		if len(tools) == 1 {
-			doing = fmt.Sprintf(" Tool %s was running.", tools[0])
+			doing = fmt.Sprintf(" Tool %s was running; its call is recorded as interrupted.", tools[0])
 		} else {
-			doing = fmt.Sprintf(" Tools %s were running.", strings.Join(tools, ", "))
+			doing = fmt.Sprintf(" Tools %s were running; their calls are recorded as interrupted.", strings.Join(tools, ", "))
 		}
 	case model != "":
 		doing = fmt.Sprintf(" Model %s was answering.", model)
 	}
-	return fmt.Sprintf("Interrupted: %s before the turn ended, %s after it started.%s Everything it emitted until then is kept (%d event%s). Send the message again to retry.",
+	return fmt.Sprintf("Interrupted: %s before the turn ended, at least %s after it started (its last stored event; the real end is unknown).%s Everything it emitted until then is kept (%d event%s). Send the message again to retry.",
 		why, budget.Round(ran), doing, events, plural(events))
 }
 

@@ -129,9 +129,11 @@ func checkInterrupted(t *testing.T, s store.Store, id string, emitted, kept int,
 	if err != nil {
 		t.Fatal(err)
 	}
-	stored := len(evs) - 1 // without the turn_finished the recovery adds
+	// Without the tool_finished of the running call and the turn_finished
+	// the recovery adds.
+	stored := len(evs) - 2
 	if stored < kept || stored > emitted {
-		t.Fatalf("%d events stored, want %d to %d (+1 turn_finished)", stored, kept, emitted)
+		t.Fatalf("%d events stored, want %d to %d (+1 tool_finished, +1 turn_finished)", stored, kept, emitted)
 	}
 	t.Logf("%d of %d events stored", stored, emitted)
 	ctx := context.Background()
@@ -142,13 +144,35 @@ func checkInterrupted(t *testing.T, s store.Store, id string, emitted, kept int,
 	if rec.Status != budget.StatusInterrupted || rec.StopReason != budget.Interrupted {
 		t.Fatalf("status %s, stop reason %s", rec.Status, rec.StopReason)
 	}
-	for _, want := range []string{why, "Tool crawl was running", fmt.Sprintf("(%d events)", stored)} {
+	for _, want := range []string{why, "Tool crawl was running", "recorded as interrupted", "at least ", fmt.Sprintf("(%d events)", stored)} {
 		if !strings.Contains(rec.Message, want) {
 			t.Errorf("message %q lacks %q", rec.Message, want)
 		}
 	}
-	if len(rec.ToolCalls) != 1 || rec.ToolCalls[0].Tool != "word_count" || len(rec.ModelCalls) != 1 || rec.Steps != 1 {
-		t.Errorf("records kept: %+v %+v", rec.ToolCalls, rec.ModelCalls)
+	if len(rec.ToolCalls) != 2 || len(rec.ModelCalls) != 1 || rec.Steps != 1 {
+		t.Fatalf("records kept: %+v %+v", rec.ToolCalls, rec.ModelCalls)
+	}
+	// The call that was running gets a record saying it was interrupted,
+	// from its events.
+	progress := 0
+	for _, e := range evs {
+		if _, ok := e.Data.(*event.ToolProgress); ok {
+			progress++
+		}
+	}
+	var crawl event.ToolCall
+	for _, tc := range rec.ToolCalls {
+		if tc.Tool == "crawl" {
+			crawl = tc
+		}
+	}
+	if crawl.CallID != "call_1_2" || crawl.Outcome != event.OutcomeInterrupted || crawl.TimeoutMS != 10000 ||
+		crawl.ProgressCount != progress || crawl.StartedAt.IsZero() || crawl.EndedAt.Before(crawl.StartedAt) ||
+		!strings.Contains(crawl.Result, "at least") {
+		t.Errorf("the running call's record: %+v", crawl)
+	}
+	if tf, ok := evs[len(evs)-2].Data.(*event.ToolFinished); !ok || tf.CallID != "call_1_2" || tf.Outcome != event.OutcomeInterrupted {
+		t.Errorf("the running call's log does not end with tool_finished: %+v", evs[len(evs)-2])
 	}
 	for i, e := range evs {
 		if e.Seq != int64(i+1) {
@@ -156,7 +180,7 @@ func checkInterrupted(t *testing.T, s store.Store, id string, emitted, kept int,
 		}
 	}
 	tf, ok := evs[len(evs)-1].Data.(*event.TurnFinished)
-	if !ok || tf.Status != budget.StatusInterrupted || tf.Message != rec.Message || tf.Totals.ToolCalls != 1 {
+	if !ok || tf.Status != budget.StatusInterrupted || tf.Message != rec.Message || tf.Totals.ToolCalls != 2 {
 		t.Fatalf("last event %+v", evs[len(evs)-1])
 	}
 	list, err := s.Turns(ctx, store.Filter{Status: budget.StatusInterrupted})
