@@ -34,6 +34,10 @@ func TestStartChecksTheContextRightBeforeTheFork(t *testing.T) {
 			defer starts.hook.Store(nil)
 			cmd := exec.Command(self(), helperArg, "hang")
 			tree, err := Start(ctx, cmd, s)
+			if tree != nil {
+				tree.Stop(0)
+				tree.Wait()
+			}
 			if !errors.Is(err, ErrNotStarted) || !errors.Is(err, errLate) || tree != nil || cmd.Process != nil {
 				t.Fatalf("Start = %v, %v (process %v); want ErrNotStarted with the cause, and nothing started", tree, err, cmd.Process)
 			}
@@ -60,7 +64,7 @@ func TestStartChecksTheContextRightBeforeTheFork(t *testing.T) {
 			}()
 			<-entered
 			// Never deadlock: the first start goes on after 3s anyway.
-			unblock := time.AfterFunc(3*time.Second, func() { once.Do(func() {}); closeOnce(release) })
+			unblock := time.AfterFunc(3*time.Second, func() { closeOnce(release) })
 			defer unblock.Stop()
 			ctx, cancel := context.WithCancelCause(t.Context())
 			go func() {
@@ -70,6 +74,10 @@ func TestStartChecksTheContextRightBeforeTheFork(t *testing.T) {
 			cmd := exec.Command(self(), helperArg, "hang")
 			t0 := time.Now()
 			tree, err := Start(ctx, cmd, s)
+			if tree != nil {
+				tree.Stop(0)
+				tree.Wait()
+			}
 			if !errors.Is(err, ErrNotStarted) || !errors.Is(err, errLate) || tree != nil || cmd.Process != nil {
 				t.Errorf("Start = %v, %v; want ErrNotStarted with the cause, and nothing started", tree, err)
 			}
