@@ -2,6 +2,7 @@ package proctree
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -51,6 +52,8 @@ type cgroupHost struct {
 	// before. The pool keeps up to the larger of the two.
 	peak, lastPeak int
 	window         time.Time
+
+	making chan struct{} // a token per cgroup being made (see makers)
 }
 
 // idleLinger is how long idle call cgroups and their parent are kept after
@@ -95,7 +98,8 @@ func detectCgroup() (*cgroupHost, error) {
 		return nil, fmt.Errorf("this process's cgroup %s is not under any cgroup2 mount", own)
 	}
 	name := parentPrefix + Instance()
-	h := &cgroupHost{base: base, rel: own, parent: filepath.Join(base, name), parentRel: path.Join(own, name)}
+	h := &cgroupHost{base: base, rel: own, parent: filepath.Join(base, name), parentRel: path.Join(own, name),
+		making: make(chan struct{}, makers)}
 	if err := h.probe(); err != nil {
 		return nil, err
 	}
@@ -109,7 +113,7 @@ func detectCgroup() (*cgroupHost, error) {
 // profile, EBUSY) means children cannot be started in our cgroups, and we
 // learn it now rather than on a tool call.
 func (h *cgroupHost) probe() error {
-	c, err := h.newCall(0)
+	c, err := h.newCall(context.Background(), 0)
 	if err != nil {
 		return err
 	}
@@ -133,9 +137,17 @@ type callCgroup struct {
 	killed bool
 }
 
+// makers bounds how many call cgroups are being made at once. The kernel
+// makes them one at a time (under its cgroup mutex) and each takes a few
+// milliseconds on a loaded machine; a burst of a thousand calls waits for
+// its turn here, where the wait ends with ctx, rather than in mkdir, where
+// it cannot.
+const makers = 4
+
 // newCall returns an empty cgroup for call n: an idle one, or a new
-// directory named after the call.
-func (h *cgroupHost) newCall(n uint64) (*callCgroup, error) {
+// directory named after the call. If it has to make one and ctx is done
+// while it waits for its turn, it returns an error wrapping ErrNotStarted.
+func (h *cgroupHost) newCall(ctx context.Context, n uint64) (*callCgroup, error) {
 	h.mu.Lock()
 	if h.linger != nil {
 		h.linger.Stop()
@@ -154,6 +166,16 @@ func (h *cgroupHost) newCall(n uint64) (*callCgroup, error) {
 	h.made = true
 	h.mu.Unlock()
 
+	select {
+	case h.making <- struct{}{}:
+	case <-ctx.Done():
+		h.mu.Lock()
+		h.active--
+		h.idleLocked()
+		h.mu.Unlock()
+		return nil, notStarted(ctx)
+	}
+	defer func() { <-h.making }()
 	name := "call-" + strconv.FormatUint(n, 10)
 	c := &callCgroup{host: h, dir: filepath.Join(h.parent, name), rel: path.Join(h.parentRel, name), fd: -1}
 	err := os.Mkdir(c.dir, 0o755)

@@ -2,6 +2,7 @@ package proctree
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os/exec"
 	"slices"
@@ -102,7 +103,10 @@ func Start(ctx context.Context, cmd *exec.Cmd, s Strategy) (*Tree, error) {
 	cmd.Env = withMarker(cmd.Env, t.marker)
 	if st == Cgroup {
 		host, _ := cgHost()
-		cg, err := host.newCall(n)
+		cg, err := host.newCall(ctx, n)
+		if errors.Is(err, ErrNotStarted) {
+			return nil, err
+		}
 		if err != nil {
 			return nil, fmt.Errorf("making the call's cgroup: %w", err)
 		}

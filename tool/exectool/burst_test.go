@@ -78,14 +78,24 @@ func TestBurstOfHungHardCalls(t *testing.T) {
 		close(gate)
 		wg.Wait()
 		wall := time.Since(start)
+		// Every call has returned: a process still alive now outlived its
+		// call, however soon it would go (an abandoned call's process, which
+		// a CLI exiting now would leave to init).
+		atReturn, err := proctree.Running()
+		if err != nil {
+			t.Fatal(err)
+		}
 		left := proctest.Leaks(5 * time.Second)
 		slices.Sort(late)
 		p99 := late[int(0.99*float64(len(late)-1))]
-		t.Logf("%d calls (%d started): outcomes %v, abandoned %d, survivors %d, wall %s, past the deadline p50 %s p99 %s max %s",
-			calls, started, outcomes, abandoned, len(left), wall.Round(time.Millisecond),
+		t.Logf("%d calls (%d started): outcomes %v, abandoned %d, alive when the calls had returned %d, survivors after 5s %d, wall %s, past the deadline p50 %s p99 %s max %s",
+			calls, started, outcomes, abandoned, len(atReturn), len(left), wall.Round(time.Millisecond),
 			late[len(late)/2].Round(time.Millisecond), p99.Round(time.Millisecond), late[len(late)-1].Round(time.Millisecond))
 		if outcomes[event.OutcomeTimedOut] != calls || abandoned != 0 {
 			t.Errorf("outcomes %v, %d abandoned; want %d timed_out", outcomes, abandoned, calls)
+		}
+		if len(atReturn) > 0 {
+			t.Errorf("%d processes were alive when their calls had returned, first %s", len(atReturn), atReturn[0])
 		}
 		if len(left) > 0 {
 			t.Errorf("%d processes survived, first %s", len(left), left[0])
