@@ -7,7 +7,7 @@
 // Two strategies do the owning (see docs/decisions/process-tree.md):
 //
 //   - Cgroup: each call runs in its own cgroup v2 directory, created under
-//     a per-process parent (<own cgroup>/timebox-<pid>/call-<n>); the child
+//     a per-process parent (<own cgroup>/timebox-<instance>/call-<n>); the child
 //     is started directly inside it (clone3 with CLONE_INTO_CGROUP), so
 //     nothing it starts can be missed. Stopping reads cgroup.procs and
 //     forcing writes cgroup.kill.
@@ -19,7 +19,9 @@
 //     environment and also leaves the process group is not found.
 //
 // Both strategies set the marker, so a leak check (internal/proctest) works
-// the same under either. Both put the child in a new process group, so a
+// the same under either. Both start the root with a parent-death signal
+// (SIGKILL), so that it dies with timebox, and ReapOrphans stops, at the
+// next start, whatever else a timebox that died left running. Both put the child in a new process group, so a
 // terminal's Ctrl-C reaches timebox alone, which then stops its tools the
 // way the spec says.
 package proctree
