@@ -37,7 +37,7 @@ func (s *Server) playAnthropic(w http.ResponseWriter, r *http.Request, rep Reply
 	send := func(typ string, v map[string]any) {
 		v["type"] = typ
 		b, _ := json.Marshal(v)
-		fmt.Fprintf(w, "event: %s\ndata: %s\n\n", typ, b)
+		s.write(w, r, rep, fmt.Sprintf("event: %s\ndata: %s\n\n", typ, b), flush)
 	}
 	index, open, kind := -1, false, ""
 	closeBlock := func() {
@@ -47,7 +47,7 @@ func (s *Server) playAnthropic(w http.ResponseWriter, r *http.Request, rep Reply
 		}
 	}
 	hasTools := false
-	for i, c := range rep.Chunks {
+	for i, c := range s.sequence(r, rep) {
 		if rep.Stall && i >= rep.StallAfter {
 			flush()
 			s.hold(r)
@@ -87,6 +87,9 @@ func (s *Server) playAnthropic(w http.ResponseWriter, r *http.Request, rep Reply
 		}
 		flush()
 	}
+	if rep.Repeat {
+		return // the client went away
+	}
 	if rep.Stall {
 		flush()
 		s.hold(r)
@@ -115,6 +118,9 @@ func (s *Server) playAnthropic(w http.ResponseWriter, r *http.Request, rep Reply
 	stop := "end_turn"
 	if hasTools {
 		stop = "tool_use"
+	}
+	if rep.FinishReason != "" {
+		stop = rep.FinishReason
 	}
 	send("message_delta", map[string]any{"delta": map[string]any{"stop_reason": stop, "stop_sequence": nil},
 		"usage": map[string]any{"output_tokens": 15}})

@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"iter"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -43,6 +44,21 @@ type Reply struct {
 	FirstDelay time.Duration
 	// Chunks are streamed in order.
 	Chunks []Chunk
+	// Repeat streams the last of Chunks again and again, without end,
+	// until the client or the server goes away: a model that never stops
+	// streaming. A trickle is a Repeat of a small chunk with a Delay; an
+	// endless tool call is a fragment with the call's ID and Name followed
+	// by an argument fragment to repeat.
+	Repeat bool
+	// FinishReason, when set, is the finish reason sent at the end of the
+	// stream (OpenAI finish_reason, Anthropic stop_reason) in place of the
+	// natural one: "length" or "max_tokens" for a reply cut at the token
+	// limit.
+	FinishReason string
+	// ByteDelay writes each chunk's event one byte at a time with this
+	// delay between bytes: a stream that trickles bytes without ever
+	// completing an event quickly.
+	ByteDelay time.Duration
 	// Stall stops the stream after StallAfter chunks (0: before the
 	// first) and holds the connection open until the client goes away.
 	Stall      bool
@@ -279,7 +295,8 @@ func (s *Server) play(w http.ResponseWriter, r *http.Request, rep Reply) {
 		return
 	}
 	hasTools := false
-	for i, c := range rep.Chunks {
+	rendered := make([]string, len(rep.Chunks)) // a Repeat renders each chunk once
+	for i, c := range s.sequence(r, rep) {
 		if rep.Stall && i >= rep.StallAfter {
 			s.hold(r)
 			return
@@ -288,8 +305,17 @@ func (s *Server) play(w http.ResponseWriter, r *http.Request, rep Reply) {
 			return
 		}
 		hasTools = hasTools || c.Tool != nil
-		fmt.Fprintf(w, "data: %s\n\n", openAIChunk(c, ""))
+		k := min(i, len(rep.Chunks)-1)
+		if rendered[k] == "" {
+			rendered[k] = "data: " + openAIChunk(c, "") + "\n\n"
+		}
+		if !s.write(w, r, rep, rendered[k], flush) {
+			return
+		}
 		flush()
+	}
+	if rep.Repeat {
+		return // the client went away
 	}
 	if rep.Stall {
 		s.hold(r)
@@ -307,9 +333,57 @@ func (s *Server) play(w http.ResponseWriter, r *http.Request, rep Reply) {
 	if hasTools {
 		finish = "tool_calls"
 	}
+	if rep.FinishReason != "" {
+		finish = rep.FinishReason
+	}
 	fmt.Fprintf(w, "data: %s\n\n", openAIChunk(Chunk{}, finish))
 	io.WriteString(w, "data: [DONE]\n\n")
 	flush()
+}
+
+// write writes one event, a byte at a time when rep trickles, and reports
+// whether the client is still there.
+func (s *Server) write(w io.Writer, r *http.Request, rep Reply, ev string, flush func()) bool {
+	if rep.ByteDelay <= 0 {
+		_, err := io.WriteString(w, ev)
+		return err == nil
+	}
+	for i := range len(ev) {
+		if _, err := io.WriteString(w, ev[i:i+1]); err != nil {
+			return false
+		}
+		flush()
+		if !s.wait(r, rep.ByteDelay) {
+			return false
+		}
+	}
+	return true
+}
+
+// sequence yields rep's chunks with their place in the stream; with Repeat
+// it then yields the last one again and again until the client or the
+// server goes away.
+func (s *Server) sequence(r *http.Request, rep Reply) iter.Seq2[int, Chunk] {
+	return func(yield func(int, Chunk) bool) {
+		n := len(rep.Chunks)
+		for i := 0; n > 0 && (i < n || rep.Repeat); i++ {
+			if rep.Repeat && (r.Context().Err() != nil || s.isClosed()) {
+				return
+			}
+			if !yield(i, rep.Chunks[min(i, n-1)]) {
+				return
+			}
+		}
+	}
+}
+
+func (s *Server) isClosed() bool {
+	select {
+	case <-s.closed:
+		return true
+	default:
+		return false
+	}
 }
 
 // openAIChunk renders one chat.completion.chunk.
