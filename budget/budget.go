@@ -115,6 +115,7 @@ type Limits struct {
 	ParallelTools Count `json:"parallel_tools"`  // tool calls of one batch at once (4)
 	MaxToolOutput Count `json:"max_tool_output"` // bytes of one tool result kept (1 MiB)
 	IdleBreaker   Count `json:"idle_breaker"`    // consecutive llm_idle timeouts (3)
+	MaxReply      Count `json:"max_reply"`       // bytes of one model reply: text plus tool calls (1 MiB)
 }
 
 // Key names of the process-wide budgets, as written in the agent file.
@@ -134,6 +135,7 @@ const (
 	KeyParallelTools  = "limits.parallel_tools"
 	KeyMaxToolOutput  = "limits.max_tool_output"
 	KeyIdleBreaker    = "limits.idle_breaker"
+	KeyMaxReply       = "limits.max_reply"
 )
 
 func def(d time.Duration, key string) Duration {
@@ -169,6 +171,7 @@ func DefaultLimits() Limits {
 		ParallelTools: defCount(4, KeyParallelTools),
 		MaxToolOutput: defCount(1<<20, KeyMaxToolOutput),
 		IdleBreaker:   defCount(3, KeyIdleBreaker),
+		MaxReply:      defCount(1<<20, KeyMaxReply),
 	}
 }
 

@@ -46,16 +46,22 @@ func TestCause(t *testing.T) {
 	if got := budget.Cause(ctx2); got != te || !errors.Is(got, context.DeadlineExceeded) {
 		t.Fatalf("typed cause lost: %v", got)
 	}
+	re := &budget.ReplyTooLongError{Limit: 1 << 20, Knob: budget.KeyMaxReply}
+	ctx3, cancel3 := context.WithCancelCause(context.Background())
+	cancel3(re)
+	if got := budget.Cause(ctx3); got != re {
+		t.Fatalf("reply cap cause lost: %v", got)
+	}
 }
 
 func TestPhasesThatRotate(t *testing.T) {
-	for _, p := range []budget.Phase{budget.PhaseLLMFirstChunk, budget.PhaseLLMIdle, budget.PhaseLLMHTTP} {
+	for _, p := range []budget.Phase{budget.PhaseLLMFirstChunk, budget.PhaseLLMIdle, budget.PhaseLLMHTTP, budget.PhaseLLMEmpty} {
 		if !p.IsLLM() {
 			t.Errorf("%s should rotate", p)
 		}
 	}
 	for _, p := range []budget.Phase{budget.PhaseTool, budget.PhaseToolIdle, budget.PhaseStep, budget.PhaseTurn,
-		budget.PhaseCompaction, budget.PhaseCancel, budget.PhaseLLMBudget} {
+		budget.PhaseCompaction, budget.PhaseCancel, budget.PhaseLLMBudget, budget.PhaseLLMReplyCap} {
 		if p.IsLLM() {
 			t.Errorf("%s must never rotate credentials or models", p)
 		}
@@ -66,7 +72,7 @@ func TestStatusOfStopReasons(t *testing.T) {
 	want := map[budget.StopReason]budget.Status{
 		budget.Answered: budget.StatusCompleted, budget.TurnTimeout: budget.StatusStopped, budget.NoProgress: budget.StatusStopped,
 		budget.LLMBudgetExhausted: budget.StatusStopped, budget.MaxSteps: budget.StatusStopped, budget.MaxToolCalls: budget.StatusStopped,
-		budget.ModelUnresponsive: budget.StatusStopped, budget.ModelUnavailable: budget.StatusFailed, budget.ModelRejected: budget.StatusFailed,
+		budget.ModelUnresponsive: budget.StatusStopped, budget.ReplyTooLong: budget.StatusStopped, budget.ModelUnavailable: budget.StatusFailed, budget.ModelRejected: budget.StatusFailed,
 		budget.Cancelled: budget.StatusCancelled, budget.ClientGone: budget.StatusCancelled, budget.Shutdown: budget.StatusCancelled,
 	}
 	for r, s := range want {
@@ -86,7 +92,8 @@ func TestDefaultsMatchTheSpec(t *testing.T) {
 		}
 	}
 	l := budget.DefaultLimits()
-	if l.MaxSteps.N != 25 || l.MaxToolCalls.N != 50 || l.ParallelTools.N != 4 || l.MaxToolOutput.N != 1<<20 || l.IdleBreaker.N != 3 {
+	if l.MaxSteps.N != 25 || l.MaxToolCalls.N != 50 || l.ParallelTools.N != 4 || l.MaxToolOutput.N != 1<<20 || l.IdleBreaker.N != 3 ||
+		l.MaxReply.N != 1<<20 {
 		t.Errorf("limits %+v", l)
 	}
 	if p := budget.DefaultProfiles(); p["fast"] != 5*time.Second || p["standard"] != time.Minute || p["slow"] != 10*time.Minute {

@@ -17,21 +17,29 @@ const (
 	PhaseLLMIdle       Phase = "llm_idle"
 	PhaseLLMHTTP       Phase = "llm_http"
 	PhaseLLMBudget     Phase = "llm_budget"
-	PhaseTool          Phase = "tool"
-	PhaseToolIdle      Phase = "tool_idle"
-	PhaseStep          Phase = "step"
-	PhaseTurn          Phase = "turn"
-	PhaseCompaction    Phase = "compaction"
-	PhaseCancel        Phase = "cancel"
+	// PhaseLLMEmpty is a reply that ended normally with neither text nor
+	// tool calls. It is an LLM phase: another attempt may well answer.
+	PhaseLLMEmpty Phase = "llm_empty"
+	// PhaseLLMReplyCap is a reply that reached limits.max_reply; its stream
+	// was closed at the cap. It is not an LLM phase: another credential or
+	// model, given the same prompt, would most likely do the same.
+	PhaseLLMReplyCap Phase = "llm_reply_cap"
+	PhaseTool        Phase = "tool"
+	PhaseToolIdle    Phase = "tool_idle"
+	PhaseStep        Phase = "step"
+	PhaseTurn        Phase = "turn"
+	PhaseCompaction  Phase = "compaction"
+	PhaseCancel      Phase = "cancel"
 )
 
 // IsLLM reports whether p is a phase in which the model provider failed to
-// answer (first chunk, idle, HTTP failure) — the only phases in which
-// retrying with another credential or model can help. The llm_budget phase
-// is a turn-level limit and is not one of them.
+// answer (first chunk, idle, HTTP failure, an empty reply) — the only
+// phases in which retrying with another credential or model can help. The
+// llm_budget and llm_reply_cap phases are limits of the turn and are not
+// among them.
 func (p Phase) IsLLM() bool {
 	switch p {
-	case PhaseLLMFirstChunk, PhaseLLMIdle, PhaseLLMHTTP:
+	case PhaseLLMFirstChunk, PhaseLLMIdle, PhaseLLMHTTP, PhaseLLMEmpty:
 		return true
 	}
 	return false
@@ -116,6 +124,40 @@ func (e *LimitError) Error() string {
 	return fmt.Sprintf("%s: limit %d reached; change %s", e.Reason, e.Limit, e.Knob)
 }
 
+// ReplyTooLongError is a model reply that grew past limits.max_reply (its
+// text plus its tool calls' names and arguments): the stream was closed at
+// the cap. It is used as the stream's context cause, like a TimeoutError.
+type ReplyTooLongError struct {
+	// Limit is limits.max_reply, in bytes.
+	Limit  int64
+	Source Source
+	Knob   string
+	// Subject is the model, for messages: "model gpt-4o".
+	Subject string
+}
+
+func (e *ReplyTooLongError) Error() string {
+	s := fmt.Sprintf("%s: the reply of %s grew past %s", PhaseLLMReplyCap, e.subject(), FormatBytes(e.Limit))
+	if e.Knob != "" {
+		s += "; change " + e.Knob
+	}
+	return s
+}
+
+func (e *ReplyTooLongError) subject() string {
+	if e.Subject == "" {
+		return "the model"
+	}
+	return e.Subject
+}
+
+// AsReplyTooLong returns the *ReplyTooLongError in err's chain, if any.
+func AsReplyTooLong(err error) (*ReplyTooLongError, bool) {
+	var re *ReplyTooLongError
+	ok := errors.As(err, &re)
+	return re, ok
+}
+
 // Cause returns context.Cause(ctx), mapping a bare context.Canceled (a
 // parent cancelled without a cause) to a *CancelError with reason
 // "cancelled". It returns nil while ctx is live.
@@ -131,6 +173,9 @@ func Cause(ctx context.Context) error {
 		return c
 	}
 	if _, ok := c.(*LimitError); ok {
+		return c
+	}
+	if _, ok := AsReplyTooLong(c); ok {
 		return c
 	}
 	if errors.Is(c, context.DeadlineExceeded) {

@@ -27,6 +27,7 @@ const (
 	MaxSteps           StopReason = "max_steps"
 	MaxToolCalls       StopReason = "max_tool_calls"
 	ModelUnresponsive  StopReason = "model_unresponsive"
+	ReplyTooLong       StopReason = "reply_too_long"
 	ModelUnavailable   StopReason = "model_unavailable"
 	ModelRejected      StopReason = "model_rejected"
 	CompactionFailed   StopReason = "compaction_failed"

@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/timebox-run/timebox/budget"
@@ -74,13 +75,35 @@ type Request struct {
 // carrying data).
 type Chunk struct {
 	Text string
+	// ToolBytes is how many bytes of tool-call names and arguments the
+	// chunk carried, which count toward limits.max_reply with the text.
+	ToolBytes int
 }
+
+// Size returns what the chunk adds to its reply's size (limits.max_reply).
+func (c Chunk) Size() int64 { return int64(len(c.Text) + c.ToolBytes) }
 
 // Response is a complete reply.
 type Response struct {
 	Text         string
 	ToolCalls    []ToolCall
 	FinishReason string
+}
+
+// Size returns the reply's size as limits.max_reply counts it: its text
+// plus its tool calls' names and arguments.
+func (r Response) Size() int64 {
+	n := int64(len(r.Text))
+	for _, c := range r.ToolCalls {
+		n += int64(len(c.Name) + len(c.Arguments))
+	}
+	return n
+}
+
+// Empty reports whether the reply has nothing for anyone: no tool call, and
+// no text but white space.
+func (r Response) Empty() bool {
+	return len(r.ToolCalls) == 0 && strings.TrimSpace(r.Text) == ""
 }
 
 // Stream is one streaming reply. Recv returns the next chunk, and io.EOF
@@ -146,6 +169,31 @@ func (e *Error) Error() string {
 
 func (e *Error) Unwrap() error { return e.Err }
 
+// EmptyReplyError is a reply that ended normally with nothing in it: no
+// text and no tool call. Its phase is llm_empty, an LLM phase: the same
+// model asked again, or the next one of the chain, may well answer.
+type EmptyReplyError struct {
+	Provider string
+	// FinishReason is why the provider said the reply ended ("stop",
+	// "length", "end_turn", "max_tokens"), if it said.
+	FinishReason string
+}
+
+func (e *EmptyReplyError) Error() string {
+	s := e.Provider + ": empty reply: no text and no tool call"
+	if e.FinishReason != "" {
+		s += " (finish reason " + e.FinishReason + ")"
+	}
+	return s
+}
+
+// OutOfTokens reports whether the provider ended the reply at its output
+// token limit (model.max_tokens): a model that spent it all before writing
+// anything, as a reasoning model can.
+func (e *EmptyReplyError) OutOfTokens() bool {
+	return e.FinishReason == "length" || e.FinishReason == "max_tokens"
+}
+
 // Rejected reports whether the provider refused the request itself (400,
 // 401, 403, 404, 422): retrying with another credential or model will not
 // help, and the turn fails with model_rejected.
@@ -167,9 +215,16 @@ func Phase(err error) budget.Phase {
 	if _, ok := budget.AsCancel(err); ok {
 		return budget.PhaseCancel
 	}
+	if _, ok := budget.AsReplyTooLong(err); ok {
+		return budget.PhaseLLMReplyCap
+	}
 	var le *budget.LimitError
 	if errors.As(err, &le) {
 		return budget.PhaseLLMBudget
+	}
+	var ee *EmptyReplyError
+	if errors.As(err, &ee) {
+		return budget.PhaseLLMEmpty
 	}
 	return budget.PhaseLLMHTTP
 }

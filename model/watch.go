@@ -6,6 +6,7 @@ import (
 	"io"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/timebox-run/timebox/budget"
 )
@@ -17,6 +18,11 @@ type Watchdog struct {
 	FirstChunk budget.Duration
 	// Idle bounds the silence between two chunks; zero is off.
 	Idle budget.Duration
+	// MaxReply bounds the size of one reply: its text plus its tool calls'
+	// names and arguments (Chunk.Size). Of the chunk that takes the reply
+	// past it only the text that fits is delivered, and the stream is
+	// closed at once; zero is no bound.
+	MaxReply budget.Count
 }
 
 type item struct {
@@ -27,9 +33,15 @@ type item struct {
 
 // Watched is a model stream under a Watchdog. Its Recv returns a
 // *budget.TimeoutError (phase llm_first_chunk or llm_idle) when a budget
-// fires, and the context's cause when the context is done; in both cases
-// the underlying request has been cancelled. Watched is used by one
-// goroutine; Close may be called from any.
+// fires, a *budget.ReplyTooLongError when the reply reaches MaxReply, and
+// the context's cause when the context is done; in each case the underlying
+// request has been cancelled. Watched is used by one goroutine; Close may
+// be called from any.
+//
+// The provider is read by a goroutine of its own, a bounded number of
+// chunks ahead of the reader, so the watchdogs and the context are heard
+// even while the provider blocks mid-event; once the context is done,
+// Recv reports it before any chunk still buffered.
 type Watched struct {
 	w       Watchdog
 	subject string
@@ -44,6 +56,7 @@ type Watched struct {
 	lastChunk  time.Time
 	resp       Response
 	err        error
+	held       *item // an end of stream found by Ready, for the next Recv
 	closeOnce  sync.Once
 
 	mu     sync.Mutex
@@ -69,7 +82,11 @@ func Open(ctx context.Context, p Provider, req Request, w Watchdog, subject stri
 
 func (s *Watched) pump(p Provider, req Request) {
 	defer close(s.done)
-	st, err := p.Stream(s.ctx, req)
+	// The provider's own context, which the cap closes without ending the
+	// reader's: what came before the cap is still delivered, then the cap.
+	pctx, pcancel := context.WithCancelCause(s.ctx)
+	defer pcancel(nil)
+	st, err := p.Stream(pctx, req)
 	if err != nil {
 		s.send(item{err: err, at: time.Now()})
 		return
@@ -78,15 +95,67 @@ func (s *Watched) pump(p Provider, req Request) {
 	s.stream = st
 	s.mu.Unlock()
 	defer st.Close()
+	var size int64
 	for {
 		c, err := st.Recv()
+		if err == nil {
+			size += c.Size()
+		}
 		if err == io.EOF {
-			s.resp = st.Response() // published by the channel send below
+			resp := st.Response()
+			// A provider that does not stream its tool calls' sizes is
+			// held to the cap by its complete reply.
+			size = max(size, resp.Size())
+			s.resp = resp // published by the channel send below
+		}
+		if err == nil || err == io.EOF {
+			if cerr := s.overCap(size); cerr != nil {
+				pcancel(cerr)
+				// What fits of the chunk that crossed the cap is kept, so
+				// the partial answer runs right up to it.
+				if room := s.w.MaxReply.N - (size - c.Size()); err == nil && room > 0 {
+					if t := cutText(c.Text, room); t != "" && !s.send(item{chunk: Chunk{Text: t}, at: time.Now()}) {
+						return
+					}
+				}
+				s.send(item{err: cerr, at: time.Now()})
+				return
+			}
 		}
 		if !s.send(item{chunk: c, err: err, at: time.Now()}) || err != nil {
 			return
 		}
 	}
+}
+
+// cutText returns the longest start of s of at most n bytes that does not
+// end inside a character.
+func cutText(s string, n int64) string {
+	if int64(len(s)) <= n {
+		return s
+	}
+	s = s[:n]
+	for i := len(s) - 1; i >= 0 && i >= len(s)-utf8.UTFMax; i-- {
+		if utf8.RuneStart(s[i]) {
+			if !utf8.FullRuneInString(s[i:]) {
+				s = s[:i]
+			}
+			break
+		}
+	}
+	return s
+}
+
+// overCap returns a *budget.ReplyTooLongError when a reply of size bytes is
+// past MaxReply. It is checked where the provider is read, so that nothing
+// past the cap is read, buffered or kept: the provider's request is
+// cancelled at once, and the reader gets what came before, then the error.
+func (s *Watched) overCap(size int64) error {
+	m := s.w.MaxReply
+	if m.N <= 0 || size <= m.N {
+		return nil
+	}
+	return &budget.ReplyTooLongError{Limit: m.N, Source: m.Source, Knob: m.Knob, Subject: s.subject}
 }
 
 func (s *Watched) send(it item) bool {
@@ -104,26 +173,22 @@ func (s *Watched) Recv() (Chunk, error) {
 	if s.err != nil {
 		return Chunk{}, s.err
 	}
+	// A done context wins over chunks already buffered: a turn stopped by
+	// its ceiling must not first work through what the provider sent ahead.
+	if s.ctx.Err() != nil {
+		return Chunk{}, s.fail(budget.Cause(s.ctx))
+	}
+	if it := s.held; it != nil {
+		s.held = nil
+		return s.take(*it)
+	}
 	var fire <-chan time.Time
 	if s.timer != nil {
 		fire = s.timer.C
 	}
 	select {
 	case it := <-s.items:
-		if it.err != nil {
-			s.err = it.err
-			if s.ctx.Err() != nil && !errors.Is(it.err, io.EOF) {
-				s.err = budget.Cause(s.ctx)
-			}
-			s.stopTimer()
-			return Chunk{}, s.err
-		}
-		if s.firstChunk.IsZero() {
-			s.firstChunk = it.at
-		}
-		s.lastChunk = it.at
-		s.resetTimer()
-		return it.chunk, nil
+		return s.take(it)
 	case <-fire:
 		now := time.Now()
 		var te *budget.TimeoutError
@@ -139,10 +204,53 @@ func (s *Watched) Recv() (Chunk, error) {
 		s.err = te
 		return Chunk{}, te
 	case <-s.ctx.Done():
-		s.stopTimer()
-		s.err = budget.Cause(s.ctx)
-		return Chunk{}, s.err
+		return Chunk{}, s.fail(budget.Cause(s.ctx))
 	}
+}
+
+// Ready returns a chunk that has already arrived, without waiting, so that a
+// reader that fell behind the stream can take what is waiting in one go. It
+// returns false when no chunk is waiting, or when the stream has ended or
+// failed: the next Recv says how.
+func (s *Watched) Ready() (Chunk, bool) {
+	if s.err != nil || s.held != nil || s.ctx.Err() != nil {
+		return Chunk{}, false
+	}
+	select {
+	case it := <-s.items:
+		if it.err != nil {
+			s.held = &it
+			return Chunk{}, false
+		}
+		c, _ := s.take(it)
+		return c, true
+	default:
+		return Chunk{}, false
+	}
+}
+
+// take accounts for one item from the provider's goroutine.
+func (s *Watched) take(it item) (Chunk, error) {
+	if it.err != nil {
+		err := it.err
+		if s.ctx.Err() != nil && !errors.Is(err, io.EOF) {
+			err = budget.Cause(s.ctx)
+		}
+		return Chunk{}, s.fail(err)
+	}
+	if s.firstChunk.IsZero() {
+		s.firstChunk = it.at
+	}
+	s.lastChunk = it.at
+	s.resetTimer()
+	return it.chunk, nil
+}
+
+// fail ends the stream with err.
+func (s *Watched) fail(err error) error {
+	s.stopTimer()
+	s.err = err
+	return err
 }
 
 func (s *Watched) stopTimer() {

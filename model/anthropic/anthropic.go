@@ -201,6 +201,9 @@ func toolInput(args string) any {
 type block struct {
 	typ  string // text, tool_use, or another type that is ignored
 	call model.ToolCall
+	// args collects a tool call's input_json_delta pieces; joining strings
+	// would copy the whole so far for each of possibly thousands.
+	args strings.Builder
 }
 
 // stream is one streamed reply.
@@ -244,6 +247,7 @@ func (s *stream) Recv() (model.Chunk, error) {
 		b := &block{typ: ev.ContentBlock.Type}
 		if b.typ == "tool_use" {
 			b.call = model.ToolCall{ID: ev.ContentBlock.ID, Name: ev.ContentBlock.Name}
+			out.ToolBytes = len(ev.ContentBlock.Name)
 		}
 		if b.typ == "text" {
 			out.Text = ev.ContentBlock.Text
@@ -263,7 +267,8 @@ func (s *stream) Recv() (model.Chunk, error) {
 		case "text_delta":
 			out.Text = ev.Delta.Text
 		case "input_json_delta":
-			b.call.Arguments += ev.Delta.PartialJSON
+			b.args.WriteString(ev.Delta.PartialJSON)
+			out.ToolBytes = len(ev.Delta.PartialJSON)
 		}
 	case "message_delta":
 		if ev.Delta.StopReason != "" {
@@ -342,6 +347,7 @@ func (s *stream) Response() model.Response {
 	for _, i := range s.order {
 		if b := s.blocks[i]; b.typ == "tool_use" {
 			c := b.call
+			c.Arguments = b.args.String()
 			if c.Arguments == "" { // a call without input streams no delta
 				c.Arguments = "{}"
 			}

@@ -85,6 +85,27 @@ type sentMessage struct {
 	} `json:"content"`
 }
 
+// TestChunksCountToolCallBytes: each chunk says how many bytes of tool-call
+// names and arguments it carried, so that limits.max_reply counts them with
+// the text.
+func TestChunksCountToolCallBytes(t *testing.T) {
+	r := fakellm.ToolCall("toolu_1", "crawl", `{"url": "https://example.org"}`, 4)
+	r.Chunks = append([]fakellm.Chunk{{Text: "Let me look."}}, r.Chunks...)
+	s := fakellm.New(fakellm.Anthropic, r)
+	defer s.Close()
+	chunks, resp, err := providertest.Collect(t, provider(s), model.Request{Model: "m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, c := range chunks {
+		n += c.Size()
+	}
+	if n != resp.Size() || n != int64(len("Let me look.")+len("crawl")+len(`{"url": "https://example.org"}`)) {
+		t.Fatalf("chunks add up to %d bytes, the reply is %d: %+v", n, resp.Size(), resp)
+	}
+}
+
 func sent(t *testing.T, r fakellm.Request) []sentMessage {
 	t.Helper()
 	b, _ := json.Marshal(r.Body["messages"])

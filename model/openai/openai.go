@@ -38,12 +38,24 @@ type Options struct {
 	// HTTPClient is the client to use; nil is a client with no timeout of
 	// its own (the watchdogs bound every stream).
 	HTTPClient *http.Client
+	// MaxTokens caps each reply, sent as max_completion_tokens (which
+	// counts a reasoning model's hidden reasoning too); zero is
+	// DefaultMaxTokens.
+	MaxTokens int64
 }
+
+// DefaultMaxTokens is the reply length asked for when Options.MaxTokens is
+// zero: the agent file's model.max_tokens default, the same for every
+// provider. It is enough for an agent step and inside every current
+// model's output limit, so that a model that never stops is stopped by its
+// provider long before limits.max_reply.
+const DefaultMaxTokens = 4096
 
 // Provider streams chat completions from one endpoint with one key. It is
 // safe for concurrent use.
 type Provider struct {
-	client sdk.Client
+	client    sdk.Client
+	maxTokens int64
 }
 
 // New returns a provider for o.
@@ -56,7 +68,11 @@ func New(o Options) *Provider {
 	if hc == nil {
 		hc = &http.Client{}
 	}
-	return &Provider{client: sdk.NewClient(
+	mt := o.MaxTokens
+	if mt <= 0 {
+		mt = DefaultMaxTokens
+	}
+	return &Provider{maxTokens: mt, client: sdk.NewClient(
 		option.WithBaseURL(strings.TrimSuffix(base, "/")+"/"),
 		option.WithAPIKey(o.APIKey),
 		option.WithHTTPClient(hc),
@@ -72,8 +88,9 @@ func (p *Provider) Stream(ctx context.Context, req model.Request) (model.Stream,
 	if err != nil {
 		return nil, &model.Error{Provider: "openai", Status: 400, Message: err.Error()}
 	}
+	params.MaxCompletionTokens = sdk.Int(p.maxTokens)
 	s := p.client.Chat.Completions.NewStreaming(ctx, params)
-	return &stream{ctx: ctx, s: s, calls: map[int64]*model.ToolCall{}}, nil
+	return &stream{ctx: ctx, s: s, calls: map[int64]*call{}}, nil
 }
 
 func toParams(req model.Request) (sdk.ChatCompletionNewParams, error) {
@@ -129,10 +146,18 @@ type stream struct {
 	ctx    context.Context
 	s      *ssestream.Stream[sdk.ChatCompletionChunk]
 	text   strings.Builder
-	calls  map[int64]*model.ToolCall
+	calls  map[int64]*call
 	finish string
 	done   bool
 	err    error
+}
+
+// call is a tool call being assembled. Its pieces go to builders: a reply
+// may carry thousands of fragments, and joining strings would copy the
+// whole so far for each one.
+type call struct {
+	id         string
+	name, args strings.Builder
 }
 
 // Recv returns one chunk per server-sent event.
@@ -164,18 +189,17 @@ func (s *stream) Recv() (model.Chunk, error) {
 		}
 		out.Text += ch.Delta.Content
 		for _, tc := range ch.Delta.ToolCalls {
-			call := s.calls[tc.Index]
-			if call == nil {
-				call = &model.ToolCall{}
-				s.calls[tc.Index] = call
+			c := s.calls[tc.Index]
+			if c == nil {
+				c = &call{}
+				s.calls[tc.Index] = c
 			}
 			if tc.ID != "" {
-				call.ID = tc.ID
+				c.id = tc.ID
 			}
-			if tc.Function.Name != "" {
-				call.Name += tc.Function.Name
-			}
-			call.Arguments += tc.Function.Arguments
+			c.name.WriteString(tc.Function.Name)
+			c.args.WriteString(tc.Function.Arguments)
+			out.ToolBytes += len(tc.Function.Name) + len(tc.Function.Arguments)
 		}
 		if ch.FinishReason != "" {
 			s.finish = ch.FinishReason
@@ -219,7 +243,8 @@ func (s *stream) Response() model.Response {
 	}
 	sort.Slice(idx, func(a, b int) bool { return idx[a] < idx[b] })
 	for _, i := range idx {
-		r.ToolCalls = append(r.ToolCalls, *s.calls[i])
+		c := s.calls[i]
+		r.ToolCalls = append(r.ToolCalls, model.ToolCall{ID: c.id, Name: c.name.String(), Arguments: c.args.String()})
 	}
 	return r
 }

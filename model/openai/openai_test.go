@@ -115,6 +115,56 @@ func TestRequestMapping(t *testing.T) {
 	}
 }
 
+// TestMaxCompletionTokens: every request asks for at most MaxTokens of
+// reply (max_completion_tokens), DefaultMaxTokens when none is given, so
+// that a model that never stops is stopped by its provider.
+func TestMaxCompletionTokens(t *testing.T) {
+	cases := []struct {
+		name string
+		set  int64
+		want float64
+	}{
+		{name: "default", set: 0, want: openai.DefaultMaxTokens},
+		{name: "model.max_tokens", set: 321, want: 321},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := fakellm.New(fakellm.OpenAI, fakellm.Text("ok", 0))
+			defer s.Close()
+			p := openai.New(openai.Options{BaseURL: s.BaseURL(), APIKey: "sk-abc", MaxTokens: tc.set})
+			if _, _, err := providertest.Collect(t, p, model.Request{Model: "gpt-4o-mini"}); err != nil {
+				t.Fatal(err)
+			}
+			b := s.Requests()[0].Body
+			if b["max_completion_tokens"] != tc.want {
+				t.Fatalf("max_completion_tokens %v, want %v (body %v)", b["max_completion_tokens"], tc.want, b)
+			}
+			if _, ok := b["max_tokens"]; ok {
+				t.Errorf("max_tokens sent too (deprecated, and refused by reasoning models): %v", b)
+			}
+		})
+	}
+}
+
+// TestChunksCountToolCallBytes: each chunk says how many bytes of tool-call
+// names and arguments it carried, so that limits.max_reply counts them with
+// the text.
+func TestChunksCountToolCallBytes(t *testing.T) {
+	s := fakellm.New(fakellm.OpenAI, fakellm.ToolCall("call_a", "crawl", `{"url": "https://example.org"}`, 4))
+	defer s.Close()
+	chunks, resp, err := providertest.Collect(t, provider(s), model.Request{Model: "m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, c := range chunks {
+		n += c.Size()
+	}
+	if n != resp.Size() || n != int64(len("crawl")+len(`{"url": "https://example.org"}`)) {
+		t.Fatalf("chunks add up to %d bytes, the reply is %d", n, resp.Size())
+	}
+}
+
 func TestProviderFailures(t *testing.T) {
 	cases := []struct {
 		name      string
