@@ -155,9 +155,9 @@ func Endpoints(cfg *config.Agent, getenv func(string) string) ([]model.Endpoint,
 				case key == "":
 					ep.Provider = unsetCredential{provider: ref.Provider, env: c.APIKeyEnv}
 				case ref.Provider == "openai":
-					ep.Provider = openai.New(openai.Options{BaseURL: p.BaseURL, APIKey: key})
+					ep.Provider = openai.New(openai.Options{BaseURL: p.BaseURL, APIKey: key, MaxTokens: cfg.Model.MaxTokens})
 				default:
-					ep.Provider = anthropic.New(anthropic.Options{BaseURL: p.BaseURL, APIKey: key})
+					ep.Provider = anthropic.New(anthropic.Options{BaseURL: p.BaseURL, APIKey: key, MaxTokens: cfg.Model.MaxTokens})
 				}
 				out = append(out, ep)
 			}

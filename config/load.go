@@ -121,6 +121,7 @@ func newLoader(path string, o Overrides) *loader {
 	a := &Agent{
 		Path:      path,
 		Dir:       dir,
+		Model:     Chain{MaxTokens: DefaultMaxTokens},
 		Providers: map[string]Provider{},
 		Budgets:   budget.Defaults(),
 		Limits:    budget.DefaultLimits(),
@@ -524,6 +525,8 @@ func (l *loader) slot(key string) (*budget.Duration, *budget.Count) {
 		return nil, &lim.MaxToolOutput
 	case budget.KeyIdleBreaker:
 		return nil, &lim.IdleBreaker
+	case budget.KeyMaxReply:
+		return nil, &lim.MaxReply
 	case KeyCompactAt:
 		return nil, &l.compactAt
 	}

@@ -536,6 +536,7 @@ func TestSettingsTable(t *testing.T) {
 		"limits.parallel_tools":    {"parallel-tools", "TIMEBOX_PARALLEL_TOOLS"},
 		"limits.max_tool_output":   {"max-tool-output", "TIMEBOX_MAX_TOOL_OUTPUT"},
 		"limits.idle_breaker":      {"idle-breaker", "TIMEBOX_IDLE_BREAKER"},
+		"limits.max_reply":         {"max-reply", "TIMEBOX_MAX_REPLY"},
 		"context.compact_at":       {"compact-at", "TIMEBOX_COMPACT_AT"},
 		"server.shutdown_grace":    {"shutdown-grace", "TIMEBOX_SHUTDOWN_GRACE"},
 	}

@@ -31,7 +31,7 @@ func (l *loader) decodeModel(e entry) {
 		l.hasModel = true // the problem is reported; do not also call it missing
 		return
 	}
-	fs := l.t.fields(es, "model", []string{"primary", "fallbacks"}, nil)
+	fs := l.t.fields(es, "model", []string{"primary", "fallbacks", "max_tokens"}, nil)
 	if pe, ok := fs["primary"]; ok {
 		l.hasModel = true
 		s, at, ok := l.t.str(pe.val, "model.primary", "provider:model, such as openai:gpt-4o-mini")
@@ -39,6 +39,17 @@ func (l *loader) decodeModel(e entry) {
 			if ref, ok := l.modelRef(s, at, "model.primary"); ok {
 				l.a.Model.Primary = ref
 				l.chainAt = append(l.chainAt, at)
+			}
+		}
+	}
+	if me, ok := fs["max_tokens"]; ok {
+		v, at, ok := l.t.scalar(me.val, "model.max_tokens", "a whole number of tokens")
+		if ok {
+			n, problem := checkCount(v, bounds{min: 1, max: MaxMaxTokens})
+			if problem != "" {
+				l.errAt(at, "model.max_tokens", problem)
+			} else {
+				l.a.Model.MaxTokens = n
 			}
 		}
 	}

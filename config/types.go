@@ -47,7 +47,17 @@ type Agent struct {
 type Chain struct {
 	Primary   ModelRef
 	Fallbacks []ModelRef
+	// MaxTokens is model.max_tokens: the most tokens one reply may have,
+	// asked of every model of the chain (OpenAI max_completion_tokens,
+	// Anthropic max_tokens). Load fills in DefaultMaxTokens.
+	MaxTokens int64
 }
+
+// DefaultMaxTokens is model.max_tokens when the file does not set it.
+const DefaultMaxTokens = 4096
+
+// MaxMaxTokens bounds model.max_tokens.
+const MaxMaxTokens = 1_000_000
 
 // All returns the primary followed by the fallbacks.
 func (c Chain) All() []ModelRef { return append([]ModelRef{c.Primary}, c.Fallbacks...) }
