@@ -183,6 +183,7 @@ func withDefaultLimits(l budget.Limits) budget.Limits {
 	fill(&l.ParallelTools, d.ParallelTools)
 	fill(&l.MaxToolOutput, d.MaxToolOutput)
 	fill(&l.IdleBreaker, d.IdleBreaker)
+	fill(&l.MaxReply, d.MaxReply)
 	return l
 }
 

@@ -208,7 +208,7 @@ func (t *turn) compact(ctx context.Context, step int, force bool) (shrunk bool, 
 			Source: b.Compaction.Source, Knob: b.Compaction.Knob, Subject: "history compaction"})
 	})
 	defer timer.Stop()
-	w := model.Open(cctx, ep.Provider, req, model.Watchdog{FirstChunk: b.LLMFirstChunk, Idle: b.LLMIdle}, "model "+ep.Model)
+	w := model.Open(cctx, ep.Provider, req, t.watchdog(), "model "+ep.Model)
 	var sb strings.Builder
 	var err error
 	for {

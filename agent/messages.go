@@ -54,7 +54,30 @@ func (t *turn) message(st stop, now time.Time) string {
 	case budget.ModelUnresponsive:
 		return fmt.Sprintf("Stopped after %s: the model went silent %d times in a row (%s). %s The provider may be overloaded: try again later or add a fallback model; raise %s or %s if the model is just slow.",
 			wall, t.idleStreak, l.IdleBreaker.Knob, st.message, b.LLMIdle.Knob, b.LLMFirstChunk.Knob)
+	case budget.ReplyTooLong:
+		limit, knob, who := l.MaxReply.N, l.MaxReply.Knob, "the model"
+		if re, ok := budget.AsReplyTooLong(st.cause); ok {
+			limit, knob, who = re.Limit, re.Knob, re.Subject
+		}
+		kept := "Nothing of it is kept."
+		if st.answer != "" || t.partial != "" {
+			kept = "What it wrote before the cap is kept as the partial answer."
+		}
+		return fmt.Sprintf("Stopped after %s: the reply of %s grew past %s, the limit for one reply (%s), and was cut off there. %s No other model was tried: given the same request it would most likely write on as long. Ask for a shorter answer, or raise %s.",
+			wall, who, budget.FormatBytes(limit), knob, kept, knob)
 	case budget.ModelUnavailable:
+		if allEmpty(st.notes) {
+			advice := "Try again, rephrase the request, or add a fallback model."
+			for _, n := range st.notes {
+				var ee *model.EmptyReplyError
+				if errors.As(n.err, &ee) && ee.OutOfTokens() {
+					advice = "The model used its whole output allowance before writing anything (a reasoning model can): raise model.max_tokens in the agent file."
+					break
+				}
+			}
+			return fmt.Sprintf("Failed after %s: the model returned nothing%s (no text, no tool call). %s %s",
+				wall, timesText(len(st.notes)), st.message, advice)
+		}
 		return fmt.Sprintf("Failed after %s: no model in the failover chain answered. %s Check the providers and credentials, or add a fallback model.", wall, st.message)
 	case budget.ModelRejected:
 		var me *model.Error
@@ -90,6 +113,28 @@ func (t *turn) message(st stop, now time.Time) string {
 	return fmt.Sprintf("Stopped after %s (%s).", wall, st.reason)
 }
 
+// allEmpty reports whether every failed attempt was an empty reply.
+func allEmpty(notes []attemptNote) bool {
+	for _, n := range notes {
+		var ee *model.EmptyReplyError
+		if !errors.As(n.err, &ee) {
+			return false
+		}
+	}
+	return len(notes) > 0
+}
+
+// timesText says how often, after "returned nothing".
+func timesText(n int) string {
+	switch n {
+	case 1:
+		return ""
+	case 2:
+		return " twice"
+	}
+	return fmt.Sprintf(" on each of %d attempts", n)
+}
+
 // notesText lists failed model call attempts and why each failed.
 func notesText(notes []attemptNote) string {
 	var parts []string
@@ -113,6 +158,13 @@ func attemptReason(err error) string {
 			return fmt.Sprintf("went silent for %s mid-reply (llm_idle; raise %s)", te.Limit, te.Knob)
 		}
 		return te.Error()
+	}
+	var ee *model.EmptyReplyError
+	if errors.As(err, &ee) {
+		if ee.FinishReason != "" {
+			return fmt.Sprintf("returned nothing, finish reason %s (llm_empty)", ee.FinishReason)
+		}
+		return "returned nothing (llm_empty)"
 	}
 	var me *model.Error
 	if errors.As(err, &me) {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -140,6 +141,9 @@ type stop struct {
 	cause   error
 	answer  string
 	message string
+	// notes are the failed attempts of the last model step, when every
+	// link of the chain failed.
+	notes []attemptNote
 }
 
 // stopWith cancels the turn for cause, first noting what was running.
@@ -187,10 +191,10 @@ func (t *turn) started() *event.TurnStarted {
 	for k, c := range map[string]budget.Count{
 		budget.KeyMaxSteps: a.limits.MaxSteps, budget.KeyMaxToolCalls: a.limits.MaxToolCalls,
 		budget.KeyParallelTools: a.limits.ParallelTools, budget.KeyMaxToolOutput: a.limits.MaxToolOutput,
-		budget.KeyIdleBreaker: a.limits.IdleBreaker,
+		budget.KeyIdleBreaker: a.limits.IdleBreaker, budget.KeyMaxReply: a.limits.MaxReply,
 	} {
 		v := fmt.Sprint(c.N)
-		if k == budget.KeyMaxToolOutput {
+		if k == budget.KeyMaxToolOutput || k == budget.KeyMaxReply {
 			v = budget.FormatBytes(c.N)
 		}
 		b[k] = event.BudgetValue{Value: v, N: c.N, Source: c.Source, Knob: c.Knob}
@@ -301,7 +305,7 @@ func (t *turn) modelStep(ctx context.Context, step int) (model.Response, *stop) 
 	for i := range tries {
 		tries[i] = i
 	}
-	retried := false
+	retried, askedAgain := false, false
 	for k := 0; k < len(tries); k++ {
 		i := tries[k]
 		ep := t.a.models[i]
@@ -319,6 +323,11 @@ func (t *turn) modelStep(ctx context.Context, step int) (model.Response, *stop) 
 		if phase == budget.PhaseLLMBudget {
 			return model.Response{}, &stop{reason: budget.LLMBudgetExhausted, cause: err}
 		}
+		if phase == budget.PhaseLLMReplyCap {
+			// No failover: another model given the same prompt would most
+			// likely write on as long (docs/decisions/reply-cap.md).
+			return model.Response{}, &stop{reason: budget.ReplyTooLong, cause: err}
+		}
 		var me *model.Error
 		if errors.As(err, &me) && me.Rejected() {
 			return model.Response{}, &stop{reason: budget.ModelRejected, cause: err}
@@ -329,6 +338,15 @@ func (t *turn) modelStep(ctx context.Context, step int) (model.Response, *stop) 
 			if int64(t.idleStreak) >= t.a.limits.IdleBreaker.N {
 				return model.Response{}, &stop{reason: budget.ModelUnresponsive, cause: err, message: notesText(notes)}
 			}
+		}
+		// An empty reply is asked again once, of the same endpoint, before
+		// the chain moves on — unless the model spent its whole output
+		// allowance, which asking again would only repeat
+		// (docs/decisions/empty-reply.md).
+		var ee *model.EmptyReplyError
+		if errors.As(err, &ee) && !askedAgain && !ee.OutOfTokens() {
+			askedAgain = true
+			tries = slices.Insert(tries, k+1, i)
 		}
 		if k+1 == len(tries) && !retried {
 			if n, wait, ok := t.retryCandidate(notes); ok {
@@ -347,12 +365,16 @@ func (t *turn) modelStep(ctx context.Context, step int) (model.Response, *stop) 
 		}
 		if k+1 < len(tries) {
 			next := t.a.models[tries[k+1]]
+			reason := err.Error()
+			if tries[k+1] == i {
+				reason += "; asking the same model once more"
+			}
 			t.failovers++
 			t.em.Emit(&event.Failover{Step: step, From: endpointLabel(ep), To: endpointLabel(next), Phase: phase,
-				Reason: err.Error(), Attempt: k + 2})
+				Reason: reason, Attempt: k + 2})
 		}
 	}
-	return model.Response{}, &stop{reason: budget.ModelUnavailable, cause: notes[len(notes)-1].err, message: notesText(notes)}
+	return model.Response{}, &stop{reason: budget.ModelUnavailable, cause: notes[len(notes)-1].err, message: notesText(notes), notes: notes}
 }
 
 // retryCandidate returns the failed attempt whose Retry-After ends first,
@@ -429,8 +451,9 @@ func (t *turn) attempt(ctx context.Context, step, attempt int, ep model.Endpoint
 		})
 		defer timer.Stop()
 	}
-	w := model.Open(callCtx, ep.Provider, req, model.Watchdog{FirstChunk: b.LLMFirstChunk, Idle: b.LLMIdle}, "model "+ep.Model)
+	w := model.Open(callCtx, ep.Provider, req, t.watchdog(), "model "+ep.Model)
 	var text strings.Builder
+	var delta []byte
 	var err error
 	for {
 		var c model.Chunk
@@ -442,9 +465,22 @@ func (t *turn) attempt(ctx context.Context, step, attempt int, ep model.Endpoint
 			t.live.streaming(act)
 		}
 		t.live.progress()
-		if c.Text != "" {
-			text.WriteString(c.Text)
-			t.em.Emit(&event.LLMDelta{Step: step, Text: c.Text})
+		// Events go to the sinks synchronously. When they are slower than
+		// the provider, what has arrived meanwhile goes as one llm_delta,
+		// so that the number of events follows the sinks' pace, not the
+		// provider's, and a flood of tiny chunks is not a flood of events.
+		delta = append(delta[:0], c.Text...)
+		for len(delta) < maxDelta {
+			more, ok := w.Ready()
+			if !ok {
+				break
+			}
+			delta = append(delta, more.Text...)
+		}
+		if len(delta) > 0 {
+			d := string(delta)
+			text.WriteString(d)
+			t.em.Emit(&event.LLMDelta{Step: step, Text: d})
 		}
 	}
 	w.Close()
@@ -456,6 +492,10 @@ func (t *turn) attempt(ctx context.Context, step, attempt int, ep model.Endpoint
 		resp = w.Response()
 		if resp.Text == "" {
 			resp.Text = text.String()
+		}
+		if resp.Empty() {
+			err = &model.EmptyReplyError{Provider: ep.ProviderName, FinishReason: resp.FinishReason}
+			resp = model.Response{}
 		}
 	}
 	t.partial = text.String()
@@ -471,6 +511,16 @@ func (t *turn) attempt(ctx context.Context, step, attempt int, ep model.Endpoint
 	t.mu.Unlock()
 	t.em.Emit(&event.LLMFinished{ModelCall: rec, ToolCalls: len(resp.ToolCalls)})
 	return resp, err
+}
+
+// maxDelta is the most text the turn gathers into one llm_delta from chunks
+// that are already waiting; a single larger chunk still goes whole.
+const maxDelta = 64 << 10
+
+// watchdog returns the budgets every model stream of the turn runs under.
+func (t *turn) watchdog() model.Watchdog {
+	b := t.a.budgets
+	return model.Watchdog{FirstChunk: b.LLMFirstChunk, Idle: b.LLMIdle, MaxReply: t.a.limits.MaxReply}
 }
 
 func modelOutcome(err error) event.Outcome {

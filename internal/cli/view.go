@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
@@ -125,7 +126,9 @@ func (v *view) Emit(e event.Event) {
 	case *event.LLMDelta:
 		v.text.WriteString(d.Text)
 		if c := v.running["model"]; c != nil {
-			c.preview = lastLine(v.text.String(), 60)
+			// From the end of the reply only: a preview that looked at the
+			// whole reply would cost more with every delta of a long one.
+			c.preview = lastLine(tail(v.text.String(), 4<<10), 60)
 		}
 	case *event.LLMFinished:
 		v.remove("model")
@@ -226,9 +229,24 @@ func (v *view) banner(d *event.TurnFinished) string {
 	}
 	s := fmt.Sprintf("%s (%s)\n%s", v.c(red+bold, "■ stopped"), d.StopReason, d.Message)
 	if d.Answer != "" {
-		s += "\n\nPartial answer: " + d.Answer
+		s += "\n\nPartial answer: " + partialShown(d.Answer)
 	}
 	return s
+}
+
+// maxPartialShown is how much of a stopped turn's partial answer the view
+// prints; a reply cut at limits.max_reply can be a megabyte of text.
+const maxPartialShown = 4 << 10
+
+// partialShown returns the partial answer as the view prints it: whole when
+// short, else its beginning and how much more there is (--json and the
+// stored record have it whole).
+func partialShown(a string) string {
+	if len(a) <= maxPartialShown {
+		return a
+	}
+	head := strings.ToValidUTF8(a[:maxPartialShown], "")
+	return fmt.Sprintf("%s… (%s more; --json or timebox runs show prints it whole)", head, budget.FormatBytes(int64(len(a)-len(head))))
 }
 
 func (v *view) add(c *chip) {
@@ -355,6 +373,20 @@ func lastLine(s string, n int) string {
 	r := []rune(s)
 	if len(r) > n {
 		return "…" + string(r[len(r)-n:])
+	}
+	return s
+}
+
+// tail returns about the last n bytes of s, starting at a character.
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	s = s[len(s)-n:]
+	for i := 0; i < len(s) && i < utf8.UTFMax; i++ {
+		if utf8.RuneStart(s[i]) {
+			return s[i:]
+		}
 	}
 	return s
 }

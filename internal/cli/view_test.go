@@ -2,9 +2,12 @@ package cli
 
 import (
 	"bytes"
+	"io"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/timebox-run/timebox/event"
 )
@@ -36,5 +39,29 @@ func TestLiveViewDrawsChipsWithTimersAndBars(t *testing.T) {
 	v.Emit(event.Event{At: now, Data: &event.TurnFinished{Status: "stopped", StopReason: "turn_timeout", Message: "Stopped after 2s."}})
 	if s := out.String(); !strings.Contains(s, "■ stopped (turn_timeout)") || !strings.Contains(s, "Stopped after 2s.") {
 		t.Fatalf("banner:\n%s", s)
+	}
+}
+
+// TestModelPreviewCostsTheSameForALongReply: the live preview of a model's
+// reply is taken from its end, so a delta costs the same at the first
+// kilobyte as at the tenth megabyte (it used to convert the whole reply to
+// runes on every delta, quadratic work that stalled the turn).
+func TestModelPreviewCostsTheSameForALongReply(t *testing.T) {
+	v := &view{w: io.Discard, running: map[string]*chip{}, now: time.Now}
+	v.Emit(event.Event{Data: &event.LLMStarted{Model: "m", Attempt: 1}})
+	chunk := strings.Repeat("wörd ", 40<<10) // 240 KiB, no newline
+	for range 40 {
+		v.Emit(event.Event{Data: &event.LLMDelta{Text: chunk}})
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	v.Emit(event.Event{Data: &event.LLMDelta{Text: ""}})
+	runtime.ReadMemStats(&after)
+	if got := after.TotalAlloc - before.TotalAlloc; got > 64<<10 {
+		t.Errorf("one delta allocated %d bytes with %d bytes of reply", got, v.text.Len())
+	}
+	v.Emit(event.Event{Data: &event.LLMDelta{Text: "the end"}})
+	if p := v.running["model"].preview; !strings.HasPrefix(p, "…") || !strings.HasSuffix(p, "wörd wörd the end") || utf8.RuneCountInString(p) != 61 {
+		t.Errorf("preview %q", p)
 	}
 }
