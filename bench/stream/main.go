@@ -1,0 +1,333 @@
+// Command stream measures how a turn ends against a model that never stops
+// streaming (issue 9): how long past `timeouts.turn` the turn and the
+// process end, the peak memory of the timebox process, and how much of the
+// reply was kept. Each scenario plays an endless stream from a fake
+// provider (internal/fakellm, the real OpenAI or Anthropic SSE wire format)
+// to a child `timebox run` (with and without the store, as the live view
+// and as --json) or `timebox serve`, and prints one table row:
+//
+//	go run ./bench/stream                      # every scenario, turn 4s
+//	go run ./bench/stream -turn 4s -run flood  # the scenarios whose name contains "flood"
+//
+// The peak memory of a child is its maximum resident set size (getrusage),
+// which includes the Go runtime and the binary itself.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/timebox-run/timebox/internal/fakellm"
+)
+
+// scenario is one misbehaving model.
+type scenario struct {
+	name   string
+	format fakellm.Format
+	reply  fakellm.Reply
+	// maxReply, when set, is given as --max-reply.
+	maxReply string
+}
+
+func scenarios() []scenario {
+	big := strings.Repeat("all work and no play makes jack a dull boy ", (256<<10)/43+1)[:256<<10]
+	return []scenario{
+		{name: "flood: 256 KiB text chunks, endless (openai)", format: fakellm.OpenAI,
+			reply: fakellm.Reply{Repeat: true, Chunks: []fakellm.Chunk{{Text: big}}}},
+		{name: "flood: 256 KiB text chunks, endless, --max-reply 64MiB (openai)", format: fakellm.OpenAI, maxReply: "64MiB",
+			reply: fakellm.Reply{Repeat: true, Chunks: []fakellm.Chunk{{Text: big}}}},
+		{name: "flood: 256 KiB text chunks, endless (anthropic)", format: fakellm.Anthropic,
+			reply: fakellm.Reply{Repeat: true, Chunks: []fakellm.Chunk{{Text: big}}}},
+		{name: "flood: 4 KiB tool-call argument fragments, endless (openai)", format: fakellm.OpenAI,
+			reply: fakellm.Reply{Repeat: true, Chunks: []fakellm.Chunk{
+				{Tool: &fakellm.ToolFragment{ID: "call_1", Name: "echo"}},
+				{Tool: &fakellm.ToolFragment{Arguments: big[:4<<10]}}}}},
+		{name: "trickle: a 1-byte chunk every 10ms, endless (openai)", format: fakellm.OpenAI,
+			reply: fakellm.Reply{Repeat: true, Chunks: []fakellm.Chunk{{Text: "x", Delay: 10 * time.Millisecond}}}},
+		{name: "trickle: one event, a byte every 5ms (openai)", format: fakellm.OpenAI,
+			reply: fakellm.Reply{ByteDelay: 5 * time.Millisecond, Chunks: []fakellm.Chunk{{Text: big}}}},
+	}
+}
+
+// mode is how timebox is run.
+type mode struct {
+	name  string
+	serve bool
+	args  []string // for run
+}
+
+var modes = []mode{
+	{name: "run, view, no store", args: []string{"--no-store"}},
+	{name: "run --json, no store", args: []string{"--json", "--no-store"}},
+	{name: "run, view, store", args: nil},
+	{name: "serve, memory store", serve: true},
+}
+
+// result is one measured row.
+type result struct {
+	stopReason  string
+	turnPast    time.Duration // the turn's wall time past the budget
+	processPast time.Duration // the process's exit (run) or the reply (serve) past the budget
+	peakRSS     int64         // bytes
+	answer      int           // bytes of answer kept
+	err         error
+}
+
+func main() {
+	turn := flag.Duration("turn", 4*time.Second, "timeouts.turn of every scenario")
+	bin := flag.String("timebox", "", "the timebox binary (default: built from ./cmd/timebox)")
+	only := flag.String("run", "", "only the scenarios whose name contains this")
+	onlyMode := flag.String("mode", "", "only the modes whose name contains this")
+	serveOnly := flag.Bool("serve", false, "only serve the first chosen scenario's fake provider and print its base URL, until interrupted (to try timebox by hand)")
+	flag.Parse()
+	if *serveOnly {
+		for _, sc := range scenarios() {
+			if strings.Contains(sc.name, *only) {
+				srv := fakellm.New(sc.format, sc.reply)
+				fmt.Printf("%s\n%s base_url: %s\n", sc.name, sc.format, srv.BaseURL())
+				sig := make(chan os.Signal, 1)
+				signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+				<-sig
+				srv.Close()
+				return
+			}
+		}
+		fatal(fmt.Errorf("no scenario matches %q", *only))
+	}
+
+	dir, err := os.MkdirTemp("", "timebox-bench-stream-")
+	if err != nil {
+		fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	if *bin == "" {
+		*bin = filepath.Join(dir, "timebox")
+		build := exec.Command("go", "build", "-o", *bin, "./cmd/timebox")
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		if err := build.Run(); err != nil {
+			fatal(fmt.Errorf("building timebox: %w", err))
+		}
+	}
+	fmt.Printf("timeouts.turn %s; peak RSS of the timebox process (getrusage maxrss)\n\n", *turn)
+	fmt.Println("| scenario | timebox | stop reason | turn past the budget | exit past the budget | peak RSS | answer kept |")
+	fmt.Println("|---|---|---|---|---|---|---|")
+	for _, sc := range scenarios() {
+		if !strings.Contains(sc.name, *only) {
+			continue
+		}
+		for _, m := range modes {
+			if !strings.Contains(m.name, *onlyMode) {
+				continue
+			}
+			r := measure(*bin, dir, *turn, sc, m)
+			if r.err != nil {
+				fmt.Printf("| %s | %s | error: %v | | | | |\n", sc.name, m.name, r.err)
+				continue
+			}
+			fmt.Printf("| %s | %s | %s | %s | %s | %.0f MB | %s |\n", sc.name, m.name, r.stopReason,
+				fmtPast(r.turnPast), fmtPast(r.processPast), float64(r.peakRSS)/1e6, fmtBytes(r.answer))
+		}
+	}
+}
+
+func fmtPast(d time.Duration) string {
+	if d == 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%d ms", d.Milliseconds())
+}
+
+func fmtBytes(n int) string {
+	if n >= 1<<20 {
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	}
+	if n >= 1<<10 {
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}
+
+func fatal(err error) {
+	fmt.Fprintln(os.Stderr, "bench/stream:", err)
+	os.Exit(1)
+}
+
+// measure runs one scenario in one mode.
+func measure(bin, dir string, turn time.Duration, sc scenario, m mode) result {
+	srv := fakellm.New(sc.format, sc.reply)
+	defer srv.Close()
+	prov := string(sc.format)
+	file := filepath.Join(dir, "agent.yaml")
+	agent := fmt.Sprintf(`model: {primary: "%s:endless"}
+providers: {%s: {base_url: %q, credentials: [{api_key_env: FAKE_KEY}]}}
+tools:
+  - {name: echo, description: Echoes., exec: [cat]}
+`, prov, prov, srv.BaseURL())
+	if err := os.WriteFile(file, []byte(agent), 0o644); err != nil {
+		return result{err: err}
+	}
+	env := append(os.Environ(), "FAKE_KEY=k", "TIMEBOX_TURN_TIMEOUT="+turn.String())
+	if sc.maxReply != "" {
+		env = append(env, "TIMEBOX_MAX_REPLY="+sc.maxReply)
+	}
+	if m.serve {
+		return measureServe(bin, dir, file, env, turn)
+	}
+	return measureRun(bin, dir, file, env, turn, m)
+}
+
+func measureRun(bin, dir, file string, env []string, turn time.Duration, m mode) result {
+	args := append([]string{"run", "-f", file, "--db", filepath.Join(dir, "runs.db")}, m.args...)
+	args = append(args, "Go on for ever.")
+	cmd := exec.Command(bin, args...)
+	cmd.Env = env
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return result{err: err}
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		return result{err: err}
+	}
+	fin := readFinished(out)
+	werr := cmd.Wait()
+	exited := time.Since(start)
+	r := result{processPast: exited - turn}
+	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+		r.peakRSS = ru.Maxrss << 10
+	}
+	if ee, ok := werr.(*exec.ExitError); werr != nil && (!ok || ee.ExitCode() == 1 || ee.ExitCode() == 2) {
+		return result{err: fmt.Errorf("%v: %s", werr, lastLine(stderr.String()))}
+	}
+	if fin.found {
+		r.stopReason = fin.StopReason
+		r.turnPast = time.Duration(fin.Totals.WallMS)*time.Millisecond - turn
+		r.answer = len(fin.Answer)
+	} else {
+		r.stopReason = fmt.Sprintf("exit %d", cmd.ProcessState.ExitCode())
+	}
+	return r
+}
+
+// finished is what the bench reads of turn_finished (from --json lines, or
+// a record served over HTTP).
+type finished struct {
+	found      bool
+	StopReason string `json:"stop_reason"`
+	Answer     string `json:"answer"`
+	WallMS     int64  `json:"wall_ms"`
+	Totals     struct {
+		WallMS int64 `json:"wall_ms"`
+	} `json:"totals"`
+}
+
+// readFinished reads a child's stdout to its end, keeping only the
+// turn_finished line of --json output; the live view's lines are dropped.
+func readFinished(r io.Reader) finished {
+	var f finished
+	br := bufio.NewReaderSize(r, 64<<10)
+	var line []byte
+	keep := false
+	for {
+		frag, isPrefix, err := br.ReadLine()
+		if len(line) == 0 {
+			keep = bytes.Contains(frag[:min(len(frag), 200)], []byte(`"type":"turn_finished"`))
+		}
+		if keep {
+			line = append(line, frag...)
+		}
+		if !isPrefix {
+			if keep && json.Unmarshal(line, &f) == nil {
+				f.found = true
+			}
+			line, keep = line[:0], false
+		}
+		if err != nil {
+			return f
+		}
+	}
+}
+
+func measureServe(bin, dir, file string, env []string, turn time.Duration) result {
+	cmd := exec.Command(bin, "serve", "-f", file, "--addr", "127.0.0.1:0", "--db", "")
+	cmd.Env = env
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return result{err: err}
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		return result{err: err}
+	}
+	defer func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		cmd.Wait()
+	}()
+	sc := bufio.NewScanner(out)
+	var base string
+	for sc.Scan() {
+		if _, after, ok := strings.Cut(sc.Text(), " on http://"); ok {
+			base = "http://" + strings.Fields(after)[0]
+			break
+		}
+	}
+	go io.Copy(io.Discard, out)
+	if base == "" {
+		return result{err: fmt.Errorf("serve did not start: %s", lastLine(stderr.String()))}
+	}
+	start := time.Now()
+	resp, err := http.Post(base+"/v1/turns", "application/json", strings.NewReader(`{"input": "Go on for ever."}`))
+	if err != nil {
+		return result{err: err}
+	}
+	var f finished
+	err = json.NewDecoder(resp.Body).Decode(&f)
+	resp.Body.Close()
+	replied := time.Since(start)
+	if err != nil {
+		return result{err: fmt.Errorf("reading the record: %w", err)}
+	}
+	r := result{stopReason: f.StopReason, turnPast: time.Duration(f.WallMS)*time.Millisecond - turn,
+		processPast: replied - turn, answer: len(f.Answer)}
+	r.peakRSS = vmHWM(cmd.Process.Pid)
+	return r
+}
+
+// vmHWM returns a live process's peak resident set size, in bytes.
+func vmHWM(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for l := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
+			var kb int64
+			fmt.Sscanf(strings.TrimSpace(v), "%d", &kb)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+func lastLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		return s[i+1:]
+	}
+	return s
+}
