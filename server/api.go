@@ -319,7 +319,7 @@ var (
 	statuses = []budget.Status{budget.StatusRunning, budget.StatusCompleted, budget.StatusStopped, budget.StatusFailed,
 		budget.StatusCancelled, budget.StatusInterrupted}
 	stopReasons = []budget.StopReason{budget.Answered, budget.TurnTimeout, budget.NoProgress, budget.LLMBudgetExhausted,
-		budget.MaxSteps, budget.MaxToolCalls, budget.ModelUnresponsive, budget.ModelUnavailable, budget.ModelRejected,
+		budget.MaxSteps, budget.MaxToolCalls, budget.ModelUnresponsive, budget.ReplyTooLong, budget.ModelUnavailable, budget.ModelRejected,
 		budget.CompactionFailed, budget.Cancelled, budget.ClientGone, budget.Shutdown, budget.Interrupted}
 )
 

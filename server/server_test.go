@@ -365,6 +365,7 @@ func TestListFiltersAndOrder(t *testing.T) {
 		"?status=completed":               j(2, 1, 0) + "|",
 		"?status=running":                 j(4) + "|",
 		"?stop_reason=cancelled":          j(3) + "|",
+		"?stop_reason=reply_too_long":     "|",
 		"?session_id=s0":                  j(4, 2, 0) + "|",
 		"?session_id=s1&status=cancelled": j(3) + "|",
 		"?limit=2":                        j(4, 3) + "|" + ids[3],

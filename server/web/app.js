@@ -201,6 +201,7 @@ const reasonKnob = {
   max_steps: 'limits.max_steps',
   max_tool_calls: 'limits.max_tool_calls',
   model_unresponsive: 'limits.idle_breaker',
+  reply_too_long: 'limits.max_reply',
   compaction_failed: 'context.compact_at',
 };
 
@@ -212,6 +213,7 @@ const reasonTitle = {
   max_steps: 'Stopped: step limit',
   max_tool_calls: 'Stopped: tool call limit',
   model_unresponsive: 'Stopped: the model stopped responding',
+  reply_too_long: 'Stopped: the reply grew too long',
   model_unavailable: 'Failed: no model available',
   model_rejected: 'Failed: the model refused the request',
   compaction_failed: 'Stopped: history compaction failed',
