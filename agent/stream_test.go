@@ -152,7 +152,7 @@ func TestChaosTurnCeilingWhileStreaming(t *testing.T) {
 			c := newChaos(t, replies{tc.reply}, nil)
 			patient(c, time.Minute)
 			c.budgets.Turn = budget.Duration{D: time.Second, Source: budget.SourceFile, Knob: budget.KeyTurn}
-			c.limits.MaxReply = budget.Count{N: 64 << 20, Source: budget.SourceFile, Knob: budget.KeyMaxReply}
+			c.limits.MaxReply = budget.Count{N: 16 << 20, Source: budget.SourceFile, Knob: budget.KeyMaxReply}
 			o := c.run()
 			r := o.res.Record
 			if r.StopReason != budget.TurnTimeout || !r.Flags.TimedOutByTurnBudget || r.Flags.TimedOutDuringToolExecution {

@@ -9,7 +9,7 @@ import (
 
 // TestMaxReply: limits.max_reply resolves flag > environment > file >
 // default with the source and knob of where it came from, and a value
-// outside 1KiB–64MiB, or not a size, is refused where it was written.
+// outside 1KiB–16MiB, or not a size, is refused where it was written.
 func TestMaxReply(t *testing.T) {
 	const base = "model: {primary: 'openai:gpt-4o-mini'}\n"
 	const inFile = base + "limits: {max_reply: 256KiB}\n"
@@ -31,11 +31,11 @@ func TestMaxReply(t *testing.T) {
 		{name: "flag beats env and file", file: inFile, env: []string{"TIMEBOX_MAX_REPLY=2MiB"},
 			flags: map[string]string{budget.KeyMaxReply: "4MiB"}, want: c(4<<20, budget.SourceFlag, "--max-reply")},
 		{name: "bytes without a unit", file: base + "limits: {max_reply: 65536}\n", want: c(64<<10, budget.SourceFile, budget.KeyMaxReply)},
-		{name: "the largest", file: base + "limits: {max_reply: 64MiB}\n", want: c(64<<20, budget.SourceFile, budget.KeyMaxReply)},
+		{name: "the largest", file: base + "limits: {max_reply: 16MiB}\n", want: c(16<<20, budget.SourceFile, budget.KeyMaxReply)},
 		{name: "below the minimum in the file", file: base + "limits: {max_reply: 512}\n",
 			err: "agent.yaml:2:21: limits.max_reply: 512 is below the minimum (use at least 1KiB)"},
-		{name: "above the maximum by flag", file: base, flags: map[string]string{budget.KeyMaxReply: "65MiB"},
-			err: `--max-reply: "65MiB" is above the maximum (use at most 64MiB)`},
+		{name: "above the maximum by flag", file: base, flags: map[string]string{budget.KeyMaxReply: "17MiB"},
+			err: `--max-reply: "17MiB" is above the maximum (use at most 16MiB)`},
 		{name: "zero is not off", file: base, env: []string{"TIMEBOX_MAX_REPLY=0"}, err: "TIMEBOX_MAX_REPLY"},
 		{name: "not a size", file: base + "limits: {max_reply: lots}\n", err: "limits.max_reply"},
 		{name: "negative", file: base, env: []string{"TIMEBOX_MAX_REPLY=-1MiB"}, err: "TIMEBOX_MAX_REPLY"},

@@ -83,9 +83,9 @@ var Settings = []Setting{
 	count(budget.KeyIdleBreaker, "idle-breaker", "TIMEBOX_IDLE_BREAKER", "3", 1, 1000, false,
 		"consecutive model idle timeouts that stop the turn"),
 	// A reply is held in memory whole, several times over (the stream,
-	// the answer, the event log); 64MiB is far past any model's output.
+	// the answer, the event log); 16MiB is far past any model's output.
 	{Key: budget.KeyMaxReply, Flag: "max-reply", Env: "TIMEBOX_MAX_REPLY", Kind: KindBytes,
-		Default: "1MiB", Min: 1 << 10, Max: 64 << 20,
+		Default: "1MiB", Min: 1 << 10, Max: 16 << 20,
 		Doc: "bytes of one model reply, text plus tool calls; past it the stream is closed and the turn stops"},
 	count(KeyCompactAt, "compact-at", "TIMEBOX_COMPACT_AT", "100000", 1, 100_000_000, true,
 		"estimated prompt tokens above which older history is summarised; 0 is off"),

@@ -9,8 +9,10 @@
 //	go run ./bench/stream                      # every scenario, turn 4s
 //	go run ./bench/stream -turn 4s -run flood  # the scenarios whose name contains "flood"
 //
-// The peak memory of a child is its maximum resident set size (getrusage),
-// which includes the Go runtime and the binary itself.
+// The peak memory of a child is its VmHWM (peak resident set size, sampled
+// from /proc every 10ms; getrusage's maxrss of a child also counts the
+// parent it was forked from), which includes the Go runtime and the binary
+// itself.
 package main
 
 import (
@@ -25,7 +27,9 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -46,7 +50,7 @@ func scenarios() []scenario {
 	return []scenario{
 		{name: "flood: 256 KiB text chunks, endless (openai)", format: fakellm.OpenAI,
 			reply: fakellm.Reply{Repeat: true, Chunks: []fakellm.Chunk{{Text: big}}}},
-		{name: "flood: 256 KiB text chunks, endless, --max-reply 64MiB (openai)", format: fakellm.OpenAI, maxReply: "64MiB",
+		{name: "flood: 256 KiB text chunks, endless, --max-reply 16MiB (openai)", format: fakellm.OpenAI, maxReply: "16MiB",
 			reply: fakellm.Reply{Repeat: true, Chunks: []fakellm.Chunk{{Text: big}}}},
 		{name: "flood: 256 KiB text chunks, endless (anthropic)", format: fakellm.Anthropic,
 			reply: fakellm.Reply{Repeat: true, Chunks: []fakellm.Chunk{{Text: big}}}},
@@ -54,6 +58,8 @@ func scenarios() []scenario {
 			reply: fakellm.Reply{Repeat: true, Chunks: []fakellm.Chunk{
 				{Tool: &fakellm.ToolFragment{ID: "call_1", Name: "echo"}},
 				{Tool: &fakellm.ToolFragment{Arguments: big[:4<<10]}}}}},
+		{name: "flood: 1-byte chunks, endless (openai)", format: fakellm.OpenAI,
+			reply: fakellm.Reply{Repeat: true, Chunks: []fakellm.Chunk{{Text: "x"}}}},
 		{name: "trickle: a 1-byte chunk every 10ms, endless (openai)", format: fakellm.OpenAI,
 			reply: fakellm.Reply{Repeat: true, Chunks: []fakellm.Chunk{{Text: "x", Delay: 10 * time.Millisecond}}}},
 		{name: "trickle: one event, a byte every 5ms (openai)", format: fakellm.OpenAI,
@@ -77,12 +83,12 @@ var modes = []mode{
 
 // result is one measured row.
 type result struct {
-	stopReason  string
-	turnPast    time.Duration // the turn's wall time past the budget
-	processPast time.Duration // the process's exit (run) or the reply (serve) past the budget
-	peakRSS     int64         // bytes
-	answer      int           // bytes of answer kept
-	err         error
+	stopReason string
+	turnWall   time.Duration // the turn's own wall time (its record), or 0 when not known
+	exited     time.Duration // from start to the process's exit (run) or to the reply (serve)
+	peakRSS    int64         // bytes
+	answer     int           // bytes of answer kept
+	err        error
 }
 
 func main() {
@@ -120,8 +126,8 @@ func main() {
 			fatal(fmt.Errorf("building timebox: %w", err))
 		}
 	}
-	fmt.Printf("timeouts.turn %s; peak RSS of the timebox process (getrusage maxrss)\n\n", *turn)
-	fmt.Println("| scenario | timebox | stop reason | turn past the budget | exit past the budget | peak RSS | answer kept |")
+	fmt.Printf("timeouts.turn %s; peak RSS is the timebox process's VmHWM\n\n", *turn)
+	fmt.Println("| scenario | timebox | stop reason | turn ended (past the budget) | process exited / replied | peak RSS | answer kept |")
 	fmt.Println("|---|---|---|---|---|---|---|")
 	for _, sc := range scenarios() {
 		if !strings.Contains(sc.name, *only) {
@@ -137,16 +143,22 @@ func main() {
 				continue
 			}
 			fmt.Printf("| %s | %s | %s | %s | %s | %.0f MB | %s |\n", sc.name, m.name, r.stopReason,
-				fmtPast(r.turnPast), fmtPast(r.processPast), float64(r.peakRSS)/1e6, fmtBytes(r.answer))
+				fmtWall(r.turnWall, *turn), fmtWall(r.exited, *turn), float64(r.peakRSS)/1e6, fmtBytes(r.answer))
 		}
 	}
 }
 
-func fmtPast(d time.Duration) string {
+// fmtWall renders a time from the start, and how far past the budget it
+// was when it was.
+func fmtWall(d, budget time.Duration) string {
 	if d == 0 {
 		return "—"
 	}
-	return fmt.Sprintf("%d ms", d.Milliseconds())
+	s := fmt.Sprintf("%.2fs", d.Seconds())
+	if d > budget {
+		s += fmt.Sprintf(" (+%d ms)", (d - budget).Milliseconds())
+	}
+	return s
 }
 
 func fmtBytes(n int) string {
@@ -183,12 +195,12 @@ tools:
 		env = append(env, "TIMEBOX_MAX_REPLY="+sc.maxReply)
 	}
 	if m.serve {
-		return measureServe(bin, dir, file, env, turn)
+		return measureServe(bin, file, env)
 	}
-	return measureRun(bin, dir, file, env, turn, m)
+	return measureRun(bin, dir, file, env, m)
 }
 
-func measureRun(bin, dir, file string, env []string, turn time.Duration, m mode) result {
+func measureRun(bin, dir, file string, env []string, m mode) result {
 	args := append([]string{"run", "-f", file, "--db", filepath.Join(dir, "runs.db")}, m.args...)
 	args = append(args, "Go on for ever.")
 	cmd := exec.Command(bin, args...)
@@ -203,24 +215,42 @@ func measureRun(bin, dir, file string, env []string, turn time.Duration, m mode)
 	if err := cmd.Start(); err != nil {
 		return result{err: err}
 	}
+	peak := watchHWM(cmd.Process.Pid)
 	fin := readFinished(out)
 	werr := cmd.Wait()
-	exited := time.Since(start)
-	r := result{processPast: exited - turn}
-	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
-		r.peakRSS = ru.Maxrss << 10
-	}
+	r := result{exited: time.Since(start), peakRSS: peak()}
 	if ee, ok := werr.(*exec.ExitError); werr != nil && (!ok || ee.ExitCode() == 1 || ee.ExitCode() == 2) {
 		return result{err: fmt.Errorf("%v: %s", werr, lastLine(stderr.String()))}
 	}
+	r.stopReason = fin.StopReason
 	if fin.found {
-		r.stopReason = fin.StopReason
-		r.turnPast = time.Duration(fin.Totals.WallMS)*time.Millisecond - turn
+		r.turnWall = time.Duration(fin.Totals.WallMS) * time.Millisecond
 		r.answer = len(fin.Answer)
-	} else {
-		r.stopReason = fmt.Sprintf("exit %d", cmd.ProcessState.ExitCode())
 	}
 	return r
+}
+
+// watchHWM samples a child's VmHWM (its peak resident set, which exec
+// starts afresh) every 10ms until it exits, and returns a function that
+// gives the last sample. The last 10ms of the child's life may be missed.
+func watchHWM(pid int) func() int64 {
+	var last atomic.Int64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			v := vmHWM(pid)
+			if v == 0 {
+				return
+			}
+			last.Store(v)
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	return func() int64 {
+		<-done
+		return last.Load()
+	}
 }
 
 // finished is what the bench reads of turn_finished (from --json lines, or
@@ -235,21 +265,30 @@ type finished struct {
 	} `json:"totals"`
 }
 
+// bannerRE finds the stop reason in the live view's closing banner.
+var bannerRE = regexp.MustCompile(`^(?:■ stopped|✗ failed|⊘ cancelled) \((\w+)\)`)
+
 // readFinished reads a child's stdout to its end, keeping only the
-// turn_finished line of --json output; the live view's lines are dropped.
+// turn_finished line of --json output, or the stop reason of the view's
+// banner.
 func readFinished(r io.Reader) finished {
 	var f finished
 	br := bufio.NewReaderSize(r, 64<<10)
 	var line []byte
 	keep := false
+	first := true
 	for {
 		frag, isPrefix, err := br.ReadLine()
-		if len(line) == 0 {
+		if first {
 			keep = bytes.Contains(frag[:min(len(frag), 200)], []byte(`"type":"turn_finished"`))
+			if m := bannerRE.FindSubmatch(frag[:min(len(frag), 200)]); m != nil {
+				f.StopReason = string(m[1])
+			}
 		}
 		if keep {
 			line = append(line, frag...)
 		}
+		first = !isPrefix
 		if !isPrefix {
 			if keep && json.Unmarshal(line, &f) == nil {
 				f.found = true
@@ -262,7 +301,7 @@ func readFinished(r io.Reader) finished {
 	}
 }
 
-func measureServe(bin, dir, file string, env []string, turn time.Duration) result {
+func measureServe(bin, file string, env []string) result {
 	cmd := exec.Command(bin, "serve", "-f", file, "--addr", "127.0.0.1:0", "--db", "")
 	cmd.Env = env
 	out, err := cmd.StdoutPipe()
@@ -302,10 +341,8 @@ func measureServe(bin, dir, file string, env []string, turn time.Duration) resul
 	if err != nil {
 		return result{err: fmt.Errorf("reading the record: %w", err)}
 	}
-	r := result{stopReason: f.StopReason, turnPast: time.Duration(f.WallMS)*time.Millisecond - turn,
-		processPast: replied - turn, answer: len(f.Answer)}
-	r.peakRSS = vmHWM(cmd.Process.Pid)
-	return r
+	return result{stopReason: f.StopReason, turnWall: time.Duration(f.WallMS) * time.Millisecond,
+		exited: replied, answer: len(f.Answer), peakRSS: vmHWM(cmd.Process.Pid)}
 }
 
 // vmHWM returns a live process's peak resident set size, in bytes.
