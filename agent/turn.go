@@ -453,6 +453,7 @@ func (t *turn) attempt(ctx context.Context, step, attempt int, ep model.Endpoint
 	}
 	w := model.Open(callCtx, ep.Provider, req, t.watchdog(), "model "+ep.Model)
 	var text strings.Builder
+	var delta []byte
 	var err error
 	for {
 		var c model.Chunk
@@ -464,9 +465,22 @@ func (t *turn) attempt(ctx context.Context, step, attempt int, ep model.Endpoint
 			t.live.streaming(act)
 		}
 		t.live.progress()
-		if c.Text != "" {
-			text.WriteString(c.Text)
-			t.em.Emit(&event.LLMDelta{Step: step, Text: c.Text})
+		// Events go to the sinks synchronously. When they are slower than
+		// the provider, what has arrived meanwhile goes as one llm_delta,
+		// so that the number of events follows the sinks' pace, not the
+		// provider's, and a flood of tiny chunks is not a flood of events.
+		delta = append(delta[:0], c.Text...)
+		for len(delta) < maxDelta {
+			more, ok := w.Ready()
+			if !ok {
+				break
+			}
+			delta = append(delta, more.Text...)
+		}
+		if len(delta) > 0 {
+			d := string(delta)
+			text.WriteString(d)
+			t.em.Emit(&event.LLMDelta{Step: step, Text: d})
 		}
 	}
 	w.Close()
@@ -498,6 +512,10 @@ func (t *turn) attempt(ctx context.Context, step, attempt int, ep model.Endpoint
 	t.em.Emit(&event.LLMFinished{ModelCall: rec, ToolCalls: len(resp.ToolCalls)})
 	return resp, err
 }
+
+// maxDelta is the most text the turn gathers into one llm_delta from chunks
+// that are already waiting; a single larger chunk still goes whole.
+const maxDelta = 64 << 10
 
 // watchdog returns the budgets every model stream of the turn runs under.
 func (t *turn) watchdog() model.Watchdog {

@@ -56,6 +56,7 @@ type Watched struct {
 	lastChunk  time.Time
 	resp       Response
 	err        error
+	held       *item // an end of stream found by Ready, for the next Recv
 	closeOnce  sync.Once
 
 	mu     sync.Mutex
@@ -177,6 +178,10 @@ func (s *Watched) Recv() (Chunk, error) {
 	if s.ctx.Err() != nil {
 		return Chunk{}, s.fail(budget.Cause(s.ctx))
 	}
+	if it := s.held; it != nil {
+		s.held = nil
+		return s.take(*it)
+	}
 	var fire <-chan time.Time
 	if s.timer != nil {
 		fire = s.timer.C
@@ -200,6 +205,27 @@ func (s *Watched) Recv() (Chunk, error) {
 		return Chunk{}, te
 	case <-s.ctx.Done():
 		return Chunk{}, s.fail(budget.Cause(s.ctx))
+	}
+}
+
+// Ready returns a chunk that has already arrived, without waiting, so that a
+// reader that fell behind the stream can take what is waiting in one go. It
+// returns false when no chunk is waiting, or when the stream has ended or
+// failed: the next Recv says how.
+func (s *Watched) Ready() (Chunk, bool) {
+	if s.err != nil || s.held != nil || s.ctx.Err() != nil {
+		return Chunk{}, false
+	}
+	select {
+	case it := <-s.items:
+		if it.err != nil {
+			s.held = &it
+			return Chunk{}, false
+		}
+		c, _ := s.take(it)
+		return c, true
+	default:
+		return Chunk{}, false
 	}
 }
 

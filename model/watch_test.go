@@ -271,3 +271,35 @@ func TestCancelBeatsBufferedChunks(t *testing.T) {
 		}
 	})
 }
+
+// TestReady: a reader that fell behind takes what has already arrived
+// without waiting; the end of the stream is left for Recv.
+func TestReady(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		chunks := []model.Chunk{{Text: "a"}, {Text: "b"}, {Text: "c"}, {Text: "d"}}
+		s := model.Open(t.Context(), burst{chunks: chunks, resp: model.Response{Text: "abcd"}}, model.Request{}, wd(time.Second, time.Second), "model m")
+		defer s.Close()
+		c, err := s.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := c.Text
+		synctest.Wait()
+		for {
+			c, ok := s.Ready()
+			if !ok {
+				break
+			}
+			got += c.Text
+		}
+		if got != "abcd" {
+			t.Fatalf("got %q", got)
+		}
+		if _, err := s.Recv(); err != io.EOF || s.Response().Text != "abcd" {
+			t.Fatalf("err %v", err)
+		}
+		if _, ok := s.Ready(); ok {
+			t.Fatal("Ready after the end")
+		}
+	})
+}
