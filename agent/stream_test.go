@@ -7,14 +7,18 @@ package agent_test
 // Anthropic claude-b (B).
 
 import (
+	"encoding/json"
 	"slices"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
+	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/fakellm"
+	"github.com/timebox-run/timebox/model"
 )
 
 // endless streams text chunks of n bytes for ever.
@@ -261,4 +265,44 @@ func TestChaosEmptyReply(t *testing.T) {
 			}
 		})
 	}
+}
+
+// slowDeltaSink takes d over every llm_delta, as a sink writing to a slow disk or
+// terminal would.
+type slowDeltaSink struct {
+	d      time.Duration
+	deltas []string
+}
+
+func (s *slowDeltaSink) Emit(e event.Event) {
+	if d, ok := e.Data.(*event.LLMDelta); ok {
+		s.deltas = append(s.deltas, d.Text)
+		time.Sleep(s.d)
+	}
+}
+
+// TestDeltasFollowTheSinksPace: chunks that arrive while the sinks are still
+// busy with the last delta go as one llm_delta, so a flood of tiny chunks is
+// not a flood of events; the deltas, joined, are still the reply's text.
+func TestDeltasFollowTheSinksPace(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		chunks := make([]string, 300)
+		for i := range chunks {
+			chunks[i] = string(rune('a' + i%26))
+		}
+		line, _ := json.Marshal(map[string]any{"chunks": chunks})
+		a, err := agent.New(agent.Config{Models: []model.Endpoint{endpoint(lines(t, string(line)), "m")}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sink := &slowDeltaSink{d: time.Millisecond}
+		res := a.Run(t.Context(), agent.Input{Text: "go"}, sink)
+		want := strings.Join(chunks, "")
+		if res.Record.StopReason != budget.Answered || res.Record.Answer != want || strings.Join(sink.deltas, "") != want {
+			t.Fatalf("%s %q; deltas %q", res.Record.StopReason, res.Record.Answer, strings.Join(sink.deltas, ""))
+		}
+		if len(sink.deltas) >= len(chunks)/2 {
+			t.Fatalf("%d llm_delta events for %d chunks that all arrived at once", len(sink.deltas), len(chunks))
+		}
+	})
 }
