@@ -95,8 +95,13 @@ func (t *turn) message(st stop, now time.Time) string {
 			budget.Shutdown:   "Cancelled after %s: the server is shutting down",
 		}[st.reason]
 		s := fmt.Sprintf(who, wall)
-		if ce, ok := budget.AsCancel(st.cause); ok && ce.By != "" && st.reason == budget.Cancelled {
-			s = fmt.Sprintf("Cancelled by %s after %s", ce.By, wall)
+		if ce, ok := budget.AsCancel(st.cause); ok && ce.By != "" {
+			switch st.reason {
+			case budget.Cancelled:
+				s = fmt.Sprintf("Cancelled by %s after %s", ce.By, wall)
+			case budget.ClientGone:
+				s = fmt.Sprintf("Cancelled after %s: %s went away", wall, ce.By)
+			}
 		}
 		switch {
 		case len(t.stopTools) == 1:

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -57,13 +58,21 @@ func exitCode(s budget.Status) int {
 func interrupts(ctx context.Context, o IO) (context.Context, func()) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	sig := make(chan os.Signal, 2)
-	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	// SIGPIPE is asked for only so that the runtime does not kill timebox
+	// when the reader of its output goes away (`timebox run … | head`):
+	// the write fails with EPIPE instead, and the turn is cancelled as
+	// client_gone with its tools stopped (goneWriter). Killed by the
+	// signal, timebox would leave its tools running.
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM, syscall.SIGPIPE)
 	done := make(chan struct{})
 	go func() {
 		n := 0
 		for {
 			select {
 			case s := <-sig:
+				if s == syscall.SIGPIPE {
+					continue
+				}
 				n++
 				if n == 1 {
 					by := "you (Ctrl-C)"
@@ -85,6 +94,34 @@ func interrupts(ctx context.Context, o IO) (context.Context, func()) {
 		close(done)
 		cancel(nil)
 	}
+}
+
+// goneWriter is the turn's standard output. When a write fails because
+// its reader went away (EPIPE: `timebox run … | head` after head exited),
+// it cancels the turn once, as client_gone: nobody is reading the answer,
+// and the turn's tools must not run on for nobody. Later writes are
+// dropped.
+type goneWriter struct {
+	w      io.Writer
+	cancel context.CancelCauseFunc
+
+	mu   sync.Mutex
+	gone bool
+}
+
+func (g *goneWriter) Write(p []byte) (int, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.gone {
+		return len(p), nil
+	}
+	n, err := g.w.Write(p)
+	if err != nil && errors.Is(err, syscall.EPIPE) {
+		g.gone = true
+		g.cancel(&budget.CancelError{Reason: budget.ClientGone, By: "the reader of standard output"})
+		return len(p), nil
+	}
+	return n, err
 }
 
 func cmdRun(ctx context.Context, args []string, o IO) int {
@@ -119,6 +156,9 @@ func cmdRun(ctx context.Context, args []string, o IO) int {
 	reapOrphans(o)
 	ctx, stop := interrupts(ctx, o)
 	defer stop()
+	ctx, outGone := context.WithCancelCause(ctx)
+	defer outGone(nil)
+	o.Out = &goneWriter{w: o.Out, cancel: outGone}
 	var recording *script.Recording
 	if *recordTo != "" {
 		f, err := os.Create(*recordTo)

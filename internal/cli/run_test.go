@@ -3,7 +3,9 @@ package cli_test
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,8 +15,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/cli"
 	"github.com/timebox-run/timebox/internal/proctest"
+	"github.com/timebox-run/timebox/store"
+	"github.com/timebox-run/timebox/store/sqlite"
 )
 
 const demo = "../../examples/demo/agent.yaml"
@@ -261,3 +267,70 @@ func alive(pid string) bool {
 }
 
 func regexpMatch(re, s string) bool { return regexp.MustCompile(re).MatchString(s) }
+
+// `timebox run … | head -1`: when the reader of standard output goes away,
+// the next write fails and the turn is cancelled as client_gone, its tools
+// stopped and its record stored. Killed by SIGPIPE, as Go kills a program
+// that writes to a broken stdout unless it asks for the signal, timebox
+// left its tools running for ever.
+func TestStdoutReaderGoesAway(t *testing.T) {
+	bin := timeboxBinary(t)
+	dir := t.TempDir()
+	pidfile := filepath.Join(dir, "pids")
+	os.WriteFile(filepath.Join(dir, "hang.sh"), []byte("#!/usr/bin/env bash\ncat >/dev/null\ntrap '' TERM\nsetsid sleep 300 &\necho $! >> "+pidfile+"\necho $$ >> "+pidfile+"\nwhile true; do sleep 1; done\n"), 0o755)
+	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"tool_calls": [{"name": "hang"}]}`+"\n"+`{"text": "never"}`+"\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "agent.yaml"), []byte("model: {primary: script:m}\nproviders: {script: {file: script.jsonl}}\ntools:\n  - name: hang\n    exec: [./hang.sh]\n    timeout: 5m\n"), 0o644)
+	db := filepath.Join(dir, "timebox.db")
+
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// still_working every 200ms: something to write once the reader is gone.
+	cmd := exec.Command(bin, "run", "-f", filepath.Join(dir, "agent.yaml"), "--db", db, "--progress-notice", "200ms", "--json", "go")
+	var errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = w, &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for strings.Count(readFile(pidfile), "\n") < 2 {
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			t.Fatalf("the tool never started\n%s", errb.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	r.Close() // the reader goes away, as head does after its first line
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err = <-done:
+	case <-time.After(20 * time.Second):
+		cmd.Process.Kill()
+		t.Fatalf("timebox did not end after its reader went away\n%s", errb.String())
+	}
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != cli.ExitCancelled {
+		t.Fatalf("exit: %v (want code %d; a death by SIGPIPE reads 'signal: broken pipe')\n%s", err, cli.ExitCancelled, errb.String())
+	}
+	for _, f := range strings.Fields(readFile(pidfile)) {
+		if alive(f) {
+			t.Errorf("process %s of the call outlived the turn", f)
+		}
+	}
+	st, err := sqlite.Open(db, sqlite.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	list, err := st.Turns(context.Background(), store.Filter{})
+	if err != nil || len(list) != 1 {
+		t.Fatalf("stored turns %+v, %v", list, err)
+	}
+	if s := list[0]; s.StopReason != budget.ClientGone || !strings.Contains(s.Message, "the reader of standard output went away") ||
+		!strings.Contains(s.Message, "tool hang was stopped") {
+		t.Fatalf("stored turn %s: %s", s.StopReason, s.Message)
+	}
+}
