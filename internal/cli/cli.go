@@ -69,6 +69,7 @@ Usage:
   timebox tool call NAME --input '{...}' [-f agent.yaml]          one tool call under its budget; prints its record
   timebox serve [-f agent.yaml] [--addr 127.0.0.1:8080]           HTTP/SSE API and web page
   timebox runs list|show ID|export ID                             stored turns
+  timebox schema                                                  the agent file's JSON Schema, for editors
   timebox version
 
 Exit codes: 0 completed, 1 failed, 2 usage or configuration error, 3 stopped by a budget, 130 cancelled.
@@ -104,6 +105,8 @@ func Run(ctx context.Context, args []string, o IO) int {
 		return cmdServe(ctx, args[1:], o)
 	case "runs":
 		return cmdRuns(ctx, args[1:], o)
+	case "schema":
+		return cmdSchema(args[1:], o)
 	case "version", "--version", "-v":
 		fmt.Fprint(o.Out, versionText())
 		return ExitOK
