@@ -56,7 +56,6 @@ func TestDocsExamplesParse(t *testing.T) {
 
 func itoa(n int) string { return strconv.Itoa(n) }
 
-
 // jsonFields lists the JSON names of t's fields and of the structs they
 // hold.
 func jsonFields(t reflect.Type, seen map[string]bool) {
