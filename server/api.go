@@ -30,6 +30,7 @@ func (s *Server) routes() {
 	api("POST /v1/turns/{id}/cancel", s.cancel)
 	api("GET /v1/sessions", s.listSessions)
 	api("GET /v1/sessions/{id}", s.getSession)
+	api("GET /v1/openapi.json", s.getOpenAPI)
 	api("/v1/", s.noRoute)
 	mux.Handle("GET /metrics", s.guard(s.auth(s.metrics.ServeHTTP)))
 	mux.Handle("GET /healthz", s.guard(http.HandlerFunc(s.healthz)))
@@ -39,7 +40,7 @@ func (s *Server) routes() {
 
 // apiRoute matches the paths of the API, to tell a wrong method (405) from
 // a wrong path (404).
-var apiRoute = regexp.MustCompile(`^/v1/(turns(/[^/]+(/events|/cancel)?)?|sessions(/[^/]+)?)$`)
+var apiRoute = regexp.MustCompile(`^/v1/(turns(/[^/]+(/events|/cancel)?)?|sessions(/[^/]+)?|openapi\.json)$`)
 
 func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) {
 	if apiRoute.MatchString(r.URL.Path) {

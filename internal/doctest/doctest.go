@@ -17,7 +17,13 @@ package doctest
 import (
 	"bytes"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
 	"os"
+	"sort"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -134,4 +140,89 @@ func Blocks(page []byte) []Block {
 		}
 	}
 	return out
+}
+
+// Consts returns the values of the string constants of type typ that the
+// Go package in dir declares (test files aside), in the order of its files
+// and declarations: the package's own list of its event types, statuses or
+// error codes, read from its source so that a page can be checked against
+// every one, including one added tomorrow.
+func Consts(dir, typ string) ([]string, error) {
+	fset := token.NewFileSet()
+	pkgs, err := parser.ParseDir(fset, dir, func(fi fs.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, 0)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, pkg := range pkgs {
+		files := make([]string, 0, len(pkg.Files))
+		for name := range pkg.Files {
+			files = append(files, name)
+		}
+		sort.Strings(files)
+		for _, name := range files {
+			for _, d := range pkg.Files[name].Decls {
+				gd, ok := d.(*ast.GenDecl)
+				if !ok || gd.Tok != token.CONST {
+					continue
+				}
+				for _, spec := range gd.Specs {
+					vs := spec.(*ast.ValueSpec)
+					if id, ok := vs.Type.(*ast.Ident); !ok || id.Name != typ {
+						continue
+					}
+					for _, v := range vs.Values {
+						if lit, ok := v.(*ast.BasicLit); ok && lit.Kind == token.STRING {
+							s, _ := strconv.Unquote(lit.Value)
+							out = append(out, s)
+						}
+					}
+				}
+			}
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no constants of type %s in %s", typ, dir)
+	}
+	return out, nil
+}
+
+// Calls returns the string literal that is argument arg (from 0) of every
+// call of the function or method named fn in the Go package in dir (test
+// files aside): the routes a mux registers, the error codes a handler
+// writes.
+func Calls(dir, fn string, arg int) ([]string, error) {
+	fset := token.NewFileSet()
+	pkgs, err := parser.ParseDir(fset, dir, func(fi fs.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, 0)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, pkg := range pkgs {
+		for _, f := range pkg.Files {
+			ast.Inspect(f, func(n ast.Node) bool {
+				call, ok := n.(*ast.CallExpr)
+				if !ok || len(call.Args) <= arg {
+					return true
+				}
+				name := ""
+				switch f := call.Fun.(type) {
+				case *ast.Ident:
+					name = f.Name
+				case *ast.SelectorExpr:
+					name = f.Sel.Name
+				}
+				if name != fn {
+					return true
+				}
+				if lit, ok := call.Args[arg].(*ast.BasicLit); ok && lit.Kind == token.STRING {
+					s, _ := strconv.Unquote(lit.Value)
+					out = append(out, s)
+				}
+				return true
+			})
+		}
+	}
+	sort.Strings(out)
+	return out, nil
 }
