@@ -250,6 +250,11 @@ func Schema() []byte {
 	return append(b, '\n')
 }
 
+// scalar is the JSON type of a value the loader reads as text: a string,
+// or a number or true/false taken as written, so that the schema never
+// refuses a file Load accepts.
+var scalar = []string{"string", "number", "boolean"}
+
 // schemaOf returns the JSON Schema of n.
 func schemaOf(n *node) map[string]any {
 	s := map[string]any{}
@@ -284,14 +289,13 @@ func schemaOf(n *node) map[string]any {
 			s["type"] = "array"
 			s["minItems"] = n.minItems
 		}
-	case kText, kFile:
-		s["type"] = "string"
-		if n.kind == kFile {
-			s["minLength"] = 1
-		}
-	case kArg:
-		// The loader takes a number or true/false as written: [./x, --depth, 2].
-		s["type"] = []string{"string", "number", "boolean"}
+	case kText, kArg:
+		// The loader takes a number or true/false where it wants text, as
+		// written: [./x, --depth, 2] has the argument "2".
+		s["type"] = scalar
+	case kFile:
+		s["type"] = scalar
+		s["minLength"] = 1
 	case kModelRef:
 		s["type"] = "string"
 		s["pattern"] = `^\s*(` + strings.Join(providerNames, "|") + `)\s*:\s*\S`
@@ -299,10 +303,10 @@ func schemaOf(n *node) map[string]any {
 		s["type"] = "string"
 		s["pattern"] = urlPattern
 	case kVarName:
-		s["type"] = "string"
+		s["type"] = scalar // a pattern applies to strings only
 		s["pattern"] = envNameRE.String()
 	case kToolName:
-		s["type"] = "string"
+		s["type"] = scalar
 		s["pattern"] = toolNameRE.String()
 	case kEnforcement:
 		s["enum"] = enforcementNames

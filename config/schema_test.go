@@ -487,6 +487,8 @@ func TestSchemaRejectsWhatLoadRejects(t *testing.T) {
 		{"number argument", []any{"tools", 1}, "exec", []any{"./tools/crawl.sh", "--depth", 2}},
 		{"empty env", []any{"tools", 1}, "env", []any{}},
 		{"null section", nil, "server", nil},
+		{"number as a name", []any{"tools", 0}, "name", 7},
+		{"number as a description", []any{"tools", 0}, "description", 42},
 	}
 	for _, tc := range ok {
 		t.Run(tc.name, func(t *testing.T) {

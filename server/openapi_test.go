@@ -44,7 +44,16 @@ type apiDoc struct {
 }
 
 type apiOp struct {
-	Responses map[string]apiResponse `json:"responses"`
+	Summary    string                 `json:"summary"`
+	Parameters []apiParam             `json:"parameters"`
+	Responses  map[string]apiResponse `json:"responses"`
+}
+
+type apiParam struct {
+	Name        string         `json:"name"`
+	In          string         `json:"in"`
+	Description string         `json:"description"`
+	Schema      map[string]any `json:"schema"`
 }
 
 type apiResponse struct {
