@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -167,5 +168,36 @@ func TestDocsAgentFileVariables(t *testing.T) {
 		if !strings.Contains(string(page), "`"+name+"`") {
 			t.Errorf("%s does not name %s", agentFileDoc, name)
 		}
+	}
+}
+
+// TestDocsAgentFileExamples: every yaml example of docs/agent-file.md
+// loads and passes the schema.
+func TestDocsAgentFileExamples(t *testing.T) {
+	page, err := os.ReadFile(agentFileDoc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	schema := compiledSchema(t)
+	n := 0
+	for _, b := range doctest.Blocks(page) {
+		if b.Lang != "yaml" {
+			continue
+		}
+		n++
+		dir := referenceDir(t) // the reference's tools and script, for relative paths
+		path := filepath.Join(dir, "agent.yaml")
+		if err := os.WriteFile(path, []byte(b.Text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Load(path, Overrides{}); err != nil {
+			t.Errorf("the example at line %d of %s does not load:\n%v", b.Line, agentFileDoc, err)
+		}
+		if err := schema.Validate(instance(t, []byte(b.Text))); err != nil {
+			t.Errorf("the example at line %d of %s fails the schema: %v", b.Line, agentFileDoc, err)
+		}
+	}
+	if n < 3 {
+		t.Errorf("only %d yaml examples in %s", n, agentFileDoc)
 	}
 }
