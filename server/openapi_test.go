@@ -233,6 +233,18 @@ func enumOf(t *testing.T, schema map[string]any, keys ...string) []string {
 	return out
 }
 
+// paramEnum returns the enum of a query parameter of GET /v1/turns.
+func paramEnum(t *testing.T, d apiDoc, name string) []string {
+	t.Helper()
+	for _, p := range d.Paths["/v1/turns"]["get"].Parameters {
+		if p.Name == name {
+			return enumOf(t, p.Schema, "enum")
+		}
+	}
+	t.Fatalf("GET /v1/turns has no parameter %s", name)
+	return nil
+}
+
 func consts(t *testing.T, dir, typ string) []string {
 	t.Helper()
 	vs, err := doctest.Consts(dir, typ)
@@ -267,6 +279,8 @@ func TestOpenAPIEnums(t *testing.T) {
 		{"ToolCall.outcome", enumOf(t, s["ToolCall"], "properties", "outcome", "enum"), consts(t, "../event", "Outcome")},
 		{"ModelCall.phase", enumOf(t, s["ModelCall"], "properties", "phase", "enum"), consts(t, "../budget", "Phase")},
 		{"ToolCall.enforcement", enumOf(t, s["ToolCall"], "properties", "enforcement", "enum"), consts(t, "../budget", "Enforcement")},
+		{"the status filter", paramEnum(t, d, "status"), consts(t, "../budget", "Status")},
+		{"the stop_reason filter", paramEnum(t, d, "stop_reason"), consts(t, "../budget", "StopReason")},
 	} {
 		if !slices.Equal(c.got, c.want) {
 			t.Errorf("openapi.json's %s lists %q; the code has %q", c.what, c.got, c.want)
