@@ -198,6 +198,8 @@ func buildAgentFile() *node {
 			k("primary", leaf(kModelRef, "The model every turn starts with, as provider:model. Providers: "+providers+".")),
 			k("fallbacks", listOf("The models tried in order after the primary when every credential of the previous one failed in an LLM phase. Tool, step, turn and compaction timeouts never switch models.",
 				leaf(kModelRef, "A model, as provider:model."), 0)),
+			k("max_tokens", &node{kind: kCount, min: 1, max: MaxMaxTokens, def: fmt.Sprint(DefaultMaxTokens),
+				doc: "The most tokens one reply may have, asked of every model of the chain (OpenAI's max_completion_tokens, Anthropic's max_tokens). A reasoning model counts its reasoning in it."}),
 		)),
 		k("providers", mapping("The providers' settings. A provider the chain uses needs no entry unless it is script (which needs its file).", nil,
 			k("openai", apiProvider("openai", "OpenAI, or any OpenAI-compatible endpoint.",
