@@ -15,25 +15,22 @@ import (
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/proctest"
 	"github.com/timebox-run/timebox/internal/proctree"
+	"github.com/timebox-run/timebox/internal/testenv"
 	"github.com/timebox-run/timebox/tool"
 	"github.com/timebox-run/timebox/tool/exectool"
 )
 
-// EnvBurstCalls sets the number of calls of TestBurstOfHungHardCalls. The
-// default keeps the test to a few seconds under -race; the fault suite
-// sets 1000.
-const EnvBurstCalls = "TIMEBOX_BURST_CALLS"
-
-// TestBurstOfHungHardCalls starts many hung hard calls at one instant, each
+// TestBurstOfHungHardCalls starts many hung hard calls at one instant (200,
+// or testenv.EnvBurstCalls: TB_TEST_BURST_CALLS=1000), each
 // with a 1s timeout: every one must end timed_out (none abandoned, even
 // those whose deadline passed before their process could be started), and
 // no process may be left. It logs the figures the fault suite reports.
 func TestBurstOfHungHardCalls(t *testing.T) {
 	calls := 200
-	if v := os.Getenv(EnvBurstCalls); v != "" {
+	if v := os.Getenv(testenv.EnvBurstCalls); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n <= 0 {
-			t.Fatalf("%s=%q is not a positive number", EnvBurstCalls, v)
+			t.Fatalf("%s=%q is not a positive number", testenv.EnvBurstCalls, v)
 		}
 		calls = n
 	}
