@@ -10,9 +10,9 @@
 //	go run ./bench/stream -turn 4s -run flood  # the scenarios whose name contains "flood"
 //
 // The peak memory of a child is its VmHWM (peak resident set size, sampled
-// from /proc every 10ms; getrusage's maxrss of a child also counts the
-// parent it was forked from), which includes the Go runtime and the binary
-// itself.
+// from /proc every 10ms by internal/procmem; getrusage's maxrss of a child
+// also counts the parent it was forked from), which includes the Go runtime
+// and the binary itself.
 package main
 
 import (
@@ -29,11 +29,11 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/timebox-run/timebox/internal/fakellm"
+	"github.com/timebox-run/timebox/internal/procmem"
 )
 
 // scenario is one misbehaving model.
@@ -215,7 +215,7 @@ func measureRun(bin, dir, file string, env []string, m mode) result {
 	if err := cmd.Start(); err != nil {
 		return result{err: err}
 	}
-	peak := watchHWM(cmd.Process.Pid)
+	peak := procmem.Watch(cmd.Process.Pid)
 	fin := readFinished(out)
 	werr := cmd.Wait()
 	r := result{exited: time.Since(start), peakRSS: peak()}
@@ -228,29 +228,6 @@ func measureRun(bin, dir, file string, env []string, m mode) result {
 		r.answer = len(fin.Answer)
 	}
 	return r
-}
-
-// watchHWM samples a child's VmHWM (its peak resident set, which exec
-// starts afresh) every 10ms until it exits, and returns a function that
-// gives the last sample. The last 10ms of the child's life may be missed.
-func watchHWM(pid int) func() int64 {
-	var last atomic.Int64
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			v := vmHWM(pid)
-			if v == 0 {
-				return
-			}
-			last.Store(v)
-			time.Sleep(10 * time.Millisecond)
-		}
-	}()
-	return func() int64 {
-		<-done
-		return last.Load()
-	}
 }
 
 // finished is what the bench reads of turn_finished (from --json lines, or
@@ -342,23 +319,7 @@ func measureServe(bin, file string, env []string) result {
 		return result{err: fmt.Errorf("reading the record: %w", err)}
 	}
 	return result{stopReason: f.StopReason, turnWall: time.Duration(f.WallMS) * time.Millisecond,
-		exited: replied, answer: len(f.Answer), peakRSS: vmHWM(cmd.Process.Pid)}
-}
-
-// vmHWM returns a live process's peak resident set size, in bytes.
-func vmHWM(pid int) int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0
-	}
-	for l := range strings.Lines(string(b)) {
-		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
-			var kb int64
-			fmt.Sscanf(strings.TrimSpace(v), "%d", &kb)
-			return kb << 10
-		}
-	}
-	return 0
+		exited: replied, answer: len(f.Answer), peakRSS: procmem.Peak(cmd.Process.Pid)}
 }
 
 func lastLine(s string) string {
