@@ -18,7 +18,10 @@ package proctest
 
 import (
 	"fmt"
+	"os"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -76,4 +79,33 @@ func Leaks(wait time.Duration) []string {
 		time.Sleep(min(interval, time.Until(deadline)))
 		interval = min(2*interval, 50*time.Millisecond)
 	}
+}
+
+// marks numbers the markers Env hands out, far above the numbers of this
+// process's own calls, so that the two never meet.
+var marks atomic.Uint64
+
+// Env returns env (nil: this process's environment) with a TIMEBOX_CALL
+// marker of this process in place of any it had, for a program started
+// outside any process tree whose processes the test owns: a timebox
+// binary under test. Leaks then counts that program, and every tool
+// process it starts (their markers carry it after their own), as this
+// process's: a timebox left running, or what it left, is a leak. A marker
+// this process inherited stays after it, as proctree nests them.
+func Env(env []string) []string {
+	if env == nil {
+		env = os.Environ()
+	}
+	value := proctree.Instance() + "-" + strconv.FormatUint(1<<62+marks.Add(1), 10)
+	out := make([]string, 0, len(env)+1)
+	for _, kv := range env {
+		if outer, ok := strings.CutPrefix(kv, proctree.EnvMarker+"="); ok {
+			if outer != "" {
+				value += "," + outer
+			}
+			continue
+		}
+		out = append(out, kv)
+	}
+	return append(out, proctree.EnvMarker+"="+value)
 }

@@ -117,3 +117,40 @@ func TestLeaksWaitsForExit(t *testing.T) {
 	}
 	<-done
 }
+
+// TestEnvMarksAProgramAndItsChildren: a program started with Env, and the
+// child it starts, are this process's leaks; once they exit, nothing is.
+func TestEnvMarksAProgramAndItsChildren(t *testing.T) {
+	cmd := exec.Command("sh", "-c", "sleep 300 & echo started; wait")
+	cmd.Env = Env(append(os.Environ(), proctree.EnvMarker+"=outer-1"))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // killed as a group at the end
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		cmd.Process.Kill()
+		cmd.Wait()
+	}()
+	buf := make([]byte, 16)
+	if n, _ := out.Read(buf); !strings.Contains(string(buf[:n]), "started") {
+		t.Fatalf("the program said %q", buf[:n])
+	}
+	left := Leaks(0)
+	if len(left) != 2 || !strings.Contains(strings.Join(left, "\n"), "sleep 300") || !strings.Contains(left[0], ",outer-1") {
+		t.Fatalf("Leaks = %q; want the shell and its sleep, their marker nesting the inherited one", left)
+	}
+	var n int
+	for _, kv := range cmd.Env {
+		if strings.HasPrefix(kv, proctree.EnvMarker+"=") {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("%d markers in the environment", n)
+	}
+}

@@ -514,3 +514,30 @@ func within(p, root string) (string, bool) {
 	}
 	return "", false
 }
+
+// CgroupMembers returns the processes still in the cgroups that the timebox
+// process with pid owner made for its calls (timebox-<pid>.<start>.<ns>,
+// beside this process's own, under the cgroup a process and the children
+// it starts share), whether owner is alive or gone. It is for tests that
+// check that a timebox process they started left nothing behind, even a
+// process that cleared its marker from its environment. It returns nil
+// when calls cannot run in cgroups here.
+func CgroupMembers(owner int) ([]int, error) {
+	h, err := cgHost()
+	if err != nil {
+		return nil, nil
+	}
+	entries, err := os.ReadDir(h.base)
+	if err != nil {
+		return nil, err
+	}
+	var out []int
+	prefix := parentPrefix + strconv.Itoa(owner) + "."
+	for _, e := range entries {
+		if e.IsDir() && strings.HasPrefix(e.Name(), prefix) {
+			// The parent holds no process itself; its calls are below it.
+			out = append(out, (&callCgroup{dir: filepath.Join(h.base, e.Name())}).procs()...)
+		}
+	}
+	return out, nil
+}

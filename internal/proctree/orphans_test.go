@@ -154,6 +154,12 @@ func TestOwnerKilledThenReaped(t *testing.T) {
 		if !pidAlive(grandchild) {
 			t.Fatal("the setsid grandchild died with its owner; the test proves nothing more")
 		}
+		if s == Cgroup {
+			// What a test that started the owner sees of what it left.
+			if left, err := CgroupMembers(owner.Process.Pid); err != nil || !slices.Contains(left, grandchild) {
+				t.Errorf("CgroupMembers of the dead owner = %v, %v; want its grandchild %d", left, err, grandchild)
+			}
+		}
 		r, err := ReapOrphans()
 		if err != nil {
 			t.Error(err)
@@ -169,6 +175,9 @@ func TestOwnerKilledThenReaped(t *testing.T) {
 			matches, _ := filepath.Glob(filepath.Join(host.base, parentPrefix+strconv.Itoa(owner.Process.Pid)+".*"))
 			if len(matches) > 0 {
 				t.Errorf("the dead owner's cgroups are still there: %v", matches)
+			}
+			if left, err := CgroupMembers(owner.Process.Pid); len(left) > 0 || err != nil {
+				t.Errorf("CgroupMembers after the reap = %v, %v", left, err)
 			}
 		}
 	})
