@@ -31,7 +31,11 @@ type stderrLog struct {
 	line     []byte // the current, incomplete line
 	long     bool   // the current line outgrew maxLine and is log
 	log      []byte // the end of the log, up to 2*tailSize
-	last     string // the last non-empty log line
+	// last is the last non-blank log line as it was written (at most
+	// maxLine+1 bytes), made text only when asked for (lastLine): a
+	// string per line would be an allocation per line of a program that
+	// logs a gigabyte.
+	last []byte
 }
 
 func (s *stderrLog) drain(r io.Reader) {
@@ -94,11 +98,10 @@ func (s *stderrLog) endLine(newline bool) {
 
 // setLast keeps line as the last log line, unless it is blank.
 func (s *stderrLog) setLast(line []byte) {
-	if t := strings.TrimSpace(text(line)); t != "" {
-		if len(t) > maxLastLine {
-			t = cutRunes(t[:maxLastLine]) + "…"
-		}
-		s.last = t
+	// Blank is white space only: an invalid byte is not space, as its
+	// U+FFFD is not.
+	if len(bytes.TrimSpace(line)) > 0 {
+		s.last = append(s.last[:0], line...)
 	}
 }
 
@@ -154,7 +157,15 @@ func (s *stderrLog) tail() string {
 	return text(b)
 }
 
-func (s *stderrLog) lastLine() string { return s.last }
+// lastLine returns the last non-blank log line as text, trimmed, at most
+// maxLastLine bytes and an ellipsis.
+func (s *stderrLog) lastLine() string {
+	t := strings.TrimSpace(text(s.last))
+	if len(t) > maxLastLine {
+		t = cutRunes(t[:maxLastLine]) + "…"
+	}
+	return t
+}
 
 // text returns b as valid UTF-8, every invalid byte replaced by U+FFFD, so
 // that messages, records and model APIs can carry it.
