@@ -1,0 +1,132 @@
+//go:build faults && linux
+
+package faults
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/proctree"
+)
+
+// Tool programs whose process trees try to outlive their call. Each reads
+// its request, writes "role pid" lines to $PIDFILE as it sets up, "ready"
+// last, and hangs. They run under timebox's own bash, so that the trees
+// are what a user's script makes.
+const (
+	// The classic daemon: a middle process starts the daemon in a new
+	// session and exits at once, so the daemon's parent is gone.
+	doubleFork = `#!/usr/bin/env bash
+cat >/dev/null
+( setsid bash -c 'echo "daemon $$" >> "$PIDFILE"; exec sleep 300' & )
+echo "root $$" >> "$PIDFILE"
+sleep 0.2 # the daemon has written its pid
+echo "ready $$" >> "$PIDFILE"
+exec sleep 300
+`
+	// A child that starts its own session, leaving the process group.
+	setsidEscapee = `#!/usr/bin/env bash
+cat >/dev/null
+setsid sleep 300 &
+echo "escapee $!" >> "$PIDFILE"
+echo "ready $$" >> "$PIDFILE"
+exec sleep 300
+`
+	// A tree that ignores SIGTERM from top to bottom: five children, each
+	// with a sleep of its own; only SIGKILL after kill_grace stops it.
+	termIgnoringTree = `#!/usr/bin/env bash
+cat >/dev/null
+trap '' TERM
+for i in 1 2 3 4 5; do
+  bash -c 'echo "child $$" >> "$PIDFILE"; while :; do sleep 1; done' &
+done
+echo "ready $$" >> "$PIDFILE"
+while :; do sleep 1; done
+`
+	// 200 children that ignore SIGTERM, then a root that goes on forking
+	// one more every 10ms while it is being stopped.
+	forkBomb = `#!/usr/bin/env bash
+cat >/dev/null
+trap '' TERM
+for i in $(seq 200); do
+  sleep 300 &
+  echo "child $!" >> "$PIDFILE"
+done
+echo "ready $$" >> "$PIDFILE"
+while :; do sleep 300 & sleep 0.01; done
+`
+)
+
+// processTrees: a hard call whose tree escapes every way a script can
+// is stopped at its deadline (SIGTERM, then SIGKILL after kill_grace) and
+// nothing of the tree is left, under both process-tree strategies, through
+// `timebox run`. The call's record and the stored turn keep its end.
+func processTrees(t *testing.T) {
+	cases := []struct {
+		name, program string
+		// roles the program must have written: proof that the tree it
+		// means to leave was there.
+		roles []string
+		// ignoresTerm: the tree is stopped only by SIGKILL, kill_grace
+		// (500ms) after the deadline.
+		ignoresTerm bool
+		children    int // the "child" lines it writes, at least
+	}{
+		{name: "double fork", program: doubleFork, roles: []string{"daemon", "root", "ready"}},
+		{name: "setsid escapee", program: setsidEscapee, roles: []string{"escapee", "ready"}},
+		{name: "TERM-ignoring tree", program: termIgnoringTree, roles: []string{"child", "ready"}, ignoresTerm: true, children: 5},
+		{name: "200-child fork bomb", program: forkBomb, roles: []string{"child", "ready"}, ignoresTerm: true, children: 200},
+	}
+	const timeout, grace = 2 * time.Second, 500 * time.Millisecond
+	for _, tc := range cases {
+		for _, s := range []proctree.Strategy{proctree.Cgroup, proctree.Track} {
+			t.Run(tc.name+"/"+string(s), func(t *testing.T) {
+				if _, err := proctree.Resolve(s); err != nil {
+					t.Skip(err)
+				}
+				sc := begin(t, tc.name+" ("+string(s)+")", "timebox run --json")
+				a := newAgent(t, scriptAgent(fmt.Sprintf("kill_grace: %s", grace), "",
+					fmt.Sprintf("{name: tree, description: Hangs., exec: [./tree.sh], timeout: %s}", timeout)),
+					[]string{callTools("tree"), `{"text": "done"}`}, map[string]string{"tree.sh": tc.program})
+				p := startTimebox(t, a.dir, []string{"PIDFILE=" + a.pidfile, proctree.EnvStrategy + "=" + string(s)}, nil,
+					"run", "-f", a.file, "--db", a.db, "--json", "go")
+				if code := p.wait(60 * time.Second); code != 0 {
+					t.Fatalf("exit %d\n%s", code, p.stderr.String())
+				}
+				pids := a.pids()
+				for _, role := range tc.roles {
+					if len(pids[role]) == 0 {
+						t.Fatalf("the program never wrote its %s (pids %v): the scenario proves nothing", role, pids)
+					}
+				}
+				if len(pids["child"]) < tc.children {
+					t.Fatalf("%d children of %d", len(pids["child"]), tc.children)
+				}
+				seen := p.log.snapshot()
+				rec := toolRecords(seen)["call_1"]
+				if rec == nil {
+					for _, r := range toolRecords(seen) {
+						rec = r
+					}
+				}
+				if rec == nil {
+					t.Fatalf("no tool_finished\n%s", p.stderr.String())
+				}
+				sc.is("outcome", string(rec.Outcome), string(event.OutcomeTimedOut))
+				past := time.Duration(rec.DurationMS-rec.TimeoutMS) * time.Millisecond
+				bound := 1500 * time.Millisecond
+				if tc.ignoresTerm {
+					bound += grace
+				}
+				sc.within("past the deadline (kill_grace "+grace.String()+")", past, bound)
+				sc.allDead(pids)
+				sc.nothingLeft(p.pid())
+				st, evs := stored(t, a.db, "")
+				sc.records(seen, st, evs)
+				sc.memory("peak memory of timebox", p.peak(), 200)
+			})
+		}
+	}
+}
