@@ -341,7 +341,11 @@ func summary(b *strings.Builder) {
 		if !r.ok {
 			cell += " ✗"
 		}
-		l.cols[r.kind] = append(l.cols[r.kind], cell)
+		if r.figure == "processes left" {
+			l.cols[r.kind] = append([]string{cell}, l.cols[r.kind]...)
+		} else {
+			l.cols[r.kind] = append(l.cols[r.kind], cell)
+		}
 		if m := r.mark(); m != "✓" && l.mark != "✗" {
 			l.mark = m
 		}
