@@ -98,7 +98,8 @@ func interrupts(ctx context.Context, o IO) (context.Context, func()) {
 
 // goneWriter is the turn's standard output. When a write fails because
 // its reader went away (EPIPE: `timebox run … | head` after head exited),
-// it cancels the turn once, as client_gone: nobody is reading the answer,
+// or when watchReader sees the reader leave (a pipe), it cancels the
+// turn once, as client_gone: nobody is reading the answer,
 // and the turn's tools must not run on for nobody. Later writes are
 // dropped.
 type goneWriter struct {
@@ -117,11 +118,25 @@ func (g *goneWriter) Write(p []byte) (int, error) {
 	}
 	n, err := g.w.Write(p)
 	if err != nil && errors.Is(err, syscall.EPIPE) {
-		g.gone = true
-		g.cancel(&budget.CancelError{Reason: budget.ClientGone, By: "the reader of standard output"})
+		g.goneLocked()
 		return len(p), nil
 	}
 	return n, err
+}
+
+// readerGone is watchReader's news that the reader left before a write
+// failed.
+func (g *goneWriter) readerGone() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.gone {
+		g.goneLocked()
+	}
+}
+
+func (g *goneWriter) goneLocked() {
+	g.gone = true
+	g.cancel(&budget.CancelError{Reason: budget.ClientGone, By: "the reader of standard output"})
 }
 
 func cmdRun(ctx context.Context, args []string, o IO) int {
@@ -158,7 +173,9 @@ func cmdRun(ctx context.Context, args []string, o IO) int {
 	defer stop()
 	ctx, outGone := context.WithCancelCause(ctx)
 	defer outGone(nil)
-	o.Out = &goneWriter{w: o.Out, cancel: outGone}
+	gw := &goneWriter{w: o.Out, cancel: outGone}
+	defer watchReader(o.Out, gw.readerGone)()
+	o.Out = gw
 	var recording *script.Recording
 	if *recordTo != "" {
 		f, err := os.Create(*recordTo)

@@ -273,7 +273,17 @@ func regexpMatch(re, s string) bool { return regexp.MustCompile(re).MatchString(
 // stopped and its record stored. Killed by SIGPIPE, as Go kills a program
 // that writes to a broken stdout unless it asks for the signal, timebox
 // left its tools running for ever.
+// TestStdoutReaderGoesAway: the reader of `timebox run`'s standard output
+// (a pipe) goes away mid-tool. With a still_working notice every 200ms
+// timebox learns it from its next write (EPIPE); with the tool silent and
+// nothing to write for minutes, from the pipe itself (watchReader).
 func TestStdoutReaderGoesAway(t *testing.T) {
+	for _, notice := range []string{"200ms", "10m"} {
+		t.Run("progress-notice "+notice, func(t *testing.T) { stdoutReaderGoesAway(t, notice) })
+	}
+}
+
+func stdoutReaderGoesAway(t *testing.T, notice string) {
 	bin := timeboxBinary(t)
 	dir := t.TempDir()
 	pidfile := filepath.Join(dir, "pids")
@@ -286,8 +296,7 @@ func TestStdoutReaderGoesAway(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// still_working every 200ms: something to write once the reader is gone.
-	cmd := exec.Command(bin, "run", "-f", filepath.Join(dir, "agent.yaml"), "--db", db, "--progress-notice", "200ms", "--json", "go")
+	cmd := exec.Command(bin, "run", "-f", filepath.Join(dir, "agent.yaml"), "--db", db, "--progress-notice", notice, "--json", "go")
 	var errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = w, &errb
 	if err := cmd.Start(); err != nil {
@@ -309,7 +318,8 @@ func TestStdoutReaderGoesAway(t *testing.T) {
 	case err = <-done:
 	case <-time.After(20 * time.Second):
 		cmd.Process.Kill()
-		t.Fatalf("timebox did not end after its reader went away\n%s", errb.String())
+		<-done
+		t.Fatalf("timebox did not end within 20s after its reader went away\n%s", errb.String())
 	}
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() != cli.ExitCancelled {

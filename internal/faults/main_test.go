@@ -132,7 +132,6 @@ type row struct {
 	scenario, via, figure, bound, measured string
 	kind                                   kind
 	ok                                     bool
-	known                                  bool // a known failure: see scenario.knownFailure
 }
 
 // kind sorts figures into the columns of the report's summary.
@@ -157,9 +156,6 @@ var (
 type scenario struct {
 	t         *testing.T
 	name, via string
-	// known, when set, says why the figures asserted through this value
-	// are known to fail (see knownFailure).
-	known string
 }
 
 // begin starts a scenario of t: name is what it does, via how timebox is
@@ -178,29 +174,13 @@ func (s *scenario) add(figure, bound, measured string, ok bool) {
 func (s *scenario) addKind(k kind, figure, bound, measured string, ok bool) {
 	s.t.Helper()
 	rowsMu.Lock()
-	rows = append(rows, row{s.name, s.via, figure, bound, measured, k, ok, !ok && s.known != ""})
+	rows = append(rows, row{s.name, s.via, figure, bound, measured, k, ok})
 	rowsMu.Unlock()
-	switch {
-	case ok && s.known != "":
-		s.t.Logf("%s: %s (bound %s): a known failure no longer fails; remove its knownFailure (%s)", figure, measured, bound, s.known)
-	case ok:
+	if ok {
 		s.t.Logf("%s: %s (bound %s)", figure, measured, bound)
-	case s.known != "":
-		s.t.Logf("%s: %s, out of its bound %s: a known failure, %s", figure, measured, bound, s.known)
-	default:
+	} else {
 		s.t.Errorf("%s: %s, out of its bound %s", figure, measured, bound)
 	}
-}
-
-// knownFailure returns the scenario with the figures asserted through it
-// marked as known to fail, for why (a bug reported, not yet fixed): they
-// are measured and reported with their bound, and logged instead of
-// failing the test. The bound is the one the behaviour should meet: a
-// known failure is never a loosened bound.
-func (s *scenario) knownFailure(why string) *scenario {
-	c := *s
-	c.known = why
-	return &c
 }
 
 // count asserts got == want.
@@ -297,10 +277,7 @@ func writeReport(path, loadBefore, loadAfter string) error {
 }
 
 func (r row) mark() string {
-	switch {
-	case r.known:
-		return "✗ known failure"
-	case !r.ok:
+	if !r.ok {
 		return "✗"
 	}
 	return "✓"
