@@ -81,7 +81,7 @@ func processTrees(t *testing.T) {
 		{name: "double fork", program: doubleFork, roles: []string{"daemon", "root", "ready"}},
 		{name: "setsid escapee", program: setsidEscapee, roles: []string{"escapee", "ready"}},
 		{name: "TERM-ignoring tree", program: termIgnoringTree, roles: []string{"child", "ready"}, ignoresTerm: true, children: 5},
-		{name: "200-child fork bomb", program: forkBomb, roles: []string{"child", "ready"}, ignoresTerm: true, children: 200, timeout: 5 * time.Second},
+		{name: "200-child fork bomb", program: forkBomb, roles: []string{"child", "ready"}, ignoresTerm: true, children: 200, timeout: 10 * time.Second},
 	}
 	const grace = 500 * time.Millisecond
 	for _, tc := range cases {
