@@ -129,8 +129,37 @@ func ReapOrphans() (Reaped, error) {
 }
 
 func reapOrphans() (Reaped, error) {
+	defer lockReaping()()
+	return reapLocked()
+}
+
+// lockReaping takes the right to reap, in this process (reapMu) and among
+// the timebox processes of this user on the machine (a lock file in the
+// temporary directory): two that start at once would otherwise kill the
+// same orphans and both count them. Without the lock file (a read-only
+// temporary directory) reaping goes on unserialised: killing twice is
+// harmless, only the counts may overlap. It returns the unlock.
+func lockReaping() (unlock func()) {
 	reapMu.Lock()
-	defer reapMu.Unlock()
+	name := filepath.Join(os.TempDir(), fmt.Sprintf("timebox-reap-%d.lock", os.Getuid()))
+	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return reapMu.Unlock
+	}
+	for {
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	return func() {
+		f.Close() // releases the flock
+		reapMu.Unlock()
+	}
+}
+
+// reapLocked is ReapOrphans under lockReaping.
+func reapLocked() (Reaped, error) {
 	var r Reaped
 	owners := map[int]bool{}
 	var errs []error

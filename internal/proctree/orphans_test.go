@@ -226,6 +226,16 @@ func TestReapOnlyWhatDeadOwnersLeft(t *testing.T) {
 		{"older version", "0123456789ab-1", false},
 		{"malformed", dead, false},
 	}
+	// Every timebox process starting on this machine reaps what dead
+	// owners left, these test processes too (other packages' tests start
+	// timebox binaries): hold the reaping lock until this test has reaped,
+	// so that the count is this test's.
+	unlock := lockReaping()
+	defer func() {
+		if unlock != nil {
+			unlock()
+		}
+	}()
 	var procs []int
 	for _, tc := range cases {
 		cmd := exec.Command(self(), helperArg, "hang")
@@ -244,7 +254,9 @@ func TestReapOnlyWhatDeadOwnersLeft(t *testing.T) {
 		bufio.NewScanner(r).Scan() // "ready": its environment is readable
 		procs = append(procs, cmd.Process.Pid)
 	}
-	got, err := ReapOrphans()
+	got, err := reapLocked()
+	unlock()
+	unlock = nil
 	if err != nil {
 		t.Error(err)
 	}
@@ -368,5 +380,50 @@ func TestCgroupPoolFollowsConcurrency(t *testing.T) {
 	host.mu.Unlock()
 	if idle > 2 {
 		t.Errorf("%d idle cgroups kept after the burst's windows passed, want at most 2", idle)
+	}
+}
+
+// TestReapingIsOneAtATimeOnTheMachine: while one timebox process reaps,
+// another that starts waits for it instead of killing (and counting) the
+// same orphans.
+func TestReapingIsOneAtATimeOnTheMachine(t *testing.T) {
+	unlock := lockReaping()
+	other := exec.Command(self(), helperArg, "reap")
+	r, err := other.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer other.Wait()
+	lines := make(chan string, 2)
+	go func() {
+		sc := bufio.NewScanner(r)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	if l := <-lines; l != "ready" {
+		unlock()
+		t.Fatalf("the other process said %q", l)
+	}
+	// It must not finish while the lock is held. Half a second is what
+	// an unserialised reap (nothing to reap here) takes many times over.
+	select {
+	case l := <-lines:
+		t.Errorf("the other process said %q while this one held the reaping lock", l)
+	case <-time.After(500 * time.Millisecond):
+	}
+	unlock()
+	select {
+	case l := <-lines:
+		if l != "reaped" {
+			t.Errorf("the other process said %q, want reaped", l)
+		}
+	case <-time.After(30 * time.Second):
+		other.Process.Kill()
+		t.Fatal("the other process did not reap within 30s of the lock's release")
 	}
 }

@@ -41,6 +41,11 @@ func helper(mode string) int {
 	case "hang":
 		fmt.Println("ready")
 		time.Sleep(time.Hour)
+	case "reap":
+		// Another timebox process starting: it reaps, then says so.
+		fmt.Println("ready")
+		ReapOrphans()
+		fmt.Println("reaped")
 	case "env":
 		fmt.Println(os.Getenv(EnvMarker))
 		time.Sleep(time.Hour)
@@ -457,6 +462,10 @@ func TestScanFindsMarkedProcess(t *testing.T) {
 	cmd := exec.Command(self(), helperArg, "hang")
 	cmd.Env = withMarker(nil, markerValue(n))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -464,6 +473,11 @@ func TestScanFindsMarkedProcess(t *testing.T) {
 		cmd.Process.Kill()
 		cmd.Wait()
 	}()
+	// Scan once it has exec'd: before that it carries this process's
+	// environment, without the marker, and a scan then would remember it
+	// as a stranger for as long as its pid names it (a tool's processes
+	// inherit the marker from the root, which is found by its group).
+	bufio.NewScanner(out).Scan()
 	found := func(c uint64) bool {
 		ok := false
 		for _, r := range trk.members(c) {
@@ -472,8 +486,6 @@ func TestScanFindsMarkedProcess(t *testing.T) {
 		}
 		return ok
 	}
-	// The child's environment is readable once it has exec'd; until then
-	// it carries this process's own, without the marker.
 	if !pollUntil(time.Now().Add(5*time.Second), func() bool { return found(n) }) {
 		t.Fatal("the marked process was not found")
 	}
