@@ -111,6 +111,7 @@ func Build(ctx context.Context, cfg *config.Agent, o Options) (*Agent, error) {
 	ag, err := agent.New(agent.Config{
 		Name: cfg.Name, Instructions: cfg.Instructions, Models: models, Tools: tools,
 		Budgets: cfg.Budgets, Limits: cfg.Limits, CompactAt: cfg.Context.CompactAt, LateResult: o.LateResult,
+		CompactAtSource: cfg.Context.Source, CompactAtKnob: cfg.Context.Knob, RequestMax: cfg.Server.RequestMax,
 	})
 	if err != nil {
 		a.Close()

@@ -11,6 +11,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"regexp"
 
 	"github.com/timebox-run/timebox/budget"
@@ -30,6 +31,8 @@ type Agent struct {
 	budgets      budget.Budgets
 	limits       budget.Limits
 	compactAt    int
+	compactKnob  budget.Count
+	requestMax   map[string]int64
 	lateResult   func(event.ToolCall)
 }
 
@@ -65,6 +68,16 @@ type Config struct {
 	// CompactAt is the estimated prompt size in tokens above which older
 	// history is summarised; 0 is off.
 	CompactAt int
+	// CompactAtSource and CompactAtKnob say where CompactAt came from, for
+	// the stop banner of compaction_failed; empty is "code" and
+	// context.compact_at.
+	CompactAtSource budget.Source
+	CompactAtKnob   string
+	// RequestMax is the ceiling up to which one turn's Input.Budgets may
+	// raise a budget, by knob name ("turn": 2h in nanoseconds, "max_steps":
+	// 50): server.request_max in the agent file. A budget it does not name
+	// may only be lowered.
+	RequestMax map[string]int64
 	// LateResult, if set, is called when an abandoned tool call returns
 	// after its turn has ended, with the call's record updated
 	// (late_result: true). A late result that arrives while the turn still
@@ -94,7 +107,15 @@ func New(cfg Config) (*Agent, error) {
 		budgets:      withDefaults(cfg.Budgets),
 		limits:       withDefaultLimits(cfg.Limits),
 		compactAt:    cfg.CompactAt,
+		compactKnob:  budget.Count{N: int64(cfg.CompactAt), Source: cfg.CompactAtSource, Knob: cfg.CompactAtKnob},
+		requestMax:   maps.Clone(cfg.RequestMax),
 		lateResult:   cfg.LateResult,
+	}
+	if a.compactKnob.Source == "" {
+		a.compactKnob.Source = budget.SourceCode
+	}
+	if a.compactKnob.Knob == "" {
+		a.compactKnob.Knob = "context.compact_at"
 	}
 	for _, t := range cfg.Tools {
 		if t.Tool == nil {
@@ -185,6 +206,25 @@ func withDefaultLimits(l budget.Limits) budget.Limits {
 	fill(&l.IdleBreaker, d.IdleBreaker)
 	fill(&l.MaxReply, d.MaxReply)
 	return l
+}
+
+// TurnBudgets returns the budgets a turn asking for r runs under: the
+// agent's, with r's values (source "request"). It returns a
+// *budget.RequestError for a value r may not set: an unknown or malformed
+// one, or one over its ceiling (Config.RequestMax).
+func (a *Agent) TurnBudgets(r budget.Request) (budget.Budgets, budget.Limits, error) {
+	return r.Apply(a.budgets, a.limits, a.requestMax)
+}
+
+// requestBudgets is TurnBudgets leaving each refused value at the agent's.
+func (a *Agent) requestBudgets(r budget.Request) (budget.Budgets, budget.Limits) {
+	b, l := a.budgets, a.limits
+	for name, v := range r {
+		if nb, nl, err := (budget.Request{name: v}).Apply(b, l, a.requestMax); err == nil {
+			b, l = nb, nl
+		}
+	}
+	return b, l
 }
 
 // Budgets returns the agent's resolved turn budgets.

@@ -187,7 +187,7 @@ func (t *turn) compact(ctx context.Context, step int, force bool) (shrunk bool, 
 	if cut == 0 {
 		return false, nil // only the current exchange is left; nothing to summarise
 	}
-	b := t.a.budgets
+	b := t.b
 	ep := t.a.models[0]
 	t.em.Emit(&event.CompactionStarted{Step: step, EstimatedTokens: before, CompactAt: limit, LimitMS: b.Compaction.MS()})
 	act := &activity{step: step, subject: "compaction (model " + ep.Model + ")", compaction: true}
@@ -335,7 +335,7 @@ func (t *turn) compactionFailedMessage(st stop, wall time.Duration) string {
 	default:
 		help = " Nothing older than the latest step was left to summarise."
 	}
-	l := t.a.limits.MaxToolOutput
+	l := t.l.MaxToolOutput
 	return fmt.Sprintf("Stopped after %s: the conversation (about %d tokens by timebox's estimate) does not fit; %s.%s "+
 		"Lower context.compact_at (now %d) so that older history is summarised before the model's limit, or make tool results smaller "+
 		"(%s, now %s, or narrower requests); a new session starts with an empty history.",

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/model"
 )
 
@@ -14,7 +15,7 @@ import (
 // happened, how long it ran, what the last step was, and what to do (spec
 // §5). Messages never blame the model for a budget that fired elsewhere.
 func (t *turn) message(st stop, now time.Time) string {
-	b, l := t.a.budgets, t.a.limits
+	b, l := t.b, t.l
 	wall := roundHuman(now.Sub(t.start))
 	last := t.stopDesc
 	if last == "" || last == "none" {
@@ -34,23 +35,27 @@ func (t *turn) message(st stop, now time.Time) string {
 		if knob == "" { // the caller's own context deadline
 			return fmt.Sprintf("Stopped after %s by the caller's deadline. Last step: %s. Give the turn more time.", wall, last)
 		}
+		named := knob
+		if b.Turn.Source == budget.SourceRequest && knob == b.Turn.Knob {
+			named = t.named(budget.KeyTurn)
+		}
 		return fmt.Sprintf("Stopped after %s, the limit for one turn (%s). Last step: %s. Try a simpler request, or raise %s.",
-			limit, knob, last, knob)
+			limit, named, last, knob)
 	case budget.NoProgress:
 		advice := fmt.Sprintf("Raise %s if a step may legitimately stay silent longer.", b.Step.Knob)
 		if len(t.stopTools) > 0 {
 			advice = fmt.Sprintf("The tool was past its own timeout and reported no progress; have it report progress, or raise its timeout or %s.", b.Step.Knob)
 		}
-		return fmt.Sprintf("Stopped: nothing progressed for %s (%s). Last step: %s. %s", b.Step.D, b.Step.Knob, last, advice)
+		return fmt.Sprintf("Stopped: nothing progressed for %s (%s). Last step: %s. %s", b.Step.D, t.named(budget.KeyStep), last, advice)
 	case budget.LLMBudgetExhausted:
 		return fmt.Sprintf("Stopped after %s: the model streamed for %s in this turn, its budget (%s); time spent in tools is not counted. Last step: %s. Ask for a shorter task, or raise %s.",
-			wall, roundHuman(t.llmUsed), b.LLMBudget.Knob, last, b.LLMBudget.Knob)
+			wall, roundHuman(t.llmUsed), t.named(budget.KeyLLMBudget), last, b.LLMBudget.Knob)
 	case budget.MaxSteps:
 		return fmt.Sprintf("Stopped after %d model calls, the limit for one turn (%s), in %s. Last step: %s. The task may need more steps: split the request, or raise %s.",
-			l.MaxSteps.N, l.MaxSteps.Knob, wall, last, l.MaxSteps.Knob)
+			l.MaxSteps.N, t.named(budget.KeyMaxSteps), wall, last, l.MaxSteps.Knob)
 	case budget.MaxToolCalls:
 		return fmt.Sprintf("Stopped after %d tool calls, the limit for one turn (%s), in %s. %sSplit the request, or raise %s.",
-			t.toolCalls, l.MaxToolCalls.Knob, wall, st.message, l.MaxToolCalls.Knob)
+			t.toolCalls, t.named(budget.KeyMaxToolCalls), wall, st.message, l.MaxToolCalls.Knob)
 	case budget.ModelUnresponsive:
 		return fmt.Sprintf("Stopped after %s: the model went silent %d times in a row (%s). %s The provider may be overloaded: try again later or add a fallback model; raise %s or %s if the model is just slow.",
 			wall, t.idleStreak, l.IdleBreaker.Knob, st.message, b.LLMIdle.Knob, b.LLMFirstChunk.Knob)
@@ -184,4 +189,36 @@ func attemptReason(err error) string {
 		return me.Message + " (llm_http)"
 	}
 	return err.Error()
+}
+
+// named names a budget in a message by its knob or, for a value the
+// request set, by key, value and source: "timeouts.turn = 1.5s (from the
+// request)".
+func (t *turn) named(key string) string {
+	k, _ := budget.KnobByKey(key)
+	n, src, knob := k.Get(&t.b, &t.l)
+	if src == budget.SourceRequest {
+		return fmt.Sprintf("%s = %s (from the request)", key, k.Format(n))
+	}
+	return knob
+}
+
+// limit returns the budget that stopped the turn, for turn_finished: the
+// one that fired, with its value, source and knob; nil when no budget
+// stopped it (an answer, a failure, a cancellation, the caller's own
+// deadline).
+func (t *turn) limit(st stop) *event.BudgetValue {
+	if st.reason == budget.CompactionFailed {
+		c := t.a.compactKnob
+		return &event.BudgetValue{Key: "context.compact_at", Value: fmt.Sprint(c.N), N: c.N, Source: c.Source, Knob: c.Knob}
+	}
+	k, ok := budget.KnobFor(st.reason)
+	if !ok {
+		return nil
+	}
+	if te, ok := budget.AsTimeout(st.cause); ok && te.Knob == "" {
+		return nil // the caller's own context deadline
+	}
+	v := k.Value(&t.b, &t.l)
+	return &v
 }

@@ -28,6 +28,12 @@ type Input struct {
 	History []model.Message
 	// Text is the user's message.
 	Text string
+	// Budgets are this turn's own budgets, by knob name ("turn", "tool",
+	// "step", "llm_budget", "max_steps", "max_tool_calls"); their source
+	// is "request". Each may lower the agent's value, and raise it only up
+	// to Config.RequestMax. Run leaves a value that Agent.TurnBudgets
+	// refuses at the agent's value: call TurnBudgets first to report it.
+	Budgets budget.Request
 }
 
 // Result is a finished turn.
@@ -54,6 +60,7 @@ type Result struct {
 // Events go to sinks in seq order, synchronously (see event.Sink).
 func (a *Agent) Run(ctx context.Context, in Input, sinks ...event.Sink) *Result {
 	t := &turn{a: a, in: in, id: in.TurnID, start: time.Now()}
+	t.b, t.l = a.requestBudgets(in.Budgets)
 	if t.id == "" {
 		t.id = NewTurnID()
 	}
@@ -67,12 +74,12 @@ func (a *Agent) Run(ctx context.Context, in Input, sinks ...event.Sink) *Result 
 	defer cancel(nil)
 
 	t.em.Emit(t.started())
-	t.live = newLiveness(a.budgets.Step, a.budgets.ProgressNotice.D,
+	t.live = newLiveness(t.b.Step, t.b.ProgressNotice.D,
 		func(v any) { t.em.Emit(v) },
 		func(te *budget.TimeoutError) { t.stopWith(cancel, te) })
-	ceiling := time.AfterFunc(a.budgets.Turn.D, func() {
-		t.stopWith(cancel, &budget.TimeoutError{Phase: budget.PhaseTurn, Limit: a.budgets.Turn.D,
-			Elapsed: time.Since(t.start), Source: a.budgets.Turn.Source, Knob: a.budgets.Turn.Knob, Subject: "the turn"})
+	ceiling := time.AfterFunc(t.b.Turn.D, func() {
+		t.stopWith(cancel, &budget.TimeoutError{Phase: budget.PhaseTurn, Limit: t.b.Turn.D,
+			Elapsed: time.Since(t.start), Source: t.b.Turn.Source, Knob: t.b.Turn.Knob, Subject: "the turn"})
 	})
 	stopWatch := context.AfterFunc(ctx, func() { t.stopWith(cancel, parentCause(ctx)) })
 
@@ -92,6 +99,9 @@ type turn struct {
 	start time.Time
 	em    *event.Emitter
 	live  *liveness
+	// b and l are the turn's budgets: the agent's, with the request's.
+	b budget.Budgets
+	l budget.Limits
 
 	// Set once, when a turn-level budget or a cancellation stops the turn.
 	stopOnce          sync.Once
@@ -179,34 +189,40 @@ func (t *turn) capture() {
 func (t *turn) started() *event.TurnStarted {
 	a := t.a
 	b := map[string]event.BudgetValue{}
-	for k, d := range map[string]budget.Duration{
-		budget.KeyTool: a.budgets.Tool, budget.KeyToolMax: a.budgets.ToolMax,
-		budget.KeyLLMFirstChunk: a.budgets.LLMFirstChunk, budget.KeyLLMIdle: a.budgets.LLMIdle,
-		budget.KeyLLMBudget: a.budgets.LLMBudget, budget.KeyStep: a.budgets.Step, budget.KeyTurn: a.budgets.Turn,
-		budget.KeyProgressNotice: a.budgets.ProgressNotice, budget.KeyKillGrace: a.budgets.KillGrace,
-		budget.KeyCompaction: a.budgets.Compaction,
-	} {
-		b[k] = event.BudgetValue{Value: d.String(), MS: d.MS(), Source: d.Source, Knob: d.Knob}
-	}
-	for k, c := range map[string]budget.Count{
-		budget.KeyMaxSteps: a.limits.MaxSteps, budget.KeyMaxToolCalls: a.limits.MaxToolCalls,
-		budget.KeyParallelTools: a.limits.ParallelTools, budget.KeyMaxToolOutput: a.limits.MaxToolOutput,
-		budget.KeyIdleBreaker: a.limits.IdleBreaker, budget.KeyMaxReply: a.limits.MaxReply,
-	} {
-		v := fmt.Sprint(c.N)
-		if k == budget.KeyMaxToolOutput || k == budget.KeyMaxReply {
-			v = budget.FormatBytes(c.N)
-		}
-		b[k] = event.BudgetValue{Value: v, N: c.N, Source: c.Source, Knob: c.Knob}
+	for _, k := range budget.Knobs {
+		v := k.Value(&t.b, &t.l)
+		v.Key = "" // the map's key
+		b[k.Key] = v
 	}
 	tools := map[string]event.ToolBudgetSummary{}
 	for _, n := range a.order {
-		e := a.tools[n]
-		tools[n] = event.ToolBudgetSummary{TimeoutMS: e.Budget.Timeout.MS(), Source: e.Budget.Timeout.Source,
-			IdleTimeoutMS: e.Budget.IdleTimeout.MS(), Enforcement: string(e.Budget.Enforcement)}
+		tb := t.toolBudget(a.tools[n])
+		tools[n] = event.ToolBudgetSummary{TimeoutMS: tb.Timeout.MS(), Source: tb.Timeout.Source,
+			IdleTimeoutMS: tb.IdleTimeout.MS(), Enforcement: string(tb.Enforcement)}
 	}
 	return &event.TurnStarted{SessionID: t.in.SessionID, Agent: a.name, Input: t.in.Text,
 		Model: a.models[0].Name(), Budgets: b, Tools: tools, HistoryRepaired: t.repaired}
+}
+
+// toolBudget returns the budget of a tool's calls in this turn: the tool's
+// own, or the turn's tool default when the tool has none of its own and
+// the request set one.
+func (t *turn) toolBudget(e *entry) budget.ToolBudget {
+	b := e.Budget
+	if t.b.Tool.Source == budget.SourceRequest && followsDefault(b.Timeout.Source) {
+		b.Timeout = t.b.Tool
+	}
+	return b
+}
+
+// followsDefault reports whether a tool timeout with this source is the
+// process-wide timeouts.tool rather than the tool's own.
+func followsDefault(s budget.Source) bool {
+	switch s {
+	case budget.SourceFlag, budget.SourceEnv, budget.SourceFile, budget.SourceDefault:
+		return true
+	}
+	return false
 }
 
 func (t *turn) loop(ctx context.Context) stop {
@@ -215,10 +231,10 @@ func (t *turn) loop(ctx context.Context) stop {
 		if ctx.Err() != nil {
 			return t.stopFromContext(ctx)
 		}
-		if int64(t.steps) >= t.a.limits.MaxSteps.N {
+		if int64(t.steps) >= t.l.MaxSteps.N {
 			return stop{reason: budget.MaxSteps}
 		}
-		if lb := t.a.budgets.LLMBudget; !lb.Off() && t.llmUsed >= lb.D {
+		if lb := t.b.LLMBudget; !lb.Off() && t.llmUsed >= lb.D {
 			return stop{reason: budget.LLMBudgetExhausted}
 		}
 		if _, st := t.compact(ctx, t.steps+1, false); st != nil {
@@ -335,7 +351,7 @@ func (t *turn) modelStep(ctx context.Context, step int) (model.Response, *stop) 
 		notes = append(notes, attemptNote{endpoint: ep.Name(), profile: ep.Profile, err: err, index: i, at: time.Now()})
 		if phase == budget.PhaseLLMIdle || phase == budget.PhaseLLMFirstChunk {
 			t.idleStreak++
-			if int64(t.idleStreak) >= t.a.limits.IdleBreaker.N {
+			if int64(t.idleStreak) >= t.l.IdleBreaker.N {
 				return model.Response{}, &stop{reason: budget.ModelUnresponsive, cause: err, message: notesText(notes)}
 			}
 		}
@@ -397,11 +413,11 @@ func (t *turn) retryCandidate(notes []attemptNote) (int, time.Duration, bool) {
 	if best < 0 {
 		return 0, 0, false
 	}
-	remaining := t.a.budgets.Turn.D - now.Sub(t.start)
+	remaining := t.b.Turn.D - now.Sub(t.start)
 	if bestWait >= remaining {
 		return 0, 0, false
 	}
-	if s := t.a.budgets.Step; !s.Off() && bestWait >= s.D {
+	if s := t.b.Step; !s.Off() && bestWait >= s.D {
 		return 0, 0, false
 	}
 	return best, bestWait, true
@@ -434,7 +450,7 @@ func endpointLabel(ep model.Endpoint) string {
 // attempt makes one model call attempt under the watchdogs and the turn's
 // llm_budget.
 func (t *turn) attempt(ctx context.Context, step, attempt int, ep model.Endpoint, req model.Request) (model.Response, error) {
-	b := t.a.budgets
+	b := t.b
 	t.em.Emit(&event.LLMStarted{Step: step, Model: ep.Model, Provider: ep.ProviderName, Profile: ep.Profile, Attempt: attempt})
 	act := &activity{step: step, subject: "model " + ep.Model}
 	t.lastStep, t.lastModel = act.subject, ep.Model
@@ -519,8 +535,8 @@ const maxDelta = 64 << 10
 
 // watchdog returns the budgets every model stream of the turn runs under.
 func (t *turn) watchdog() model.Watchdog {
-	b := t.a.budgets
-	return model.Watchdog{FirstChunk: b.LLMFirstChunk, Idle: b.LLMIdle, MaxReply: t.a.limits.MaxReply}
+	b := t.b
+	return model.Watchdog{FirstChunk: b.LLMFirstChunk, Idle: b.LLMIdle, MaxReply: t.l.MaxReply}
 }
 
 func modelOutcome(err error) event.Outcome {
@@ -539,13 +555,13 @@ func modelOutcome(err error) event.Outcome {
 func (t *turn) toolStep(ctx context.Context, step int, calls []model.ToolCall) (results []string, refused int) {
 	start := time.Now()
 	results = make([]string, len(calls))
-	sem := make(chan struct{}, max(1, t.a.limits.ParallelTools.N))
+	sem := make(chan struct{}, max(1, t.l.ParallelTools.N))
 	var wg sync.WaitGroup
 	for i, c := range calls {
 		callID := fmt.Sprintf("call_%d_%d", step, i+1)
-		if int64(t.toolCalls) >= t.a.limits.MaxToolCalls.N {
+		if int64(t.toolCalls) >= t.l.MaxToolCalls.N {
 			refused++
-			lim := t.a.limits.MaxToolCalls
+			lim := t.l.MaxToolCalls
 			results[i] = t.refuse(step, callID, c, "limit", "", fmt.Sprintf(
 				"Not run: this turn reached its limit of %d tool calls (%s).", lim.N, lim.Knob))
 			continue
@@ -591,8 +607,9 @@ func (t *turn) refuse(step int, callID string, c model.ToolCall, reason, field, 
 		StartedAt: now, EndedAt: now, Outcome: event.OutcomeError, Refused: reason, Result: res}
 	if e, ok := t.a.tools[c.Name]; ok {
 		rec.Kind = string(e.Tool.Tool.Kind())
-		rec.TimeoutMS, rec.TimeoutSource = e.Budget.Timeout.MS(), e.Budget.Timeout.Source
-		rec.Enforcement = string(e.Budget.Enforcement)
+		tb := t.toolBudget(e)
+		rec.TimeoutMS, rec.TimeoutSource = tb.Timeout.MS(), tb.Timeout.Source
+		rec.Enforcement = string(tb.Enforcement)
 	}
 	if reason == "cancelled" {
 		rec.Outcome, rec.Phase = event.OutcomeCancelled, budget.PhaseCancel
@@ -619,7 +636,7 @@ func (t *turn) runTool(ctx context.Context, step int, callID string, c model.Too
 	if len(strings.TrimSpace(c.Arguments)) == 0 {
 		args = json.RawMessage("{}")
 	}
-	b := e.Budget
+	b := t.toolBudget(e)
 	start := time.Now()
 	var deadline time.Time
 	if b.Timeout.D > 0 {
@@ -633,7 +650,7 @@ func (t *turn) runTool(ctx context.Context, step int, callID string, c model.Too
 	t.live.begin(act)
 
 	call := &tool.Call{ID: callID, TurnID: t.id, Tool: c.Name, Input: args, KillGrace: b.KillGrace,
-		MaxOutput: t.a.limits.MaxToolOutput.N}
+		MaxOutput: t.l.MaxToolOutput.N}
 	x := tool.Run(ctx, e.Tool.Tool, call, b, tool.Hooks{
 		// Every report keeps the turn alive; the coalesced ones become
 		// events (tool.Hooks).
@@ -766,7 +783,7 @@ func (t *turn) finish(st stop) *Result {
 	t.mu.Unlock()
 	sort.SliceStable(rec.ToolCalls, func(i, j int) bool { return rec.ToolCalls[i].StartedAt.Before(rec.ToolCalls[j].StartedAt) })
 	t.em.Emit(&event.TurnFinished{Status: rec.Status, StopReason: rec.StopReason, Message: rec.Message,
-		Answer: rec.Answer, Flags: flags, Totals: rec.Totals()})
+		Answer: rec.Answer, Flags: flags, Totals: rec.Totals(), Limit: t.limit(st)})
 	t.em.Close()
 	rec.Events = t.em.Log()
 	return &Result{Record: rec, Messages: t.msgs}
@@ -777,9 +794,9 @@ func (t *turn) finish(st stop) *Result {
 // (tool_started, tool_progress, tool_finished) go to sinks. Cancelling ctx
 // stops the call as a cancelled turn would.
 func (a *Agent) CallTool(ctx context.Context, name string, input json.RawMessage, sinks ...event.Sink) event.ToolCall {
-	t := &turn{a: a, id: "tool-call", start: time.Now()}
+	t := &turn{a: a, id: "tool-call", start: time.Now(), b: a.budgets, l: a.limits}
 	t.em = event.NewEmitter(t.id, sinks...)
-	t.live = newLiveness(budget.Duration{}, a.budgets.ProgressNotice.D, func(v any) { t.em.Emit(v) }, func(*budget.TimeoutError) {})
+	t.live = newLiveness(budget.Duration{}, t.b.ProgressNotice.D, func(v any) { t.em.Emit(v) }, func(*budget.TimeoutError) {})
 	defer t.live.close()
 	t.runTool(ctx, 1, "call_1_1", model.ToolCall{ID: "call_1_1", Name: name, Arguments: string(input)})
 	t.mu.Lock()

@@ -138,41 +138,27 @@ const (
 	KeyMaxReply       = "limits.max_reply"
 )
 
-func def(d time.Duration, key string) Duration {
-	return Duration{D: d, Source: SourceDefault, Knob: key}
-}
-
-func defCount(n int64, key string) Count {
-	return Count{N: n, Source: SourceDefault, Knob: key}
-}
-
 // Defaults returns the spec's default budgets, each with source "default"
-// and its agent-file key as knob.
+// and its agent-file key as knob, from Knobs.
 func Defaults() Budgets {
-	return Budgets{
-		Tool:           def(60*time.Second, KeyTool),
-		ToolMax:        def(time.Hour, KeyToolMax),
-		LLMFirstChunk:  def(60*time.Second, KeyLLMFirstChunk),
-		LLMIdle:        def(120*time.Second, KeyLLMIdle),
-		LLMBudget:      def(0, KeyLLMBudget),
-		Step:           def(5*time.Minute, KeyStep),
-		Turn:           def(30*time.Minute, KeyTurn),
-		ProgressNotice: def(30*time.Second, KeyProgressNotice),
-		KillGrace:      def(2*time.Second, KeyKillGrace),
-		Compaction:     def(60*time.Second, KeyCompaction),
+	var b Budgets
+	for _, k := range Knobs {
+		if k.IsDuration() {
+			k.Set(&b, nil, k.Default, SourceDefault, k.Key)
+		}
 	}
+	return b
 }
 
-// DefaultLimits returns the spec's default limits.
+// DefaultLimits returns the spec's default limits, from Knobs.
 func DefaultLimits() Limits {
-	return Limits{
-		MaxSteps:      defCount(25, KeyMaxSteps),
-		MaxToolCalls:  defCount(50, KeyMaxToolCalls),
-		ParallelTools: defCount(4, KeyParallelTools),
-		MaxToolOutput: defCount(1<<20, KeyMaxToolOutput),
-		IdleBreaker:   defCount(3, KeyIdleBreaker),
-		MaxReply:      defCount(1<<20, KeyMaxReply),
+	var l Limits
+	for _, k := range Knobs {
+		if !k.IsDuration() {
+			k.Set(nil, &l, k.Default, SourceDefault, k.Key)
+		}
 	}
+	return l
 }
 
 // DefaultProfiles returns the built-in timeout profiles.

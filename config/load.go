@@ -275,8 +275,11 @@ func (l *loader) decodeSection(e entry, section string) {
 			known = append(known, strings.TrimPrefix(s.Key, section+"."))
 		}
 	}
-	if section == "timeouts" {
+	switch section {
+	case "timeouts":
 		known = append(known, "profiles")
+	case "server":
+		known = append(known, "request_max")
 	}
 	es, ok := l.t.mapping(e.val, section, "a mapping of "+section)
 	if !ok {
@@ -288,8 +291,12 @@ func (l *loader) decodeSection(e entry, section string) {
 		if !ok {
 			continue
 		}
-		if k == "profiles" {
+		switch k {
+		case "profiles":
 			l.decodeProfiles(fe)
+			continue
+		case "request_max":
+			l.decodeRequestMax(fe)
 			continue
 		}
 		s, _ := SettingByKey(section + "." + k)
@@ -314,6 +321,56 @@ func kindWhat(k SettingKind) string {
 		return "a size such as 1MiB"
 	}
 	return "a whole number"
+}
+
+// decodeRequestMax reads server.request_max: the ceiling up to which one
+// request's budgets may raise each budget a request may set.
+func (l *loader) decodeRequestMax(e entry) {
+	const path = "server.request_max"
+	es, ok := l.t.mapping(e.val, path, "a mapping of budget names to ceilings")
+	if !ok {
+		return
+	}
+	names := budget.RequestNames()
+	fs := l.t.fields(es, path, names, func(string) string { return "" })
+	for _, name := range names {
+		fe, ok := fs[name]
+		if !ok {
+			continue
+		}
+		kn, _ := budget.KnobByName(name)
+		key := path + "." + name
+		b := bounds{min: kn.Min, max: kn.Max}
+		var n int64
+		var problem string
+		if kn.Kind == budget.KindDuration {
+			v, at, ok := l.t.scalar(fe.val, key, "a duration such as 2h")
+			if !ok {
+				continue
+			}
+			var d time.Duration
+			d, problem = checkDuration(v, b, "2h")
+			n = int64(d)
+			if problem != "" {
+				l.errAt(at, key, problem)
+				continue
+			}
+		} else {
+			v, at, ok := l.t.scalar(fe.val, key, "a whole number")
+			if !ok {
+				continue
+			}
+			n, problem = checkCount(v, b)
+			if problem != "" {
+				l.errAt(at, key, problem)
+				continue
+			}
+		}
+		if l.a.Server.RequestMax == nil {
+			l.a.Server.RequestMax = map[string]int64{}
+		}
+		l.a.Server.RequestMax[name] = n
+	}
 }
 
 func (l *loader) decodeProfiles(e entry) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/google/go-cmp/cmp"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -721,6 +722,31 @@ func TestParseCount(t *testing.T) {
 	} {
 		if _, problem := parseCount(value{text: in}); problem != want {
 			t.Errorf("parseCount(%q): %q, want %q", in, problem, want)
+		}
+	}
+}
+
+// TestRequestMax: server.request_max reads one ceiling per budget a request
+// may set, in that budget's unit; a budget a request may not set, or a
+// value out of the budget's bounds, is an error at its position.
+func TestRequestMax(t *testing.T) {
+	path := writeAgent(t, "model: {primary: 'script:m'}\nproviders: {script: {file: script.jsonl}}\nserver: {request_max: {turn: 2h, max_steps: 50}}\n")
+	a, err := Load(path, Overrides{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int64{"turn": int64(2 * time.Hour), "max_steps": 50}
+	if diff := cmp.Diff(want, a.Server.RequestMax); diff != "" {
+		t.Errorf("request_max (-want +got):\n%s", diff)
+	}
+	for _, tc := range []struct{ body, says string }{
+		{"server: {request_max: {kill_grace: 5s}}", "server.request_max.kill_grace"},
+		{"server: {request_max: {turn: 8d}}", "server.request_max.turn"},
+		{"server: {request_max: {max_steps: 0}}", "server.request_max.max_steps"},
+	} {
+		path := writeAgent(t, "model: {primary: 'script:m'}\nproviders: {script: {file: script.jsonl}}\n"+tc.body+"\n")
+		if _, err := Load(path, Overrides{}); err == nil || !strings.Contains(err.Error(), tc.says) {
+			t.Errorf("%s: err = %v, want one naming %s", tc.body, err, tc.says)
 		}
 	}
 }

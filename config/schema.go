@@ -107,6 +107,23 @@ func section(name, doc string, extra ...key) *node {
 	return n
 }
 
+// requestMax is server.request_max: one key per budget a request may set.
+func requestMax() *node {
+	n := mapping("The ceiling up to which one request's budgets (POST /v1/turns, \"budgets\") may raise each budget; a budget not named here may only be lowered by a request.", nil)
+	for _, kn := range budget.Knobs {
+		if !kn.Request {
+			continue
+		}
+		doc := "The most a request may ask for " + kn.Key + "."
+		if kn.Kind == budget.KindDuration {
+			n.keys = append(n.keys, k(kn.Name, &node{kind: kDuration, min: kn.Min, max: kn.Max, doc: doc}))
+		} else {
+			n.keys = append(n.keys, k(kn.Name, &node{kind: kCount, min: kn.Min, max: kn.Max, doc: doc}))
+		}
+	}
+	return n
+}
+
 func sortedProfiles() string {
 	p := budget.DefaultProfiles()
 	names := make([]string, 0, len(p))
@@ -214,7 +231,7 @@ func buildAgentFile() *node {
 				elem: &node{kind: kDuration, min: minDuration, max: maxDuration, doc: "The profile's duration; it cannot be 0."}}))),
 		k("limits", section("limits", "Count and size limits of a turn.")),
 		k("context", section("context", "The conversation's size.")),
-		k("server", section("server", "Settings of timebox serve.")),
+		k("server", section("server", "Settings of timebox serve.", k("request_max", requestMax()))),
 		k("tools", listOf("The tools the model may call. Go-function tools are added from code (the library); they have no entry here.", tool, 0)),
 	)
 }

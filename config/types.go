@@ -107,6 +107,11 @@ type Server struct {
 	// ShutdownGrace is how long running turns may go on after SIGTERM
 	// before they are cancelled (default 10s).
 	ShutdownGrace budget.Duration
+	// RequestMax is server.request_max: the ceiling up to which one
+	// request's budgets may raise each budget, by its short name ("turn",
+	// "max_steps"), in nanoseconds or a count. A budget it does not name
+	// may only be lowered by a request.
+	RequestMax map[string]int64
 }
 
 // Tool is one resolved tool entry.

@@ -66,15 +66,9 @@ type TurnStarted struct {
 	HistoryRepaired int `json:"history_repaired,omitempty"`
 }
 
-// BudgetValue is one resolved budget as turn_started and `timebox validate`
-// show it. Value is a Go duration, a count, or "off".
-type BudgetValue struct {
-	Value  string        `json:"value"`
-	MS     int64         `json:"ms,omitempty"`
-	N      int64         `json:"n,omitempty"`
-	Source budget.Source `json:"source"`
-	Knob   string        `json:"knob"`
-}
+// BudgetValue is one resolved budget as turn_started, turn_finished and
+// `timebox validate` show it; see budget.BudgetValue.
+type BudgetValue = budget.BudgetValue
 
 // ToolBudgetSummary is one tool's resolved budget in turn_started.
 type ToolBudgetSummary struct {
@@ -199,6 +193,12 @@ type TurnFinished struct {
 	Answer     string            `json:"answer"`
 	Flags      Flags             `json:"flags"`
 	Totals     Totals            `json:"totals"`
+	// Limit is the budget that stopped the turn — its key, value, source
+	// and the knob that changes it — for a stop by a budget or limit
+	// (turn_timeout, no_progress, llm_budget_exhausted, max_steps,
+	// max_tool_calls, model_unresponsive, reply_too_long,
+	// compaction_failed); absent otherwise.
+	Limit *BudgetValue `json:"limit,omitempty"`
 }
 
 // newData returns a zero payload for t, or nil for an unknown type.

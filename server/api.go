@@ -74,12 +74,22 @@ type errorBody struct {
 	Error struct {
 		Message string `json:"message"`
 		Code    string `json:"code"`
+		// Key, Asked and Ceiling are set for a refused budget
+		// (code bad_budget): the budget's name in "budgets", the value
+		// asked for, and the largest allowed when it was over that.
+		Key     string `json:"key,omitempty"`
+		Asked   string `json:"asked,omitempty"`
+		Ceiling string `json:"ceiling,omitempty"`
 	} `json:"error"`
 }
 
-func writeError(w http.ResponseWriter, status int, code, msg string) {
+// writeError answers an error; fill, if given, adds the detail fields.
+func writeError(w http.ResponseWriter, status int, code, msg string, fill ...func(*errorBody)) {
 	var b errorBody
 	b.Error.Message, b.Error.Code = msg, code
+	for _, f := range fill {
+		f(&b)
+	}
 	writeJSON(w, status, b)
 }
 
@@ -179,6 +189,19 @@ type TurnRequest struct {
 	// Detach keeps the turn running when the client goes away; without an
 	// event stream the response is then 202 at once (TurnAccepted).
 	Detach bool `json:"detach"`
+	// Budgets are this turn's own budgets, by name: "turn", "tool",
+	// "step", "llm_budget" (durations such as "90s") and "max_steps",
+	// "max_tool_calls" (numbers). Each may lower the agent's value; it
+	// may raise it only up to server.request_max. Their source is
+	// "request".
+	Budgets budget.Request `json:"budgets,omitempty"`
+}
+
+// BudgetChecker is a Runner that can refuse a request's budgets before its
+// turn starts, with a *budget.RequestError; *agent.Agent is one. A Runner
+// that is not one gets the budgets unchecked in agent.Input.
+type BudgetChecker interface {
+	TurnBudgets(budget.Request) (budget.Budgets, budget.Limits, error)
 }
 
 // TurnAccepted is the 202 response to a detached POST /v1/turns without
@@ -215,7 +238,7 @@ func (s *Server) readTurnRequest(w http.ResponseWriter, r *http.Request) (TurnRe
 		return req, false
 	case err != nil:
 		writeError(w, http.StatusBadRequest, "bad_request",
-			fmt.Sprintf(`the body must be one JSON object {"session_id": "...", "input": "...", "detach": false}: %s`, shown(err.Error())))
+			fmt.Sprintf(`the body must be one JSON object {"session_id": "...", "input": "...", "detach": false, "budgets": {"turn": "10m"}}: %s`, shown(err.Error())))
 		return req, false
 	}
 	// Read to EOF so that the server watches the connection from here on
@@ -245,10 +268,13 @@ func (s *Server) postTurn(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	if !s.checkBudgets(w, req.Budgets) {
+		return
+	}
 	if req.SessionID == "" {
 		req.SessionID = newSessionID()
 	}
-	lt, sb, err := s.start(r.Context(), req.SessionID, req.Input)
+	lt, sb, err := s.start(r.Context(), req.SessionID, req.Input, req.Budgets)
 	switch {
 	case errors.Is(err, errDraining):
 		w.Header().Set("Retry-After", "5")
@@ -291,6 +317,26 @@ func (s *Server) postTurn(w http.ResponseWriter, r *http.Request) {
 	case <-r.Context().Done():
 		s.cancelTurn(lt, &budget.CancelError{Reason: budget.ClientGone, By: "the client"})
 	}
+}
+
+// checkBudgets answers 400 for budgets the agent refuses, naming the
+// budget, the value asked and the ceiling.
+func (s *Server) checkBudgets(w http.ResponseWriter, req budget.Request) bool {
+	bc, ok := s.cfg.Agent.(BudgetChecker)
+	if len(req) == 0 || !ok {
+		return true
+	}
+	_, _, err := bc.TurnBudgets(req)
+	if err == nil {
+		return true
+	}
+	writeError(w, http.StatusBadRequest, "bad_budget", err.Error(), func(b *errorBody) {
+		var re *budget.RequestError
+		if errors.As(err, &re) {
+			b.Error.Key, b.Error.Asked, b.Error.Ceiling = re.Name, shown(re.Asked), re.Ceiling
+		}
+	})
+	return false
 }
 
 func (s *Server) getTurn(w http.ResponseWriter, r *http.Request) {

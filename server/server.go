@@ -204,7 +204,7 @@ var (
 
 // start registers, stores and starts a turn. The returned subscription is
 // taken before the turn emits anything, so the caller sees every event.
-func (s *Server) start(ctx context.Context, session, input string) (*liveTurn, *sub, error) {
+func (s *Server) start(ctx context.Context, session, input string, budgets budget.Request) (*liveTurn, *sub, error) {
 	id := agent.NewTurnID()
 	turnCtx, cancel := context.WithCancelCause(context.Background())
 	lt := &liveTurn{id: id, session: session, cancel: cancel, hub: newHub(), done: make(chan struct{})}
@@ -239,7 +239,7 @@ func (s *Server) start(ctx context.Context, session, input string) (*liveTurn, *
 	}
 	sb, _ := lt.hub.subscribe()
 	s.log.Info("turn started", "turn_id", id, "session_id", session)
-	go s.run(turnCtx, lt, agent.Input{TurnID: id, SessionID: session, History: history, Text: input})
+	go s.run(turnCtx, lt, agent.Input{TurnID: id, SessionID: session, History: history, Text: input, Budgets: budgets})
 	return lt, sb, nil
 }
 

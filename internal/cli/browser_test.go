@@ -344,6 +344,37 @@ func TestPageBannerNamesTheBudget(t *testing.T) {
 	}
 }
 
+// TestPageTurnBudgetField: the composer's optional turn budget goes with
+// the message; the turn stops at it and the banner says the value came from
+// the request. A budget over the ceiling is refused with the server's
+// sentence, and no turn starts.
+func TestPageTurnBudgetField(t *testing.T) {
+	proctest.AfterTest(t)
+	p := openPage(t, serveDemo(t))
+	p.do("asking for more than the agent allows",
+		chromedp.SendKeys(chromedp.CSS("#turn-budget"), "48h"),
+		chromedp.SendKeys(chromedp.CSS("#input"), "Tour the budgets"),
+		chromedp.Click(chromedp.CSS("#send")))
+	p.waitFor("the refusal", `!`+q(`#composer-error`)+`.hidden`)
+	if got := p.text(`#composer-error`); !strings.Contains(got, "budgets.turn") || !strings.Contains(got, "48h") {
+		p.fail("the refusal reads %q", got)
+	}
+	eval[string](p, `document.querySelector("#turn-budget").value = ""`)
+	p.do("asking for 1.5s",
+		chromedp.SendKeys(chromedp.CSS("#turn-budget"), "1500ms"),
+		chromedp.Click(chromedp.CSS("#send")))
+	p.waitFor("the closing banner", q(`.banner[data-stop-reason="turn_timeout"]`))
+	got := p.text(`.banner`)
+	for _, want := range []string{"timeouts.turn = 1.5s (from the request)", "Change budgets.turn in the request"} {
+		if !strings.Contains(got, want) {
+			p.fail("the banner reads %q, want %q in it", got, want)
+		}
+	}
+	if n := p.count(`.turn`); n != 1 {
+		p.fail("%d turns on the page, want 1", n)
+	}
+}
+
 // TestPageCancelButton: the cancel button ends the running turn as
 // cancelled, its tools' processes gone.
 func TestPageCancelButton(t *testing.T) {

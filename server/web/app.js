@@ -192,19 +192,6 @@ setInterval(() => {
 
 // ---- what a stopped turn's banner says ----------------------------------------
 
-// The budget each stop reason comes from, so the banner can name the knob
-// and its value with where the value came from.
-const reasonKnob = {
-  turn_timeout: 'timeouts.turn',
-  no_progress: 'timeouts.step',
-  llm_budget_exhausted: 'timeouts.llm_budget',
-  max_steps: 'limits.max_steps',
-  max_tool_calls: 'limits.max_tool_calls',
-  model_unresponsive: 'limits.idle_breaker',
-  reply_too_long: 'limits.max_reply',
-  compaction_failed: 'context.compact_at',
-};
-
 const reasonTitle = {
   answered: 'Answered',
   turn_timeout: 'Stopped by the turn ceiling',
@@ -224,16 +211,17 @@ const reasonTitle = {
 };
 
 // banner builds the closing banner of a turn from turn_finished or a record.
-function banner(fin, budgets, turnID) {
+// The budget that stopped the turn, with its value, source and knob, comes
+// from the server (turn_finished's limit): the page holds no copy of the
+// rules.
+function banner(fin, turnID) {
   const b = el('div', { class: 'banner ' + fin.status, 'data-stop-reason': fin.stop_reason, 'data-status': fin.status });
   b.append(el('div', { class: 'title', text: (reasonTitle[fin.stop_reason] || fin.stop_reason) + ' · ' + fin.stop_reason }));
   if (fin.message && fin.stop_reason !== 'answered') b.append(el('div', { class: 'msg', text: fin.message }));
-  const knob = reasonKnob[fin.stop_reason];
-  if (knob) {
-    const v = budgets && budgets[knob];
-    const text = v
-      ? `Budget: ${knob} = ${v.value} (from ${v.source}). Change ${v.knob || knob} to give turns like this more room.`
-      : `Budget: ${knob}. Change it to give turns like this more room.`;
+  const l = fin.limit;
+  if (l) {
+    const from = l.source === 'request' ? 'the request' : l.source;
+    const text = `Budget: ${l.key} = ${l.value} (from ${from}). Change ${l.knob} to give turns like this more room.`;
     b.append(el('div', { class: 'knob', text }));
   }
   const flags = Object.entries(fin.flags || {}).filter(([, on]) => on).map(([k]) => el('span', { class: 'flag', text: k }));
@@ -474,7 +462,7 @@ class TurnView {
       if (this.said && this.said.textContent === ev.answer) this.said.classList.add('answer');
       else this.steps.append(el('div', { class: 'bubble said answer', text: ev.answer }));
     }
-    this.root.append(banner(ev, this.budgets, this.id));
+    this.root.append(banner(ev, this.id));
   }
 }
 
@@ -597,6 +585,15 @@ async function openChat(session) {
   }
 }
 
+// turnBody is POST /v1/turns's body: the message, and the turn budget when
+// one is given (the server checks it against its ceiling).
+function turnBody(input) {
+  const body = { session_id: app.session, input, detach: true };
+  const turn = $('#turn-budget').value.trim();
+  if (turn) body.budgets = { turn };
+  return body;
+}
+
 async function send(ev) {
   ev.preventDefault();
   const input = $('#input').value;
@@ -610,7 +607,7 @@ async function send(ev) {
     res = await api('/v1/turns', {
       method: 'POST',
       headers: { 'Content-Type': 'application/json', Accept: 'application/json' },
-      body: JSON.stringify({ session_id: app.session, input, detach: true }),
+      body: JSON.stringify(turnBody(input)),
     });
   } catch (e) {
     showError('could not reach the server: ' + e.message);
@@ -705,8 +702,7 @@ async function openTurn(id) {
     root.replaceChildren(el('p', { class: 'error', text: e.message }));
     return;
   }
-  const started = (rec.events || []).find((e) => e.type === 'turn_started');
-  const budgets = started ? started.budgets : {};
+  const finished = (rec.events || []).find((e) => e.type === 'turn_finished');
   const kids = [el('h2', { text: 'Turn ' + rec.turn_id })];
   kids.push(el('dl', { class: 'facts' },
     el('dt', { text: 'Input' }), el('dd', { text: rec.input }),
@@ -720,7 +716,7 @@ async function openTurn(id) {
       totals: { wall_ms: rec.wall_ms, steps: rec.steps,
       tool_calls: (rec.tool_calls || []).filter((c) => !c.refused).length,
       tool_calls_refused: (rec.tool_calls || []).filter((c) => c.refused).length, llm_ms: rec.llm_ms,
-        tool_ms: rec.tool_ms, failovers: rec.failovers } }, budgets, ''));
+        tool_ms: rec.tool_ms, failovers: rec.failovers }, limit: finished && finished.limit }, ''));
   }
   if (rec.answer) kids.push(el('div', { class: 'bubble said answer', text: rec.answer }));
 
