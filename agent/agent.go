@@ -104,13 +104,12 @@ func New(cfg Config) (*Agent, error) {
 		instructions: cfg.Instructions,
 		models:       append([]model.Endpoint(nil), cfg.Models...),
 		tools:        map[string]*entry{},
-		budgets:      withDefaults(cfg.Budgets),
-		limits:       withDefaultLimits(cfg.Limits),
 		compactAt:    cfg.CompactAt,
 		compactKnob:  budget.Count{N: int64(cfg.CompactAt), Source: cfg.CompactAtSource, Knob: cfg.CompactAtKnob},
 		requestMax:   maps.Clone(cfg.RequestMax),
 		lateResult:   cfg.LateResult,
 	}
+	a.budgets, a.limits = withDefaults(cfg.Budgets, cfg.Limits)
 	if a.compactKnob.Source == "" {
 		a.compactKnob.Source = budget.SourceCode
 	}
@@ -166,46 +165,29 @@ func (a *Agent) toolBudget(t tool.Tool, b budget.ToolBudget) budget.ToolBudget {
 	return b
 }
 
-func withDefaults(b budget.Budgets) budget.Budgets {
-	d := budget.Defaults()
-	fill := func(v *budget.Duration, def budget.Duration) {
-		if v.D == 0 && v.Source == "" {
-			*v = def
+// withDefaults fills the budgets and limits cfg left unset from the
+// defaults of budget.Knobs.
+func withDefaults(b budget.Budgets, l budget.Limits) (budget.Budgets, budget.Limits) {
+	db, dl := budget.Defaults(), budget.DefaultLimits()
+	for _, k := range budget.Knobs {
+		if v, def := k.Duration(&b), k.Duration(&db); v != nil {
+			if v.D == 0 && v.Source == "" {
+				*v = *def
+			}
+			if v.Knob == "" {
+				v.Knob = def.Knob
+			}
+			continue
 		}
-		if v.Knob == "" {
-			v.Knob = def.Knob
-		}
-	}
-	fill(&b.Tool, d.Tool)
-	fill(&b.ToolMax, d.ToolMax)
-	fill(&b.LLMFirstChunk, d.LLMFirstChunk)
-	fill(&b.LLMIdle, d.LLMIdle)
-	fill(&b.LLMBudget, d.LLMBudget)
-	fill(&b.Step, d.Step)
-	fill(&b.Turn, d.Turn)
-	fill(&b.ProgressNotice, d.ProgressNotice)
-	fill(&b.KillGrace, d.KillGrace)
-	fill(&b.Compaction, d.Compaction)
-	return b
-}
-
-func withDefaultLimits(l budget.Limits) budget.Limits {
-	d := budget.DefaultLimits()
-	fill := func(v *budget.Count, def budget.Count) {
+		v, def := k.Count(&l), k.Count(&dl)
 		if v.N <= 0 {
-			*v = def
+			*v = *def
 		}
 		if v.Knob == "" {
 			v.Knob = def.Knob
 		}
 	}
-	fill(&l.MaxSteps, d.MaxSteps)
-	fill(&l.MaxToolCalls, d.MaxToolCalls)
-	fill(&l.ParallelTools, d.ParallelTools)
-	fill(&l.MaxToolOutput, d.MaxToolOutput)
-	fill(&l.IdleBreaker, d.IdleBreaker)
-	fill(&l.MaxReply, d.MaxReply)
-	return l
+	return b, l
 }
 
 // TurnBudgets returns the budgets a turn asking for r runs under: the

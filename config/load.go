@@ -546,44 +546,16 @@ func (l *loader) errSetting(key string, src budget.Source, msg string) {
 	}
 }
 
-// slot returns where a setting's resolved value goes.
+// slot returns where a setting's resolved value goes: a budget's place in
+// Budgets or Limits (budget.Knobs), or one of the two settings that are not
+// a turn's budgets.
 func (l *loader) slot(key string) (*budget.Duration, *budget.Count) {
-	b, lim := &l.a.Budgets, &l.a.Limits
+	if k, ok := budget.KnobByKey(key); ok {
+		return k.Duration(&l.a.Budgets), k.Count(&l.a.Limits)
+	}
 	switch key {
-	case budget.KeyTool:
-		return &b.Tool, nil
-	case budget.KeyToolMax:
-		return &b.ToolMax, nil
-	case budget.KeyLLMFirstChunk:
-		return &b.LLMFirstChunk, nil
-	case budget.KeyLLMIdle:
-		return &b.LLMIdle, nil
-	case budget.KeyLLMBudget:
-		return &b.LLMBudget, nil
-	case budget.KeyStep:
-		return &b.Step, nil
-	case budget.KeyTurn:
-		return &b.Turn, nil
-	case budget.KeyProgressNotice:
-		return &b.ProgressNotice, nil
-	case budget.KeyKillGrace:
-		return &b.KillGrace, nil
-	case budget.KeyCompaction:
-		return &b.Compaction, nil
 	case KeyShutdownGrace:
 		return &l.a.Server.ShutdownGrace, nil
-	case budget.KeyMaxSteps:
-		return nil, &lim.MaxSteps
-	case budget.KeyMaxToolCalls:
-		return nil, &lim.MaxToolCalls
-	case budget.KeyParallelTools:
-		return nil, &lim.ParallelTools
-	case budget.KeyMaxToolOutput:
-		return nil, &lim.MaxToolOutput
-	case budget.KeyIdleBreaker:
-		return nil, &lim.IdleBreaker
-	case budget.KeyMaxReply:
-		return nil, &lim.MaxReply
 	case KeyCompactAt:
 		return nil, &l.compactAt
 	}

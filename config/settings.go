@@ -10,16 +10,16 @@ import (
 )
 
 // SettingKind is the type of a process-wide setting's value.
-type SettingKind string
+type SettingKind = budget.Kind
 
 // The kinds of setting.
 const (
 	// KindDuration is a Go duration: 750ms, 30s, 1h30m.
-	KindDuration SettingKind = "duration"
+	KindDuration = budget.KindDuration
 	// KindCount is a whole number.
-	KindCount SettingKind = "count"
+	KindCount = budget.KindCount
 	// KindBytes is a size in bytes: 1048576, 512KiB, 1MiB, 1GiB.
-	KindBytes SettingKind = "bytes"
+	KindBytes = budget.KindBytes
 )
 
 // Setting is one process-wide setting: a key of the agent file that a flag
@@ -48,49 +48,34 @@ type Setting struct {
 }
 
 // Settings are the process-wide settings, in the order `timebox validate`
-// lists them. The CLI registers one flag per entry; Load reads one
+// lists them: one per entry of budget.Knobs, then the two that are not a
+// turn's budgets. The CLI registers one flag per entry; Load reads one
 // variable per entry. Do not modify it.
-var Settings = []Setting{
-	dur(budget.KeyTool, "tool-timeout", "TIMEBOX_TOOL_TIMEOUT", "60s", false,
-		"each tool call's wall clock, unless the tool sets its own"),
-	dur(budget.KeyToolMax, "tool-max", "TIMEBOX_TOOL_MAX", "1h", false,
-		"the largest timeout any tool may declare"),
-	dur(budget.KeyLLMFirstChunk, "llm-first-chunk-timeout", "TIMEBOX_LLM_FIRST_CHUNK_TIMEOUT", "60s", true,
-		"from sending a model request to its first stream chunk; 0 is off"),
-	dur(budget.KeyLLMIdle, "llm-idle-timeout", "TIMEBOX_LLM_IDLE_TIMEOUT", "120s", true,
-		"longest silence between chunks of one model stream; 0 is off"),
-	dur(budget.KeyLLMBudget, "llm-budget", "TIMEBOX_LLM_BUDGET", "0", true,
-		"total model-streaming time in a turn, tool time excluded; 0 is off"),
-	dur(budget.KeyStep, "step-timeout", "TIMEBOX_STEP_TIMEOUT", "5m", true,
-		"longest time a turn may go without any progress signal; 0 is off"),
-	upTo(maxTurn, dur(budget.KeyTurn, "turn-timeout", "TIMEBOX_TURN_TIMEOUT", "30m", false,
-		"the whole turn, wall clock")),
-	dur(budget.KeyProgressNotice, "progress-notice", "TIMEBOX_PROGRESS_NOTICE", "30s", true,
-		"interval of still_working notices for a long step; 0 is off"),
-	dur(budget.KeyKillGrace, "kill-grace", "TIMEBOX_KILL_GRACE", "2s", true,
-		"between the polite and the forced stop of a tool; 0 stops it at once"),
-	dur(budget.KeyCompaction, "compaction-timeout", "TIMEBOX_COMPACTION_TIMEOUT", "60s", false,
-		"one history-compaction model call"),
-	count(budget.KeyMaxSteps, "max-steps", "TIMEBOX_MAX_STEPS", "25", 1, 100_000, false,
-		"model calls per turn"),
-	count(budget.KeyMaxToolCalls, "max-tool-calls", "TIMEBOX_MAX_TOOL_CALLS", "50", 1, 1_000_000, false,
-		"tool calls per turn"),
-	count(budget.KeyParallelTools, "parallel-tools", "TIMEBOX_PARALLEL_TOOLS", "4", 1, 1024, false,
-		"tool calls of one batch running at once"),
-	{Key: budget.KeyMaxToolOutput, Flag: "max-tool-output", Env: "TIMEBOX_MAX_TOOL_OUTPUT", Kind: KindBytes,
-		Default: "1MiB", Min: 1 << 10, Max: 1 << 30,
-		Doc: "bytes of one tool result kept (such as 512KiB, 1MiB)"},
-	count(budget.KeyIdleBreaker, "idle-breaker", "TIMEBOX_IDLE_BREAKER", "3", 1, 1000, false,
-		"consecutive model idle timeouts that stop the turn"),
-	// A reply is held in memory whole, several times over (the stream,
-	// the answer, the event log); 16MiB is far past any model's output.
-	{Key: budget.KeyMaxReply, Flag: "max-reply", Env: "TIMEBOX_MAX_REPLY", Kind: KindBytes,
-		Default: "1MiB", Min: 1 << 10, Max: 16 << 20,
-		Doc: "bytes of one model reply, text plus tool calls; past it the stream is closed and the turn stops"},
+var Settings = append(fromKnobs(),
 	count(KeyCompactAt, "compact-at", "TIMEBOX_COMPACT_AT", "100000", 1, 100_000_000, true,
 		"estimated prompt tokens above which older history is summarised; 0 is off"),
 	dur(KeyShutdownGrace, "shutdown-grace", "TIMEBOX_SHUTDOWN_GRACE", "10s", true,
 		"how long running turns may go on after SIGTERM; 0 cancels them at once"),
+)
+
+// fromKnobs returns a Setting for each budget of budget.Knobs.
+func fromKnobs() []Setting {
+	out := make([]Setting, 0, len(budget.Knobs)+2)
+	for _, k := range budget.Knobs {
+		def := "0"
+		switch {
+		case k.Default == 0:
+		case k.Kind == budget.KindDuration:
+			def = fmtDuration(time.Duration(k.Default))
+		case k.Kind == budget.KindBytes:
+			def = budget.FormatBytes(k.Default)
+		default:
+			def = strconv.FormatInt(k.Default, 10)
+		}
+		out = append(out, Setting{Key: k.Key, Flag: k.Flag, Env: k.Env, Kind: k.Kind, Default: def,
+			Min: k.Min, Max: k.Max, ZeroOK: k.CanBeOff, Doc: k.Doc})
+	}
+	return out
 }
 
 // Keys of the process-wide settings that live outside timeouts and limits.
@@ -112,16 +97,6 @@ var otherEnv = []string{
 func dur(key, flag, env, def string, zeroOK bool, doc string) Setting {
 	return Setting{Key: key, Flag: flag, Env: env, Kind: KindDuration, Default: def,
 		Min: minDuration, Max: maxDuration, ZeroOK: zeroOK, Doc: doc}
-}
-
-// maxTurn is the bound of timeouts.turn: long agentic tasks run for days,
-// and the turn is the ceiling of them all (spec §2).
-const maxTurn = int64(7 * 24 * time.Hour)
-
-// upTo gives s a larger upper bound than its kind's.
-func upTo(max int64, s Setting) Setting {
-	s.Max = max
-	return s
 }
 
 func count(key, flag, env, def string, lo, hi int64, zeroOK bool, doc string) Setting {
