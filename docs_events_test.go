@@ -352,7 +352,7 @@ func scriptedTurns(t *testing.T) (evs []event.Event, stopped *event.Turn) {
 				time.Sleep(3 * time.Second) // ignores ctx: abandoned, then returns late
 				return `{"record": "r-5", "status": "archived"}`, nil
 			}),
-			Budget: budget.ToolBudget{Timeout: secs(time.Second, "lookup"), Enforcement: budget.Cooperative, KillGrace: 500 * time.Millisecond},
+			Budget: budget.ToolBudget{Timeout: secs(time.Second, "lookup"), Enforcement: budget.Cooperative, KillGrace: budget.Duration{D: 500 * time.Millisecond}},
 		}
 		report := agent.Tool{
 			Tool: tool.NewFunc("build_report", "Builds the report.", nil, func(ctx context.Context, _ json.RawMessage, pr tool.Progress) (any, error) {
@@ -367,7 +367,7 @@ func scriptedTurns(t *testing.T) (evs []event.Event, stopped *event.Turn) {
 				}
 				return "report ready: 4 sections", nil
 			}),
-			Budget: budget.ToolBudget{Timeout: secs(10*time.Second, "build_report"), Enforcement: budget.Cooperative, KillGrace: time.Second},
+			Budget: budget.ToolBudget{Timeout: secs(10*time.Second, "build_report"), Enforcement: budget.Cooperative, KillGrace: budget.Duration{D: time.Second}},
 		}
 		a, err := agent.New(agent.Config{Name: "docs", Instructions: "Answer briefly.",
 			Models: []model.Endpoint{

@@ -99,15 +99,9 @@ func Build(ctx context.Context, cfg *config.Agent, o Options) (*Agent, error) {
 		a.Close()
 		return nil, err
 	}
-	for _, t := range o.Tools {
-		if t.Budget.Timeout.D == 0 {
-			t.Budget.Timeout = cfg.Budgets.Tool
-		}
-		if t.Budget.KillGrace == 0 {
-			t.Budget.KillGrace = cfg.Budgets.KillGrace.D
-		}
-		tools = append(tools, t)
-	}
+	// A Go tool's unset budget fields are filled by agent.New, from the
+	// same resolved budgets.
+	tools = append(tools, o.Tools...)
 	ag, err := agent.New(agent.Config{
 		Name: cfg.Name, Instructions: cfg.Instructions, Models: models, Tools: tools,
 		Budgets: cfg.Budgets, Limits: cfg.Limits, CompactAt: cfg.Context.CompactAt, LateResult: o.LateResult,

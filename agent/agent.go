@@ -153,8 +153,8 @@ func (a *Agent) toolBudget(t tool.Tool, b budget.ToolBudget) budget.ToolBudget {
 	if b.Enforcement == "" {
 		b.Enforcement = tool.DefaultEnforcement(t.Kind())
 	}
-	if b.KillGrace == 0 {
-		b.KillGrace = a.budgets.KillGrace.D
+	if b.KillGrace.Unset() {
+		b.KillGrace = a.budgets.KillGrace
 	}
 	if b.IdleTimeout.Knob == "" && b.IdleTimeout.D > 0 {
 		b.IdleTimeout.Knob = fmt.Sprintf("tools[%s].idle_timeout", t.Spec().Name)
@@ -171,7 +171,7 @@ func withDefaults(b budget.Budgets, l budget.Limits) (budget.Budgets, budget.Lim
 	db, dl := budget.Defaults(), budget.DefaultLimits()
 	for _, k := range budget.Knobs {
 		if v, def := k.Duration(&b), k.Duration(&db); v != nil {
-			if v.D == 0 && v.Source == "" {
+			if v.Unset() {
 				*v = *def
 			}
 			if v.Knob == "" {

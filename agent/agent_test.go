@@ -161,7 +161,7 @@ func goTool(name string, kind budget.Enforcement, timeout time.Duration, fn tool
 	return agent.Tool{
 		Tool: tool.NewFunc(name, "test tool", nil, fn),
 		Budget: budget.ToolBudget{Timeout: secs(timeout, budget.SourceTool, "tools["+name+"].timeout in agent.yaml"),
-			Enforcement: kind, KillGrace: time.Second},
+			Enforcement: kind, KillGrace: budget.Duration{D: time.Second}},
 	}
 }
 
@@ -280,7 +280,7 @@ func TestCooperativeCallThatIgnoresCancelIsAbandoned(t *testing.T) {
 			return "finally", nil
 		})
 		var before int64
-		stubborn.Budget.KillGrace = 2 * time.Second
+		stubborn.Budget.KillGrace = budget.Duration{D: 2 * time.Second}
 		f := fixture{models: []model.Endpoint{endpoint(p, "m")}, tools: []agent.Tool{stubborn}}
 		before = tool.AbandonedRunning()
 		a, _ := agent.New(agent.Config{Models: f.models, Tools: f.tools})

@@ -204,8 +204,7 @@ func (t *turn) compact(ctx context.Context, step int, force bool) (shrunk bool, 
 	cctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	timer := time.AfterFunc(b.Compaction.D, func() {
-		cancel(&budget.TimeoutError{Phase: budget.PhaseCompaction, Limit: b.Compaction.D, Elapsed: b.Compaction.D,
-			Source: b.Compaction.Source, Knob: b.Compaction.Knob, Subject: "history compaction"})
+		cancel(b.Compaction.Expired(budget.PhaseCompaction, "history compaction", b.Compaction.D))
 	})
 	defer timer.Stop()
 	w := model.Open(cctx, ep.Provider, req, t.watchdog(), "model "+ep.Model)

@@ -42,7 +42,7 @@ type activity struct {
 type liveness struct {
 	step   budget.Duration
 	notice time.Duration
-	emit   func(any)
+	emit   func(event.Payload)
 	stop   func(*budget.TimeoutError)
 
 	// base and lastAlive: the time of the last tool progress report, as
@@ -63,7 +63,7 @@ type liveness struct {
 	done chan struct{}
 }
 
-func newLiveness(step budget.Duration, notice time.Duration, emit func(any), stop func(*budget.TimeoutError)) *liveness {
+func newLiveness(step budget.Duration, notice time.Duration, emit func(event.Payload), stop func(*budget.TimeoutError)) *liveness {
 	now := time.Now()
 	l := &liveness{
 		step: step, notice: notice, emit: emit, stop: stop,
@@ -196,8 +196,7 @@ func (l *liveness) check(now time.Time) (next time.Time, ok bool) {
 		}
 		if !now.Before(due) {
 			l.fired = true
-			fire = &budget.TimeoutError{Phase: budget.PhaseStep, Limit: l.step.D, Elapsed: now.Sub(l.lastProgress),
-				Source: l.step.Source, Knob: l.step.Knob, Subject: "the turn"}
+			fire = l.step.Expired(budget.PhaseStep, "the turn", now.Sub(l.lastProgress))
 		} else {
 			consider(due)
 		}

@@ -100,7 +100,7 @@ func TestEveryReportKeepsTheTurnAlive(t *testing.T) {
 		// grace; it finishes its work instead, reporting every 300ms until
 		// 4s. Only those reports keep the turn alive meanwhile.
 		flood := goTool("flood", budget.Cooperative, time.Second, reporter(13, 300*time.Millisecond))
-		flood.Budget.KillGrace = 10 * time.Second
+		flood.Budget.KillGrace = budget.Duration{D: 10 * time.Second}
 		res := runWithSink(t, sink, b, flood)
 		tr := toolRecord(t, res, "flood")
 		if res.Record.StopReason != budget.Answered || tr.Outcome != event.OutcomeOK || tr.ProgressCount != 13 {

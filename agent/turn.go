@@ -75,13 +75,12 @@ func (a *Agent) Run(ctx context.Context, in Input, sinks ...event.Sink) *Result 
 
 	t.em.Emit(t.started())
 	t.live = newLiveness(t.b.Step, t.b.ProgressNotice.D,
-		func(v any) { t.em.Emit(v) },
+		func(v event.Payload) { t.em.Emit(v) },
 		func(te *budget.TimeoutError) { t.stopWith(cancel, te) })
 	ceiling := time.AfterFunc(t.b.Turn.D, func() {
-		t.stopWith(cancel, &budget.TimeoutError{Phase: budget.PhaseTurn, Limit: t.b.Turn.D,
-			Elapsed: time.Since(t.start), Source: t.b.Turn.Source, Knob: t.b.Turn.Knob, Subject: "the turn"})
+		t.stopWith(cancel, t.b.Turn.Expired(budget.PhaseTurn, "the turn", time.Since(t.start)))
 	})
-	stopWatch := context.AfterFunc(ctx, func() { t.stopWith(cancel, parentCause(ctx)) })
+	stopWatch := context.AfterFunc(ctx, func() { t.stopWith(cancel, budget.Cause(ctx)) })
 
 	st := t.loop(turnCtx)
 
@@ -162,21 +161,6 @@ func (t *turn) stopWith(cancel context.CancelCauseFunc, cause error) {
 	cancel(cause)
 }
 
-// parentCause returns why the caller's context ended, as a typed cause.
-func parentCause(ctx context.Context) error {
-	c := context.Cause(ctx)
-	if _, ok := budget.AsCancel(c); ok {
-		return c
-	}
-	if _, ok := budget.AsTimeout(c); ok {
-		return c
-	}
-	if errors.Is(c, context.DeadlineExceeded) {
-		return &budget.TimeoutError{Phase: budget.PhaseTurn, Subject: "the caller's context"}
-	}
-	return &budget.CancelError{Reason: budget.Cancelled}
-}
-
 // capture notes, once, what the turn was doing when it was stopped.
 func (t *turn) capture() {
 	t.stopOnce.Do(func() {
@@ -198,7 +182,7 @@ func (t *turn) started() *event.TurnStarted {
 	for _, n := range a.order {
 		tb := t.toolBudget(a.tools[n])
 		tools[n] = event.ToolBudgetSummary{TimeoutMS: tb.Timeout.MS(), Source: tb.Timeout.Source,
-			IdleTimeoutMS: tb.IdleTimeout.MS(), Enforcement: string(tb.Enforcement)}
+			IdleTimeoutMS: tb.IdleTimeout.MS(), Enforcement: tb.Enforcement}
 	}
 	return &event.TurnStarted{SessionID: t.in.SessionID, Agent: a.name, Input: t.in.Text,
 		Model: a.models[0].Name(), Budgets: b, Tools: tools, HistoryRepaired: t.repaired}
@@ -462,8 +446,7 @@ func (t *turn) attempt(ctx context.Context, step, attempt int, ep model.Endpoint
 		remaining := b.LLMBudget.D - t.llmUsed
 		used := t.llmUsed
 		timer := time.AfterFunc(remaining, func() {
-			cancelCall(&budget.TimeoutError{Phase: budget.PhaseLLMBudget, Limit: b.LLMBudget.D, Elapsed: used + remaining,
-				Source: b.LLMBudget.Source, Knob: b.LLMBudget.Knob, Subject: "model streaming in this turn"})
+			cancelCall(b.LLMBudget.Expired(budget.PhaseLLMBudget, "model streaming in this turn", used+remaining))
 		})
 		defer timer.Stop()
 	}
@@ -609,7 +592,7 @@ func (t *turn) refuse(step int, callID string, c model.ToolCall, reason, field, 
 		rec.Kind = string(e.Tool.Tool.Kind())
 		tb := t.toolBudget(e)
 		rec.TimeoutMS, rec.TimeoutSource = tb.Timeout.MS(), tb.Timeout.Source
-		rec.Enforcement = string(tb.Enforcement)
+		rec.Enforcement = tb.Enforcement
 	}
 	if reason == "cancelled" {
 		rec.Outcome, rec.Phase = event.OutcomeCancelled, budget.PhaseCancel
@@ -643,13 +626,13 @@ func (t *turn) runTool(ctx context.Context, step int, callID string, c model.Too
 		deadline = start.Add(b.Timeout.D)
 	}
 	t.em.Emit(&event.ToolStarted{Step: step, CallID: callID, Tool: c.Name, Kind: string(e.Tool.Tool.Kind()),
-		Arguments: args, TimeoutMS: b.Timeout.MS(), Deadline: deadline.UTC(), Enforcement: string(b.Enforcement),
+		Arguments: args, TimeoutMS: b.Timeout.MS(), Deadline: deadline.UTC(), Enforcement: b.Enforcement,
 		Source: b.Timeout.Source, IdleTimeoutMS: b.IdleTimeout.MS()})
 	act := &activity{step: step, subject: "tool " + c.Name, callID: callID, tool: c.Name, deadline: deadline, limit: b.Timeout.D,
 		advisory: b.Enforcement == budget.Advisory}
 	t.live.begin(act)
 
-	call := &tool.Call{ID: callID, TurnID: t.id, Tool: c.Name, Input: args, KillGrace: b.KillGrace,
+	call := &tool.Call{ID: callID, TurnID: t.id, Tool: c.Name, Input: args, KillGrace: b.KillGrace.D,
 		MaxOutput: t.l.MaxToolOutput.N}
 	x := tool.Run(ctx, e.Tool.Tool, call, b, tool.Hooks{
 		// Every report keeps the turn alive; the coalesced ones become
@@ -666,7 +649,7 @@ func (t *turn) runTool(ctx context.Context, step int, callID string, c model.Too
 	rec := event.ToolCall{CallID: callID, TurnID: t.id, Step: step, Tool: c.Name, Kind: string(e.Tool.Tool.Kind()),
 		Arguments: args, StartedAt: x.Started, EndedAt: x.Ended, DurationMS: x.Elapsed().Milliseconds(),
 		TimeoutMS: b.Timeout.MS(), TimeoutSource: b.Timeout.Source, IdleTimeoutMS: b.IdleTimeout.MS(),
-		Enforcement: string(b.Enforcement), Outcome: x.Outcome, Phase: x.Phase, Overran: x.Overran,
+		Enforcement: b.Enforcement, Outcome: x.Outcome, Phase: x.Phase, Overran: x.Overran,
 		Abandoned: x.Abandoned, ProgressCount: x.Progress, Result: result}
 	if x.Result != nil {
 		rec.ExitCode, rec.StderrTail, rec.Truncated = x.Result.ExitCode, strings.ToValidUTF8(x.Result.StderrTail, "\uFFFD"), x.Result.Truncated
@@ -796,7 +779,7 @@ func (t *turn) finish(st stop) *Result {
 func (a *Agent) CallTool(ctx context.Context, name string, input json.RawMessage, sinks ...event.Sink) event.ToolCall {
 	t := &turn{a: a, id: "tool-call", start: time.Now(), b: a.budgets, l: a.limits}
 	t.em = event.NewEmitter(t.id, sinks...)
-	t.live = newLiveness(budget.Duration{}, t.b.ProgressNotice.D, func(v any) { t.em.Emit(v) }, func(*budget.TimeoutError) {})
+	t.live = newLiveness(budget.Duration{}, t.b.ProgressNotice.D, func(v event.Payload) { t.em.Emit(v) }, func(*budget.TimeoutError) {})
 	defer t.live.close()
 	t.runTool(ctx, 1, "call_1_1", model.ToolCall{ID: "call_1_1", Name: name, Arguments: string(input)})
 	t.mu.Lock()

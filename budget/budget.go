@@ -46,6 +46,15 @@ type Duration struct {
 	Knob string `json:"knob"`
 }
 
+// Unset reports whether d was never given a value: the zero Duration, with
+// no value and no source. This is the one rule by which timebox tells "not
+// set, take the default" from "off": where budgets are resolved (config.Load,
+// agent.New) an unset Duration takes its knob's default, and every resolved
+// Duration has a source, so a resolved zero is off (or "at once" for a
+// grace) where its knob CanBeOff. A Go caller turns a budget off by giving
+// it a source: Duration{Source: budget.SourceCode}.
+func (d Duration) Unset() bool { return d.D == 0 && d.Source == "" }
+
 // Off reports whether the budget is disabled (zero).
 func (d Duration) Off() bool { return d.D <= 0 }
 
@@ -180,8 +189,9 @@ type ToolBudget struct {
 	IdleTimeout Duration `json:"idle_timeout"`
 	// Enforcement says how Timeout and IdleTimeout are enforced.
 	Enforcement Enforcement `json:"enforcement"`
-	// KillGrace is the time between the polite and the forced stop.
-	KillGrace time.Duration `json:"-"`
+	// KillGrace is the time between the polite and the forced stop; zero
+	// (resolved) stops at once.
+	KillGrace Duration `json:"-"`
 }
 
 // Round returns d rounded for a person to read: whole milliseconds below a

@@ -59,6 +59,13 @@ type TimeoutError struct {
 	Subject string
 }
 
+// Expired returns the timeout of d running out: its limit, source and knob
+// from d, with the phase, what it applied to (for messages) and the time
+// elapsed (zero when whoever observes the expiry fills it).
+func (d Duration) Expired(phase Phase, subject string, elapsed time.Duration) *TimeoutError {
+	return &TimeoutError{Phase: phase, Limit: d.D, Elapsed: elapsed, Source: d.Source, Knob: d.Knob, Subject: subject}
+}
+
 func (e *TimeoutError) Error() string {
 	s := fmt.Sprintf("%s timeout: %s exceeded %s", e.Phase, e.subject(), e.Limit)
 	if e.Elapsed > 0 {

@@ -259,7 +259,7 @@ func TestReference(t *testing.T) {
 		Budget: budget.ToolBudget{
 			Timeout:     budget.Duration{D: 5 * time.Second, Source: "profile:fast", Knob: "tools[word_count].timeout in agent.yaml"},
 			IdleTimeout: budget.Duration{Source: budget.SourceDefault, Knob: "tools[word_count].idle_timeout in agent.yaml"},
-			Enforcement: budget.Hard, KillGrace: 2 * time.Second,
+			Enforcement: budget.Hard, KillGrace: fromFile(def.KillGrace),
 		},
 		Exec:    []string{filepath.Join(dir, "tools", "word_count.sh")},
 		Workdir: dir,
@@ -272,7 +272,7 @@ func TestReference(t *testing.T) {
 		Budget: budget.ToolBudget{
 			Timeout:     budget.Duration{D: 10 * time.Minute, Source: budget.SourceTool, Knob: "tools[crawl].timeout in agent.yaml"},
 			IdleTimeout: budget.Duration{D: 15 * time.Second, Source: budget.SourceTool, Knob: "tools[crawl].idle_timeout in agent.yaml"},
-			Enforcement: budget.Hard, KillGrace: 2 * time.Second,
+			Enforcement: budget.Hard, KillGrace: fromFile(def.KillGrace),
 		},
 		Exec:    []string{filepath.Join(dir, "tools", "crawl.sh"), "--depth", "2"},
 		Env:     []string{"HOME", "PATH"},
@@ -286,7 +286,7 @@ func TestReference(t *testing.T) {
 		Budget: budget.ToolBudget{
 			Timeout:     budget.Duration{D: 2 * time.Minute, Source: budget.SourceTool, Knob: "tools[everything].timeout in agent.yaml"},
 			IdleTimeout: budget.Duration{Source: budget.SourceDefault, Knob: "tools[everything].idle_timeout in agent.yaml"},
-			Enforcement: budget.Hard, KillGrace: 2 * time.Second,
+			Enforcement: budget.Hard, KillGrace: fromFile(def.KillGrace),
 		},
 		MCP: &MCP{
 			Command: []string{"npx", "-y", "@modelcontextprotocol/server-everything"},
@@ -354,7 +354,7 @@ func TestDefaults(t *testing.T) {
 	want := budget.ToolBudget{
 		Timeout:     budget.Duration{D: 60 * time.Second, Source: budget.SourceDefault, Knob: budget.KeyTool},
 		IdleTimeout: budget.Duration{Source: budget.SourceDefault, Knob: "tools[t].idle_timeout in agent.yaml"},
-		Enforcement: budget.Hard, KillGrace: 2 * time.Second,
+		Enforcement: budget.Hard, KillGrace: budget.Defaults().KillGrace,
 	}
 	if tl.Budget != want {
 		t.Errorf("tool budget\n got %+v\nwant %+v", tl.Budget, want)
@@ -460,8 +460,8 @@ tools:
 			byName := map[string]budget.ToolBudget{}
 			for _, tl := range a.Tools {
 				byName[tl.Name] = tl.Budget
-				if tl.Budget.KillGrace != tc.killGrace.D {
-					t.Errorf("%s: kill grace %v, want %v", tl.Name, tl.Budget.KillGrace, tc.killGrace.D)
+				if tl.Budget.KillGrace.D != tc.killGrace.D {
+					t.Errorf("%s: kill grace %v, want %v", tl.Name, tl.Budget.KillGrace.D, tc.killGrace.D)
 				}
 			}
 			// A tool's own timeout and profile win over every layer.

@@ -592,7 +592,7 @@ func (l *loader) resolveTools() {
 		if rt.enf != "" {
 			t.Budget.Enforcement = rt.enf
 		}
-		t.Budget.KillGrace = l.a.Budgets.KillGrace.D
+		t.Budget.KillGrace = l.a.Budgets.KillGrace
 		if t.Kind == tool.KindExec && t.Workdir == "" {
 			t.Workdir = l.dir
 		}

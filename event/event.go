@@ -47,8 +47,8 @@ type Event struct {
 	TurnID string    `json:"turn_id"`
 	Type   Type      `json:"type"`
 	At     time.Time `json:"at"`
-	// Data is one of the payload types of this package (*ToolStarted,
-	// *TurnFinished, ...), matching Type.
+	// Data is a Payload matching Type; an event of a type this version
+	// does not know, read back, keeps its JSON as a json.RawMessage.
 	Data any `json:"-"`
 }
 
@@ -72,10 +72,10 @@ type BudgetValue = budget.BudgetValue
 
 // ToolBudgetSummary is one tool's resolved budget in turn_started.
 type ToolBudgetSummary struct {
-	TimeoutMS     int64         `json:"timeout_ms"`
-	Source        budget.Source `json:"source"`
-	IdleTimeoutMS int64         `json:"idle_timeout_ms"`
-	Enforcement   string        `json:"enforcement"`
+	TimeoutMS     int64              `json:"timeout_ms"`
+	Source        budget.Source      `json:"source"`
+	IdleTimeoutMS int64              `json:"idle_timeout_ms"`
+	Enforcement   budget.Enforcement `json:"enforcement"`
 }
 
 // LLMStarted is sent when a model call attempt starts.
@@ -112,16 +112,16 @@ type Failover struct {
 
 // ToolStarted is sent when a tool call starts running under its budget.
 type ToolStarted struct {
-	Step          int             `json:"step"`
-	CallID        string          `json:"call_id"`
-	Tool          string          `json:"tool"`
-	Kind          string          `json:"kind"`
-	Arguments     json.RawMessage `json:"arguments,omitempty"`
-	TimeoutMS     int64           `json:"timeout_ms"`
-	Deadline      time.Time       `json:"deadline"`
-	Enforcement   string          `json:"enforcement"`
-	Source        budget.Source   `json:"source"`
-	IdleTimeoutMS int64           `json:"idle_timeout_ms"`
+	Step          int                `json:"step"`
+	CallID        string             `json:"call_id"`
+	Tool          string             `json:"tool"`
+	Kind          string             `json:"kind"`
+	Arguments     json.RawMessage    `json:"arguments,omitempty"`
+	TimeoutMS     int64              `json:"timeout_ms"`
+	Deadline      time.Time          `json:"deadline"`
+	Enforcement   budget.Enforcement `json:"enforcement"`
+	Source        budget.Source      `json:"source"`
+	IdleTimeoutMS int64              `json:"idle_timeout_ms"`
 }
 
 // ToolProgress is a progress report from a running tool call. Progress and
@@ -201,68 +201,80 @@ type TurnFinished struct {
 	Limit *BudgetValue `json:"limit,omitempty"`
 }
 
+// Payload is the data of one event: one of this package's payload types
+// (*TurnStarted, *ToolStarted, ...). The set is closed: the unexported
+// method keeps other packages from adding to it, so Emit takes only what
+// a reader knows how to read, and a payload's Type is written next to its
+// type, not in a switch kept in step by hand.
+type Payload interface {
+	// Type is the event type the payload is sent as.
+	Type() Type
+	payload()
+}
+
+func (*TurnStarted) Type() Type        { return TypeTurnStarted }
+func (*LLMStarted) Type() Type         { return TypeLLMStarted }
+func (*LLMDelta) Type() Type           { return TypeLLMDelta }
+func (*LLMFinished) Type() Type        { return TypeLLMFinished }
+func (*Failover) Type() Type           { return TypeFailover }
+func (*ToolStarted) Type() Type        { return TypeToolStarted }
+func (*ToolProgress) Type() Type       { return TypeToolProgress }
+func (*StillWorking) Type() Type       { return TypeStillWorking }
+func (*ToolFinished) Type() Type       { return TypeToolFinished }
+func (*LateResult) Type() Type         { return TypeLateResult }
+func (*CompactionStarted) Type() Type  { return TypeCompactionStarted }
+func (*CompactionFinished) Type() Type { return TypeCompactionFinished }
+func (*TurnFinished) Type() Type       { return TypeTurnFinished }
+
+func (*TurnStarted) payload()        {}
+func (*LLMStarted) payload()         {}
+func (*LLMDelta) payload()           {}
+func (*LLMFinished) payload()        {}
+func (*Failover) payload()           {}
+func (*ToolStarted) payload()        {}
+func (*ToolProgress) payload()       {}
+func (*StillWorking) payload()       {}
+func (*ToolFinished) payload()       {}
+func (*LateResult) payload()         {}
+func (*CompactionStarted) payload()  {}
+func (*CompactionFinished) payload() {}
+func (*TurnFinished) payload()       {}
+
+// payloads makes a zero payload of each type, for reading events back.
+var payloads = func() map[Type]func() Payload {
+	m := map[Type]func() Payload{}
+	for _, f := range []func() Payload{
+		func() Payload { return &TurnStarted{} },
+		func() Payload { return &LLMStarted{} },
+		func() Payload { return &LLMDelta{} },
+		func() Payload { return &LLMFinished{} },
+		func() Payload { return &Failover{} },
+		func() Payload { return &ToolStarted{} },
+		func() Payload { return &ToolProgress{} },
+		func() Payload { return &StillWorking{} },
+		func() Payload { return &ToolFinished{} },
+		func() Payload { return &LateResult{} },
+		func() Payload { return &CompactionStarted{} },
+		func() Payload { return &CompactionFinished{} },
+		func() Payload { return &TurnFinished{} },
+	} {
+		m[f().Type()] = f
+	}
+	return m
+}()
+
 // newData returns a zero payload for t, or nil for an unknown type.
-func newData(t Type) any {
-	switch t {
-	case TypeTurnStarted:
-		return &TurnStarted{}
-	case TypeLLMStarted:
-		return &LLMStarted{}
-	case TypeLLMDelta:
-		return &LLMDelta{}
-	case TypeLLMFinished:
-		return &LLMFinished{}
-	case TypeFailover:
-		return &Failover{}
-	case TypeToolStarted:
-		return &ToolStarted{}
-	case TypeToolProgress:
-		return &ToolProgress{}
-	case TypeStillWorking:
-		return &StillWorking{}
-	case TypeToolFinished:
-		return &ToolFinished{}
-	case TypeLateResult:
-		return &LateResult{}
-	case TypeCompactionStarted:
-		return &CompactionStarted{}
-	case TypeCompactionFinished:
-		return &CompactionFinished{}
-	case TypeTurnFinished:
-		return &TurnFinished{}
+func newData(t Type) Payload {
+	if f, ok := payloads[t]; ok {
+		return f()
 	}
 	return nil
 }
 
 // TypeOf returns the event type of a payload value, or "" if v is not one.
 func TypeOf(v any) Type {
-	switch v.(type) {
-	case *TurnStarted:
-		return TypeTurnStarted
-	case *LLMStarted:
-		return TypeLLMStarted
-	case *LLMDelta:
-		return TypeLLMDelta
-	case *LLMFinished:
-		return TypeLLMFinished
-	case *Failover:
-		return TypeFailover
-	case *ToolStarted:
-		return TypeToolStarted
-	case *ToolProgress:
-		return TypeToolProgress
-	case *StillWorking:
-		return TypeStillWorking
-	case *ToolFinished:
-		return TypeToolFinished
-	case *LateResult:
-		return TypeLateResult
-	case *CompactionStarted:
-		return TypeCompactionStarted
-	case *CompactionFinished:
-		return TypeCompactionFinished
-	case *TurnFinished:
-		return TypeTurnFinished
+	if p, ok := v.(Payload); ok {
+		return p.Type()
 	}
 	return ""
 }

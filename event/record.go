@@ -30,20 +30,20 @@ const (
 
 // ToolCall is the durable record of one tool call (spec §8).
 type ToolCall struct {
-	CallID        string          `json:"call_id"`
-	TurnID        string          `json:"turn_id"`
-	Step          int             `json:"step"`
-	Tool          string          `json:"tool"`
-	Kind          string          `json:"kind"` // exec, go or mcp
-	Arguments     json.RawMessage `json:"arguments"`
-	StartedAt     time.Time       `json:"started_at"`
-	EndedAt       time.Time       `json:"ended_at"`
-	DurationMS    int64           `json:"duration_ms"`
-	TimeoutMS     int64           `json:"timeout_ms"`
-	TimeoutSource budget.Source   `json:"timeout_source"`
-	IdleTimeoutMS int64           `json:"idle_timeout_ms"`
-	Enforcement   string          `json:"enforcement"`
-	Outcome       Outcome         `json:"outcome"`
+	CallID        string             `json:"call_id"`
+	TurnID        string             `json:"turn_id"`
+	Step          int                `json:"step"`
+	Tool          string             `json:"tool"`
+	Kind          string             `json:"kind"` // exec, go or mcp
+	Arguments     json.RawMessage    `json:"arguments"`
+	StartedAt     time.Time          `json:"started_at"`
+	EndedAt       time.Time          `json:"ended_at"`
+	DurationMS    int64              `json:"duration_ms"`
+	TimeoutMS     int64              `json:"timeout_ms"`
+	TimeoutSource budget.Source      `json:"timeout_source"`
+	IdleTimeoutMS int64              `json:"idle_timeout_ms"`
+	Enforcement   budget.Enforcement `json:"enforcement"`
+	Outcome       Outcome            `json:"outcome"`
 	// Refused is set for a call that was never run, to why: the tool is
 	// unknown, its arguments failed the schema, the turn had reached
 	// max_tool_calls, or was stopped before the call could start. Such a

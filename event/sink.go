@@ -39,14 +39,10 @@ func NewEmitter(turnID string, sinks ...Sink) *Emitter {
 	return &Emitter{turnID: turnID, now: time.Now, sinks: sinks}
 }
 
-// Emit sends the payload v (one of this package's payload types) as the
-// turn's next event and returns it. After Close, Emit drops v and returns
-// the zero Event.
-func (m *Emitter) Emit(v any) Event {
-	t := TypeOf(v)
-	if t == "" {
-		panic("event: Emit of a value that is not an event payload")
-	}
+// Emit sends the payload v as the turn's next event and returns it. After
+// Close, Emit drops v and returns the zero Event.
+func (m *Emitter) Emit(v Payload) Event {
+	t := v.Type()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {

@@ -193,11 +193,9 @@ func (s *Watched) Recv() (Chunk, error) {
 		now := time.Now()
 		var te *budget.TimeoutError
 		if s.firstChunk.IsZero() {
-			te = &budget.TimeoutError{Phase: budget.PhaseLLMFirstChunk, Limit: s.w.FirstChunk.D,
-				Elapsed: now.Sub(s.started), Source: s.w.FirstChunk.Source, Knob: s.w.FirstChunk.Knob, Subject: s.subject}
+			te = s.w.FirstChunk.Expired(budget.PhaseLLMFirstChunk, s.subject, now.Sub(s.started))
 		} else {
-			te = &budget.TimeoutError{Phase: budget.PhaseLLMIdle, Limit: s.w.Idle.D,
-				Elapsed: now.Sub(s.lastChunk), Source: s.w.Idle.Source, Knob: s.w.Idle.Knob, Subject: s.subject}
+			te = s.w.Idle.Expired(budget.PhaseLLMIdle, s.subject, now.Sub(s.lastChunk))
 		}
 		s.timer = nil
 		s.cancel(te)

@@ -31,7 +31,7 @@ echo '::progress:: {"message": "started"}' >&2; wait`},
 	}
 	a := newAgent(t, scripted(t, `{"tool_calls": [{"name": "crawl", "arguments": {}}]}`, `{"text": "never"}`), nil,
 		agent.Tool{Tool: crawl, Budget: budget.ToolBudget{Timeout: budget.Duration{D: time.Minute, Source: budget.SourceTool},
-			Enforcement: budget.Hard, KillGrace: 2 * time.Second}})
+			Enforcement: budget.Hard, KillGrace: budget.Duration{D: 2 * time.Second}}})
 	e := newEnv(t, server.Config{Agent: a})
 	ctx, drop := context.WithCancel(t.Context())
 	resp, sse := e.stream(ctx, map[string]any{"input": "crawl it"})

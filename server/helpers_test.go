@@ -65,7 +65,7 @@ func goTool(name string, enf budget.Enforcement, timeout time.Duration, fn tool.
 	return agent.Tool{
 		Tool: tool.NewFunc(name, "a test tool", nil, fn),
 		Budget: budget.ToolBudget{Timeout: budget.Duration{D: timeout, Source: budget.SourceTool, Knob: "tools[" + name + "].timeout"},
-			Enforcement: enf, KillGrace: 200 * time.Millisecond},
+			Enforcement: enf, KillGrace: budget.Duration{D: 200 * time.Millisecond}},
 	}
 }
 

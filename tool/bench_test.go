@@ -18,7 +18,7 @@ func BenchmarkGoFuncCall(b *testing.B) {
 		return in, nil
 	})
 	bud := budget.ToolBudget{Timeout: budget.Duration{D: time.Minute}, IdleTimeout: budget.Duration{D: time.Minute},
-		Enforcement: budget.Cooperative, KillGrace: time.Second}
+		Enforcement: budget.Cooperative, KillGrace: budget.Duration{D: time.Second}}
 	in := json.RawMessage(`{"text": "hello"}`)
 	ctx := context.Background()
 	b.ReportAllocs()

@@ -92,7 +92,7 @@ func ModelResult(name string, b budget.ToolBudget, x *Execution) string {
 func timeoutInfo(name string, b budget.ToolBudget, x *Execution) ErrorInfo {
 	te, ok := budget.AsTimeout(x.Cause)
 	if !ok { // abandoned after a turn-level stop
-		te = &budget.TimeoutError{Phase: x.Phase, Limit: b.Timeout.D, Source: b.Timeout.Source, Knob: b.Timeout.Knob}
+		te = b.Timeout.Expired(x.Phase, "", 0)
 	}
 	elapsed := budget.Round(x.Elapsed())
 	info := ErrorInfo{Type: "tool_timeout", Tool: name, Phase: string(te.Phase),
@@ -107,7 +107,7 @@ func timeoutInfo(name string, b budget.ToolBudget, x *Execution) ErrorInfo {
 		if cut, ok := strings.CutSuffix(what, " and was stopped."); ok {
 			what = cut + "."
 		}
-		what += fmt.Sprintf(" It was asked to stop and had not after %s, so timebox stopped waiting for it.", budget.Round(b.KillGrace))
+		what += fmt.Sprintf(" It was asked to stop and had not after %s, so timebox stopped waiting for it.", budget.Round(b.KillGrace.D))
 	}
 	info.Message = what + fmt.Sprintf(" It may be hung (for example on an unreachable service). Try a narrower request or a different tool; an operator can raise %s.", te.Knob)
 	if x.Result != nil {

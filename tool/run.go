@@ -95,7 +95,7 @@ func Run(ctx context.Context, t Tool, c *Call, b budget.ToolBudget, h Hooks) *Ex
 		c.Deadline = start.Add(b.Timeout.D)
 	}
 	if c.KillGrace == 0 {
-		c.KillGrace = b.KillGrace
+		c.KillGrace = b.KillGrace.D
 	}
 	callCtx, cancel := context.WithCancelCause(ctx)
 
@@ -105,15 +105,13 @@ func Run(ctx context.Context, t Tool, c *Call, b budget.ToolBudget, h Hooks) *Ex
 	enforced := b.Enforcement != budget.Advisory
 	if enforced && b.IdleTimeout.D > 0 {
 		idle = p.idleWindow(b.IdleTimeout.D, func() {
-			cancel(&budget.TimeoutError{Phase: budget.PhaseToolIdle, Limit: b.IdleTimeout.D,
-				Source: b.IdleTimeout.Source, Knob: b.IdleTimeout.Knob, Subject: subject})
+			cancel(b.IdleTimeout.Expired(budget.PhaseToolIdle, subject, 0))
 		})
 	}
 	var deadline *time.Timer
 	if enforced && b.Timeout.D > 0 {
 		deadline = time.AfterFunc(b.Timeout.D, func() {
-			cancel(&budget.TimeoutError{Phase: budget.PhaseTool, Limit: b.Timeout.D,
-				Source: b.Timeout.Source, Knob: b.Timeout.Knob, Subject: subject})
+			cancel(b.Timeout.Expired(budget.PhaseTool, subject, 0))
 		})
 	}
 	done := make(chan returned, 1)

@@ -21,7 +21,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func tb(timeout time.Duration, e budget.Enforcement) budget.ToolBudget {
 	return budget.ToolBudget{Timeout: budget.Duration{D: timeout, Source: budget.SourceTool, Knob: "tools[t].timeout in agent.yaml"},
-		Enforcement: e, KillGrace: 2 * time.Second}
+		Enforcement: e, KillGrace: budget.Duration{D: 2 * time.Second}}
 }
 
 // fake is a tool whose kind and body a test chooses.

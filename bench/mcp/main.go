@@ -206,7 +206,7 @@ func runTimebox(node, dir, server, out string, sc scenario) (result, error) {
 		Timeout:     budget.Duration{D: sc.timeout, Source: budget.SourceTool, Knob: "tools[everything].timeout"},
 		IdleTimeout: budget.Duration{D: sc.idle, Source: budget.SourceTool, Knob: "tools[everything].idle_timeout"},
 		Enforcement: budget.Hard,
-		KillGrace:   2 * time.Second,
+		KillGrace:   budget.Duration{D: 2 * time.Second},
 	}
 	s, err := mcptool.Open(context.Background(), mcptool.Config{Name: "everything", Budget: b,
 		Command: []string{node, filepath.Join(dir, "wiretap.mjs"), log, server, "stdio"}})

@@ -224,7 +224,7 @@ func writeRecord(w io.Writer, r *event.Turn) {
 				budgetText = ms(c.TimeoutMS)
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", c.CallID, c.Tool, c.Outcome, ms(c.DurationMS), budgetText,
-				dash(string(c.TimeoutSource)), dash(c.Enforcement), callNotes(c))
+				dash(string(c.TimeoutSource)), dash(string(c.Enforcement)), callNotes(c))
 		}
 		tw.Flush()
 	}

@@ -105,7 +105,7 @@ func BenchmarkDeadlinePrecision(b *testing.B) {
 
 func hungBudget(timeout time.Duration) budget.ToolBudget {
 	return budget.ToolBudget{Timeout: budget.Duration{D: timeout, Source: budget.SourceTool, Knob: "tools[hung].timeout"},
-		Enforcement: budget.Hard, KillGrace: 2 * time.Second}
+		Enforcement: budget.Hard, KillGrace: budget.Duration{D: 2 * time.Second}}
 }
 
 // launch starts one call of tl under b and returns once its tree is
@@ -271,7 +271,7 @@ func BenchmarkCallOverhead(b *testing.B) {
 		}
 		viaRun := func(b *testing.B) {
 			x := tool.Run(context.Background(), tl, &tool.Call{ID: "c", Input: []byte(`{"x": 1}`)},
-				budget.ToolBudget{Timeout: budget.Duration{D: time.Minute}, Enforcement: budget.Hard, KillGrace: 2 * time.Second}, tool.Hooks{})
+				budget.ToolBudget{Timeout: budget.Duration{D: time.Minute}, Enforcement: budget.Hard, KillGrace: budget.Duration{D: 2 * time.Second}}, tool.Hooks{})
 			if x.Outcome != event.OutcomeOK {
 				b.Fatal(x.Outcome, x.Err)
 			}

@@ -47,7 +47,7 @@ func TestBurstOfHungHardCalls(t *testing.T) {
 		// abandoned calls would do it after this grace plus ReapMargin.
 		const timeout = time.Second
 		b := hungBudget(timeout)
-		b.KillGrace = 100 * time.Millisecond
+		b.KillGrace.D = 100 * time.Millisecond
 		outcomes := map[event.Outcome]int{}
 		abandoned, started := 0, 0
 		late := make([]time.Duration, 0, calls)

@@ -76,7 +76,7 @@ func newToolCfg(t testing.TB, cfg exectool.Config, mode string, args ...string) 
 func hard(timeout, grace time.Duration) budget.ToolBudget {
 	return budget.ToolBudget{
 		Timeout:     budget.Duration{D: timeout, Source: budget.SourceTool, Knob: "tools[helper].timeout in agent.yaml"},
-		Enforcement: budget.Hard, KillGrace: grace}
+		Enforcement: budget.Hard, KillGrace: budget.Duration{D: grace}}
 }
 
 // call runs one call through the runner, as the turn loop does.

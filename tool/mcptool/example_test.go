@@ -22,7 +22,7 @@ func ExampleOpen() {
 		Budget: budget.ToolBudget{
 			Timeout:     budget.Duration{D: time.Minute, Source: budget.SourceTool, Knob: "tools[everything].timeout"},
 			Enforcement: budget.Hard,
-			KillGrace:   2 * time.Second,
+			KillGrace:   budget.Duration{D: 2 * time.Second},
 		},
 		Overrides: map[string]mcptool.Override{
 			"trigger-long-running-operation": {

@@ -91,7 +91,7 @@ func tb(timeout, idle time.Duration) budget.ToolBudget {
 		Timeout:     budget.Duration{D: timeout, Source: budget.SourceTool, Knob: knob},
 		IdleTimeout: budget.Duration{D: idle, Source: budget.SourceTool, Knob: "tools[everything].idle_timeout in agent.yaml"},
 		Enforcement: budget.Hard,
-		KillGrace:   500 * time.Millisecond,
+		KillGrace:   budget.Duration{D: 500 * time.Millisecond},
 	}
 }
 

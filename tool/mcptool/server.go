@@ -389,7 +389,7 @@ func (s *Server) restart(done chan struct{}) {
 // grace is the time a stopping server gets between the steps of its
 // shutdown: the kill grace of the entry's budget.
 func (s *Server) grace() time.Duration {
-	if g := s.cfg.Budget.KillGrace; g > 0 {
+	if g := s.cfg.Budget.KillGrace.D; g > 0 {
 		return g
 	}
 	return budget.Defaults().KillGrace.D
