@@ -18,7 +18,6 @@ import (
 
 	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/config"
-	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/model"
 	"github.com/timebox-run/timebox/model/anthropic"
 	"github.com/timebox-run/timebox/model/openai"
@@ -39,9 +38,6 @@ type Options struct {
 	// file's tools. A zero Budget takes the file's defaults; a timeout
 	// over the file's timeouts.tool_max is an error, as in the file.
 	Tools []agent.Tool
-	// LateResult receives abandoned tool calls that return after their
-	// turn ended (see agent.Config.LateResult).
-	LateResult func(event.ToolCall)
 	// Getenv reads credentials; nil is os.Getenv.
 	Getenv func(string) string
 	// Record, if set, receives every model reply with its timings as
@@ -104,7 +100,7 @@ func Build(ctx context.Context, cfg *config.Agent, o Options) (*Agent, error) {
 	tools = append(tools, o.Tools...)
 	ag, err := agent.New(agent.Config{
 		Name: cfg.Name, Instructions: cfg.Instructions, Models: models, Tools: tools,
-		Budgets: cfg.Budgets, Limits: cfg.Limits, CompactAt: cfg.Context.CompactAt, LateResult: o.LateResult,
+		Budgets: cfg.Budgets, Limits: cfg.Limits, CompactAt: cfg.Context.CompactAt,
 		CompactAtSource: cfg.Context.Source, CompactAtKnob: cfg.Context.Knob, RequestMax: cfg.Server.RequestMax,
 	})
 	if err != nil {

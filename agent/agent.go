@@ -15,7 +15,6 @@ import (
 	"regexp"
 
 	"github.com/timebox-run/timebox/budget"
-	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/model"
 	"github.com/timebox-run/timebox/tool"
 )
@@ -33,7 +32,6 @@ type Agent struct {
 	compactAt    int
 	compactKnob  budget.Count
 	requestMax   map[string]int64
-	lateResult   func(event.ToolCall)
 }
 
 // Tool is a tool with its resolved budget.
@@ -78,11 +76,6 @@ type Config struct {
 	// 50): server.request_max in the agent file. A budget it does not name
 	// may only be lowered.
 	RequestMax map[string]int64
-	// LateResult, if set, is called when an abandoned tool call returns
-	// after its turn has ended, with the call's record updated
-	// (late_result: true). A late result that arrives while the turn still
-	// runs goes into the turn's record and a late_result event instead.
-	LateResult func(event.ToolCall)
 }
 
 var toolNameRE = regexp.MustCompile(`^[a-zA-Z0-9_-]{1,64}$`)
@@ -107,7 +100,6 @@ func New(cfg Config) (*Agent, error) {
 		compactAt:    cfg.CompactAt,
 		compactKnob:  budget.Count{N: int64(cfg.CompactAt), Source: cfg.CompactAtSource, Knob: cfg.CompactAtKnob},
 		requestMax:   maps.Clone(cfg.RequestMax),
-		lateResult:   cfg.LateResult,
 	}
 	a.budgets, a.limits = withDefaults(cfg.Budgets, cfg.Limits)
 	if a.compactKnob.Source == "" {

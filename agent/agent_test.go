@@ -109,15 +109,25 @@ type fixture struct {
 func (f fixture) run(t *testing.T, ctx context.Context, text string) (*agent.Result, *recorder) {
 	t.Helper()
 	a, err := agent.New(agent.Config{Name: "test", Instructions: "be brief", Models: f.models, Tools: f.tools,
-		Budgets: f.budgets, Limits: f.limits, LateResult: f.late})
+		Budgets: f.budgets, Limits: f.limits})
 	if err != nil {
 		t.Fatal(err)
 	}
 	rec := &recorder{}
-	res := a.Run(ctx, agent.Input{SessionID: "s1", Text: text}, rec)
+	sinks := []event.Sink{rec}
+	if f.late != nil {
+		sinks = append(sinks, lateSink(f.late))
+	}
+	res := a.Run(ctx, agent.Input{SessionID: "s1", Text: text}, sinks...)
 	checkEvents(t, res, rec)
 	return res, rec
 }
+
+// lateSink is a sink that only takes late results.
+type lateSink func(event.ToolCall)
+
+func (lateSink) Emit(event.Event)                {}
+func (f lateSink) LateResult(rec event.ToolCall) { f(rec) }
 
 // checkEvents asserts what every turn must satisfy: seq strictly increasing
 // from 1, turn_started first, exactly one turn_finished last, matching the

@@ -64,7 +64,7 @@ func (a *Agent) Run(ctx context.Context, in Input, sinks ...event.Sink) *Result 
 	if t.id == "" {
 		t.id = NewTurnID()
 	}
-	t.em = event.NewEmitter(t.id, sinks...)
+	t.em, t.sinks = event.NewEmitter(t.id, sinks...), sinks
 	// A history cut by a crash would be refused by the providers.
 	t.in.History, t.repaired = RepairHistory(in.History)
 	// The turn's context is detached from ctx and cancelled by hand when
@@ -98,6 +98,9 @@ type turn struct {
 	start time.Time
 	em    *event.Emitter
 	live  *liveness
+	// sinks are the run's sinks; those that are event.LateSinks get the
+	// late results that arrive after the turn ended.
+	sinks []event.Sink
 	// b and l are the turn's budgets: the agent's, with the request's.
 	b budget.Budgets
 	l budget.Limits
@@ -683,8 +686,12 @@ func (t *turn) late(callID string, res *tool.Result, err error, ended time.Time)
 			after := t.ended
 			cp := t.toolRecs[i]
 			t.mu.Unlock()
-			if after && t.a.lateResult != nil {
-				t.a.lateResult(cp)
+			if after {
+				for _, s := range t.sinks {
+					if ls, ok := s.(event.LateSink); ok {
+						ls.LateResult(cp)
+					}
+				}
 			}
 			return
 		}
@@ -716,7 +723,7 @@ func (t *turn) addToolRecord(rec event.ToolCall) event.ToolCall {
 
 // applyLate updates rec with a late result and, while the turn runs,
 // reports it as a late_result event. After the turn ended the caller passes
-// the record to Config.LateResult. t.mu is held.
+// the record to the run's event.LateSinks. t.mu is held.
 func (t *turn) applyLate(rec *event.ToolCall, lr lateResult) {
 	var out string
 	if lr.res != nil {
@@ -752,7 +759,8 @@ func (t *turn) finish(st stop) *Result {
 		flags.TimedOutDuringCompaction = true
 	}
 	msg := t.message(st, now)
-	// From here on a late result goes to Config.LateResult, not to events.
+	// From here on a late result goes to the sinks' LateResult, not to
+	// events.
 	t.mu.Lock()
 	t.ended = true
 	rec := &event.Turn{
@@ -778,7 +786,7 @@ func (t *turn) finish(st stop) *Result {
 // stops the call as a cancelled turn would.
 func (a *Agent) CallTool(ctx context.Context, name string, input json.RawMessage, sinks ...event.Sink) event.ToolCall {
 	t := &turn{a: a, id: "tool-call", start: time.Now(), b: a.budgets, l: a.limits}
-	t.em = event.NewEmitter(t.id, sinks...)
+	t.em, t.sinks = event.NewEmitter(t.id, sinks...), sinks
 	t.live = newLiveness(budget.Duration{}, t.b.ProgressNotice.D, func(v event.Payload) { t.em.Emit(v) }, func(*budget.TimeoutError) {})
 	defer t.live.close()
 	t.runTool(ctx, 1, "call_1_1", model.ToolCall{ID: "call_1_1", Name: name, Arguments: string(input)})

@@ -13,6 +13,17 @@ type Sink interface {
 	Emit(Event)
 }
 
+// LateSink is a Sink that also takes the record of an abandoned tool call
+// that returned after its turn ended (late_result: true): the turn's events
+// are closed by then, so the record comes on its own, once, from the
+// call's goroutine. A sink that stores turns updates the stored record with
+// it. A late result that arrives while the turn runs is a late_result
+// event instead.
+type LateSink interface {
+	Sink
+	LateResult(ToolCall)
+}
+
 // SinkFunc adapts a function to a Sink.
 type SinkFunc func(Event)
 

@@ -62,7 +62,7 @@ func benchTurns(b *testing.B, storeKind string, n int) {
 	} else {
 		st = openStore(b)
 	}
-	e := newEnv(b, server.Config{Agent: newAgent(b, p, nil, work), Store: st})
+	e := newEnv(b, server.Config{Agent: newAgent(b, p, work), Store: st})
 	e.client.Transport.(*http.Transport).MaxIdleConnsPerHost = n
 
 	var (

@@ -36,7 +36,7 @@ func helperMain() bool {
 	}
 	g := newGate("wait")
 	g.every = 10 * time.Millisecond
-	srv, err := server.New(server.Config{Agent: newAgent(t, scripted(t, waitThenAnswer...), nil, g.tool()), Store: st})
+	srv, err := server.New(server.Config{Agent: newAgent(t, scripted(t, waitThenAnswer...), g.tool()), Store: st})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)

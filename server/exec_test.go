@@ -29,7 +29,7 @@ echo '::progress:: {"message": "started"}' >&2; wait`},
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := newAgent(t, scripted(t, `{"tool_calls": [{"name": "crawl", "arguments": {}}]}`, `{"text": "never"}`), nil,
+	a := newAgent(t, scripted(t, `{"tool_calls": [{"name": "crawl", "arguments": {}}]}`, `{"text": "never"}`),
 		agent.Tool{Tool: crawl, Budget: budget.ToolBudget{Timeout: budget.Duration{D: time.Minute, Source: budget.SourceTool},
 			Enforcement: budget.Hard, KillGrace: budget.Duration{D: 2 * time.Second}}})
 	e := newEnv(t, server.Config{Agent: a})

@@ -69,10 +69,10 @@ func goTool(name string, enf budget.Enforcement, timeout time.Duration, fn tool.
 	}
 }
 
-func newAgent(t testing.TB, p model.Provider, late func(event.ToolCall), tools ...agent.Tool) *agent.Agent {
+func newAgent(t testing.TB, p model.Provider, tools ...agent.Tool) *agent.Agent {
 	t.Helper()
 	a, err := agent.New(agent.Config{Name: "test", Instructions: "be brief",
-		Models: []model.Endpoint{{Provider: p, ProviderName: "script", Model: "m"}}, Tools: tools, LateResult: late})
+		Models: []model.Endpoint{{Provider: p, ProviderName: "script", Model: "m"}}, Tools: tools})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -408,7 +408,7 @@ func TestOpenAPIStatuses(t *testing.T) {
 				cfg.Store = store.NewMemory()
 			}
 			if cfg.Agent == nil {
-				cfg.Agent = newAgent(t, scripted(t, `{"text": "hello"}`), nil)
+				cfg.Agent = newAgent(t, scripted(t, `{"text": "hello"}`))
 			}
 			srv, err := server.New(cfg)
 			if err != nil {
@@ -420,7 +420,7 @@ func TestOpenAPIStatuses(t *testing.T) {
 		quickStore := store.NewMemory()
 		quick := newServer(server.Config{Store: quickStore, MaxInputBytes: 100, MaxBodyBytes: 1000})
 		gated := newGate("wait")
-		busy := newServer(server.Config{Agent: newAgent(t, scripted(t, waitThenAnswer...), nil, gated.tool())})
+		busy := newServer(server.Config{Agent: newAgent(t, scripted(t, waitThenAnswer...), gated.tool())})
 		release := make(chan struct{})
 		stuck := newServer(server.Config{Agent: stubborn{release: release}})
 		broken := newServer(server.Config{Store: failingStore{store.NewMemory()}})

@@ -26,7 +26,7 @@ func TestFollowersGetEveryEventOnce(t *testing.T) {
 		chunks[i] = fmt.Sprint(i%10, " ")
 	}
 	line, _ := json.Marshal(map[string]any{"chunks": chunks, "chunk_delay": "50us"})
-	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, string(line)), nil)})
+	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, string(line)))})
 	acc := decode[server.TurnAccepted](t, e.do("POST", "/v1/turns", map[string]any{"input": "go", "detach": true}), http.StatusAccepted)
 
 	const followers = 12

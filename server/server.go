@@ -175,10 +175,9 @@ func (s *Server) Registry() *prometheus.Registry { return s.reg }
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
 
-// LateResult stores the record of an abandoned tool call that returned
-// after its turn ended. Pass it as the agent's LateResult hook
-// (agent.Config.LateResult, timebox.Options.LateResult).
-func (s *Server) LateResult(rec event.ToolCall) {
+// storeLate stores the record of an abandoned tool call that returned
+// after its turn ended; the turn's sink passes it on (event.LateSink).
+func (s *Server) storeLate(rec event.ToolCall) {
 	if err := s.cfg.Store.UpdateToolCall(context.Background(), rec); err != nil {
 		s.storeError("update_tool_call", rec.TurnID, err)
 	}
@@ -285,6 +284,9 @@ type turnSink struct {
 	s  *Server
 	lt *liveTurn
 }
+
+// LateResult implements event.LateSink.
+func (t *turnSink) LateResult(rec event.ToolCall) { t.s.storeLate(rec) }
 
 // Emit implements event.Sink.
 func (t *turnSink) Emit(e event.Event) {

@@ -37,7 +37,7 @@ var waitThenAnswer = []string{`{"chunks": ["Let me ", "wait."], "tool_calls": [{
 
 func TestStreamOfAWholeTurn(t *testing.T) {
 	g := newGate("wait")
-	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, waitThenAnswer...), nil, g.tool())})
+	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, waitThenAnswer...), g.tool())})
 	resp, sse := e.stream(t.Context(), map[string]any{"input": "hello"})
 	defer resp.Body.Close()
 	// The turn is named before its first event: the headers are here
@@ -82,7 +82,7 @@ func TestStreamOfAWholeTurn(t *testing.T) {
 
 func TestJSONResponse(t *testing.T) {
 	g := newGate("wait")
-	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, waitThenAnswer...), nil, g.tool())})
+	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, waitThenAnswer...), g.tool())})
 	resp := e.do("POST", "/v1/turns", map[string]any{"input": "hello", "session_id": "s1"})
 	id := resp.Header.Get(server.HeaderTurnID)
 	if id == "" || resp.Header.Get(server.HeaderSessionID) != "s1" || resp.Header.Get("Location") != "/v1/turns/"+id {
@@ -98,7 +98,7 @@ func TestJSONResponse(t *testing.T) {
 
 func TestDetachedJSONIsAcceptedAtOnce(t *testing.T) {
 	g := newGate("wait")
-	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, waitThenAnswer...), nil, g.tool())})
+	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, waitThenAnswer...), g.tool())})
 	acc := decode[server.TurnAccepted](t, e.do("POST", "/v1/turns", map[string]any{"input": "go", "detach": true}), http.StatusAccepted)
 	if acc.Status != budget.StatusRunning || acc.Events != "/v1/turns/"+acc.TurnID+"/events" {
 		t.Fatalf("%+v", acc)
@@ -118,7 +118,7 @@ func TestDetachedJSONIsAcceptedAtOnce(t *testing.T) {
 
 func TestClientGoneCancelsTheTurn(t *testing.T) {
 	g := newGate("wait")
-	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, waitThenAnswer...), nil, g.tool())})
+	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, waitThenAnswer...), g.tool())})
 	ctx, drop := context.WithCancel(t.Context())
 	resp, sse := e.stream(ctx, map[string]any{"input": "hello"})
 	id := resp.Header.Get(server.HeaderTurnID)
@@ -148,7 +148,7 @@ func TestClientGoneCancelsTheTurn(t *testing.T) {
 
 func TestClientGoneFromAJSONRequest(t *testing.T) {
 	g := newGate("wait")
-	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, waitThenAnswer...), nil, g.tool())})
+	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, waitThenAnswer...), g.tool())})
 	ctx, drop := context.WithCancel(t.Context())
 	resp, err := e.doCtx(ctx, "POST", "/v1/turns", map[string]any{"input": "hello"})
 	if err != nil {
@@ -164,7 +164,7 @@ func TestClientGoneFromAJSONRequest(t *testing.T) {
 
 func TestDetachKeepsTheTurnRunning(t *testing.T) {
 	g := newGate("wait")
-	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, waitThenAnswer...), nil, g.tool())})
+	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, waitThenAnswer...), g.tool())})
 	ctx, drop := context.WithCancel(t.Context())
 	resp, sse := e.stream(ctx, map[string]any{"input": "hello", "detach": true})
 	id := resp.Header.Get(server.HeaderTurnID)
@@ -196,7 +196,7 @@ func TestDetachKeepsTheTurnRunning(t *testing.T) {
 func TestReplayWhileLive(t *testing.T) {
 	g := newGate("wait")
 	g.every = time.Millisecond
-	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, waitThenAnswer...), nil, g.tool())})
+	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, waitThenAnswer...), g.tool())})
 	acc := decode[server.TurnAccepted](t, e.do("POST", "/v1/turns", map[string]any{"input": "go", "detach": true}), http.StatusAccepted)
 	<-g.started
 
@@ -276,7 +276,7 @@ func TestReplayWhileLive(t *testing.T) {
 }
 
 func TestEventsOfAnEndedTurn(t *testing.T) {
-	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, `{"text": "hi"}`), nil)})
+	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, `{"text": "hi"}`))})
 	rec := decode[rawRecord](t, e.do("POST", "/v1/turns", map[string]any{"input": "hello"}), http.StatusOK)
 	n := len(rec.Events)
 	resp := e.do("GET", fmt.Sprintf("/v1/turns/%s/events?after=%d", rec.TurnID, n-2), nil)
@@ -306,7 +306,7 @@ func TestEventsOfAnEndedTurn(t *testing.T) {
 
 func TestCancelRoute(t *testing.T) {
 	g := newGate("wait")
-	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, waitThenAnswer...), nil, g.tool())})
+	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, waitThenAnswer...), g.tool())})
 	acc := decode[server.TurnAccepted](t, e.do("POST", "/v1/turns", map[string]any{"input": "go", "detach": true}), http.StatusAccepted)
 	<-g.started
 	rec := decode[rawRecord](t, e.do("POST", "/v1/turns/"+acc.TurnID+"/cancel", nil), http.StatusOK)
@@ -328,7 +328,7 @@ func TestCancelRoute(t *testing.T) {
 
 func TestListFiltersAndOrder(t *testing.T) {
 	g := newGate("wait")
-	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, waitThenAnswer...), nil, g.tool())})
+	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, waitThenAnswer...), g.tool())})
 	var ids []string
 	// Three answered, one cancelled, one running.
 	for i := range 5 {
@@ -391,7 +391,7 @@ func TestSessionHistoryReachesTheModel(t *testing.T) {
 	echo := goTool("echo", budget.Cooperative, time.Minute, func(_ context.Context, in json.RawMessage, _ tool.Progress) (any, error) {
 		return string(in), nil
 	})
-	e := newEnv(t, server.Config{Agent: newAgent(t, p, nil, echo)})
+	e := newEnv(t, server.Config{Agent: newAgent(t, p, echo)})
 	r1 := decode[rawRecord](t, e.do("POST", "/v1/turns", map[string]any{"input": "one", "session_id": "chat-1"}), http.StatusOK)
 	r2 := decode[rawRecord](t, e.do("POST", "/v1/turns", map[string]any{"input": "two", "session_id": "chat-1"}), http.StatusOK)
 	if r1.Answer != "first" || r2.Answer != "second" {
@@ -420,7 +420,7 @@ func TestSessionHistoryReachesTheModel(t *testing.T) {
 
 func TestOneTurnAtATimePerSession(t *testing.T) {
 	g := newGate("wait")
-	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, waitThenAnswer...), nil, g.tool())})
+	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, waitThenAnswer...), g.tool())})
 	decode[server.TurnAccepted](t, e.do("POST", "/v1/turns", map[string]any{"input": "a", "session_id": "s", "detach": true}), http.StatusAccepted)
 	<-g.started
 	er := decode[apiError](t, e.do("POST", "/v1/turns", map[string]any{"input": "b", "session_id": "s"}), http.StatusConflict)
@@ -434,7 +434,7 @@ func TestOneTurnAtATimePerSession(t *testing.T) {
 }
 
 func TestBadRequests(t *testing.T) {
-	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, `{"text": "hi"}`), nil), MaxInputBytes: 100, MaxBodyBytes: 1000})
+	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, `{"text": "hi"}`)), MaxInputBytes: 100, MaxBodyBytes: 1000})
 	for _, c := range []struct {
 		name   string
 		method string
@@ -491,7 +491,7 @@ func TestBadRequests(t *testing.T) {
 }
 
 func TestTokenAuth(t *testing.T) {
-	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, `{"text": "hi"}`), nil), Token: "s3cret"})
+	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, `{"text": "hi"}`)), Token: "s3cret"})
 	for _, c := range []struct {
 		path   string
 		auth   string
@@ -552,7 +552,7 @@ func TestNonLoopbackNeedsAToken(t *testing.T) {
 			t.Errorf("CheckAddr(%q) with a token refused", addr)
 		}
 	}
-	srv, err := server.New(server.Config{Agent: newAgent(t, scripted(t, `{"text": "hi"}`), nil), Store: store.NewMemory()})
+	srv, err := server.New(server.Config{Agent: newAgent(t, scripted(t, `{"text": "hi"}`)), Store: store.NewMemory()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -567,7 +567,7 @@ func TestNonLoopbackNeedsAToken(t *testing.T) {
 }
 
 func TestBrowserGuards(t *testing.T) {
-	srv, err := server.New(server.Config{Agent: newAgent(t, scripted(t, `{"text": "hi"}`), nil), Store: store.NewMemory()})
+	srv, err := server.New(server.Config{Agent: newAgent(t, scripted(t, `{"text": "hi"}`)), Store: store.NewMemory()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -605,7 +605,7 @@ func TestShutdownGraceThenCancel(t *testing.T) {
 		return "ok", nil
 	})
 	// Two agents behind one server: route by input.
-	a1, a2 := newAgent(t, p, nil, slow.tool()), newAgent(t, q, nil, quickTool)
+	a1, a2 := newAgent(t, p, slow.tool()), newAgent(t, q, quickTool)
 	e := newEnv(t, server.Config{Agent: routeBy{"slow": a1, "quick": a2}, ShutdownGrace: 400 * time.Millisecond})
 
 	resp, sse := e.stream(t.Context(), map[string]any{"input": "slow"})
@@ -660,7 +660,7 @@ func TestShutdownGraceThenCancel(t *testing.T) {
 
 func TestEndGraceCancelsAtOnce(t *testing.T) {
 	g := newGate("wait")
-	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, waitThenAnswer...), nil, g.tool()), ShutdownGrace: time.Hour})
+	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, waitThenAnswer...), g.tool()), ShutdownGrace: time.Hour})
 	acc := decode[server.TurnAccepted](t, e.do("POST", "/v1/turns", map[string]any{"input": "go", "detach": true}), http.StatusAccepted)
 	<-g.started
 	stopped := make(chan error, 1)
@@ -700,19 +700,9 @@ func TestLateResultIsStored(t *testing.T) {
 		<-release // ignores its context: it will be abandoned
 		return "late but here", nil
 	})
-	var srv *server.Server
-	var mu sync.Mutex
-	late := func(rec event.ToolCall) {
-		mu.Lock()
-		s := srv
-		mu.Unlock()
-		s.LateResult(rec)
-	}
-	a := newAgent(t, scripted(t, `{"tool_calls": [{"name": "stubborn"}]}`, `{"text": "went on without it"}`), late, stubborn)
+	// The late result reaches the server through the turn's own sink.
+	a := newAgent(t, scripted(t, `{"tool_calls": [{"name": "stubborn"}]}`, `{"text": "went on without it"}`), stubborn)
 	e := newEnv(t, server.Config{Agent: a})
-	mu.Lock()
-	srv = e.srv
-	mu.Unlock()
 	rec := decode[rawRecord](t, e.do("POST", "/v1/turns", map[string]any{"input": "go"}), http.StatusOK)
 	if rec.Status != budget.StatusCompleted || !rec.ToolCalls[0].Abandoned || rec.ToolCalls[0].LateResult {
 		t.Fatalf("record %+v", rec.ToolCalls)
@@ -731,7 +721,7 @@ func TestMetrics(t *testing.T) {
 		return nil, ctx.Err()
 	})
 	p := scripted(t, `{"tool_calls": [{"name": "slow"}]}`, `{"text": "it timed out"}`)
-	e := newEnv(t, server.Config{Agent: newAgent(t, p, nil, slow)})
+	e := newEnv(t, server.Config{Agent: newAgent(t, p, slow)})
 	resp, sse := e.stream(t.Context(), map[string]any{"input": "go"})
 	sse.all(t)
 	resp.Body.Close()
@@ -756,7 +746,7 @@ func TestMetrics(t *testing.T) {
 }
 
 func TestHealthzAndPage(t *testing.T) {
-	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, `{"text": "hi"}`), nil)})
+	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, `{"text": "hi"}`))})
 	h := decode[map[string]any](t, e.do("GET", "/healthz", nil), http.StatusOK)
 	if h["status"] != "ok" {
 		t.Fatalf("%v", h)
@@ -788,7 +778,7 @@ func TestHealthzAndPage(t *testing.T) {
 // TestRunningElsewhere follows a turn that another process (here: a
 // recorder writing straight to the shared store) is running.
 func TestRunningElsewhere(t *testing.T) {
-	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, `{"text": "hi"}`), nil)})
+	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, `{"text": "hi"}`))})
 	rec := store.NewRecorder(e.st)
 	if err := rec.Begin(context.Background(), store.TurnStart{TurnID: "t_cli", Input: "from the CLI", StartedAt: time.Now()}); err != nil {
 		t.Fatal(err)
@@ -842,7 +832,7 @@ func TestCheckToken(t *testing.T) {
 	}
 	st := openStore(t)
 	defer st.Close()
-	if _, err := server.New(server.Config{Agent: newAgent(t, scripted(t, `{"text": "hi"}`), nil), Store: st, Token: "   "}); err == nil || !strings.Contains(err.Error(), "token: is only whitespace") {
+	if _, err := server.New(server.Config{Agent: newAgent(t, scripted(t, `{"text": "hi"}`)), Store: st, Token: "   "}); err == nil || !strings.Contains(err.Error(), "token: is only whitespace") {
 		t.Errorf("server.New with a blank token: %v", err)
 	}
 }

@@ -67,7 +67,7 @@ type Store interface {
 	// A turn that BeginTurn never saw is created.
 	FinishTurn(ctx context.Context, rec *event.Turn, msgs []model.Message) error
 	// UpdateToolCall replaces one tool call record, for a late result
-	// (agent.Config.LateResult) that came back after its turn ended. It
+	// (event.LateSink) that came back after its turn ended. It
 	// returns ErrNotFound if the turn is unknown.
 	UpdateToolCall(ctx context.Context, rec event.ToolCall) error
 

@@ -11,11 +11,9 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"syscall"
 
 	"github.com/timebox-run/timebox"
-	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/proctree"
 	"github.com/timebox-run/timebox/server"
 	"github.com/timebox-run/timebox/store"
@@ -103,13 +101,8 @@ func cmdServe(ctx context.Context, args []string, o IO) int {
 	}
 	defer st.Close()
 
-	// The agent's late results go to the server, which is built after it.
-	var srv atomic.Pointer[server.Server]
-	a, err := timebox.Build(ctx, cfg, timebox.Options{Getenv: o.getenv, LateResult: func(r event.ToolCall) {
-		if s := srv.Load(); s != nil {
-			s.LateResult(r)
-		}
-	}})
+	// Late results reach the server through each turn's sink.
+	a, err := timebox.Build(ctx, cfg, timebox.Options{Getenv: o.getenv})
 	if err != nil {
 		fmt.Fprintln(o.Err, "timebox:", err)
 		return ExitUsage
@@ -128,7 +121,6 @@ func cmdServe(ctx context.Context, args []string, o IO) int {
 		fmt.Fprintln(o.Err, "timebox serve:", err)
 		return ExitFailed
 	}
-	srv.Store(s)
 
 	where := db
 	if db == "" {
