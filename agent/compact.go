@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"sort"
 	"strings"
 	"time"
@@ -201,50 +200,30 @@ func (t *turn) compact(ctx context.Context, step int, force bool) (shrunk bool, 
 	req := model.Request{Model: ep.Model, System: compactionInstructions, Conversation: t.request().Conversation,
 		Messages: []model.Message{{Role: model.RoleUser, Content: text}}, Compaction: true}
 
-	cctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	timer := time.AfterFunc(b.Compaction.D, func() {
-		cancel(b.Compaction.Expired(budget.PhaseCompaction, "history compaction", b.Compaction.D))
-	})
-	defer timer.Stop()
-	w := model.Open(cctx, ep.Provider, req, t.watchdog(), "model "+ep.Model)
-	var sb strings.Builder
-	var err error
-	for {
-		var c model.Chunk
-		if c, err = w.Recv(); err != nil {
-			break
-		}
-		t.live.progress()
-		sb.WriteString(c.Text)
-	}
-	w.Close()
-	elapsed := time.Since(w.Started())
-	if err == io.EOF {
-		err = nil
-		if r := w.Response(); r.Text != "" {
-			sb.Reset()
-			sb.WriteString(r.Text)
-		}
-		if strings.TrimSpace(sb.String()) == "" {
-			err = &model.Error{Provider: ep.ProviderName, Message: "the compaction reply was empty"}
-		}
+	out := t.callModel(ctx, modelCall{step: step, attempt: 1, ep: ep, req: req,
+		within: b.Compaction.D,
+		expired: func() error {
+			return b.Compaction.Expired(budget.PhaseCompaction, "history compaction", b.Compaction.D)
+		},
+		chunk: func(_ *model.Watched, c model.Chunk) string {
+			t.live.progress()
+			return c.Text
+		}})
+	elapsed, err := out.elapsed, out.err
+	if err == nil && strings.TrimSpace(out.resp.Text) == "" {
+		err = &model.Error{Provider: ep.ProviderName, Message: "the compaction reply was empty"}
 	}
 	t.live.end(act, err == nil)
 
-	rec := event.ModelCall{Step: step, Model: ep.Model, Provider: ep.ProviderName, Profile: ep.Profile, Attempt: 1,
-		StartedAt: w.Started(), FirstChunkMS: w.FirstChunk().Milliseconds(), StreamMS: elapsed.Milliseconds(),
-		Outcome: event.OutcomeOK, Compaction: true}
+	rec := out.rec
 	fin := &event.CompactionFinished{Step: step, Outcome: event.OutcomeOK, DurationMS: elapsed.Milliseconds(), TokensBefore: before}
 	if err != nil {
-		rec.Outcome, rec.Phase, rec.Error = modelOutcome(err), model.Phase(err), err.Error()
+		failed(&rec, err)
 		fin.Outcome, fin.Phase = rec.Outcome, rec.Phase
 		fin.TokensAfter = before
 	}
 	if ctx.Err() != nil { // the turn itself was stopped during the compaction
-		t.mu.Lock()
-		t.modelRecs = append(t.modelRecs, rec)
-		t.mu.Unlock()
+		t.addModelRecord(rec)
 		fin.Message = "the turn was stopped during compaction"
 		t.em.Emit(fin)
 		st := t.stopFromContext(ctx)
@@ -262,7 +241,7 @@ func (t *turn) compact(ctx context.Context, step int, force bool) (shrunk bool, 
 		fin.Message += fmt.Sprintf(" It is not tried again before the conversation grows to about %d tokens.", t.retryAt)
 		t.compactionFailed = err
 	} else {
-		t.summary = strings.TrimSpace(sb.String())
+		t.summary = strings.TrimSpace(out.resp.Text)
 		t.compactedUpTo = cut
 		t.compactionFailed, t.insufficient = nil, false
 		shrunk = true
@@ -277,9 +256,7 @@ func (t *turn) compact(ctx context.Context, step int, force bool) (shrunk bool, 
 				"Going on; it is not tried again before the conversation grows to about %d tokens.", after, limit, t.retryAt)
 		}
 	}
-	t.mu.Lock()
-	t.modelRecs = append(t.modelRecs, rec)
-	t.mu.Unlock()
+	t.addModelRecord(rec)
 	t.em.Emit(fin)
 	return shrunk, nil
 }

@@ -2,20 +2,14 @@ package agent
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
-	"slices"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/model"
-	"github.com/timebox-run/timebox/tool"
 )
 
 // Input is one turn's input.
@@ -105,13 +99,28 @@ type turn struct {
 	b budget.Budgets
 	l budget.Limits
 
-	// Set once, when a turn-level budget or a cancellation stops the turn.
+	// repaired counts the history messages RepairHistory added or dropped.
+	repaired int
+
+	stopNote  // written once, by capture, under its sync.Once
+	records   // shared with the tool calls' goroutines, under records.mu
+	loopState // owned by the loop goroutine
+}
+
+// stopNote is what the turn was doing when a turn-level budget or a
+// cancellation stopped it: written once, from the timer or watchdog that
+// stopped it, under stopOnce; read by finish after stopOnce.Do.
+type stopNote struct {
 	stopOnce          sync.Once
 	stopDesc          string
 	stopTools         []string
 	stopDuringRun     bool
 	stopDuringCompact bool
+}
 
+// records are the turn's call records, which tool calls write from their
+// own goroutines and late results after the turn ended; mu guards them.
+type records struct {
 	mu        sync.Mutex
 	toolRecs  []event.ToolCall
 	modelRecs []event.ModelCall
@@ -119,8 +128,11 @@ type turn struct {
 	// pendingLate holds late results that arrived before their call's
 	// record was written.
 	pendingLate map[string]lateResult
+}
 
-	// Owned by the loop goroutine.
+// loopState is owned by the loop goroutine (and read by finish after the
+// loop returned).
+type loopState struct {
 	msgs       []model.Message
 	steps      int
 	toolCalls  int
@@ -142,9 +154,6 @@ type turn struct {
 	// compact_at; retryAt: no compaction before the estimate reaches it.
 	insufficient bool
 	retryAt      int
-
-	// repaired counts the history messages RepairHistory added or dropped.
-	repaired int
 }
 
 // stop is how the loop ended.
@@ -288,458 +297,6 @@ func (t *turn) request() model.Request {
 	return model.Request{System: system, Messages: msgs, Tools: defs, Conversation: conv}
 }
 
-// attemptNote is one failed model call attempt, for messages.
-type attemptNote struct {
-	endpoint string
-	profile  string
-	err      error
-	index    int       // the endpoint's place in the chain
-	at       time.Time // when it failed
-}
-
-// modelStep makes one model call, failing over along the chain on LLM-phase
-// failures (spec §6). When every link has failed and one of them was rate
-// limited with a Retry-After that ends inside the turn's remaining time,
-// that link is tried once more after waiting it out.
-func (t *turn) modelStep(ctx context.Context, step int) (model.Response, *stop) {
-	req := t.request()
-	var notes []attemptNote
-	tries := make([]int, len(t.a.models))
-	for i := range tries {
-		tries[i] = i
-	}
-	retried, askedAgain := false, false
-	for k := 0; k < len(tries); k++ {
-		i := tries[k]
-		ep := t.a.models[i]
-		req.Model = ep.Model
-		resp, err := t.attempt(ctx, step, k+1, ep, req)
-		if err == nil {
-			t.idleStreak = 0
-			return resp, nil
-		}
-		if ctx.Err() != nil {
-			st := t.stopFromContext(ctx)
-			return model.Response{}, &st
-		}
-		phase := model.Phase(err)
-		if phase == budget.PhaseLLMBudget {
-			return model.Response{}, &stop{reason: budget.LLMBudgetExhausted, cause: err}
-		}
-		if phase == budget.PhaseLLMReplyCap {
-			// No failover: another model given the same prompt would most
-			// likely write on as long (docs/decisions/reply-cap.md).
-			return model.Response{}, &stop{reason: budget.ReplyTooLong, cause: err}
-		}
-		var me *model.Error
-		if errors.As(err, &me) && me.Rejected() {
-			return model.Response{}, &stop{reason: budget.ModelRejected, cause: err}
-		}
-		notes = append(notes, attemptNote{endpoint: ep.Name(), profile: ep.Profile, err: err, index: i, at: time.Now()})
-		if phase == budget.PhaseLLMIdle || phase == budget.PhaseLLMFirstChunk {
-			t.idleStreak++
-			if int64(t.idleStreak) >= t.l.IdleBreaker.N {
-				return model.Response{}, &stop{reason: budget.ModelUnresponsive, cause: err, message: notesText(notes)}
-			}
-		}
-		// An empty reply is asked again once, of the same endpoint, before
-		// the chain moves on — unless the model spent its whole output
-		// allowance, which asking again would only repeat
-		// (docs/decisions/empty-reply.md).
-		var ee *model.EmptyReplyError
-		if errors.As(err, &ee) && !askedAgain && !ee.OutOfTokens() {
-			askedAgain = true
-			tries = slices.Insert(tries, k+1, i)
-		}
-		if k+1 == len(tries) && !retried {
-			if n, wait, ok := t.retryCandidate(notes); ok {
-				retried = true
-				tries = append(tries, notes[n].index)
-				next := t.a.models[notes[n].index]
-				t.failovers++
-				t.em.Emit(&event.Failover{Step: step, From: endpointLabel(ep), To: endpointLabel(next), Phase: phase,
-					Reason:  fmt.Sprintf("%v; every link failed, retrying %s after its Retry-After (%s)", err, endpointLabel(next), roundHuman(wait)),
-					Attempt: k + 2})
-				if st := t.waitRetry(ctx, step, next, wait); st != nil {
-					return model.Response{}, st
-				}
-				continue
-			}
-		}
-		if k+1 < len(tries) {
-			next := t.a.models[tries[k+1]]
-			reason := err.Error()
-			if tries[k+1] == i {
-				reason += "; asking the same model once more"
-			}
-			t.failovers++
-			t.em.Emit(&event.Failover{Step: step, From: endpointLabel(ep), To: endpointLabel(next), Phase: phase,
-				Reason: reason, Attempt: k + 2})
-		}
-	}
-	return model.Response{}, &stop{reason: budget.ModelUnavailable, cause: notes[len(notes)-1].err, message: notesText(notes), notes: notes}
-}
-
-// retryCandidate returns the failed attempt whose Retry-After ends first,
-// and how long is left to wait for it, if that ends inside the turn's
-// remaining time and inside the step window (so waiting it out is not
-// mistaken for a stuck turn).
-func (t *turn) retryCandidate(notes []attemptNote) (int, time.Duration, bool) {
-	best, bestWait := -1, time.Duration(0)
-	now := time.Now()
-	for n, note := range notes {
-		var me *model.Error
-		if !errors.As(note.err, &me) || me.RetryAfter <= 0 {
-			continue
-		}
-		wait := max(note.at.Add(me.RetryAfter).Sub(now), 0)
-		if best < 0 || wait < bestWait {
-			best, bestWait = n, wait
-		}
-	}
-	if best < 0 {
-		return 0, 0, false
-	}
-	remaining := t.b.Turn.D - now.Sub(t.start)
-	if bestWait >= remaining {
-		return 0, 0, false
-	}
-	if s := t.b.Step; !s.Off() && bestWait >= s.D {
-		return 0, 0, false
-	}
-	return best, bestWait, true
-}
-
-// waitRetry waits out a Retry-After. The wait is an activity with a
-// deadline, so the step watchdog counts it as alive.
-func (t *turn) waitRetry(ctx context.Context, step int, ep model.Endpoint, wait time.Duration) *stop {
-	act := &activity{step: step, subject: "model " + ep.Model + " (waiting out its Retry-After)", deadline: time.Now().Add(wait)}
-	t.live.begin(act)
-	defer t.live.end(act, false)
-	tm := time.NewTimer(wait)
-	defer tm.Stop()
-	select {
-	case <-tm.C:
-		return nil
-	case <-ctx.Done():
-		st := t.stopFromContext(ctx)
-		return &st
-	}
-}
-
-func endpointLabel(ep model.Endpoint) string {
-	if ep.Profile == "" {
-		return ep.Name()
-	}
-	return ep.Name() + " (" + ep.Profile + ")"
-}
-
-// attempt makes one model call attempt under the watchdogs and the turn's
-// llm_budget.
-func (t *turn) attempt(ctx context.Context, step, attempt int, ep model.Endpoint, req model.Request) (model.Response, error) {
-	b := t.b
-	t.em.Emit(&event.LLMStarted{Step: step, Model: ep.Model, Provider: ep.ProviderName, Profile: ep.Profile, Attempt: attempt})
-	act := &activity{step: step, subject: "model " + ep.Model}
-	t.lastStep, t.lastModel = act.subject, ep.Model
-	t.live.begin(act)
-
-	callCtx, cancelCall := context.WithCancelCause(ctx)
-	defer cancelCall(nil)
-	if !b.LLMBudget.Off() {
-		remaining := b.LLMBudget.D - t.llmUsed
-		used := t.llmUsed
-		timer := time.AfterFunc(remaining, func() {
-			cancelCall(b.LLMBudget.Expired(budget.PhaseLLMBudget, "model streaming in this turn", used+remaining))
-		})
-		defer timer.Stop()
-	}
-	w := model.Open(callCtx, ep.Provider, req, t.watchdog(), "model "+ep.Model)
-	var text strings.Builder
-	var delta []byte
-	var err error
-	for {
-		var c model.Chunk
-		c, err = w.Recv()
-		if err != nil {
-			break
-		}
-		if w.FirstChunk() > 0 && !act.streaming {
-			t.live.streaming(act)
-		}
-		t.live.progress()
-		// Events go to the sinks synchronously. When they are slower than
-		// the provider, what has arrived meanwhile goes as one llm_delta,
-		// so that the number of events follows the sinks' pace, not the
-		// provider's, and a flood of tiny chunks is not a flood of events.
-		delta = append(delta[:0], c.Text...)
-		for len(delta) < maxDelta {
-			more, ok := w.Ready()
-			if !ok {
-				break
-			}
-			delta = append(delta, more.Text...)
-		}
-		if len(delta) > 0 {
-			d := string(delta)
-			text.WriteString(d)
-			t.em.Emit(&event.LLMDelta{Step: step, Text: d})
-		}
-	}
-	w.Close()
-	elapsed := time.Since(w.Started())
-	t.llmUsed += elapsed
-	var resp model.Response
-	if err == io.EOF {
-		err = nil
-		resp = w.Response()
-		if resp.Text == "" {
-			resp.Text = text.String()
-		}
-		if resp.Empty() {
-			err = &model.EmptyReplyError{Provider: ep.ProviderName, FinishReason: resp.FinishReason}
-			resp = model.Response{}
-		}
-	}
-	t.partial = text.String()
-	t.live.end(act, err == nil)
-
-	rec := event.ModelCall{Step: step, Model: ep.Model, Provider: ep.ProviderName, Profile: ep.Profile, Attempt: attempt,
-		StartedAt: w.Started(), FirstChunkMS: w.FirstChunk().Milliseconds(), StreamMS: elapsed.Milliseconds(), Outcome: event.OutcomeOK}
-	if err != nil {
-		rec.Outcome, rec.Phase, rec.Error = modelOutcome(err), model.Phase(err), err.Error()
-	}
-	t.mu.Lock()
-	t.modelRecs = append(t.modelRecs, rec)
-	t.mu.Unlock()
-	t.em.Emit(&event.LLMFinished{ModelCall: rec, ToolCalls: len(resp.ToolCalls)})
-	return resp, err
-}
-
-// maxDelta is the most text the turn gathers into one llm_delta from chunks
-// that are already waiting; a single larger chunk still goes whole.
-const maxDelta = 64 << 10
-
-// watchdog returns the budgets every model stream of the turn runs under.
-func (t *turn) watchdog() model.Watchdog {
-	b := t.b
-	return model.Watchdog{FirstChunk: b.LLMFirstChunk, Idle: b.LLMIdle, MaxReply: t.l.MaxReply}
-}
-
-func modelOutcome(err error) event.Outcome {
-	switch model.Phase(err) {
-	case budget.PhaseLLMFirstChunk, budget.PhaseLLMIdle, budget.PhaseLLMBudget, budget.PhaseTurn, budget.PhaseStep, budget.PhaseCompaction:
-		return event.OutcomeTimedOut
-	case budget.PhaseCancel:
-		return event.OutcomeCancelled
-	}
-	return event.OutcomeError
-}
-
-// toolStep runs one batch of tool calls, up to parallel_tools at once, and
-// returns the result each call gives the model, and how many calls were
-// refused because the turn reached max_tool_calls.
-func (t *turn) toolStep(ctx context.Context, step int, calls []model.ToolCall) (results []string, refused int) {
-	start := time.Now()
-	results = make([]string, len(calls))
-	sem := make(chan struct{}, max(1, t.l.ParallelTools.N))
-	var wg sync.WaitGroup
-	for i, c := range calls {
-		callID := fmt.Sprintf("call_%d_%d", step, i+1)
-		if int64(t.toolCalls) >= t.l.MaxToolCalls.N {
-			refused++
-			lim := t.l.MaxToolCalls
-			results[i] = t.refuse(step, callID, c, "limit", "", fmt.Sprintf(
-				"Not run: this turn reached its limit of %d tool calls (%s).", lim.N, lim.Knob))
-			continue
-		}
-		t.toolCalls++
-		select {
-		case sem <- struct{}{}:
-		case <-ctx.Done():
-			results[i] = t.refuse(step, callID, c, "cancelled", "", "Not run: the turn was stopped before this call could start.")
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			results[i] = t.runTool(ctx, step, callID, c)
-		}()
-	}
-	wg.Wait()
-	t.toolTime += time.Since(start)
-	return results, refused
-}
-
-// arguments returns the model's arguments as JSON for the record: as sent
-// when they are JSON, else as a JSON string of the raw text.
-func arguments(raw string) json.RawMessage {
-	if strings.TrimSpace(raw) == "" {
-		return json.RawMessage("{}")
-	}
-	if json.Valid([]byte(raw)) {
-		return json.RawMessage(raw)
-	}
-	b, _ := json.Marshal(strings.ToValidUTF8(raw, "\uFFFD"))
-	return b
-}
-
-// refuse records a call that was not run and returns what the model is
-// told.
-func (t *turn) refuse(step int, callID string, c model.ToolCall, reason, field, msg string) string {
-	now := time.Now()
-	res := tool.Refusal(c.Name, reason, field, msg)
-	rec := event.ToolCall{CallID: callID, TurnID: t.id, Step: step, Tool: c.Name, Arguments: arguments(c.Arguments),
-		StartedAt: now, EndedAt: now, Outcome: event.OutcomeError, Refused: reason, Result: res}
-	if e, ok := t.a.tools[c.Name]; ok {
-		rec.Kind = string(e.Tool.Tool.Kind())
-		tb := t.toolBudget(e)
-		rec.TimeoutMS, rec.TimeoutSource = tb.Timeout.MS(), tb.Timeout.Source
-		rec.Enforcement = tb.Enforcement
-	}
-	if reason == "cancelled" {
-		rec.Outcome, rec.Phase = event.OutcomeCancelled, budget.PhaseCancel
-	}
-	rec = t.addToolRecord(rec)
-	t.em.Emit(&event.ToolFinished{ToolCall: rec})
-	return res
-}
-
-// runTool runs one tool call under its budget and returns what the model is
-// told.
-func (t *turn) runTool(ctx context.Context, step int, callID string, c model.ToolCall) string {
-	e, ok := t.a.tools[c.Name]
-	if !ok {
-		return t.refuse(step, callID, c, "unknown_tool", "", fmt.Sprintf("There is no tool named %q. Available tools: %s.",
-			c.Name, strings.Join(t.a.order, ", ")))
-	}
-	args := json.RawMessage(c.Arguments)
-	if err := e.schema.Check(args); err != nil {
-		var ae *tool.ArgumentError
-		errors.As(err, &ae)
-		return t.refuse(step, callID, c, ae.Reason, ae.Field, ae.Message+" The tool was not run.")
-	}
-	if len(strings.TrimSpace(c.Arguments)) == 0 {
-		args = json.RawMessage("{}")
-	}
-	b := t.toolBudget(e)
-	start := time.Now()
-	var deadline time.Time
-	if b.Timeout.D > 0 {
-		deadline = start.Add(b.Timeout.D)
-	}
-	t.em.Emit(&event.ToolStarted{Step: step, CallID: callID, Tool: c.Name, Kind: string(e.Tool.Tool.Kind()),
-		Arguments: args, TimeoutMS: b.Timeout.MS(), Deadline: deadline.UTC(), Enforcement: b.Enforcement,
-		Source: b.Timeout.Source, IdleTimeoutMS: b.IdleTimeout.MS()})
-	act := &activity{step: step, subject: "tool " + c.Name, callID: callID, tool: c.Name, deadline: deadline, limit: b.Timeout.D,
-		advisory: b.Enforcement == budget.Advisory}
-	t.live.begin(act)
-
-	call := &tool.Call{ID: callID, TurnID: t.id, Tool: c.Name, Input: args, KillGrace: b.KillGrace.D,
-		MaxOutput: t.l.MaxToolOutput.N}
-	x := tool.Run(ctx, e.Tool.Tool, call, b, tool.Hooks{
-		// Every report keeps the turn alive; the coalesced ones become
-		// events (tool.Hooks).
-		OnAlive: t.live.alive,
-		OnProgress: func(r tool.Report) {
-			t.em.Emit(&event.ToolProgress{CallID: callID, Tool: c.Name, Progress: r.Progress, Total: r.Total, Message: r.Message})
-		},
-		OnLate: func(res *tool.Result, err error, ended time.Time) { t.late(callID, res, err, ended) },
-	})
-	t.live.end(act, true)
-
-	result := tool.ModelResult(c.Name, b, x)
-	rec := event.ToolCall{CallID: callID, TurnID: t.id, Step: step, Tool: c.Name, Kind: string(e.Tool.Tool.Kind()),
-		Arguments: args, StartedAt: x.Started, EndedAt: x.Ended, DurationMS: x.Elapsed().Milliseconds(),
-		TimeoutMS: b.Timeout.MS(), TimeoutSource: b.Timeout.Source, IdleTimeoutMS: b.IdleTimeout.MS(),
-		Enforcement: b.Enforcement, Outcome: x.Outcome, Phase: x.Phase, Overran: x.Overran,
-		Abandoned: x.Abandoned, ProgressCount: x.Progress, Result: result}
-	if x.Result != nil {
-		rec.ExitCode, rec.StderrTail, rec.Truncated = x.Result.ExitCode, strings.ToValidUTF8(x.Result.StderrTail, "\uFFFD"), x.Result.Truncated
-	}
-	var te *tool.Error
-	if errors.As(x.Err, &te) {
-		if rec.ExitCode == nil {
-			rec.ExitCode = te.ExitCode
-		}
-		if rec.StderrTail == "" {
-			rec.StderrTail = te.StderrTail
-		}
-	}
-	rec = t.addToolRecord(rec)
-	t.em.Emit(&event.ToolFinished{ToolCall: rec})
-	return result
-}
-
-type lateResult struct {
-	res   *tool.Result
-	err   error
-	ended time.Time
-}
-
-// late records what an abandoned call returned after it was abandoned.
-func (t *turn) late(callID string, res *tool.Result, err error, ended time.Time) {
-	t.mu.Lock()
-	for i := range t.toolRecs {
-		if t.toolRecs[i].CallID == callID {
-			t.applyLate(&t.toolRecs[i], lateResult{res, err, ended})
-			after := t.ended
-			cp := t.toolRecs[i]
-			t.mu.Unlock()
-			if after {
-				for _, s := range t.sinks {
-					if ls, ok := s.(event.LateSink); ok {
-						ls.LateResult(cp)
-					}
-				}
-			}
-			return
-		}
-	}
-	defer t.mu.Unlock()
-	// The call's record is written just after tool.Run returns; this
-	// result beat it there.
-	if t.pendingLate == nil {
-		t.pendingLate = map[string]lateResult{}
-	}
-	t.pendingLate[callID] = lateResult{res, err, ended}
-}
-
-// addToolRecord stores a tool call record, with any late result that
-// arrived before it.
-func (t *turn) addToolRecord(rec event.ToolCall) event.ToolCall {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.toolRecs = append(t.toolRecs, rec)
-	r := &t.toolRecs[len(t.toolRecs)-1]
-	if lr, ok := t.pendingLate[rec.CallID]; ok {
-		delete(t.pendingLate, rec.CallID)
-		out := *r
-		t.applyLate(r, lr)
-		return out // tool_finished carries the record as it was at the end
-	}
-	return *r
-}
-
-// applyLate updates rec with a late result and, while the turn runs,
-// reports it as a late_result event. After the turn ended the caller passes
-// the record to the run's event.LateSinks. t.mu is held.
-func (t *turn) applyLate(rec *event.ToolCall, lr lateResult) {
-	var out string
-	if lr.res != nil {
-		out = strings.ToValidUTF8(string(lr.res.Output), "\uFFFD")
-	}
-	rec.LateResult, rec.LateOutput = true, out
-	if t.ended {
-		return
-	}
-	ev := &event.LateResult{CallID: rec.CallID, Tool: rec.Tool, DurationMS: lr.ended.Sub(rec.StartedAt).Milliseconds(), Output: out}
-	if lr.err != nil {
-		ev.Error = lr.err.Error()
-	}
-	t.em.Emit(ev)
-}
-
 // finish closes the turn: the turn_finished event and the record.
 func (t *turn) finish(st stop) *Result {
 	// Wait for a capture under way (Once.Do returns only after it); after
@@ -778,21 +335,4 @@ func (t *turn) finish(st stop) *Result {
 	t.em.Close()
 	rec.Events = t.em.Log()
 	return &Result{Record: rec, Messages: t.msgs}
-}
-
-// CallTool runs one call of the named tool under its budget, outside any
-// turn, and returns its record: the `timebox tool call` command. Events
-// (tool_started, tool_progress, tool_finished) go to sinks. Cancelling ctx
-// stops the call as a cancelled turn would.
-func (a *Agent) CallTool(ctx context.Context, name string, input json.RawMessage, sinks ...event.Sink) event.ToolCall {
-	t := &turn{a: a, id: "tool-call", start: time.Now(), b: a.budgets, l: a.limits}
-	t.em, t.sinks = event.NewEmitter(t.id, sinks...), sinks
-	t.live = newLiveness(budget.Duration{}, t.b.ProgressNotice.D, func(v event.Payload) { t.em.Emit(v) }, func(*budget.TimeoutError) {})
-	defer t.live.close()
-	t.runTool(ctx, 1, "call_1_1", model.ToolCall{ID: "call_1_1", Name: name, Arguments: string(input)})
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.ended = true
-	t.em.Close()
-	return t.toolRecs[0]
 }

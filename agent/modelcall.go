@@ -1,0 +1,91 @@
+package agent
+
+import (
+	"context"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/model"
+)
+
+// modelCall is one model call as the turn makes it: a step's attempt or a
+// compaction. Both go through callModel, so that the watchdogs, the
+// record and what counts as the reply are the same for both.
+type modelCall struct {
+	step, attempt int
+	ep            model.Endpoint
+	req           model.Request
+	// within, when positive, ends the call after that long with the cause
+	// expired returns (the rest of llm_budget, the compaction budget).
+	within  time.Duration
+	expired func() error
+	// chunk takes each chunk as it arrives and returns the text to keep
+	// (it may take more that is already waiting, from w.Ready). It reports
+	// the chunk as progress.
+	chunk func(w *model.Watched, c model.Chunk) string
+}
+
+// modelCalled is how a model call went.
+type modelCalled struct {
+	// resp is the reply, its Text the streamed text when the provider gave
+	// none of its own; zero unless the stream ended normally.
+	resp model.Response
+	// text is everything streamed, also when the call failed.
+	text    string
+	err     error
+	elapsed time.Duration
+	// rec is the call's record, ok; the caller fails it (failed) and
+	// appends it (addModelRecord) once it has judged the reply.
+	rec event.ModelCall
+}
+
+// callModel opens the call under the turn's watchdogs and reads it to its
+// end.
+func (t *turn) callModel(ctx context.Context, mc modelCall) modelCalled {
+	callCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	if mc.within > 0 {
+		timer := time.AfterFunc(mc.within, func() { cancel(mc.expired()) })
+		defer timer.Stop()
+	}
+	w := model.Open(callCtx, mc.ep.Provider, mc.req, t.watchdog(), "model "+mc.ep.Model)
+	var text strings.Builder
+	var err error
+	for {
+		var c model.Chunk
+		if c, err = w.Recv(); err != nil {
+			break
+		}
+		text.WriteString(mc.chunk(w, c))
+	}
+	w.Close()
+	out := modelCalled{text: text.String(), elapsed: time.Since(w.Started())}
+	if err == io.EOF {
+		err = nil
+		out.resp = w.Response()
+		if out.resp.Text == "" {
+			out.resp.Text = out.text
+		}
+	}
+	out.err = err
+	out.rec = event.ModelCall{Step: mc.step, Model: mc.ep.Model, Provider: mc.ep.ProviderName, Profile: mc.ep.Profile,
+		Attempt: mc.attempt, StartedAt: w.Started(), FirstChunkMS: w.FirstChunk().Milliseconds(),
+		StreamMS: out.elapsed.Milliseconds(), Outcome: event.OutcomeOK, Compaction: mc.req.Compaction}
+	return out
+}
+
+// failed marks the record of a call that ended with err.
+func failed(rec *event.ModelCall, err error) {
+	if err != nil {
+		rec.Outcome, rec.Phase, rec.Error = modelOutcome(err), model.Phase(err), err.Error()
+	}
+}
+
+// addModelRecord appends a model call's record to the turn's.
+func (t *turn) addModelRecord(rec event.ModelCall) {
+	t.mu.Lock()
+	t.modelRecs = append(t.modelRecs, rec)
+	t.mu.Unlock()
+}

@@ -1,0 +1,238 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/model"
+)
+
+// attemptNote is one failed model call attempt, for messages.
+type attemptNote struct {
+	endpoint string
+	profile  string
+	err      error
+	index    int       // the endpoint's place in the chain
+	at       time.Time // when it failed
+}
+
+// modelStep makes one model call, failing over along the chain on LLM-phase
+// failures (spec §6). When every link has failed and one of them was rate
+// limited with a Retry-After that ends inside the turn's remaining time,
+// that link is tried once more after waiting it out.
+func (t *turn) modelStep(ctx context.Context, step int) (model.Response, *stop) {
+	req := t.request()
+	var notes []attemptNote
+	tries := make([]int, len(t.a.models))
+	for i := range tries {
+		tries[i] = i
+	}
+	retried, askedAgain := false, false
+	for k := 0; k < len(tries); k++ {
+		i := tries[k]
+		ep := t.a.models[i]
+		req.Model = ep.Model
+		resp, err := t.attempt(ctx, step, k+1, ep, req)
+		if err == nil {
+			t.idleStreak = 0
+			return resp, nil
+		}
+		if ctx.Err() != nil {
+			st := t.stopFromContext(ctx)
+			return model.Response{}, &st
+		}
+		phase := model.Phase(err)
+		if phase == budget.PhaseLLMBudget {
+			return model.Response{}, &stop{reason: budget.LLMBudgetExhausted, cause: err}
+		}
+		if phase == budget.PhaseLLMReplyCap {
+			// No failover: another model given the same prompt would most
+			// likely write on as long (docs/decisions/reply-cap.md).
+			return model.Response{}, &stop{reason: budget.ReplyTooLong, cause: err}
+		}
+		var me *model.Error
+		if errors.As(err, &me) && me.Rejected() {
+			return model.Response{}, &stop{reason: budget.ModelRejected, cause: err}
+		}
+		notes = append(notes, attemptNote{endpoint: ep.Name(), profile: ep.Profile, err: err, index: i, at: time.Now()})
+		if phase == budget.PhaseLLMIdle || phase == budget.PhaseLLMFirstChunk {
+			t.idleStreak++
+			if int64(t.idleStreak) >= t.l.IdleBreaker.N {
+				return model.Response{}, &stop{reason: budget.ModelUnresponsive, cause: err, message: notesText(notes)}
+			}
+		}
+		// An empty reply is asked again once, of the same endpoint, before
+		// the chain moves on — unless the model spent its whole output
+		// allowance, which asking again would only repeat
+		// (docs/decisions/empty-reply.md).
+		var ee *model.EmptyReplyError
+		if errors.As(err, &ee) && !askedAgain && !ee.OutOfTokens() {
+			askedAgain = true
+			tries = slices.Insert(tries, k+1, i)
+		}
+		if k+1 == len(tries) && !retried {
+			if n, wait, ok := t.retryCandidate(notes); ok {
+				retried = true
+				tries = append(tries, notes[n].index)
+				next := t.a.models[notes[n].index]
+				t.failovers++
+				t.em.Emit(&event.Failover{Step: step, From: endpointLabel(ep), To: endpointLabel(next), Phase: phase,
+					Reason:  fmt.Sprintf("%v; every link failed, retrying %s after its Retry-After (%s)", err, endpointLabel(next), roundHuman(wait)),
+					Attempt: k + 2})
+				if st := t.waitRetry(ctx, step, next, wait); st != nil {
+					return model.Response{}, st
+				}
+				continue
+			}
+		}
+		if k+1 < len(tries) {
+			next := t.a.models[tries[k+1]]
+			reason := err.Error()
+			if tries[k+1] == i {
+				reason += "; asking the same model once more"
+			}
+			t.failovers++
+			t.em.Emit(&event.Failover{Step: step, From: endpointLabel(ep), To: endpointLabel(next), Phase: phase,
+				Reason: reason, Attempt: k + 2})
+		}
+	}
+	return model.Response{}, &stop{reason: budget.ModelUnavailable, cause: notes[len(notes)-1].err, message: notesText(notes), notes: notes}
+}
+
+// retryCandidate returns the failed attempt whose Retry-After ends first,
+// and how long is left to wait for it, if that ends inside the turn's
+// remaining time and inside the step window (so waiting it out is not
+// mistaken for a stuck turn).
+func (t *turn) retryCandidate(notes []attemptNote) (int, time.Duration, bool) {
+	best, bestWait := -1, time.Duration(0)
+	now := time.Now()
+	for n, note := range notes {
+		var me *model.Error
+		if !errors.As(note.err, &me) || me.RetryAfter <= 0 {
+			continue
+		}
+		wait := max(note.at.Add(me.RetryAfter).Sub(now), 0)
+		if best < 0 || wait < bestWait {
+			best, bestWait = n, wait
+		}
+	}
+	if best < 0 {
+		return 0, 0, false
+	}
+	remaining := t.b.Turn.D - now.Sub(t.start)
+	if bestWait >= remaining {
+		return 0, 0, false
+	}
+	if s := t.b.Step; !s.Off() && bestWait >= s.D {
+		return 0, 0, false
+	}
+	return best, bestWait, true
+}
+
+// waitRetry waits out a Retry-After. The wait is an activity with a
+// deadline, so the step watchdog counts it as alive.
+func (t *turn) waitRetry(ctx context.Context, step int, ep model.Endpoint, wait time.Duration) *stop {
+	act := &activity{step: step, subject: "model " + ep.Model + " (waiting out its Retry-After)", deadline: time.Now().Add(wait)}
+	t.live.begin(act)
+	defer t.live.end(act, false)
+	tm := time.NewTimer(wait)
+	defer tm.Stop()
+	select {
+	case <-tm.C:
+		return nil
+	case <-ctx.Done():
+		st := t.stopFromContext(ctx)
+		return &st
+	}
+}
+
+func endpointLabel(ep model.Endpoint) string {
+	if ep.Profile == "" {
+		return ep.Name()
+	}
+	return ep.Name() + " (" + ep.Profile + ")"
+}
+
+// attempt makes one model call attempt under the watchdogs and the turn's
+// llm_budget.
+func (t *turn) attempt(ctx context.Context, step, attempt int, ep model.Endpoint, req model.Request) (model.Response, error) {
+	b := t.b
+	t.em.Emit(&event.LLMStarted{Step: step, Model: ep.Model, Provider: ep.ProviderName, Profile: ep.Profile, Attempt: attempt})
+	act := &activity{step: step, subject: "model " + ep.Model}
+	t.lastStep, t.lastModel = act.subject, ep.Model
+	t.live.begin(act)
+
+	mc := modelCall{step: step, attempt: attempt, ep: ep, req: req}
+	if !b.LLMBudget.Off() {
+		remaining, used := b.LLMBudget.D-t.llmUsed, t.llmUsed
+		mc.within = remaining
+		mc.expired = func() error {
+			return b.LLMBudget.Expired(budget.PhaseLLMBudget, "model streaming in this turn", used+remaining)
+		}
+	}
+	var delta []byte
+	mc.chunk = func(w *model.Watched, c model.Chunk) string {
+		if w.FirstChunk() > 0 && !act.streaming {
+			t.live.streaming(act)
+		}
+		t.live.progress()
+		// Events go to the sinks synchronously. When they are slower than
+		// the provider, what has arrived meanwhile goes as one llm_delta,
+		// so that the number of events follows the sinks' pace, not the
+		// provider's, and a flood of tiny chunks is not a flood of events.
+		delta = append(delta[:0], c.Text...)
+		for len(delta) < maxDelta {
+			more, ok := w.Ready()
+			if !ok {
+				break
+			}
+			delta = append(delta, more.Text...)
+		}
+		if len(delta) == 0 {
+			return ""
+		}
+		d := string(delta)
+		t.em.Emit(&event.LLMDelta{Step: step, Text: d})
+		return d
+	}
+	out := t.callModel(ctx, mc)
+	t.llmUsed += out.elapsed
+	resp, err := out.resp, out.err
+	if err == nil && resp.Empty() {
+		err = &model.EmptyReplyError{Provider: ep.ProviderName, FinishReason: resp.FinishReason}
+		resp = model.Response{}
+	}
+	t.partial = out.text
+	t.live.end(act, err == nil)
+
+	rec := out.rec
+	failed(&rec, err)
+	t.addModelRecord(rec)
+	t.em.Emit(&event.LLMFinished{ModelCall: rec, ToolCalls: len(resp.ToolCalls)})
+	return resp, err
+}
+
+// maxDelta is the most text the turn gathers into one llm_delta from chunks
+// that are already waiting; a single larger chunk still goes whole.
+const maxDelta = 64 << 10
+
+// watchdog returns the budgets every model stream of the turn runs under.
+func (t *turn) watchdog() model.Watchdog {
+	b := t.b
+	return model.Watchdog{FirstChunk: b.LLMFirstChunk, Idle: b.LLMIdle, MaxReply: t.l.MaxReply}
+}
+
+func modelOutcome(err error) event.Outcome {
+	switch model.Phase(err) {
+	case budget.PhaseLLMFirstChunk, budget.PhaseLLMIdle, budget.PhaseLLMBudget, budget.PhaseTurn, budget.PhaseStep, budget.PhaseCompaction:
+		return event.OutcomeTimedOut
+	case budget.PhaseCancel:
+		return event.OutcomeCancelled
+	}
+	return event.OutcomeError
+}

@@ -1,0 +1,238 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/model"
+	"github.com/timebox-run/timebox/tool"
+)
+
+// toolStep runs one batch of tool calls, up to parallel_tools at once, and
+// returns the result each call gives the model, and how many calls were
+// refused because the turn reached max_tool_calls.
+func (t *turn) toolStep(ctx context.Context, step int, calls []model.ToolCall) (results []string, refused int) {
+	start := time.Now()
+	results = make([]string, len(calls))
+	sem := make(chan struct{}, max(1, t.l.ParallelTools.N))
+	var wg sync.WaitGroup
+	for i, c := range calls {
+		callID := fmt.Sprintf("call_%d_%d", step, i+1)
+		if int64(t.toolCalls) >= t.l.MaxToolCalls.N {
+			refused++
+			lim := t.l.MaxToolCalls
+			results[i] = t.refuse(step, callID, c, "limit", "", fmt.Sprintf(
+				"Not run: this turn reached its limit of %d tool calls (%s).", lim.N, lim.Knob))
+			continue
+		}
+		t.toolCalls++
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			results[i] = t.refuse(step, callID, c, "cancelled", "", "Not run: the turn was stopped before this call could start.")
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			results[i] = t.runTool(ctx, step, callID, c)
+		}()
+	}
+	wg.Wait()
+	t.toolTime += time.Since(start)
+	return results, refused
+}
+
+// arguments returns the model's arguments as JSON for the record: as sent
+// when they are JSON, else as a JSON string of the raw text.
+func arguments(raw string) json.RawMessage {
+	if strings.TrimSpace(raw) == "" {
+		return json.RawMessage("{}")
+	}
+	if json.Valid([]byte(raw)) {
+		return json.RawMessage(raw)
+	}
+	b, _ := json.Marshal(strings.ToValidUTF8(raw, "\uFFFD"))
+	return b
+}
+
+// refuse records a call that was not run and returns what the model is
+// told.
+func (t *turn) refuse(step int, callID string, c model.ToolCall, reason, field, msg string) string {
+	now := time.Now()
+	res := tool.Refusal(c.Name, reason, field, msg)
+	rec := event.ToolCall{CallID: callID, TurnID: t.id, Step: step, Tool: c.Name, Arguments: arguments(c.Arguments),
+		StartedAt: now, EndedAt: now, Outcome: event.OutcomeError, Refused: reason, Result: res}
+	if e, ok := t.a.tools[c.Name]; ok {
+		rec.Kind = string(e.Tool.Tool.Kind())
+		tb := t.toolBudget(e)
+		rec.TimeoutMS, rec.TimeoutSource = tb.Timeout.MS(), tb.Timeout.Source
+		rec.Enforcement = tb.Enforcement
+	}
+	if reason == "cancelled" {
+		rec.Outcome, rec.Phase = event.OutcomeCancelled, budget.PhaseCancel
+	}
+	rec = t.addToolRecord(rec)
+	t.em.Emit(&event.ToolFinished{ToolCall: rec})
+	return res
+}
+
+// runTool runs one tool call under its budget and returns what the model is
+// told.
+func (t *turn) runTool(ctx context.Context, step int, callID string, c model.ToolCall) string {
+	e, ok := t.a.tools[c.Name]
+	if !ok {
+		return t.refuse(step, callID, c, "unknown_tool", "", fmt.Sprintf("There is no tool named %q. Available tools: %s.",
+			c.Name, strings.Join(t.a.order, ", ")))
+	}
+	args := json.RawMessage(c.Arguments)
+	if err := e.schema.Check(args); err != nil {
+		var ae *tool.ArgumentError
+		errors.As(err, &ae)
+		return t.refuse(step, callID, c, ae.Reason, ae.Field, ae.Message+" The tool was not run.")
+	}
+	if len(strings.TrimSpace(c.Arguments)) == 0 {
+		args = json.RawMessage("{}")
+	}
+	b := t.toolBudget(e)
+	start := time.Now()
+	var deadline time.Time
+	if b.Timeout.D > 0 {
+		deadline = start.Add(b.Timeout.D)
+	}
+	t.em.Emit(&event.ToolStarted{Step: step, CallID: callID, Tool: c.Name, Kind: string(e.Tool.Tool.Kind()),
+		Arguments: args, TimeoutMS: b.Timeout.MS(), Deadline: deadline.UTC(), Enforcement: b.Enforcement,
+		Source: b.Timeout.Source, IdleTimeoutMS: b.IdleTimeout.MS()})
+	act := &activity{step: step, subject: "tool " + c.Name, callID: callID, tool: c.Name, deadline: deadline, limit: b.Timeout.D,
+		advisory: b.Enforcement == budget.Advisory}
+	t.live.begin(act)
+
+	call := &tool.Call{ID: callID, TurnID: t.id, Tool: c.Name, Input: args, KillGrace: b.KillGrace.D,
+		MaxOutput: t.l.MaxToolOutput.N}
+	x := tool.Run(ctx, e.Tool.Tool, call, b, tool.Hooks{
+		// Every report keeps the turn alive; the coalesced ones become
+		// events (tool.Hooks).
+		OnAlive: t.live.alive,
+		OnProgress: func(r tool.Report) {
+			t.em.Emit(&event.ToolProgress{CallID: callID, Tool: c.Name, Progress: r.Progress, Total: r.Total, Message: r.Message})
+		},
+		OnLate: func(res *tool.Result, err error, ended time.Time) { t.late(callID, res, err, ended) },
+	})
+	t.live.end(act, true)
+
+	result := tool.ModelResult(c.Name, b, x)
+	rec := event.ToolCall{CallID: callID, TurnID: t.id, Step: step, Tool: c.Name, Kind: string(e.Tool.Tool.Kind()),
+		Arguments: args, StartedAt: x.Started, EndedAt: x.Ended, DurationMS: x.Elapsed().Milliseconds(),
+		TimeoutMS: b.Timeout.MS(), TimeoutSource: b.Timeout.Source, IdleTimeoutMS: b.IdleTimeout.MS(),
+		Enforcement: b.Enforcement, Outcome: x.Outcome, Phase: x.Phase, Overran: x.Overran,
+		Abandoned: x.Abandoned, ProgressCount: x.Progress, Result: result}
+	if x.Result != nil {
+		rec.ExitCode, rec.StderrTail, rec.Truncated = x.Result.ExitCode, strings.ToValidUTF8(x.Result.StderrTail, "\uFFFD"), x.Result.Truncated
+	}
+	var te *tool.Error
+	if errors.As(x.Err, &te) {
+		if rec.ExitCode == nil {
+			rec.ExitCode = te.ExitCode
+		}
+		if rec.StderrTail == "" {
+			rec.StderrTail = te.StderrTail
+		}
+	}
+	rec = t.addToolRecord(rec)
+	t.em.Emit(&event.ToolFinished{ToolCall: rec})
+	return result
+}
+
+type lateResult struct {
+	res   *tool.Result
+	err   error
+	ended time.Time
+}
+
+// late records what an abandoned call returned after it was abandoned.
+func (t *turn) late(callID string, res *tool.Result, err error, ended time.Time) {
+	t.mu.Lock()
+	for i := range t.toolRecs {
+		if t.toolRecs[i].CallID == callID {
+			t.applyLate(&t.toolRecs[i], lateResult{res, err, ended})
+			after := t.ended
+			cp := t.toolRecs[i]
+			t.mu.Unlock()
+			if after {
+				for _, s := range t.sinks {
+					if ls, ok := s.(event.LateSink); ok {
+						ls.LateResult(cp)
+					}
+				}
+			}
+			return
+		}
+	}
+	defer t.mu.Unlock()
+	// The call's record is written just after tool.Run returns; this
+	// result beat it there.
+	if t.pendingLate == nil {
+		t.pendingLate = map[string]lateResult{}
+	}
+	t.pendingLate[callID] = lateResult{res, err, ended}
+}
+
+// addToolRecord stores a tool call record, with any late result that
+// arrived before it.
+func (t *turn) addToolRecord(rec event.ToolCall) event.ToolCall {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.toolRecs = append(t.toolRecs, rec)
+	r := &t.toolRecs[len(t.toolRecs)-1]
+	if lr, ok := t.pendingLate[rec.CallID]; ok {
+		delete(t.pendingLate, rec.CallID)
+		out := *r
+		t.applyLate(r, lr)
+		return out // tool_finished carries the record as it was at the end
+	}
+	return *r
+}
+
+// applyLate updates rec with a late result and, while the turn runs,
+// reports it as a late_result event. After the turn ended the caller passes
+// the record to the run's event.LateSinks. t.mu is held.
+func (t *turn) applyLate(rec *event.ToolCall, lr lateResult) {
+	var out string
+	if lr.res != nil {
+		out = strings.ToValidUTF8(string(lr.res.Output), "\uFFFD")
+	}
+	rec.LateResult, rec.LateOutput = true, out
+	if t.ended {
+		return
+	}
+	ev := &event.LateResult{CallID: rec.CallID, Tool: rec.Tool, DurationMS: lr.ended.Sub(rec.StartedAt).Milliseconds(), Output: out}
+	if lr.err != nil {
+		ev.Error = lr.err.Error()
+	}
+	t.em.Emit(ev)
+}
+
+// CallTool runs one call of the named tool under its budget, outside any
+// turn, and returns its record: the `timebox tool call` command. Events
+// (tool_started, tool_progress, tool_finished) go to sinks. Cancelling ctx
+// stops the call as a cancelled turn would.
+func (a *Agent) CallTool(ctx context.Context, name string, input json.RawMessage, sinks ...event.Sink) event.ToolCall {
+	t := &turn{a: a, id: "tool-call", start: time.Now(), b: a.budgets, l: a.limits}
+	t.em, t.sinks = event.NewEmitter(t.id, sinks...), sinks
+	t.live = newLiveness(budget.Duration{}, t.b.ProgressNotice.D, func(v event.Payload) { t.em.Emit(v) }, func(*budget.TimeoutError) {})
+	defer t.live.close()
+	t.runTool(ctx, 1, "call_1_1", model.ToolCall{ID: "call_1_1", Name: name, Arguments: string(input)})
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.ended = true
+	t.em.Close()
+	return t.toolRecs[0]
+}
