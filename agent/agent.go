@@ -8,13 +8,12 @@
 package agent
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"maps"
 	"regexp"
 
 	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/internal/ids"
 	"github.com/timebox-run/timebox/model"
 	"github.com/timebox-run/timebox/tool"
 )
@@ -220,8 +219,4 @@ func (a *Agent) Tools() []Tool {
 func (a *Agent) Models() []model.Endpoint { return append([]model.Endpoint(nil), a.models...) }
 
 // NewTurnID returns a fresh random turn id.
-func NewTurnID() string {
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	return "t_" + hex.EncodeToString(b[:])
-}
+func NewTurnID() string { return ids.New("t_") }

@@ -84,7 +84,7 @@ func filtersPart(t *testing.T) string {
 	return b.String()
 }
 
-var turnIDRE = regexp.MustCompile(`t_[0-9a-f]{16}`)
+var turnIDRE = regexp.MustCompile(`t_[A-Z2-7]{26}`)
 
 // streamPart is the event stream of a short scripted turn, as the server
 // writes it, in synthetic time; only the random turn id is replaced.
@@ -114,7 +114,7 @@ func streamPart(t *testing.T) string {
 		if rec.Code != 200 {
 			t.Fatalf("status %d: %s", rec.Code, rec.Body)
 		}
-		text = turnIDRE.ReplaceAllString(rec.Body.String(), "t_5d41402abc4b2a76")
+		text = turnIDRE.ReplaceAllString(rec.Body.String(), "t_NBSWY3DPEB3W64TMMQQGC5LUN4")
 	})
 	return "```\n" + text + "```\n"
 }

@@ -13,8 +13,6 @@ package server
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -32,6 +30,7 @@ import (
 	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/ids"
 	"github.com/timebox-run/timebox/store"
 )
 
@@ -189,11 +188,7 @@ func (s *Server) storeError(op, turnID string, err error) {
 }
 
 // newSessionID returns a fresh session id.
-func newSessionID() string {
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	return "s_" + hex.EncodeToString(b[:])
-}
+func newSessionID() string { return ids.New("s_") }
 
 // errBusy and errDraining are why a turn could not start.
 var (

@@ -20,9 +20,7 @@ package sqlite
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -35,6 +33,7 @@ import (
 
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/ids"
 	"github.com/timebox-run/timebox/model"
 	"github.com/timebox-run/timebox/store"
 )
@@ -178,11 +177,7 @@ func Open(path string, o Options) (*Store, error) {
 	return s, nil
 }
 
-func newID() string {
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
+func newID() string { return ids.New("") }
 
 // Path returns the file the store was opened at.
 func (s *Store) Path() string { return s.path }

@@ -177,7 +177,12 @@ func TestEverythingBudgets(t *testing.T) {
 				// notification still comes, at 2s, and is dropped. Its
 				// reply never comes: the server got the cancellation.
 				eventually(t, 3*time.Second, "the late progress", func() bool { return s.Stats().LateProgress > before.LateProgress })
-				time.Sleep(200 * time.Millisecond)
+				// The server writes the operation's reply right after its
+				// last progress notification, and the client reads in
+				// order: once a call sent after that progress is answered,
+				// a reply to the cancelled call would have been read.
+				x, _ := call(context.Background(), t, s, "echo", `{"message": "after"}`, budget.ToolBudget{})
+				wantOutcome(t, x, event.OutcomeOK, "")
 				if st := s.Stats(); st.LateReplies != before.LateReplies {
 					t.Errorf("the server replied after the cancellation (%+v): it did not get it", st)
 				}
