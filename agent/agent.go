@@ -10,7 +10,6 @@ package agent
 import (
 	"fmt"
 	"maps"
-	"regexp"
 
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/internal/ids"
@@ -77,8 +76,6 @@ type Config struct {
 	RequestMax map[string]int64
 }
 
-var toolNameRE = regexp.MustCompile(`^[a-zA-Z0-9_-]{1,64}$`)
-
 // New checks cfg and returns the agent. It returns an error for a missing
 // model, a duplicate or invalid tool name, or an input schema that does not
 // compile.
@@ -112,7 +109,7 @@ func New(cfg Config) (*Agent, error) {
 			return nil, fmt.Errorf("agent: a tool entry has no tool")
 		}
 		spec := t.Tool.Spec()
-		if !toolNameRE.MatchString(spec.Name) {
+		if !tool.NameRE.MatchString(spec.Name) {
 			return nil, fmt.Errorf("agent: tool name %q: use 1 to 64 letters, digits, _ or -", spec.Name)
 		}
 		if _, dup := a.tools[spec.Name]; dup {

@@ -14,6 +14,8 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
@@ -175,6 +177,23 @@ func goTool(name string, kind budget.Enforcement, timeout time.Duration, fn tool
 	}
 }
 
+// checkRecord fails t, with a diff, unless the named fields of the record
+// got are those of want.
+func checkRecord(t *testing.T, got, want event.ToolCall, fields ...string) {
+	t.Helper()
+	only := map[string]bool{}
+	for _, f := range fields {
+		only[f] = true
+	}
+	others := cmp.FilterPath(func(p cmp.Path) bool {
+		sf, ok := p.Index(1).(cmp.StructField)
+		return len(p) > 1 && ok && !only[sf.Name()]
+	}, cmp.Ignore())
+	if diff := cmp.Diff(want, got, others); diff != "" {
+		t.Fatalf("record of %s (-want +got):\n%s", got.Tool, diff)
+	}
+}
+
 func errorInfo(t *testing.T, s string) tool.ErrorInfo {
 	t.Helper()
 	var v struct {
@@ -235,12 +254,10 @@ func TestToolTimeoutIsReportedAndTheTurnGoesOn(t *testing.T) {
 			t.Fatalf("stop %s: %s", res.Record.StopReason, res.Record.Message)
 		}
 		tr := toolRecord(t, res, "hang")
-		if tr.Outcome != event.OutcomeTimedOut || tr.Phase != budget.PhaseTool || tr.DurationMS != 30000 || tr.Abandoned {
-			t.Fatalf("record %+v", tr)
-		}
-		if tr.TimeoutSource != budget.SourceTool || tr.Enforcement != "cooperative" || tr.TimeoutMS != 30000 {
-			t.Fatalf("record %+v", tr)
-		}
+		checkRecord(t, tr, event.ToolCall{Outcome: event.OutcomeTimedOut, Phase: budget.PhaseTool, DurationMS: 30000, Abandoned: false},
+			"Outcome", "Phase", "DurationMS", "Abandoned")
+		checkRecord(t, tr, event.ToolCall{TimeoutSource: budget.SourceTool, Enforcement: budget.Cooperative, TimeoutMS: 30000},
+			"TimeoutSource", "Enforcement", "TimeoutMS")
 		info := errorInfo(t, tr.Result)
 		if info.Type != "tool_timeout" || info.Limit != "30s" || info.Elapsed != "30s" || info.Phase != "tool" ||
 			info.Knob != "tools[hang].timeout in agent.yaml" || info.PartialOutput != "partial" ||
@@ -308,9 +325,8 @@ func TestCooperativeCallThatIgnoresCancelIsAbandoned(t *testing.T) {
 			t.Fatalf("abandoned running after return = %d", got)
 		}
 		tr := toolRecord(t, res, "stubborn")
-		if tr.Outcome != event.OutcomeAbandoned || !tr.Abandoned || tr.DurationMS != 7000 || tr.Phase != budget.PhaseTool {
-			t.Fatalf("record %+v", tr)
-		}
+		checkRecord(t, tr, event.ToolCall{Outcome: event.OutcomeAbandoned, Abandoned: true, DurationMS: 7000, Phase: budget.PhaseTool},
+			"Outcome", "Abandoned", "DurationMS", "Phase")
 		if !tr.LateResult || tr.LateOutput != "finally" {
 			t.Fatalf("late result not recorded: %+v", tr)
 		}
@@ -339,9 +355,8 @@ func TestLateResultAfterTheTurnGoesToTheHook(t *testing.T) {
 			t.Fatalf("turn %s", res.Record.StopReason)
 		}
 		r := <-got
-		if !r.LateResult || r.LateOutput != "much later" || !r.Abandoned {
-			t.Fatalf("late record %+v", r)
-		}
+		checkRecord(t, r, event.ToolCall{LateResult: true, LateOutput: "much later", Abandoned: true},
+			"LateResult", "LateOutput", "Abandoned")
 	})
 }
 
@@ -354,9 +369,8 @@ func TestAdvisoryOverrunResultIsUsed(t *testing.T) {
 		})
 		res, _ := fixture{models: []model.Endpoint{endpoint(p, "m")}, tools: []agent.Tool{slow}}.run(t, t.Context(), "go")
 		tr := toolRecord(t, res, "slowpoke")
-		if tr.Outcome != event.OutcomeOK || !tr.Overran || tr.DurationMS != 3000 || tr.Result != `{"rows":42}` {
-			t.Fatalf("record %+v", tr)
-		}
+		checkRecord(t, tr, event.ToolCall{Outcome: event.OutcomeOK, Overran: true, DurationMS: 3000, Result: `{"rows":42}`},
+			"Outcome", "Overran", "DurationMS", "Result")
 		if msgs := p.last().Messages; msgs[len(msgs)-1].Content != `{"rows":42}` {
 			t.Fatalf("model saw %q", msgs[len(msgs)-1].Content)
 		}
@@ -403,9 +417,8 @@ func TestIdleTimeout(t *testing.T) {
 				crawl.Budget.IdleTimeout = secs(3*time.Second, budget.SourceTool, "tools[crawl].idle_timeout in agent.yaml")
 				res, rec := fixture{models: []model.Endpoint{endpoint(p, "m")}, tools: []agent.Tool{crawl}}.run(t, t.Context(), "go")
 				tr := toolRecord(t, res, "crawl")
-				if tr.Outcome != event.OutcomeTimedOut || tr.Phase != tc.wantPhase || tr.DurationMS != tc.wantMS {
-					t.Fatalf("record %+v", tr)
-				}
+				checkRecord(t, tr, event.ToolCall{Outcome: event.OutcomeTimedOut, Phase: tc.wantPhase, DurationMS: tc.wantMS},
+					"Outcome", "Phase", "DurationMS")
 				if tr.ProgressCount != len(rec.ofType(event.TypeToolProgress)) || tr.ProgressCount == 0 {
 					t.Fatalf("progress count %d, events %d", tr.ProgressCount, len(rec.ofType(event.TypeToolProgress)))
 				}

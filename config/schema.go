@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/tool"
 )
 
 // This file describes every key of the agent file once, as a tree of
@@ -326,7 +327,7 @@ func schemaOf(n *node) map[string]any {
 		s["pattern"] = envNameRE.String()
 	case kToolName:
 		s["type"] = scalar
-		s["pattern"] = toolNameRE.String()
+		s["pattern"] = tool.NameRE.String()
 	case kEnforcement:
 		s["enum"] = enforcementNames
 	case kToolTimeout:

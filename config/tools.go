@@ -19,8 +19,6 @@ import (
 )
 
 var (
-	// toolNameRE is what model APIs accept as a function name.
-	toolNameRE = regexp.MustCompile(`^[a-zA-Z0-9_-]{1,64}$`)
 	// profileNameRE starts with a letter so that a profile name can never
 	// be mistaken for a duration.
 	profileNameRE = regexp.MustCompile(`^[a-zA-Z][a-zA-Z0-9_-]{0,63}$`)
@@ -127,7 +125,7 @@ func (l *loader) decodeTool(rt *rawTool, item ast.Node) {
 		switch {
 		case !ok:
 			rt.ok = false
-		case !toolNameRE.MatchString(s):
+		case !tool.NameRE.MatchString(s):
 			l.errAt(at, key("name"), fmt.Sprintf("%q is not a valid tool name (use letters, digits, _ and -, at most 64, such as %s)", s, sanitizeName(s)))
 			rt.ok = false
 		default:

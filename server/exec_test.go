@@ -8,6 +8,7 @@ import (
 	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/internal/proctest"
+	"github.com/timebox-run/timebox/internal/wait"
 	"github.com/timebox-run/timebox/server"
 	"github.com/timebox-run/timebox/tool"
 	"github.com/timebox-run/timebox/tool/exectool"
@@ -47,7 +48,7 @@ echo '::progress:: {"message": "started"}' >&2; wait`},
 	if left := proctest.Leaks(time.Second); len(left) > 0 {
 		t.Fatalf("a second after the client left, these still run:\n%v", left)
 	}
-	waitFor(t, time.Second-time.Since(dropped)+100*time.Millisecond, "the record saying client_gone", func() bool {
+	wait.For(t, time.Second-time.Since(dropped)+100*time.Millisecond, "the record saying client_gone", func() bool {
 		st, r := e.storedStatus(id)
 		return st == budget.StatusCancelled && r == budget.ClientGone
 	})

@@ -342,18 +342,6 @@ func (e *env) record(id string) rawRecord {
 	return decode[rawRecord](e.t, e.do("GET", "/v1/turns/"+id, nil), http.StatusOK)
 }
 
-// waitFor polls cond until it holds or d passes.
-func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s did not happen within %s", what, d)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func (e *env) storedStatus(id string) (budget.Status, budget.StopReason) {
 	rec, err := e.st.Turn(context.Background(), id)
 	if err != nil {

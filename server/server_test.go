@@ -19,6 +19,7 @@ import (
 	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/wait"
 	"github.com/timebox-run/timebox/model"
 	"github.com/timebox-run/timebox/server"
 	"github.com/timebox-run/timebox/store"
@@ -131,7 +132,7 @@ func TestClientGoneCancelsTheTurn(t *testing.T) {
 	if ce, ok := budget.AsCancel(g.cause); !ok || ce.Reason != budget.ClientGone {
 		t.Fatalf("the tool's context ended for %v", g.cause)
 	}
-	waitFor(t, time.Second-time.Since(dropped), "the record saying client_gone", func() bool {
+	wait.For(t, time.Second-time.Since(dropped), "the record saying client_gone", func() bool {
 		st, r := e.storedStatus(id)
 		return st == budget.StatusCancelled && r == budget.ClientGone
 	})
@@ -159,7 +160,7 @@ func TestClientGoneFromAJSONRequest(t *testing.T) {
 	drop()
 	resp.Body.Close()
 	within(t, time.Second, "the tool's context being cancelled", g.cancelled)
-	waitFor(t, time.Second, "client_gone", func() bool { _, r := e.storedStatus(id); return r == budget.ClientGone })
+	wait.For(t, time.Second, "client_gone", func() bool { _, r := e.storedStatus(id); return r == budget.ClientGone })
 }
 
 func TestDetachKeepsTheTurnRunning(t *testing.T) {
@@ -342,7 +343,7 @@ func TestListFiltersAndOrder(t *testing.T) {
 		case 4:
 		default:
 			g.release <- struct{}{}
-			waitFor(t, 5*time.Second, "turn end", func() bool { st, _ := e.storedStatus(acc.TurnID); return st != budget.StatusRunning })
+			wait.For(t, 5*time.Second, "turn end", func() bool { st, _ := e.storedStatus(acc.TurnID); return st != budget.StatusRunning })
 		}
 	}
 	list := func(q string) string {
@@ -665,7 +666,7 @@ func TestEndGraceCancelsAtOnce(t *testing.T) {
 	<-g.started
 	stopped := make(chan error, 1)
 	go func() { stopped <- e.stop() }()
-	waitFor(t, time.Second, "draining", func() bool {
+	wait.For(t, time.Second, "draining", func() bool {
 		resp, err := e.doCtx(t.Context(), "GET", "/healthz", nil)
 		if err != nil {
 			return true // the listener is already closed
@@ -708,11 +709,11 @@ func TestLateResultIsStored(t *testing.T) {
 		t.Fatalf("record %+v", rec.ToolCalls)
 	}
 	close(release)
-	waitFor(t, 2*time.Second, "the late result stored", func() bool {
+	wait.For(t, 2*time.Second, "the late result stored", func() bool {
 		r, err := e.st.Turn(context.Background(), rec.TurnID)
 		return err == nil && r.ToolCalls[0].LateResult && r.ToolCalls[0].LateOutput == "late but here"
 	})
-	waitFor(t, 2*time.Second, "the abandoned call to return", func() bool { return tool.AbandonedRunning() == 0 })
+	wait.For(t, 2*time.Second, "the abandoned call to return", func() bool { return tool.AbandonedRunning() == 0 })
 }
 
 func TestMetrics(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"time"
 
 	"github.com/timebox-run/timebox/budget"
@@ -136,3 +137,8 @@ func (e *Error) Error() string {
 	}
 	return e.Message
 }
+
+// NameRE is the rule for a tool's name: what model APIs accept as a
+// function name, 1 to 64 letters, digits, _ and -. The agent file's
+// schema, the loader and agent.New all check it.
+var NameRE = regexp.MustCompile(`^[a-zA-Z0-9_-]{1,64}$`)

@@ -18,6 +18,7 @@ import (
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/proctree"
+	"github.com/timebox-run/timebox/internal/wait"
 	"github.com/timebox-run/timebox/store"
 	"github.com/timebox-run/timebox/store/sqlite"
 )
@@ -192,12 +193,5 @@ func TestKill9ServeMidToolThenRestart(t *testing.T) {
 
 // waitDead polls until pid is not alive, for at most d.
 func waitDead(pid string, d time.Duration) bool {
-	deadline := time.Now().Add(d)
-	for alive(pid) {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return true
+	return wait.Until(d, func() bool { return !alive(pid) })
 }

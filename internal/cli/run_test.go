@@ -19,6 +19,7 @@ import (
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/cli"
 	"github.com/timebox-run/timebox/internal/proctest"
+	"github.com/timebox-run/timebox/internal/wait"
 	"github.com/timebox-run/timebox/store"
 	"github.com/timebox-run/timebox/store/sqlite"
 )
@@ -225,13 +226,9 @@ func TestCtrlC(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(readFile(pidfile), "\n") || strings.Count(readFile(pidfile), "\n") < 2 {
-		if time.Now().After(deadline) {
-			cmd.Process.Kill()
-			t.Fatalf("the tool never started\n%s%s", out.String(), errb.String())
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !wait.Until(10*time.Second, func() bool { return strings.Count(readFile(pidfile), "\n") >= 2 }) {
+		cmd.Process.Kill()
+		t.Fatalf("the tool never started\n%s%s", out.String(), errb.String())
 	}
 	cmd.Process.Signal(syscall.SIGINT)
 	err := cmd.Wait()
@@ -303,13 +300,9 @@ func stdoutReaderGoesAway(t *testing.T, notice string) {
 		t.Fatal(err)
 	}
 	w.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for strings.Count(readFile(pidfile), "\n") < 2 {
-		if time.Now().After(deadline) {
-			cmd.Process.Kill()
-			t.Fatalf("the tool never started\n%s", errb.String())
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !wait.Until(10*time.Second, func() bool { return strings.Count(readFile(pidfile), "\n") >= 2 }) {
+		cmd.Process.Kill()
+		t.Fatalf("the tool never started\n%s", errb.String())
 	}
 	r.Close() // the reader goes away, as head does after its first line
 	done := make(chan error, 1)

@@ -161,15 +161,3 @@ func near(t *testing.T, what string, got, want, slack time.Duration) {
 		t.Errorf("%s = %s, want %s (+%s at most)", what, got, want, slack)
 	}
 }
-
-// eventually polls cond until it holds or d passes.
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: still not true after %s", what, d)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}

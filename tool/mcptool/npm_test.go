@@ -28,6 +28,7 @@ import (
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/testenv"
+	"github.com/timebox-run/timebox/internal/wait"
 )
 
 // npmBin returns the path of an installed server's binary, installing the
@@ -165,7 +166,7 @@ func TestEverythingBudgets(t *testing.T) {
 			near(t, "stopped after", x.Elapsed(), tc.at, slack)
 			token := "call_" + longOp + fmt.Sprintf("#%d", s.seq.Load())
 			var sent time.Time
-			eventually(t, time.Second, "the cancellation sent", func() bool {
+			wait.For(t, time.Second, "the cancellation sent", func() bool {
 				mu.Lock()
 				defer mu.Unlock()
 				sent = cancelled[token]
@@ -176,7 +177,7 @@ func TestEverythingBudgets(t *testing.T) {
 				// The operation ignores cancellation: its one progress
 				// notification still comes, at 2s, and is dropped. Its
 				// reply never comes: the server got the cancellation.
-				eventually(t, 3*time.Second, "the late progress", func() bool { return s.Stats().LateProgress > before.LateProgress })
+				wait.For(t, 3*time.Second, "the late progress", func() bool { return s.Stats().LateProgress > before.LateProgress })
 				// The server writes the operation's reply right after its
 				// last progress notification, and the client reads in
 				// order: once a call sent after that progress is answered,
@@ -369,7 +370,7 @@ func TestEverythingHTTP(t *testing.T) {
 		srv.Wait()
 	})
 	url := "http://127.0.0.1:" + port + "/mcp"
-	eventually(t, 10*time.Second, "the HTTP server listening", func() bool {
+	wait.For(t, 10*time.Second, "the HTTP server listening", func() bool {
 		c, err := net.Dial("tcp", "127.0.0.1:"+port)
 		if err == nil {
 			c.Close()
@@ -389,7 +390,7 @@ func TestEverythingHTTP(t *testing.T) {
 	x, _ = call(context.Background(), t, s, longOp, longArgs(3, 1), tb(time.Second, 0))
 	wantOutcome(t, x, event.OutcomeTimedOut, budget.PhaseTool)
 	near(t, "stopped after", x.Elapsed(), time.Second, 150*time.Millisecond)
-	eventually(t, time.Second, "cancellation sent", func() bool { return s.Stats().CancelsSent == 1 })
+	wait.For(t, time.Second, "cancellation sent", func() bool { return s.Stats().CancelsSent == 1 })
 	x, _ = call(context.Background(), t, s, "get-sum", `{"a": 1, "b": 2}`, tb(5*time.Second, 0))
 	wantOutcome(t, x, event.OutcomeOK, "")
 }
@@ -439,7 +440,7 @@ func TestHTTPHeaders(t *testing.T) {
 	}
 	x, _ = call(context.Background(), t, s, "block", `{}`, tb(200*time.Millisecond, 0))
 	wantOutcome(t, x, event.OutcomeTimedOut, budget.PhaseTool)
-	eventually(t, time.Second, "the server cancelled the call", func() bool {
+	wait.For(t, time.Second, "the server cancelled the call", func() bool {
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		return len(f.unblocked) == 1
