@@ -115,8 +115,7 @@ func (t *turn) runTool(ctx context.Context, step int, callID string, c model.Too
 		advisory: b.Enforcement == budget.Advisory}
 	t.live.begin(act)
 
-	call := &tool.Call{ID: callID, TurnID: t.id, Tool: c.Name, Input: args, KillGrace: b.KillGrace.D,
-		MaxOutput: t.l.MaxToolOutput.N}
+	call := &tool.Call{ID: callID, TurnID: t.id, Tool: c.Name, Input: args, MaxOutput: t.l.MaxToolOutput.N}
 	x := tool.Run(ctx, e.Tool.Tool, call, b, tool.Hooks{
 		// Every report keeps the turn alive; the coalesced ones become
 		// events (tool.Hooks).

@@ -35,11 +35,14 @@ type Execution struct {
 	Err error
 	// Cause is the budget or cancellation that stopped the call, when one
 	// did: a *budget.TimeoutError or *budget.CancelError.
-	Cause     error
-	Outcome   event.Outcome
-	Phase     budget.Phase
-	Started   time.Time
-	Ended     time.Time
+	Cause   error
+	Outcome event.Outcome
+	Phase   budget.Phase
+	Started time.Time
+	Ended   time.Time
+	// Deadline is when the call's own timeout fired or would have; zero
+	// when it had none.
+	Deadline  time.Time
 	Overran   bool
 	Abandoned bool
 	// Progress is the number of progress reports the call made.
@@ -84,10 +87,14 @@ type returned struct {
 // abandoned call is counted by AbandonedRunning until it returns. Run
 // never returns an error; Execution says everything.
 //
-// Run fills c.Progress, c.Deadline and c.Timeout. With advisory enforcement
-// the call's own budget never interrupts it; ctx still does.
-func Run(ctx context.Context, t Tool, c *Call, b budget.ToolBudget, h Hooks) *Execution {
+// Run leaves c alone: the tool gets a copy with Progress, Deadline,
+// Timeout and (when c has none) KillGrace filled from b, and the Execution
+// says what was decided (Deadline). With advisory enforcement the call's
+// own budget never interrupts it; ctx still does.
+func Run(ctx context.Context, t Tool, in *Call, b budget.ToolBudget, h Hooks) *Execution {
 	start := time.Now()
+	c := new(Call)
+	*c = *in
 	name := c.Tool
 	subject := fmt.Sprintf("tool %q", name)
 	c.Timeout = b.Timeout.D
@@ -120,7 +127,7 @@ func Run(ctx context.Context, t Tool, c *Call, b budget.ToolBudget, h Hooks) *Ex
 		done <- returned{res, err, time.Now()}
 	}()
 
-	x := &Execution{Started: start}
+	x := &Execution{Started: start, Deadline: c.Deadline}
 	var r returned
 	select {
 	case r = <-done:

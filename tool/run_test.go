@@ -280,3 +280,25 @@ func TestTypedInfersTheSchema(t *testing.T) {
 		t.Fatalf("got %s, %v", r.Output, err)
 	}
 }
+
+// TestRunLeavesTheCallAlone: Run gives the tool a filled copy of the call
+// and says in the Execution what it decided; the caller's Call is its
+// input only.
+func TestRunLeavesTheCallAlone(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var seen tool.Call
+		f := fake{kind: tool.KindGo, fn: func(ctx context.Context, c *tool.Call) (*tool.Result, error) {
+			seen = *c
+			return &tool.Result{Output: []byte("ok")}, nil
+		}}
+		in := &tool.Call{ID: "c1", Tool: "t"}
+		start := time.Now()
+		x := tool.Run(t.Context(), f, in, tb(time.Minute, budget.Cooperative), tool.Hooks{})
+		if in.Progress != nil || !in.Deadline.IsZero() || in.Timeout != 0 || in.KillGrace != 0 {
+			t.Errorf("Run filled the caller's call: %+v", in)
+		}
+		if want := start.Add(time.Minute); !seen.Deadline.Equal(want) || !x.Deadline.Equal(want) || seen.KillGrace != 2*time.Second {
+			t.Errorf("the tool saw deadline %v, kill grace %v; the execution says %v; want %v and 2s", seen.Deadline, seen.KillGrace, x.Deadline, want)
+		}
+	})
+}
