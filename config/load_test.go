@@ -740,6 +740,9 @@ func TestRequestMax(t *testing.T) {
 	if diff := cmp.Diff(want, a.Server.RequestMax); diff != "" {
 		t.Errorf("request_max (-want +got):\n%s", diff)
 	}
+	if got, want := requestCeilings(a), "tool up to 60s, llm_budget any, step up to 5m, turn up to 2h (server.request_max.turn), max_steps up to 50 (server.request_max.max_steps), max_tool_calls up to 50"; got != want {
+		t.Errorf("validate's request budgets:\n got %s\nwant %s", got, want)
+	}
 	for _, tc := range []struct{ body, says string }{
 		{"server: {request_max: {kill_grace: 5s}}", "server.request_max.kill_grace"},
 		{"server: {request_max: {turn: 8d}}", "server.request_max.turn"},

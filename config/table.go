@@ -66,8 +66,32 @@ func WriteTable(w io.Writer, a *Agent) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	_, err := fmt.Fprintf(w, "\nprofiles: %s\n", fmtProfiles(a.Profiles))
+	if _, err := fmt.Fprintf(w, "\nprofiles: %s\n", fmtProfiles(a.Profiles)); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(w, "request budgets (POST /v1/turns \"budgets\"): %s\n", requestCeilings(a))
 	return err
+}
+
+// requestCeilings says how far one request's budgets may go: "turn up to
+// 2h (server.request_max.turn), tool up to 60s, ..., llm_budget any".
+func requestCeilings(a *Agent) string {
+	var parts []string
+	for _, k := range budget.Knobs {
+		if !k.Request {
+			continue
+		}
+		cur, _, _ := k.Get(&a.Budgets, &a.Limits)
+		switch m, ok := a.Server.RequestMax[k.Name]; {
+		case cur == 0 && k.CanBeOff:
+			parts = append(parts, k.Name+" any")
+		case ok && m > cur:
+			parts = append(parts, fmt.Sprintf("%s up to %s (server.request_max.%s)", k.Name, k.Format(m), k.Name))
+		default:
+			parts = append(parts, fmt.Sprintf("%s up to %s", k.Name, k.Format(cur)))
+		}
+	}
+	return strings.Join(parts, ", ")
 }
 
 // fmtBudget renders a tool's budget: a duration, or "off".
