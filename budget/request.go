@@ -83,13 +83,8 @@ func (r Request) Apply(b Budgets, l Limits, max map[string]int64) (Budgets, Limi
 		if problem != "" {
 			return b, l, &RequestError{Name: name, Asked: asked, Msg: problem}
 		}
-		cur, _, _ := k.Get(&b, &l)
-		ceiling, capKnob := cur, ""
-		if m, ok := max[name]; ok && m > cur {
-			ceiling, capKnob = m, "server.request_max."+name
-		}
-		offNow := cur == 0 && k.CanBeOff
-		if !offNow && n > ceiling {
+		ceiling, capKnob, unbounded := k.Ceiling(&b, &l, max)
+		if !unbounded && n > ceiling {
 			e := &RequestError{Name: name, Asked: asked, Ceiling: k.Format(ceiling)}
 			if capKnob != "" {
 				e.Msg = fmt.Sprintf("%s is over the ceiling of %s (%s); ask for at most %s", asked, e.Ceiling, capKnob, e.Ceiling)
@@ -107,6 +102,21 @@ func (r Request) Apply(b Budgets, l Limits, max map[string]int64) (Budgets, Limi
 		k.Set(&nb, &nl, n, SourceRequest, RequestKnob(name))
 	}
 	return nb, nl, nil
+}
+
+// Ceiling returns the most one request may ask of the knob: the resolved
+// value in b or l, or max[k.Name] (server.request_max) when that is larger,
+// with capKnob naming server.request_max then. unbounded is true when the
+// budget is off: any value a request gives can only make it shorter.
+func (k Knob) Ceiling(b *Budgets, l *Limits, max map[string]int64) (ceiling int64, capKnob string, unbounded bool) {
+	cur, _, _ := k.Get(b, l)
+	if cur == 0 && k.CanBeOff {
+		return 0, "", true
+	}
+	if m, ok := max[k.Name]; ok && m > cur {
+		return m, "server.request_max." + k.Name, false
+	}
+	return cur, "", false
 }
 
 // RequestNames returns the names of the knobs a request may set, in table

@@ -81,14 +81,13 @@ func requestCeilings(a *Agent) string {
 		if !k.Request {
 			continue
 		}
-		cur, _, _ := k.Get(&a.Budgets, &a.Limits)
-		switch m, ok := a.Server.RequestMax[k.Name]; {
-		case cur == 0 && k.CanBeOff:
+		switch n, capKnob, unbounded := k.Ceiling(&a.Budgets, &a.Limits, a.Server.RequestMax); {
+		case unbounded:
 			parts = append(parts, k.Name+" any")
-		case ok && m > cur:
-			parts = append(parts, fmt.Sprintf("%s up to %s (server.request_max.%s)", k.Name, k.Format(m), k.Name))
+		case capKnob != "":
+			parts = append(parts, fmt.Sprintf("%s up to %s (%s)", k.Name, k.Format(n), capKnob))
 		default:
-			parts = append(parts, fmt.Sprintf("%s up to %s", k.Name, k.Format(cur)))
+			parts = append(parts, fmt.Sprintf("%s up to %s", k.Name, k.Format(n)))
 		}
 	}
 	return strings.Join(parts, ", ")
