@@ -14,6 +14,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/google/go-cmp/cmp"
+
 	"go.uber.org/goleak"
 
 	"github.com/timebox-run/timebox/agent"
@@ -60,8 +62,13 @@ func TestStreamOfAWholeTurn(t *testing.T) {
 	// The stream is the record's event log, byte for byte, and the record
 	// is stored by the time the stream ends.
 	rec := e.record(id)
-	if rec.Status != budget.StatusCompleted || rec.Answer != "done waiting" || len(rec.ToolCalls) != 1 {
-		t.Fatalf("record %+v", rec.Turn)
+	type summary struct {
+		Status    budget.Status
+		Answer    string
+		ToolCalls int
+	}
+	if diff := cmp.Diff(summary{budget.StatusCompleted, "done waiting", 1}, summary{rec.Status, rec.Answer, len(rec.ToolCalls)}); diff != "" {
+		t.Fatalf("record (-want +got):\n%s", diff)
 	}
 	if len(rec.Events) != len(evs) {
 		t.Fatalf("record has %d events, the stream %d", len(rec.Events), len(evs))
@@ -705,8 +712,12 @@ func TestLateResultIsStored(t *testing.T) {
 	a := newAgent(t, scripted(t, `{"tool_calls": [{"name": "stubborn"}]}`, `{"text": "went on without it"}`), stubborn)
 	e := newEnv(t, server.Config{Agent: a})
 	rec := decode[rawRecord](t, e.do("POST", "/v1/turns", map[string]any{"input": "go"}), http.StatusOK)
-	if rec.Status != budget.StatusCompleted || !rec.ToolCalls[0].Abandoned || rec.ToolCalls[0].LateResult {
-		t.Fatalf("record %+v", rec.ToolCalls)
+	type summary struct {
+		Status                budget.Status
+		Abandoned, LateResult bool
+	}
+	if diff := cmp.Diff(summary{budget.StatusCompleted, true, false}, summary{rec.Status, rec.ToolCalls[0].Abandoned, rec.ToolCalls[0].LateResult}); diff != "" {
+		t.Fatalf("record (-want +got):\n%s", diff)
 	}
 	close(release)
 	wait.For(t, 2*time.Second, "the late result stored", func() bool {
