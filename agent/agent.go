@@ -44,9 +44,10 @@ type entry struct {
 	schema *tool.Schema
 }
 
-// Config describes an agent. Zero budgets and limits take the spec's
-// defaults (budget.Defaults, budget.DefaultLimits); a budget that the spec
-// allows to be off is off only when its Source is set and D is zero.
+// Config describes an agent. Unset budgets (budget.Duration.Unset) and
+// limits that are not positive take the spec's defaults (budget.Knobs);
+// to turn off a budget the spec allows to be off, give it a source and no
+// value: budget.Duration{Source: budget.SourceCode}.
 type Config struct {
 	// Name names the agent in records.
 	Name string

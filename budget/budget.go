@@ -35,8 +35,9 @@ const (
 func ProfileSource(name string) Source { return Source("profile:" + name) }
 
 // Duration is a resolved time budget: its value, where the value came from,
-// and the knob that changes it. A zero D means the budget is off where the
-// spec allows that.
+// and the knob that changes it. Once resolved (it has a source) a zero D
+// means the budget is off where the spec allows that; the zero Duration is
+// unset (see Unset).
 type Duration struct {
 	D      time.Duration `json:"-"`
 	Source Source        `json:"source"`
