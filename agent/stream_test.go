@@ -26,6 +26,14 @@ func endless(n int) fakellm.Reply {
 	return fakellm.Reply{Repeat: true, Chunks: []fakellm.Chunk{{Text: strings.Repeat("all work and no play ", n/21+1)[:n]}}}
 }
 
+// paced delays each chunk of r by d.
+func paced(r fakellm.Reply, d time.Duration) fakellm.Reply {
+	for i := range r.Chunks {
+		r.Chunks[i].Delay = d
+	}
+	return r
+}
+
 // endlessCall streams one tool call whose arguments never end.
 func endlessCall(n int) fakellm.Reply {
 	return fakellm.Reply{Repeat: true, Chunks: []fakellm.Chunk{
@@ -147,7 +155,10 @@ func TestChaosTurnCeilingWhileStreaming(t *testing.T) {
 		name  string
 		reply fakellm.Reply
 	}{
-		{name: "a flood of 256 KiB chunks, max_reply raised to its maximum", reply: endless(256 << 10)},
+		// 10 MiB/s: a flood, yet one that does not reach max_reply's
+		// maximum (16 MiB) before the 1s ceiling. Unpaced, a fast machine
+		// got there in 200ms and the turn ended reply_too_long.
+		{name: "a flood of 256 KiB chunks, max_reply raised to its maximum", reply: paced(endless(256<<10), 25*time.Millisecond)},
 		{name: "a one-byte chunk every 10ms", reply: fakellm.Reply{Repeat: true, Chunks: []fakellm.Chunk{{Text: "x", Delay: 10 * time.Millisecond}}}},
 		{name: "one event whose bytes trickle in", reply: fakellm.Reply{ByteDelay: 5 * time.Millisecond, Chunks: []fakellm.Chunk{{Text: strings.Repeat("z", 4096)}}}},
 	}
