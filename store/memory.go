@@ -10,6 +10,7 @@ import (
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/model"
+	"github.com/timebox-run/timebox/store/internal/watch"
 )
 
 // Memory is a Store that keeps everything in memory and loses it on exit,
@@ -23,6 +24,10 @@ type Memory struct {
 	sessions map[string]*memSession
 	sorder   []string
 	now      func() time.Time
+
+	watch     watch.Set       // followers of turns (Watch)
+	cancels   watch.Set       // running turns (WatchCancel)
+	requested map[string]bool // turns a cancel was requested for
 }
 
 type memTurn struct {
@@ -43,7 +48,7 @@ type memSession struct {
 
 // NewMemory returns an empty in-memory store.
 func NewMemory() *Memory {
-	return &Memory{turns: map[string]*memTurn{}, sessions: map[string]*memSession{}, now: time.Now}
+	return &Memory{turns: map[string]*memTurn{}, sessions: map[string]*memSession{}, now: time.Now, requested: map[string]bool{}}
 }
 
 var _ Store = (*Memory)(nil)
@@ -78,6 +83,13 @@ func (m *Memory) BeginTurn(_ context.Context, t TurnStart) error {
 	if _, ok := m.turns[t.TurnID]; ok {
 		return fmt.Errorf("turn %s: %w", t.TurnID, ErrExists)
 	}
+	if s := m.sessions[t.SessionID]; s != nil && t.SessionID != "" {
+		for _, id := range s.turns {
+			if !m.turns[id].done {
+				return fmt.Errorf("session %s: %w (%s)", t.SessionID, ErrSessionBusy, id)
+			}
+		}
+	}
 	m.begin(t)
 	return nil
 }
@@ -96,6 +108,7 @@ func (m *Memory) begin(t TurnStart) *memTurn {
 
 // AppendEvent implements Store.
 func (m *Memory) AppendEvent(_ context.Context, e event.Event) error {
+	defer m.watch.Wake(e.TurnID)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.check(); err != nil {
@@ -149,6 +162,7 @@ func (mt *memTurn) putTool(tc event.ToolCall) {
 
 // FinishTurn implements Store.
 func (m *Memory) FinishTurn(_ context.Context, rec *event.Turn, msgs []model.Message) error {
+	defer m.watch.Wake(rec.TurnID)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.check(); err != nil {
@@ -176,6 +190,7 @@ func (m *Memory) FinishTurn(_ context.Context, rec *event.Turn, msgs []model.Mes
 	r := *rec
 	r.Events, r.ToolCalls, r.ModelCalls = nil, nil, nil
 	mt.rec, mt.done = r, true
+	delete(m.requested, rec.TurnID)
 	if rec.SessionID != "" {
 		s := m.session(rec.SessionID, rec.EndedAt)
 		s.messages = slices.DeleteFunc(s.messages, func(x Message) bool { return x.TurnID == rec.TurnID })
@@ -355,6 +370,44 @@ func (m *Memory) History(_ context.Context, sessionID string) ([]model.Message, 
 		}
 	}
 	return out, nil
+}
+
+// Watch implements Store: every change is made in this process, and
+// signalled at once.
+func (m *Memory) Watch(turnID string) (<-chan struct{}, func()) { return m.watch.Add(turnID) }
+
+// RequestCancel implements Store. A request reaches a turn whose
+// WatchCancel is registered in this store; any other running turn is
+// ErrNotHere.
+func (m *Memory) RequestCancel(_ context.Context, turnID string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.check(); err != nil {
+		return err
+	}
+	mt := m.turns[turnID]
+	switch {
+	case mt == nil:
+		return fmt.Errorf("turn %s: %w", turnID, ErrNotFound)
+	case mt.done:
+		return fmt.Errorf("turn %s: %w", turnID, ErrNotRunning)
+	case !m.cancels.Watched(turnID):
+		return fmt.Errorf("turn %s: %w", turnID, ErrNotHere)
+	}
+	m.requested[turnID] = true
+	m.cancels.Wake(turnID)
+	return nil
+}
+
+// WatchCancel implements Store.
+func (m *Memory) WatchCancel(turnID string) (<-chan struct{}, func()) {
+	ch, stop := m.cancels.Add(turnID)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.requested[turnID] {
+		m.cancels.Wake(turnID)
+	}
+	return ch, stop
 }
 
 // Close implements Store: turns still running are marked interrupted.

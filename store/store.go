@@ -33,12 +33,29 @@ var ErrExists = errors.New("already exists")
 // ErrClosed is returned (wrapped) by every method of a closed store.
 var ErrClosed = errors.New("store is closed")
 
+// ErrSessionBusy is returned (wrapped) by BeginTurn for a turn of a session
+// that has another turn running: two turns built on the same history would
+// each miss the other's messages.
+var ErrSessionBusy = errors.New("session has a turn running")
+
+// ErrNotRunning is returned (wrapped) by RequestCancel for a turn that has
+// already ended.
+var ErrNotRunning = errors.New("turn is not running")
+
+// ErrNotHere is returned (wrapped) by RequestCancel for a turn that runs in
+// another process this store cannot reach: SQLite and Memory carry cancel
+// requests only within their own process; PostgreSQL carries them to every
+// gateway sharing the database.
+var ErrNotHere = errors.New("turn runs in another process")
+
 // Store holds sessions, turns, events and records. Implementations are safe
 // for concurrent use; every write but QueueEvent is durable when the method
 // returns (a process crash right after loses nothing).
 type Store interface {
-	// BeginTurn records a new turn as running, and its session if the
-	// session is new. It returns ErrExists for a turn id already stored.
+	// BeginTurn records a new turn as running, owned by this store, and its
+	// session if the session is new. It returns ErrExists for a turn id
+	// already stored, and ErrSessionBusy when the session has a turn
+	// running (begun by this store or by another sharing the database).
 	BeginTurn(ctx context.Context, t TurnStart) error
 	// AppendEvent stores one event of a running turn, in seq order, and
 	// returns once it is durable: it is QueueEvent waiting for its batch.
@@ -89,6 +106,31 @@ type Store interface {
 	// History returns a session's conversation, to be given to the model
 	// as agent.Input.History. An unknown session has an empty history.
 	History(ctx context.Context, sessionID string) ([]model.Message, error)
+
+	// Watch returns a channel that receives a signal whenever turn id may
+	// have stored new events or ended — written by this store or by
+	// another process sharing the database — and a function that ends the
+	// watch (idempotent). Signals are coalesced (the channel holds one) and
+	// say only "read again": a watcher re-reads the store after each. A
+	// change is signalled at once when this store made it and, when
+	// another process did, within the store's poll interval at worst
+	// (SQLite: 250ms; PostgreSQL: at once by LISTEN/NOTIFY, 1s when a
+	// notification was missed). Watching an unknown turn is not an error.
+	Watch(turnID string) (<-chan struct{}, func())
+	// RequestCancel asks whoever runs turn id to cancel it and returns
+	// once the request is stored, not once the turn has ended (Watch it).
+	// It returns ErrNotFound for an unknown turn, ErrNotRunning for one
+	// that ended, and ErrNotHere when the turn runs in a process the store
+	// cannot reach.
+	RequestCancel(ctx context.Context, turnID string) error
+	// WatchCancel returns a channel that receives a signal when a cancel
+	// request for turn id — a turn this store began — is made, through
+	// this store or another sharing the database, and a function that ends
+	// the watch. A shared store also signals it when another process has
+	// ended the turn (marked it interrupted, taking this one for dead):
+	// nothing this one does for it can be stored any more. Register before
+	// BeginTurn so that no request is missed.
+	WatchCancel(turnID string) (<-chan struct{}, func())
 
 	// Close releases the store. Queued events are stored, then turns it
 	// began and never finished are marked interrupted: nothing can record

@@ -36,6 +36,8 @@ import (
 	"github.com/timebox-run/timebox/internal/ids"
 	"github.com/timebox-run/timebox/model"
 	"github.com/timebox-run/timebox/store"
+	"github.com/timebox-run/timebox/store/internal/groupq"
+	"github.com/timebox-run/timebox/store/internal/watch"
 )
 
 // Options tune a Store. The zero value is what `timebox serve` uses.
@@ -65,30 +67,18 @@ type Store struct {
 
 	recovered []string
 
-	// Event appends are queued and committed in batches by the writer
-	// goroutine (writer). qmu guards the queue; room is signalled when the
-	// writer takes it, for QueueEvent waiting on a full queue.
-	qmu      sync.Mutex
-	queue    []*appendReq
-	qclosed  bool
-	room     *sync.Cond
-	wake     chan struct{} // the writer has work (capacity 1)
-	written  chan struct{} // closed when the writer has stopped
+	// Event appends are queued and committed in groups (groupq).
+	q        *groupq.Queue
 	insEvent *sql.Stmt
+
+	watch   watch.Set // followers of turns (Watch)
+	cancels watch.Set // turns this store runs (WatchCancel)
 
 	stop      chan struct{}
 	done      chan struct{}
 	closeOnce sync.Once
 	closeErr  error
 	closed    chan struct{}
-}
-
-// appendReq is one queued event, or a Flush marker (flushed set).
-type appendReq struct {
-	e         event.Event
-	data      []byte
-	committed func(error)
-	flushed   chan struct{}
 }
 
 const (
@@ -151,9 +141,7 @@ func Open(path string, o Options) (*Store, error) {
 	r.SetMaxOpenConns(4)
 	r.SetMaxIdleConns(4)
 	s := &Store{path: path, w: w, r: r, owner: newID(), machine: machineID(), hb: o.Heartbeat, stale: o.Stale,
-		stop: make(chan struct{}), done: make(chan struct{}), closed: make(chan struct{}),
-		wake: make(chan struct{}, 1), written: make(chan struct{})}
-	s.room = sync.NewCond(&s.qmu)
+		stop: make(chan struct{}), done: make(chan struct{}), closed: make(chan struct{})}
 	if s.insEvent, err = w.PrepareContext(ctx, insertEventSQL); err != nil {
 		s.closeDBs()
 		return nil, err
@@ -172,8 +160,8 @@ func Open(path string, o Options) (*Store, error) {
 		s.closeDBs()
 		return nil, fmt.Errorf("opening store %s: marking interrupted turns: %w", path, err)
 	}
+	s.q = groupq.New(s.commitGroup, maxGroup, maxQueue)
 	go s.heartbeat()
-	go s.writer()
 	return s, nil
 }
 
@@ -185,14 +173,23 @@ func (s *Store) Path() string { return s.path }
 // Recovered returns the ids of the turns Open marked interrupted.
 func (s *Store) Recovered() []string { return append([]string(nil), s.recovered...) }
 
+// pollEvery is how often watchers (Watch) are told to look again, for
+// what other processes sharing the file wrote: this store knows at once
+// only of its own writes.
+const pollEvery = 250 * time.Millisecond
+
 func (s *Store) heartbeat() {
 	defer close(s.done)
 	t := time.NewTicker(s.hb)
 	defer t.Stop()
+	poll := time.NewTicker(pollEvery)
+	defer poll.Stop()
 	for {
 		select {
 		case <-s.stop:
 			return
+		case <-poll.C:
+			s.watch.WakeAll()
 		case <-t.C:
 			ctx := context.Background()
 			// Errors here are transient (a busy file) or will show on the
@@ -232,13 +229,8 @@ func (s *Store) Close() error {
 // stopWriters refuses new writes, lets the appends already queued commit,
 // and stops the background goroutines.
 func (s *Store) stopWriters() {
-	s.qmu.Lock()
 	close(s.closed)
-	s.qclosed = true
-	s.room.Broadcast()
-	s.qmu.Unlock()
-	s.poke()
-	<-s.written
+	s.q.Close()
 	close(s.stop)
 	<-s.done
 }
@@ -289,11 +281,13 @@ func touchSession(ctx context.Context, tx *sql.Tx, id string, at time.Time) erro
 // BeginTurn implements store.Store.
 func (s *Store) BeginTurn(ctx context.Context, t store.TurnStart) error {
 	return s.tx(ctx, func(tx *sql.Tx) error {
-		return s.begin(ctx, tx, t)
+		return s.begin(ctx, tx, t, true)
 	})
 }
 
-func (s *Store) begin(ctx context.Context, tx *sql.Tx, t store.TurnStart) error {
+// begin inserts a running turn; exclusive refuses it while its session has
+// another turn running (store.ErrSessionBusy).
+func (s *Store) begin(ctx context.Context, tx *sql.Tx, t store.TurnStart, exclusive bool) error {
 	var one int
 	switch err := tx.QueryRowContext(ctx, `SELECT 1 FROM turns WHERE turn_id = ?`, t.TurnID).Scan(&one); {
 	case err == nil:
@@ -303,6 +297,16 @@ func (s *Store) begin(ctx context.Context, tx *sql.Tx, t store.TurnStart) error 
 	}
 	if t.StartedAt.IsZero() {
 		t.StartedAt = time.Now()
+	}
+	if t.SessionID != "" && exclusive {
+		var busy string
+		switch err := tx.QueryRowContext(ctx, `SELECT turn_id FROM turns WHERE session_id = ? AND status = 'running' LIMIT 1`,
+			t.SessionID).Scan(&busy); {
+		case err == nil:
+			return fmt.Errorf("session %s: %w (%s)", t.SessionID, store.ErrSessionBusy, busy)
+		case !errors.Is(err, sql.ErrNoRows):
+			return err
+		}
 	}
 	if t.SessionID != "" {
 		if err := touchSession(ctx, tx, t.SessionID, t.StartedAt); err != nil {
@@ -332,139 +336,39 @@ func (s *Store) AppendEvent(ctx context.Context, e event.Event) error {
 // appends from concurrent turns, and the events one turn emits while a
 // commit is under way, share one transaction.
 func (s *Store) QueueEvent(e event.Event, committed func(error)) {
-	data, err := json.Marshal(e)
-	if err != nil {
+	s.q.Add(e, func(err error) {
+		if err == nil {
+			s.watch.Wake(e.TurnID)
+		}
 		if committed != nil {
 			committed(err)
 		}
-		return
-	}
-	if err := s.enqueue(&appendReq{e: e, data: data, committed: committed}); err != nil && committed != nil {
-		committed(err)
-	}
+	})
 }
 
 // Flush implements store.Store.
-func (s *Store) Flush(ctx context.Context) error {
-	r := &appendReq{flushed: make(chan struct{})}
-	if err := s.enqueue(r); err != nil {
+func (s *Store) Flush(ctx context.Context) error { return s.q.Flush(ctx) }
+
+// commitGroup writes a group of appends in one transaction.
+func (s *Store) commitGroup(group []*groupq.Item) error {
+	ctx := context.Background()
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
 		return err
 	}
-	select {
-	case <-r.flushed:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-// enqueue adds r to the writer's queue, waiting while it is full.
-func (s *Store) enqueue(r *appendReq) error {
-	s.qmu.Lock()
-	for !s.qclosed && len(s.queue) >= maxQueue && r.flushed == nil {
-		s.room.Wait()
-	}
-	if s.qclosed {
-		s.qmu.Unlock()
-		return store.ErrClosed
-	}
-	s.queue = append(s.queue, r)
-	s.qmu.Unlock()
-	s.poke()
-	return nil
-}
-
-func (s *Store) poke() {
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
-}
-
-// writer commits the queue, all that is waiting at a time, until the
-// store is closed and the queue is empty.
-func (s *Store) writer() {
-	defer close(s.written)
-	var batch []*appendReq
-	for {
-		s.qmu.Lock()
-		for len(s.queue) == 0 && !s.qclosed {
-			s.qmu.Unlock()
-			<-s.wake
-			s.qmu.Lock()
-		}
-		if len(s.queue) == 0 {
-			s.qmu.Unlock()
-			return
-		}
-		batch, s.queue = s.queue, batch[:0]
-		s.room.Broadcast()
-		s.qmu.Unlock()
-		s.writeQueued(batch)
-		clear(batch) // let the events go
-	}
-}
-
-// writeQueued commits a taken queue in order: runs of events up to
-// maxGroup per transaction, each followed by its callbacks; a Flush marker
-// is released once everything before it is done.
-func (s *Store) writeQueued(batch []*appendReq) {
-	for len(batch) > 0 {
-		if batch[0].flushed != nil {
-			close(batch[0].flushed)
-			batch = batch[1:]
-			continue
-		}
-		n := 1
-		for n < len(batch) && n < maxGroup && batch[n].flushed == nil {
-			n++
-		}
-		s.commitGroup(batch[:n])
-		batch = batch[n:]
-	}
-}
-
-// commitGroup writes a group of appends in one transaction and then calls
-// their callbacks in order. If the transaction fails, each append is
-// written alone, so that one bad append (an unknown turn) fails only its
-// own.
-func (s *Store) commitGroup(group []*appendReq) {
-	ctx := context.Background()
-	write := func(reqs []*appendReq) error {
-		tx, err := s.w.BeginTx(ctx, nil)
-		if err != nil {
+	ins := tx.StmtContext(ctx, s.insEvent)
+	for _, it := range group {
+		if err := appendOne(ctx, tx, ins, it); err != nil {
+			tx.Rollback()
 			return err
 		}
-		ins := tx.StmtContext(ctx, s.insEvent)
-		for _, r := range reqs {
-			if err := appendOne(ctx, tx, ins, r); err != nil {
-				tx.Rollback()
-				return err
-			}
-		}
-		return tx.Commit()
 	}
-	if len(group) > 1 {
-		if err := write(group); err == nil {
-			for _, r := range group {
-				if r.committed != nil {
-					r.committed(nil)
-				}
-			}
-			return
-		}
-	}
-	for _, r := range group {
-		err := write([]*appendReq{r})
-		if r.committed != nil {
-			r.committed(err)
-		}
-	}
+	return tx.Commit()
 }
 
-func appendOne(ctx context.Context, tx *sql.Tx, ins *sql.Stmt, r *appendReq) error {
-	e := r.e
-	res, err := ins.ExecContext(ctx, e.TurnID, e.Seq, e.Type, nanos(e.At), r.data)
+func appendOne(ctx context.Context, tx *sql.Tx, ins *sql.Stmt, it *groupq.Item) error {
+	e := it.Event
+	res, err := ins.ExecContext(ctx, e.TurnID, e.Seq, e.Type, nanos(e.At), it.Data)
 	if isFK(err) {
 		return fmt.Errorf("turn %s: %w", e.TurnID, store.ErrNotFound)
 	}
@@ -562,12 +466,13 @@ func (s *Store) FinishTurn(ctx context.Context, rec *event.Turn, msgs []model.Me
 		}
 		evs = append(evs, ev{e, d})
 	}
+	defer s.watch.Wake(rec.TurnID)
 	return s.tx(ctx, func(tx *sql.Tx) error {
 		var one int
 		err := tx.QueryRowContext(ctx, `SELECT 1 FROM turns WHERE turn_id = ?`, rec.TurnID).Scan(&one)
 		if errors.Is(err, sql.ErrNoRows) {
 			err = s.begin(ctx, tx, store.TurnStart{TurnID: rec.TurnID, SessionID: rec.SessionID, Agent: rec.Agent,
-				Input: rec.Input, StartedAt: rec.StartedAt})
+				Input: rec.Input, StartedAt: rec.StartedAt}, false)
 		}
 		if err != nil {
 			return err
@@ -625,6 +530,38 @@ func (s *Store) FinishTurn(ctx context.Context, rec *event.Turn, msgs []model.Me
 		return nil
 	})
 }
+
+// Watch implements store.Store: this store's own commits are signalled at
+// once; what another process sharing the file writes is picked up every
+// 250ms.
+func (s *Store) Watch(turnID string) (<-chan struct{}, func()) { return s.watch.Add(turnID) }
+
+// RequestCancel implements store.Store. SQLite carries a request only to a
+// turn this store runs (whose WatchCancel is registered); a turn another
+// process runs is store.ErrNotHere: cancel it there
+// (docs/decisions/many-gateways.md).
+func (s *Store) RequestCancel(ctx context.Context, turnID string) error {
+	if s.isClosed() {
+		return store.ErrClosed
+	}
+	var status, owner string
+	err := s.r.QueryRowContext(ctx, `SELECT status, owner_id FROM turns WHERE turn_id = ?`, turnID).Scan(&status, &owner)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return fmt.Errorf("turn %s: %w", turnID, store.ErrNotFound)
+	case err != nil:
+		return err
+	case status != string(budget.StatusRunning):
+		return fmt.Errorf("turn %s: %w", turnID, store.ErrNotRunning)
+	case owner != s.owner || !s.cancels.Watched(turnID):
+		return fmt.Errorf("turn %s: %w", turnID, store.ErrNotHere)
+	}
+	s.cancels.Wake(turnID)
+	return nil
+}
+
+// WatchCancel implements store.Store.
+func (s *Store) WatchCancel(turnID string) (<-chan struct{}, func()) { return s.cancels.Add(turnID) }
 
 // UpdateToolCall implements store.Store.
 func (s *Store) UpdateToolCall(ctx context.Context, rec event.ToolCall) error {

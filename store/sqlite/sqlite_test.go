@@ -47,6 +47,17 @@ func TestStore(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) store.Store { return open(t, filepath.Join(t.TempDir(), "timebox.db")) })
 }
 
+func TestCrash(t *testing.T) {
+	storetest.RunCrash(t, func(t *testing.T) (store.Store, func() store.Store) {
+		path := filepath.Join(t.TempDir(), "timebox.db")
+		s := open(t, path)
+		return s, func() store.Store {
+			s.Crash()
+			return open(t, path)
+		}
+	}, "the store running it was closed without finishing it")
+}
+
 func TestMigrationsFromAnEmptyFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "timebox.db")
 	if err := os.WriteFile(path, nil, 0o600); err != nil { // an empty file is an empty database
@@ -95,99 +106,10 @@ func TestBadPath(t *testing.T) {
 	}
 }
 
-// writeRunningTurn begins a turn and emits, through a Recorder, what a
-// turn does up to a tool call that is still running. It returns how many
-// events it emitted and the seq of the last one that carries a call record
-// (which the Recorder waits for).
-func writeRunningTurn(s store.Store, id string) (emitted, lastRecord int, err error) {
-	rec := store.NewRecorder(s)
-	if err := rec.Begin(context.Background(), store.TurnStart{TurnID: id, SessionID: "s1", Input: "crawl it", StartedAt: time.Now()}); err != nil {
-		return 0, 0, err
-	}
-	em := event.NewEmitter(id, rec)
-	em.Emit(&event.TurnStarted{SessionID: "s1", Input: "crawl it", Model: "script:m"})
-	em.Emit(&event.LLMStarted{Step: 1, Model: "m", Provider: "script", Attempt: 1})
-	em.Emit(&event.LLMDelta{Step: 1, Text: "Let me crawl."})
-	em.Emit(&event.LLMFinished{ModelCall: event.ModelCall{Step: 1, Model: "m", Provider: "script", Attempt: 1, Outcome: event.OutcomeOK}, ToolCalls: 2})
-	em.Emit(&event.ToolStarted{Step: 1, CallID: "call_1_1", Tool: "word_count", TimeoutMS: 5000})
-	em.Emit(&event.ToolStarted{Step: 1, CallID: "call_1_2", Tool: "crawl", TimeoutMS: 10000})
-	last := em.Emit(&event.ToolFinished{ToolCall: event.ToolCall{CallID: "call_1_1", Step: 1, Tool: "word_count", Outcome: event.OutcomeOK, StartedAt: time.Now()}})
-	for i := range 5 {
-		p := float64(i)
-		em.Emit(&event.ToolProgress{CallID: "call_1_2", Tool: "crawl", Progress: &p})
-	}
-	return len(em.Log()), int(last.Seq), rec.Err()
-}
-
-// checkInterrupted checks the record of a turn that crashed after emitting
-// `emitted` events, of which at least the first `kept` were stored: every
-// call record, the events as a gap-free prefix, and a message that counts
-// them.
-func checkInterrupted(t *testing.T, s store.Store, id string, emitted, kept int, why string) {
-	t.Helper()
-	evs, err := s.Events(context.Background(), id, 0, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Without the tool_finished of the running call and the turn_finished
-	// the recovery adds.
-	stored := len(evs) - 2
-	if stored < kept || stored > emitted {
-		t.Fatalf("%d events stored, want %d to %d (+1 tool_finished, +1 turn_finished)", stored, kept, emitted)
-	}
-	t.Logf("%d of %d events stored", stored, emitted)
-	ctx := context.Background()
-	rec, err := s.Turn(ctx, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if rec.Status != budget.StatusInterrupted || rec.StopReason != budget.Interrupted {
-		t.Fatalf("status %s, stop reason %s", rec.Status, rec.StopReason)
-	}
-	for _, want := range []string{why, "Tool crawl was running", "recorded as interrupted", "at least ", fmt.Sprintf("(%d events)", stored)} {
-		if !strings.Contains(rec.Message, want) {
-			t.Errorf("message %q lacks %q", rec.Message, want)
-		}
-	}
-	if len(rec.ToolCalls) != 2 || len(rec.ModelCalls) != 1 || rec.Steps != 1 {
-		t.Fatalf("records kept: %+v %+v", rec.ToolCalls, rec.ModelCalls)
-	}
-	// The call that was running gets a record saying it was interrupted,
-	// from its events.
-	progress := 0
-	for _, e := range evs {
-		if _, ok := e.Data.(*event.ToolProgress); ok {
-			progress++
-		}
-	}
-	var crawl event.ToolCall
-	for _, tc := range rec.ToolCalls {
-		if tc.Tool == "crawl" {
-			crawl = tc
-		}
-	}
-	if crawl.CallID != "call_1_2" || crawl.Outcome != event.OutcomeInterrupted || crawl.TimeoutMS != 10000 ||
-		crawl.ProgressCount != progress || crawl.StartedAt.IsZero() || crawl.EndedAt.Before(crawl.StartedAt) ||
-		!strings.Contains(crawl.Result, "at least") {
-		t.Errorf("the running call's record: %+v", crawl)
-	}
-	if tf, ok := evs[len(evs)-2].Data.(*event.ToolFinished); !ok || tf.CallID != "call_1_2" || tf.Outcome != event.OutcomeInterrupted {
-		t.Errorf("the running call's log does not end with tool_finished: %+v", evs[len(evs)-2])
-	}
-	for i, e := range evs {
-		if e.Seq != int64(i+1) {
-			t.Fatalf("event %d has seq %d", i, e.Seq)
-		}
-	}
-	tf, ok := evs[len(evs)-1].Data.(*event.TurnFinished)
-	if !ok || tf.Status != budget.StatusInterrupted || tf.Message != rec.Message || tf.Totals.ToolCalls != 2 {
-		t.Fatalf("last event %+v", evs[len(evs)-1])
-	}
-	list, err := s.Turns(ctx, store.Filter{Status: budget.StatusInterrupted})
-	if err != nil || len(list) != 1 || list[0].TurnID != id {
-		t.Fatalf("interrupted list %+v %v", list, err)
-	}
-}
+var (
+	writeRunningTurn = storetest.WriteRunningTurn
+	checkInterrupted = storetest.CheckInterrupted
+)
 
 func TestCrashLeavesTheTurnInterrupted(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "timebox.db")

@@ -40,6 +40,9 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"ListFiltersAndOrder", testList},
 		{"SessionsAndHistory", testSessions},
 		{"Closed", testClosed},
+		{"OneRunningTurnPerSession", testSessionBusy},
+		{"WatchSignalsNewEvents", testWatch},
+		{"CancelRequests", testCancel},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -528,5 +531,107 @@ func testFinishFlushes(t *testing.T, s store.Store) {
 	got, err := s.Turn(ctx, "t1")
 	if err != nil || got.Status != budget.StatusCompleted || len(got.ToolCalls) != 1 || got.ToolCalls[0].ProgressCount != 7 {
 		t.Fatalf("after FinishTurn: %+v %v", got, err)
+	}
+}
+
+// testSessionBusy: a session runs one turn at a time; a turn outside any
+// session is never refused.
+func testSessionBusy(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	tr := begin(t, s, "t1", "s1", "first")
+	err := s.BeginTurn(ctx, store.TurnStart{TurnID: "t2", SessionID: "s1", Input: "second", StartedAt: clock})
+	if !errors.Is(err, store.ErrSessionBusy) {
+		t.Fatalf("second turn of a busy session: %v", err)
+	}
+	if _, err := s.Turn(ctx, "t2"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("the refused turn was stored: %v", err)
+	}
+	begin(t, s, "o1", "", "no session")
+	begin(t, s, "o2", "", "no session either")
+	tr.finish(t, budget.Answered)
+	begin(t, s, "t2", "s1", "second")
+}
+
+// testWatch: a watcher is signalled when its turn's events are stored and
+// when the turn ends, and reads them after the signal.
+func testWatch(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	wake, stop := s.Watch("t1") // before the turn exists: not an error
+	defer stop()
+	tr := begin(t, s, "t1", "", "x")
+	read := func(after int64) []event.Event {
+		t.Helper()
+		deadline := time.After(10 * time.Second)
+		for {
+			select {
+			case <-wake:
+			case <-deadline:
+				t.Fatalf("no signal brought an event after %d within 10s", after)
+			}
+			evs, err := s.Events(ctx, "t1", after, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(evs) > 0 {
+				return evs
+			}
+		}
+	}
+	if evs := read(0); evs[0].Type != event.TypeTurnStarted {
+		t.Fatalf("first event %+v", evs[0])
+	}
+	tr.model(1, "hello")
+	last := int64(0)
+	for last < 4 {
+		evs := read(last)
+		last = evs[len(evs)-1].Seq
+	}
+	// Signals are coalesced, never lost: with nothing new, the channel
+	// holds at most one.
+	select {
+	case <-wake:
+	default:
+	}
+	tr.finish(t, budget.Answered)
+	for {
+		evs := read(last)
+		last = evs[len(evs)-1].Seq
+		if evs[len(evs)-1].Type == event.TypeTurnFinished {
+			break
+		}
+	}
+	stop()
+	stop() // idempotent
+}
+
+// testCancel: a cancel request for a running turn reaches the store's
+// WatchCancel of that turn; an ended turn, or an unknown one, is refused.
+func testCancel(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	cancelled, stop := s.WatchCancel("t1")
+	defer stop()
+	other, stopOther := s.WatchCancel("t2")
+	defer stopOther()
+	tr := begin(t, s, "t1", "", "x")
+	begin(t, s, "t2", "", "y")
+	if err := s.RequestCancel(ctx, "t1"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-cancelled:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the cancel request did not reach the turn within 10s")
+	}
+	select {
+	case <-other:
+		t.Fatal("the cancel request of t1 reached t2")
+	case <-time.After(50 * time.Millisecond):
+	}
+	tr.finish(t, budget.Cancelled)
+	if err := s.RequestCancel(ctx, "t1"); !errors.Is(err, store.ErrNotRunning) {
+		t.Errorf("cancelling an ended turn: %v", err)
+	}
+	if err := s.RequestCancel(ctx, "nope"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("cancelling an unknown turn: %v", err)
 	}
 }

@@ -1,0 +1,159 @@
+package store
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+)
+
+// Interrupted is what a store knows of a running turn whose process can no
+// longer end it (it crashed, was killed, or its store was closed).
+type Interrupted struct {
+	TurnID, SessionID, Agent, Input string
+	StartedAt                       time.Time
+	// Events are the turn's stored events in seq order.
+	Events []event.Event
+	// ToolCalls is how many tool call records the turn has stored; Steps
+	// the largest step of its model call records.
+	ToolCalls, Steps int
+	// Why says what happened, for the message: "the timebox process
+	// running it (pid 4242) stopped".
+	Why string
+	// Now is when the turn is marked interrupted.
+	Now time.Time
+}
+
+// Interruption is how an interrupted turn ends, for the store to write in
+// one transaction: the records of the calls that were running, the events
+// to append to its log, and its final record.
+type Interruption struct {
+	// Calls are the records of the tool calls that were running: outcome
+	// interrupted, ended at the turn's last event.
+	Calls []event.ToolCall
+	// Events are a tool_finished for each of Calls, then turn_finished, so
+	// that whoever follows the log sees every call and the turn end.
+	Events []event.Event
+	// Record is the turn's final record (without calls or events): status
+	// and stop reason interrupted, a message saying what was running and
+	// that the turn ran at least until its last stored event.
+	Record event.Turn
+}
+
+// Interrupt works out how a turn ends that its process can no longer end
+// (docs/decisions/crash-recovery.md). Every store marks interrupted turns
+// through it, so that they read the same whichever store holds them.
+func Interrupt(t Interrupted) Interruption {
+	var (
+		last     int64
+		lastAt   = t.StartedAt
+		running  = map[string]*runningCall{} // by call_id
+		progress = map[string]int{}          // progress reports by call_id
+		model    string                      // a model call under way
+		text     strings.Builder             // the reply of the last model call
+	)
+	for _, e := range t.Events {
+		last, lastAt = e.Seq, e.At
+		switch d := e.Data.(type) {
+		case *event.LLMStarted:
+			model = d.Model
+			text.Reset()
+		case *event.LLMDelta:
+			text.WriteString(d.Text)
+		case *event.LLMFinished:
+			model = ""
+		case *event.ToolStarted:
+			running[d.CallID] = &runningCall{started: d, at: e.At}
+		case *event.ToolProgress:
+			progress[d.CallID]++
+		case *event.ToolFinished:
+			delete(running, d.CallID)
+		}
+	}
+	// The calls that were running get their record, and their log the
+	// tool_finished the process never wrote, so that every tool_started
+	// has its end: outcome interrupted, ended at the last event stored,
+	// which is all that is known (the duration is a lower bound).
+	calls := make([]*runningCall, 0, len(running))
+	for _, c := range running {
+		calls = append(calls, c)
+	}
+	sort.Slice(calls, func(i, j int) bool { return calls[i].at.Before(calls[j].at) })
+	var out Interruption
+	tools := make([]string, 0, len(calls))
+	seq := last
+	now := t.Now.UTC()
+	for _, c := range calls {
+		tc := c.record(t.TurnID, lastAt, progress[c.started.CallID], t.Why)
+		out.Calls = append(out.Calls, tc)
+		seq++
+		out.Events = append(out.Events, event.Event{Seq: seq, TurnID: t.TurnID, Type: event.TypeToolFinished, At: now,
+			Data: &event.ToolFinished{ToolCall: tc}})
+		tools = append(tools, c.started.Tool)
+	}
+
+	rec := event.Turn{TurnID: t.TurnID, SessionID: t.SessionID, Agent: t.Agent, Input: t.Input, StartedAt: t.StartedAt,
+		Status: budget.StatusInterrupted, StopReason: budget.Interrupted, Steps: t.Steps,
+		EndedAt: lastAt, WallMS: lastAt.Sub(t.StartedAt).Milliseconds()}
+	if model != "" {
+		rec.Answer = text.String()
+	}
+	rec.Message = interruptMessage(t.Why, lastAt.Sub(t.StartedAt), last, tools, model)
+	out.Record = rec
+	out.Events = append(out.Events, event.Event{Seq: seq + 1, TurnID: t.TurnID, Type: event.TypeTurnFinished, At: now,
+		Data: &event.TurnFinished{Status: rec.Status, StopReason: rec.StopReason, Message: rec.Message, Answer: rec.Answer,
+			Totals: event.Totals{Steps: rec.Steps, ToolCalls: t.ToolCalls + len(out.Calls), WallMS: rec.WallMS}}})
+	return out
+}
+
+// runningCall is a tool call a turn's log shows started and not finished.
+type runningCall struct {
+	started *event.ToolStarted
+	at      time.Time
+}
+
+// record returns the record of a call that was running when its process
+// stopped: outcome interrupted, ended at the turn's last event.
+func (c *runningCall) record(turnID string, lastAt time.Time, progress int, why string) event.ToolCall {
+	d := c.started
+	end := lastAt
+	if end.Before(c.at) {
+		end = c.at
+	}
+	return event.ToolCall{CallID: d.CallID, TurnID: turnID, Step: d.Step, Tool: d.Tool, Kind: d.Kind, Arguments: d.Arguments,
+		StartedAt: c.at, EndedAt: end, DurationMS: end.Sub(c.at).Milliseconds(), TimeoutMS: d.TimeoutMS,
+		TimeoutSource: d.Source, IdleTimeoutMS: d.IdleTimeoutMS, Enforcement: d.Enforcement,
+		Outcome: event.OutcomeInterrupted, ProgressCount: progress,
+		Result: fmt.Sprintf("Interrupted: %s while this call was running, at least %s after it started. Its result is unknown.",
+			why, budget.Round(end.Sub(c.at)))}
+}
+
+// interruptMessage says what happened to an interrupted turn and what was
+// running at the time, for the person who asked. How long the turn ran is
+// known only up to its last stored event, so it says "at least".
+func interruptMessage(why string, ran time.Duration, events int64, tools []string, model string) string {
+	var doing string
+	switch {
+	case len(tools) > 0:
+		sort.Strings(tools)
+		if len(tools) == 1 {
+			doing = fmt.Sprintf(" Tool %s was running; its call is recorded as interrupted.", tools[0])
+		} else {
+			doing = fmt.Sprintf(" Tools %s were running; their calls are recorded as interrupted.", strings.Join(tools, ", "))
+		}
+	case model != "":
+		doing = fmt.Sprintf(" Model %s was answering.", model)
+	}
+	return fmt.Sprintf("Interrupted: %s before the turn ended, at least %s after it started (its last stored event; the real end is unknown).%s Everything it emitted until then is kept (%d event%s). Send the message again to retry.",
+		why, budget.Round(ran), doing, events, plural(events))
+}
+
+func plural(n int64) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
+}

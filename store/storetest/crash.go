@@ -1,0 +1,164 @@
+package storetest
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/store"
+)
+
+// Crash opens a store on a new, empty database. It returns the store and a
+// function that makes it stop as a killed process would — nothing marked,
+// nothing removed, its heartbeats stopped — and returns another store on
+// the same database, which is to mark the first one's running turns
+// interrupted: at once, or once its heartbeat window has passed.
+type Crash func(t *testing.T) (s store.Store, crash func() store.Store)
+
+// RunCrash runs the suite of what a crash leaves behind: the crashed
+// store's running turn is marked interrupted by the next store, with
+// every call record kept and the running call recorded as interrupted,
+// and a store that closes cleanly marks its own running turns.
+func RunCrash(t *testing.T, open Crash, why string) {
+	t.Run("CrashLeavesTheTurnInterrupted", func(t *testing.T) {
+		s, crash := open(t)
+		n, kept, err := WriteRunningTurn(s, "t1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		after := crash()
+		defer after.Close()
+		WaitInterrupted(t, after, "t1", 30*time.Second)
+		CheckInterrupted(t, after, "t1", n, kept, why)
+	})
+}
+
+// WriteRunningTurn begins turn id (in session "s_"+id) and emits, through a
+// Recorder, what a turn does up to a tool call that is still running: a
+// model call, a tool call that finished (word_count) and one that runs
+// (crawl) and has reported progress five times. It returns how many events
+// it emitted and the seq of the last one that carries a call record
+// (which the Recorder waits for: a crash cannot lose it).
+func WriteRunningTurn(s store.Store, id string) (emitted, lastRecord int, err error) {
+	rec := store.NewRecorder(s)
+	session := "s_" + id // one turn at a time per session
+	if err := rec.Begin(context.Background(), store.TurnStart{TurnID: id, SessionID: session, Input: "crawl it", StartedAt: time.Now()}); err != nil {
+		return 0, 0, err
+	}
+	em := event.NewEmitter(id, rec)
+	em.Emit(&event.TurnStarted{SessionID: session, Input: "crawl it", Model: "script:m"})
+	em.Emit(&event.LLMStarted{Step: 1, Model: "m", Provider: "script", Attempt: 1})
+	em.Emit(&event.LLMDelta{Step: 1, Text: "Let me crawl."})
+	em.Emit(&event.LLMFinished{ModelCall: event.ModelCall{Step: 1, Model: "m", Provider: "script", Attempt: 1, Outcome: event.OutcomeOK}, ToolCalls: 2})
+	em.Emit(&event.ToolStarted{Step: 1, CallID: "call_1_1", Tool: "word_count", TimeoutMS: 5000})
+	em.Emit(&event.ToolStarted{Step: 1, CallID: "call_1_2", Tool: "crawl", TimeoutMS: 10000})
+	last := em.Emit(&event.ToolFinished{ToolCall: event.ToolCall{CallID: "call_1_1", Step: 1, Tool: "word_count", Outcome: event.OutcomeOK, StartedAt: time.Now()}})
+	for i := range 5 {
+		p := float64(i)
+		em.Emit(&event.ToolProgress{CallID: "call_1_2", Tool: "crawl", Progress: &p})
+	}
+	return len(em.Log()), int(last.Seq), rec.Err()
+}
+
+// WaitInterrupted waits, watching s, until turn id is no longer running,
+// for at most d, and returns how long that took.
+func WaitInterrupted(t testing.TB, s store.Store, id string, d time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	wake, stop := s.Watch(id)
+	defer stop()
+	deadline := time.After(d)
+	for {
+		rec, err := s.Turn(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.Status != budget.StatusRunning {
+			return time.Since(start)
+		}
+		select {
+		case <-wake:
+		case <-deadline:
+			t.Fatalf("turn %s still running after %s", id, d)
+		}
+	}
+}
+
+// CheckInterrupted checks the record of a turn written by
+// WriteRunningTurn that crashed after emitting `emitted` events, of which
+// at least the first `kept` were stored: every call record, the events as
+// a gap-free prefix, the running call recorded as interrupted, exactly one
+// turn_finished, and a message that says why (`why`), what was running and
+// how many events were kept.
+func CheckInterrupted(t testing.TB, s store.Store, id string, emitted, kept int, why string) {
+	t.Helper()
+	evs, err := s.Events(context.Background(), id, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Without the tool_finished of the running call and the turn_finished
+	// the recovery adds.
+	stored := len(evs) - 2
+	if stored < kept || stored > emitted {
+		t.Fatalf("%d events stored, want %d to %d (+1 tool_finished, +1 turn_finished)", stored, kept, emitted)
+	}
+	ctx := context.Background()
+	rec, err := s.Turn(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Status != budget.StatusInterrupted || rec.StopReason != budget.Interrupted {
+		t.Fatalf("status %s, stop reason %s", rec.Status, rec.StopReason)
+	}
+	for _, want := range []string{why, "Tool crawl was running", "recorded as interrupted", "at least ", fmt.Sprintf("(%d events)", stored)} {
+		if !strings.Contains(rec.Message, want) {
+			t.Errorf("message %q lacks %q", rec.Message, want)
+		}
+	}
+	if len(rec.ToolCalls) != 2 || len(rec.ModelCalls) != 1 || rec.Steps != 1 {
+		t.Fatalf("records kept: %+v %+v", rec.ToolCalls, rec.ModelCalls)
+	}
+	// The call that was running gets a record saying it was interrupted,
+	// from its events.
+	progress := 0
+	for _, e := range evs {
+		if _, ok := e.Data.(*event.ToolProgress); ok {
+			progress++
+		}
+	}
+	var crawl event.ToolCall
+	for _, tc := range rec.ToolCalls {
+		if tc.Tool == "crawl" {
+			crawl = tc
+		}
+	}
+	if crawl.CallID != "call_1_2" || crawl.Outcome != event.OutcomeInterrupted || crawl.TimeoutMS != 10000 ||
+		crawl.ProgressCount != progress || crawl.StartedAt.IsZero() || crawl.EndedAt.Before(crawl.StartedAt) ||
+		!strings.Contains(crawl.Result, "at least") {
+		t.Errorf("the running call's record: %+v", crawl)
+	}
+	if tf, ok := evs[len(evs)-2].Data.(*event.ToolFinished); !ok || tf.CallID != "call_1_2" || tf.Outcome != event.OutcomeInterrupted {
+		t.Errorf("the running call's log does not end with tool_finished: %+v", evs[len(evs)-2])
+	}
+	finished := 0
+	for i, e := range evs {
+		if e.Seq != int64(i+1) {
+			t.Fatalf("event %d has seq %d", i, e.Seq)
+		}
+		if e.Type == event.TypeTurnFinished {
+			finished++
+		}
+	}
+	tf, ok := evs[len(evs)-1].Data.(*event.TurnFinished)
+	if !ok || finished != 1 || tf.Status != budget.StatusInterrupted || tf.Message != rec.Message || tf.Totals.ToolCalls != 2 {
+		t.Fatalf("last event %+v (%d turn_finished)", evs[len(evs)-1], finished)
+	}
+	list, err := s.Turns(ctx, store.Filter{Status: budget.StatusInterrupted})
+	if err != nil || len(list) != 1 || list[0].TurnID != id {
+		t.Fatalf("interrupted list %+v %v", list, err)
+	}
+}
