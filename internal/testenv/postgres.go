@@ -1,0 +1,270 @@
+package testenv
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+)
+
+// EnvPostgresDurable, set to 1, keeps fsync on in the throwaway cluster
+// (for benchmarks whose figures should include it); tests run without it.
+const EnvPostgresDurable = "TB_TEST_PG_DURABLE"
+
+// Postgres returns the URL of a new, empty database for t on a throwaway
+// PostgreSQL cluster, dropped when t ends. The cluster is started from
+// Debian's postgresql package (initdb and pg_ctl in /usr/lib/postgresql/*/bin,
+// or on PATH) at the first call, in a temporary directory, on a free
+// loopback port, and serves the whole test binary: call StopPostgres from
+// TestMain. Running as root, the cluster runs as the postgres user. It
+// skips t (fails it when postgres is required) when the package is not
+// installed or the cluster does not start.
+func Postgres(t testing.TB) string {
+	t.Helper()
+	c, err := startCluster()
+	if err != nil {
+		Unavailable(t, "postgres", err.Error())
+	}
+	name := fmt.Sprintf("tb_%d_%d", os.Getpid(), c.dbs.Add(1))
+	if err := c.psql("CREATE DATABASE " + name); err != nil {
+		t.Fatalf("creating a test database: %v", err)
+	}
+	t.Cleanup(func() {
+		// FORCE: a store a failed test left open must not keep it.
+		if err := c.psql("DROP DATABASE IF EXISTS " + name + " WITH (FORCE)"); err != nil {
+			t.Errorf("dropping the test database: %v", err)
+		}
+	})
+	return c.url(name)
+}
+
+// StopPostgres stops the cluster Postgres started, if any, and removes its
+// directory. Call it from TestMain after the tests.
+func StopPostgres() {
+	clusterMu.Lock()
+	defer clusterMu.Unlock()
+	if cluster != nil {
+		cluster.stop()
+		cluster = nil
+	}
+}
+
+type pgCluster struct {
+	bin    string // the directory of initdb, pg_ctl, psql
+	dir    string // the cluster's temporary directory
+	port   int
+	asUser string // run the server as this user ("" = as we are)
+	dbs    atomic.Int64
+}
+
+var (
+	clusterMu  sync.Mutex
+	cluster    *pgCluster
+	clusterErr error
+)
+
+func startCluster() (*pgCluster, error) {
+	clusterMu.Lock()
+	defer clusterMu.Unlock()
+	if cluster != nil || clusterErr != nil {
+		return cluster, clusterErr
+	}
+	cluster, clusterErr = newCluster()
+	return cluster, clusterErr
+}
+
+// pgBin finds the directory of PostgreSQL's server programs.
+func pgBin() (string, error) {
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	sort.Slice(dirs, func(i, j int) bool { return pgVersion(dirs[i]) > pgVersion(dirs[j]) })
+	for _, d := range dirs {
+		if _, err := os.Stat(filepath.Join(d, "pg_ctl")); err == nil {
+			return d, nil
+		}
+	}
+	if p, err := exec.LookPath("pg_ctl"); err == nil {
+		return filepath.Dir(p), nil
+	}
+	return "", errors.New("PostgreSQL is not installed: these tests run a throwaway cluster (apt-get install postgresql)")
+}
+
+func pgVersion(binDir string) int {
+	n, _ := strconv.Atoi(filepath.Base(filepath.Dir(binDir)))
+	return n
+}
+
+func newCluster() (*pgCluster, error) {
+	bin, err := pgBin()
+	if err != nil {
+		return nil, err
+	}
+	c := &pgCluster{bin: bin}
+	var uid, gid = -1, -1
+	if os.Geteuid() == 0 {
+		// The server refuses to run as root.
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			return nil, fmt.Errorf("running as root, the test cluster runs as the postgres user, which does not exist: %v", err)
+		}
+		uid, _ = strconv.Atoi(u.Uid)
+		gid, _ = strconv.Atoi(u.Gid)
+		c.asUser = "postgres"
+	}
+	reapStaleClusters(c)
+	c.dir, err = os.MkdirTemp("", "timebox-pg-")
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(c.dir, "owner"), []byte(ownerStamp(os.Getpid())), 0o644); err != nil {
+		os.RemoveAll(c.dir)
+		return nil, err
+	}
+	if uid >= 0 {
+		if err := os.Chown(c.dir, uid, gid); err != nil {
+			os.RemoveAll(c.dir)
+			return nil, err
+		}
+	}
+	if out, err := c.run("initdb", "-D", c.data(), "-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C",
+		"--no-sync", "--no-instructions"); err != nil {
+		os.RemoveAll(c.dir)
+		return nil, fmt.Errorf("initdb: %v: %s", err, lastLines(out, 5))
+	}
+	fsync := "off"
+	if os.Getenv(EnvPostgresDurable) == "1" {
+		fsync = "on"
+	}
+	// A free port can be taken between our look and the server's bind:
+	// try a few.
+	for try := 0; ; try++ {
+		c.port, err = freePort()
+		if err != nil {
+			break
+		}
+		opts := fmt.Sprintf("-c listen_addresses=127.0.0.1 -p %d -k %s -c fsync=%s -c synchronous_commit=%s "+
+			"-c full_page_writes=%s -c max_connections=300 -c shared_buffers=32MB", c.port, c.dir, fsync, fsync, fsync)
+		var out string
+		out, err = c.run("pg_ctl", "-D", c.data(), "-l", filepath.Join(c.dir, "server.log"), "-w", "-t", "60", "-o", opts, "start")
+		if err == nil {
+			return c, nil
+		}
+		err = fmt.Errorf("pg_ctl start: %v: %s %s", err, lastLines(out, 3), lastLines(readFile(filepath.Join(c.dir, "server.log")), 5))
+		if try == 2 {
+			break
+		}
+	}
+	c.stop()
+	return nil, err
+}
+
+func (c *pgCluster) data() string { return filepath.Join(c.dir, "data") }
+
+func (c *pgCluster) url(db string) string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", c.port, db)
+}
+
+// run runs one of the server programs, as the cluster's user.
+func (c *pgCluster) run(prog string, args ...string) (string, error) {
+	path := filepath.Join(c.bin, prog)
+	var cmd *exec.Cmd
+	if c.asUser != "" {
+		cmd = exec.Command("runuser", append([]string{"-u", c.asUser, "--", path}, args...)...)
+	} else {
+		cmd = exec.Command(path, args...)
+	}
+	cmd.Dir = c.dir
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// psql runs one SQL statement in the cluster's postgres database.
+func (c *pgCluster) psql(sql string) error {
+	cmd := exec.Command(filepath.Join(c.bin, "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1",
+		"-p", strconv.Itoa(c.port), "-U", "postgres", "-d", "postgres", "-c", sql)
+	cmd.Env = append(os.Environ(), "PGCONNECT_TIMEOUT=10")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("psql -c %q: %v: %s", sql, err, strings.TrimSpace(out.String()))
+	}
+	return nil
+}
+
+func (c *pgCluster) stop() {
+	if _, err := os.Stat(filepath.Join(c.data(), "postmaster.pid")); err == nil {
+		c.run("pg_ctl", "-D", c.data(), "-m", "immediate", "-w", "-t", "30", "stop")
+	}
+	os.RemoveAll(c.dir)
+}
+
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+func readFile(p string) string {
+	b, _ := os.ReadFile(p)
+	return string(b)
+}
+
+// ownerStamp names a process for good: its pid and start time (a pid is
+// reused, a pid and start time are not).
+func ownerStamp(pid int) string {
+	return fmt.Sprintf("%d %s", pid, processStart(pid))
+}
+
+// processStart returns the start time of process pid in clock ticks since
+// boot (field 22 of /proc/PID/stat), or "" when there is no such process.
+func processStart(pid int) string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return ""
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return ""
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 || f[0] == "Z" {
+		return ""
+	}
+	return f[19]
+}
+
+// reapStaleClusters stops and removes the clusters that test binaries
+// which are provably gone (killed by a timeout, say) left in the temporary
+// directory. A cluster whose owner still runs, or whose owner cannot be
+// read, is left alone.
+func reapStaleClusters(c *pgCluster) {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "timebox-pg-*"))
+	for _, d := range dirs {
+		stamp, err := os.ReadFile(filepath.Join(d, "owner"))
+		if err != nil {
+			continue
+		}
+		var pid int
+		var start string
+		if n, _ := fmt.Sscan(string(stamp), &pid, &start); n != 2 || pid <= 0 {
+			continue
+		}
+		if processStart(pid) == start {
+			continue // alive
+		}
+		stale := &pgCluster{bin: c.bin, dir: d, asUser: c.asUser}
+		stale.stop()
+	}
+}

@@ -1,0 +1,12 @@
+package postgres
+
+// Crash makes s stop as a killed process would: no turn is marked, no
+// owner removed, its heartbeats stop. s is unusable afterwards.
+func (s *Store) Crash() { s.crash() }
+
+// DropNotifications makes s ignore every notification, as if each were
+// lost: what it learns, it learns by polling.
+func (s *Store) DropNotifications(drop bool) { s.dropNotify.Store(drop) }
+
+// Recover runs one look for gone owners now, as a heartbeat does.
+func (s *Store) Recover() ([]string, error) { return s.recover(s.ctx) }

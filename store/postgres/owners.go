@@ -1,0 +1,270 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/store"
+)
+
+const beatSQL = `INSERT INTO owners (owner_id, host, pid, heartbeat_ms) VALUES ($1, $2, $3, $4)
+	ON CONFLICT (owner_id) DO UPDATE SET heartbeat_at = now()`
+
+// beat registers s as an owner, or renews its heartbeat. After a pause so
+// long that another store took it for gone (and deleted its row), it is an
+// owner again: its old turns were marked interrupted, its new ones are its
+// own.
+func (s *Store) beat(ctx context.Context) error {
+	_, err := s.pool.Exec(ctx, beatSQL, s.owner, s.host, os.Getpid(), s.hb.Milliseconds())
+	return err
+}
+
+func (s *Store) beatTx(ctx context.Context, tx pgx.Tx) error {
+	_, err := tx.Exec(ctx, beatSQL, s.owner, s.host, os.Getpid(), s.hb.Milliseconds())
+	return err
+}
+
+// heartbeat renews the owner row and looks for gone owners every
+// Options.Heartbeat until the store closes.
+func (s *Store) heartbeat() {
+	defer s.bg.Done()
+	t := time.NewTicker(s.hb)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+			// Errors here are transient (the database is away) or will
+			// show on the next real write; the next tick tries again.
+			_ = s.beat(s.ctx)
+			_, _ = s.recover(s.ctx)
+		}
+	}
+}
+
+// recover marks interrupted the running turns of every owner that is gone
+// — silent for Heartbeats of its own intervals, on the database's clock —
+// and of turns whose owner has no row; it returns their ids.
+//
+// Each gone owner is claimed by deleting its row, in the transaction that
+// interrupts its turns: of stores racing for it, one deletes the row and
+// the others find none, so its turns are interrupted exactly once. A
+// failed transaction leaves the row, for the next heartbeat to try again.
+func (s *Store) recover(ctx context.Context) ([]string, error) {
+	rows, err := s.pool.Query(ctx, `SELECT owner_id FROM owners
+		WHERE owner_id <> $1 AND heartbeat_at < now() - make_interval(secs => $2 * heartbeat_ms / 1000.0)`, s.owner, Heartbeats)
+	if err != nil {
+		return nil, err
+	}
+	gone, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for _, o := range gone {
+		got, err := s.claim(ctx, o)
+		if err != nil {
+			return ids, err
+		}
+		ids = append(ids, got...)
+	}
+	// Turns whose owner row is missing: their store crashed before it
+	// registered, or was removed without marking them.
+	rows, err = s.pool.Query(ctx, `SELECT t.turn_id FROM turns t WHERE t.status = 'running'
+		AND NOT EXISTS (SELECT 1 FROM owners o WHERE o.owner_id = t.owner_id) ORDER BY t.n`)
+	if err != nil {
+		return ids, err
+	}
+	orphans, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return ids, err
+	}
+	for _, id := range orphans {
+		var done bool
+		err := s.tx(ctx, func(tx pgx.Tx) error {
+			var err error
+			done, err = s.interruptTurn(ctx, tx, id, "the timebox process running it stopped", true)
+			return err
+		})
+		if err != nil {
+			return ids, err
+		}
+		if done {
+			s.watch.Wake(id)
+			s.log.Info("marked a turn interrupted: its owner is unknown", "turn_id", id)
+			ids = append(ids, id)
+		}
+	}
+	return ids, nil
+}
+
+// claim deletes the row of owner o if it is still gone and interrupts its
+// running turns, in one transaction; it returns the turns' ids, none when
+// another store claimed o first or o came back.
+func (s *Store) claim(ctx context.Context, o string) ([]string, error) {
+	var ids []string
+	err := s.tx(ctx, func(tx pgx.Tx) error {
+		ids = nil
+		var (
+			host  string
+			pid   int
+			quiet time.Duration
+		)
+		err := tx.QueryRow(ctx, `DELETE FROM owners
+			WHERE owner_id = $1 AND heartbeat_at < now() - make_interval(secs => $2 * heartbeat_ms / 1000.0)
+			RETURNING host, pid, now() - heartbeat_at`, o, Heartbeats).Scan(&host, &pid, &quiet)
+		if isNoRows(err) {
+			return nil // claimed by another store, or alive again
+		}
+		if err != nil {
+			return err
+		}
+		why := fmt.Sprintf("the timebox process running it (pid %d on %s) stopped sending heartbeats %s ago", pid, host, budget.Round(quiet))
+		ids, err = s.interruptOwnerTx(ctx, tx, o, why)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, id := range ids {
+		s.watch.Wake(id)
+	}
+	if len(ids) > 0 {
+		s.log.Info("marked turns interrupted: the process running them stopped sending heartbeats", "owner", o, "turns", ids)
+	}
+	return ids, nil
+}
+
+// interruptOwner marks every running turn of owner o interrupted, in one
+// transaction.
+func (s *Store) interruptOwner(ctx context.Context, o, why string, _ []string) ([]string, error) {
+	var ids []string
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var err error
+		ids, err = s.interruptOwnerTx(ctx, tx, o, why)
+		return err
+	})
+	for _, id := range ids {
+		s.watch.Wake(id)
+	}
+	return ids, err
+}
+
+func (s *Store) interruptOwnerTx(ctx context.Context, tx pgx.Tx, o, why string) ([]string, error) {
+	rows, err := tx.Query(ctx, `SELECT turn_id FROM turns WHERE owner_id = $1 AND status = 'running' ORDER BY n`, o)
+	if err != nil {
+		return nil, err
+	}
+	turns, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for _, id := range turns {
+		done, err := s.interruptTurn(ctx, tx, id, why, false)
+		if err != nil {
+			return nil, fmt.Errorf("turn %s: %w", id, err)
+		}
+		if done {
+			ids = append(ids, id)
+		}
+	}
+	return ids, nil
+}
+
+// interruptTurn ends a turn that its process can no longer end
+// (store.Interrupt): the records of its running calls, their tool_finished
+// and its turn_finished appended to its log, its record, and a
+// notification for its followers. The turn is locked first and must still
+// be running (and, with orphan, still without an owner row), so that two
+// stores never both end it. It reports whether it did.
+func (s *Store) interruptTurn(ctx context.Context, tx pgx.Tx, id, why string, orphan bool) (bool, error) {
+	t := store.Interrupted{TurnID: id, Why: why}
+	var (
+		started int64
+		status  string
+		owner   string
+	)
+	err := tx.QueryRow(ctx, `SELECT session_id, agent, input, started_at, status, owner_id FROM turns WHERE turn_id = $1 FOR UPDATE`, id).
+		Scan(&t.SessionID, &t.Agent, &t.Input, &started, &status, &owner)
+	if err != nil {
+		return false, err
+	}
+	if status != string(budget.StatusRunning) {
+		return false, nil // finished meanwhile
+	}
+	if orphan {
+		var one int
+		switch err := tx.QueryRow(ctx, `SELECT 1 FROM owners WHERE owner_id = $1`, owner).Scan(&one); {
+		case err == nil:
+			return false, nil // its owner registered meanwhile
+		case !isNoRows(err):
+			return false, err
+		}
+	}
+	t.StartedAt = fromNanos(started)
+	rows, err := tx.Query(ctx, `SELECT data FROM events WHERE turn_id = $1 ORDER BY seq`, id)
+	if err != nil {
+		return false, err
+	}
+	for rows.Next() {
+		var b string
+		if err := rows.Scan(&b); err != nil {
+			rows.Close()
+			return false, err
+		}
+		var e event.Event
+		if err := json.Unmarshal([]byte(b), &e); err != nil {
+			continue // an unreadable event does not stop the recovery
+		}
+		t.Events = append(t.Events, e)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return false, err
+	}
+	if err := tx.QueryRow(ctx, `SELECT (SELECT COUNT(*) FROM tool_calls WHERE turn_id = $1),
+		(SELECT COALESCE(MAX(step), 0) FROM model_calls WHERE turn_id = $1)`, id).Scan(&t.ToolCalls, &t.Steps); err != nil {
+		return false, err
+	}
+	if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&t.Now); err != nil {
+		return false, err
+	}
+	out := store.Interrupt(t)
+	var b pgx.Batch
+	for _, tc := range out.Calls {
+		if err := queueToolCall(&b, tc); err != nil {
+			return false, err
+		}
+	}
+	for _, e := range out.Events {
+		d, err := json.Marshal(e)
+		if err != nil {
+			return false, err
+		}
+		b.Queue(`INSERT INTO events (turn_id, seq, type, at, data) VALUES ($1, $2, $3, $4, $5)`,
+			id, e.Seq, string(e.Type), nanos(e.At), string(d))
+	}
+	rec := out.Record
+	final, err := finalRecord(&rec)
+	if err != nil {
+		return false, err
+	}
+	b.Queue(`UPDATE turns SET status = $1, stop_reason = $2, message = $3, ended_at = $4, wall_ms = $5,
+		steps = $6, record = $7 WHERE turn_id = $8`, string(rec.Status), string(rec.StopReason), text(rec.Message),
+		nanos(rec.EndedAt), rec.WallMS, rec.Steps, final, id)
+	b.Queue(`DELETE FROM cancel_requests WHERE turn_id = $1`, id)
+	b.Queue(`SELECT pg_notify($1, $2)`, chanEvents, id)
+	if err := tx.SendBatch(ctx, &b).Close(); err != nil {
+		return false, err
+	}
+	return true, nil
+}

@@ -1,0 +1,295 @@
+// Package postgres is the store that several gateways share: one
+// PostgreSQL database (github.com/jackc/pgx/v5 and its pool) holding what
+// the SQLite store holds, so that a turn started through one `timebox
+// serve` is listed, followed live, resumed and cancelled through any other
+// (spec §13, docs/decisions/many-gateways.md).
+//
+//   - Writes are as in SQLite: events queued and committed in groups by one
+//     writer (group commit), every other write committed before its method
+//     returns.
+//   - Live: every commit of events sends NOTIFY timebox_events with the
+//     turn's id; each store LISTENs on its own connection and wakes the
+//     turn's watchers (Watch), who read the new events from the table. The
+//     table is the source of truth: watchers are also woken every
+//     Options.Poll, so a notification that never arrives costs latency,
+//     never an event.
+//   - Cancel: a request is a row in cancel_requests and a NOTIFY
+//     timebox_cancel; the gateway running the turn cancels it on the
+//     notification, or finds the row at its next poll.
+//   - Ownership: each store is an owner (a row with a heartbeat on the
+//     database's clock); each turn records its owner. A store whose
+//     heartbeat is older than three of its own intervals is gone: the
+//     first live store to claim it (deleting its row, in the same
+//     transaction as the interruptions) marks its running turns
+//     interrupted — exactly once, however many race for it.
+//   - Migrations are versioned (timebox_schema) and applied at Open in one
+//     transaction under an advisory lock.
+package postgres
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/timebox-run/timebox/store"
+	"github.com/timebox-run/timebox/store/internal/groupq"
+	"github.com/timebox-run/timebox/store/internal/watch"
+)
+
+// Options tune a Store. The zero value is what `timebox serve` uses.
+type Options struct {
+	// Heartbeat is how often the store tells the others sharing the
+	// database that it is alive, and looks for stores that are gone. A
+	// store silent for three of its own heartbeats is taken for gone, and
+	// its running turns are marked interrupted. Zero is 5s.
+	Heartbeat time.Duration
+	// Poll is how often watchers (Watch) and running turns (WatchCancel)
+	// look at the tables again, should a notification have been missed.
+	// Zero is 1s.
+	Poll time.Duration
+	// Logger gets a line for each gone store whose turns this one marked
+	// interrupted, and for each lost LISTEN connection; nil discards them.
+	Logger *slog.Logger
+}
+
+// Heartbeats is how many heartbeats of its own a store may miss before
+// another takes it for gone.
+const Heartbeats = 3
+
+// Store is a store.Store in a PostgreSQL database. It is safe for
+// concurrent use.
+type Store struct {
+	where   string // the database, for messages (no password)
+	pool    *pgxpool.Pool
+	connCfg *pgx.ConnConfig // for the LISTEN connection
+	owner   string
+	host    string
+	hb      time.Duration
+	poll    time.Duration
+	log     *slog.Logger
+
+	recovered []string
+
+	q       *groupq.Queue
+	watch   watch.Set // followers of turns (Watch)
+	cancels watch.Set // turns this store runs (WatchCancel)
+
+	dropNotify atomic.Bool // tests: act as if every notification were lost
+
+	ctx       context.Context // ends when the store closes
+	stopAll   context.CancelFunc
+	bg        sync.WaitGroup
+	closeOnce sync.Once
+	closeErr  error
+	closed    chan struct{}
+}
+
+const (
+	// maxGroup bounds how many event appends share one transaction.
+	maxGroup = 1024
+	// maxQueue bounds the events waiting for the writer (QueueEvent waits
+	// past it).
+	maxQueue = 8192
+	// defaultMaxConns is the pool size when the URL does not set
+	// pool_max_conns: the writer, the LISTEN connection apart, and readers
+	// for the followers.
+	defaultMaxConns = 10
+)
+
+var _ store.Store = (*Store)(nil)
+
+// IsURL reports whether a --db value names a PostgreSQL database: a
+// postgres:// or postgresql:// URL.
+func IsURL(db string) bool {
+	return strings.HasPrefix(db, "postgres://") || strings.HasPrefix(db, "postgresql://")
+}
+
+// Redact returns a database URL fit to print: its password, in the user
+// part or as a password= parameter, is replaced by "xxxxx". A URL that
+// does not parse is not shown at all.
+func Redact(dsn string) string {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return "(a database URL that does not parse; not shown, it may hold a password)"
+	}
+	if u.User != nil {
+		if _, ok := u.User.Password(); ok {
+			u.User = url.UserPassword(u.User.Username(), "xxxxx")
+		}
+	}
+	q := u.Query()
+	for k := range q {
+		if strings.EqualFold(k, "password") {
+			q.Set(k, "xxxxx")
+			u.RawQuery = q.Encode()
+		}
+	}
+	return u.String()
+}
+
+// Open connects to the database dsn (a URL, see IsURL; pgx's parameters
+// apply, and pool_max_conns sizes the pool, default 10), migrates it to
+// SchemaVersion, registers this store as an owner, marks interrupted the
+// running turns of owners already gone (Recovered lists them), and starts
+// listening for notifications. It returns an error if the database cannot
+// be reached, is not UTF-8, or was made by a newer timebox. Errors never
+// show the password.
+func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
+	where := Redact(dsn)
+	if o.Heartbeat <= 0 {
+		o.Heartbeat = 5 * time.Second
+	}
+	if o.Poll <= 0 {
+		o.Poll = time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: %s: %w", where, err) // pgx's message redacts the password too
+	}
+	if !strings.Contains(dsn, "pool_max_conns") {
+		cfg.MaxConns = defaultMaxConns
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: %s: %w", where, err)
+	}
+	fail := func(err error) (*Store, error) {
+		pool.Close()
+		return nil, fmt.Errorf("opening store %s: %w", where, err)
+	}
+	var enc string
+	if err := pool.QueryRow(ctx, `SHOW server_encoding`).Scan(&enc); err != nil {
+		return fail(err)
+	}
+	if enc != "UTF8" && enc != "SQL_ASCII" {
+		return fail(fmt.Errorf("the database's encoding is %s: timebox stores UTF-8 text (create it with createdb -E UTF8)", enc))
+	}
+	if err := migrate(ctx, pool, where); err != nil {
+		return fail(err)
+	}
+	host, _ := os.Hostname()
+	s := &Store{where: where, pool: pool, connCfg: cfg.ConnConfig.Copy(), owner: newID(), host: host,
+		hb: o.Heartbeat, poll: o.Poll, log: o.Logger, closed: make(chan struct{})}
+	s.ctx, s.stopAll = context.WithCancel(context.Background())
+	if err := s.beat(ctx); err != nil {
+		s.stopAll()
+		return fail(err)
+	}
+	// Listen before anything can be watched, so that Open returns a store
+	// that is live.
+	conn, err := s.listenConn(ctx)
+	if err != nil {
+		s.stopAll()
+		return fail(fmt.Errorf("LISTEN: %w", err))
+	}
+	if s.recovered, err = s.recover(ctx); err != nil {
+		conn.Close(context.Background())
+		s.stopAll()
+		return fail(fmt.Errorf("marking interrupted turns: %w", err))
+	}
+	s.q = groupq.New(s.commitGroup, maxGroup, maxQueue)
+	s.bg.Add(3)
+	go s.listen(conn)
+	go s.heartbeat()
+	go s.poller()
+	return s, nil
+}
+
+func newID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// Owner returns the id this store is known by to the others sharing the
+// database (the owner of the turns it begins).
+func (s *Store) Owner() string { return s.owner }
+
+// Where returns the database the store is in, fit to print (Redact).
+func (s *Store) Where() string { return s.where }
+
+// Recovered returns the ids of the turns Open marked interrupted.
+func (s *Store) Recovered() []string { return append([]string(nil), s.recovered...) }
+
+func (s *Store) isClosed() bool {
+	select {
+	case <-s.closed:
+		return true
+	default:
+		return false
+	}
+}
+
+// Close stores the queued events, marks this store's running turns
+// interrupted, removes it as an owner and closes the pool. It is
+// idempotent and safe for concurrent use; methods called after it return
+// store.ErrClosed.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		close(s.closed)
+		s.q.Close()
+		s.stopAll()
+		s.bg.Wait()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, err := s.interruptOwner(ctx, s.owner, "the store was closed while the turn was running", nil)
+		if err == nil {
+			_, err = s.pool.Exec(ctx, `DELETE FROM owners WHERE owner_id = $1`, s.owner)
+		}
+		s.pool.Close()
+		s.closeErr = err
+	})
+	return s.closeErr
+}
+
+// crash stops s as a killed process would: no turn marked, no owner
+// removed, its heartbeats stopped.
+func (s *Store) crash() {
+	s.closeOnce.Do(func() {
+		close(s.closed)
+		s.q.Close()
+		s.stopAll()
+		s.bg.Wait()
+		s.pool.Close()
+	})
+}
+
+// tx runs fn in a transaction.
+func (s *Store) tx(ctx context.Context, fn func(pgx.Tx) error) error {
+	if s.isClosed() {
+		return store.ErrClosed
+	}
+	return pgx.BeginFunc(ctx, s.pool, fn)
+}
+
+func nanos(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+func fromNanos(n int64) time.Time { return time.Unix(0, n).UTC() }
+
+// text makes s fit a text column: PostgreSQL's text cannot hold NUL,
+// which a user's input may. The JSON records keep the exact value.
+func text(s string) string { return strings.ReplaceAll(s, "\x00", "\uFFFD") }
+
+var errNoRows = pgx.ErrNoRows
+
+func isNoRows(err error) bool { return errors.Is(err, errNoRows) }

@@ -1,0 +1,397 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/goleak"
+
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/testenv"
+	"github.com/timebox-run/timebox/store"
+	"github.com/timebox-run/timebox/store/postgres"
+	"github.com/timebox-run/timebox/store/storetest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(int) { testenv.StopPostgres() }))
+}
+
+func open(t testing.TB, dsn string, o postgres.Options) *postgres.Store {
+	t.Helper()
+	s, err := postgres.Open(context.Background(), dsn, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// sql runs statements on the test database directly.
+func sql(t testing.TB, dsn string, query string, args ...any) {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(context.Background(), query, args...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestStore(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) store.Store { return open(t, testenv.Postgres(t), postgres.Options{}) })
+}
+
+func TestCrash(t *testing.T) {
+	storetest.RunCrash(t, func(t *testing.T) (store.Store, func() store.Store) {
+		dsn := testenv.Postgres(t)
+		s := open(t, dsn, postgres.Options{Heartbeat: 100 * time.Millisecond})
+		return s, func() store.Store {
+			s.Crash()
+			return open(t, dsn, postgres.Options{Heartbeat: 100 * time.Millisecond})
+		}
+	}, "stopped sending heartbeats")
+}
+
+// TestMigrationsRace: gateways starting at once on a new database migrate
+// it once, and a database from a newer timebox is refused.
+func TestMigrationsRace(t *testing.T) {
+	dsn := testenv.Postgres(t)
+	const n = 6
+	stores := make([]*postgres.Store, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { stores[i], errs[i] = postgres.Open(context.Background(), dsn, postgres.Options{}) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("gateway %d: %v", i, err)
+		}
+		defer stores[i].Close()
+	}
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var versions, owners int
+	if err := conn.QueryRow(context.Background(), `SELECT COUNT(*), (SELECT COUNT(*) FROM owners) FROM timebox_schema`).Scan(&versions, &owners); err != nil {
+		t.Fatal(err)
+	}
+	if versions != postgres.SchemaVersion || owners != n {
+		t.Fatalf("%d schema versions recorded (want %d), %d owners (want %d)", versions, postgres.SchemaVersion, owners, n)
+	}
+	if _, err := conn.Exec(context.Background(), `INSERT INTO timebox_schema (version) VALUES ($1)`, postgres.SchemaVersion+1); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := postgres.Open(context.Background(), dsn, postgres.Options{}); err == nil || !strings.Contains(err.Error(), "newer than this timebox") {
+		if s != nil {
+			s.Close()
+		}
+		t.Fatalf("newer schema: %v", err)
+	}
+}
+
+// TestGoneOwnerInterruptedExactlyOnce: gateways racing to mark a dead
+// gateway's turns interrupted do it once between them.
+func TestGoneOwnerInterruptedExactlyOnce(t *testing.T) {
+	dsn := testenv.Postgres(t)
+	a := open(t, dsn, postgres.Options{Heartbeat: time.Hour})
+	for i := range 3 {
+		if _, _, err := storetest.WriteRunningTurn(a, fmt.Sprintf("t%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a.Crash()
+	// Heartbeats of an hour: only the explicit Recover calls below look.
+	const racers = 4
+	var (
+		stores []*postgres.Store
+		mu     sync.Mutex
+		got    []string
+		wg     sync.WaitGroup
+	)
+	for range racers {
+		s := open(t, dsn, postgres.Options{Heartbeat: time.Hour})
+		defer s.Close()
+		stores = append(stores, s)
+	}
+	// a has been silent for a day now.
+	sql(t, dsn, `UPDATE owners SET heartbeat_at = now() - interval '1 day' WHERE owner_id = $1`, a.Owner())
+	for _, s := range stores {
+		for range 3 {
+			wg.Go(func() {
+				ids, err := s.Recover()
+				if err != nil {
+					t.Error(err)
+				}
+				mu.Lock()
+				got = append(got, ids...)
+				mu.Unlock()
+			})
+		}
+	}
+	wg.Wait()
+	if len(got) != 3 {
+		t.Fatalf("the racers marked %v; want each of t0, t1, t2 once", got)
+	}
+	for i := range 3 {
+		id := fmt.Sprintf("t%d", i)
+		evs, err := stores[0].Events(context.Background(), id, 0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		finished := 0
+		for _, e := range evs {
+			if e.Type == event.TypeTurnFinished {
+				finished++
+			}
+		}
+		rec, _ := stores[0].Turn(context.Background(), id)
+		if finished != 1 || rec.Status != budget.StatusInterrupted || !strings.Contains(rec.Message, "stopped sending heartbeats") {
+			t.Fatalf("%s: %d turn_finished, %s: %s", id, finished, rec.Status, rec.Message)
+		}
+	}
+}
+
+// TestALiveOwnerKeepsItsTurns: a gateway that heartbeats keeps its turns
+// however long they run, whoever looks.
+func TestALiveOwnerKeepsItsTurns(t *testing.T) {
+	dsn := testenv.Postgres(t)
+	a := open(t, dsn, postgres.Options{Heartbeat: 50 * time.Millisecond})
+	defer a.Close()
+	if _, _, err := storetest.WriteRunningTurn(a, "t1"); err != nil {
+		t.Fatal(err)
+	}
+	b := open(t, dsn, postgres.Options{Heartbeat: 50 * time.Millisecond})
+	time.Sleep(400 * time.Millisecond) // eight of a's heartbeats, and of b's looks
+	if ids, err := b.Recover(); err != nil || len(ids) != 0 {
+		t.Fatalf("a live gateway's turn marked: %v %v", ids, err)
+	}
+	if rec, err := b.Turn(context.Background(), "t1"); err != nil || rec.Status != budget.StatusRunning {
+		t.Fatalf("%v %v", rec.Status, err)
+	}
+	b.Close()
+	// A clean Close marks the closing store's own running turns.
+	a.Close()
+	c := open(t, dsn, postgres.Options{})
+	defer c.Close()
+	rec, err := c.Turn(context.Background(), "t1")
+	if err != nil || rec.Status != budget.StatusInterrupted || !strings.Contains(rec.Message, "the store was closed") {
+		t.Fatalf("%+v %v", rec, err)
+	}
+}
+
+// TestTakenForGone: a gateway that paused past its heartbeat window finds
+// its turn interrupted by another: its later events and its record are
+// refused (the interruption is the turn's end, once), its turn is told to
+// stop, and it can begin new turns.
+func TestTakenForGone(t *testing.T) {
+	dsn := testenv.Postgres(t)
+	a := open(t, dsn, postgres.Options{Heartbeat: time.Hour, Poll: 20 * time.Millisecond})
+	defer a.Close()
+	b := open(t, dsn, postgres.Options{Heartbeat: time.Hour})
+	defer b.Close()
+	stop, unwatch := a.WatchCancel("t1")
+	defer unwatch()
+	if _, _, err := storetest.WriteRunningTurn(a, "t1"); err != nil {
+		t.Fatal(err)
+	}
+	sql(t, dsn, `UPDATE owners SET heartbeat_at = now() - interval '1 day' WHERE owner_id = $1`, a.Owner())
+	if ids, err := b.Recover(); err != nil || len(ids) != 1 {
+		t.Fatalf("Recover: %v %v", ids, err)
+	}
+	select {
+	case <-stop:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the turn was not told that another gateway ended it")
+	}
+	ctx := context.Background()
+	evs, _ := a.Events(ctx, "t1", 0, 0)
+	last := evs[len(evs)-1].Seq
+	err := a.AppendEvent(ctx, event.Event{Seq: last + 1, TurnID: "t1", Type: event.TypeLLMDelta, At: time.Now(), Data: &event.LLMDelta{Text: "late"}})
+	if !errors.Is(err, store.ErrNotRunning) {
+		t.Fatalf("an event after the interruption: %v", err)
+	}
+	err = a.FinishTurn(ctx, &event.Turn{TurnID: "t1", Status: budget.StatusCompleted, StopReason: budget.Answered}, nil)
+	if !errors.Is(err, store.ErrNotRunning) {
+		t.Fatalf("the record after the interruption: %v", err)
+	}
+	storetest.CheckInterrupted(t, a, "t1", int(last)-2, int(last)-2, "stopped sending heartbeats")
+	if err := a.BeginTurn(ctx, store.TurnStart{TurnID: "t2", Input: "again"}); err != nil {
+		t.Fatal(err)
+	}
+	if ids, err := b.Recover(); err != nil || len(ids) != 0 {
+		t.Fatalf("the new turn of the gateway that came back was taken: %v %v", ids, err)
+	}
+}
+
+// TestWatchAcrossStores: a watcher on one gateway is woken by the commits
+// of another through LISTEN/NOTIFY (the poll is an hour), and, with every
+// notification lost, by its poll: it reads every event either way.
+func TestWatchAcrossStores(t *testing.T) {
+	for _, lost := range []bool{false, true} {
+		t.Run(fmt.Sprintf("notifications_lost=%v", lost), func(t *testing.T) {
+			dsn := testenv.Postgres(t)
+			a := open(t, dsn, postgres.Options{})
+			defer a.Close()
+			poll := time.Hour
+			if lost {
+				poll = 20 * time.Millisecond
+			}
+			b := open(t, dsn, postgres.Options{Poll: poll})
+			defer b.Close()
+			b.DropNotifications(lost)
+			wake, stop := b.Watch("t1")
+			defer stop()
+			ctx := context.Background()
+			if err := a.BeginTurn(ctx, store.TurnStart{TurnID: "t1", Input: "x"}); err != nil {
+				t.Fatal(err)
+			}
+			const n = 200
+			go func() {
+				for seq := int64(1); seq <= n; seq++ {
+					a.QueueEvent(event.Event{Seq: seq, TurnID: "t1", Type: event.TypeLLMDelta, At: time.Now(),
+						Data: &event.LLMDelta{Text: fmt.Sprint(seq)}}, nil)
+					if seq%20 == 0 {
+						time.Sleep(5 * time.Millisecond)
+					}
+				}
+			}()
+			var last int64
+			deadline := time.After(20 * time.Second)
+			for last < n {
+				select {
+				case <-wake:
+				case <-deadline:
+					t.Fatalf("read %d of %d events", last, n)
+				}
+				evs, err := b.Events(ctx, "t1", last, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, e := range evs {
+					if e.Seq != last+1 || e.Data.(*event.LLMDelta).Text != fmt.Sprint(e.Seq) {
+						t.Fatalf("event %+v after %d", e, last)
+					}
+					last = e.Seq
+				}
+			}
+		})
+	}
+}
+
+// TestCancelAcrossStores: a cancel request made through one gateway
+// reaches the gateway running the turn, by notification, or by its poll
+// when the notification is lost.
+func TestCancelAcrossStores(t *testing.T) {
+	for _, lost := range []bool{false, true} {
+		t.Run(fmt.Sprintf("notifications_lost=%v", lost), func(t *testing.T) {
+			dsn := testenv.Postgres(t)
+			poll := time.Hour
+			if lost {
+				poll = 20 * time.Millisecond
+			}
+			a := open(t, dsn, postgres.Options{Poll: poll})
+			defer a.Close()
+			a.DropNotifications(lost)
+			b := open(t, dsn, postgres.Options{})
+			defer b.Close()
+			ctx := context.Background()
+			cancelled, stop := a.WatchCancel("t1")
+			defer stop()
+			if err := a.BeginTurn(ctx, store.TurnStart{TurnID: "t1", Input: "x"}); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.RequestCancel(ctx, "t1"); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-cancelled:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the cancel request did not reach the gateway running the turn")
+			}
+		})
+	}
+}
+
+// TestSessionBusyAcrossStores: two gateways beginning a turn in one
+// session at once: one begins it, the other is told the session is busy.
+func TestSessionBusyAcrossStores(t *testing.T) {
+	dsn := testenv.Postgres(t)
+	a, b := open(t, dsn, postgres.Options{}), open(t, dsn, postgres.Options{})
+	defer a.Close()
+	defer b.Close()
+	for round := range 10 {
+		session := fmt.Sprintf("s%d", round)
+		errs := make([]error, 2)
+		var wg sync.WaitGroup
+		for i, s := range []*postgres.Store{a, b} {
+			wg.Go(func() {
+				errs[i] = s.BeginTurn(context.Background(), store.TurnStart{TurnID: fmt.Sprintf("t%d_%d", round, i), SessionID: session, Input: "x"})
+			})
+		}
+		wg.Wait()
+		ok, busy := 0, 0
+		for _, err := range errs {
+			switch {
+			case err == nil:
+				ok++
+			case errors.Is(err, store.ErrSessionBusy):
+				busy++
+			default:
+				t.Fatal(err)
+			}
+		}
+		if ok != 1 || busy != 1 {
+			t.Fatalf("round %d: %v", round, errs)
+		}
+	}
+}
+
+func TestRedact(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{"postgres://u:sekrit@db:5432/timebox", "postgres://u:xxxxx@db:5432/timebox"},
+		{"postgresql://u@db/timebox?sslmode=require", "postgresql://u@db/timebox?sslmode=require"},
+		{"postgres://db/timebox?password=sekrit&sslmode=disable", "postgres://db/timebox?password=xxxxx&sslmode=disable"},
+		{"postgres://u:se%40krit@db/x", "postgres://u:xxxxx@db/x"},
+		{"postgres://u:sekrit@db:port/x", "(a database URL that does not parse; not shown, it may hold a password)"},
+	} {
+		if got := postgres.Redact(c.in); got != c.want {
+			t.Errorf("Redact(%q) = %q, want %q", c.in, got, c.want)
+		}
+	}
+}
+
+// TestErrorsHideThePassword: a database that cannot be reached, or a URL
+// that does not parse, is an error that names the database without its
+// password.
+func TestErrorsHideThePassword(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, dsn := range []string{
+		"postgres://u:sekrit@127.0.0.1:1/x?connect_timeout=2",
+		"postgres://u:sekrit@127.0.0.1:1/x?password=sekrit&connect_timeout=2",
+		"postgres://u:sekrit@127.0.0.1:notaport/x",
+		"postgres://u:sekrit@127.0.0.1:5432/x?sslmode=bogus",
+	} {
+		s, err := postgres.Open(ctx, dsn, postgres.Options{})
+		if err == nil {
+			s.Close()
+			t.Fatalf("%s: opened", dsn)
+		}
+		if strings.Contains(err.Error(), "sekrit") {
+			t.Errorf("the error shows the password: %v", err)
+		}
+	}
+}

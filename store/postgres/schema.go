@@ -1,0 +1,151 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// migrations are the schema's versions, in order: migrations[i] takes a
+// database from version i to i+1 (the largest version in timebox_schema).
+// Released entries are never edited; a change is a new entry.
+//
+// The tables are SQLite's (store/sqlite/schema.go), column for column, so
+// that both stores answer alike: times of turns and events are Unix
+// nanoseconds, records are the spec's JSON as text (jsonb would refuse the
+// \u0000 a tool's output may hold). What only a shared database needs is
+// here too: owners' heartbeats on the database's clock, each owner's own
+// heartbeat interval (a gateway is judged by its own), and cancel
+// requests.
+var migrations = []string{
+	// 1: sessions, turns, events, call records, conversations, the
+	// gateways that own running turns, and cancel requests.
+	`
+CREATE TABLE owners (
+	owner_id     text PRIMARY KEY,
+	host         text NOT NULL,
+	pid          integer NOT NULL,
+	heartbeat_ms bigint NOT NULL,
+	started_at   timestamptz NOT NULL DEFAULT now(),
+	heartbeat_at timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE sessions (
+	n          bigint GENERATED ALWAYS AS IDENTITY,
+	session_id text PRIMARY KEY,
+	created_at bigint NOT NULL,
+	updated_at bigint NOT NULL
+);
+CREATE INDEX sessions_by_update ON sessions (updated_at, n);
+
+CREATE TABLE turns (
+	n           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	turn_id     text NOT NULL UNIQUE,
+	session_id  text NOT NULL DEFAULT '',
+	agent       text NOT NULL DEFAULT '',
+	input       text NOT NULL,
+	status      text NOT NULL,
+	stop_reason text NOT NULL DEFAULT '',
+	message     text NOT NULL DEFAULT '',
+	started_at  bigint NOT NULL,
+	ended_at    bigint,
+	wall_ms     bigint NOT NULL DEFAULT 0,
+	steps       integer NOT NULL DEFAULT 0,
+	owner_id    text NOT NULL DEFAULT '',
+	record      text
+);
+CREATE INDEX turns_by_status      ON turns (status, n);
+CREATE INDEX turns_by_stop_reason ON turns (stop_reason, n);
+CREATE INDEX turns_by_session     ON turns (session_id, n);
+CREATE INDEX turns_running        ON turns (owner_id) WHERE status = 'running';
+
+CREATE TABLE events (
+	turn_id text   NOT NULL REFERENCES turns (turn_id),
+	seq     bigint NOT NULL,
+	type    text   NOT NULL,
+	at      bigint NOT NULL,
+	data    text   NOT NULL,
+	PRIMARY KEY (turn_id, seq)
+);
+
+CREATE TABLE tool_calls (
+	turn_id     text    NOT NULL REFERENCES turns (turn_id),
+	call_id     text    NOT NULL,
+	tool        text    NOT NULL,
+	outcome     text    NOT NULL,
+	started_at  bigint  NOT NULL,
+	duration_ms bigint  NOT NULL,
+	late_result boolean NOT NULL DEFAULT false,
+	record      text    NOT NULL,
+	PRIMARY KEY (turn_id, call_id)
+);
+
+CREATE TABLE model_calls (
+	turn_id text    NOT NULL REFERENCES turns (turn_id),
+	idx     integer NOT NULL,
+	step    integer NOT NULL,
+	model   text    NOT NULL,
+	outcome text    NOT NULL,
+	record  text    NOT NULL,
+	PRIMARY KEY (turn_id, idx)
+);
+
+CREATE TABLE messages (
+	id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	session_id text NOT NULL REFERENCES sessions (session_id),
+	turn_id    text NOT NULL,
+	message    text NOT NULL
+);
+CREATE INDEX messages_by_session ON messages (session_id, id);
+CREATE INDEX messages_by_turn    ON messages (turn_id);
+
+CREATE TABLE cancel_requests (
+	turn_id      text PRIMARY KEY REFERENCES turns (turn_id),
+	requested_at timestamptz NOT NULL DEFAULT now()
+);
+`,
+}
+
+// SchemaVersion is the schema version this package writes: the number of
+// migrations.
+const SchemaVersion = 1
+
+// migrationLock is the advisory lock that serialises migrations: "timebox"
+// in ASCII.
+const migrationLock = 0x74696d65626f78
+
+// migrate brings the database to SchemaVersion in one transaction, under
+// an advisory lock: of gateways starting at once on a new database, one
+// migrates while the others wait for it, then find nothing to do. DDL is
+// transactional in PostgreSQL, so a failed migration leaves nothing half
+// done.
+func migrate(ctx context.Context, pool *pgxpool.Pool, where string) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(migrationLock)); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS timebox_schema (
+			version    integer PRIMARY KEY,
+			applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+			return err
+		}
+		var v int
+		if err := tx.QueryRow(ctx, `SELECT COALESCE(MAX(version), 0) FROM timebox_schema`).Scan(&v); err != nil {
+			return err
+		}
+		if v > len(migrations) {
+			return fmt.Errorf("%s has schema version %d, newer than this timebox knows (%d): use a newer timebox, or another database", where, v, len(migrations))
+		}
+		for ; v < len(migrations); v++ {
+			if _, err := tx.Exec(ctx, migrations[v]); err != nil {
+				return fmt.Errorf("migrating %s to version %d: %w", where, v+1, err)
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO timebox_schema (version) VALUES ($1)`, v+1); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}

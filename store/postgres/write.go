@@ -1,0 +1,408 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/model"
+	"github.com/timebox-run/timebox/store"
+	"github.com/timebox-run/timebox/store/internal/groupq"
+)
+
+// Notification channels.
+const (
+	chanEvents = "timebox_events" // payload: a turn id whose events or status changed
+	chanCancel = "timebox_cancel" // payload: a turn id a cancel was requested for
+)
+
+// BeginTurn implements store.Store.
+func (s *Store) BeginTurn(ctx context.Context, t store.TurnStart) error {
+	return s.tx(ctx, func(tx pgx.Tx) error {
+		// A store that others took for gone (a long pause) is an owner
+		// again before it begins anything, so that its new turn is not
+		// taken for an orphan.
+		if err := s.beatTx(ctx, tx); err != nil {
+			return err
+		}
+		return s.begin(ctx, tx, t, true)
+	})
+}
+
+// begin inserts a running turn owned by s; exclusive refuses it while its
+// session has another turn running (store.ErrSessionBusy).
+func (s *Store) begin(ctx context.Context, tx pgx.Tx, t store.TurnStart, exclusive bool) error {
+	var one int
+	switch err := tx.QueryRow(ctx, `SELECT 1 FROM turns WHERE turn_id = $1`, t.TurnID).Scan(&one); {
+	case err == nil:
+		return fmt.Errorf("turn %s: %w", t.TurnID, store.ErrExists)
+	case !isNoRows(err):
+		return err
+	}
+	if t.StartedAt.IsZero() {
+		t.StartedAt = time.Now()
+	}
+	if t.SessionID != "" {
+		// Touching the session locks its row: two gateways beginning a
+		// turn in one session at once take turns here, and the second
+		// sees the first's turn below.
+		if err := touchSession(ctx, tx, t.SessionID, t.StartedAt); err != nil {
+			return err
+		}
+		if exclusive {
+			var busy string
+			switch err := tx.QueryRow(ctx, `SELECT turn_id FROM turns WHERE session_id = $1 AND status = 'running' LIMIT 1`,
+				t.SessionID).Scan(&busy); {
+			case err == nil:
+				return fmt.Errorf("session %s: %w (%s)", t.SessionID, store.ErrSessionBusy, busy)
+			case !isNoRows(err):
+				return err
+			}
+		}
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO turns (turn_id, session_id, agent, input, status, started_at, owner_id)
+		VALUES ($1, $2, $3, $4, $5, $6, $7)`, t.TurnID, t.SessionID, text(t.Agent), text(t.Input), budget.StatusRunning,
+		nanos(t.StartedAt), s.owner)
+	if isUnique(err) {
+		return fmt.Errorf("turn %s: %w", t.TurnID, store.ErrExists)
+	}
+	return err
+}
+
+func touchSession(ctx context.Context, tx pgx.Tx, id string, at time.Time) error {
+	_, err := tx.Exec(ctx, `INSERT INTO sessions (session_id, created_at, updated_at) VALUES ($1, $2, $2)
+		ON CONFLICT (session_id) DO UPDATE SET updated_at = GREATEST(sessions.updated_at, excluded.updated_at)`, id, nanos(at))
+	return err
+}
+
+func isUnique(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "23505"
+}
+
+func isFK(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "23503"
+}
+
+// AppendEvent implements store.Store: it queues e and waits for the
+// commit of its group.
+func (s *Store) AppendEvent(ctx context.Context, e event.Event) error {
+	done := make(chan error, 1)
+	s.QueueEvent(e, func(err error) { done <- err })
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// QueueEvent implements store.Store.
+func (s *Store) QueueEvent(e event.Event, committed func(error)) {
+	s.q.Add(e, func(err error) {
+		if err == nil {
+			s.watch.Wake(e.TurnID)
+		}
+		if committed != nil {
+			committed(err)
+		}
+	})
+}
+
+// Flush implements store.Store.
+func (s *Store) Flush(ctx context.Context) error { return s.q.Flush(ctx) }
+
+// appendEventsSQL inserts a group of events, of running turns only. The
+// turns are locked (FOR KEY SHARE) first, so that a store marking one of
+// them interrupted — which locks it FOR UPDATE — either waits for this
+// group and then sees its events, or ends the turn before it and the
+// group's events of that turn are refused: no event ever lands after the
+// turn_finished of an interruption.
+const appendEventsSQL = `
+WITH live AS (
+	SELECT turn_id FROM turns WHERE turn_id = ANY($1::text[]) AND status = 'running' FOR KEY SHARE
+)
+INSERT INTO events (turn_id, seq, type, at, data)
+SELECT u.turn_id, u.seq, u.type, u.at, u.data
+	FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::text[]) AS u(turn_id, seq, type, at, data)
+	WHERE u.turn_id IN (SELECT turn_id FROM live)
+ON CONFLICT (turn_id, seq) DO NOTHING
+RETURNING turn_id, seq`
+
+type turnSeq struct {
+	turn string
+	seq  int64
+}
+
+// commitGroup writes a group of appends in one transaction: the events,
+// the call records they carry, and a notification per turn.
+func (s *Store) commitGroup(group []*groupq.Item) error {
+	ctx := s.ctx
+	if s.isClosed() {
+		// Close drains the queue after it stopped the background context.
+		ctx = context.Background()
+	}
+	n := len(group)
+	ids, seqs, types, ats := make([]string, n), make([]int64, n), make([]string, n), make([]int64, n)
+	datas := make([]string, n)
+	for i, it := range group {
+		e := it.Event
+		ids[i], seqs[i], types[i], ats[i], datas[i] = e.TurnID, e.Seq, string(e.Type), nanos(e.At), string(it.Data)
+	}
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, appendEventsSQL, ids, seqs, types, ats, datas)
+		if err != nil {
+			return err
+		}
+		stored := make(map[turnSeq]bool, n)
+		for rows.Next() {
+			var k turnSeq
+			if err := rows.Scan(&k.turn, &k.seq); err != nil {
+				rows.Close()
+				return err
+			}
+			stored[k] = true
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		var b pgx.Batch
+		turns := map[string]bool{}
+		for _, it := range group {
+			e := it.Event
+			if !stored[turnSeq{e.TurnID, e.Seq}] {
+				continue
+			}
+			turns[e.TurnID] = true
+			tc, mc := store.CallRecords(e)
+			if tc != nil {
+				if err := queueToolCall(&b, *tc); err != nil {
+					return err
+				}
+			}
+			if mc != nil {
+				if err := queueModelCall(&b, e.TurnID, *mc); err != nil {
+					return err
+				}
+			}
+		}
+		if len(turns) > 0 {
+			list := make([]string, 0, len(turns))
+			for id := range turns {
+				list = append(list, id)
+			}
+			b.Queue(`SELECT pg_notify($1, t) FROM unnest($2::text[]) AS t`, chanEvents, list)
+		}
+		if b.Len() > 0 {
+			if err := tx.SendBatch(ctx, &b).Close(); err != nil {
+				return err
+			}
+		}
+		if len(stored) < n {
+			return s.explainUnstored(ctx, tx, group, stored)
+		}
+		return nil
+	})
+}
+
+// explainUnstored sets the error of each event of the group that was not
+// stored: its turn is unknown (store.ErrNotFound) or no longer running
+// (store.ErrNotRunning: another store marked it interrupted). An event
+// whose seq was already stored is no error: appends are idempotent.
+func (s *Store) explainUnstored(ctx context.Context, tx pgx.Tx, group []*groupq.Item, stored map[turnSeq]bool) error {
+	var ids []string
+	for _, it := range group {
+		if !stored[turnSeq{it.Event.TurnID, it.Event.Seq}] {
+			ids = append(ids, it.Event.TurnID)
+		}
+	}
+	rows, err := tx.Query(ctx, `SELECT turn_id, status FROM turns WHERE turn_id = ANY($1::text[])`, ids)
+	if err != nil {
+		return err
+	}
+	status := map[string]string{}
+	for rows.Next() {
+		var id, st string
+		if err := rows.Scan(&id, &st); err != nil {
+			rows.Close()
+			return err
+		}
+		status[id] = st
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, it := range group {
+		id := it.Event.TurnID
+		if stored[turnSeq{id, it.Event.Seq}] {
+			continue
+		}
+		switch st, ok := status[id]; {
+		case !ok:
+			it.Err = fmt.Errorf("turn %s: %w", id, store.ErrNotFound)
+		case st != string(budget.StatusRunning):
+			it.Err = fmt.Errorf("turn %s is %s already (another timebox process marked it so): %w", id, st, store.ErrNotRunning)
+		}
+	}
+	return nil
+}
+
+// toolCallSQL stores a tool call record. The WHERE keeps a late result
+// (store.KeepLate) that the turn's final record, written after it, does
+// not know of.
+const toolCallSQL = `INSERT INTO tool_calls (turn_id, call_id, tool, outcome, started_at, duration_ms, late_result, record)
+	VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+	ON CONFLICT (turn_id, call_id) DO UPDATE SET tool = excluded.tool, outcome = excluded.outcome,
+		started_at = excluded.started_at, duration_ms = excluded.duration_ms,
+		late_result = excluded.late_result, record = excluded.record
+	WHERE NOT (tool_calls.late_result AND NOT excluded.late_result)`
+
+func toolCallArgs(tc event.ToolCall) ([]any, error) {
+	rec, err := json.Marshal(tc)
+	if err != nil {
+		return nil, err
+	}
+	return []any{tc.TurnID, text(tc.CallID), text(tc.Tool), string(tc.Outcome), nanos(tc.StartedAt), tc.DurationMS,
+		tc.LateResult, string(rec)}, nil
+}
+
+func queueToolCall(b *pgx.Batch, tc event.ToolCall) error {
+	args, err := toolCallArgs(tc)
+	if err != nil {
+		return err
+	}
+	b.Queue(toolCallSQL, args...)
+	return nil
+}
+
+const modelCallSQL = `INSERT INTO model_calls (turn_id, idx, step, model, outcome, record)
+	VALUES ($1, (SELECT COALESCE(MAX(idx), -1) + 1 FROM model_calls WHERE turn_id = $1), $2, $3, $4, $5)`
+
+func queueModelCall(b *pgx.Batch, turnID string, mc event.ModelCall) error {
+	rec, err := json.Marshal(mc)
+	if err != nil {
+		return err
+	}
+	b.Queue(modelCallSQL, turnID, mc.Step, text(mc.Model), string(mc.Outcome), string(rec))
+	return nil
+}
+
+// finalRecord is the turn record as the turns table keeps it: calls and
+// events live in their own tables.
+func finalRecord(rec *event.Turn) (string, error) {
+	r := *rec
+	r.ToolCalls, r.ModelCalls, r.Events = nil, nil, nil
+	b, err := json.Marshal(&r)
+	return string(b), err
+}
+
+// FinishTurn implements store.Store. A turn another store has marked
+// interrupted meanwhile (it took this one for gone) keeps that record:
+// FinishTurn returns an error wrapping store.ErrNotRunning, and stores
+// nothing.
+func (s *Store) FinishTurn(ctx context.Context, rec *event.Turn, msgs []model.Message) error {
+	if err := s.Flush(ctx); err != nil {
+		return err
+	}
+	final, err := finalRecord(rec)
+	if err != nil {
+		return err
+	}
+	var ids []string
+	var seqs, ats []int64
+	var types, datas []string
+	for _, e := range rec.Events {
+		d, err := json.Marshal(e)
+		if err != nil {
+			return err
+		}
+		ids, seqs, types, ats, datas = append(ids, rec.TurnID), append(seqs, e.Seq), append(types, string(e.Type)),
+			append(ats, nanos(e.At)), append(datas, string(d))
+	}
+	msgJSON := make([]string, len(msgs))
+	for i, m := range msgs {
+		b, err := json.Marshal(m)
+		if err != nil {
+			return err
+		}
+		msgJSON[i] = string(b)
+	}
+	defer s.watch.Wake(rec.TurnID)
+	return s.tx(ctx, func(tx pgx.Tx) error {
+		var status string
+		err := tx.QueryRow(ctx, `SELECT status FROM turns WHERE turn_id = $1 FOR UPDATE`, rec.TurnID).Scan(&status)
+		switch {
+		case isNoRows(err):
+			err = s.begin(ctx, tx, store.TurnStart{TurnID: rec.TurnID, SessionID: rec.SessionID, Agent: rec.Agent,
+				Input: rec.Input, StartedAt: rec.StartedAt}, false)
+		case err == nil && status == string(budget.StatusInterrupted):
+			return fmt.Errorf("turn %s was marked interrupted by another timebox process (it took this one for gone) before it ended; its record says so: %w",
+				rec.TurnID, store.ErrNotRunning)
+		}
+		if err != nil {
+			return err
+		}
+		var b pgx.Batch
+		if len(ids) > 0 {
+			// The events the queue did not store (a record may list events
+			// no sink saw).
+			b.Queue(`INSERT INTO events (turn_id, seq, type, at, data)
+				SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::text[])
+				ON CONFLICT (turn_id, seq) DO NOTHING`, ids, seqs, types, ats, datas)
+		}
+		for _, tc := range rec.ToolCalls {
+			tc.TurnID = rec.TurnID
+			if err := queueToolCall(&b, tc); err != nil {
+				return err
+			}
+		}
+		b.Queue(`DELETE FROM model_calls WHERE turn_id = $1`, rec.TurnID)
+		for _, mc := range rec.ModelCalls {
+			if err := queueModelCall(&b, rec.TurnID, mc); err != nil {
+				return err
+			}
+		}
+		b.Queue(`UPDATE turns SET status = $1, stop_reason = $2, message = $3, ended_at = $4,
+			wall_ms = $5, steps = $6, record = $7 WHERE turn_id = $8`,
+			string(rec.Status), string(rec.StopReason), text(rec.Message), nanos(rec.EndedAt), rec.WallMS, rec.Steps, final, rec.TurnID)
+		b.Queue(`DELETE FROM cancel_requests WHERE turn_id = $1`, rec.TurnID)
+		if rec.SessionID != "" {
+			b.Queue(`INSERT INTO sessions (session_id, created_at, updated_at) VALUES ($1, $2, $2)
+				ON CONFLICT (session_id) DO UPDATE SET updated_at = GREATEST(sessions.updated_at, excluded.updated_at)`,
+				rec.SessionID, nanos(rec.EndedAt))
+			b.Queue(`DELETE FROM messages WHERE turn_id = $1`, rec.TurnID)
+			if len(msgJSON) > 0 {
+				b.Queue(`INSERT INTO messages (session_id, turn_id, message)
+					SELECT $1, $2, m FROM unnest($3::text[]) WITH ORDINALITY AS u(m, i) ORDER BY i`,
+					rec.SessionID, rec.TurnID, msgJSON)
+			}
+		}
+		b.Queue(`SELECT pg_notify($1, $2)`, chanEvents, rec.TurnID)
+		return tx.SendBatch(ctx, &b).Close()
+	})
+}
+
+// UpdateToolCall implements store.Store.
+func (s *Store) UpdateToolCall(ctx context.Context, rec event.ToolCall) error {
+	args, err := toolCallArgs(rec)
+	if err != nil {
+		return err
+	}
+	return s.tx(ctx, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, toolCallSQL, args...)
+		if isFK(err) {
+			return fmt.Errorf("turn %s: %w", rec.TurnID, store.ErrNotFound)
+		}
+		return err
+	})
+}
