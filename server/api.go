@@ -435,16 +435,7 @@ func (s *Server) cancel(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	lt := s.live(id)
 	if lt == nil {
-		rec, err := s.cfg.Store.Turn(r.Context(), id)
-		if err != nil {
-			s.storeFailed(w, err, "turn "+shown(id))
-			return
-		}
-		if rec.Status == budget.StatusRunning {
-			writeError(w, http.StatusConflict, "not_here", fmt.Sprintf("turn %s is running in another timebox process; cancel it there", shown(id)))
-			return
-		}
-		writeError(w, http.StatusConflict, "already_ended", fmt.Sprintf("turn %s already ended: %s (%s)", shown(id), rec.Status, rec.StopReason))
+		s.cancelElsewhere(w, r, id)
 		return
 	}
 	s.cancelTurn(lt, &budget.CancelError{Reason: budget.Cancelled})
@@ -457,6 +448,56 @@ func (s *Server) cancel(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusAccepted, TurnAccepted{TurnID: id, SessionID: lt.session, Status: budget.StatusRunning,
 			Events: "/v1/turns/" + id + "/events"})
 	case <-r.Context().Done():
+	}
+}
+
+// cancelElsewhere cancels a turn this server does not run: the store
+// carries the request to the gateway that runs it (PostgreSQL), or says it
+// cannot (SQLite: another process on this machine). Like a local cancel, it
+// answers with the turn's record once it has ended, or 202 after
+// cancelWait.
+func (s *Server) cancelElsewhere(w http.ResponseWriter, r *http.Request, id string) {
+	// Watching before the request, so that the end is not missed.
+	changed, unwatch := s.cfg.Store.Watch(id)
+	defer unwatch()
+	err := s.cfg.Store.RequestCancel(r.Context(), id)
+	switch {
+	case errors.Is(err, store.ErrNotHere):
+		writeError(w, http.StatusConflict, "not_here", fmt.Sprintf("turn %s is running in another timebox process that does not share this store's cancel requests; cancel it there", shown(id)))
+		return
+	case errors.Is(err, store.ErrNotRunning):
+		rec, err := s.cfg.Store.Turn(r.Context(), id)
+		if err != nil {
+			s.storeFailed(w, err, "turn "+shown(id))
+			return
+		}
+		writeError(w, http.StatusConflict, "already_ended", fmt.Sprintf("turn %s already ended: %s (%s)", shown(id), rec.Status, rec.StopReason))
+		return
+	case err != nil:
+		s.storeFailed(w, err, "turn "+shown(id))
+		return
+	}
+	t := time.NewTimer(cancelWait)
+	defer t.Stop()
+	for {
+		rec, err := s.cfg.Store.Turn(r.Context(), id)
+		if err != nil {
+			s.storeFailed(w, err, "turn "+shown(id))
+			return
+		}
+		if rec.Status != budget.StatusRunning {
+			writeJSON(w, http.StatusOK, rec)
+			return
+		}
+		select {
+		case <-changed:
+		case <-t.C:
+			writeJSON(w, http.StatusAccepted, TurnAccepted{TurnID: id, SessionID: rec.SessionID, Status: budget.StatusRunning,
+				Events: "/v1/turns/" + id + "/events"})
+			return
+		case <-r.Context().Done():
+			return
+		}
 	}
 }
 

@@ -227,14 +227,37 @@ func (s *Server) start(ctx context.Context, session, input string, budgets budge
 	if err != nil {
 		return fail(fmt.Errorf("reading the history of session %s: %w", session, err))
 	}
+	// Watching for cancel requests before the turn is stored, so that a
+	// request made through another gateway sharing the store the moment
+	// it can see the turn is not missed.
+	cancelled, unwatch := s.cfg.Store.WatchCancel(id)
 	if err := s.cfg.Store.BeginTurn(ctx, store.TurnStart{TurnID: id, SessionID: session, Agent: s.cfg.AgentName,
 		Input: input, StartedAt: time.Now()}); err != nil {
+		unwatch()
+		if errors.Is(err, store.ErrSessionBusy) {
+			// Running through another gateway sharing the store.
+			return fail(fmt.Errorf("%w: %v; wait for it to end or cancel it", errBusy, err))
+		}
 		return fail(fmt.Errorf("storing the turn: %w", err))
 	}
 	sb, _ := lt.hub.subscribe()
 	s.log.Info("turn started", "turn_id", id, "session_id", session)
+	go s.cancelled(lt, cancelled, unwatch)
 	go s.run(turnCtx, lt, agent.Input{TurnID: id, SessionID: session, History: history, Text: input, Budgets: budgets})
 	return lt, sb, nil
+}
+
+// cancelled cancels lt when the store signals a cancel request made
+// through another gateway sharing it (or that another gateway ended the
+// turn, taking this one for gone), until the turn ends.
+func (s *Server) cancelled(lt *liveTurn, signal <-chan struct{}, unwatch func()) {
+	defer unwatch()
+	select {
+	case <-signal:
+		s.log.Info("turn cancelled through another gateway", "turn_id", lt.id)
+		lt.cancel(&budget.CancelError{Reason: budget.Cancelled, By: "a client of another gateway"})
+	case <-lt.done:
+	}
 }
 
 func (s *Server) forget(lt *liveTurn) {

@@ -22,6 +22,7 @@ import (
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/wait"
+	"github.com/timebox-run/timebox/internal/testenv"
 	"github.com/timebox-run/timebox/model"
 	"github.com/timebox-run/timebox/server"
 	"github.com/timebox-run/timebox/store"
@@ -32,7 +33,7 @@ func TestMain(m *testing.M) {
 	if helperMain() {
 		return
 	}
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(int) { testenv.StopPostgres() }))
 }
 
 // waitThenAnswer is a script: call the gate tool, then answer.

@@ -22,10 +22,6 @@ const (
 // replayPage is how many stored events a replay reads at a time.
 const replayPage = 500
 
-// pollEvery is how often a stream of a turn running in another process
-// (sharing the store) looks for new events.
-const pollEvery = 250 * time.Millisecond
-
 // sse writes Server-Sent Events. Each write has a deadline, so a client
 // that stopped reading (a dead peer, a full TCP window) ends its stream
 // instead of holding a goroutine forever.
@@ -249,11 +245,13 @@ func (st *streamState) waitStored(lt *liveTurn) {
 }
 
 // poll streams a turn that does not run in this server: an ended one, or
-// one another process (sharing the store) runs, whose new events are
-// picked up every pollEvery.
+// one another process (sharing the store) runs, whose new events it reads
+// whenever the store says there may be some (store.Store.Watch: at once
+// with PostgreSQL's notifications, every 250ms with SQLite).
 func (st *streamState) poll() streamEnd {
-	tick := time.NewTicker(pollEvery)
-	defer tick.Stop()
+	changed, unwatch := st.s.cfg.Store.Watch(st.id)
+	defer unwatch()
+	checked := st.last // st.last when the turn's status was last read (or at the start)
 	for {
 		if err := st.replay(replayAll); err != nil {
 			return st.end(endClientGone)
@@ -261,16 +259,22 @@ func (st *streamState) poll() streamEnd {
 		if st.finished {
 			return endFinished
 		}
-		rec, err := st.s.cfg.Store.Turn(st.ctx, st.id)
-		if err != nil {
-			return st.end(endClientGone)
+		// A turn ends with turn_finished; its status is read only when no
+		// event came, for a turn stored without one, so that a busy
+		// turn's followers read its events and nothing else.
+		if st.last == checked {
+			rec, err := st.s.cfg.Store.Turn(st.ctx, st.id)
+			if err != nil {
+				return st.end(endClientGone)
+			}
+			if rec.Status != budget.StatusRunning {
+				st.replay(replayAll) // what came between the two reads
+				return st.end(endFinished)
+			}
 		}
-		if rec.Status != budget.StatusRunning {
-			st.replay(replayAll) // what came between the two reads
-			return st.end(endFinished)
-		}
+		checked = st.last
 		select {
-		case <-tick.C:
+		case <-changed:
 		case <-st.keepAlive.C:
 			st.x.comment("keep-alive")
 		case <-st.ctx.Done():

@@ -19,6 +19,7 @@ import (
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/model"
 	"github.com/timebox-run/timebox/store"
+	"github.com/timebox-run/timebox/store/postgres"
 	"github.com/timebox-run/timebox/store/sqlite"
 )
 
@@ -29,7 +30,8 @@ const runsUsage = `usage:
 
 The store is --db, else TIMEBOX_DB, else timebox.db in $XDG_STATE_HOME/timebox
 (~/.local/state/timebox), where timebox run keeps its turns; timebox serve
-keeps them in timebox.db in its working directory unless told otherwise.`
+keeps them in timebox.db in its working directory unless told otherwise.
+A postgres:// URL names the PostgreSQL database gateways share.`
 
 func openSQLite(path string) (*sqlite.Store, error) {
 	st, err := sqlite.Open(path, sqlite.Options{})
@@ -79,7 +81,7 @@ func cmdRuns(ctx context.Context, args []string, o IO) int {
 		fmt.Fprintln(o.Err, `timebox runs: --db is "": name the store file`)
 		return ExitUsage
 	}
-	if _, err := os.Stat(db); errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(sqlitePath(db)); !postgres.IsURL(db) && errors.Is(err, os.ErrNotExist) {
 		fmt.Fprintf(o.Err, "timebox runs: no store at %s: nothing was stored there yet (timebox run stores its turns in %s, timebox serve in %s in its working directory; --db or TIMEBOX_DB names another file)\n",
 			db, stateDB(o), defaultDB)
 		return ExitFailed
@@ -332,9 +334,11 @@ func openRunStore(fs *flag.FlagSet, db string, noStore bool, o IO) *runStore {
 	if noStore || path == "" {
 		return nil
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		fmt.Fprintf(o.Err, "warning: %v; the turn will not be stored (--no-store silences this)\n", err)
-		return nil
+	if !postgres.IsURL(path) {
+		if err := os.MkdirAll(filepath.Dir(sqlitePath(path)), 0o700); err != nil {
+			fmt.Fprintf(o.Err, "warning: %v; the turn will not be stored (--no-store silences this)\n", err)
+			return nil
+		}
 	}
 	st, err := openStore(path, false, o)
 	if err != nil {

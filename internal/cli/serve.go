@@ -12,11 +12,13 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/timebox-run/timebox"
 	"github.com/timebox-run/timebox/internal/proctree"
 	"github.com/timebox-run/timebox/server"
 	"github.com/timebox-run/timebox/store"
+	"github.com/timebox-run/timebox/store/postgres"
 )
 
 // Defaults of the serve and store flags.
@@ -68,7 +70,7 @@ func serveToken(fs *flag.FlagSet, flagValue string, o IO) (string, bool) {
 func cmdServe(ctx context.Context, args []string, o IO) int {
 	fs, c := newFlags("serve", o)
 	addrFlag := fs.String("addr", "", "the address to serve on (env TIMEBOX_ADDR; default "+defaultAddr+"); a non-loopback address needs a token")
-	dbFlag := fs.String("db", "", `the store file (env TIMEBOX_DB; default `+defaultDB+`); "" keeps turns in memory only`)
+	dbFlag := fs.String("db", "", `the store: a SQLite file, or a postgres:// URL that several gateways share (env TIMEBOX_DB; default `+defaultDB+`); "" keeps turns in memory only`)
 	tokenFlag := fs.String("token", "", "require \"Authorization: Bearer TOKEN\" on the API and /metrics (env TIMEBOX_TOKEN, which ps does not show)")
 	pos, err := parse(fs, args)
 	if err != nil {
@@ -123,8 +125,11 @@ func cmdServe(ctx context.Context, args []string, o IO) int {
 	}
 
 	where := db
-	if db == "" {
+	switch {
+	case db == "":
 		where = "memory only"
+	case postgres.IsURL(db):
+		where = postgres.Redact(db) // never print a password
 	}
 	name := cfg.Name
 	if name == "" {
@@ -207,8 +212,10 @@ func reapOrphans(o IO) {
 	fmt.Fprintln(o.Err, msg)
 }
 
-// openStore opens the store at path; "" is an in-memory store when
-// memoryOK, an error otherwise. It reports the turns it marked interrupted.
+// openStore opens the store at path: a postgres:// URL is a PostgreSQL
+// database that several gateways may share, anything else a SQLite file
+// ("sqlite:" may lead it); "" is an in-memory store when memoryOK, an
+// error otherwise. It reports the turns it marked interrupted.
 func openStore(path string, memoryOK bool, o IO) (store.Store, error) {
 	if path == "" {
 		if memoryOK {
@@ -216,14 +223,44 @@ func openStore(path string, memoryOK bool, o IO) (store.Store, error) {
 		}
 		return nil, errors.New(`no store: --db is ""`)
 	}
-	st, err := openSQLite(path)
-	if err != nil {
-		return nil, err
+	var (
+		st  store.Store
+		ids []string
+	)
+	if postgres.IsURL(path) {
+		pg, err := openPostgres(path, o)
+		if err != nil {
+			return nil, err
+		}
+		st, ids = pg, pg.Recovered()
+	} else {
+		lite, err := openSQLite(sqlitePath(path))
+		if err != nil {
+			return nil, err
+		}
+		st, ids = lite, lite.Recovered()
 	}
-	if ids := st.Recovered(); len(ids) > 0 {
+	if len(ids) > 0 {
 		fmt.Fprintf(o.Err, "timebox: marked %d turn%s interrupted: the process running %s stopped before %s ended (%s)\n",
 			len(ids), plural(len(ids)), map[bool]string{true: "it", false: "them"}[len(ids) == 1],
 			map[bool]string{true: "it", false: "they"}[len(ids) == 1], strings.Join(ids, ", "))
+	}
+	return st, nil
+}
+
+// sqlitePath returns the file a --db value that is not a URL names: the
+// value without a leading "sqlite:".
+func sqlitePath(db string) string { return strings.TrimPrefix(db, "sqlite:") }
+
+// openPostgres opens the PostgreSQL store at url, with the heartbeat its
+// timebox_heartbeat parameter sets, if any (postgres.ParseURL). Its log
+// lines (a gateway taken for gone, a lost LISTEN connection) go to stderr.
+func openPostgres(url string, o IO) (*postgres.Store, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	st, err := postgres.Open(ctx, url, postgres.Options{Logger: slog.New(slog.NewTextHandler(o.Err, nil))})
+	if err != nil {
+		return nil, fmt.Errorf("opening the store: %w", err)
 	}
 	return st, nil
 }

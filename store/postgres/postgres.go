@@ -140,7 +140,8 @@ func Redact(dsn string) string {
 }
 
 // Open connects to the database dsn (a URL, see IsURL; pgx's parameters
-// apply, and pool_max_conns sizes the pool, default 10), migrates it to
+// apply, pool_max_conns sizes the pool, default 10, and HeartbeatParam
+// sets the heartbeat), migrates it to
 // SchemaVersion, registers this store as an owner, marks interrupted the
 // running turns of owners already gone (Recovered lists them), and starts
 // listening for notifications. It returns an error if the database cannot
@@ -148,6 +149,13 @@ func Redact(dsn string) string {
 // show the password.
 func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 	where := Redact(dsn)
+	dsn, hb, err := takeHeartbeat(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: %s: %w", where, err)
+	}
+	if o.Heartbeat <= 0 {
+		o.Heartbeat = hb
+	}
 	if o.Heartbeat <= 0 {
 		o.Heartbeat = 5 * time.Second
 	}
@@ -208,6 +216,30 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 	go s.heartbeat()
 	go s.poller()
 	return s, nil
+}
+
+// HeartbeatParam is the parameter of a database URL that sets
+// Options.Heartbeat when it is zero ("timebox_heartbeat=2s"), so that
+// `timebox serve --db URL` can be tuned without a flag of its own. It is
+// removed from the URL before it is given to pgx.
+const HeartbeatParam = "timebox_heartbeat"
+
+// takeHeartbeat removes HeartbeatParam from dsn and returns its value (0
+// when absent).
+func takeHeartbeat(dsn string) (string, time.Duration, error) {
+	u, err := url.Parse(dsn)
+	if err != nil || !u.Query().Has(HeartbeatParam) {
+		return dsn, 0, nil // pgx says what is wrong with a bad URL
+	}
+	q := u.Query()
+	v := q.Get(HeartbeatParam)
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 10*time.Millisecond {
+		return "", 0, fmt.Errorf("%s=%q: want a duration of at least 10ms, such as 5s", HeartbeatParam, v)
+	}
+	q.Del(HeartbeatParam)
+	u.RawQuery = q.Encode()
+	return u.String(), d, nil
 }
 
 func newID() string {

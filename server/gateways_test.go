@@ -1,0 +1,99 @@
+package server_test
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/internal/testenv"
+	"github.com/timebox-run/timebox/server"
+	"github.com/timebox-run/timebox/store"
+	"github.com/timebox-run/timebox/store/postgres"
+)
+
+// TestTwoGatewaysOnePostgres: two servers on one PostgreSQL database. A
+// turn started through A is followed live through B (its tool's progress
+// arrives while the tool runs), a second turn in its session is refused
+// through B, and a cancel sent to B reaches A, stops the tool, and both
+// answer with the cancelled record.
+func TestTwoGatewaysOnePostgres(t *testing.T) {
+	dsn := testenv.Postgres(t)
+	open := func() store.Store {
+		st, err := postgres.Open(context.Background(), dsn, postgres.Options{Poll: time.Hour}) // notifications only
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	g := newGate("wait")
+	g.every = 20 * time.Millisecond
+	a := newEnv(t, server.Config{Store: open(), Agent: newAgent(t, scripted(t, waitThenAnswer...), g.tool())})
+	b := newEnv(t, server.Config{Store: open(), Agent: newAgent(t, scripted(t, `{"text": "never asked"}`))})
+
+	acc := decode[server.TurnAccepted](t, a.do("POST", "/v1/turns", map[string]any{"input": "go", "detach": true}), http.StatusAccepted)
+	<-g.started
+	resp := b.do("GET", "/v1/turns/"+acc.TurnID+"/events", nil)
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET events through B: %d", resp.StatusCode)
+	}
+	sse := newSSE(resp.Body)
+	progress := 0
+	for progress < 3 {
+		ev, err := sse.next()
+		if err != nil {
+			t.Fatalf("following through B: %v after %d progress events", err, progress)
+		}
+		if ev.typ == "tool_progress" {
+			progress++
+		}
+		if ev.typ == "turn_finished" {
+			t.Fatalf("the turn ended before it was cancelled: %s", ev.data)
+		}
+	}
+
+	er := decode[apiError](t, b.do("POST", "/v1/turns", map[string]any{"input": "too", "session_id": acc.SessionID}), http.StatusConflict)
+	if er.Error.Code != "session_busy" {
+		t.Fatalf("a second turn in the session through B: %+v", er)
+	}
+
+	rec := decode[rawRecord](t, b.do("POST", "/v1/turns/"+acc.TurnID+"/cancel", nil), http.StatusOK)
+	if rec.Status != budget.StatusCancelled || rec.StopReason != budget.Cancelled {
+		t.Fatalf("cancel through B answered %s (%s): %s", rec.Status, rec.StopReason, rec.Message)
+	}
+	select {
+	case <-g.cancelled:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the tool running on A was not cancelled")
+	}
+	evs := sse.all(t)
+	if len(evs) == 0 || evs[len(evs)-1].typ != "turn_finished" {
+		t.Fatalf("B's stream ended with %+v", evs)
+	}
+	if got := a.record(acc.TurnID); got.Status != budget.StatusCancelled {
+		t.Fatalf("A's record: %s", got.Status)
+	}
+	// Cancelling it again through either is "already ended".
+	for _, e := range []*env{a, b} {
+		if er := decode[apiError](t, e.do("POST", "/v1/turns/"+acc.TurnID+"/cancel", nil), http.StatusConflict); er.Error.Code != "already_ended" {
+			t.Fatalf("%+v", er)
+		}
+	}
+}
+
+// TestSessionBusyInAnotherProcess: a session whose turn runs in another
+// process sharing the store (here a recorder writing straight to it) is
+// busy: 409 session_busy, not a store error.
+func TestSessionBusyInAnotherProcess(t *testing.T) {
+	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, `{"text": "hi"}`))})
+	rec := store.NewRecorder(e.st)
+	if err := rec.Begin(context.Background(), store.TurnStart{TurnID: "t_cli", SessionID: "s_1", Input: "from the CLI", StartedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	er := decode[apiError](t, e.do("POST", "/v1/turns", map[string]any{"input": "too", "session_id": "s_1"}), http.StatusConflict)
+	if er.Error.Code != "session_busy" {
+		t.Fatalf("%+v", er)
+	}
+}
