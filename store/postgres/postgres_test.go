@@ -395,3 +395,29 @@ func TestErrorsHideThePassword(t *testing.T) {
 		}
 	}
 }
+
+// TestHeartbeatParam: timebox_heartbeat in the URL sets the heartbeat the
+// store registers (and is not given to the server, which would refuse an
+// unknown parameter); a bad value is refused.
+func TestHeartbeatParam(t *testing.T) {
+	dsn := testenv.Postgres(t)
+	s := open(t, dsn+"&"+postgres.HeartbeatParam+"=250ms", postgres.Options{})
+	defer s.Close()
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var ms int64
+	if err := conn.QueryRow(context.Background(), `SELECT heartbeat_ms FROM owners WHERE owner_id = $1`, s.Owner()).Scan(&ms); err != nil || ms != 250 {
+		t.Fatalf("heartbeat_ms %d, %v", ms, err)
+	}
+	for _, v := range []string{"soon", "1ms", "-1s"} {
+		if s, err := postgres.Open(context.Background(), dsn+"&"+postgres.HeartbeatParam+"="+v, postgres.Options{}); err == nil || !strings.Contains(err.Error(), postgres.HeartbeatParam) {
+			if s != nil {
+				s.Close()
+			}
+			t.Errorf("%s=%s: %v", postgres.HeartbeatParam, v, err)
+		}
+	}
+}
