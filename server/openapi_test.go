@@ -329,13 +329,15 @@ func (v *validator) validate(t *testing.T, ptr string, body []byte) {
 	}
 }
 
-// failingStore is a store whose reads and BeginTurn fail, for the 500s.
+// failingStore is a store whose reads, BeginTurn and RequestCancel fail,
+// for the 500s.
 type failingStore struct{ store.Store }
 
 var errDisk = errors.New("disk I/O error")
 
 func (failingStore) BeginTurn(context.Context, store.TurnStart) error  { return errDisk }
 func (failingStore) Turn(context.Context, string) (*event.Turn, error) { return nil, errDisk }
+func (failingStore) RequestCancel(context.Context, string) error       { return errDisk }
 func (failingStore) Turns(context.Context, store.Filter) ([]store.TurnSummary, error) {
 	return nil, errDisk
 }
