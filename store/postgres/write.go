@@ -120,30 +120,42 @@ func (s *Store) QueueEvent(e event.Event, committed func(error)) {
 // Flush implements store.Store.
 func (s *Store) Flush(ctx context.Context) error { return s.q.Flush(ctx) }
 
-// appendEventsSQL inserts a group of events, of running turns only. The
-// turns are locked (FOR KEY SHARE) first, so that a store marking one of
-// them interrupted — which locks it FOR UPDATE — either waits for this
-// group and then sees its events, or ends the turn before it and the
-// group's events of that turn are refused: no event ever lands after the
-// turn_finished of an interruption.
+// appendEventsSQL inserts a group of events, of running turns only, and
+// notifies each turn it stored events of (PostgreSQL delivers one
+// notification per turn and transaction, at commit). The turns are locked
+// (FOR KEY SHARE) first, so that a store marking one of them interrupted —
+// which locks it FOR UPDATE — either waits for this group and then sees its
+// events, or ends the turn before it and the group's events of that turn
+// are refused: no event ever lands after the turn_finished of an
+// interruption.
 const appendEventsSQL = `
 WITH live AS (
 	SELECT turn_id FROM turns WHERE turn_id = ANY($1::text[]) AND status = 'running' FOR KEY SHARE
+), ins AS (
+	INSERT INTO events (turn_id, seq, type, at, data)
+	SELECT u.turn_id, u.seq, u.type, u.at, u.data
+		FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::text[]) AS u(turn_id, seq, type, at, data)
+		WHERE u.turn_id IN (SELECT turn_id FROM live)
+	ON CONFLICT (turn_id, seq) DO NOTHING
+	RETURNING turn_id, seq
 )
-INSERT INTO events (turn_id, seq, type, at, data)
-SELECT u.turn_id, u.seq, u.type, u.at, u.data
-	FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::text[]) AS u(turn_id, seq, type, at, data)
-	WHERE u.turn_id IN (SELECT turn_id FROM live)
-ON CONFLICT (turn_id, seq) DO NOTHING
-RETURNING turn_id, seq`
+SELECT turn_id, seq, pg_notify($6, turn_id) FROM ins`
 
 type turnSeq struct {
 	turn string
 	seq  int64
 }
 
-// commitGroup writes a group of appends in one transaction: the events,
-// the call records they carry, and a notification per turn.
+// querier is a pool or a transaction.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// commitGroup writes a group of appends: the events, the call records they
+// carry, and a notification per turn. A group without call records — most
+// of them: stream deltas, progress — is one statement, committed on its
+// own (one round trip to the database); one with records is a transaction
+// that stores them with their events.
 func (s *Store) commitGroup(group []*groupq.Item) error {
 	ctx := s.ctx
 	if s.isClosed() {
@@ -153,36 +165,49 @@ func (s *Store) commitGroup(group []*groupq.Item) error {
 	n := len(group)
 	ids, seqs, types, ats := make([]string, n), make([]int64, n), make([]string, n), make([]int64, n)
 	datas := make([]string, n)
+	records := false
 	for i, it := range group {
 		e := it.Event
 		ids[i], seqs[i], types[i], ats[i], datas[i] = e.TurnID, e.Seq, string(e.Type), nanos(e.At), string(it.Data)
+		records = records || store.WaitForStore(e)
 	}
-	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, appendEventsSQL, ids, seqs, types, ats, datas)
+	insert := func(q querier) (map[turnSeq]bool, error) {
+		rows, err := q.Query(ctx, appendEventsSQL, ids, seqs, types, ats, datas, chanEvents)
 		if err != nil {
-			return err
+			return nil, err
 		}
+		defer rows.Close()
 		stored := make(map[turnSeq]bool, n)
 		for rows.Next() {
 			var k turnSeq
-			if err := rows.Scan(&k.turn, &k.seq); err != nil {
-				rows.Close()
-				return err
+			if err := rows.Scan(&k.turn, &k.seq, nil); err != nil {
+				return nil, err
 			}
 			stored[k] = true
 		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
+		return stored, rows.Err()
+	}
+	if !records {
+		stored, err := insert(s.pool)
+		if err != nil {
+			return err
+		}
+		if len(stored) < n {
+			return s.explainUnstored(ctx, s.pool, group, stored)
+		}
+		return nil
+	}
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		stored, err := insert(tx)
+		if err != nil {
 			return err
 		}
 		var b pgx.Batch
-		turns := map[string]bool{}
 		for _, it := range group {
 			e := it.Event
 			if !stored[turnSeq{e.TurnID, e.Seq}] {
 				continue
 			}
-			turns[e.TurnID] = true
 			tc, mc := store.CallRecords(e)
 			if tc != nil {
 				if err := queueToolCall(&b, *tc); err != nil {
@@ -194,13 +219,6 @@ func (s *Store) commitGroup(group []*groupq.Item) error {
 					return err
 				}
 			}
-		}
-		if len(turns) > 0 {
-			list := make([]string, 0, len(turns))
-			for id := range turns {
-				list = append(list, id)
-			}
-			b.Queue(`SELECT pg_notify($1, t) FROM unnest($2::text[]) AS t`, chanEvents, list)
 		}
 		if b.Len() > 0 {
 			if err := tx.SendBatch(ctx, &b).Close(); err != nil {
@@ -218,7 +236,7 @@ func (s *Store) commitGroup(group []*groupq.Item) error {
 // stored: its turn is unknown (store.ErrNotFound) or no longer running
 // (store.ErrNotRunning: another store marked it interrupted). An event
 // whose seq was already stored is no error: appends are idempotent.
-func (s *Store) explainUnstored(ctx context.Context, tx pgx.Tx, group []*groupq.Item, stored map[turnSeq]bool) error {
+func (s *Store) explainUnstored(ctx context.Context, tx querier, group []*groupq.Item, stored map[turnSeq]bool) error {
 	var ids []string
 	for _, it := range group {
 		if !stored[turnSeq{it.Event.TurnID, it.Event.Seq}] {
