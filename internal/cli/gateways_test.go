@@ -14,7 +14,9 @@ import (
 
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/cli"
 	"github.com/timebox-run/timebox/internal/testenv"
+	"github.com/timebox-run/timebox/store"
 	"github.com/timebox-run/timebox/store/postgres"
 )
 
@@ -225,5 +227,65 @@ func (f *follower) next(t *testing.T) (string, string) {
 		if err != nil && n == 0 {
 			return "", err.Error()
 		}
+	}
+}
+
+// TestRunCancelledThroughTheStore: a `timebox run` storing its turn in
+// PostgreSQL is cancelled by a cancel request made through the store (as
+// `POST /v1/turns/ID/cancel` to any timebox serve on it makes one): its
+// tool is stopped and its record says who cancelled it.
+func TestRunCancelledThroughTheStore(t *testing.T) {
+	dsn := testenv.Postgres(t)
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"tool_calls": [{"name": "hang"}]}`+"\n"+`{"text": "never"}`+"\n"), 0o644)
+	file := filepath.Join(dir, "agent.yaml")
+	os.WriteFile(file, []byte("model: {primary: script:m}\nproviders: {script: {file: script.jsonl}}\ntools:\n  - name: hang\n    exec: [sleep, \"300\"]\n    timeout: 10m\n"), 0o644)
+	done := make(chan result, 1)
+	go func() { done <- run(t, nil, "run", "-f", file, "--db", dsn, "--json", "go") }()
+
+	st, err := postgres.Open(t.Context(), dsn, postgres.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	deadline := time.Now().Add(30 * time.Second)
+	var id string
+	for id == "" {
+		if time.Now().After(deadline) {
+			t.Fatal("timebox run stored no running turn")
+		}
+		time.Sleep(20 * time.Millisecond)
+		list, err := st.Turns(t.Context(), store.Filter{Status: budget.StatusRunning})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ts := range list {
+			if ts.ToolCalls == 0 {
+				evs, _ := st.Events(t.Context(), ts.TurnID, 0, 0)
+				for _, e := range evs {
+					if e.Type == event.TypeToolStarted {
+						id = ts.TurnID
+					}
+				}
+			}
+		}
+	}
+	if err := st.RequestCancel(t.Context(), id); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-done:
+		if r.code != cli.ExitCancelled || !strings.Contains(r.out, `"stop_reason":"cancelled"`) {
+			t.Fatalf("exit %d\n%s\n%s", r.code, r.out, r.err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("timebox run was not cancelled")
+	}
+	rec, err := st.Turn(t.Context(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Status != budget.StatusCancelled || !strings.Contains(rec.Message, "a client of timebox serve") {
+		t.Fatalf("%s: %s", rec.Status, rec.Message)
 	}
 }

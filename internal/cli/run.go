@@ -209,7 +209,9 @@ func cmdRun(ctx context.Context, args []string, o IO) int {
 	in := agent.Input{SessionID: *session, Text: prompt}
 	rs := openRunStore(fs, *db, *noStore, o)
 	rs.begin(ctx, &in, cfg.Name, o)
-	res := a.Run(ctx, in, rs.sinks(sink)...)
+	runCtx, unwatch := rs.cancellable(ctx)
+	res := a.Run(runCtx, in, rs.sinks(sink)...)
+	unwatch()
 	rs.finish(res.Record, res.Messages, o)
 	if v != nil {
 		v.close()

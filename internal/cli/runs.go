@@ -308,6 +308,10 @@ func runsExport(ctx context.Context, st store.Store, id string, o IO) int {
 type runStore struct {
 	st  store.Store
 	rec *store.Recorder
+	// cancelled signals a cancel request for the turn made through
+	// another process sharing the store (timebox serve on PostgreSQL).
+	cancelled <-chan struct{}
+	unwatch   func()
 }
 
 // stateDB returns where `timebox run` keeps its turns unless told
@@ -362,10 +366,37 @@ func (r *runStore) begin(ctx context.Context, in *agent.Input, agentName string,
 		}
 		in.History = h
 	}
+	// Watching before the turn is stored, so that no request is missed.
+	r.cancelled, r.unwatch = r.st.WatchCancel(in.TurnID)
 	if err := r.rec.Begin(ctx, store.TurnStart{TurnID: in.TurnID, SessionID: in.SessionID, Agent: agentName,
 		Input: in.Text, StartedAt: time.Now()}); err != nil {
 		fmt.Fprintf(o.Err, "warning: %v; the turn will not be stored\n", err)
 		r.rec = nil
+		r.unwatch()
+	}
+}
+
+// cancellable returns ctx cancelled (stop reason cancelled) when a cancel
+// request for the turn comes through the store — `POST
+// /v1/turns/ID/cancel` to a timebox serve sharing a PostgreSQL store —
+// and the function that ends the watch.
+func (r *runStore) cancellable(ctx context.Context) (context.Context, func()) {
+	if r == nil || r.rec == nil {
+		return ctx, func() {}
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-r.cancelled:
+			cancel(&budget.CancelError{Reason: budget.Cancelled, By: "a client of timebox serve"})
+		case <-done:
+		}
+	}()
+	return ctx, func() {
+		close(done)
+		r.unwatch()
+		cancel(nil)
 	}
 }
 
