@@ -172,6 +172,10 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 	if !strings.Contains(dsn, "pool_max_conns") {
 		cfg.MaxConns = defaultMaxConns
 	}
+	_, named := cfg.ConnConfig.RuntimeParams["application_name"]
+	if !named {
+		cfg.ConnConfig.RuntimeParams["application_name"] = "timebox"
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %s: %w", where, err)
@@ -191,7 +195,14 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 		return fail(err)
 	}
 	host, _ := os.Hostname()
-	s := &Store{where: where, pool: pool, connCfg: cfg.ConnConfig.Copy(), owner: newID(), host: host,
+	owner := newID()
+	listenCfg := cfg.ConnConfig.Copy()
+	if !named {
+		// So that pg_stat_activity tells the LISTEN connection of each
+		// gateway from the pools.
+		listenCfg.RuntimeParams["application_name"] = "timebox listen " + owner
+	}
+	s := &Store{where: where, pool: pool, connCfg: listenCfg, owner: owner, host: host,
 		hb: o.Heartbeat, poll: o.Poll, log: o.Logger, closed: make(chan struct{})}
 	s.ctx, s.stopAll = context.WithCancel(context.Background())
 	if err := s.beat(ctx); err != nil {

@@ -421,3 +421,59 @@ func TestHeartbeatParam(t *testing.T) {
 		}
 	}
 }
+
+// TestListenReconnects: a gateway whose LISTEN connection is cut opens it
+// again and hears the other gateway's commits as before (its poll is an
+// hour: only notifications can wake its watcher).
+func TestListenReconnects(t *testing.T) {
+	dsn := testenv.Postgres(t)
+	a := open(t, dsn, postgres.Options{})
+	defer a.Close()
+	b := open(t, dsn, postgres.Options{Poll: time.Hour})
+	defer b.Close()
+	ctx := context.Background()
+	if err := a.BeginTurn(ctx, store.TurnStart{TurnID: "t1", Input: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	wake, stop := b.Watch("t1")
+	defer stop()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var cut int
+	if err := conn.QueryRow(ctx, `SELECT COUNT(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE application_name = $1`, "timebox listen "+b.Owner()).Scan(&cut); err != nil || cut != 1 {
+		rows, _ := conn.Query(ctx, `SELECT application_name FROM pg_stat_activity`)
+		names, _ := pgx.CollectRows(rows, pgx.RowTo[string])
+		t.Fatalf("cut %d LISTEN connections of b (want 1): %v; connections: %q", cut, err, names)
+	}
+	// The reconnection wakes every watcher (notifications sent meanwhile
+	// are lost); then a's commits wake it again.
+	for seq := int64(1); ; seq++ {
+		if err := a.AppendEvent(ctx, event.Event{Seq: seq, TurnID: "t1", Type: event.TypeLLMDelta, At: time.Now(), Data: &event.LLMDelta{Text: "x"}}); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-wake:
+			select {
+			case <-wake: // drain the reconnection's wake-up, if it came first
+			default:
+			}
+			if err := a.AppendEvent(ctx, event.Event{Seq: seq + 1, TurnID: "t1", Type: event.TypeLLMDelta, At: time.Now(), Data: &event.LLMDelta{Text: "y"}}); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-wake:
+				return
+			case <-time.After(20 * time.Second):
+				t.Fatal("b's watcher was not woken by a's commit after the reconnection")
+			}
+		case <-time.After(200 * time.Millisecond):
+			if seq > 100 {
+				t.Fatal("b never heard of a's commits again")
+			}
+		}
+	}
+}
