@@ -2,12 +2,17 @@ package server_test
 
 import (
 	"context"
+	"errors"
 	"net/http"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/testenv"
+	"github.com/timebox-run/timebox/model"
 	"github.com/timebox-run/timebox/server"
 	"github.com/timebox-run/timebox/store"
 	"github.com/timebox-run/timebox/store/postgres"
@@ -95,5 +100,76 @@ func TestSessionBusyInAnotherProcess(t *testing.T) {
 	er := decode[apiError](t, e.do("POST", "/v1/turns", map[string]any{"input": "too", "session_id": "s_1"}), http.StatusConflict)
 	if er.Error.Code != "session_busy" {
 		t.Fatalf("%+v", er)
+	}
+}
+
+// endsOnBegin is a store on which another process ends a turn of the
+// session the moment a new one begins: the race of two gateways, one
+// ending a session's turn while the other is asked for the next.
+type endsOnBegin struct {
+	store.Store
+	before func()
+}
+
+func (s *endsOnBegin) BeginTurn(ctx context.Context, t store.TurnStart) error {
+	if s.before != nil {
+		s.before()
+		s.before = nil
+	}
+	return s.Store.BeginTurn(ctx, t)
+}
+
+// TestHistoryReadOnceTheTurnHoldsTheSession: a turn begun just as another
+// process ends the session's previous turn is given that turn's messages.
+func TestHistoryReadOnceTheTurnHoldsTheSession(t *testing.T) {
+	st := &endsOnBegin{Store: openStore(t)}
+	rec := store.NewRecorder(st.Store)
+	ctx := context.Background()
+	if err := rec.Begin(ctx, store.TurnStart{TurnID: "t_other", SessionID: "s_1", Input: "first", StartedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	st.before = func() {
+		if err := rec.Finish(ctx, &event.Turn{TurnID: "t_other", SessionID: "s_1", Input: "first", Status: budget.StatusCompleted,
+			StopReason: budget.Answered, StartedAt: time.Now(), EndedAt: time.Now()},
+			[]model.Message{{Role: model.RoleUser, Content: "first"}, {Role: model.RoleAssistant, Content: "the other gateway's answer"}}); err != nil {
+			t.Error(err)
+		}
+	}
+	p := scripted(t, `{"text": "hi"}`)
+	e := newEnv(t, server.Config{Store: st, Agent: newAgent(t, p, nil)})
+	decode[rawRecord](t, e.do("POST", "/v1/turns", map[string]any{"input": "second", "session_id": "s_1"}), http.StatusOK)
+	var seen []string
+	for _, m := range p.last().Messages {
+		seen = append(seen, m.Content)
+	}
+	if !slices.Contains(seen, "the other gateway's answer") {
+		t.Fatalf("the model was given %q, without the previous turn's answer", seen)
+	}
+}
+
+// failsHistory is a store whose History fails.
+type failsHistory struct{ store.Store }
+
+func (failsHistory) History(context.Context, string) ([]model.Message, error) {
+	return nil, errors.New("disk on fire")
+}
+
+// TestHistoryFailsAfterBegin: a turn whose session's history cannot be read
+// is answered 500 and stored as ended (interrupted, nothing run), not left
+// running.
+func TestHistoryFailsAfterBegin(t *testing.T) {
+	st := failsHistory{openStore(t)}
+	e := newEnv(t, server.Config{Store: st, Agent: newAgent(t, scripted(t, `{"text": "hi"}`), nil)})
+	er := decode[apiError](t, e.do("POST", "/v1/turns", map[string]any{"input": "x", "session_id": "s_1"}), http.StatusInternalServerError)
+	if !strings.Contains(er.Error.Message, "disk on fire") {
+		t.Fatalf("%+v", er)
+	}
+	list, err := st.Turns(context.Background(), store.Filter{})
+	if err != nil || len(list) != 1 || list[0].Status != budget.StatusInterrupted || !strings.Contains(list[0].Message, "Nothing was run") {
+		t.Fatalf("%+v %v", list, err)
+	}
+	// The session is free for the next message.
+	if e.srv.Running() != 0 {
+		t.Fatalf("%d turns running", e.srv.Running())
 	}
 }

@@ -223,22 +223,35 @@ func (s *Server) start(ctx context.Context, session, input string, budgets budge
 		cancel(nil)
 		return nil, nil, err
 	}
-	history, err := s.cfg.Store.History(ctx, session)
-	if err != nil {
-		return fail(fmt.Errorf("reading the history of session %s: %w", session, err))
-	}
 	// Watching for cancel requests before the turn is stored, so that a
 	// request made through another gateway sharing the store the moment
 	// it can see the turn is not missed.
 	cancelled, unwatch := s.cfg.Store.WatchCancel(id)
+	begun := time.Now()
 	if err := s.cfg.Store.BeginTurn(ctx, store.TurnStart{TurnID: id, SessionID: session, Agent: s.cfg.AgentName,
-		Input: input, StartedAt: time.Now()}); err != nil {
+		Input: input, StartedAt: begun}); err != nil {
 		unwatch()
 		if errors.Is(err, store.ErrSessionBusy) {
 			// Running through another gateway sharing the store.
 			return fail(fmt.Errorf("%w: %v; wait for it to end or cancel it", errBusy, err))
 		}
 		return fail(fmt.Errorf("storing the turn: %w", err))
+	}
+	// The history is read once the turn holds the session: a turn of the
+	// session that another gateway was ending meanwhile has stored its
+	// messages by then (read before, they could be missing).
+	history, err := s.cfg.Store.History(ctx, session)
+	if err != nil {
+		unwatch()
+		err = fmt.Errorf("reading the history of session %s: %w", session, err)
+		now := time.Now()
+		rec := &event.Turn{TurnID: id, SessionID: session, Agent: s.cfg.AgentName, Input: input, StartedAt: begun, EndedAt: now,
+			WallMS: now.Sub(begun).Milliseconds(), Status: budget.StatusInterrupted, StopReason: budget.Interrupted,
+			Message: fmt.Sprintf("Interrupted before it began: %v. Nothing was run. Send the message again.", err)}
+		if ferr := s.cfg.Store.FinishTurn(context.Background(), rec, nil); ferr != nil {
+			s.storeError("finish_turn", id, ferr)
+		}
+		return fail(err)
 	}
 	sb, _ := lt.hub.subscribe()
 	s.log.Info("turn started", "turn_id", id, "session_id", session)
