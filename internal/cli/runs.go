@@ -359,13 +359,6 @@ func (r *runStore) begin(ctx context.Context, in *agent.Input, agentName string,
 		return
 	}
 	in.TurnID = agent.NewTurnID()
-	if in.SessionID != "" {
-		h, err := r.st.History(ctx, in.SessionID)
-		if err != nil {
-			fmt.Fprintf(o.Err, "warning: reading session %s: %v\n", in.SessionID, err)
-		}
-		in.History = h
-	}
 	// Watching before the turn is stored, so that no request is missed.
 	r.cancelled, r.unwatch = r.st.WatchCancel(in.TurnID)
 	if err := r.rec.Begin(ctx, store.TurnStart{TurnID: in.TurnID, SessionID: in.SessionID, Agent: agentName,
@@ -373,6 +366,15 @@ func (r *runStore) begin(ctx context.Context, in *agent.Input, agentName string,
 		fmt.Fprintf(o.Err, "warning: %v; the turn will not be stored\n", err)
 		r.rec = nil
 		r.unwatch()
+	}
+	// Read once the turn holds the session, so that a turn of the session
+	// another process was ending meanwhile is in it.
+	if in.SessionID != "" {
+		h, err := r.st.History(ctx, in.SessionID)
+		if err != nil {
+			fmt.Fprintf(o.Err, "warning: reading session %s: %v\n", in.SessionID, err)
+		}
+		in.History = h
 	}
 }
 
