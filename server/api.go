@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
@@ -176,8 +177,27 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "shutting_down", "turns_running": n})
 		return
 	}
+	if p, ok := s.cfg.Store.(pinger); ok {
+		ctx, cancel := context.WithTimeout(r.Context(), pingTimeout)
+		err := p.Ping(ctx)
+		cancel()
+		if err != nil {
+			s.log.Error("health: the store is unreachable", "err", err)
+			writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "store_unreachable", "turns_running": n})
+			return
+		}
+	}
 	writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "turns_running": n})
 }
+
+// pinger is a store that can tell whether it is reachable: a database
+// server (store/postgres). A gateway that cannot reach the database its
+// peers share answers /healthz 503, so that a load balancer sends the
+// turns to the others.
+type pinger interface{ Ping(context.Context) error }
+
+// pingTimeout bounds /healthz's look at the store.
+const pingTimeout = 2 * time.Second
 
 // TurnRequest is the body of POST /v1/turns.
 type TurnRequest struct {

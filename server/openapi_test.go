@@ -329,6 +329,11 @@ func (v *validator) validate(t *testing.T, ptr string, body []byte) {
 	}
 }
 
+// unreachableStore is a database server's store that does not answer.
+type unreachableStore struct{ store.Store }
+
+func (unreachableStore) Ping(context.Context) error { return errDisk }
+
 // failingStore is a store whose reads, BeginTurn and RequestCancel fail,
 // for the 500s.
 type failingStore struct{ store.Store }
@@ -426,6 +431,7 @@ func TestOpenAPIStatuses(t *testing.T) {
 		release := make(chan struct{})
 		stuck := newServer(server.Config{Agent: stubborn{release: release}})
 		broken := newServer(server.Config{Store: failingStore{store.NewMemory()}})
+		unreachable := newServer(server.Config{Store: unreachableStore{store.NewMemory()}})
 		withToken := newServer(server.Config{Token: "docs-token-0123456789abcdef"})
 		draining := newServer(server.Config{})
 		if err := draining.Shutdown(context.Background()); err != nil {
@@ -491,6 +497,7 @@ func TestOpenAPIStatuses(t *testing.T) {
 			{"metrics", quick, "GET /metrics", "GET", "/metrics", "", nil, 200},
 			{"healthy", quick, "GET /healthz", "GET", "/healthz", "", nil, 200},
 			{"draining", draining, "GET /healthz", "GET", "/healthz", "", nil, 503},
+			{"store unreachable", unreachable, "GET /healthz", "GET", "/healthz", "", nil, 503},
 			{"page", quick, "GET /", "GET", "/", "", nil, 200},
 			{"page by POST", quick, "GET /", "POST", "/", "", nil, 405},
 

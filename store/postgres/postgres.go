@@ -300,6 +300,14 @@ func (s *Store) Close() error {
 	return s.closeErr
 }
 
+// Ping reports whether the database answers (for /healthz).
+func (s *Store) Ping(ctx context.Context) error {
+	if s.isClosed() {
+		return store.ErrClosed
+	}
+	return s.pool.Ping(ctx)
+}
+
 // crash stops s as a killed process would: no turn marked, no owner
 // removed, its heartbeats stopped.
 func (s *Store) crash() {

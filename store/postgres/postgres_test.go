@@ -477,3 +477,16 @@ func TestListenReconnects(t *testing.T) {
 		}
 	}
 }
+
+// TestPing: the store answers Ping while the database does, and not once
+// it is closed.
+func TestPing(t *testing.T) {
+	s := open(t, testenv.Postgres(t), postgres.Options{})
+	if err := s.Ping(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	if err := s.Ping(context.Background()); !errors.Is(err, store.ErrClosed) {
+		t.Fatalf("Ping after Close: %v", err)
+	}
+}
