@@ -61,7 +61,7 @@ func benchGateways(b *testing.B, n int) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		gw[i] = newEnv(b, server.Config{Agent: newAgent(b, scripted(b, script...), nil, work), Store: st})
+		gw[i] = newEnv(b, server.Config{Agent: newAgent(b, scripted(b, script...), work), Store: st})
 		gw[i].client.Transport.(*http.Transport).MaxIdleConnsPerHost = 2 * n
 	}
 	size := func() int64 {

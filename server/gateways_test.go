@@ -136,7 +136,7 @@ func TestHistoryReadOnceTheTurnHoldsTheSession(t *testing.T) {
 		}
 	}
 	p := scripted(t, `{"text": "hi"}`)
-	e := newEnv(t, server.Config{Store: st, Agent: newAgent(t, p, nil)})
+	e := newEnv(t, server.Config{Store: st, Agent: newAgent(t, p)})
 	decode[rawRecord](t, e.do("POST", "/v1/turns", map[string]any{"input": "second", "session_id": "s_1"}), http.StatusOK)
 	var seen []string
 	for _, m := range p.last().Messages {
@@ -159,7 +159,7 @@ func (failsHistory) History(context.Context, string) ([]model.Message, error) {
 // running.
 func TestHistoryFailsAfterBegin(t *testing.T) {
 	st := failsHistory{openStore(t)}
-	e := newEnv(t, server.Config{Store: st, Agent: newAgent(t, scripted(t, `{"text": "hi"}`), nil)})
+	e := newEnv(t, server.Config{Store: st, Agent: newAgent(t, scripted(t, `{"text": "hi"}`))})
 	er := decode[apiError](t, e.do("POST", "/v1/turns", map[string]any{"input": "x", "session_id": "s_1"}), http.StatusInternalServerError)
 	if !strings.Contains(er.Error.Message, "disk on fire") {
 		t.Fatalf("%+v", er)
