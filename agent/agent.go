@@ -36,6 +36,12 @@ type Agent struct {
 type Tool struct {
 	Tool   tool.Tool
 	Budget budget.ToolBudget
+	// Retries is how many more times an engine that runs calls on other
+	// machines (package temporal) may run a call of the tool whose worker
+	// was lost; 0 (the default) reports the call as lost instead. Only for
+	// tools whose calls are safe to run twice. The embedded engine never
+	// retries a call.
+	Retries int
 }
 
 type entry struct {
@@ -197,6 +203,9 @@ func (a *Agent) requestBudgets(r budget.Request) (budget.Budgets, budget.Limits)
 	}
 	return b, l
 }
+
+// Name returns the agent's name.
+func (a *Agent) Name() string { return a.name }
 
 // Budgets returns the agent's resolved turn budgets.
 func (a *Agent) Budgets() budget.Budgets { return a.budgets }

@@ -53,35 +53,50 @@ type Result struct {
 //
 // Events go to sinks in seq order, synchronously (see event.Sink).
 func (a *Agent) Run(ctx context.Context, in Input, sinks ...event.Sink) *Result {
+	t := a.newTurn(in, sinks)
+	t.em.Emit(t.started())
+	var st stop
+	t.under(ctx, func(ctx context.Context) { st = t.loop(ctx) })
+	return t.finish(st)
+}
+
+// newTurn makes the state of a turn that begins now: its budgets (the
+// agent's, with the request's), its id and its repaired history.
+func (a *Agent) newTurn(in Input, sinks []event.Sink) *turn {
 	t := &turn{a: a, in: in, id: in.TurnID, start: time.Now()}
 	t.b, t.l = a.requestBudgets(in.Budgets)
 	if t.id == "" {
 		t.id = NewTurnID()
 	}
+	t.in.TurnID = t.id
 	t.em, t.sinks = event.NewEmitter(t.id, sinks...), sinks
 	// A history cut by a crash would be refused by the providers.
 	t.in.History, t.repaired = RepairHistory(in.History)
-	// The turn's context is detached from ctx and cancelled by hand when
-	// ctx ends, so that what was running is noted before the cancellation
-	// reaches the tools.
+	t.msgs = append(t.msgs, model.Message{Role: model.RoleUser, Content: t.in.Text})
+	return t
+}
+
+// under runs work under the turn's watchdogs: the step watchdog and its
+// still_working notices, the turn's ceiling (counted from the turn's
+// start), and ctx's cancellation. work's context is detached from ctx and
+// cancelled by hand when ctx ends, so that what was running is noted
+// before the cancellation reaches the tools.
+func (t *turn) under(ctx context.Context, work func(context.Context)) {
 	turnCtx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer cancel(nil)
-
-	t.em.Emit(t.started())
 	t.live = newLiveness(t.b.Step, t.b.ProgressNotice.D,
 		func(v event.Payload) { t.em.Emit(v) },
 		func(te *budget.TimeoutError) { t.stopWith(cancel, te) })
-	ceiling := time.AfterFunc(t.b.Turn.D, func() {
+	ceiling := time.AfterFunc(t.b.Turn.D-time.Since(t.start), func() {
 		t.stopWith(cancel, t.b.Turn.Expired(budget.PhaseTurn, "the turn", time.Since(t.start)))
 	})
 	stopWatch := context.AfterFunc(ctx, func() { t.stopWith(cancel, budget.Cause(ctx)) })
 
-	st := t.loop(turnCtx)
+	work(turnCtx)
 
 	ceiling.Stop()
 	stopWatch()
 	t.live.close()
-	return t.finish(st)
 }
 
 // turn is the state of one Run.
@@ -222,19 +237,36 @@ func followsDefault(s budget.Source) bool {
 }
 
 func (t *turn) loop(ctx context.Context) stop {
-	t.msgs = append(t.msgs, model.Message{Role: model.RoleUser, Content: t.in.Text})
+	for {
+		calls, st := t.think(ctx)
+		if st != nil {
+			return *st
+		}
+		results, refused := t.toolStep(ctx, t.steps, calls)
+		t.heard(calls, results)
+		if st := t.afterTools(ctx, refused); st != nil {
+			return *st
+		}
+	}
+}
+
+// think makes the turn's next model step — the step checks, compaction,
+// the model call with its failover — and returns the tool calls the model
+// asked for, or how the turn ends: an answer or a stop.
+func (t *turn) think(ctx context.Context) ([]model.ToolCall, *stop) {
 	for {
 		if ctx.Err() != nil {
-			return t.stopFromContext(ctx)
+			st := t.stopFromContext(ctx)
+			return nil, &st
 		}
 		if int64(t.steps) >= t.l.MaxSteps.N {
-			return stop{reason: budget.MaxSteps}
+			return nil, &stop{reason: budget.MaxSteps}
 		}
 		if lb := t.b.LLMBudget; !lb.Off() && t.llmUsed >= lb.D {
-			return stop{reason: budget.LLMBudgetExhausted}
+			return nil, &stop{reason: budget.LLMBudgetExhausted}
 		}
 		if _, st := t.compact(ctx, t.steps+1, false); st != nil {
-			return *st
+			return nil, st
 		}
 		t.steps++
 		resp, st := t.modelStep(ctx, t.steps)
@@ -242,24 +274,43 @@ func (t *turn) loop(ctx context.Context) stop {
 			if st = t.tooLong(ctx, st); st == nil {
 				continue // compacted after a length refusal: make the step again
 			}
-			return *st
+			return nil, st
 		}
 		t.msgs = append(t.msgs, model.Message{Role: model.RoleAssistant, Content: resp.Text, ToolCalls: resp.ToolCalls})
 		if len(resp.ToolCalls) == 0 {
-			return stop{reason: budget.Answered, answer: resp.Text}
+			return nil, &stop{reason: budget.Answered, answer: resp.Text}
 		}
-		results, refused := t.toolStep(ctx, t.steps, resp.ToolCalls)
-		for i, c := range resp.ToolCalls {
-			t.msgs = append(t.msgs, model.Message{Role: model.RoleTool, Content: results[i], ToolCallID: c.ID, ToolName: c.Name})
-		}
-		if ctx.Err() != nil {
-			return t.stopFromContext(ctx)
-		}
-		if refused > 0 {
-			return stop{reason: budget.MaxToolCalls, message: fmt.Sprintf("%d more asked for were not run. ", refused)}
-		}
+		return resp.ToolCalls, nil
 	}
 }
+
+// heard adds the results of a batch of tool calls to the conversation.
+func (t *turn) heard(calls []model.ToolCall, results []string) {
+	t.msgs = append(t.msgs, toolMessages(calls, results)...)
+}
+
+func toolMessages(calls []model.ToolCall, results []string) []model.Message {
+	out := make([]model.Message, len(calls))
+	for i, c := range calls {
+		out[i] = model.Message{Role: model.RoleTool, Content: results[i], ToolCallID: c.ID, ToolName: c.Name}
+	}
+	return out
+}
+
+// afterTools returns how the turn ends after a batch of tool calls, if it
+// does: stopped meanwhile, or past max_tool_calls.
+func (t *turn) afterTools(ctx context.Context, refused int) *stop {
+	if ctx.Err() != nil {
+		st := t.stopFromContext(ctx)
+		return &st
+	}
+	if refused > 0 {
+		return &stop{reason: budget.MaxToolCalls, message: refusedText(refused)}
+	}
+	return nil
+}
+
+func refusedText(n int) string { return fmt.Sprintf("%d more asked for were not run. ", n) }
 
 // stopFromContext turns the cause of the turn context's end into a stop.
 func (t *turn) stopFromContext(ctx context.Context) stop {

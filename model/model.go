@@ -123,6 +123,20 @@ type Provider interface {
 	Stream(ctx context.Context, req Request) (Stream, error)
 }
 
+// Resumable is a Provider that keeps state per conversation — the script
+// model keeps each conversation's place in its script. An engine that runs
+// a turn's model steps in different processes (package temporal) carries
+// that state with the turn: Suspend before a step ends, Resume before the
+// next begins, so that the turn goes on where it was.
+type Resumable interface {
+	Provider
+	// Suspend returns the conversation's state.
+	Suspend(conversation string) json.RawMessage
+	// Resume sets the conversation's state to one Suspend returned; state
+	// it cannot read is ignored.
+	Resume(conversation string, state json.RawMessage)
+}
+
 // Endpoint is one link of a failover chain: a provider with one credential
 // and the model to ask for.
 type Endpoint struct {

@@ -118,7 +118,14 @@ func (m *Memory) AppendEvent(_ context.Context, e event.Event) error {
 	if mt == nil {
 		return fmt.Errorf("turn %s: %w", e.TurnID, ErrNotFound)
 	}
-	if n := len(mt.events); n > 0 && e.Seq <= mt.events[n-1].Seq {
+	n := len(mt.events)
+	if e.Seq == 0 { // numbered by the store (Store.AppendEvent)
+		e.Seq = 1
+		if n > 0 {
+			e.Seq = mt.events[n-1].Seq + 1
+		}
+	}
+	if n > 0 && e.Seq <= mt.events[n-1].Seq {
 		return nil
 	}
 	mt.events = append(mt.events, e)

@@ -61,7 +61,11 @@ type Store interface {
 	// returns once it is durable: it is QueueEvent waiting for its batch.
 	// The records that tool_finished and llm_finished carry are stored with
 	// it, so a crashed turn keeps its call records. Appending a seq already
-	// stored is a no-op.
+	// stored is a no-op. A seq of 0 asks the store to number the event:
+	// the turn's next seq, in the order events are committed — for an
+	// engine whose units of work emit a turn's events from several
+	// processes at once (package temporal). PostgreSQL and Memory number
+	// events; SQLite refuses seq 0.
 	AppendEvent(ctx context.Context, e event.Event) error
 	// QueueEvent queues one event of a running turn to be stored as
 	// AppendEvent stores it, and returns without waiting for the disk:
@@ -141,6 +145,11 @@ type Store interface {
 // TurnStart is what is known of a turn when it begins.
 type TurnStart struct {
 	TurnID string
+	// Engine, when set, names the engine whose workers run the turn
+	// ("temporal"): no process of timebox owns it, so none is taken for
+	// gone when a process stops, and only its engine ends it. Empty: the
+	// process that begins the turn runs it.
+	Engine string
 	// SessionID is the conversation the turn belongs to; empty for a turn
 	// outside any session.
 	SessionID string

@@ -213,6 +213,38 @@ func (p *Provider) Stream(ctx context.Context, req model.Request) (model.Stream,
 	return s, nil
 }
 
+// place is a conversation's place in the script, for Suspend and Resume.
+type place struct {
+	Next    int `json:"next"`
+	Summary int `json:"summary"`
+}
+
+// Suspend implements model.Resumable: the conversation's place in the
+// script.
+func (p *Provider) Suspend(conversation string) json.RawMessage {
+	p.mu.Lock()
+	pl := place{Next: p.next[conversation], Summary: p.nextSummary[conversation]}
+	p.mu.Unlock()
+	b, _ := json.Marshal(pl)
+	return b
+}
+
+// Resume implements model.Resumable: the conversation goes on from a
+// place Suspend returned, here or in another process playing the same
+// script.
+func (p *Provider) Resume(conversation string, state json.RawMessage) {
+	var pl place
+	if json.Unmarshal(state, &pl) != nil || pl.Next < 0 || pl.Summary < 0 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.next[conversation] = pl.Next % len(p.replies)
+	if len(p.summaries) > 0 {
+		p.nextSummary[conversation] = pl.Summary % len(p.summaries)
+	}
+}
+
 // summaryHead is how much of the transcript a deterministic summary
 // quotes.
 const summaryHead = 160

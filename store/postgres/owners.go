@@ -78,8 +78,10 @@ func (s *Store) recover(ctx context.Context) ([]string, error) {
 	}
 	// Turns whose owner row is missing: their store crashed before it
 	// registered, or was removed without marking them.
+	// A turn an engine runs has no owner row, and is not an orphan.
 	rows, err = s.pool.Query(ctx, `SELECT t.turn_id FROM turns t WHERE t.status = 'running'
-		AND NOT EXISTS (SELECT 1 FROM owners o WHERE o.owner_id = t.owner_id) ORDER BY t.n`)
+		AND NOT starts_with(t.owner_id, $1)
+		AND NOT EXISTS (SELECT 1 FROM owners o WHERE o.owner_id = t.owner_id) ORDER BY t.n`, enginePrefix)
 	if err != nil {
 		return ids, err
 	}

@@ -69,11 +69,23 @@ func (s *Store) begin(ctx context.Context, tx pgx.Tx, t store.TurnStart, exclusi
 	}
 	_, err := tx.Exec(ctx, `INSERT INTO turns (turn_id, session_id, agent, input, status, started_at, owner_id)
 		VALUES ($1, $2, $3, $4, $5, $6, $7)`, t.TurnID, t.SessionID, text(t.Agent), text(t.Input), budget.StatusRunning,
-		nanos(t.StartedAt), s.owner)
+		nanos(t.StartedAt), ownerOf(s.owner, t.Engine))
 	if isUnique(err) {
 		return fmt.Errorf("turn %s: %w", t.TurnID, store.ErrExists)
 	}
 	return err
+}
+
+// enginePrefix marks the owner of a turn an engine runs (store.TurnStart.Engine):
+// no owner row, and no store takes it for an orphan.
+const enginePrefix = "engine:"
+
+// ownerOf returns the owner_id of a turn begun by owner for engine.
+func ownerOf(owner, engine string) string {
+	if engine != "" {
+		return enginePrefix + engine
+	}
+	return owner
 }
 
 func touchSession(ctx context.Context, tx pgx.Tx, id string, at time.Time) error {
@@ -162,43 +174,28 @@ func (s *Store) commitGroup(group []*groupq.Item) error {
 		// Close drains the queue after it stopped the background context.
 		ctx = context.Background()
 	}
-	n := len(group)
-	ids, seqs, types, ats := make([]string, n), make([]int64, n), make([]string, n), make([]int64, n)
-	datas := make([]string, n)
-	records := false
-	for i, it := range group {
-		e := it.Event
-		ids[i], seqs[i], types[i], ats[i], datas[i] = e.TurnID, e.Seq, string(e.Type), nanos(e.At), string(it.Data)
-		records = records || store.WaitForStore(e)
+	numbered, records := false, false
+	for _, it := range group {
+		numbered = numbered || it.Event.Seq == 0
+		records = records || store.WaitForStore(it.Event)
 	}
-	insert := func(q querier) (map[turnSeq]bool, error) {
-		rows, err := q.Query(ctx, appendEventsSQL, ids, seqs, types, ats, datas, chanEvents)
-		if err != nil {
-			return nil, err
-		}
-		defer rows.Close()
-		stored := make(map[turnSeq]bool, n)
-		for rows.Next() {
-			var k turnSeq
-			if err := rows.Scan(&k.turn, &k.seq, nil); err != nil {
-				return nil, err
-			}
-			stored[k] = true
-		}
-		return stored, rows.Err()
-	}
-	if !records {
-		stored, err := insert(s.pool)
+	if !numbered && !records {
+		stored, err := insertGroup(ctx, s.pool, group)
 		if err != nil {
 			return err
 		}
-		if len(stored) < n {
+		if len(stored) < len(group) {
 			return s.explainUnstored(ctx, s.pool, group, stored)
 		}
 		return nil
 	}
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		stored, err := insert(tx)
+		if numbered {
+			if err := number(ctx, tx, group); err != nil {
+				return err
+			}
+		}
+		stored, err := insertGroup(ctx, tx, group)
 		if err != nil {
 			return err
 		}
@@ -225,11 +222,87 @@ func (s *Store) commitGroup(group []*groupq.Item) error {
 				return err
 			}
 		}
-		if len(stored) < n {
+		if len(stored) < len(group) {
 			return s.explainUnstored(ctx, tx, group, stored)
 		}
 		return nil
 	})
+}
+
+// insertGroup inserts a group's events (appendEventsSQL) and returns those
+// it stored.
+func insertGroup(ctx context.Context, q querier, group []*groupq.Item) (map[turnSeq]bool, error) {
+	n := len(group)
+	ids, seqs, types, ats := make([]string, n), make([]int64, n), make([]string, n), make([]int64, n)
+	datas := make([]string, n)
+	for i, it := range group {
+		e := it.Event
+		ids[i], seqs[i], types[i], ats[i], datas[i] = e.TurnID, e.Seq, string(e.Type), nanos(e.At), string(it.Data)
+	}
+	rows, err := q.Query(ctx, appendEventsSQL, ids, seqs, types, ats, datas, chanEvents)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	stored := make(map[turnSeq]bool, n)
+	for rows.Next() {
+		var k turnSeq
+		if err := rows.Scan(&k.turn, &k.seq, nil); err != nil {
+			return nil, err
+		}
+		stored[k] = true
+	}
+	return stored, rows.Err()
+}
+
+// number gives each event of the group with seq 0 its turn's next seq
+// (store.Store.AppendEvent). Each such turn is locked (FOR UPDATE) until
+// the group commits, so groups written by several processes for one turn
+// take their numbers in the order they commit: a follower reading the
+// turn's events after a seq never misses one committed later with a
+// smaller seq.
+func number(ctx context.Context, tx pgx.Tx, group []*groupq.Item) error {
+	var ids []string
+	next := map[string]int64{}
+	for _, it := range group {
+		if id := it.Event.TurnID; it.Event.Seq == 0 {
+			if _, ok := next[id]; !ok {
+				next[id] = 0
+				ids = append(ids, id)
+			}
+		}
+	}
+	rows, err := tx.Query(ctx, `SELECT t.turn_id, COALESCE((SELECT max(e.seq) FROM events e WHERE e.turn_id = t.turn_id), 0)
+		FROM turns t WHERE t.turn_id = ANY($1::text[]) ORDER BY t.turn_id FOR UPDATE OF t`, ids)
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		var id string
+		var last int64
+		if err := rows.Scan(&id, &last); err != nil {
+			rows.Close()
+			return err
+		}
+		next[id] = last
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, it := range group {
+		if it.Event.Seq != 0 {
+			continue
+		}
+		next[it.Event.TurnID]++
+		it.Event.Seq = next[it.Event.TurnID]
+		d, err := json.Marshal(it.Event)
+		if err != nil {
+			return err
+		}
+		it.Data = d
+	}
+	return nil
 }
 
 // explainUnstored sets the error of each event of the group that was not

@@ -336,6 +336,12 @@ func (s *Store) AppendEvent(ctx context.Context, e event.Event) error {
 // appends from concurrent turns, and the events one turn emits while a
 // commit is under way, share one transaction.
 func (s *Store) QueueEvent(e event.Event, committed func(error)) {
+	if e.Seq <= 0 {
+		if committed != nil {
+			committed(fmt.Errorf("turn %s: event %s has no seq: SQLite does not number events (use PostgreSQL for an engine that needs it)", e.TurnID, e.Type))
+		}
+		return
+	}
 	s.q.Add(e, func(err error) {
 		if err == nil {
 			s.watch.Wake(e.TurnID)

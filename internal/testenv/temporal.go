@@ -1,0 +1,144 @@
+package testenv
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.temporal.io/api/workflowservice/v1"
+	"go.temporal.io/sdk/client"
+	sdklog "go.temporal.io/sdk/log"
+)
+
+// EnvTemporal names the Temporal CLI binary to start the dev server with;
+// unset, `temporal` is looked up on PATH. `.ci/run` builds it (go install
+// github.com/temporalio/cli/cmd/temporal@v1.5.1) into a cache directory.
+const EnvTemporal = "TB_TEST_TEMPORAL"
+
+// Temporal returns the host:port of a Temporal dev server (`temporal
+// server start-dev --headless`) for the test binary, on free loopback
+// ports with its own database file in a temporary directory, started at
+// the first call: call StopTemporal from TestMain. It skips t (fails it
+// when temporal is required, TB_TEST_REQUIRE) when the CLI is missing or
+// the server does not start.
+func Temporal(t testing.TB) string {
+	t.Helper()
+	temporalMu.Lock()
+	defer temporalMu.Unlock()
+	if temporalSrv == nil && temporalErr == nil {
+		temporalSrv, temporalErr = startTemporal()
+	}
+	if temporalErr != nil {
+		Unavailable(t, "temporal", temporalErr.Error())
+	}
+	return temporalSrv.addr
+}
+
+// StopTemporal stops the dev server Temporal started, if any.
+func StopTemporal() {
+	temporalMu.Lock()
+	defer temporalMu.Unlock()
+	if temporalSrv != nil {
+		temporalSrv.stop()
+		temporalSrv = nil
+	}
+}
+
+var (
+	temporalMu  sync.Mutex
+	temporalSrv *devServer
+	temporalErr error
+)
+
+type devServer struct {
+	addr string
+	dir  string
+	cmd  *exec.Cmd
+	out  *bytes.Buffer
+	done chan struct{}
+}
+
+func startTemporal() (*devServer, error) {
+	bin := os.Getenv(EnvTemporal)
+	if bin == "" {
+		var err error
+		if bin, err = exec.LookPath("temporal"); err != nil {
+			return nil, fmt.Errorf("the Temporal CLI is not installed: go install github.com/temporalio/cli/cmd/temporal@v1.5.1, and put it on PATH or in %s", EnvTemporal)
+		}
+	}
+	dir, err := os.MkdirTemp("", "tb-temporal-")
+	if err != nil {
+		return nil, err
+	}
+	ports := make([]int, 3)
+	for i := range ports {
+		if ports[i], err = freePort(); err != nil {
+			return nil, err
+		}
+	}
+	s := &devServer{addr: fmt.Sprintf("127.0.0.1:%d", ports[0]), dir: dir, out: &bytes.Buffer{}, done: make(chan struct{})}
+	s.cmd = exec.Command(bin, "server", "start-dev", "--headless", "--ip", "127.0.0.1",
+		"--port", fmt.Sprint(ports[0]), "--http-port", fmt.Sprint(ports[1]), "--metrics-port", fmt.Sprint(ports[2]),
+		"--db-filename", filepath.Join(dir, "temporal.db"), "--log-level", "error")
+	s.cmd.Stdout, s.cmd.Stderr = s.out, s.out
+	// Its own process group, and killed with the test binary.
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := s.cmd.Start(); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("starting the Temporal dev server: %w", err)
+	}
+	go func() { s.cmd.Wait(); close(s.done) }()
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		if err := s.ready(); err == nil {
+			return s, nil
+		} else if time.Now().After(deadline) {
+			s.stop()
+			return nil, fmt.Errorf("the Temporal dev server did not answer within 90s: %v\n%s", err, lastLines(s.out.String(), 20))
+		}
+		select {
+		case <-s.done:
+			os.RemoveAll(dir)
+			return nil, fmt.Errorf("the Temporal dev server exited: %s", lastLines(s.out.String(), 20))
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// ready reports whether the server answers a health check and has its
+// default namespace.
+func (s *devServer) ready() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	c, err := client.DialContext(ctx, client.Options{HostPort: s.addr, Logger: sdklog.NewStructuredLogger(slog.New(slog.DiscardHandler))})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if _, err := c.CheckHealth(ctx, &client.CheckHealthRequest{}); err != nil {
+		return err
+	}
+	_, err = c.WorkflowService().DescribeNamespace(ctx, &workflowservice.DescribeNamespaceRequest{Namespace: "default"})
+	return err
+}
+
+func (s *devServer) stop() {
+	if s.cmd.Process != nil {
+		syscall.Kill(-s.cmd.Process.Pid, syscall.SIGTERM)
+		select {
+		case <-s.done:
+		case <-time.After(10 * time.Second):
+			syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+			<-s.done
+		}
+	}
+	os.RemoveAll(s.dir)
+}

@@ -1,0 +1,62 @@
+// Package temporal runs timebox turns on Temporal, the durable-execution
+// engine: a turn is a workflow, and each of its units of work — the model
+// step, each tool call — is an activity that a worker runs with its own
+// copy of the agent (agent.State carries the turn from one to the next).
+// The agent file, budgets, events, records and messages are the embedded
+// engine's; only where the work runs changes. docs/decisions/temporal.md
+// says how budgets, heartbeats, retries and a lost worker map onto
+// Temporal.
+//
+// A worker (NewWorker, `timebox worker`) runs the workflow and its
+// activities and writes each event to the shared store (PostgreSQL) as it
+// is emitted. A Runner (`timebox run --engine temporal`, `timebox serve
+// --engine temporal`) starts a turn as a workflow and follows its events
+// through the store, so a program uses it as it uses an *agent.Agent.
+package temporal
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Names on the Temporal side.
+const (
+	// WorkflowName is the turn's workflow type.
+	WorkflowName = "timebox.Turn"
+	// SignalCancel asks a turn's workflow to stop; its value is a
+	// budget.CancelError saying why and by whom.
+	SignalCancel = "timebox.cancel"
+	// DefaultTaskQueue is the task queue of workers and runners that name
+	// none.
+	DefaultTaskQueue = "timebox"
+	// DefaultHeartbeat is DefaultHeartbeat: see Options.Heartbeat.
+	DefaultHeartbeat = 3 * time.Second
+	// Engine is the engine's name in stored turns (store.TurnStart.Engine).
+	Engine = "temporal"
+)
+
+// Activity names.
+const (
+	actBegin  = "timebox.Begin"
+	actThink  = "timebox.Think"
+	actCall   = "timebox.Call"
+	actRefuse = "timebox.Refuse"
+	actLost   = "timebox.Lost"
+	actEnd    = "timebox.End"
+)
+
+// WorkflowID is the workflow id of a turn: one workflow per turn id, so
+// starting a turn twice is refused.
+func WorkflowID(turnID string) string { return "timebox-" + turnID }
+
+// CheckHeartbeat checks a worker heartbeat interval (Options.Heartbeat).
+func CheckHeartbeat(d time.Duration) error {
+	if d < 500*time.Millisecond || d > time.Minute {
+		return fmt.Errorf("worker heartbeat %v: use 500ms to 1m (a dead worker is noticed after about this long)", d)
+	}
+	return nil
+}
+
+// errNoStore is returned by NewWorker and NewRunner without a store.
+var errNoStore = errors.New("temporal: a store is required (the workers and runners of one task queue share one PostgreSQL database)")

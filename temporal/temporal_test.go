@@ -1,0 +1,249 @@
+package temporal_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	"go.temporal.io/sdk/client"
+	sdklog "go.temporal.io/sdk/log"
+
+	"github.com/timebox-run/timebox"
+	"github.com/timebox-run/timebox/agent"
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/proctest"
+	"github.com/timebox-run/timebox/internal/testenv"
+	"github.com/timebox-run/timebox/store"
+	"github.com/timebox-run/timebox/store/postgres"
+	"github.com/timebox-run/timebox/temporal"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testenv.StopTemporal()
+	testenv.StopPostgres()
+	os.Exit(code)
+}
+
+// AgentFile writes the agent of the issue's scenario into dir: a step that
+// calls a quick tool (which counts its runs in a file) and one hung past
+// its 1s timeout, then a step that calls a slower tool, then the answer.
+// slow is the slower tool's command.
+func agentFile(t *testing.T, dir, slow string) string {
+	t.Helper()
+	script := `{"tool_calls": [{"name": "quick"}, {"name": "hung"}]}
+{"tool_calls": [{"name": "slow"}]}
+{"text": "All done."}
+`
+	yaml := fmt.Sprintf(`name: temporal-test
+model:
+  primary: script:test
+providers:
+  script:
+    file: script.jsonl
+timeouts:
+  kill_grace: 500ms
+  turn: 1m
+tools:
+  - name: quick
+    description: Counts its runs.
+    exec: [sh, -c, 'echo run >> %[1]s/quick.count; echo quick done']
+    timeout: 5s
+  - name: hung
+    description: Hangs.
+    exec: [sleep, "30"]
+    timeout: 1s
+  - name: slow
+    description: Slower.
+    exec: [sh, -c, %[2]q]
+    timeout: 30s
+`, dir, slow)
+	for name, text := range map[string]string{"script.jsonl": script, "agent.yaml": yaml} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return filepath.Join(dir, "agent.yaml")
+}
+
+// setup returns a Temporal client and a PostgreSQL store for one test, on
+// its own task queue.
+func setup(t *testing.T) (client.Client, store.Store, string) {
+	t.Helper()
+	addr := testenv.Temporal(t)
+	dsn := testenv.Postgres(t)
+	ctx := context.Background()
+	c, err := client.Dial(client.Options{HostPort: addr, Logger: sdklog.NewStructuredLogger(slog.New(slog.DiscardHandler))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	s, err := postgres.Open(ctx, dsn, postgres.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return c, s, "tq-" + strings.ReplaceAll(t.Name(), "/", "-")
+}
+
+func startWorker(t *testing.T, c client.Client, s store.Store, queue string, a *agent.Agent) {
+	t.Helper()
+	w, err := temporal.NewWorker(temporal.WorkerOptions{Client: c, TaskQueue: queue, Agent: a, Store: s, Heartbeat: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.Stop)
+}
+
+func TestTurnOnTemporal(t *testing.T) {
+	defer proctest.CheckNoLeaks(t)
+	c, s, queue := setup(t)
+	dir := t.TempDir()
+	a, err := timebox.Open(context.Background(), agentFile(t, dir, "sleep 0.2; echo slow done"), timebox.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	startWorker(t, c, s, queue, a.Agent)
+	r, err := temporal.NewRunner(c, s, queue, a.Agent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seen []event.Event
+	res := r.Run(context.Background(), agent.Input{Text: "go"}, event.SinkFunc(func(e event.Event) { seen = append(seen, e) }))
+	rec := res.Record
+	if rec.Status != budget.StatusCompleted || rec.Answer != "All done." {
+		t.Fatalf("turn ended %s (%s): %s", rec.Status, rec.StopReason, rec.Message)
+	}
+	hung := callNamed(t, rec, "hung")
+	if hung.Outcome != event.OutcomeTimedOut || hung.Phase != budget.PhaseTool {
+		t.Errorf("hung call: outcome %s phase %s, want timed_out at its own budget (tool)", hung.Outcome, hung.Phase)
+	}
+	// About its 1s timeout (plus its kill grace at worst), not a Temporal
+	// retry or the activity's StartToClose.
+	if d := time.Duration(hung.DurationMS) * time.Millisecond; d < time.Second || d > 3*time.Second {
+		t.Errorf("hung call took %v, want about 1s", d)
+	}
+	if n := runs(t, dir); n != 1 {
+		t.Errorf("the quick tool ran %d times, want 1", n)
+	}
+	// Every stored event reached the sinks, in seq order with no gap.
+	for i, e := range seen {
+		if e.Seq != int64(i+1) {
+			t.Fatalf("event %d has seq %d", i, e.Seq)
+		}
+	}
+	if len(seen) == 0 || seen[len(seen)-1].Type != event.TypeTurnFinished {
+		t.Errorf("the last event followed is not turn_finished")
+	}
+	if len(rec.Events) != len(seen) {
+		t.Errorf("the record has %d events, the sinks got %d", len(rec.Events), len(seen))
+	}
+}
+
+// TestSameShapeAsEmbedded runs the same turn on the embedded engine and on
+// Temporal and compares what a user sees: the events of each kind, each
+// call's record and the turn's record, ignoring ids and times.
+func TestSameShapeAsEmbedded(t *testing.T) {
+	defer proctest.CheckNoLeaks(t)
+	c, s, queue := setup(t)
+	open := func() *timebox.Agent {
+		a, err := timebox.Open(context.Background(), agentFile(t, t.TempDir(), "sleep 0.2; echo slow done"), timebox.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { a.Close() })
+		return a
+	}
+	embedded := open().Run(context.Background(), agent.Input{Text: "go"})
+	a := open()
+	startWorker(t, c, s, queue, a.Agent)
+	r, _ := temporal.NewRunner(c, s, queue, a.Agent)
+	onTemporal := r.Run(context.Background(), agent.Input{Text: "go"})
+
+	if diff := cmp.Diff(shape(embedded.Record), shape(onTemporal.Record)); diff != "" {
+		t.Errorf("the turn on Temporal differs from the embedded one (-embedded +temporal):\n%s", diff)
+	}
+	// A tool_error's elapsed time differs by a millisecond or two.
+	elapsed := cmp.Transformer("elapsed", func(s string) string { return elapsedRE.ReplaceAllString(s, `"elapsed":"…"`) })
+	opts := []cmp.Option{
+		elapsed,
+		cmpopts.IgnoreFields(event.ToolCall{}, "TurnID", "StartedAt", "EndedAt", "DurationMS", "StderrTail"),
+		cmpopts.IgnoreFields(event.ModelCall{}, "StartedAt", "FirstChunkMS", "StreamMS"),
+		cmpopts.SortSlices(func(a, b event.ToolCall) bool { return a.CallID < b.CallID }),
+	}
+	if diff := cmp.Diff(embedded.Record.ToolCalls, onTemporal.Record.ToolCalls, opts...); diff != "" {
+		t.Errorf("tool call records differ (-embedded +temporal):\n%s", diff)
+	}
+	if diff := cmp.Diff(embedded.Record.ModelCalls, onTemporal.Record.ModelCalls, opts...); diff != "" {
+		t.Errorf("model call records differ (-embedded +temporal):\n%s", diff)
+	}
+	if diff := cmp.Diff(embedded.Messages, onTemporal.Messages, elapsed); diff != "" {
+		t.Errorf("messages differ (-embedded +temporal):\n%s", diff)
+	}
+}
+
+var elapsedRE = regexp.MustCompile(`"elapsed":"[0-9.]+m?s"`)
+
+// turnShape is what a user sees of a turn, without ids and times.
+type turnShape struct {
+	Status     budget.Status
+	StopReason budget.StopReason
+	Answer     string
+	Steps      int
+	Flags      event.Flags
+	// Events are "type call_id" of every event, sorted: units of one batch
+	// emit concurrently on both engines, so only the set is the same.
+	Events []string
+}
+
+func shape(rec *event.Turn) turnShape {
+	s := turnShape{Status: rec.Status, StopReason: rec.StopReason, Answer: rec.Answer, Steps: rec.Steps, Flags: rec.Flags}
+	for _, e := range rec.Events {
+		id := ""
+		switch d := e.Data.(type) {
+		case *event.ToolStarted:
+			id = d.CallID
+		case *event.ToolFinished:
+			id = d.CallID
+		case *event.ToolProgress:
+			id = d.CallID
+		}
+		s.Events = append(s.Events, strings.TrimSpace(string(e.Type)+" "+id))
+	}
+	sort.Strings(s.Events)
+	return s
+}
+
+func callNamed(t *testing.T, rec *event.Turn, name string) event.ToolCall {
+	t.Helper()
+	for _, c := range rec.ToolCalls {
+		if c.Tool == name {
+			return c
+		}
+	}
+	t.Fatalf("no call of %s in the record: %+v", name, rec.ToolCalls)
+	return event.ToolCall{}
+}
+
+func runs(t *testing.T, dir string) int {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "quick.count"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Count(string(b), "run")
+}
