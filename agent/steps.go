@@ -28,8 +28,8 @@ import (
 type State struct {
 	TurnID string `json:"turn_id"`
 	// Input is the turn's input, its history repaired (RepairHistory).
-	Input    Input          `json:"input"`
-	Start    time.Time      `json:"start"`
+	Input Input     `json:"input"`
+	Start time.Time `json:"start"`
 	// Budgets and Limits are the turn's budgets (the agent's with the
 	// request's); in JSON, "budgets" lists each knob's value, source and
 	// knob by key.

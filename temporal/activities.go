@@ -206,10 +206,10 @@ type storeSink struct {
 
 // progressDetails are a heartbeat's details for a progress report.
 type progressDetails struct {
-	CallID   string  `json:"call_id"`
+	CallID   string   `json:"call_id"`
 	Progress *float64 `json:"progress,omitempty"`
 	Total    *float64 `json:"total,omitempty"`
-	Message  string  `json:"message,omitempty"`
+	Message  string   `json:"message,omitempty"`
 }
 
 // Emit implements event.Sink.
