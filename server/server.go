@@ -42,6 +42,25 @@ type Runner interface {
 	Run(ctx context.Context, in agent.Input, sinks ...event.Sink) *agent.Result
 }
 
+// EngineRunner is a Runner whose turns run on an engine's workers, which
+// store their events and records themselves (package temporal's Runner):
+// Engine names the engine. The server stores such a turn's start with its
+// engine (store.TurnStart.Engine) and publishes its events, and stores
+// nothing more of it.
+type EngineRunner interface {
+	Runner
+	Engine() string
+}
+
+// engineOf returns the engine of r's turns, "" for turns r runs in this
+// process.
+func engineOf(r Runner) string {
+	if e, ok := r.(EngineRunner); ok {
+		return e.Engine()
+	}
+	return ""
+}
+
 // Defaults of Config's zero fields.
 const (
 	DefaultMaxBodyBytes  = 1 << 20
@@ -229,7 +248,7 @@ func (s *Server) start(ctx context.Context, session, input string, budgets budge
 	cancelled, unwatch := s.cfg.Store.WatchCancel(id)
 	begun := time.Now()
 	if err := s.cfg.Store.BeginTurn(ctx, store.TurnStart{TurnID: id, SessionID: session, Agent: s.cfg.AgentName,
-		Input: input, StartedAt: begun}); err != nil {
+		Input: input, StartedAt: begun, Engine: engineOf(s.cfg.Agent)}); err != nil {
 		unwatch()
 		if errors.Is(err, store.ErrSessionBusy) {
 			// Running through another gateway sharing the store.
@@ -286,11 +305,15 @@ func (s *Server) forget(lt *liveTurn) {
 func (s *Server) run(ctx context.Context, lt *liveTurn, in agent.Input) {
 	defer s.running.Done()
 	defer lt.cancel(nil)
-	res := s.cfg.Agent.Run(ctx, in, &turnSink{s: s, lt: lt})
+	engine := engineOf(s.cfg.Agent)
+	res := s.cfg.Agent.Run(ctx, in, &turnSink{s: s, lt: lt, stored: engine != ""})
 	// FinishTurn stores the events still queued first, and their callbacks
-	// have published them when it returns.
-	if err := s.cfg.Store.FinishTurn(context.Background(), res.Record, res.Messages); err != nil {
-		s.storeError("finish_turn", lt.id, err)
+	// have published them when it returns. An engine's workers stored the
+	// turn themselves.
+	if engine == "" {
+		if err := s.cfg.Store.FinishTurn(context.Background(), res.Record, res.Messages); err != nil {
+			s.storeError("finish_turn", lt.id, err)
+		}
 	}
 	lt.res = res
 	// The record is stored: from here a follower that finds the hub ended
@@ -314,6 +337,9 @@ func (s *Server) run(ctx context.Context, lt *liveTurn, in agent.Input) {
 type turnSink struct {
 	s  *Server
 	lt *liveTurn
+	// stored: the events come from the store already (EngineRunner), and
+	// are only published.
+	stored bool
 }
 
 // LateResult implements event.LateSink.
@@ -324,6 +350,13 @@ func (t *turnSink) Emit(e event.Event) {
 	data, merr := e.MarshalJSON()
 	if merr != nil {
 		t.s.log.Error("encoding an event", "turn_id", e.TurnID, "seq", e.Seq, "err", merr)
+	}
+	if t.stored {
+		if merr == nil {
+			t.lt.hub.publish(frame{seq: e.Seq, typ: e.Type, at: e.At, data: data})
+			t.s.m.observe(e)
+		}
+		return
 	}
 	var stored chan struct{}
 	if store.WaitForStore(e) {

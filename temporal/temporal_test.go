@@ -15,6 +15,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 	"go.temporal.io/sdk/client"
+	"go.uber.org/goleak"
 	sdklog "go.temporal.io/sdk/log"
 
 	"github.com/timebox-run/timebox"
@@ -28,10 +29,18 @@ import (
 	"github.com/timebox-run/timebox/temporal"
 )
 
+// TestMain stops the shared dev server and PostgreSQL cluster, then checks
+// that no goroutine outlived the tests: workers stopped, clients closed.
 func TestMain(m *testing.M) {
 	code := m.Run()
 	testenv.StopTemporal()
 	testenv.StopPostgres()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
 	os.Exit(code)
 }
 

@@ -68,6 +68,8 @@ Usage:
   timebox validate [-f agent.yaml] [budget flags]                check the agent file, print the resolved budgets
   timebox tool call NAME --input '{...}' [-f agent.yaml]          one tool call under its budget; prints its record
   timebox serve [-f agent.yaml] [--addr 127.0.0.1:8080]           HTTP/SSE API and web page
+  timebox worker -f agent.yaml --db postgres://… [--temporal-address HOST:PORT]
+                                                                  run turns on Temporal (run/serve --engine temporal start them)
   timebox runs list|show ID|export ID                             stored turns
   timebox schema                                                  the agent file's JSON Schema, for editors
   timebox version
@@ -103,6 +105,8 @@ func Run(ctx context.Context, args []string, o IO) int {
 		return cmdToolCall(ctx, args[2:], o)
 	case "serve":
 		return cmdServe(ctx, args[1:], o)
+	case "worker":
+		return cmdWorker(ctx, args[1:], o)
 	case "runs":
 		return cmdRuns(ctx, args[1:], o)
 	case "schema":

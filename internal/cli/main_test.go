@@ -1,6 +1,8 @@
 package cli_test
 
 import (
+	"fmt"
+	"os"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -8,9 +10,18 @@ import (
 	"github.com/timebox-run/timebox/internal/testenv"
 )
 
-// os/signal's watcher goroutine starts with the first signal.Notify and
-// lives as long as the process.
+// TestMain stops the shared PostgreSQL cluster and Temporal dev server,
+// then checks that no goroutine outlived the tests (the servers' own
+// readers are gone by then).
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("os/signal.signal_recv"),
-		goleak.Cleanup(func(int) { testenv.StopPostgres() }))
+	code := m.Run()
+	testenv.StopTemporal()
+	testenv.StopPostgres()
+	if code == 0 {
+		if err := goleak.Find(goleak.IgnoreAnyFunction("os/signal.signal_recv")); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }

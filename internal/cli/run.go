@@ -18,6 +18,8 @@ import (
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/model/script"
+	"github.com/timebox-run/timebox/store/postgres"
+	"github.com/timebox-run/timebox/temporal"
 )
 
 // jsonLines is a sink that writes each event as one JSON line.
@@ -147,9 +149,25 @@ func cmdRun(ctx context.Context, args []string, o IO) int {
 	db := fs.String("db", "", `store the turn in this file, for timebox runs (env TIMEBOX_DB; default `+stateDB(o)+`; "" stores nothing)`)
 	noStore := fs.Bool("no-store", false, "do not store the turn")
 	recordTo := fs.String("record", "", "write the model's replies, with timings, to this file as a script (model/script) for offline replay")
+	ef := addEngineFlags(fs, true, false)
 	pos, err := parse(fs, args)
 	if err != nil {
 		return usageExit(err)
+	}
+	es, err := ef.resolve(fs, o)
+	if err != nil {
+		fmt.Fprintln(o.Err, "timebox run:", err)
+		return ExitUsage
+	}
+	if es.Engine == engineTemporal {
+		if path := setting(fs, "db", *db, "TIMEBOX_DB", o, ""); !postgres.IsURL(path) || *noStore {
+			fmt.Fprintln(o.Err, "timebox run: --engine temporal needs the PostgreSQL store its workers write to: --db postgres://… (or TIMEBOX_DB)")
+			return ExitUsage
+		}
+		if *recordTo != "" {
+			fmt.Fprintln(o.Err, "timebox run: --record records the model's replies in this process; with --engine temporal they are made by the workers")
+			return ExitUsage
+		}
 	}
 	prompt := strings.Join(pos, " ")
 	if prompt == "-" {
@@ -208,9 +226,33 @@ func cmdRun(ctx context.Context, args []string, o IO) int {
 	}
 	in := agent.Input{SessionID: *session, Text: prompt}
 	rs := openRunStore(fs, *db, *noStore, o)
+	var runner interface {
+		Run(context.Context, agent.Input, ...event.Sink) *agent.Result
+	} = a
+	sinks := func() []event.Sink { return rs.sinks(sink) }
+	if es.Engine == engineTemporal {
+		if rs == nil {
+			return ExitFailed // openRunStore said why
+		}
+		tc, err := es.dial(ctx, o)
+		if err != nil {
+			fmt.Fprintln(o.Err, "timebox run:", err)
+			rs.finish(nil, nil, o)
+			return ExitFailed
+		}
+		defer tc.Close()
+		r, err := temporal.NewRunner(tc, rs.st, es.TaskQueue, a.Agent)
+		if err != nil {
+			fmt.Fprintln(o.Err, "timebox run:", err)
+			return ExitFailed
+		}
+		// The workers store the turn's events and record.
+		runner, rs.engine = r, r.Engine()
+		sinks = func() []event.Sink { return []event.Sink{sink} }
+	}
 	rs.begin(ctx, &in, cfg.Name, o)
 	runCtx, unwatch := rs.cancellable(ctx)
-	res := a.Run(runCtx, in, rs.sinks(sink)...)
+	res := runner.Run(runCtx, in, sinks()...)
 	unwatch()
 	rs.finish(res.Record, res.Messages, o)
 	if v != nil {

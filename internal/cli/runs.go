@@ -312,6 +312,9 @@ type runStore struct {
 	// another process sharing the store (timebox serve on PostgreSQL).
 	cancelled <-chan struct{}
 	unwatch   func()
+	// engine names the engine whose workers store the turn
+	// (store.TurnStart.Engine); empty: this process stores it.
+	engine string
 }
 
 // stateDB returns where `timebox run` keeps its turns unless told
@@ -362,7 +365,7 @@ func (r *runStore) begin(ctx context.Context, in *agent.Input, agentName string,
 	// Watching before the turn is stored, so that no request is missed.
 	r.cancelled, r.unwatch = r.st.WatchCancel(in.TurnID)
 	if err := r.rec.Begin(ctx, store.TurnStart{TurnID: in.TurnID, SessionID: in.SessionID, Agent: agentName,
-		Input: in.Text, StartedAt: time.Now()}); err != nil {
+		Input: in.Text, StartedAt: time.Now(), Engine: r.engine}); err != nil {
 		fmt.Fprintf(o.Err, "warning: %v; the turn will not be stored\n", err)
 		r.rec = nil
 		r.unwatch()
@@ -415,7 +418,7 @@ func (r *runStore) finish(rec *event.Turn, msgs []model.Message, o IO) {
 	if r == nil {
 		return
 	}
-	if r.rec != nil {
+	if r.rec != nil && r.engine == "" && rec != nil {
 		if err := r.rec.Finish(context.Background(), rec, msgs); err != nil {
 			fmt.Fprintf(o.Err, "warning: %v\n", err)
 		}

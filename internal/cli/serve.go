@@ -19,6 +19,7 @@ import (
 	"github.com/timebox-run/timebox/server"
 	"github.com/timebox-run/timebox/store"
 	"github.com/timebox-run/timebox/store/postgres"
+	"github.com/timebox-run/timebox/temporal"
 )
 
 // Defaults of the serve and store flags.
@@ -72,9 +73,15 @@ func cmdServe(ctx context.Context, args []string, o IO) int {
 	addrFlag := fs.String("addr", "", "the address to serve on (env TIMEBOX_ADDR; default "+defaultAddr+"); a non-loopback address needs a token")
 	dbFlag := fs.String("db", "", `the store: a SQLite file, or a postgres:// URL that several gateways share (env TIMEBOX_DB; default `+defaultDB+`); "" keeps turns in memory only`)
 	tokenFlag := fs.String("token", "", "require \"Authorization: Bearer TOKEN\" on the API and /metrics (env TIMEBOX_TOKEN, which ps does not show)")
+	ef := addEngineFlags(fs, true, false)
 	pos, err := parse(fs, args)
 	if err != nil {
 		return usageExit(err)
+	}
+	es, err := ef.resolve(fs, o)
+	if err != nil {
+		fmt.Fprintln(o.Err, "timebox serve:", err)
+		return ExitUsage
 	}
 	if len(pos) > 0 {
 		fmt.Fprintf(o.Err, "timebox serve: unexpected argument %q (the file is given with -f)\n", pos[0])
@@ -82,6 +89,10 @@ func cmdServe(ctx context.Context, args []string, o IO) int {
 	}
 	addr := setting(fs, "addr", *addrFlag, "TIMEBOX_ADDR", o, defaultAddr)
 	db := setting(fs, "db", *dbFlag, "TIMEBOX_DB", o, defaultDB)
+	if es.Engine == engineTemporal && !postgres.IsURL(db) {
+		fmt.Fprintln(o.Err, "timebox serve: --engine temporal needs the PostgreSQL store its workers write to: --db postgres://… (or TIMEBOX_DB)")
+		return ExitUsage
+	}
 	token, ok := serveToken(fs, *tokenFlag, o)
 	if !ok {
 		return ExitUsage
@@ -116,7 +127,22 @@ func cmdServe(ctx context.Context, args []string, o IO) int {
 		fmt.Fprintf(o.Err, "timebox serve: %v\n", err)
 		return ExitFailed
 	}
-	s, err := server.New(server.Config{Agent: a, AgentName: cfg.Name, Store: st, Token: token,
+	var runner server.Runner = a
+	if es.Engine == engineTemporal {
+		tc, err := es.dial(ctx, o)
+		if err != nil {
+			ln.Close()
+			fmt.Fprintln(o.Err, "timebox serve:", err)
+			return ExitFailed
+		}
+		defer tc.Close()
+		if runner, err = temporal.NewRunner(tc, st, es.TaskQueue, a.Agent); err != nil {
+			ln.Close()
+			fmt.Fprintln(o.Err, "timebox serve:", err)
+			return ExitFailed
+		}
+	}
+	s, err := server.New(server.Config{Agent: runner, AgentName: cfg.Name, Store: st, Token: token,
 		ShutdownGrace: cfg.Server.ShutdownGrace.D, Logger: slog.New(slog.NewTextHandler(o.Err, nil))})
 	if err != nil {
 		ln.Close()
@@ -139,6 +165,9 @@ func cmdServe(ctx context.Context, args []string, o IO) int {
 	// it may stop the server at once, and must get a graceful stop.
 	ctx, stop := shutdownSignals(ctx, s, cfg.Server.ShutdownGrace.String(), o)
 	defer stop()
+	if es.Engine == engineTemporal {
+		where += fmt.Sprintf("; turns run on Temporal at %s, task queue %s", es.Address, es.TaskQueue)
+	}
 	fmt.Fprintf(o.Out, "timebox serving %s on http://%s (store: %s)\n", name, ln.Addr(), where)
 	if token == "" {
 		fmt.Fprintln(o.Out, "no token: only this machine can reach it (set --token or TIMEBOX_TOKEN to serve others)")

@@ -25,9 +25,15 @@ import (
 // Only the model is not called.
 func cmdValidate(args []string, o IO) int {
 	fs, c := newFlags("validate", o)
+	ef := addEngineFlags(fs, true, true)
 	pos, err := parse(fs, args)
 	if err != nil {
 		return usageExit(err)
+	}
+	es, err := ef.resolve(fs, o)
+	if err != nil {
+		fmt.Fprintln(o.Err, "timebox validate:", err)
+		return ExitUsage
 	}
 	if len(pos) > 0 {
 		fmt.Fprintf(o.Err, "timebox validate: unexpected argument %q (the file is given with -f)\n", pos[0])
@@ -55,6 +61,7 @@ func cmdValidate(args []string, o IO) int {
 	fmt.Fprintf(o.Out, "%s: ok\n\n", c.file)
 	config.WriteTable(o.Out, cfg)
 	writeMCPTools(o.Out, a.Tools())
+	es.describe(o.Out)
 	return ExitOK
 }
 

@@ -1,0 +1,177 @@
+package cli_test
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/testenv"
+)
+
+// TestTemporalWorkerKilledMidTool is the issue's scenario, as a new user
+// would try it: a dev server, PostgreSQL and one `timebox worker`; `timebox
+// run --engine temporal` on an agent whose first step calls a quick tool
+// and a tool hung past its 1s timeout, and whose second step calls a
+// slower tool. The hung call ends timed_out in about 1s; while the slower
+// tool runs the worker is killed with SIGKILL and a second one started:
+// the turn answers, the slower call is reported lost (not run again), and
+// the quick tool ran exactly once.
+func TestTemporalWorkerKilledMidTool(t *testing.T) {
+	bin := timeboxBinary(t)
+	addr := testenv.Temporal(t)
+	dsn := testenv.Postgres(t)
+	dir := t.TempDir()
+	pidfile := filepath.Join(dir, "pids")
+	script := `{"tool_calls": [{"name": "quick"}, {"name": "hung"}]}
+{"tool_calls": [{"name": "slow"}]}
+{"text": "All done."}
+`
+	agentYAML := fmt.Sprintf(`name: on-temporal
+model: {primary: script:m}
+providers: {script: {file: script.jsonl}}
+timeouts: {kill_grace: 500ms, turn: 2m}
+tools:
+  - name: quick
+    exec: [sh, -c, 'echo run >> %[1]s/quick.count; echo quick']
+    timeout: 5s
+  - name: hung
+    exec: [sleep, "30"]
+    timeout: 1s
+  - name: slow
+    exec: [sh, -c, 'echo $$ >> %[2]s; sleep 30; echo slow']
+    timeout: 1m
+`, dir, pidfile)
+	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(script), 0o644)
+	file := filepath.Join(dir, "agent.yaml")
+	os.WriteFile(file, []byte(agentYAML), 0o644)
+	queue := "tq-killed"
+	common := []string{"-f", file, "--db", dsn, "--temporal-address", addr, "--task-queue", queue}
+
+	var errA, errB syncBuffer
+	workerA := startWorker(t, bin, append(common, "--worker-heartbeat", "1s"), &errA)
+
+	run := exec.Command(bin, append([]string{"run", "--engine", "temporal", "--json"}, append(common, "go")...)...)
+	var runErr syncBuffer
+	run.Stderr = &runErr
+	out, err := run.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := run.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { run.Process.Kill(); run.Wait() })
+	events := make(chan event.Event, 1000)
+	go func() {
+		defer close(events)
+		sc := bufio.NewScanner(out)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			var e event.Event
+			if json.Unmarshal(sc.Bytes(), &e) == nil {
+				events <- e
+			}
+		}
+	}()
+
+	slowPid := waitPid(t, pidfile, 1, func() string { return errA.String() + runErr.String() })
+	killedAt := time.Now()
+	workerA.Process.Signal(syscall.SIGKILL)
+	workerA.Wait()
+	startWorker(t, bin, append(common, "--worker-heartbeat", "1s"), &errB)
+
+	var (
+		finished *event.TurnFinished
+		calls    = map[string]event.ToolCall{}
+	)
+	timeout := time.After(90 * time.Second)
+	for finished == nil {
+		select {
+		case e, ok := <-events:
+			if !ok {
+				t.Fatalf("run ended without turn_finished\nrun: %s\nA: %s\nB: %s", runErr.String(), errA.String(), errB.String())
+			}
+			switch d := e.Data.(type) {
+			case *event.ToolFinished:
+				calls[d.Tool] = d.ToolCall
+			case *event.TurnFinished:
+				finished = d
+			}
+		case <-timeout:
+			t.Fatalf("no turn_finished within 90s\nrun: %s\nA: %s\nB: %s", runErr.String(), errA.String(), errB.String())
+		}
+	}
+	t.Logf("turn continued and ended %v after the worker was killed", time.Since(killedAt).Round(time.Millisecond))
+	if err := run.Wait(); err != nil {
+		t.Errorf("run exited with %v (want 0: the turn answered)\n%s", err, runErr.String())
+	}
+	if finished.Status != budget.StatusCompleted || finished.Answer != "All done." {
+		t.Fatalf("turn ended %s (%s): %s\nB: %s", finished.Status, finished.StopReason, finished.Message, errB.String())
+	}
+	if h := calls["hung"]; h.Outcome != event.OutcomeTimedOut || h.DurationMS < 1000 || h.DurationMS > 3000 {
+		t.Errorf("hung call: %s after %dms, want timed_out in about 1s", h.Outcome, h.DurationMS)
+	}
+	slow := calls["slow"]
+	if slow.Outcome != event.OutcomeInterrupted || !strings.Contains(slow.Result, "worker_lost") {
+		t.Errorf("slow call: outcome %s, result %s; want interrupted, reported to the model as worker_lost", slow.Outcome, slow.Result)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "quick.count")); strings.Count(string(b), "run") != 1 {
+		t.Errorf("the quick tool ran %d times, want 1", strings.Count(string(b), "run"))
+	}
+	if n := len(strings.Fields(readFile(pidfile))); n != 1 {
+		t.Errorf("the slow tool was started %d times, want 1 (a lost call is never run again)", n)
+	}
+	// The killed worker's tool was stopped: by its parent-death signal, or
+	// by the second worker reaping what the dead one left.
+	pid, _ := strconv.Atoi(slowPid)
+	deadline := time.Now().Add(10 * time.Second)
+	for syscall.Kill(pid, 0) == nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("the killed worker's tool (pid %d) is still running", pid)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// startWorker starts `timebox worker` and waits until it says it runs.
+func startWorker(t *testing.T, bin string, args []string, errb *syncBuffer) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(bin, append([]string{"worker"}, args...)...)
+	cmd.Stderr = errb
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+	})
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), "timebox worker running") {
+			return cmd
+		}
+	}
+	t.Fatalf("the worker did not start: %s", errb.String())
+	return nil
+}
