@@ -15,8 +15,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 	"go.temporal.io/sdk/client"
-	"go.uber.org/goleak"
 	sdklog "go.temporal.io/sdk/log"
+	"go.uber.org/goleak"
 
 	"github.com/timebox-run/timebox"
 	"github.com/timebox-run/timebox/agent"
