@@ -43,7 +43,7 @@ func openMCP(ctx context.Context, t config.Tool) ([]agent.Tool, func() error, er
 	}
 	var out []agent.Tool
 	for _, tl := range s.Tools() {
-		out = append(out, agent.Tool{Tool: tl, Budget: tl.Budget()})
+		out = append(out, agent.Tool{Tool: tl, Budget: tl.Budget(), Retries: t.Retries})
 	}
 	return out, s.Close, nil
 }

@@ -184,7 +184,7 @@ func buildTools(ctx context.Context, cfg *config.Agent, a *Agent) ([]agent.Tool,
 				errs = append(errs, fmt.Errorf("tools[%s]: %w", t.Name, err))
 				continue
 			}
-			out = append(out, agent.Tool{Tool: et, Budget: t.Budget})
+			out = append(out, agent.Tool{Tool: et, Budget: t.Budget, Retries: t.Retries})
 		case t.MCP != nil:
 			ts, closer, err := openMCP(ctx, t)
 			if err != nil {

@@ -754,3 +754,27 @@ func TestRequestMax(t *testing.T) {
 		}
 	}
 }
+
+// TestRetries reads tools[].retries: 0 when absent, the number given.
+func TestRetries(t *testing.T) {
+	path := writeAgent(t, `model: {primary: script:m}
+providers: {script: {file: script.jsonl}}
+tools:
+  - name: once
+    exec: [true]
+  - name: twice
+    exec: [true]
+    retries: 2
+`)
+	a, err := Load(path, Overrides{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int{}
+	for _, tl := range a.Tools {
+		got[tl.Name] = tl.Retries
+	}
+	if diff := cmp.Diff(map[string]int{"once": 0, "twice": 2}, got); diff != "" {
+		t.Errorf("retries (-want +got):\n%s", diff)
+	}
+}

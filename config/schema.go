@@ -194,6 +194,8 @@ func buildAgentFile() *node {
 			k("env", listOf("The only environment variables the program (or a stdio MCP server) inherits, by name; an empty list passes none. Without this key it inherits timebox's whole environment.",
 				leaf(kVarName, "A variable's name."), 0)),
 			k("workdir", leaf(kFile, "The program's working directory, relative to the agent file (exec tools only). Default: the agent file's directory.")),
+			k("retries", &node{kind: kCount, min: 0, max: MaxRetries, def: "0",
+				doc: "How many more times the Temporal engine may run a call whose worker was lost (died or stopped heartbeating) before it is reported lost. Only for tools whose calls are safe to run twice; the embedded engine never runs a call again."}),
 			k("overrides", &node{kind: kMap, name: "TOOL", namePattern: ".", doc: "Budgets of single tools of an mcp entry, by the server's name for the tool (mcp entries only).",
 				elem: mapping("The budget of one of the server's tools; what it does not set comes from the entry.", nil,
 					toolBudgetKeys("that tool", "the entry's", "the entry's", "the entry's")...)}),

@@ -26,7 +26,10 @@ var (
 	plainArgRE = regexp.MustCompile(`^[A-Za-z0-9_./=+-][A-Za-z0-9_./=+@:-]*$`)
 )
 
-var toolKeys = []string{"name", "description", "input_schema", "exec", "mcp", "timeout", "idle_timeout", "enforcement", "env", "workdir", "overrides"}
+var toolKeys = []string{"name", "description", "input_schema", "exec", "mcp", "timeout", "idle_timeout", "enforcement", "env", "workdir", "overrides", "retries"}
+
+// MaxRetries is the most retries a tool may declare (Tool.Retries).
+const MaxRetries = 5
 
 // toolHint catches keys that belong elsewhere, or that other runtimes
 // spell differently.
@@ -216,9 +219,26 @@ func (l *loader) decodeTool(rt *rawTool, item ast.Node) {
 			rt.t.Workdir = abs
 		}
 	}
+	if re, ok := fs["retries"]; ok {
+		rt.t.Retries = l.retries(re, key("retries"))
+	}
 	if oe, ok := fs["overrides"]; ok && rt.t.Kind != tool.KindExec {
 		rt.overrides = l.decodeOverrides(oe, key("overrides"))
 	}
+}
+
+// retries reads a tool's retries: a whole number from 0 to MaxRetries.
+func (l *loader) retries(e entry, path string) int {
+	v, at, ok := l.t.scalar(e.val, path, "a whole number of retries")
+	if !ok {
+		return 0
+	}
+	n, err := strconv.Atoi(v.text)
+	if err != nil || !v.number || n < 0 || n > MaxRetries {
+		l.errAt(at, path, fmt.Sprintf("%q: give a whole number from 0 to %d (only for a tool whose calls are safe to run twice; 0, the default, never runs a call again)", v.text, MaxRetries))
+		return 0
+	}
+	return n
 }
 
 // sanitizeName turns an invalid tool name into a valid one for the fix.

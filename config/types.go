@@ -125,6 +125,10 @@ type Tool struct {
 	// (tool, profile:NAME, flag, env, file, default), idle timeout,
 	// enforcement and the kill grace.
 	Budget budget.ToolBudget
+	// Retries is how many more times the Temporal engine may run a call
+	// whose worker was lost (retries:, 0 to MaxRetries; default 0): only
+	// for tools whose calls are safe to run twice.
+	Retries int
 
 	// Exec is the argv of an exec tool; a relative program path that
 	// contains a slash is made absolute against the agent file's directory.

@@ -256,3 +256,96 @@ func runs(t *testing.T, dir string) int {
 	}
 	return strings.Count(string(b), "run")
 }
+
+// stopAgent writes an agent whose only step calls a tool that runs for
+// 30s under a 20s timeout: the turn's ceiling (turn) or a cancellation
+// stops it.
+func stopAgent(t *testing.T, turn string) string {
+	t.Helper()
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"tool_calls": [{"name": "long"}]}`+"\n"+`{"text": "never"}`+"\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "agent.yaml"), []byte(fmt.Sprintf(`name: stops
+model: {primary: script:m}
+providers: {script: {file: script.jsonl}}
+timeouts: {turn: %s, kill_grace: 500ms}
+tools:
+  - name: long
+    exec: [sleep, "30"]
+    timeout: 20s
+`, turn)), 0o644)
+	return filepath.Join(dir, "agent.yaml")
+}
+
+// digits hides the figures of a message ("after 2.1s", "running for 1.9s").
+var digits = regexp.MustCompile(`[0-9]+(\.[0-9]+)?`)
+
+// TestStopsAsEmbedded checks that a turn stopped by its ceiling during a
+// tool call, and one cancelled by its caller, end on Temporal with the
+// turn_finished of the embedded engine: stop reason, message, flags and
+// the budget that stopped it — and within the same time.
+func TestStopsAsEmbedded(t *testing.T) {
+	defer proctest.CheckNoLeaks(t)
+	c, s, queue := setup(t)
+	for _, tc := range []struct {
+		name   string
+		turn   string
+		cancel time.Duration
+	}{
+		{name: "ceiling", turn: "2s"},
+		{name: "cancel", turn: "1m", cancel: 1500 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			file := stopAgent(t, tc.turn)
+			run := func(r interface {
+				Run(context.Context, agent.Input, ...event.Sink) *agent.Result
+			}) (*event.TurnFinished, time.Duration) {
+				ctx := context.Background()
+				if tc.cancel > 0 {
+					var cancel context.CancelCauseFunc
+					ctx, cancel = context.WithCancelCause(ctx)
+					timer := time.AfterFunc(tc.cancel, func() { cancel(&budget.CancelError{Reason: budget.Cancelled, By: "the test"}) })
+					defer timer.Stop()
+				}
+				start := time.Now()
+				res := r.Run(ctx, agent.Input{Text: "go"})
+				wall := time.Since(start)
+				if len(res.Record.Events) == 0 {
+					t.Fatalf("no events: %s (%s): %s", res.Record.Status, res.Record.StopReason, res.Record.Message)
+				}
+				last := res.Record.Events[len(res.Record.Events)-1]
+				fin, ok := last.Data.(*event.TurnFinished)
+				if !ok {
+					t.Fatalf("the last event is %s", last.Type)
+				}
+				return fin, wall
+			}
+			open := func() *timebox.Agent {
+				a, err := timebox.Open(context.Background(), file, timebox.Options{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { a.Close() })
+				return a
+			}
+			embedded, embeddedWall := run(open())
+			a := open()
+			startWorker(t, c, s, queue+"-"+tc.name, a.Agent)
+			r, _ := temporal.NewRunner(c, s, queue+"-"+tc.name, a.Agent)
+			onTemporal, temporalWall := run(r)
+			t.Logf("embedded ended in %v, Temporal in %v", embeddedWall.Round(time.Millisecond), temporalWall.Round(time.Millisecond))
+
+			norm := func(f *event.TurnFinished) event.TurnFinished {
+				n := *f
+				n.Message = digits.ReplaceAllString(n.Message, "N")
+				n.Totals = event.Totals{}
+				return n
+			}
+			if diff := cmp.Diff(norm(embedded), norm(onTemporal)); diff != "" {
+				t.Errorf("turn_finished differs (-embedded +temporal):\n%s", diff)
+			}
+			if d := temporalWall - embeddedWall; d > 2*time.Second {
+				t.Errorf("the turn took %v longer to stop on Temporal", d)
+			}
+		})
+	}
+}

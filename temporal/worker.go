@@ -55,6 +55,12 @@ func NewWorker(o WorkerOptions) (worker.Worker, error) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
+	if o.Options.StickyScheduleToStartTimeout == 0 {
+		// A turn's workflow task waits this long on its dead worker's
+		// sticky queue before another worker takes it: as long as a
+		// unit's heartbeat, not the SDK's 5s.
+		o.Options.StickyScheduleToStartTimeout = o.Heartbeat
+	}
 	w := worker.New(o.Client, o.TaskQueue, o.Options)
 	wf := &turnWorkflow{agent: o.Agent, heartbeat: o.Heartbeat}
 	w.RegisterWorkflowWithOptions(wf.run, workflow.RegisterOptions{Name: WorkflowName})

@@ -24,8 +24,9 @@ import (
 // and a tool hung past its 1s timeout, and whose second step calls a
 // slower tool. The hung call ends timed_out in about 1s; while the slower
 // tool runs the worker is killed with SIGKILL and a second one started:
-// the turn answers, the slower call is reported lost (not run again), and
-// the quick tool ran exactly once.
+// the turn answers, the slower call is reported lost (not run again), a
+// call of a tool that declares retries: 1 runs again on the second worker,
+// and the quick tool ran exactly once.
 func TestTemporalWorkerKilledMidTool(t *testing.T) {
 	bin := timeboxBinary(t)
 	addr := testenv.Temporal(t)
@@ -33,7 +34,7 @@ func TestTemporalWorkerKilledMidTool(t *testing.T) {
 	dir := t.TempDir()
 	pidfile := filepath.Join(dir, "pids")
 	script := `{"tool_calls": [{"name": "quick"}, {"name": "hung"}]}
-{"tool_calls": [{"name": "slow"}]}
+{"tool_calls": [{"name": "slow"}, {"name": "again"}]}
 {"text": "All done."}
 `
 	agentYAML := fmt.Sprintf(`name: on-temporal
@@ -50,6 +51,10 @@ tools:
   - name: slow
     exec: [sh, -c, 'echo $$ >> %[2]s; sleep 30; echo slow']
     timeout: 1m
+  - name: again
+    exec: [sh, -c, 'echo $$ >> %[1]s/again.pids; sleep 2; echo again']
+    timeout: 1m
+    retries: 1
 `, dir, pidfile)
 	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(script), 0o644)
 	file := filepath.Join(dir, "agent.yaml")
@@ -85,6 +90,7 @@ tools:
 	}()
 
 	slowPid := waitPid(t, pidfile, 1, func() string { return errA.String() + runErr.String() })
+	waitPid(t, filepath.Join(dir, "again.pids"), 1, func() string { return errA.String() + runErr.String() })
 	killedAt := time.Now()
 	workerA.Process.Signal(syscall.SIGKILL)
 	workerA.Wait()
@@ -124,6 +130,13 @@ tools:
 	slow := calls["slow"]
 	if slow.Outcome != event.OutcomeInterrupted || !strings.Contains(slow.Result, "worker_lost") {
 		t.Errorf("slow call: outcome %s, result %s; want interrupted, reported to the model as worker_lost", slow.Outcome, slow.Result)
+	}
+	// A tool that declares retries runs again on the other worker.
+	if a := calls["again"]; a.Outcome != event.OutcomeOK || strings.TrimSpace(a.Result) != "again" {
+		t.Errorf("again call: outcome %s, result %q; want ok, run again after its worker died (retries: 1)", a.Outcome, a.Result)
+	}
+	if n := len(strings.Fields(readFile(filepath.Join(dir, "again.pids")))); n != 2 {
+		t.Errorf("the tool with retries: 1 was started %d times, want 2", n)
 	}
 	if b, _ := os.ReadFile(filepath.Join(dir, "quick.count")); strings.Count(string(b), "run") != 1 {
 		t.Errorf("the quick tool ran %d times, want 1", strings.Count(string(b), "run"))
