@@ -92,6 +92,14 @@ var otherEnv = []string{
 	"TIMEBOX_ADDR",     // the address `timebox serve` binds
 	"TIMEBOX_PROCTREE", // how subprocess trees are tracked
 	"TIMEBOX_CALL",     // set by timebox in tool subprocesses
+	// The engine turns run on, and Temporal's side of it (run, serve,
+	// worker: --engine, --temporal-address, --temporal-namespace,
+	// --task-queue, --worker-heartbeat).
+	"TIMEBOX_ENGINE",
+	"TIMEBOX_TEMPORAL_ADDRESS",
+	"TIMEBOX_TEMPORAL_NAMESPACE",
+	"TIMEBOX_TEMPORAL_TASK_QUEUE",
+	"TIMEBOX_TEMPORAL_WORKER_HEARTBEAT",
 }
 
 func dur(key, flag, env, def string, zeroOK bool, doc string) Setting {

@@ -1,13 +1,13 @@
 // Package testenv gives timebox's tests the real peers some of them need —
-// npm packages (MCP servers), a Chromium and a PostgreSQL cluster — or a
-// clear reason to skip.
+// npm packages (MCP servers), a Chromium, a PostgreSQL cluster and a
+// Temporal dev server — or a clear reason to skip.
 //
 // On a fresh clone `go test ./...` passes: a test that needs an npm package
 // installs it from the pinned lockfile (once; concurrent test binaries
 // wait on a file lock), and skips, naming the command to run, when node or
 // the registry is out of reach. CI makes the peers mandatory with
 //
-//	TB_TEST_REQUIRE=npm,chromium,postgres
+//	TB_TEST_REQUIRE=npm,chromium,postgres,temporal
 //
 // so that a missing peer fails the run instead of skipping it. Test
 // switches start with TB_TEST_, never TIMEBOX_: the timebox binary warns
@@ -29,7 +29,7 @@ import (
 )
 
 // EnvRequire lists, comma-separated, the peers whose absence fails a test
-// instead of skipping it: npm, chromium, postgres.
+// instead of skipping it: npm, chromium, postgres, temporal.
 const EnvRequire = "TB_TEST_REQUIRE"
 
 // EnvChromium names the Chromium binary to use, when it is not on PATH
