@@ -87,7 +87,7 @@ tools:
 
 // setup returns a Temporal client and a PostgreSQL store for one test, on
 // its own task queue.
-func setup(t *testing.T) (client.Client, store.Store, string) {
+func setup(t testing.TB) (client.Client, store.Store, string) {
 	t.Helper()
 	addr := testenv.Temporal(t)
 	dsn := testenv.Postgres(t)
@@ -105,7 +105,7 @@ func setup(t *testing.T) (client.Client, store.Store, string) {
 	return c, s, "tq-" + strings.ReplaceAll(t.Name(), "/", "-")
 }
 
-func startWorker(t *testing.T, c client.Client, s store.Store, queue string, a *agent.Agent) {
+func startWorker(t testing.TB, c client.Client, s store.Store, queue string, a *agent.Agent) {
 	t.Helper()
 	w, err := temporal.NewWorker(temporal.WorkerOptions{Client: c, TaskQueue: queue, Agent: a, Store: s, Heartbeat: time.Second})
 	if err != nil {

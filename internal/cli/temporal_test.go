@@ -110,6 +110,13 @@ tools:
 			switch d := e.Data.(type) {
 			case *event.ToolFinished:
 				calls[d.Tool] = d.ToolCall
+				if d.Tool == "slow" {
+					t.Logf("the lost call was recorded %v after the worker was killed", time.Since(killedAt).Round(time.Millisecond))
+				}
+			case *event.LLMStarted:
+				if d.Step == 3 {
+					t.Logf("the turn's next step started on the second worker %v after the first was killed", time.Since(killedAt).Round(time.Millisecond))
+				}
 			case *event.TurnFinished:
 				finished = d
 			}

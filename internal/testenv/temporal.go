@@ -74,8 +74,13 @@ func startTemporal() (*devServer, error) {
 			return nil, fmt.Errorf("the Temporal CLI is not installed: go install github.com/temporalio/cli/cmd/temporal@v1.5.1, and put it on PATH or in %s", EnvTemporal)
 		}
 	}
-	dir, err := os.MkdirTemp("", "tb-temporal-")
+	reapStaleTemporal()
+	dir, err := os.MkdirTemp("", "timebox-temporal-")
 	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "owner"), []byte(ownerStamp(os.Getpid())), 0o600); err != nil {
+		os.RemoveAll(dir)
 		return nil, err
 	}
 	ports := make([]int, 3)
@@ -89,12 +94,16 @@ func startTemporal() (*devServer, error) {
 		"--port", fmt.Sprint(ports[0]), "--http-port", fmt.Sprint(ports[1]), "--metrics-port", fmt.Sprint(ports[2]),
 		"--db-filename", filepath.Join(dir, "temporal.db"), "--log-level", "error")
 	s.cmd.Stdout, s.cmd.Stderr = s.out, s.out
-	// Its own process group, and killed with the test binary.
-	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	// Its own process group. No parent-death signal: Go sends it when the
+	// thread that started the server ends, not the test binary. A server
+	// whose test binary was killed is stopped by the next one
+	// (reapStaleTemporal).
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := s.cmd.Start(); err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("starting the Temporal dev server: %w", err)
 	}
+	os.WriteFile(filepath.Join(dir, "server"), []byte(ownerStamp(s.cmd.Process.Pid)), 0o600)
 	go func() { s.cmd.Wait(); close(s.done) }()
 	deadline := time.Now().Add(90 * time.Second)
 	for {
@@ -141,4 +150,38 @@ func (s *devServer) stop() {
 		}
 	}
 	os.RemoveAll(s.dir)
+}
+
+// reapStaleTemporal stops the dev servers that test binaries which are
+// provably gone left running, and removes their directories. A server
+// whose owner still runs, or cannot be read, is left alone.
+func reapStaleTemporal() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "timebox-temporal-*"))
+	for _, d := range dirs {
+		owner, ok := readStamp(filepath.Join(d, "owner"))
+		if !ok || processStart(owner.pid) == owner.start {
+			continue // unreadable, or alive
+		}
+		if srv, ok := readStamp(filepath.Join(d, "server")); ok && processStart(srv.pid) == srv.start {
+			syscall.Kill(-srv.pid, syscall.SIGKILL)
+		}
+		os.RemoveAll(d)
+	}
+}
+
+type stamp struct {
+	pid   int
+	start string
+}
+
+func readStamp(path string) (stamp, bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return stamp{}, false
+	}
+	var s stamp
+	if n, _ := fmt.Sscan(string(b), &s.pid, &s.start); n != 2 || s.pid <= 0 {
+		return stamp{}, false
+	}
+	return s, true
 }

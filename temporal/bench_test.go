@@ -1,0 +1,132 @@
+package temporal_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/timebox-run/timebox"
+	"github.com/timebox-run/timebox/agent"
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/temporal"
+)
+
+// BenchmarkTurns runs turns of one quick exec tool call (a model step
+// asking for it, the call, a model step answering) on the embedded engine
+// and through Temporal with one worker and with two, 8 turns at a time.
+// It reports turns/s, and the median and p99 of the tool call's latency as
+// the turn sees it: from the end of the model step that asked for it to
+// the call's tool_finished (scheduling the activity included), and of the
+// whole turn.
+//
+//	go test ./temporal -run '^$' -bench Turns -benchtime 200x
+func BenchmarkTurns(b *testing.B) {
+	dir := b.TempDir()
+	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"tool_calls": [{"name": "quick"}]}`+"\n"+`{"text": "done"}`+"\n"), 0o644)
+	file := filepath.Join(dir, "agent.yaml")
+	os.WriteFile(file, []byte("name: bench\nmodel: {primary: script:m}\nproviders: {script: {file: script.jsonl}}\ntools:\n  - name: quick\n    exec: [\"true\"]\n    timeout: 5s\n"), 0o644)
+	open := func() *timebox.Agent {
+		a, err := timebox.Open(context.Background(), file, timebox.Options{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { a.Close() })
+		return a
+	}
+	type runner interface {
+		Run(context.Context, agent.Input, ...event.Sink) *agent.Result
+	}
+	bench := func(b *testing.B, r runner) {
+		const parallel = 8
+		var (
+			mu        sync.Mutex
+			toolLat   []time.Duration
+			turnLat   []time.Duration
+			wg        sync.WaitGroup
+			next      = make(chan struct{})
+			failed    error
+			failedMsg string
+		)
+		b.ResetTimer()
+		start := time.Now()
+		for range parallel {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range next {
+					t0 := time.Now()
+					res := r.Run(context.Background(), agent.Input{Text: "go"})
+					wall := time.Since(t0)
+					var asked, done time.Time
+					for _, e := range res.Record.Events {
+						switch d := e.Data.(type) {
+						case *event.LLMFinished:
+							if d.Step == 1 {
+								asked = e.At
+							}
+						case *event.ToolFinished:
+							done = e.At
+						}
+					}
+					mu.Lock()
+					if res.Record.Status != budget.StatusCompleted && failed == nil {
+						failed, failedMsg = context.Canceled, res.Record.Message
+					}
+					turnLat = append(turnLat, wall)
+					if !asked.IsZero() && !done.IsZero() {
+						toolLat = append(toolLat, done.Sub(asked))
+					}
+					mu.Unlock()
+				}
+			}()
+		}
+		for range b.N {
+			next <- struct{}{}
+		}
+		close(next)
+		wg.Wait()
+		elapsed := time.Since(start)
+		b.StopTimer()
+		if failed != nil {
+			b.Fatalf("a turn did not complete: %s", failedMsg)
+		}
+		b.ReportMetric(float64(b.N)/elapsed.Seconds(), "turns/s")
+		b.ReportMetric(ms(pct(toolLat, 50)), "tool-p50-ms")
+		b.ReportMetric(ms(pct(toolLat, 99)), "tool-p99-ms")
+		b.ReportMetric(ms(pct(turnLat, 50)), "turn-p50-ms")
+		b.ReportMetric(ms(pct(turnLat, 99)), "turn-p99-ms")
+		b.ReportMetric(0, "ns/op")
+	}
+
+	b.Run("embedded", func(b *testing.B) { bench(b, open()) })
+	for _, workers := range []int{1, 2} {
+		b.Run("temporal/workers="+string(rune('0'+workers)), func(b *testing.B) {
+			c, s, _ := setup(b)
+			queue := "bench-" + strings.ReplaceAll(b.Name(), "/", "-")
+			a := open()
+			for range workers {
+				startWorker(b, c, s, queue, a.Agent)
+			}
+			r, _ := temporal.NewRunner(c, s, queue, a.Agent)
+			bench(b, r)
+		})
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// pct returns the p-th percentile of ds.
+func pct(ds []time.Duration, p int) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[min(len(s)-1, len(s)*p/100)]
+}
