@@ -490,3 +490,114 @@ func TestPing(t *testing.T) {
 		t.Fatalf("Ping after Close: %v", err)
 	}
 }
+
+// TestNumberedEventsFromTwoStores: two stores (two workers) append events
+// of one turn with seq 0 at once; the database numbers them 1..N with no
+// gap and no duplicate, each store's own events in the order it queued
+// them, and a follower that reads after the last seq it saw, while they
+// write, sees every event once.
+func TestNumberedEventsFromTwoStores(t *testing.T) {
+	dsn := testenv.Postgres(t)
+	a := open(t, dsn, postgres.Options{})
+	defer a.Close()
+	b := open(t, dsn, postgres.Options{})
+	defer b.Close()
+	ctx := context.Background()
+	if err := a.BeginTurn(ctx, store.TurnStart{TurnID: "t1", Input: "go", Engine: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	const each = 300
+	var wg sync.WaitGroup
+	for w, s := range []*postgres.Store{a, b} {
+		wg.Go(func() {
+			for i := range each {
+				e := event.Event{TurnID: "t1", Type: event.TypeStillWorking, At: time.Now(),
+					Data: &event.StillWorking{Subject: fmt.Sprintf("w%d", w), ElapsedMS: int64(i)}}
+				if i%50 == 49 {
+					if err := s.AppendEvent(ctx, e); err != nil { // a group of its own, waited for
+						t.Error(err)
+					}
+					continue
+				}
+				s.QueueEvent(e, func(err error) {
+					if err != nil {
+						t.Error(err)
+					}
+				})
+			}
+			if err := s.Flush(ctx); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	// A follower reading as they write.
+	seen := map[int64]int{}
+	var after int64
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	for finished := false; ; {
+		select {
+		case <-done:
+			finished = true
+		default:
+		}
+		evs, err := a.Events(ctx, "t1", after, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range evs {
+			seen[e.Seq]++
+			after = e.Seq
+		}
+		if finished && len(evs) == 0 {
+			break
+		}
+	}
+	if len(seen) != 2*each {
+		t.Fatalf("the follower saw %d distinct events, want %d", len(seen), 2*each)
+	}
+	for seq := int64(1); seq <= 2*each; seq++ {
+		if seen[seq] != 1 {
+			t.Fatalf("seq %d seen %d times", seq, seen[seq])
+		}
+	}
+	evs, _ := b.Events(ctx, "t1", 0, 0)
+	last := map[string]int64{"w0": -1, "w1": -1}
+	for _, e := range evs {
+		d := e.Data.(*event.StillWorking)
+		if d.ElapsedMS <= last[d.Subject] {
+			t.Fatalf("%s's events out of order: %d after %d", d.Subject, d.ElapsedMS, last[d.Subject])
+		}
+		last[d.Subject] = d.ElapsedMS
+	}
+}
+
+// TestEngineTurnsAreNoOrphans: a turn an engine runs (TurnStart.Engine)
+// has no owner, and no store marks it interrupted when the gateway that
+// stored it goes away; only its FinishTurn ends it.
+func TestEngineTurnsAreNoOrphans(t *testing.T) {
+	dsn := testenv.Postgres(t)
+	a := open(t, dsn, postgres.Options{Heartbeat: time.Hour})
+	ctx := context.Background()
+	if err := a.BeginTurn(ctx, store.TurnStart{TurnID: "engine", Input: "go", Engine: "temporal"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := storetest.WriteRunningTurn(a, "own"); err != nil {
+		t.Fatal(err)
+	}
+	a.Crash()
+	sql(t, dsn, `UPDATE owners SET heartbeat_at = now() - interval '1 day' WHERE owner_id = $1`, a.Owner())
+	b := open(t, dsn, postgres.Options{Heartbeat: time.Hour})
+	defer b.Close()
+	ids, err := b.Recover()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids = append(b.Recovered(), ids...) // Open looked first
+	if fmt.Sprint(ids) != "[own]" {
+		t.Errorf("marked %v interrupted, want only the gateway's own turn", ids)
+	}
+	if rec, err := b.Turn(ctx, "engine"); err != nil || rec.Status != budget.StatusRunning {
+		t.Errorf("the engine's turn: %v %v, want running", rec.Status, err)
+	}
+}

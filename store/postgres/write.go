@@ -272,8 +272,13 @@ func number(ctx context.Context, tx pgx.Tx, group []*groupq.Item) error {
 			}
 		}
 	}
-	rows, err := tx.Query(ctx, `SELECT t.turn_id, COALESCE((SELECT max(e.seq) FROM events e WHERE e.turn_id = t.turn_id), 0)
-		FROM turns t WHERE t.turn_id = ANY($1::text[]) ORDER BY t.turn_id FOR UPDATE OF t`, ids)
+	// The lock first, then the last seq in a statement of its own: a
+	// statement that waited for a lock still reads with the snapshot it
+	// began with, and would miss the seqs of the group it waited for.
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM turns WHERE turn_id = ANY($1::text[]) ORDER BY turn_id FOR UPDATE`, ids); err != nil {
+		return err
+	}
+	rows, err := tx.Query(ctx, `SELECT turn_id, max(seq) FROM events WHERE turn_id = ANY($1::text[]) GROUP BY turn_id`, ids)
 	if err != nil {
 		return err
 	}
