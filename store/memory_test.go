@@ -52,3 +52,29 @@ func TestShortInput(t *testing.T) {
 		t.Fatal("ClampLimit")
 	}
 }
+
+// TestMemoryNumbersEvents: an event appended with seq 0 gets its turn's
+// next seq (Store.AppendEvent).
+func TestMemoryNumbersEvents(t *testing.T) {
+	m := store.NewMemory()
+	ctx := context.Background()
+	if err := m.BeginTurn(ctx, store.TurnStart{TurnID: "t1", Input: "go", Engine: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := m.AppendEvent(ctx, event.Event{TurnID: "t1", Type: event.TypeStillWorking, Data: &event.StillWorking{}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	evs, err := m.Events(ctx, "t1", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seqs []int64
+	for _, e := range evs {
+		seqs = append(seqs, e.Seq)
+	}
+	if len(seqs) != 3 || seqs[0] != 1 || seqs[1] != 2 || seqs[2] != 3 {
+		t.Fatalf("seqs %v, want [1 2 3]", seqs)
+	}
+}

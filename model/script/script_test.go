@@ -233,3 +233,27 @@ func TestParseErrorColumnsCountLeadingSpace(t *testing.T) {
 		t.Fatalf("got %v", err)
 	}
 }
+
+// TestResumeGoesOnWhereSuspended: a conversation's place, suspended by one
+// provider and resumed by another playing the same script (another
+// process), plays on from there.
+func TestResumeGoesOnWhereSuspended(t *testing.T) {
+	lines, err := script.Parse(strings.NewReader(`{"text": "one"}`+"\n"+`{"text": "two"}`+"\n"+`{"text": "three"}`), "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := script.New(lines)
+	b, _ := script.New(lines)
+	req := model.Request{Conversation: "c1"}
+	if got, _ := collect(t, a, req); got != "one" {
+		t.Fatalf("first reply %q", got)
+	}
+	b.Resume("c1", a.Suspend("c1"))
+	if got, _ := collect(t, b, req); got != "two" {
+		t.Errorf("resumed elsewhere, the next reply is %q, want two", got)
+	}
+	b.Resume("c1", []byte("not json")) // ignored
+	if got, _ := collect(t, b, req); got != "three" {
+		t.Errorf("after a state it cannot read, the next reply is %q, want three", got)
+	}
+}
