@@ -2,6 +2,7 @@ package temporal_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -19,13 +20,14 @@ import (
 
 // BenchmarkTurns runs turns of one quick exec tool call (a model step
 // asking for it, the call, a model step answering) on the embedded engine
-// and through Temporal with one worker and with two, 8 turns at a time.
+// and through Temporal with one worker and with two, one turn at a time
+// and 8 at once.
 // It reports turns/s, and the median and p99 of the tool call's latency as
 // the turn sees it: from the end of the model step that asked for it to
 // the call's tool_finished (scheduling the activity included), and of the
 // whole turn.
 //
-//	go test ./temporal -run '^$' -bench Turns -benchtime 200x
+//	go test ./temporal -run '^$' -bench Turns -benchtime 50x
 func BenchmarkTurns(b *testing.B) {
 	dir := b.TempDir()
 	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"tool_calls": [{"name": "quick"}]}`+"\n"+`{"text": "done"}`+"\n"), 0o644)
@@ -42,8 +44,7 @@ func BenchmarkTurns(b *testing.B) {
 	type runner interface {
 		Run(context.Context, agent.Input, ...event.Sink) *agent.Result
 	}
-	bench := func(b *testing.B, r runner) {
-		const parallel = 8
+	bench := func(b *testing.B, r runner, parallel int) {
 		var (
 			mu        sync.Mutex
 			toolLat   []time.Duration
@@ -104,18 +105,20 @@ func BenchmarkTurns(b *testing.B) {
 		b.ReportMetric(0, "ns/op")
 	}
 
-	b.Run("embedded", func(b *testing.B) { bench(b, open()) })
-	for _, workers := range []int{1, 2} {
-		b.Run("temporal/workers="+string(rune('0'+workers)), func(b *testing.B) {
-			c, s, _ := setup(b)
-			queue := "bench-" + strings.ReplaceAll(b.Name(), "/", "-")
-			a := open()
-			for range workers {
-				startWorker(b, c, s, queue, a.Agent)
-			}
-			r, _ := temporal.NewRunner(c, s, queue, a.Agent)
-			bench(b, r)
-		})
+	for _, parallel := range []int{1, 8} {
+		b.Run(fmt.Sprintf("embedded/at_once=%d", parallel), func(b *testing.B) { bench(b, open(), parallel) })
+		for _, workers := range []int{1, 2} {
+			b.Run(fmt.Sprintf("temporal/workers=%d/at_once=%d", workers, parallel), func(b *testing.B) {
+				c, s, _ := setup(b)
+				queue := "bench-" + strings.ReplaceAll(b.Name(), "/", "-")
+				a := open()
+				for range workers {
+					startWorker(b, c, s, queue, a.Agent)
+				}
+				r, _ := temporal.NewRunner(c, s, queue, a.Agent)
+				bench(b, r, parallel)
+			})
+		}
 	}
 }
 
