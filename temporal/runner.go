@@ -85,11 +85,12 @@ func (r *Runner) Run(ctx context.Context, in agent.Input, sinks ...event.Sink) *
 		wfErr    error
 		wfDone   bool
 		done     = ctx.Done()
+		gaveUp   <-chan time.Time
 	)
-	read := func() {
+	read := func() error {
 		evs, err := r.store.Events(bg, in.TurnID, after, 0)
 		if err != nil {
-			return // read again at the next signal
+			return err // read again at the next signal
 		}
 		for _, e := range evs {
 			after = e.Seq
@@ -99,6 +100,18 @@ func (r *Runner) Run(ctx context.Context, in agent.Input, sinks ...event.Sink) *
 			}
 			finished = finished || e.Type == event.TypeTurnFinished
 		}
+		return nil
+	}
+	// readToEnd reads what the workers stored before the workflow ended:
+	// its turn_finished is stored by then, so only a failing store keeps it
+	// from being read, a few times over.
+	readToEnd := func() {
+		for try := 0; !finished && try < 5; try++ {
+			if read() == nil && finished {
+				return
+			}
+			time.Sleep(time.Duration(try+1) * 100 * time.Millisecond)
+		}
 	}
 	for !(finished && wfDone) {
 		read()
@@ -106,15 +119,18 @@ func (r *Runner) Run(ctx context.Context, in agent.Input, sinks ...event.Sink) *
 			break
 		}
 		if wfDone && !finished {
-			// The workflow ended without turn_finished: it failed.
-			return r.failed(in, started, fmt.Errorf("the turn's workflow failed: %w", wfErr), events)
+			readToEnd()
+			if !finished {
+				return r.failed(in, started, errors.New("the turn's workflow ended, but its end could not be read from the store"), events)
+			}
+			break
 		}
 		select {
 		case <-changed:
 		case wfErr = <-ended:
 			wfDone = true
 			if wfErr != nil {
-				read()
+				readToEnd()
 				if !finished {
 					return r.failed(in, started, fmt.Errorf("the turn's workflow failed: %w", wfErr), events)
 				}
@@ -122,6 +138,18 @@ func (r *Runner) Run(ctx context.Context, in agent.Input, sinks ...event.Sink) *
 		case <-done:
 			done = nil
 			r.cancel(bg, in.TurnID, budget.Cause(ctx))
+			t := time.NewTimer(CancelWait)
+			defer t.Stop()
+			gaveUp = t.C
+		case <-gaveUp:
+			// No worker ended the turn: none is running, or none can
+			// reach the store. The workflow is terminated so that no
+			// worker starts it later.
+			tctx, cancel := context.WithTimeout(bg, 10*time.Second)
+			_ = r.client.TerminateWorkflow(tctx, WorkflowID(in.TurnID), "", "cancelled, and no worker ended it within "+CancelWait.String())
+			cancel()
+			return r.failed(in, started, fmt.Errorf("it was cancelled, and no worker ended it within %s (is a timebox worker running on task queue %s?)",
+				CancelWait, r.taskQueue), events)
 		}
 	}
 	rec, err := r.store.Turn(bg, in.TurnID)
@@ -131,6 +159,11 @@ func (r *Runner) Run(ctx context.Context, in agent.Input, sinks ...event.Sink) *
 	rec.Events = events
 	return &agent.Result{Record: rec, Messages: out.Messages}
 }
+
+// CancelWait is how long Run waits, after its context was cancelled, for a
+// worker to end the turn before it terminates the workflow and returns:
+// without a worker a turn would never end.
+var CancelWait = 30 * time.Second
 
 // cancel asks the turn's workflow to stop for cause: a signal carrying it,
 // and a cancel request in the store for the units running now.

@@ -349,3 +349,30 @@ func TestStopsAsEmbedded(t *testing.T) {
 		})
 	}
 }
+
+// TestCancelWithoutWorker: a turn started while no worker runs, then
+// cancelled, ends — its workflow terminated, its record interrupted and
+// saying why — instead of waiting for a worker for ever.
+func TestCancelWithoutWorker(t *testing.T) {
+	c, s, queue := setup(t)
+	defer func(d time.Duration) { temporal.CancelWait = d }(temporal.CancelWait)
+	temporal.CancelWait = 500 * time.Millisecond
+	r, _ := temporal.NewRunner(c, s, queue, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	start := time.Now()
+	res := r.Run(ctx, agent.Input{Text: "go"})
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("Run returned after %v", d)
+	}
+	if res.Record.Status != budget.StatusInterrupted || !strings.Contains(res.Record.Message, "no worker") {
+		t.Errorf("record: %s: %s", res.Record.Status, res.Record.Message)
+	}
+	desc, err := c.DescribeWorkflowExecution(context.Background(), temporal.WorkflowID(res.Record.TurnID), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := desc.WorkflowExecutionInfo.Status.String(); st != "Terminated" {
+		t.Errorf("the workflow is %s, want Terminated", st)
+	}
+}
