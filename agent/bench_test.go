@@ -3,14 +3,19 @@ package agent_test
 import (
 	"context"
 	"encoding/json"
+	"os"
 	"runtime"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/model"
 	"github.com/timebox-run/timebox/model/script"
 	"github.com/timebox-run/timebox/tool"
@@ -60,4 +65,121 @@ func BenchmarkTurnMemory(b *testing.B) {
 		b.ReportMetric(float64(during.HeapAlloc-before.HeapAlloc)/n, "heap-bytes/turn")
 		b.ReportMetric(float64(goroutines)/n, "goroutines/turn")
 	}
+}
+
+// BenchmarkTurnWindDown parks 10,000 turns (TB_BENCH_TURNS) in a Go tool
+// that waits on its context, each turn's ceiling set by its request so
+// that every one expires at the same instant, and measures the wind-down:
+// the process's CPU time (user+system, all goroutines and the GC) from the
+// moment all are parked until every Run has returned, divided by the turns
+// (wind-down-µs/turn); how late after that instant each Run returned (p50,
+// p99, max); and the resident memory with all of them parked. floor does
+// the least the same wind-down can cost: a goroutine per turn waiting on a
+// context with the same deadline. Run it with -benchtime 1x.
+func BenchmarkTurnWindDown(b *testing.B) {
+	n := 10000
+	if v := os.Getenv("TB_BENCH_TURNS"); v != "" {
+		n, _ = strconv.Atoi(v)
+	}
+	ls, _ := script.Parse(strings.NewReader(`{"chunks": ["Let me ", "check."], "tool_calls": [{"name": "wait", "arguments": {"q": "x"}}]}
+{"text": "done"}`), "bench")
+	p, _ := script.New(ls)
+	wait := tool.NewFunc("wait", "waits", nil, func(ctx context.Context, _ json.RawMessage, pr tool.Progress) (any, error) {
+		pr.Report(tool.Report{}) // parked
+		<-ctx.Done()
+		return nil, ctx.Err()
+	})
+	a, err := agent.New(agent.Config{Models: []model.Endpoint{{Provider: p, ProviderName: "script", Model: "m"}},
+		Tools: []agent.Tool{{Tool: wait, Budget: budget.ToolBudget{Timeout: budget.Duration{D: time.Hour}}}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, mode := range []string{"turns", "floor"} {
+		b.Run(mode, func(b *testing.B) {
+			var late []time.Duration
+			var cpu time.Duration
+			var rss int64
+			for b.Loop() {
+				l, c, r := windDown(b, a, n, mode == "floor")
+				late, cpu, rss = append(late, l...), cpu+c, max(rss, r)
+			}
+			slices.Sort(late)
+			q := func(p float64) float64 {
+				return float64(late[int(p*float64(len(late)-1))]) / float64(time.Millisecond)
+			}
+			b.ReportMetric(float64(cpu.Microseconds())/float64(len(late)), "wind-down-µs/turn")
+			b.ReportMetric(q(0.50), "late-p50-ms")
+			b.ReportMetric(q(0.99), "late-p99-ms")
+			b.ReportMetric(q(1), "late-max-ms")
+			b.ReportMetric(float64(rss)/(1<<20), "parked-rss-MB")
+			b.ReportMetric(0, "ns/op")
+		})
+	}
+}
+
+// windDown runs one round of BenchmarkTurnWindDown.
+func windDown(b *testing.B, a *agent.Agent, n int, floor bool) (late []time.Duration, cpu time.Duration, rss int64) {
+	// Long enough for every turn to park first on a loaded 2-CPU machine.
+	at := time.Now().Add(time.Duration(n)*time.Millisecond + 3*time.Second)
+	var parked, done sync.WaitGroup
+	parked.Add(n)
+	returned := make([]time.Time, n)
+	for i := range n {
+		done.Add(1)
+		go func() {
+			defer done.Done()
+			if floor {
+				ctx, cancel := context.WithDeadline(context.Background(), at)
+				defer cancel()
+				parked.Done()
+				<-ctx.Done()
+				returned[i] = time.Now()
+				return
+			}
+			var once sync.Once
+			sink := event.SinkFunc(func(e event.Event) {
+				if e.Type == event.TypeToolProgress {
+					once.Do(parked.Done)
+				}
+			})
+			res := a.Run(context.Background(), agent.Input{SessionID: strconv.Itoa(i), Text: "hi",
+				Budgets: budget.Request{"turn": time.Until(at).Round(time.Millisecond).String()}}, sink)
+			returned[i] = time.Now()
+			if res.Record.StopReason != budget.TurnTimeout {
+				b.Errorf("turn %d ended %s, want %s", i, res.Record.StopReason, budget.TurnTimeout)
+			}
+		}()
+	}
+	parked.Wait()
+	if time.Now().After(at) {
+		b.Fatalf("%d turns took longer than %s to park", n, time.Until(at))
+	}
+	runtime.GC()
+	rss = vmRSS()
+	before := cpuTime()
+	done.Wait()
+	cpu = cpuTime() - before
+	for _, r := range returned {
+		late = append(late, r.Sub(at))
+	}
+	return late, cpu, rss
+}
+
+// cpuTime is the process's CPU time so far, user and system.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// vmRSS is the process's resident memory now, from /proc/self/status.
+func vmRSS() int64 {
+	b, _ := os.ReadFile("/proc/self/status")
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
 }
