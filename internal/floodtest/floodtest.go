@@ -111,6 +111,10 @@ type Figures struct {
 // Ratio is Call over Alone: what the flood costs the call.
 func (f Figures) Ratio() float64 { return float64(f.Call) / float64(f.Alone) }
 
+// PipedRatio is Call over Piped: what the call costs beyond the floor of
+// any reader of the flood, the pipe itself.
+func (f Figures) PipedRatio() float64 { return float64(f.Call) / float64(f.Piped) }
+
 func (f Figures) String() string {
 	return fmt.Sprintf("alone %s, piped %s, call %s (%.2f×), turn %s, %s, %d reports → %d tool_progress events, store +%.1f MB",
 		f.Alone.Round(time.Millisecond), f.Piped.Round(time.Millisecond), f.Call.Round(time.Millisecond), f.Ratio(), f.Turn.Round(time.Millisecond),
