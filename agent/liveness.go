@@ -1,7 +1,7 @@
 package agent
 
 import (
-	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -39,6 +39,13 @@ type activity struct {
 // stop when nothing has progressed for the step budget and no running tool
 // is still inside its own timeout; it emits still_working for every
 // activity that has run for progress_notice, then every interval after.
+//
+// It costs a parked turn no goroutine and no channel: one timer, armed for
+// the earliest thing due (docs/decisions/liveness.md). What can only move
+// a due time later — progress, a tool's report — stores a time and leaves
+// the timer alone: when it fires it finds the later time and waits again.
+// What can move one earlier — a call starting, a call ending — re-arms it
+// only when the new due time is before the one it is set for.
 type liveness struct {
 	step   budget.Duration
 	notice time.Duration
@@ -58,9 +65,14 @@ type liveness struct {
 	lastEnded    time.Time
 	fired        bool
 
-	poke chan struct{}
-	quit chan struct{}
-	done chan struct{}
+	// timer runs check at due; nil until something is first due. due is
+	// zero while the timer is not set (or is running check).
+	timer  *time.Timer
+	due    time.Time
+	closed bool
+	// checking counts the checks under way; close waits for them, so
+	// that nothing is emitted after it returns.
+	checking sync.WaitGroup
 }
 
 func newLiveness(step budget.Duration, notice time.Duration, emit func(event.Payload), stop func(*budget.TimeoutError)) *liveness {
@@ -69,21 +81,21 @@ func newLiveness(step budget.Duration, notice time.Duration, emit func(event.Pay
 		step: step, notice: notice, emit: emit, stop: stop,
 		base: now, lastProgress: now,
 		running: map[*activity]struct{}{},
-		poke:    make(chan struct{}, 1),
-		quit:    make(chan struct{}),
-		done:    make(chan struct{}),
 	}
-	go l.loop()
+	l.mu.Lock()
+	l.armLocked(now)
+	l.mu.Unlock()
 	return l
 }
 
 // progress records a progress signal: a stream chunk, a tool's progress
 // report, a call completing.
+// Progress only moves the step's due time later, so the timer is left
+// alone.
 func (l *liveness) progress() {
 	l.mu.Lock()
 	l.lastProgress = time.Now()
 	l.mu.Unlock()
-	l.wake()
 }
 
 // alive records a tool's progress report. A flooding tool calls it for
@@ -107,8 +119,8 @@ func (l *liveness) begin(a *activity) {
 	}
 	l.running[a] = struct{}{}
 	l.last = a
+	l.armLocked(a.started)
 	l.mu.Unlock()
-	l.wake()
 }
 
 // end removes a. A call that completed is a progress signal; one that
@@ -120,8 +132,8 @@ func (l *liveness) end(a *activity, completed bool) {
 	if completed {
 		l.lastProgress = l.lastEnded
 	}
+	l.armLocked(l.lastEnded)
 	l.mu.Unlock()
-	l.wake()
 }
 
 func (l *liveness) streaming(a *activity) {
@@ -130,76 +142,109 @@ func (l *liveness) streaming(a *activity) {
 	l.mu.Unlock()
 }
 
-func (l *liveness) wake() {
-	select {
-	case l.poke <- struct{}{}:
-	default:
+// armLocked sets the timer for the earliest thing due after now, unless it
+// is already set for earlier. l.mu is held.
+func (l *liveness) armLocked(now time.Time) {
+	next, ok := l.nextLocked(now)
+	if !ok || l.closed || (!l.due.IsZero() && !next.Before(l.due)) {
+		return
+	}
+	l.due = next
+	if l.timer == nil {
+		l.timer = time.AfterFunc(next.Sub(now), l.fire)
+	} else {
+		l.timer.Reset(next.Sub(now))
 	}
 }
 
-// close stops the watchdog and waits for its goroutine.
-func (l *liveness) close() {
-	close(l.quit)
-	<-l.done
-}
-
-func (l *liveness) loop() {
-	defer close(l.done)
-	t := time.NewTimer(time.Hour)
-	defer t.Stop()
-	for {
-		next, ok := l.check(time.Now())
-		if ok {
-			t.Reset(time.Until(next))
-		} else {
-			t.Stop()
-		}
-		select {
-		case <-t.C:
-		case <-l.poke:
-		case <-l.quit:
-			return
-		}
-	}
-}
-
-// check fires what is due at now and returns when to look again.
-func (l *liveness) check(now time.Time) (next time.Time, ok bool) {
+// fire is the timer's function: it runs check and sets the timer for what
+// is due next.
+func (l *liveness) fire() {
 	l.mu.Lock()
-	var notices []*event.StillWorking
+	if l.closed {
+		l.mu.Unlock()
+		return
+	}
+	l.due = time.Time{}
+	l.checking.Add(1)
+	l.mu.Unlock()
+	defer l.checking.Done()
+	now := time.Now()
+	l.check(now)
+	l.mu.Lock()
+	l.armLocked(now)
+	l.mu.Unlock()
+}
+
+// close stops the watchdog and waits for a check under way: after it
+// returns nothing is emitted and stop is not called.
+func (l *liveness) close() {
+	l.mu.Lock()
+	l.closed = true
+	if l.timer != nil {
+		l.timer.Stop()
+	}
+	l.mu.Unlock()
+	l.checking.Wait()
+}
+
+// nextLocked returns when something is next due: a still_working notice or
+// the step watchdog. l.mu is held.
+func (l *liveness) nextLocked(now time.Time) (next time.Time, ok bool) {
 	consider := func(t time.Time) {
 		if !ok || t.Before(next) {
 			next, ok = t, true
 		}
 	}
 	for a := range l.running {
-		if a.nextNotice.IsZero() {
+		if !a.nextNotice.IsZero() {
+			consider(a.nextNotice)
+		}
+	}
+	if due, watching := l.stepDueLocked(); watching {
+		consider(due)
+	}
+	if ok && next.Before(now) {
+		next = now
+	}
+	return next, ok
+}
+
+// stepDueLocked returns when the step watchdog fires if nothing
+// progresses, and whether it is watching at all. l.mu is held.
+func (l *liveness) stepDueLocked() (time.Time, bool) {
+	if l.step.Off() || l.fired || l.advisoryRunningLocked() {
+		return time.Time{}, false
+	}
+	l.syncAlive()
+	due := l.lastProgress.Add(l.step.D)
+	for a := range l.running {
+		if a.deadline.After(due) {
+			due = a.deadline
+		}
+	}
+	return due, true
+}
+
+// check fires what is due at now: the still_working notices and the step
+// watchdog.
+func (l *liveness) check(now time.Time) {
+	l.mu.Lock()
+	var notices []*event.StillWorking
+	for a := range l.running {
+		if a.nextNotice.IsZero() || now.Before(a.nextNotice) {
 			continue
 		}
-		if !now.Before(a.nextNotice) {
-			notices = append(notices, &event.StillWorking{Step: a.step, Subject: a.subject, CallID: a.callID,
-				ElapsedMS: now.Sub(a.started).Milliseconds(), LimitMS: a.limit.Milliseconds()})
-			for !now.Before(a.nextNotice) {
-				a.nextNotice = a.nextNotice.Add(l.notice)
-			}
+		notices = append(notices, &event.StillWorking{Step: a.step, Subject: a.subject, CallID: a.callID,
+			ElapsedMS: now.Sub(a.started).Milliseconds(), LimitMS: a.limit.Milliseconds()})
+		for !now.Before(a.nextNotice) {
+			a.nextNotice = a.nextNotice.Add(l.notice)
 		}
-		consider(a.nextNotice)
 	}
 	var fire *budget.TimeoutError
-	l.syncAlive()
-	if !l.step.Off() && !l.fired && !l.advisoryRunningLocked() {
-		due := l.lastProgress.Add(l.step.D)
-		for a := range l.running {
-			if a.deadline.After(due) {
-				due = a.deadline
-			}
-		}
-		if !now.Before(due) {
-			l.fired = true
-			fire = l.step.Expired(budget.PhaseStep, "the turn", now.Sub(l.lastProgress))
-		} else {
-			consider(due)
-		}
+	if due, watching := l.stepDueLocked(); watching && !now.Before(due) {
+		l.fired = true
+		fire = l.step.Expired(budget.PhaseStep, "the turn", now.Sub(l.lastProgress))
 	}
 	l.mu.Unlock()
 	sort.Slice(notices, func(i, j int) bool { return notices[i].CallID < notices[j].CallID })
@@ -209,7 +254,6 @@ func (l *liveness) check(now time.Time) (next time.Time, ok bool) {
 	if fire != nil {
 		l.stop(fire)
 	}
-	return next, ok
 }
 
 // advisoryRunningLocked reports whether an advisory tool call is running;
@@ -242,11 +286,13 @@ func (l *liveness) compacting() bool {
 func (l *liveness) describe(now time.Time) (desc string, tools []string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	var acts []*activity
+	// It runs once per stopped turn, on the goroutine that stops it, often
+	// thousands at once (a burst of ceilings): plain concatenation, no fmt.
+	acts := make([]*activity, 0, len(l.running))
 	for a := range l.running {
 		acts = append(acts, a)
 	}
-	sort.Slice(acts, func(i, j int) bool { return acts[i].started.Before(acts[j].started) })
+	slices.SortFunc(acts, func(a, b *activity) int { return a.started.Compare(b.started) })
 	var toolActs []*activity
 	for _, a := range acts {
 		if a.tool != "" {
@@ -257,21 +303,21 @@ func (l *liveness) describe(now time.Time) (desc string, tools []string) {
 	switch {
 	case len(toolActs) == 1:
 		a := toolActs[0]
-		return fmt.Sprintf("tool %s, running for %s", a.tool, roundHuman(now.Sub(a.started))), tools
+		return "tool " + a.tool + ", running for " + roundHuman(now.Sub(a.started)).String(), tools
 	case len(toolActs) > 1:
-		var parts []string
+		parts := make([]string, 0, len(toolActs))
 		for _, a := range toolActs {
-			parts = append(parts, fmt.Sprintf("%s (%s)", a.tool, roundHuman(now.Sub(a.started))))
+			parts = append(parts, a.tool+" ("+roundHuman(now.Sub(a.started)).String()+")")
 		}
 		return "tools " + strings.Join(parts, ", ") + " running", tools
 	case len(acts) > 0:
 		a := acts[0]
 		if a.streaming {
-			return fmt.Sprintf("%s, streaming its reply (%s)", a.subject, roundHuman(now.Sub(a.started))), nil
+			return a.subject + ", streaming its reply (" + roundHuman(now.Sub(a.started)).String() + ")", nil
 		}
-		return fmt.Sprintf("%s, waiting for its reply (%s)", a.subject, roundHuman(now.Sub(a.started))), nil
+		return a.subject + ", waiting for its reply (" + roundHuman(now.Sub(a.started)).String() + ")", nil
 	case l.last != nil:
-		return fmt.Sprintf("%s, finished %s ago", l.last.subject, roundHuman(now.Sub(l.lastEnded))), nil
+		return l.last.subject + ", finished " + roundHuman(now.Sub(l.lastEnded)).String() + " ago", nil
 	}
 	return "none", nil
 }
