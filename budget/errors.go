@@ -89,6 +89,9 @@ func (e *TimeoutError) Is(target error) bool { return target == context.Deadline
 
 // AsTimeout returns the *TimeoutError in err's chain, if any.
 func AsTimeout(err error) (*TimeoutError, bool) {
+	if te, ok := err.(*TimeoutError); ok {
+		return te, true // the common case, without errors.As's reflection
+	}
 	var te *TimeoutError
 	ok := errors.As(err, &te)
 	return te, ok
@@ -114,6 +117,9 @@ func (e *CancelError) Is(target error) bool { return target == context.Canceled 
 
 // AsCancel returns the *CancelError in err's chain, if any.
 func AsCancel(err error) (*CancelError, bool) {
+	if ce, ok := err.(*CancelError); ok {
+		return ce, true
+	}
 	var ce *CancelError
 	ok := errors.As(err, &ce)
 	return ce, ok
