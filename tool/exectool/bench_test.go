@@ -5,8 +5,10 @@ package exectool_test
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -52,6 +54,11 @@ wait`}
 //     one instant by their context (a tool-phase timeout as its cause, so
 //     the runner and the tool take the same path as at a deadline): the
 //     worst case, every stop at once.
+//   - at-once: all 1,000 calls are launched at one instant, each with its
+//     own 1s timeout, and the figure is how long after its deadline each
+//     returned. A call whose deadline passes while it waits to be started
+//     starts nothing (its figure is then how soon it gave up); peak-hung
+//     says how many trees were running at once.
 //
 // raw-os-exec is the floor to compare with: the same calls through the same
 // runner, by a tool that starts the program with plain os/exec in its own
@@ -59,7 +66,7 @@ wait`}
 // the root — the least a tool can do, with none of the escape handling.
 func BenchmarkDeadlinePrecision(b *testing.B) {
 	const calls = 1000
-	for _, mode := range []string{"spread", "burst"} {
+	for _, mode := range []string{"spread", "burst", "at-once"} {
 		for _, s := range []proctree.Strategy{proctree.Cgroup, proctree.Track, "raw-os-exec"} {
 			b.Run(mode+"/"+string(s), func(b *testing.B) {
 				var tl tool.Tool = rawTool{}
@@ -78,10 +85,13 @@ func BenchmarkDeadlinePrecision(b *testing.B) {
 				for b.Loop() {
 					var l []time.Duration
 					var p int
-					if mode == "spread" {
+					switch mode {
+					case "spread":
 						l, p = spread(b, tl, calls)
-					} else {
+					case "burst":
 						l, p = burst(b, tl, calls)
+					default:
+						l, p = atOnce(b, tl, calls)
 					}
 					late = append(late, l...)
 					peak = max(peak, p)
@@ -162,6 +172,48 @@ func spread(b *testing.B, tl tool.Tool, calls int) ([]time.Duration, int) {
 	return late, int(peak.Load())
 }
 
+func atOnce(b *testing.B, tl tool.Tool, calls int) ([]time.Duration, int) {
+	const timeout = time.Second
+	var hung, peak atomic.Int64
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	late := make([]time.Duration, 0, calls)
+	bad := map[event.Outcome]int{}
+	gate := make(chan struct{})
+	for range calls {
+		wg.Go(func() {
+			<-gate
+			var once sync.Once
+			reported := false
+			x := tool.Run(context.Background(), tl, &tool.Call{ID: "c", Tool: "hung"}, hungBudget(timeout), tool.Hooks{OnProgress: func(tool.Report) {
+				once.Do(func() {
+					reported = true
+					n := hung.Add(1)
+					for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+					}
+				})
+			}})
+			ready := time.Now()
+			once.Do(func() {})
+			if reported {
+				hung.Add(-1)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if x.Outcome != event.OutcomeTimedOut {
+				bad[x.Outcome]++
+			}
+			late = append(late, ready.Sub(x.Started.Add(timeout)))
+		})
+	}
+	close(gate)
+	wg.Wait()
+	if len(bad) > 0 {
+		b.Fatalf("outcomes other than timed_out: %v", bad)
+	}
+	return late, int(peak.Load())
+}
+
 func burst(b *testing.B, tl tool.Tool, calls int) ([]time.Duration, int) {
 	// One context per call: the runner fills in the elapsed time of the
 	// cause it is stopped with, so the calls must not share one.
@@ -187,6 +239,7 @@ func burst(b *testing.B, tl tool.Tool, calls int) ([]time.Duration, int) {
 			late = append(late, ready.Sub(stoppedAt[i]))
 		})
 	}
+	stopProfile := profileStops(b)
 	mu.Lock()
 	for i, cancel := range cancels {
 		stoppedAt[i] = time.Now()
@@ -194,11 +247,35 @@ func burst(b *testing.B, tl tool.Tool, calls int) ([]time.Duration, int) {
 	}
 	mu.Unlock()
 	wg.Wait()
+	stopProfile()
 	if len(bad) > 0 {
 		b.Fatalf("outcomes other than timed_out: %v", bad)
 	}
 	return late, int(peak.Load())
 }
+
+// profileStops writes a CPU profile of a burst's stops alone to
+// $TB_BENCH_PROFILE.<n>.cpu when TB_BENCH_PROFILE names a file prefix.
+func profileStops(b *testing.B) (stop func()) {
+	prefix := os.Getenv("TB_BENCH_PROFILE")
+	if prefix == "" {
+		return func() {}
+	}
+	profiles++
+	f, err := os.Create(fmt.Sprintf("%s.%d.cpu", prefix, profiles))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		b.Fatal(err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}
+}
+
+var profiles int
 
 // rawTool runs hungTree with plain os/exec, for the floor of
 // BenchmarkDeadlinePrecision.
