@@ -132,6 +132,17 @@ type callCgroup struct {
 	dir  string
 	rel  string // as /proc/<pid>/cgroup names it
 	fd   int    // the directory, open for clone3
+	// events, procsFD and stat are its cgroup.events, cgroup.procs and
+	// cgroup.stat, kept open with the directory while the cgroup is in
+	// the pool: reading one is then one pread, where opening it by path
+	// costs an open (the kernel's walk of the path), a read and a close,
+	// three times a call. -1 when not open (a stale cgroup found on disk
+	// is read by path).
+	events, procsFD, stat int
+	// eventsFile is events in Go's poller, for waitEmpty; nil when events
+	// is not open.
+	eventsFile *os.File
+	eventsConn syscall.RawConn
 	// killed is set once cgroup.kill was written: some kernels keep killing
 	// every process that later enters the cgroup, so it is not reused.
 	killed bool
@@ -177,7 +188,8 @@ func (h *cgroupHost) newCall(ctx context.Context, n uint64) (*callCgroup, error)
 	}
 	defer func() { <-h.making }()
 	name := "call-" + strconv.FormatUint(n, 10)
-	c := &callCgroup{host: h, dir: filepath.Join(h.parent, name), rel: path.Join(h.parentRel, name), fd: -1}
+	c := &callCgroup{host: h, dir: filepath.Join(h.parent, name), rel: path.Join(h.parentRel, name), fd: -1,
+		events: -1, procsFD: -1, stat: -1}
 	err := os.Mkdir(c.dir, 0o755)
 	if errors.Is(err, os.ErrNotExist) {
 		if err = os.Mkdir(h.parent, 0o755); err == nil || errors.Is(err, os.ErrExist) {
@@ -186,7 +198,11 @@ func (h *cgroupHost) newCall(ctx context.Context, n uint64) (*callCgroup, error)
 	}
 	if err == nil {
 		c.fd, err = unix.Open(c.dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err == nil {
+			err = c.openFiles()
+		}
 		if err != nil {
+			c.closeFD()
 			unix.Rmdir(c.dir)
 		}
 	}
@@ -315,17 +331,70 @@ func Close() {
 	h.idle = nil
 }
 
-func (c *callCgroup) closeFD() {
-	if c.fd >= 0 {
-		unix.Close(c.fd)
-		c.fd = -1
+// openFiles opens the cgroup's files that its calls read (see events).
+func (c *callCgroup) openFiles() error {
+	for _, f := range []struct {
+		name string
+		fd   *int
+	}{{"cgroup.events", &c.events}, {"cgroup.procs", &c.procsFD}, {"cgroup.stat", &c.stat}} {
+		fd, err := unix.Openat(c.fd, f.name, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+		if err != nil {
+			return fmt.Errorf("opening %s/%s: %w", c.dir, f.name, err)
+		}
+		*f.fd = fd
 	}
+	// The kernel notifies a poller of cgroup.events when a value in it
+	// changes (populated going to 0 among them).
+	c.eventsFile = os.NewFile(uintptr(c.events), "cgroup.events")
+	if rc, err := c.eventsFile.SyscallConn(); err == nil {
+		c.eventsConn = rc
+	}
+	return nil
+}
+
+// waitEmpty waits until no process is in the cgroup or below it, or until
+// the deadline, and reports whether it is empty. With events open it
+// sleeps in Go's poller until the kernel says cgroup.events changed; else
+// it reads the file every few milliseconds.
+func (c *callCgroup) waitEmpty(deadline time.Time) bool {
+	if c.eventsConn != nil && c.eventsFile.SetReadDeadline(deadline) == nil {
+		err := c.eventsConn.Read(func(fd uintptr) bool { return !c.populated() })
+		if err == nil {
+			return true
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return false
+		}
+	}
+	return pollUntil(deadline, func() bool { return !c.populated() })
+}
+
+func (c *callCgroup) closeFD() {
+	if c.eventsFile != nil {
+		c.eventsFile.Close() // and events with it
+		c.eventsFile, c.eventsConn, c.events = nil, nil, -1
+	}
+	for _, fd := range []*int{&c.fd, &c.events, &c.procsFD, &c.stat} {
+		if *fd >= 0 {
+			unix.Close(*fd)
+			*fd = -1
+		}
+	}
+}
+
+// read reads one of the cgroup's files into buf: from the kept
+// descriptor fd when it is open, else by path.
+func (c *callCgroup) read(fd int, name string, buf []byte) ([]byte, error) {
+	if fd < 0 {
+		return readFile(c.dir+"/"+name, buf)
+	}
+	return preadAll(fd, buf)
 }
 
 // hasDescendants reports whether a privileged tool made cgroups below the
 // call's, from cgroup.stat.
 func (c *callCgroup) hasDescendants() bool {
-	b, err := readFile(c.dir+"/cgroup.stat", make([]byte, 0, 128))
+	b, err := c.read(c.stat, "cgroup.stat", make([]byte, 0, 128))
 	if err != nil {
 		return true
 	}
@@ -341,7 +410,7 @@ func (c *callCgroup) hasDescendants() bool {
 // cgroup.events, which the kernel updates as the last process exits, before
 // its parent can see the exit.
 func (c *callCgroup) populated() bool {
-	b, err := readFile(c.dir+"/cgroup.events", make([]byte, 0, 64))
+	b, err := c.read(c.events, "cgroup.events", make([]byte, 0, 64))
 	if err != nil {
 		return true // cannot tell: the callers then list the processes
 	}
@@ -359,7 +428,13 @@ func (c *callCgroup) procs() []int {
 	var out []int
 	var walk func(dir string, below bool)
 	walk = func(dir string, below bool) {
-		b, err := readFile(dir+"/cgroup.procs", make([]byte, 0, 256))
+		var b []byte
+		var err error
+		if dir == c.dir {
+			b, err = c.read(c.procsFD, "cgroup.procs", make([]byte, 0, 256))
+		} else {
+			b, err = readFile(dir+"/cgroup.procs", make([]byte, 0, 256))
+		}
 		if err == nil {
 			for f := range bytes.FieldsSeq(b) {
 				if pid, err := strconv.Atoi(string(f)); err == nil {
@@ -382,6 +457,11 @@ func (c *callCgroup) procs() []int {
 	}
 	walk(c.dir, c.hasDescendants())
 	return out
+}
+
+// staleCgroup is a cgroup found on disk, read by path.
+func staleCgroup(dir string) *callCgroup {
+	return &callCgroup{dir: dir, fd: -1, events: -1, procsFD: -1, stat: -1}
 }
 
 // errNoKill means the kernel has no cgroup.kill (before Linux 5.14).
@@ -536,7 +616,7 @@ func CgroupMembers(owner int) ([]int, error) {
 	for _, e := range entries {
 		if e.IsDir() && strings.HasPrefix(e.Name(), prefix) {
 			// The parent holds no process itself; its calls are below it.
-			out = append(out, (&callCgroup{dir: filepath.Join(h.base, e.Name())}).procs()...)
+			out = append(out, staleCgroup(filepath.Join(h.base, e.Name())).procs()...)
 		}
 	}
 	return out, nil

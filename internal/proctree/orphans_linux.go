@@ -235,7 +235,7 @@ func (h *cgroupHost) reapStale() (procs, dirs int, owners []int, unkilled int, e
 		if !o.gone() {
 			continue
 		}
-		stale := &callCgroup{dir: dir}
+		stale := staleCgroup(dir)
 		n := len(stale.procs())
 		if n > 0 {
 			if err := stale.kill(); err != nil {

@@ -52,6 +52,29 @@ func readFile(path string, buf []byte) ([]byte, error) {
 	}
 }
 
+// preadAll reads a whole file from offset 0 into buf[:0], growing it as
+// needed. A kernfs or procfs file is generated afresh by a read at offset
+// 0, so a kept descriptor reads the file as it is now.
+func preadAll(fd int, buf []byte) ([]byte, error) {
+	buf = buf[:0]
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := unix.Pread(fd, buf[len(buf):cap(buf)], int64(len(buf)))
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return buf, err
+		}
+		if n == 0 {
+			return buf, nil
+		}
+		buf = buf[:len(buf)+n]
+	}
+}
+
 var statBufs = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
 
 // readStat reads /proc/<pid>/stat.

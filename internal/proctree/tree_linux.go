@@ -29,7 +29,10 @@ type Tree struct {
 
 	mu      sync.Mutex
 	members map[int]*handle // every process held so far, by pid
-	gone    bool            // a check found no live member after the root exited
+	// signalled are the pids of a cgroup's tree that were sent SIGTERM,
+	// by the group signal or on their own.
+	signalled map[int]bool
+	gone      bool // a check found no live member after the root exited
 	// unkilled are the processes still alive unkillableAfter after they
 	// were sent SIGKILL; the tree no longer waits for them.
 	unkilled []int
@@ -178,7 +181,11 @@ func (t *Tree) Stop(grace time.Duration) {
 	if grace > 0 {
 		deadline := time.Now().Add(grace)
 		t.signal(unix.SIGTERM)
-		if t.waitGone(deadline, unix.SIGTERM) {
+		if t.cg != nil {
+			if t.waitCgroupGone(deadline, unix.SIGTERM) {
+				return
+			}
+		} else if t.waitGone(deadline, unix.SIGTERM) {
 			return
 		}
 	}
@@ -296,17 +303,92 @@ func (t *Tree) live() bool {
 }
 
 // signal sends sig to every process of the tree.
+//
+// The root's process group first, in one system call, so that the common
+// case (nothing left the group) is signalled before any scan: under a
+// burst of stops the trees start exiting at once instead of each after its
+// own scan. The root is not reaped before Wait, so the group's id is still
+// its own. Then whatever left the group or joined it too late is found and
+// signalled on its own.
 func (t *Tree) signal(sig unix.Signal) {
-	if t.cg == nil {
-		// The group first, in one system call, so that the common case
-		// (nothing left the group) is signalled before the scan.
-		before := bootTicks()
-		if unix.Kill(-t.pid, sig) == nil {
-			t.refreshGroup(sig, before)
-			return
-		}
+	if t.cg != nil {
+		t.signalCgroup(sig)
+		return
+	}
+	before := bootTicks()
+	if unix.Kill(-t.pid, sig) == nil {
+		t.refreshGroup(sig, before)
+		return
 	}
 	t.refresh(sig)
+}
+
+// signalCgroup signals a cgroup's tree. The processes in the cgroup just
+// before the group signal that are in the root's group after it had it;
+// the others — outside the group, or new — are held and signalled on
+// their own, once each. A process in the group is not held: the tree waits
+// for the cgroup to empty (cgroup.events), not for each process, so the
+// common case costs two reads of cgroup.procs, a getpgid per process and
+// no pidfd.
+func (t *Tree) signalCgroup(sig unix.Signal) {
+	pre := t.cg.procs()
+	if unix.Kill(-t.pid, sig) != nil {
+		pre = nil // no such group left: every process on its own
+	}
+	if t.signalled == nil {
+		t.signalled = map[int]bool{}
+	}
+	for _, pid := range pre {
+		if pgid, err := unix.Getpgid(pid); err == nil && pgid == t.pid {
+			t.signalled[pid] = true
+		}
+	}
+	t.signalNew(sig)
+}
+
+// signalNew sends sig to the processes in the tree's cgroup that have not
+// had it: each held by a pidfd, so that the signal reaches that process
+// and not one that was given its pid since cgroup.procs was read.
+func (t *Tree) signalNew(sig unix.Signal) {
+	for _, pid := range t.cg.procs() {
+		if t.signalled[pid] {
+			continue
+		}
+		t.holdCgroupMember(pid)
+		if h, ok := t.members[pid]; ok {
+			h.signal(sig)
+			t.signalled[pid] = true
+		}
+	}
+}
+
+// waitCgroupGone waits until the tree's cgroup is empty, or until the
+// deadline, and reports whether it is. The kernel wakes it when the
+// cgroup empties (cgroup.events is pollable), so it neither polls nor
+// holds a process. Every so often (10ms, doubling up to 250ms) it looks for
+// processes started since the tree was signalled and sends them sig (when
+// not zero): a process forked just after the signal did not get it, and a
+// parent that waits for it (a shell's trap running `wait`) would otherwise
+// hold the whole tree until SIGKILL.
+func (t *Tree) waitCgroupGone(deadline time.Time, sig unix.Signal) bool {
+	rescan := 10 * time.Millisecond
+	for {
+		until := time.Now().Add(rescan)
+		if deadline.Before(until) {
+			until = deadline
+		}
+		if t.cg.waitEmpty(until) {
+			t.gone = true
+			return true
+		}
+		if !time.Now().Before(deadline) {
+			return false
+		}
+		if sig != 0 {
+			t.signalNew(sig)
+		}
+		rescan = min(2*rescan, 250*time.Millisecond)
+	}
 }
 
 // refreshGroup holds the members a scan finds right after the process
@@ -383,7 +465,10 @@ func (t *Tree) holdCgroupMember(pid int) {
 	if err != nil {
 		return
 	}
-	if !t.cg.has(pid) {
+	// The root is our child and not reaped until Wait, so its pid names
+	// it: only another pid may have been reused since cgroup.procs was
+	// read.
+	if pid != t.pid && !t.cg.has(pid) {
 		h.close()
 		return
 	}
@@ -448,9 +533,17 @@ func (t *Tree) waitGone(deadline time.Time, sig unix.Signal) bool {
 func (t *Tree) kill() {
 	if t.cg != nil {
 		// cgroup.kill reaches every process at once, including one in the
-		// middle of a fork; without it (Linux < 5.14) waitGone sends
-		// SIGKILL to each process it finds until none is left.
-		t.cg.kill()
+		// middle of a fork, so what is left is to wait for the cgroup to
+		// empty; without it (Linux < 5.14) waitGone sends SIGKILL to each
+		// process it finds until none is left.
+		if t.cg.kill() == nil {
+			if t.waitCgroupGone(time.Now().Add(unkillableAfter), 0) {
+				return
+			}
+			t.unkilled = t.cg.procs()
+			slices.Sort(t.unkilled)
+			return
+		}
 	} else {
 		unix.Kill(-t.pid, unix.SIGKILL)
 	}
