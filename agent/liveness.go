@@ -60,8 +60,8 @@ type liveness struct {
 
 	mu           sync.Mutex
 	lastProgress time.Time
-	running      map[*activity]struct{}
-	last         *activity // the most recently started activity
+	running      []*activity // in the order they started
+	last         *activity   // the most recently started activity
 	lastEnded    time.Time
 	fired        bool
 
@@ -80,7 +80,6 @@ func newLiveness(step budget.Duration, notice time.Duration, emit func(event.Pay
 	l := &liveness{
 		step: step, notice: notice, emit: emit, stop: stop,
 		base: now, lastProgress: now,
-		running: map[*activity]struct{}{},
 	}
 	l.mu.Lock()
 	l.armLocked(now)
@@ -117,7 +116,7 @@ func (l *liveness) begin(a *activity) {
 	if l.notice > 0 {
 		a.nextNotice = a.started.Add(l.notice)
 	}
-	l.running[a] = struct{}{}
+	l.running = append(l.running, a)
 	l.last = a
 	l.armLocked(a.started)
 	l.mu.Unlock()
@@ -127,7 +126,7 @@ func (l *liveness) begin(a *activity) {
 // failed is not.
 func (l *liveness) end(a *activity, completed bool) {
 	l.mu.Lock()
-	delete(l.running, a)
+	l.running = slices.DeleteFunc(l.running, func(x *activity) bool { return x == a })
 	l.lastEnded = time.Now()
 	if completed {
 		l.lastProgress = l.lastEnded
@@ -196,7 +195,7 @@ func (l *liveness) nextLocked(now time.Time) (next time.Time, ok bool) {
 			next, ok = t, true
 		}
 	}
-	for a := range l.running {
+	for _, a := range l.running {
 		if !a.nextNotice.IsZero() {
 			consider(a.nextNotice)
 		}
@@ -218,7 +217,7 @@ func (l *liveness) stepDueLocked() (time.Time, bool) {
 	}
 	l.syncAlive()
 	due := l.lastProgress.Add(l.step.D)
-	for a := range l.running {
+	for _, a := range l.running {
 		if a.deadline.After(due) {
 			due = a.deadline
 		}
@@ -231,7 +230,7 @@ func (l *liveness) stepDueLocked() (time.Time, bool) {
 func (l *liveness) check(now time.Time) {
 	l.mu.Lock()
 	var notices []*event.StillWorking
-	for a := range l.running {
+	for _, a := range l.running {
 		if a.nextNotice.IsZero() || now.Before(a.nextNotice) {
 			continue
 		}
@@ -261,7 +260,7 @@ func (l *liveness) check(now time.Time) {
 // signal (end with completed), which starts a fresh step window. l.mu is
 // held.
 func (l *liveness) advisoryRunningLocked() bool {
-	for a := range l.running {
+	for _, a := range l.running {
 		if a.advisory {
 			return true
 		}
@@ -273,7 +272,7 @@ func (l *liveness) advisoryRunningLocked() bool {
 func (l *liveness) compacting() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for a := range l.running {
+	for _, a := range l.running {
 		if a.compaction {
 			return true
 		}
@@ -288,11 +287,7 @@ func (l *liveness) describe(now time.Time) (desc string, tools []string) {
 	defer l.mu.Unlock()
 	// It runs once per stopped turn, on the goroutine that stops it, often
 	// thousands at once (a burst of ceilings): plain concatenation, no fmt.
-	acts := make([]*activity, 0, len(l.running))
-	for a := range l.running {
-		acts = append(acts, a)
-	}
-	slices.SortFunc(acts, func(a, b *activity) int { return a.started.Compare(b.started) })
+	acts := l.running // in the order they started
 	var toolActs []*activity
 	for _, a := range acts {
 		if a.tool != "" {

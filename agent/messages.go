@@ -39,8 +39,8 @@ func (t *turn) message(st stop, now time.Time) string {
 		if b.Turn.Source == budget.SourceRequest && knob == b.Turn.Knob {
 			named = t.named(budget.KeyTurn)
 		}
-		return fmt.Sprintf("Stopped after %s, the limit for one turn (%s). Last step: %s. Try a simpler request, or raise %s.",
-			limit, named, last, knob)
+		return "Stopped after " + limit.String() + ", the limit for one turn (" + named + "). Last step: " + last +
+			". Try a simpler request, or raise " + knob + "."
 	case budget.NoProgress:
 		advice := fmt.Sprintf("Raise %s if a step may legitimately stay silent longer.", b.Step.Knob)
 		if len(t.stopTools) > 0 {

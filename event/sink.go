@@ -77,10 +77,15 @@ func (m *Emitter) Close() {
 	m.mu.Unlock()
 }
 
-// Log returns a copy of the events emitted so far.
+// Log returns the events emitted so far: a copy while the emitter is
+// open; after Close, which ends the log, the log itself (capped at its
+// length, so that appending to it copies).
 func (m *Emitter) Log() []Event {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.closed {
+		return m.log[:len(m.log):len(m.log)]
+	}
 	return append([]Event(nil), m.log...)
 }
 

@@ -121,7 +121,7 @@ func causeText(cause error) string {
 		return "cancelled"
 	}
 	if te, ok := budget.AsTimeout(cause); ok {
-		return fmt.Sprintf("%s limit of %s, %s", te.Phase, te.Limit, te.Knob)
+		return string(te.Phase) + " limit of " + te.Limit.String() + ", " + te.Knob
 	}
 	return cause.Error()
 }
