@@ -324,10 +324,23 @@ const trueProgram = "/bin/true"
 // BenchmarkCallOverhead compares one exec tool call of /bin/true with a raw
 // os/exec fork/exec/wait of it. The sub-benchmarks give each on its own;
 // ratio-* runs them alternately (so that drift in the machine's speed hits
-// both alike) and reports exec-tool time over raw time.
+// all alike) and reports exec-tool time over raw time (ratio), and over
+// the same program through os/exec with the tool's three pipes
+// (ratio-piped).
 func BenchmarkCallOverhead(b *testing.B) {
 	raw := func(b *testing.B) {
 		if err := exec.Command(trueProgram).Run(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	// piped is the floor of any exec tool that passes a request and reads
+	// a result: the same program through os/exec with the three pipes the
+	// tool uses (the request on stdin, stdout and stderr read).
+	piped := func(b *testing.B) {
+		c := exec.Command(trueProgram)
+		var out, errOut strings.Builder
+		c.Stdin, c.Stdout, c.Stderr = strings.NewReader(`{"x": 1}`), &out, &errOut
+		if err := c.Run(); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -373,17 +386,22 @@ func BenchmarkCallOverhead(b *testing.B) {
 			if _, err := proctree.Resolve(s); err != nil {
 				b.Skip(err)
 			}
-			var tRaw, tTool time.Duration
+			var tRaw, tPiped, tTool time.Duration
 			for b.Loop() {
 				t0 := time.Now()
 				raw(b)
 				t1 := time.Now()
+				piped(b)
+				t2 := time.Now()
 				one(b)
-				tTool += time.Since(t1)
+				tTool += time.Since(t2)
+				tPiped += t2.Sub(t1)
 				tRaw += t1.Sub(t0)
 			}
 			b.ReportMetric(float64(tTool)/float64(tRaw), "ratio")
+			b.ReportMetric(float64(tTool)/float64(tPiped), "ratio-piped")
 			b.ReportMetric(float64(tRaw.Microseconds())/float64(b.N), "raw-µs/op")
+			b.ReportMetric(float64(tPiped.Microseconds())/float64(b.N), "piped-µs/op")
 			b.ReportMetric(float64(tTool.Microseconds())/float64(b.N), "tool-µs/op")
 		})
 	}
