@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -410,6 +411,7 @@ func (c *callCgroup) hasDescendants() bool {
 // cgroup.events, which the kernel updates as the last process exits, before
 // its parent can see the exit.
 func (c *callCgroup) populated() bool {
+	eventsReads.Add(1)
 	b, err := c.read(c.events, "cgroup.events", make([]byte, 0, 64))
 	if err != nil {
 		return true // cannot tell: the callers then list the processes
@@ -421,6 +423,10 @@ func (c *callCgroup) populated() bool {
 	}
 	return true
 }
+
+// eventsReads counts the reads of cgroup.events, for the test that a
+// stop sleeps in the poller rather than polling.
+var eventsReads atomic.Int64
 
 // procs lists the processes in the cgroup and in any cgroup a privileged
 // tool made below it (looked for only when cgroup.stat counts some).

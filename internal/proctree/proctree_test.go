@@ -435,6 +435,31 @@ func TestCgroupDirectories(t *testing.T) {
 	}
 }
 
+// A stop waits for its cgroup to empty in Go's poller, woken by the kernel
+// when cgroup.events changes: it reads the file a few times, not every few
+// milliseconds as the polling fallback would (about 35 times in 300ms).
+func TestCgroupEmptyWakesThePoller(t *testing.T) {
+	if _, err := Resolve(Cgroup); err != nil {
+		t.Skip(err)
+	}
+	t.Cleanup(func() { noLeaks(t) })
+	st := start(t, Cgroup, "hang")
+	st.line(t)
+	if st.tree.cg.eventsConn == nil {
+		t.Fatal("cgroup.events is not in the poller")
+	}
+	killer := time.AfterFunc(300*time.Millisecond, func() { unix.Kill(st.tree.PID(), unix.SIGKILL) })
+	defer killer.Stop()
+	before := eventsReads.Load()
+	if !st.tree.cg.waitEmpty(time.Now().Add(10 * time.Second)) {
+		t.Fatal("the cgroup did not empty within 10s of its only process being killed")
+	}
+	if n := eventsReads.Load() - before; n > 6 {
+		t.Errorf("cgroup.events read %d times while waiting; the poller should wake the wait once or twice", n)
+	}
+	st.tree.Wait()
+}
+
 func TestScansAreShared(t *testing.T) {
 	// Fake calls with no processes: a scan has something to look for.
 	for n := uint64(1 << 60); n < 1<<60+10; n++ {
