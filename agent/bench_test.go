@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"os"
 	"runtime"
-	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,6 +16,7 @@ import (
 	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/benchprof"
 	"github.com/timebox-run/timebox/model"
 	"github.com/timebox-run/timebox/model/script"
 	"github.com/timebox-run/timebox/tool"
@@ -157,7 +157,10 @@ func windDown(b *testing.B, a *agent.Agent, n int, floor bool) (late []time.Dura
 	}
 	runtime.GC()
 	rss = vmRSS()
-	stopProfile := profileWindDown(b, floor)
+	stopProfile := func() {}
+	if !floor {
+		stopProfile = benchprof.Phase(b, "") // TB_BENCH_PROFILE=PREFIX
+	}
 	before := cpuTime()
 	done.Wait()
 	cpu = cpuTime() - before
@@ -166,41 +169,6 @@ func windDown(b *testing.B, a *agent.Agent, n int, floor bool) (late []time.Dura
 		late = append(late, r.Sub(at))
 	}
 	return late, cpu, rss
-}
-
-// profileWindDown profiles the wind-down alone when TB_BENCH_PROFILE names
-// a file prefix: PREFIX.cpu, and PREFIX.allocs0 and PREFIX.allocs1, the
-// allocation profiles before and after, to read with
-// go tool pprof -sample_index=alloc_space -base PREFIX.allocs0 PREFIX.allocs1.
-func profileWindDown(b *testing.B, floor bool) (stop func()) {
-	prefix := os.Getenv("TB_BENCH_PROFILE")
-	if prefix == "" || floor {
-		return func() {}
-	}
-	write := func(name string) {
-		runtime.GC() // the profile is as of the last GC
-		f, err := os.Create(prefix + name)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer f.Close()
-		if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
-			b.Fatal(err)
-		}
-	}
-	write(".allocs0")
-	f, err := os.Create(prefix + ".cpu")
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		b.Fatal(err)
-	}
-	return func() {
-		pprof.StopCPUProfile()
-		f.Close()
-		write(".allocs1")
-	}
 }
 
 // cpuTime is the process's CPU time so far, user and system.

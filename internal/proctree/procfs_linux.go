@@ -33,23 +33,7 @@ func readFile(path string, buf []byte) ([]byte, error) {
 		return buf[:0], err
 	}
 	defer unix.Close(fd)
-	buf = buf[:0]
-	for {
-		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)]
-		}
-		n, err := unix.Read(fd, buf[len(buf):cap(buf)])
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return buf, err
-		}
-		if n == 0 {
-			return buf, nil
-		}
-		buf = buf[:len(buf)+n]
-	}
+	return preadAll(fd, buf)
 }
 
 // preadAll reads a whole file from offset 0 into buf[:0], growing it as

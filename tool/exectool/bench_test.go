@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/benchprof"
 	"github.com/timebox-run/timebox/internal/proctest"
 	"github.com/timebox-run/timebox/internal/proctree"
 	"github.com/timebox-run/timebox/tool"
@@ -146,73 +146,72 @@ func launch(ctx context.Context, tl tool.Tool, b budget.ToolBudget, hung, peak *
 	<-started
 }
 
+// results gathers the calls' lateness and any outcome other than
+// timed_out.
+type results struct {
+	mu   sync.Mutex
+	late []time.Duration
+	bad  map[event.Outcome]int
+}
+
+func (r *results) add(x *tool.Execution, late time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if x.Outcome != event.OutcomeTimedOut {
+		if r.bad == nil {
+			r.bad = map[event.Outcome]int{}
+		}
+		r.bad[x.Outcome]++
+	}
+	r.late = append(r.late, late)
+}
+
+func (r *results) check(b *testing.B) []time.Duration {
+	if len(r.bad) > 0 {
+		b.Fatalf("outcomes other than timed_out: %v", r.bad)
+	}
+	return r.late
+}
+
 func spread(b *testing.B, tl tool.Tool, calls int) ([]time.Duration, int) {
 	const timeout = time.Second
 	var hung, peak atomic.Int64
 	var wg sync.WaitGroup
-	var mu sync.Mutex
-	late := make([]time.Duration, 0, calls)
-	bad := map[event.Outcome]int{}
+	var r results
 	for range calls {
 		wg.Add(1)
 		launch(context.Background(), tl, hungBudget(timeout), &hung, &peak, func(x *tool.Execution, ready time.Time) {
 			defer wg.Done()
-			mu.Lock()
-			defer mu.Unlock()
-			if x.Outcome != event.OutcomeTimedOut {
-				bad[x.Outcome]++
-			}
-			late = append(late, ready.Sub(x.Started.Add(timeout)))
+			r.add(x, ready.Sub(x.Started.Add(timeout)))
 		})
 	}
 	wg.Wait()
-	if len(bad) > 0 {
-		b.Fatalf("outcomes other than timed_out: %v", bad)
-	}
-	return late, int(peak.Load())
+	return r.check(b), int(peak.Load())
 }
 
 func atOnce(b *testing.B, tl tool.Tool, calls int) ([]time.Duration, int) {
 	const timeout = time.Second
 	var hung, peak atomic.Int64
 	var wg sync.WaitGroup
-	var mu sync.Mutex
-	late := make([]time.Duration, 0, calls)
-	bad := map[event.Outcome]int{}
+	var r results
 	gate := make(chan struct{})
 	for range calls {
-		wg.Go(func() {
+		wg.Add(1)
+		go func() {
 			<-gate
-			var once sync.Once
-			reported := false
-			x := tool.Run(context.Background(), tl, &tool.Call{ID: "c", Tool: "hung"}, hungBudget(timeout), tool.Hooks{OnProgress: func(tool.Report) {
-				once.Do(func() {
-					reported = true
-					n := hung.Add(1)
-					for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
-					}
-				})
-			}})
-			ready := time.Now()
-			once.Do(func() {})
-			if reported {
-				hung.Add(-1)
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			if x.Outcome != event.OutcomeTimedOut {
-				bad[x.Outcome]++
-			}
-			late = append(late, ready.Sub(x.Started.Add(timeout)))
-		})
+			launch(context.Background(), tl, hungBudget(timeout), &hung, &peak, func(x *tool.Execution, ready time.Time) {
+				defer wg.Done()
+				r.add(x, ready.Sub(x.Started.Add(timeout)))
+			})
+		}()
 	}
 	close(gate)
 	wg.Wait()
-	if len(bad) > 0 {
-		b.Fatalf("outcomes other than timed_out: %v", bad)
-	}
-	return late, int(peak.Load())
+	return r.check(b), int(peak.Load())
 }
+
+// profiles numbers the bursts' profiles.
+var profiles int
 
 func burst(b *testing.B, tl tool.Tool, calls int) ([]time.Duration, int) {
 	// One context per call: the runner fills in the elapsed time of the
@@ -221,9 +220,8 @@ func burst(b *testing.B, tl tool.Tool, calls int) ([]time.Duration, int) {
 	stoppedAt := make([]time.Time, calls)
 	var hung, peak atomic.Int64
 	var wg sync.WaitGroup
-	var mu sync.Mutex
-	late := make([]time.Duration, 0, calls)
-	bad := map[event.Outcome]int{}
+	var stopping sync.Mutex // held while the stops are sent, so that stoppedAt is complete
+	var r results
 	for i := range calls {
 		ctx, cancel := context.WithCancelCause(context.Background())
 		defer cancel(nil)
@@ -231,51 +229,24 @@ func burst(b *testing.B, tl tool.Tool, calls int) ([]time.Duration, int) {
 		wg.Add(1)
 		launch(ctx, tl, hungBudget(time.Hour), &hung, &peak, func(x *tool.Execution, ready time.Time) {
 			defer wg.Done()
-			mu.Lock()
-			defer mu.Unlock()
-			if x.Outcome != event.OutcomeTimedOut {
-				bad[x.Outcome]++
-			}
-			late = append(late, ready.Sub(stoppedAt[i]))
+			stopping.Lock()
+			at := stoppedAt[i]
+			stopping.Unlock()
+			r.add(x, ready.Sub(at))
 		})
 	}
-	stopProfile := profileStops(b)
-	mu.Lock()
+	profiles++
+	stopProfile := benchprof.Phase(b, fmt.Sprintf(".%d", profiles)) // TB_BENCH_PROFILE=PREFIX: the stops alone
+	stopping.Lock()
 	for i, cancel := range cancels {
 		stoppedAt[i] = time.Now()
 		cancel(&budget.TimeoutError{Phase: budget.PhaseTool, Limit: time.Hour, Source: budget.SourceTool, Knob: "tools[hung].timeout"})
 	}
-	mu.Unlock()
+	stopping.Unlock()
 	wg.Wait()
 	stopProfile()
-	if len(bad) > 0 {
-		b.Fatalf("outcomes other than timed_out: %v", bad)
-	}
-	return late, int(peak.Load())
+	return r.check(b), int(peak.Load())
 }
-
-// profileStops writes a CPU profile of a burst's stops alone to
-// $TB_BENCH_PROFILE.<n>.cpu when TB_BENCH_PROFILE names a file prefix.
-func profileStops(b *testing.B) (stop func()) {
-	prefix := os.Getenv("TB_BENCH_PROFILE")
-	if prefix == "" {
-		return func() {}
-	}
-	profiles++
-	f, err := os.Create(fmt.Sprintf("%s.%d.cpu", prefix, profiles))
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		b.Fatal(err)
-	}
-	return func() {
-		pprof.StopCPUProfile()
-		f.Close()
-	}
-}
-
-var profiles int
 
 // rawTool runs hungTree with plain os/exec, for the floor of
 // BenchmarkDeadlinePrecision.
