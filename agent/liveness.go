@@ -183,6 +183,7 @@ func (l *liveness) close() {
 	if l.timer != nil {
 		l.timer.Stop()
 	}
+	l.due = time.Time{}
 	l.mu.Unlock()
 	l.checking.Wait()
 }

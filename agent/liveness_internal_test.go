@@ -1,0 +1,82 @@
+package agent
+
+import (
+	"testing"
+	"time"
+
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+)
+
+// The watchdog's one timer is set for the earliest thing due and re-armed
+// only when something brings a due time earlier. These tests would hang
+// (and fail at their bound) if a change that moves a due time earlier left
+// the timer where it was.
+
+// A failed call ending takes away the deadline that held the step
+// watchdog off: the watchdog fires a step after the last progress, not at
+// that deadline an hour away.
+func TestWatchdogRearmsWhenACallEnds(t *testing.T) {
+	fired := make(chan *budget.TimeoutError, 1)
+	step := budget.Duration{D: 100 * time.Millisecond, Source: budget.SourceDefault, Knob: "timeouts.step"}
+	l := newLiveness(step, 0, func(event.Payload) {}, func(te *budget.TimeoutError) { fired <- te })
+	defer l.close()
+	a := &activity{step: 1, subject: "tool slow", callID: "call_1_1", tool: "slow", deadline: time.Now().Add(time.Hour)}
+	l.begin(a)
+	select {
+	case te := <-fired:
+		t.Fatalf("the watchdog fired (%v) while a tool was inside its own timeout", te)
+	case <-time.After(300 * time.Millisecond):
+	}
+	l.end(a, false) // failed: not a progress signal
+	select {
+	case te := <-fired:
+		if te.Phase != budget.PhaseStep {
+			t.Errorf("fired with phase %s, want %s", te.Phase, budget.PhaseStep)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the watchdog did not fire after the call that held it off ended")
+	}
+}
+
+// A call starting brings its first still_working notice, which may be due
+// before anything the timer is set for.
+func TestWatchdogRearmsWhenACallStarts(t *testing.T) {
+	notices := make(chan *event.StillWorking, 4)
+	step := budget.Duration{D: time.Hour, Source: budget.SourceDefault, Knob: "timeouts.step"}
+	l := newLiveness(step, 50*time.Millisecond, func(p event.Payload) {
+		if sw, ok := p.(*event.StillWorking); ok {
+			notices <- sw
+		}
+	}, func(*budget.TimeoutError) {})
+	defer l.close()
+	l.begin(&activity{step: 1, subject: "tool slow", callID: "call_1_1", tool: "slow", limit: time.Minute})
+	select {
+	case sw := <-notices:
+		if sw.CallID != "call_1_1" {
+			t.Errorf("still_working for %q, want call_1_1", sw.CallID)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no still_working for a call running past progress_notice")
+	}
+}
+
+// After close returns nothing is emitted: a timer that fired just before
+// finds the watchdog closed, and nothing arms it again.
+func TestWatchdogSilentAfterClose(t *testing.T) {
+	emitted := 0
+	l := newLiveness(budget.Duration{D: time.Millisecond}, time.Millisecond, func(event.Payload) { emitted++ }, func(*budget.TimeoutError) { emitted++ })
+	a := &activity{step: 1, subject: "tool slow", callID: "call_1_1", tool: "slow"}
+	l.begin(a)
+	l.close()
+	n := emitted
+	l.fire() // as a timer that fired as close ran
+	l.end(a, true)
+	l.fire()
+	if emitted != n {
+		t.Errorf("%d emitted after close", emitted-n)
+	}
+	if !l.due.IsZero() {
+		t.Errorf("armed for %s after close", l.due)
+	}
+}
