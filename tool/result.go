@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/timebox-run/timebox/budget"
@@ -81,7 +82,8 @@ func ModelResult(name string, b budget.ToolBudget, x *Execution) string {
 	default: // cancelled
 		info := ErrorInfo{Type: "tool_cancelled", Tool: name, Phase: string(x.Phase),
 			Elapsed: budget.Round(x.Elapsed()).String(),
-			Message: fmt.Sprintf("Tool %q was stopped after %s because the turn was stopped (%s).", name, budget.Round(x.Elapsed()), causeText(x.Cause))}
+			Message: "Tool " + strconv.Quote(name) + " was stopped after " + budget.Round(x.Elapsed()).String() +
+				" because the turn was stopped (" + causeText(x.Cause) + ")."}
 		if x.Result != nil {
 			info.PartialOutput = validText(tail(x.Result.outputString(), maxPartial))
 		}
@@ -99,17 +101,20 @@ func timeoutInfo(name string, b budget.ToolBudget, x *Execution) ErrorInfo {
 		Limit: te.Limit.String(), Elapsed: elapsed.String(), Source: string(te.Source), Knob: te.Knob}
 	var what string
 	if te.Phase == budget.PhaseToolIdle {
-		what = fmt.Sprintf("Tool %q reported no progress for %s (its idle limit) and was stopped after %s.", name, te.Limit, elapsed)
+		what = "Tool " + strconv.Quote(name) + " reported no progress for " + te.Limit.String() +
+			" (its idle limit) and was stopped after " + elapsed.String() + "."
 	} else {
-		what = fmt.Sprintf("Tool %q did not finish within %s and was stopped.", name, te.Limit)
+		what = "Tool " + strconv.Quote(name) + " did not finish within " + te.Limit.String() + " and was stopped."
 	}
 	if x.Abandoned {
 		if cut, ok := strings.CutSuffix(what, " and was stopped."); ok {
 			what = cut + "."
 		}
-		what += fmt.Sprintf(" It was asked to stop and had not after %s, so timebox stopped waiting for it.", budget.Round(b.KillGrace.D))
+		what += " It was asked to stop and had not after " + budget.Round(b.KillGrace.D).String() + ", so timebox stopped waiting for it."
 	}
-	info.Message = what + fmt.Sprintf(" It may be hung (for example on an unreachable service). Try a narrower request or a different tool; an operator can raise %s.", te.Knob)
+	// Plain concatenation, here and above: a burst of deadlines builds
+	// thousands of these at once.
+	info.Message = what + " It may be hung (for example on an unreachable service). Try a narrower request or a different tool; an operator can raise " + te.Knob + "."
 	if x.Result != nil {
 		info.PartialOutput = validText(tail(x.Result.outputString(), maxPartial))
 	}
