@@ -560,8 +560,9 @@ func eventsAfter(r *http.Request) (int64, error) {
 	if v == "" {
 		return 0, nil
 	}
-	n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-	if err != nil || n < 0 {
+	t := strings.TrimSpace(v)
+	n, err := strconv.ParseInt(t, 10, 64)
+	if err != nil || n < 0 || strings.HasPrefix(t, "-") { // "-0" too
 		return 0, fmt.Errorf("%s must be an event seq (a whole number ≥ 0), not %s", what, shown(strconv.Quote(v)))
 	}
 	return n, nil
