@@ -138,7 +138,12 @@ func nestingProblem(tks token.Tokens, lim nestLimits) (pos, string, string) {
 			stack, prev, prevBefore, props = stack[:0], nil, nil, 0
 			continue
 		}
-		if flow == 0 && p.Line != lastLine && tk.Type != token.MappingValueType {
+		// A dash on the line after an entry that is only an anchor or a
+		// tag ("- !t") starts that entry's value, a list inside it, at any
+		// column (goccy is lenient): it closes nothing.
+		propValue := flow == 0 && tk.Type == token.SequenceEntryType && props > 0 && isProp(prev) &&
+			prev.Position.Line < p.Line && runBefore != nil && runBefore.Type == token.SequenceEntryType
+		if flow == 0 && p.Line != lastLine && tk.Type != token.MappingValueType && !propValue {
 			// The first token of a line closes the block collections
 			// indented deeper than it. Not a colon: the parser takes the
 			// token before it as its key, even on an earlier line.
@@ -183,7 +188,7 @@ func nestingProblem(tks token.Tokens, lim nestLimits) (pos, string, string) {
 			if flow > 0 {
 				break
 			}
-			col, seq, key, inside := p.Column, tk.Type == token.SequenceEntryType, "", false
+			col, seq, key, inside := p.Column, tk.Type == token.SequenceEntryType, "", propValue
 			if tk.Type == token.MappingValueType && isKey(prev) {
 				col, key = prevStart, prev.Value // the key's column
 				at = pos{prev.Position.Line, prevStart}
@@ -210,6 +215,11 @@ func nestingProblem(tks token.Tokens, lim nestLimits) (pos, string, string) {
 type nestLimits struct{ depth, keys int }
 
 var fileLimits = nestLimits{depth: MaxNesting, keys: MaxKeys}
+
+// isProp reports whether tk is an anchor or a tag.
+func isProp(tk *token.Token) bool {
+	return tk != nil && tk.Position != nil && (tk.Type == token.AnchorType || tk.Type == token.TagType)
+}
 
 // isKey reports whether tk, the token before a colon, is its key: a
 // scalar, a name, a closing bracket; not punctuation that opens a value.
