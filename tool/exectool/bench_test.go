@@ -253,6 +253,10 @@ func burst(b *testing.B, tl tool.Tool, calls int) ([]time.Duration, int) {
 type rawTool struct{}
 
 func (rawTool) Spec() tool.Spec { return tool.Spec{Name: "hung"} }
+
+// OwnsProcesses: the runner waits for it as for the exec tool, never
+// abandoning it, so that both are timed to the end of their trees.
+func (rawTool) OwnsProcesses()  {}
 func (rawTool) Kind() tool.Kind { return tool.KindExec }
 func (rawTool) Call(ctx context.Context, c *tool.Call) (*tool.Result, error) {
 	cmd := exec.Command(hungTree[0], hungTree[1:]...)
