@@ -88,9 +88,8 @@ func newLiveness(step budget.Duration, notice time.Duration, emit func(event.Pay
 }
 
 // progress records a progress signal: a stream chunk, a tool's progress
-// report, a call completing.
-// Progress only moves the step's due time later, so the timer is left
-// alone.
+// report, a call completing. It only moves the step's due time later, so
+// the timer is left alone.
 func (l *liveness) progress() {
 	l.mu.Lock()
 	l.lastProgress = time.Now()

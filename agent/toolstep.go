@@ -33,20 +33,17 @@ func (t *turn) toolStep(ctx context.Context, step int, calls []model.ToolCall) (
 			continue
 		}
 		t.toolCalls++
-		if len(calls) == 1 {
-			// One call (the common case) runs on the turn's goroutine:
-			// a parked turn then costs one goroutine less.
-			if ctx.Err() != nil {
-				results[i] = t.refuse(step, callID, c, "cancelled", "", "Not run: the turn was stopped before this call could start.")
-			} else {
-				results[i] = t.runTool(ctx, step, callID, c)
-			}
-			continue
-		}
 		select {
 		case sem <- struct{}{}:
 		case <-ctx.Done():
 			results[i] = t.refuse(step, callID, c, "cancelled", "", "Not run: the turn was stopped before this call could start.")
+			continue
+		}
+		if len(calls) == 1 {
+			// One call (the common case) runs on the turn's goroutine:
+			// a parked turn then costs one goroutine less.
+			results[i] = t.runTool(ctx, step, callID, c)
+			<-sem
 			continue
 		}
 		wg.Add(1)
