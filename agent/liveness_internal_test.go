@@ -9,9 +9,16 @@ import (
 )
 
 // The watchdog's one timer is set for the earliest thing due and re-armed
-// only when something brings a due time earlier. These tests would hang
-// (and fail at their bound) if a change that moves a due time earlier left
-// the timer where it was.
+// only when something brings a due time earlier. Each test looks at where
+// the timer is set (due), then waits for what it fires; without the re-arm
+// they fail at once on due, and would otherwise wait an hour.
+
+// dueIn returns how far ahead the watchdog's timer is set.
+func dueIn(l *liveness) time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return time.Until(l.due)
+}
 
 // A failed call ending takes away the deadline that held the step
 // watchdog off: the watchdog fires a step after the last progress, not at
@@ -23,12 +30,19 @@ func TestWatchdogRearmsWhenACallEnds(t *testing.T) {
 	defer l.close()
 	a := &activity{step: 1, subject: "tool slow", callID: "call_1_1", tool: "slow", deadline: time.Now().Add(time.Hour)}
 	l.begin(a)
-	select {
-	case te := <-fired:
-		t.Fatalf("the watchdog fired (%v) while a tool was inside its own timeout", te)
-	case <-time.After(300 * time.Millisecond):
+	// Until it first fires the timer is set for the step's time; from
+	// then on, for the tool's deadline.
+	for d := dueIn(l); d < 30*time.Minute; d = dueIn(l) {
+		select {
+		case te := <-fired:
+			t.Fatalf("the watchdog fired (%v) while a tool was inside its own timeout", te)
+		case <-time.After(10 * time.Millisecond):
+		}
 	}
 	l.end(a, false) // failed: not a progress signal
+	if d := dueIn(l); d > step.D {
+		t.Fatalf("after the call ended the timer is set %s ahead, want within the step (%s)", d, step.D)
+	}
 	select {
 	case te := <-fired:
 		if te.Phase != budget.PhaseStep {
@@ -44,13 +58,17 @@ func TestWatchdogRearmsWhenACallEnds(t *testing.T) {
 func TestWatchdogRearmsWhenACallStarts(t *testing.T) {
 	notices := make(chan *event.StillWorking, 4)
 	step := budget.Duration{D: time.Hour, Source: budget.SourceDefault, Knob: "timeouts.step"}
-	l := newLiveness(step, 50*time.Millisecond, func(p event.Payload) {
+	const notice = 50 * time.Millisecond
+	l := newLiveness(step, notice, func(p event.Payload) {
 		if sw, ok := p.(*event.StillWorking); ok {
 			notices <- sw
 		}
 	}, func(*budget.TimeoutError) {})
 	defer l.close()
 	l.begin(&activity{step: 1, subject: "tool slow", callID: "call_1_1", tool: "slow", limit: time.Minute})
+	if d := dueIn(l); d > notice {
+		t.Fatalf("after the call started the timer is set %s ahead, want within progress_notice (%s)", d, notice)
+	}
 	select {
 	case sw := <-notices:
 		if sw.CallID != "call_1_1" {
