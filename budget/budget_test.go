@@ -72,7 +72,8 @@ func TestStatusOfStopReasons(t *testing.T) {
 	want := map[budget.StopReason]budget.Status{
 		budget.Answered: budget.StatusCompleted, budget.TurnTimeout: budget.StatusStopped, budget.NoProgress: budget.StatusStopped,
 		budget.LLMBudgetExhausted: budget.StatusStopped, budget.MaxSteps: budget.StatusStopped, budget.MaxToolCalls: budget.StatusStopped,
-		budget.ModelUnresponsive: budget.StatusStopped, budget.ReplyTooLong: budget.StatusStopped, budget.ModelUnavailable: budget.StatusFailed, budget.ModelRejected: budget.StatusFailed,
+		budget.ModelUnresponsive: budget.StatusStopped, budget.ReplyTooLong: budget.StatusStopped, budget.ModelUnavailable: budget.StatusFailed, budget.ModelRejected: budget.StatusFailed, budget.AgentMismatch: budget.StatusFailed,
+		budget.Interrupted: budget.StatusInterrupted, budget.EngineLost: budget.StatusInterrupted,
 		budget.Cancelled: budget.StatusCancelled, budget.ClientGone: budget.StatusCancelled, budget.Shutdown: budget.StatusCancelled,
 	}
 	for r, s := range want {

@@ -30,6 +30,10 @@ const (
 	PhaseTurn        Phase = "turn"
 	PhaseCompaction  Phase = "compaction"
 	PhaseCancel      Phase = "cancel"
+	// PhaseWorkerLost is a call, or a model call attempt, that was running
+	// on an engine's worker that died or stopped answering (package
+	// temporal): nobody's budget, and not the model's failure.
+	PhaseWorkerLost Phase = "worker_lost"
 )
 
 // IsLLM reports whether p is a phase in which the model provider failed to

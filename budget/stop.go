@@ -35,6 +35,13 @@ const (
 	ClientGone         StopReason = "client_gone"
 	Shutdown           StopReason = "shutdown"
 	Interrupted        StopReason = "interrupted"
+	// AgentMismatch: the turn was started for one agent and reached a
+	// worker built from another (package temporal); nothing was run.
+	AgentMismatch StopReason = "agent_mismatch"
+	// EngineLost: the engine running the turn's units (Temporal) was lost
+	// — unreachable past its grace, or its workflow gone — so nothing can
+	// end the turn but the gateway that noticed.
+	EngineLost StopReason = "engine_lost"
 )
 
 // Status returns the status that goes with the stop reason.
@@ -42,11 +49,11 @@ func (r StopReason) Status() Status {
 	switch r {
 	case Answered:
 		return StatusCompleted
-	case ModelUnavailable, ModelRejected:
+	case ModelUnavailable, ModelRejected, AgentMismatch:
 		return StatusFailed
 	case Cancelled, ClientGone, Shutdown:
 		return StatusCancelled
-	case Interrupted:
+	case Interrupted, EngineLost:
 		return StatusInterrupted
 	}
 	return StatusStopped

@@ -183,6 +183,9 @@ type CompactionFinished struct {
 	TokensBefore int          `json:"tokens_before"`
 	TokensAfter  int          `json:"tokens_after"`
 	Message      string       `json:"message,omitempty"`
+	// Record is the compaction's model call record, as the turn's record
+	// lists it among its model calls.
+	Record *ModelCall `json:"record,omitempty"`
 }
 
 // TurnFinished closes a turn.

@@ -66,6 +66,11 @@ type ToolCall struct {
 	// LateOutput is what an abandoned call returned after it was
 	// abandoned; it was never given to the model.
 	LateOutput string `json:"late_output,omitempty"`
+	// NoticedAt is set for a call lost with its worker (outcome
+	// interrupted, phase worker_lost): when the loss was noticed. Its
+	// EndedAt and DurationMS say what is known it ran: until its last
+	// heartbeat.
+	NoticedAt time.Time `json:"noticed_at,omitzero"`
 }
 
 // ModelCall is the durable record of one model call attempt (spec §8).

@@ -387,7 +387,7 @@ var (
 		budget.StatusCancelled, budget.StatusInterrupted}
 	stopReasons = []budget.StopReason{budget.Answered, budget.TurnTimeout, budget.NoProgress, budget.LLMBudgetExhausted,
 		budget.MaxSteps, budget.MaxToolCalls, budget.ModelUnresponsive, budget.ReplyTooLong, budget.ModelUnavailable, budget.ModelRejected,
-		budget.CompactionFailed, budget.Cancelled, budget.ClientGone, budget.Shutdown, budget.Interrupted}
+		budget.CompactionFailed, budget.Cancelled, budget.ClientGone, budget.Shutdown, budget.Interrupted, budget.AgentMismatch, budget.EngineLost}
 )
 
 func oneOf[T ~string](v string, valid []T) bool {

@@ -1,6 +1,8 @@
 package store
 
 import (
+	"cmp"
+	"context"
 	"fmt"
 	"sort"
 	"strings"
@@ -23,6 +25,9 @@ type Interrupted struct {
 	// Why says what happened, for the message: "the timebox process
 	// running it (pid 4242) stopped".
 	Why string
+	// Reason is the stop reason of the turn's end; empty is
+	// budget.Interrupted.
+	Reason budget.StopReason
 	// Now is when the turn is marked interrupted.
 	Now time.Time
 }
@@ -96,7 +101,7 @@ func Interrupt(t Interrupted) Interruption {
 	}
 
 	rec := event.Turn{TurnID: t.TurnID, SessionID: t.SessionID, Agent: t.Agent, Input: t.Input, StartedAt: t.StartedAt,
-		Status: budget.StatusInterrupted, StopReason: budget.Interrupted, Steps: t.Steps,
+		Status: budget.StatusInterrupted, StopReason: cmp.Or(t.Reason, budget.Interrupted), Steps: t.Steps,
 		EndedAt: lastAt, WallMS: lastAt.Sub(t.StartedAt).Milliseconds()}
 	if model != "" {
 		rec.Answer = text.String()
@@ -156,4 +161,17 @@ func plural(n int64) string {
 		return ""
 	}
 	return "s"
+}
+
+// Interrupter is a store that can end a running turn from outside, as its
+// process would have: the records of its running calls, their
+// tool_finished, its turn_finished and its record, all at once, and only
+// if the turn is still running — of two that race, one ends it.
+// PostgreSQL and Memory implement it; an engine's gateway uses it when the
+// engine that ran the turn is lost (budget.EngineLost).
+type Interrupter interface {
+	// InterruptTurn ends turn id with reason (budget.Interrupted when
+	// empty), why saying what happened, and reports whether it did: false
+	// when the turn had ended already.
+	InterruptTurn(ctx context.Context, turnID string, reason budget.StopReason, why string) (bool, error)
 }

@@ -28,6 +28,8 @@ type Memory struct {
 	watch     watch.Set       // followers of turns (Watch)
 	cancels   watch.Set       // running turns (WatchCancel)
 	requested map[string]bool // turns a cancel was requested for
+
+	payloads map[string]map[string][]byte // by turn, by key (Payloads)
 }
 
 type memTurn struct {
@@ -51,7 +53,11 @@ func NewMemory() *Memory {
 	return &Memory{turns: map[string]*memTurn{}, sessions: map[string]*memSession{}, now: time.Now, requested: map[string]bool{}}
 }
 
-var _ Store = (*Memory)(nil)
+var (
+	_ Store       = (*Memory)(nil)
+	_ Payloads    = (*Memory)(nil)
+	_ Interrupter = (*Memory)(nil)
+)
 
 func (m *Memory) check() error {
 	if m.closed {
@@ -115,11 +121,17 @@ func (m *Memory) AppendEvent(_ context.Context, e event.Event) error {
 		return err
 	}
 	mt := m.turns[e.TurnID]
-	if mt == nil {
+	switch {
+	case mt == nil:
 		return fmt.Errorf("turn %s: %w", e.TurnID, ErrNotFound)
+	case mt.done:
+		return fmt.Errorf("turn %s has ended: %w", e.TurnID, ErrNotRunning)
 	}
 	n := len(mt.events)
 	if e.Seq == 0 { // numbered by the store (Store.AppendEvent)
+		if err := mt.once(e); err != nil {
+			return err
+		}
 		e.Seq = 1
 		if n > 0 {
 			e.Seq = mt.events[n-1].Seq + 1
@@ -135,6 +147,17 @@ func (m *Memory) AppendEvent(_ context.Context, e event.Event) error {
 	}
 	if mc != nil {
 		mt.models = append(mt.models, *mc)
+	}
+	return nil
+}
+
+// once refuses a second end of one thing among events numbered by the
+// store (OnceOnly).
+func (mt *memTurn) once(e event.Event) error {
+	for _, old := range mt.events {
+		if SameEnd(old, e) {
+			return fmt.Errorf("turn %s: %s for %s: %w", e.TurnID, e.Type, endOf(e), ErrExists)
+		}
 	}
 	return nil
 }
@@ -415,6 +438,36 @@ func (m *Memory) WatchCancel(turnID string) (<-chan struct{}, func()) {
 		m.cancels.Wake(turnID)
 	}
 	return ch, stop
+}
+
+// InterruptTurn implements Interrupter.
+func (m *Memory) InterruptTurn(_ context.Context, turnID string, reason budget.StopReason, why string) (bool, error) {
+	defer m.watch.Wake(turnID)
+	defer m.cancels.Wake(turnID)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.check(); err != nil {
+		return false, err
+	}
+	mt := m.turns[turnID]
+	switch {
+	case mt == nil:
+		return false, fmt.Errorf("turn %s: %w", turnID, ErrNotFound)
+	case mt.done:
+		return false, nil
+	}
+	out := Interrupt(Interrupted{TurnID: turnID, SessionID: mt.rec.SessionID, Agent: mt.rec.Agent, Input: mt.rec.Input,
+		StartedAt: mt.rec.StartedAt, Events: mt.events, ToolCalls: len(mt.tools), Steps: stepsOf(mt.models),
+		Why: why, Reason: reason, Now: m.now()})
+	for _, tc := range out.Calls {
+		mt.putTool(tc)
+	}
+	mt.events = append(mt.events, out.Events...)
+	rec := out.Record
+	rec.ToolCalls, rec.ModelCalls, rec.Events = nil, nil, nil
+	mt.rec = rec
+	mt.done = true
+	return true, nil
 }
 
 // Close implements Store: turns still running are marked interrupted.

@@ -15,6 +15,7 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 	"unicode/utf8"
 
@@ -265,6 +266,11 @@ func CallRecords(e event.Event) (*event.ToolCall, *event.ModelCall) {
 	case *event.LLMFinished:
 		mc := d.ModelCall
 		return nil, &mc
+	case *event.CompactionFinished:
+		if d.Record != nil {
+			mc := *d.Record
+			return nil, &mc
+		}
 	}
 	return nil, nil
 }
@@ -278,6 +284,40 @@ func CallRecords(e event.Event) (*event.ToolCall, *event.ModelCall) {
 func WaitForStore(e event.Event) bool {
 	tc, mc := CallRecords(e)
 	return tc != nil || mc != nil
+}
+
+// SameEnd reports whether events a and b end the same thing of a turn: the
+// same tool call (tool_finished of one call_id), the same model call
+// attempt (llm_finished of one step and attempt), or the turn itself
+// (turn_finished). Among the events a store numbers (seq 0), whose units
+// run on several machines, a second such end is refused with ErrExists:
+// a unit whose worker was taken for lost, and recorded so, may still
+// finish, and a call has exactly one record.
+func SameEnd(a, b event.Event) bool {
+	if a.Type != b.Type {
+		return false
+	}
+	switch d := b.Data.(type) {
+	case *event.ToolFinished:
+		return a.Data.(*event.ToolFinished).CallID == d.CallID
+	case *event.LLMFinished:
+		o := a.Data.(*event.LLMFinished)
+		return o.Step == d.Step && o.Attempt == d.Attempt && o.Compaction == d.Compaction
+	case *event.TurnFinished:
+		return true
+	}
+	return false
+}
+
+// endOf names what e ends, for messages.
+func endOf(e event.Event) string {
+	switch d := e.Data.(type) {
+	case *event.ToolFinished:
+		return "call " + d.CallID
+	case *event.LLMFinished:
+		return fmt.Sprintf("step %d attempt %d", d.Step, d.Attempt)
+	}
+	return "the turn"
 }
 
 // KeepLate reports whether an update of a tool call record from old to new

@@ -93,7 +93,7 @@ func (s *Store) recover(ctx context.Context) ([]string, error) {
 		var done bool
 		err := s.tx(ctx, func(tx pgx.Tx) error {
 			var err error
-			done, err = s.interruptTurn(ctx, tx, id, "the timebox process running it stopped", true)
+			done, err = s.interruptTurn(ctx, tx, id, "", "the timebox process running it stopped", true)
 			return err
 		})
 		if err != nil {
@@ -171,7 +171,7 @@ func (s *Store) interruptOwnerTx(ctx context.Context, tx pgx.Tx, o, why string) 
 	}
 	var ids []string
 	for _, id := range turns {
-		done, err := s.interruptTurn(ctx, tx, id, why, false)
+		done, err := s.interruptTurn(ctx, tx, id, "", why, false)
 		if err != nil {
 			return nil, fmt.Errorf("turn %s: %w", id, err)
 		}
@@ -188,8 +188,8 @@ func (s *Store) interruptOwnerTx(ctx context.Context, tx pgx.Tx, o, why string) 
 // notification for its followers. The turn is locked first and must still
 // be running (and, with orphan, still without an owner row), so that two
 // stores never both end it. It reports whether it did.
-func (s *Store) interruptTurn(ctx context.Context, tx pgx.Tx, id, why string, orphan bool) (bool, error) {
-	t := store.Interrupted{TurnID: id, Why: why}
+func (s *Store) interruptTurn(ctx context.Context, tx pgx.Tx, id string, reason budget.StopReason, why string, orphan bool) (bool, error) {
+	t := store.Interrupted{TurnID: id, Why: why, Reason: reason}
 	var (
 		started int64
 		status  string
@@ -269,4 +269,28 @@ func (s *Store) interruptTurn(ctx context.Context, tx pgx.Tx, id, why string, or
 		return false, err
 	}
 	return true, nil
+}
+
+// InterruptTurn implements store.Interrupter.
+func (s *Store) InterruptTurn(ctx context.Context, turnID string, reason budget.StopReason, why string) (bool, error) {
+	if err := s.Flush(ctx); err != nil {
+		return false, err
+	}
+	var done bool
+	err := s.tx(ctx, func(tx pgx.Tx) error {
+		var err error
+		done, err = s.interruptTurn(ctx, tx, turnID, reason, why, false)
+		if isNoRows(err) {
+			return fmt.Errorf("turn %s: %w", turnID, store.ErrNotFound)
+		}
+		return err
+	})
+	if done {
+		s.watch.Wake(turnID)
+		s.cancels.Wake(turnID)
+		// The units of the turn running elsewhere stop at once, not at
+		// their store's next poll.
+		_, _ = s.pool.Exec(ctx, `SELECT pg_notify($1, $2)`, chanCancel, turnID)
+	}
+	return done, err
 }

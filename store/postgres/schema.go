@@ -106,11 +106,21 @@ CREATE TABLE cancel_requests (
 	requested_at timestamptz NOT NULL DEFAULT now()
 );
 `,
+	// 2: the large values of turns an engine runs on other machines
+	// (store.Payloads): their conversations, passed by reference.
+	`
+CREATE TABLE payloads (
+	turn_id text  NOT NULL,
+	key     text  NOT NULL,
+	data    bytea NOT NULL,
+	PRIMARY KEY (turn_id, key)
+);
+`,
 }
 
 // SchemaVersion is the schema version this package writes: the number of
 // migrations.
-const SchemaVersion = 1
+const SchemaVersion = 2
 
 // migrationLock is the advisory lock that serialises migrations: "timebox"
 // in ASCII.

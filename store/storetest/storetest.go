@@ -8,10 +8,12 @@
 package storetest
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -43,6 +45,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"OneRunningTurnPerSession", testSessionBusy},
 		{"WatchSignalsNewEvents", testWatch},
 		{"CancelRequests", testCancel},
+		{"Payloads", testPayloads},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -633,5 +636,48 @@ func testCancel(t *testing.T, s store.Store) {
 	}
 	if err := s.RequestCancel(ctx, "nope"); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("cancelling an unknown turn: %v", err)
+	}
+}
+
+// testPayloads checks store.Payloads, for the stores that keep them: a
+// value comes back as stored (bytes that are not text too), a later put
+// replaces it, a range comes in key order and only with its prefix, and a
+// missing key is ErrNotFound.
+func testPayloads(t *testing.T, s store.Store) {
+	p, ok := s.(store.Payloads)
+	if !ok {
+		t.Skip("this store keeps no payloads")
+	}
+	ctx := context.Background()
+	begin(t, s, "t-pay", "", "go")
+	big := bytes.Repeat([]byte{0, 0xff, 'x'}, 1<<20) // 3 MiB, NUL and invalid UTF-8 included
+	if err := p.PutPayloads(ctx, "t-pay", map[string][]byte{"m/00000002": []byte("two"), "m/00000010": big, "input": []byte("in")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.PutPayloads(ctx, "t-pay", map[string][]byte{"m/00000002": []byte("TWO"), "m/00000001": []byte("one")}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := p.PayloadRange(ctx, "t-pay", "m/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for _, v := range got {
+		keys = append(keys, v.Key)
+	}
+	if want := []string{"m/00000001", "m/00000002", "m/00000010"}; !slices.Equal(keys, want) {
+		t.Fatalf("range m/ has keys %q, want %q", keys, want)
+	}
+	if string(got[1].Data) != "TWO" || !bytes.Equal(got[2].Data, big) {
+		t.Errorf("range values: %q, %d bytes (want TWO, the 3 MiB value)", got[1].Data, len(got[2].Data))
+	}
+	if v, err := p.Payload(ctx, "t-pay", "input"); err != nil || string(v) != "in" {
+		t.Errorf("Payload(input) = %q, %v", v, err)
+	}
+	if _, err := p.Payload(ctx, "t-pay", "nope"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("a missing payload: %v, want ErrNotFound", err)
+	}
+	if got, err := p.PayloadRange(ctx, "t-other", "m/"); err != nil || len(got) != 0 {
+		t.Errorf("another turn's range: %d values, %v", len(got), err)
 	}
 }
