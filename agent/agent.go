@@ -30,6 +30,8 @@ type Agent struct {
 	compactAt    int
 	compactKnob  budget.Count
 	requestMax   map[string]int64
+	origin       string
+	fingerprint  string
 }
 
 // Tool is a tool with its resolved budget.
@@ -81,6 +83,10 @@ type Config struct {
 	// 50): server.request_max in the agent file. A budget it does not name
 	// may only be lowered.
 	RequestMax map[string]int64
+	// Origin says where the agent was defined, for messages: its agent
+	// file's path. An engine whose runner and workers were built from
+	// different agents names both by it.
+	Origin string
 }
 
 // New checks cfg and returns the agent. It returns an error for a missing
@@ -103,6 +109,7 @@ func New(cfg Config) (*Agent, error) {
 		compactAt:    cfg.CompactAt,
 		compactKnob:  budget.Count{N: int64(cfg.CompactAt), Source: cfg.CompactAtSource, Knob: cfg.CompactAtKnob},
 		requestMax:   maps.Clone(cfg.RequestMax),
+		origin:       cfg.Origin,
 	}
 	a.budgets, a.limits = withDefaults(cfg.Budgets, cfg.Limits)
 	if a.compactKnob.Source == "" {
@@ -137,6 +144,7 @@ func New(cfg Config) (*Agent, error) {
 		a.tools[spec.Name] = e
 		a.order = append(a.order, spec.Name)
 	}
+	a.fingerprint = fingerprint(a)
 	return a, nil
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/machine"
 	"github.com/timebox-run/timebox/model"
 )
 
@@ -39,8 +40,9 @@ const (
 // conversation returns the whole conversation: the session's history and
 // what this turn added.
 func (t *turn) conversation() []model.Message {
-	all := make([]model.Message, 0, len(t.in.History)+len(t.msgs))
-	return append(append(all, t.in.History...), t.msgs...)
+	h, m := t.tr.History(), t.tr.Messages()
+	all := make([]model.Message, 0, len(h)+len(m))
+	return append(append(all, h...), m...)
 }
 
 // estimateTokens estimates the prompt size of req in tokens: about four
@@ -158,6 +160,43 @@ func transcript(msgs []model.Message) string {
 	return b.String()
 }
 
+// compactDue reports whether older history must be summarised before the
+// next model step: the estimated prompt passes context.compact_at (spec
+// §6), no failed or insufficient compaction asked to wait for more growth,
+// and something older than the current exchange is left to summarise.
+func (t *turn) compactDue() bool {
+	limit := t.a.compactAt
+	if limit <= 0 {
+		return false
+	}
+	before := estimateTokens(t.request())
+	if before <= limit || before < t.s.RetryAt {
+		return false
+	}
+	return compactionCut(t.conversation(), t.s.CompactedUpTo) != 0
+}
+
+// compactUnit is the Compact unit: the compaction a model step waits for,
+// or, with force, the one a refusal of the step as too long asks for —
+// after which the step is asked again when something was summarised, and
+// the turn stops with compaction_failed when nothing could be. A turn
+// stopped meanwhile is left for Drive to end (machine.Driver.Check).
+func (t *turn) compactUnit(ctx context.Context, u machine.Unit) {
+	s := t.s
+	shrunk, stopped := t.compact(ctx, u.Step, u.Force)
+	if stopped {
+		return
+	}
+	if !u.Force {
+		s.CompactDue, s.CompactedFor = false, s.Steps+1
+		return
+	}
+	if !shrunk {
+		s.End = &machine.Ending{Reason: budget.CompactionFailed, Cause: s.TooLong}
+	}
+	s.TooLong = nil
+}
+
 // compact summarises older history when the next request's estimated size
 // passes context.compact_at (spec §6), or, with force, because the provider
 // refused the conversation as too long. The call runs on the primary model
@@ -170,34 +209,35 @@ func transcript(msgs []model.Message) string {
 // either, no compaction is tried again until the estimate has grown by
 // compact_at/retryGrowth, so a conversation that cannot get under the
 // threshold is not compacted on every step. shrunk reports whether older
-// history was summarised. It returns a stop only when the turn itself was
-// stopped during the compaction.
-func (t *turn) compact(ctx context.Context, step int, force bool) (shrunk bool, st *stop) {
+// history was summarised; stopped, that the turn itself was stopped during
+// the compaction.
+func (t *turn) compact(ctx context.Context, step int, force bool) (shrunk, stopped bool) {
+	s := t.s
 	limit := t.a.compactAt
 	if limit <= 0 {
-		return false, nil
+		return false, false
 	}
 	before := estimateTokens(t.request())
-	if (before <= limit && !force) || before < t.retryAt {
-		return false, nil
+	if (before <= limit && !force) || before < s.RetryAt {
+		return false, false
 	}
 	all := t.conversation()
-	cut := compactionCut(all, t.compactedUpTo)
+	cut := compactionCut(all, s.CompactedUpTo)
 	if cut == 0 {
-		return false, nil // only the current exchange is left; nothing to summarise
+		return false, false // only the current exchange is left; nothing to summarise
 	}
-	b := t.b
+	b := s.Budgets
 	ep := t.a.models[0]
 	t.em.Emit(&event.CompactionStarted{Step: step, EstimatedTokens: before, CompactAt: limit, LimitMS: b.Compaction.MS()})
 	act := &activity{step: step, subject: "compaction (model " + ep.Model + ")", compaction: true}
 	t.live.begin(act)
 
-	older := t.sendable(all[t.compactedUpTo:cut])
+	older := t.sendable(all[s.CompactedUpTo:cut])
 	text := transcript(older)
-	if t.summary != "" {
-		text = "[summary of what came before]\n" + t.summary + "\n\n" + text
+	if s.Summarised {
+		text = "[summary of what came before]\n" + t.tr.Summary() + "\n\n" + text
 	}
-	req := model.Request{Model: ep.Model, System: compactionInstructions, Conversation: t.request().Conversation,
+	req := model.Request{Model: ep.Model, System: compactionInstructions, Conversation: t.conversationID(),
 		Messages: []model.Message{{Role: model.RoleUser, Content: text}}, Compaction: true}
 
 	out := t.callModel(ctx, modelCall{step: step, attempt: 1, ep: ep, req: req,
@@ -224,94 +264,86 @@ func (t *turn) compact(ctx context.Context, step int, force bool) (shrunk bool, 
 	}
 	if ctx.Err() != nil { // the turn itself was stopped during the compaction
 		t.addModelRecord(rec)
-		fin.Message = "the turn was stopped during compaction"
+		fin.Message, fin.Record = "the turn was stopped during compaction", &rec
 		t.em.Emit(fin)
-		st := t.stopFromContext(ctx)
-		return false, &st
+		return false, true
 	}
 	growth := max(limit/retryGrowth, 1)
 	if err != nil {
-		t.retryAt = before + growth
+		s.RetryAt = before + growth
 		if te, ok := budget.AsTimeout(err); ok && te.Phase == budget.PhaseCompaction {
-			t.compactionTimeout = true
+			s.CompactionTimeout = true
 			fin.Message = fmt.Sprintf("Compaction did not finish within %s (%s); going on with the full history.", te.Limit, te.Knob)
 		} else {
 			fin.Message = fmt.Sprintf("Compaction failed (%v); going on with the full history.", err)
 		}
-		fin.Message += fmt.Sprintf(" It is not tried again before the conversation grows to about %d tokens.", t.retryAt)
-		t.compactionFailed = err
+		fin.Message += fmt.Sprintf(" It is not tried again before the conversation grows to about %d tokens.", s.RetryAt)
+		s.CompactionFailed = machine.CauseOf(err)
 	} else {
-		t.summary = strings.TrimSpace(out.resp.Text)
-		t.compactedUpTo = cut
-		t.compactionFailed, t.insufficient = nil, false
+		t.tr.SetSummary(strings.TrimSpace(out.resp.Text))
+		s.Summarised = true
+		s.CompactedUpTo = cut
+		s.CompactionFailed, s.Insufficient = nil, false
 		shrunk = true
 		after := estimateTokens(t.request())
-		fin.TokensAfter, t.retryAt = after, 0
+		fin.TokensAfter, s.RetryAt = after, 0
 		if after > limit {
-			t.insufficient = true
-			t.retryAt = after + growth
+			s.Insufficient = true
+			s.RetryAt = after + growth
 			rec.Outcome, fin.Outcome = event.OutcomeInsufficient, event.OutcomeInsufficient
 			rec.Error = fmt.Sprintf("still about %d tokens after compaction, over context.compact_at (%d)", after, limit)
 			fin.Message = fmt.Sprintf("Compaction left about %d tokens, still over context.compact_at (%d): what cannot be summarised yet (the instructions, the tool definitions and the latest step) is too large. "+
-				"Going on; it is not tried again before the conversation grows to about %d tokens.", after, limit, t.retryAt)
+				"Going on; it is not tried again before the conversation grows to about %d tokens.", after, limit, s.RetryAt)
 		}
 	}
 	t.addModelRecord(rec)
+	fin.Record = &rec
 	t.em.Emit(fin)
-	return shrunk, nil
+	return shrunk, false
 }
 
-// tooLong handles a step the provider refused as too long for the model
-// (model.Error.TooLong). When compaction is on and can summarise something
-// it has not, it compacts and returns nil: the step is made again with the
-// shorter history. Otherwise the history cannot fit, and the turn stops
-// with compaction_failed. Any other stop is returned as it is.
-func (t *turn) tooLong(ctx context.Context, st *stop) *stop {
+// tooLong reports whether a stop of a model step is the provider's refusal
+// of the conversation as too long for the model (model.Error.TooLong) that
+// a compaction may cure: compaction is on. The turn then compacts (forced)
+// and asks the step again; it stops with compaction_failed when nothing
+// could be summarised (compactUnit). Each forced compaction summarises
+// messages no earlier one did, and a refusal adds none, so this cannot
+// repeat without new messages.
+func (t *turn) tooLong(st *stop) bool {
 	var me *model.Error
-	if st.reason != budget.ModelRejected || !errors.As(st.cause, &me) || !me.TooLong || t.a.compactAt <= 0 {
-		return st
-	}
-	// Each forced compaction summarises messages no earlier one did, and a
-	// refusal adds none, so this cannot repeat without new messages.
-	shrunk, cst := t.compact(ctx, t.steps+1, true)
-	if cst != nil {
-		return cst
-	}
-	if shrunk {
-		return nil
-	}
-	return &stop{reason: budget.CompactionFailed, cause: st.cause}
+	return st.reason == budget.ModelRejected && errors.As(st.cause, &me) && me.TooLong && t.a.compactAt > 0
 }
 
 // compactionFailedMessage is the closing message of a turn whose history
 // could not fit: what the provider said, why compaction did not help, and
 // the two knobs that change it.
-func (t *turn) compactionFailedMessage(st stop, wall time.Duration) string {
+func (t *turn) compactionFailedMessage(cause error, wall time.Duration) string {
+	compactionFailed := t.s.CompactionFailed.Err()
 	var me *model.Error
 	why := "the provider refused it as too long"
-	if errors.As(st.cause, &me) {
-		why = fmt.Sprintf("%s refused it as too long for model %s (HTTP %d: %s)", me.Provider, t.lastModel, me.Status, me.Message)
+	if errors.As(cause, &me) {
+		why = fmt.Sprintf("%s refused it as too long for model %s (HTTP %d: %s)", me.Provider, t.s.LastModel, me.Status, me.Message)
 	}
 	var help string
-	te, timedOut := budget.AsTimeout(t.compactionFailed)
+	te, timedOut := budget.AsTimeout(compactionFailed)
 	switch {
 	case timedOut && te.Phase == budget.PhaseCompaction:
 		help = fmt.Sprintf(" History compaction had timed out after %s (%s), so the full history was sent; raise %s.", te.Limit, te.Knob, te.Knob)
-	case t.compactionFailed != nil:
+	case compactionFailed != nil:
 		var cme *model.Error
-		reason := t.compactionFailed.Error()
-		if errors.As(t.compactionFailed, &cme) {
+		reason := compactionFailed.Error()
+		if errors.As(compactionFailed, &cme) {
 			reason = cme.Message
 		}
 		help = fmt.Sprintf(" History compaction had failed (%s), so it could not be shortened.", reason)
-	case t.insufficient:
+	case t.s.Insufficient:
 		help = " Compaction could not bring it under context.compact_at: what cannot be summarised (the instructions, the tool definitions and the latest step) is too large."
-	case t.summary != "":
+	case t.s.Summarised:
 		help = " Older history was summarised, and what cannot be (the instructions, the tool definitions and the latest step) is still too long."
 	default:
 		help = " Nothing older than the latest step was left to summarise."
 	}
-	l := t.l.MaxToolOutput
+	l := t.s.Limits.MaxToolOutput
 	return fmt.Sprintf("Stopped after %s: the conversation (about %d tokens by timebox's estimate) does not fit; %s.%s "+
 		"Lower context.compact_at (now %d) so that older history is summarised before the model's limit, or make tool results smaller "+
 		"(%s, now %s, or narrower requests); a new session starts with an empty history.",
@@ -331,14 +363,15 @@ func tooLongNote(err error) string {
 // compactionNote explains, for the closing message of a turn the provider
 // refused, that the history it was given had failed to compact.
 func (t *turn) compactionNote() string {
-	if t.compactionFailed == nil {
+	compactionFailed := t.s.CompactionFailed.Err()
+	if compactionFailed == nil {
 		return ""
 	}
-	if te, ok := budget.AsTimeout(t.compactionFailed); ok && te.Phase == budget.PhaseCompaction {
+	if te, ok := budget.AsTimeout(compactionFailed); ok && te.Phase == budget.PhaseCompaction {
 		return fmt.Sprintf(" History compaction had timed out after %s (%s), so the full history was sent; raise %s or lower context.compact_at.", te.Limit, te.Knob, te.Knob)
 	}
 	var me *model.Error
-	if errors.As(t.compactionFailed, &me) {
+	if errors.As(compactionFailed, &me) {
 		return fmt.Sprintf(" History compaction had failed (%s), so the full history was sent.", me.Message)
 	}
 	return " History compaction had failed, so the full history was sent."

@@ -75,11 +75,17 @@ type liveness struct {
 	checking sync.WaitGroup
 }
 
-func newLiveness(step budget.Duration, notice time.Duration, emit func(event.Payload), stop func(*budget.TimeoutError)) *liveness {
+// newLiveness returns the watchdog of a turn, or of one unit of a turn
+// whose units run elsewhere: then lastProgress is the last progress signal
+// the units before it saw, so that the step window runs on across units.
+func newLiveness(step budget.Duration, notice time.Duration, lastProgress time.Time, emit func(event.Payload), stop func(*budget.TimeoutError)) *liveness {
 	now := time.Now()
+	if lastProgress.IsZero() || lastProgress.After(now) {
+		lastProgress = now
+	}
 	l := &liveness{
 		step: step, notice: notice, emit: emit, stop: stop,
-		base: now, lastProgress: now,
+		base: now, lastProgress: lastProgress,
 	}
 	l.mu.Lock()
 	l.armLocked(now)
@@ -132,6 +138,14 @@ func (l *liveness) end(a *activity, completed bool) {
 	}
 	l.armLocked(l.lastEnded)
 	l.mu.Unlock()
+}
+
+// lastProgressed returns the time of the last progress signal.
+func (l *liveness) lastProgressed() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.syncAlive()
+	return l.lastProgress
 }
 
 func (l *liveness) streaming(a *activity) {

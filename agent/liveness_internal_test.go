@@ -26,7 +26,7 @@ func dueIn(l *liveness) time.Duration {
 func TestWatchdogRearmsWhenACallEnds(t *testing.T) {
 	fired := make(chan *budget.TimeoutError, 1)
 	step := budget.Duration{D: 100 * time.Millisecond, Source: budget.SourceDefault, Knob: "timeouts.step"}
-	l := newLiveness(step, 0, func(event.Payload) {}, func(te *budget.TimeoutError) { fired <- te })
+	l := newLiveness(step, 0, time.Time{}, func(event.Payload) {}, func(te *budget.TimeoutError) { fired <- te })
 	defer l.close()
 	a := &activity{step: 1, subject: "tool slow", callID: "call_1_1", tool: "slow", deadline: time.Now().Add(time.Hour)}
 	l.begin(a)
@@ -59,7 +59,7 @@ func TestWatchdogRearmsWhenACallStarts(t *testing.T) {
 	notices := make(chan *event.StillWorking, 4)
 	step := budget.Duration{D: time.Hour, Source: budget.SourceDefault, Knob: "timeouts.step"}
 	const notice = 50 * time.Millisecond
-	l := newLiveness(step, notice, func(p event.Payload) {
+	l := newLiveness(step, notice, time.Time{}, func(p event.Payload) {
 		if sw, ok := p.(*event.StillWorking); ok {
 			notices <- sw
 		}
@@ -83,7 +83,7 @@ func TestWatchdogRearmsWhenACallStarts(t *testing.T) {
 // finds the watchdog closed, and nothing arms it again.
 func TestWatchdogSilentAfterClose(t *testing.T) {
 	emitted := 0
-	l := newLiveness(budget.Duration{D: time.Millisecond}, time.Millisecond, func(event.Payload) { emitted++ }, func(*budget.TimeoutError) { emitted++ })
+	l := newLiveness(budget.Duration{D: time.Millisecond}, time.Millisecond, time.Time{}, func(event.Payload) { emitted++ }, func(*budget.TimeoutError) { emitted++ })
 	a := &activity{step: 1, subject: "tool slow", callID: "call_1_1", tool: "slow"}
 	l.begin(a)
 	l.close()

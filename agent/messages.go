@@ -8,28 +8,34 @@ import (
 
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/machine"
 	"github.com/timebox-run/timebox/model"
 )
 
 // message writes the turn's closing message for the person waiting: what
 // happened, how long it ran, what the last step was, and what to do (spec
 // §5). Messages never blame the model for a budget that fired elsewhere.
-func (t *turn) message(st stop, now time.Time) string {
-	b, l := t.b, t.l
-	wall := roundHuman(now.Sub(t.start))
-	last := t.stopDesc
+func (t *turn) message(st machine.Ending, note *machine.StopNote, now time.Time) string {
+	b, l := t.s.Budgets, t.s.Limits
+	wall := roundHuman(now.Sub(t.s.Start))
+	cause := st.Cause.Err()
+	var last string
+	var stopTools []string
+	if note != nil {
+		last, stopTools = note.Desc, note.Tools
+	}
 	if last == "" || last == "none" {
-		last = t.lastStep
+		last = t.s.LastStep
 		if last == "" {
 			last = "none"
 		}
 	}
-	switch st.reason {
+	switch st.Reason {
 	case budget.Answered:
-		return st.answer
+		return t.tr.Message(t.s.Messages - 1).Content
 	case budget.TurnTimeout:
 		limit, knob := b.Turn.D, b.Turn.Knob
-		if te, ok := budget.AsTimeout(st.cause); ok && te.Limit > 0 {
+		if te, ok := budget.AsTimeout(cause); ok && te.Limit > 0 {
 			limit, knob = te.Limit, te.Knob
 		}
 		if knob == "" { // the caller's own context deadline
@@ -43,65 +49,61 @@ func (t *turn) message(st stop, now time.Time) string {
 			". Try a simpler request, or raise " + knob + "."
 	case budget.NoProgress:
 		advice := fmt.Sprintf("Raise %s if a step may legitimately stay silent longer.", b.Step.Knob)
-		if len(t.stopTools) > 0 {
+		if len(stopTools) > 0 {
 			advice = fmt.Sprintf("The tool was past its own timeout and reported no progress; have it report progress, or raise its timeout or %s.", b.Step.Knob)
 		}
 		return fmt.Sprintf("Stopped: nothing progressed for %s (%s). Last step: %s. %s", b.Step.D, t.named(budget.KeyStep), last, advice)
 	case budget.LLMBudgetExhausted:
 		return fmt.Sprintf("Stopped after %s: the model streamed for %s in this turn, its budget (%s); time spent in tools is not counted. Last step: %s. Ask for a shorter task, or raise %s.",
-			wall, roundHuman(t.llmUsed), t.named(budget.KeyLLMBudget), last, b.LLMBudget.Knob)
+			wall, roundHuman(t.s.LLMUsed), t.named(budget.KeyLLMBudget), last, b.LLMBudget.Knob)
 	case budget.MaxSteps:
 		return fmt.Sprintf("Stopped after %d model calls, the limit for one turn (%s), in %s. Last step: %s. The task may need more steps: split the request, or raise %s.",
 			l.MaxSteps.N, t.named(budget.KeyMaxSteps), wall, last, l.MaxSteps.Knob)
 	case budget.MaxToolCalls:
 		return fmt.Sprintf("Stopped after %d tool calls, the limit for one turn (%s), in %s. %sSplit the request, or raise %s.",
-			t.toolCalls, t.named(budget.KeyMaxToolCalls), wall, st.message, l.MaxToolCalls.Knob)
+			t.s.ToolCalls, t.named(budget.KeyMaxToolCalls), wall, refusedText(st.Refused), l.MaxToolCalls.Knob)
 	case budget.ModelUnresponsive:
 		return fmt.Sprintf("Stopped after %s: the model went silent %d times in a row (%s). %s The provider may be overloaded: try again later or add a fallback model; raise %s or %s if the model is just slow.",
-			wall, t.idleStreak, l.IdleBreaker.Knob, st.message, b.LLMIdle.Knob, b.LLMFirstChunk.Knob)
+			wall, t.s.IdleStreak, l.IdleBreaker.Knob, st.Message, b.LLMIdle.Knob, b.LLMFirstChunk.Knob)
 	case budget.ReplyTooLong:
 		limit, knob, who := l.MaxReply.N, l.MaxReply.Knob, "the model"
-		if re, ok := budget.AsReplyTooLong(st.cause); ok {
+		if re, ok := budget.AsReplyTooLong(cause); ok {
 			limit, knob, who = re.Limit, re.Knob, re.Subject
 		}
 		kept := "Nothing of it is kept."
-		if st.answer != "" || t.partial != "" {
+		if t.tr.Partial() != "" {
 			kept = "What it wrote before the cap is kept as the partial answer."
 		}
 		return fmt.Sprintf("Stopped after %s: the reply of %s grew past %s, the limit for one reply (%s), and was cut off there. %s No other model was tried: given the same request it would most likely write on as long. Ask for a shorter answer, or raise %s.",
 			wall, who, budget.FormatBytes(limit), knob, kept, knob)
 	case budget.ModelUnavailable:
-		if allEmpty(st.notes) {
+		if st.Empty > 0 {
 			advice := "Try again, rephrase the request, or add a fallback model."
-			for _, n := range st.notes {
-				var ee *model.EmptyReplyError
-				if errors.As(n.err, &ee) && ee.OutOfTokens() {
-					advice = "The model used its whole output allowance before writing anything (a reasoning model can): raise model.max_tokens in the agent file."
-					break
-				}
+			if st.OutOfTokens {
+				advice = "The model used its whole output allowance before writing anything (a reasoning model can): raise model.max_tokens in the agent file."
 			}
 			return fmt.Sprintf("Failed after %s: the model returned nothing%s (no text, no tool call). %s %s",
-				wall, timesText(len(st.notes)), st.message, advice)
+				wall, timesText(st.Empty), st.Message, advice)
 		}
-		return fmt.Sprintf("Failed after %s: no model in the failover chain answered. %s Check the providers and credentials, or add a fallback model.", wall, st.message)
+		return fmt.Sprintf("Failed after %s: no model in the failover chain answered. %s Check the providers and credentials, or add a fallback model.", wall, st.Message)
 	case budget.ModelRejected:
 		var me *model.Error
-		if errors.As(st.cause, &me) {
+		if errors.As(cause, &me) {
 			return fmt.Sprintf("Failed: %s rejected the request (HTTP %d): %s. This is not a timeout; it was not retried with another credential or model. Fix the request, the model name or the credential.%s%s",
-				me.Provider, me.Status, strings.TrimRight(me.Message, ". "), t.compactionNote(), tooLongNote(st.cause))
+				me.Provider, me.Status, strings.TrimRight(me.Message, ". "), t.compactionNote(), tooLongNote(cause))
 		}
-		return fmt.Sprintf("Failed: the provider rejected the request: %v.", st.cause)
+		return fmt.Sprintf("Failed: the provider rejected the request: %v.", cause)
 	case budget.CompactionFailed:
-		return t.compactionFailedMessage(st, now.Sub(t.start))
+		return t.compactionFailedMessage(cause, now.Sub(t.s.Start))
 	case budget.Cancelled, budget.ClientGone, budget.Shutdown:
 		who := map[budget.StopReason]string{
 			budget.Cancelled:  "Cancelled by the client after %s",
 			budget.ClientGone: "Cancelled after %s: the client went away",
 			budget.Shutdown:   "Cancelled after %s: the server is shutting down",
-		}[st.reason]
+		}[st.Reason]
 		s := fmt.Sprintf(who, wall)
-		if ce, ok := budget.AsCancel(st.cause); ok && ce.By != "" {
-			switch st.reason {
+		if ce, ok := budget.AsCancel(cause); ok && ce.By != "" {
+			switch st.Reason {
 			case budget.Cancelled:
 				s = fmt.Sprintf("Cancelled by %s after %s", ce.By, wall)
 			case budget.ClientGone:
@@ -109,19 +111,29 @@ func (t *turn) message(st stop, now time.Time) string {
 			}
 		}
 		switch {
-		case len(t.stopTools) == 1:
-			s += fmt.Sprintf("; tool %s was stopped.", t.stopTools[0])
-		case len(t.stopTools) > 1:
-			s += fmt.Sprintf("; tools %s were stopped.", strings.Join(t.stopTools, ", "))
+		case len(stopTools) == 1:
+			s += fmt.Sprintf("; tool %s was stopped.", stopTools[0])
+		case len(stopTools) > 1:
+			s += fmt.Sprintf("; tools %s were stopped.", strings.Join(stopTools, ", "))
 		case last != "none":
 			s += fmt.Sprintf(". Last step: %s.", last)
 		default:
 			s += "."
 		}
 		return s
+	case budget.Interrupted, budget.EngineLost:
+		why := "the engine running it could not go on"
+		if cause != nil {
+			why = cause.Error()
+		}
+		return fmt.Sprintf("Interrupted after %s: %s. Last step: %s. Send the message again.", wall, why, last)
+	case budget.AgentMismatch:
+		return st.Message
 	}
-	return fmt.Sprintf("Stopped after %s (%s).", wall, st.reason)
+	return fmt.Sprintf("Stopped after %s (%s).", wall, st.Reason)
 }
+
+func refusedText(n int) string { return fmt.Sprintf("%d more asked for were not run. ", n) }
 
 // allEmpty reports whether every failed attempt was an empty reply.
 func allEmpty(notes []attemptNote) bool {
@@ -196,7 +208,7 @@ func attemptReason(err error) string {
 // request)".
 func (t *turn) named(key string) string {
 	k, _ := budget.KnobByKey(key)
-	n, src, knob := k.Get(&t.b, &t.l)
+	n, src, knob := k.Get(&t.s.Budgets, &t.s.Limits)
 	if src == budget.SourceRequest {
 		return fmt.Sprintf("%s = %s (from the request)", key, k.Format(n))
 	}
@@ -207,18 +219,18 @@ func (t *turn) named(key string) string {
 // one that fired, with its value, source and knob; nil when no budget
 // stopped it (an answer, a failure, a cancellation, the caller's own
 // deadline).
-func (t *turn) limit(st stop) *event.BudgetValue {
-	if st.reason == budget.CompactionFailed {
+func (t *turn) limit(st machine.Ending) *event.BudgetValue {
+	if st.Reason == budget.CompactionFailed {
 		c := t.a.compactKnob
 		return &event.BudgetValue{Key: "context.compact_at", Value: fmt.Sprint(c.N), N: c.N, Source: c.Source, Knob: c.Knob}
 	}
-	k, ok := budget.KnobFor(st.reason)
+	k, ok := budget.KnobFor(st.Reason)
 	if !ok {
 		return nil
 	}
-	if te, ok := budget.AsTimeout(st.cause); ok && te.Knob == "" {
+	if te, ok := budget.AsTimeout(st.Cause.Err()); ok && te.Knob == "" {
 		return nil // the caller's own context deadline
 	}
-	v := k.Value(&t.b, &t.l)
+	v := k.Value(&t.s.Budgets, &t.s.Limits)
 	return &v
 }

@@ -9,8 +9,76 @@ import (
 
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/machine"
 	"github.com/timebox-run/timebox/model"
 )
+
+// stop is how a model step ended the turn.
+type stop struct {
+	reason budget.StopReason
+	cause  error
+	// message follows the stop's own sentence in the closing message.
+	message string
+	// notes are the failed attempts of the step, when every link of the
+	// chain failed.
+	notes []attemptNote
+	// outside: the turn was stopped from outside the step (its ceiling, the
+	// step watchdog, a cancellation), which machine.Driver.Check notes.
+	outside bool
+}
+
+// thinkUnit is the Think unit. It first notes whether the conversation must
+// be compacted before the step (then the Compact unit runs and this unit
+// again, which considers compaction once a step); otherwise it makes the
+// model step u.Step with its failover, and notes in the state how it went:
+// the tool calls asked for (the batch), an answer, a refusal of the
+// conversation as too long that compaction may cure, or how the turn ends.
+func (t *turn) thinkUnit(ctx context.Context, u machine.Unit) {
+	s := t.s
+	if s.CompactedFor != u.Step && t.compactDue() {
+		s.CompactDue = true
+		return
+	}
+	s.Steps = u.Step
+	resp, st := t.modelStep(ctx, u.Step)
+	s.Attempts = 0
+	switch {
+	case st == nil:
+	case st.outside:
+		return
+	case t.tooLong(st):
+		s.TooLong = machine.CauseOf(st.cause)
+		return
+	default:
+		s.End = st.ending()
+		return
+	}
+	t.tr.Put(s.Messages, model.Message{Role: model.RoleAssistant, Content: resp.Text, ToolCalls: resp.ToolCalls})
+	s.Messages++
+	if len(resp.ToolCalls) == 0 {
+		s.End = &machine.Ending{Reason: budget.Answered}
+		return
+	}
+	s.Batch = make([]machine.Call, len(resp.ToolCalls))
+	for i, c := range resp.ToolCalls {
+		s.Batch[i] = machine.Call{Index: i, Name: c.Name}
+	}
+}
+
+// ending returns how the turn ends for st.
+func (st *stop) ending() *machine.Ending {
+	e := &machine.Ending{Reason: st.reason, Cause: machine.CauseOf(st.cause), Message: st.message}
+	if allEmpty(st.notes) {
+		e.Empty = len(st.notes)
+		for _, n := range st.notes {
+			var ee *model.EmptyReplyError
+			if errors.As(n.err, &ee) && ee.OutOfTokens() {
+				e.OutOfTokens = true
+			}
+		}
+	}
+	return e
+}
 
 // attemptNote is one failed model call attempt, for messages.
 type attemptNote struct {
@@ -37,14 +105,13 @@ func (t *turn) modelStep(ctx context.Context, step int) (model.Response, *stop) 
 		i := tries[k]
 		ep := t.a.models[i]
 		req.Model = ep.Model
-		resp, err := t.attempt(ctx, step, k+1, ep, req)
+		resp, err := t.attempt(ctx, step, t.s.Attempts+k+1, ep, req)
 		if err == nil {
-			t.idleStreak = 0
+			t.s.IdleStreak = 0
 			return resp, nil
 		}
 		if ctx.Err() != nil {
-			st := t.stopFromContext(ctx)
-			return model.Response{}, &st
+			return model.Response{}, &stop{outside: true}
 		}
 		phase := model.Phase(err)
 		if phase == budget.PhaseLLMBudget {
@@ -61,8 +128,8 @@ func (t *turn) modelStep(ctx context.Context, step int) (model.Response, *stop) 
 		}
 		notes = append(notes, attemptNote{endpoint: ep.Name(), profile: ep.Profile, err: err, index: i, at: time.Now()})
 		if phase == budget.PhaseLLMIdle || phase == budget.PhaseLLMFirstChunk {
-			t.idleStreak++
-			if int64(t.idleStreak) >= t.l.IdleBreaker.N {
+			t.s.IdleStreak++
+			if int64(t.s.IdleStreak) >= t.s.Limits.IdleBreaker.N {
 				return model.Response{}, &stop{reason: budget.ModelUnresponsive, cause: err, message: notesText(notes)}
 			}
 		}
@@ -80,10 +147,10 @@ func (t *turn) modelStep(ctx context.Context, step int) (model.Response, *stop) 
 				retried = true
 				tries = append(tries, notes[n].index)
 				next := t.a.models[notes[n].index]
-				t.failovers++
+				t.s.Failovers++
 				t.em.Emit(&event.Failover{Step: step, From: endpointLabel(ep), To: endpointLabel(next), Phase: phase,
 					Reason:  fmt.Sprintf("%v; every link failed, retrying %s after its Retry-After (%s)", err, endpointLabel(next), roundHuman(wait)),
-					Attempt: k + 2})
+					Attempt: t.s.Attempts + k + 2})
 				if st := t.waitRetry(ctx, step, next, wait); st != nil {
 					return model.Response{}, st
 				}
@@ -96,9 +163,9 @@ func (t *turn) modelStep(ctx context.Context, step int) (model.Response, *stop) 
 			if tries[k+1] == i {
 				reason += "; asking the same model once more"
 			}
-			t.failovers++
+			t.s.Failovers++
 			t.em.Emit(&event.Failover{Step: step, From: endpointLabel(ep), To: endpointLabel(next), Phase: phase,
-				Reason: reason, Attempt: k + 2})
+				Reason: reason, Attempt: t.s.Attempts + k + 2})
 		}
 	}
 	return model.Response{}, &stop{reason: budget.ModelUnavailable, cause: notes[len(notes)-1].err, message: notesText(notes), notes: notes}
@@ -124,11 +191,11 @@ func (t *turn) retryCandidate(notes []attemptNote) (int, time.Duration, bool) {
 	if best < 0 {
 		return 0, 0, false
 	}
-	remaining := t.b.Turn.D - now.Sub(t.start)
+	remaining := t.s.Budgets.Turn.D - now.Sub(t.s.Start)
 	if bestWait >= remaining {
 		return 0, 0, false
 	}
-	if s := t.b.Step; !s.Off() && bestWait >= s.D {
+	if s := t.s.Budgets.Step; !s.Off() && bestWait >= s.D {
 		return 0, 0, false
 	}
 	return best, bestWait, true
@@ -146,8 +213,7 @@ func (t *turn) waitRetry(ctx context.Context, step int, ep model.Endpoint, wait 
 	case <-tm.C:
 		return nil
 	case <-ctx.Done():
-		st := t.stopFromContext(ctx)
-		return &st
+		return &stop{outside: true}
 	}
 }
 
@@ -161,15 +227,15 @@ func endpointLabel(ep model.Endpoint) string {
 // attempt makes one model call attempt under the watchdogs and the turn's
 // llm_budget.
 func (t *turn) attempt(ctx context.Context, step, attempt int, ep model.Endpoint, req model.Request) (model.Response, error) {
-	b := t.b
+	b := t.s.Budgets
 	t.em.Emit(&event.LLMStarted{Step: step, Model: ep.Model, Provider: ep.ProviderName, Profile: ep.Profile, Attempt: attempt})
 	act := &activity{step: step, subject: "model " + ep.Model}
-	t.lastStep, t.lastModel = act.subject, ep.Model
+	t.s.LastStep, t.s.LastModel = act.subject, ep.Model
 	t.live.begin(act)
 
 	mc := modelCall{step: step, attempt: attempt, ep: ep, req: req}
 	if !b.LLMBudget.Off() {
-		remaining, used := b.LLMBudget.D-t.llmUsed, t.llmUsed
+		remaining, used := b.LLMBudget.D-t.s.LLMUsed, t.s.LLMUsed
 		mc.within = remaining
 		mc.expired = func() error {
 			return b.LLMBudget.Expired(budget.PhaseLLMBudget, "model streaming in this turn", used+remaining)
@@ -201,13 +267,13 @@ func (t *turn) attempt(ctx context.Context, step, attempt int, ep model.Endpoint
 		return d
 	}
 	out := t.callModel(ctx, mc)
-	t.llmUsed += out.elapsed
+	t.s.LLMUsed += out.elapsed
 	resp, err := out.resp, out.err
 	if err == nil && resp.Empty() {
 		err = &model.EmptyReplyError{Provider: ep.ProviderName, FinishReason: resp.FinishReason}
 		resp = model.Response{}
 	}
-	t.partial = out.text
+	t.tr.SetPartial(out.text)
 	t.live.end(act, err == nil)
 
 	rec := out.rec
@@ -223,8 +289,8 @@ const maxDelta = 64 << 10
 
 // watchdog returns the budgets every model stream of the turn runs under.
 func (t *turn) watchdog() model.Watchdog {
-	b := t.b
-	return model.Watchdog{FirstChunk: b.LLMFirstChunk, Idle: b.LLMIdle, MaxReply: t.l.MaxReply}
+	b := t.s.Budgets
+	return model.Watchdog{FirstChunk: b.LLMFirstChunk, Idle: b.LLMIdle, MaxReply: t.s.Limits.MaxReply}
 }
 
 func modelOutcome(err error) event.Outcome {

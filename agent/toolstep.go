@@ -6,56 +6,53 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/machine"
 	"github.com/timebox-run/timebox/model"
 	"github.com/timebox-run/timebox/tool"
 )
 
-// toolStep runs one batch of tool calls, up to parallel_tools at once, and
-// returns the result each call gives the model, and how many calls were
-// refused because the turn reached max_tool_calls.
-func (t *turn) toolStep(ctx context.Context, step int, calls []model.ToolCall) (results []string, refused int) {
-	start := time.Now()
-	results = make([]string, len(calls))
-	sem := make(chan struct{}, max(1, t.l.ParallelTools.N))
-	var wg sync.WaitGroup
-	for i, c := range calls {
-		callID := fmt.Sprintf("call_%d_%d", step, i+1)
-		if int64(t.toolCalls) >= t.l.MaxToolCalls.N {
-			refused++
-			lim := t.l.MaxToolCalls
-			results[i] = t.refuse(step, callID, c, "limit", "", fmt.Sprintf(
-				"Not run: this turn reached its limit of %d tool calls (%s).", lim.N, lim.Knob))
-			continue
-		}
-		t.toolCalls++
-		select {
-		case sem <- struct{}{}:
-		case <-ctx.Done():
-			results[i] = t.refuse(step, callID, c, "cancelled", "", "Not run: the turn was stopped before this call could start.")
-			continue
-		}
-		if len(calls) == 1 {
-			// One call (the common case) runs on the turn's goroutine:
-			// a parked turn then costs one goroutine less.
-			results[i] = t.runTool(ctx, step, callID, c)
-			<-sem
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			results[i] = t.runTool(ctx, step, callID, c)
-		}()
+// callUnit runs call c of step's batch under its budget, and puts what the
+// model is told into the transcript, after the step's assistant message.
+// view is the state the batch began with.
+func (t *turn) callUnit(ctx context.Context, view *machine.State, step int, c machine.Call) {
+	mc := t.askedFor(view, c)
+	result := t.runTool(ctx, step, machine.CallID(step, c.Index), mc)
+	t.tr.Put(view.Messages+c.Index, toolMessage(mc, result))
+}
+
+// refuseUnit records call c of step's batch as not run — reason is
+// machine.RefusedLimit or machine.RefusedCancelled — and puts what the
+// model is told into the transcript.
+func (t *turn) refuseUnit(view *machine.State, step int, c machine.Call, reason string) {
+	mc := t.askedFor(view, c)
+	var msg string
+	switch reason {
+	case machine.RefusedLimit:
+		lim := view.Limits.MaxToolCalls
+		msg = fmt.Sprintf("Not run: this turn reached its limit of %d tool calls (%s).", lim.N, lim.Knob)
+	default:
+		reason, msg = machine.RefusedCancelled, "Not run: the turn was stopped before this call could start."
 	}
-	wg.Wait()
-	t.toolTime += time.Since(start)
-	return results, refused
+	result := t.refuse(step, machine.CallID(step, c.Index), mc, reason, "", msg)
+	t.tr.Put(view.Messages+c.Index, toolMessage(mc, result))
+}
+
+// askedFor returns call c as the model asked for it: in the step's
+// assistant message, the transcript's last when the batch began.
+func (t *turn) askedFor(view *machine.State, c machine.Call) model.ToolCall {
+	m := t.tr.Message(view.Messages - 1)
+	if c.Index < len(m.ToolCalls) {
+		return m.ToolCalls[c.Index]
+	}
+	return model.ToolCall{Name: c.Name} // not reached: the batch is the message's
+}
+
+func toolMessage(c model.ToolCall, result string) model.Message {
+	return model.Message{Role: model.RoleTool, Content: result, ToolCallID: c.ID, ToolName: c.Name}
 }
 
 // arguments returns the model's arguments as JSON for the record: as sent
@@ -76,7 +73,7 @@ func arguments(raw string) json.RawMessage {
 func (t *turn) refuse(step int, callID string, c model.ToolCall, reason, field, msg string) string {
 	now := time.Now()
 	res := tool.Refusal(c.Name, reason, field, msg)
-	rec := event.ToolCall{CallID: callID, TurnID: t.id, Step: step, Tool: c.Name, Arguments: arguments(c.Arguments),
+	rec := event.ToolCall{CallID: callID, TurnID: t.s.TurnID, Step: step, Tool: c.Name, Arguments: arguments(c.Arguments),
 		StartedAt: now, EndedAt: now, Outcome: event.OutcomeError, Refused: reason, Result: res}
 	if e, ok := t.a.tools[c.Name]; ok {
 		rec.Kind = string(e.Tool.Tool.Kind())
@@ -122,7 +119,7 @@ func (t *turn) runTool(ctx context.Context, step int, callID string, c model.Too
 		advisory: b.Enforcement == budget.Advisory}
 	t.live.begin(act)
 
-	call := &tool.Call{ID: callID, TurnID: t.id, Tool: c.Name, Input: args, MaxOutput: t.l.MaxToolOutput.N}
+	call := &tool.Call{ID: callID, TurnID: t.s.TurnID, Tool: c.Name, Input: args, MaxOutput: t.s.Limits.MaxToolOutput.N}
 	x := tool.Run(ctx, e.Tool.Tool, call, b, tool.Hooks{
 		// Every report keeps the turn alive; the coalesced ones become
 		// events (tool.Hooks).
@@ -135,7 +132,7 @@ func (t *turn) runTool(ctx context.Context, step int, callID string, c model.Too
 	t.live.end(act, true)
 
 	result := tool.ModelResult(c.Name, b, x)
-	rec := event.ToolCall{CallID: callID, TurnID: t.id, Step: step, Tool: c.Name, Kind: string(e.Tool.Tool.Kind()),
+	rec := event.ToolCall{CallID: callID, TurnID: t.s.TurnID, Step: step, Tool: c.Name, Kind: string(e.Tool.Tool.Kind()),
 		Arguments: args, StartedAt: x.Started, EndedAt: x.Ended, DurationMS: x.Elapsed().Milliseconds(),
 		TimeoutMS: b.Timeout.MS(), TimeoutSource: b.Timeout.Source, IdleTimeoutMS: b.IdleTimeout.MS(),
 		Enforcement: b.Enforcement, Outcome: x.Outcome, Phase: x.Phase, Overran: x.Overran,
@@ -231,9 +228,9 @@ func (t *turn) applyLate(rec *event.ToolCall, lr lateResult) {
 // (tool_started, tool_progress, tool_finished) go to sinks. Cancelling ctx
 // stops the call as a cancelled turn would.
 func (a *Agent) CallTool(ctx context.Context, name string, input json.RawMessage, sinks ...event.Sink) event.ToolCall {
-	t := &turn{a: a, id: "tool-call", start: time.Now(), b: a.budgets, l: a.limits}
-	t.em, t.sinks = event.NewEmitter(t.id, sinks...), sinks
-	t.live = newLiveness(budget.Duration{}, t.b.ProgressNotice.D, func(v event.Payload) { t.em.Emit(v) }, func(*budget.TimeoutError) {})
+	s := &machine.State{TurnID: "tool-call", Start: time.Now(), Budgets: a.budgets, Limits: a.limits}
+	t := a.resume(s, &memTranscript{}, sinks)
+	t.live = newLiveness(budget.Duration{}, s.Budgets.ProgressNotice.D, time.Time{}, func(v event.Payload) { t.em.Emit(v) }, func(*budget.TimeoutError) {})
 	defer t.live.close()
 	t.runTool(ctx, 1, "call_1_1", model.ToolCall{ID: "call_1_1", Name: name, Arguments: string(input)})
 	t.mu.Lock()

@@ -2,13 +2,13 @@ package agent
 
 import (
 	"context"
-	"fmt"
 	"sort"
 	"sync"
 	"time"
 
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/machine"
 	"github.com/timebox-run/timebox/model"
 )
 
@@ -53,26 +53,38 @@ type Result struct {
 //
 // Events go to sinks in seq order, synchronously (see event.Sink).
 func (a *Agent) Run(ctx context.Context, in Input, sinks ...event.Sink) *Result {
-	t := a.newTurn(in, sinks)
-	t.em.Emit(t.started())
-	var st stop
-	t.under(ctx, func(ctx context.Context) { st = t.loop(ctx) })
-	return t.finish(st)
+	s, tr := a.newState(in)
+	t := a.resume(s, tr, sinks)
+	var end machine.Unit
+	t.under(ctx, func(ctx context.Context) {
+		end = machine.Drive(&inProcess{t: t, ctx: ctx}, t.s)
+	})
+	return t.finish(*end.End)
 }
 
-// newTurn makes the state of a turn that begins now: its budgets (the
-// agent's, with the request's), its id and its repaired history.
-func (a *Agent) newTurn(in Input, sinks []event.Sink) *turn {
-	t := &turn{a: a, in: in, id: in.TurnID, start: time.Now()}
-	t.b, t.l = a.requestBudgets(in.Budgets)
-	if t.id == "" {
-		t.id = NewTurnID()
+// newState makes the state of a turn that begins now, and its transcript:
+// its budgets (the agent's, with the request's), its id, its repaired
+// history and the user's message.
+func (a *Agent) newState(in Input) (*machine.State, *memTranscript) {
+	s := &machine.State{TurnID: in.TurnID, SessionID: in.SessionID, Start: time.Now()}
+	s.Budgets, s.Limits = a.requestBudgets(in.Budgets)
+	if s.TurnID == "" {
+		s.TurnID = NewTurnID()
 	}
-	t.in.TurnID = t.id
-	t.em, t.sinks = event.NewEmitter(t.id, sinks...), sinks
+	tr := &memTranscript{text: in.Text}
 	// A history cut by a crash would be refused by the providers.
-	t.in.History, t.repaired = RepairHistory(in.History)
-	t.msgs = append(t.msgs, model.Message{Role: model.RoleUser, Content: t.in.Text})
+	tr.history, s.Repaired = RepairHistory(in.History)
+	tr.Put(0, model.Message{Role: model.RoleUser, Content: in.Text})
+	s.Messages = 1
+	return s, tr
+}
+
+// resume makes the in-process turn of s: the one for a whole Run, or for
+// the units an engine runs here one at a time.
+func (a *Agent) resume(s *machine.State, tr machine.Transcript, sinks []event.Sink) *turn {
+	t := &turn{a: a, s: s, tr: tr, sinks: sinks}
+	t.em = event.NewEmitter(s.TurnID, sinks...)
+	a.resumeProviders(t.conversationID(), s.Providers)
 	return t
 }
 
@@ -84,11 +96,12 @@ func (a *Agent) newTurn(in Input, sinks []event.Sink) *turn {
 func (t *turn) under(ctx context.Context, work func(context.Context)) {
 	turnCtx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer cancel(nil)
-	t.live = newLiveness(t.b.Step, t.b.ProgressNotice.D,
+	b := &t.s.Budgets
+	t.live = newLiveness(b.Step, b.ProgressNotice.D, t.s.LastProgress,
 		func(v event.Payload) { t.em.Emit(v) },
 		func(te *budget.TimeoutError) { t.stopWith(cancel, te) })
-	ceiling := time.AfterFunc(t.b.Turn.D-time.Since(t.start), func() {
-		t.stopWith(cancel, t.b.Turn.Expired(budget.PhaseTurn, "the turn", time.Since(t.start)))
+	ceiling := time.AfterFunc(b.Turn.D-time.Since(t.s.Start), func() {
+		t.stopWith(cancel, b.Turn.Expired(budget.PhaseTurn, "the turn", time.Since(t.s.Start)))
 	})
 	stopWatch := context.AfterFunc(ctx, func() { t.stopWith(cancel, budget.Cause(ctx)) })
 
@@ -97,29 +110,26 @@ func (t *turn) under(ctx context.Context, work func(context.Context)) {
 	ceiling.Stop()
 	stopWatch()
 	t.live.close()
+	t.s.LastProgress = t.live.lastProgressed()
 }
 
-// turn is the state of one Run.
+// turn is a turn in this process: its state (machine.State), its
+// transcript, and what a unit of work needs while it runs — the emitter,
+// the watchdogs, the call records. Run keeps one for the whole turn; an
+// engine that runs each unit elsewhere makes one per unit (resume).
 type turn struct {
-	a     *Agent
-	in    Input
-	id    string
-	start time.Time
-	em    *event.Emitter
-	live  *liveness
+	a  *Agent
+	s  *machine.State
+	tr machine.Transcript
+	em *event.Emitter
+	// live is the watchdog of what runs under (under).
+	live *liveness
 	// sinks are the run's sinks; those that are event.LateSinks get the
 	// late results that arrive after the turn ended.
 	sinks []event.Sink
-	// b and l are the turn's budgets: the agent's, with the request's.
-	b budget.Budgets
-	l budget.Limits
 
-	// repaired counts the history messages RepairHistory added or dropped.
-	repaired int
-
-	stopNote  // written once, by capture, under its sync.Once
-	records   // shared with the tool calls' goroutines, under records.mu
-	loopState // owned by the loop goroutine
+	stopNote // written once, by capture, under its sync.Once
+	records  // shared with the tool calls' goroutines, under records.mu
 }
 
 // stopNote is what the turn was doing when a turn-level budget or a
@@ -145,43 +155,6 @@ type records struct {
 	pendingLate map[string]lateResult
 }
 
-// loopState is owned by the loop goroutine (and read by finish after the
-// loop returned).
-type loopState struct {
-	msgs       []model.Message
-	steps      int
-	toolCalls  int
-	llmUsed    time.Duration
-	toolTime   time.Duration
-	idleStreak int
-	failovers  int
-	partial    string
-	lastStep   string
-	lastModel  string
-
-	// History compaction: the summary of the first compactedUpTo messages
-	// of the conversation, which requests send instead of them.
-	summary           string
-	compactedUpTo     int
-	compactionFailed  error
-	compactionTimeout bool
-	// insufficient: the last compaction left the conversation over
-	// compact_at; retryAt: no compaction before the estimate reaches it.
-	insufficient bool
-	retryAt      int
-}
-
-// stop is how the loop ended.
-type stop struct {
-	reason  budget.StopReason
-	cause   error
-	answer  string
-	message string
-	// notes are the failed attempts of the last model step, when every
-	// link of the chain failed.
-	notes []attemptNote
-}
-
 // stopWith cancels the turn for cause, first noting what was running.
 func (t *turn) stopWith(cancel context.CancelCauseFunc, cause error) {
 	t.capture()
@@ -197,11 +170,31 @@ func (t *turn) capture() {
 	})
 }
 
+// note returns what the turn was doing when it was stopped, nil if it was
+// not.
+func (t *turn) note() *machine.StopNote {
+	t.stopOnce.Do(func() {}) // a capture under way has finished
+	if t.stopDesc == "" && len(t.stopTools) == 0 {
+		return nil
+	}
+	return &machine.StopNote{Desc: t.stopDesc, Tools: t.stopTools, DuringRun: t.stopDuringRun, DuringCompact: t.stopDuringCompact}
+}
+
+// stopped is the note of what the turn was doing when it was stopped:
+// this turn's own (capture), or else the one the state carries from the
+// units that ran elsewhere.
+func (t *turn) stopped() *machine.StopNote {
+	if n := t.note(); n != nil {
+		return n
+	}
+	return t.s.Stopped
+}
+
 func (t *turn) started() *event.TurnStarted {
 	a := t.a
 	b := map[string]event.BudgetValue{}
 	for _, k := range budget.Knobs {
-		v := k.Value(&t.b, &t.l)
+		v := k.Value(&t.s.Budgets, &t.s.Limits)
 		v.Key = "" // the map's key
 		b[k.Key] = v
 	}
@@ -211,123 +204,37 @@ func (t *turn) started() *event.TurnStarted {
 		tools[n] = event.ToolBudgetSummary{TimeoutMS: tb.Timeout.MS(), Source: tb.Timeout.Source,
 			IdleTimeoutMS: tb.IdleTimeout.MS(), Enforcement: tb.Enforcement}
 	}
-	return &event.TurnStarted{SessionID: t.in.SessionID, Agent: a.name, Input: t.in.Text,
-		Model: a.models[0].Name(), Budgets: b, Tools: tools, HistoryRepaired: t.repaired}
+	return &event.TurnStarted{SessionID: t.s.SessionID, Agent: a.name, Input: t.tr.Input(),
+		Model: a.models[0].Name(), Budgets: b, Tools: tools, HistoryRepaired: t.s.Repaired}
 }
 
 // toolBudget returns the budget of a tool's calls in this turn: the tool's
-// own, or the turn's tool default when the tool has none of its own and
-// the request set one.
+// own, or, where the tool follows the turn's defaults (timeouts.tool and
+// timeouts.kill_grace), the turn's — which a request, and a runner's flags
+// on another engine, may have set.
 func (t *turn) toolBudget(e *entry) budget.ToolBudget {
+	return turnToolBudget(e, &t.s.Budgets)
+}
+
+func turnToolBudget(e *entry, tb *budget.Budgets) budget.ToolBudget {
 	b := e.Budget
-	if t.b.Tool.Source == budget.SourceRequest && followsDefault(b.Timeout.Source) {
-		b.Timeout = t.b.Tool
+	if followsDefault(b.Timeout.Source) {
+		b.Timeout = tb.Tool
+	}
+	if followsDefault(b.KillGrace.Source) {
+		b.KillGrace = tb.KillGrace
 	}
 	return b
 }
 
-// followsDefault reports whether a tool timeout with this source is the
-// process-wide timeouts.tool rather than the tool's own.
+// followsDefault reports whether a tool budget with this source is the
+// turn's default rather than the tool's own.
 func followsDefault(s budget.Source) bool {
 	switch s {
-	case budget.SourceFlag, budget.SourceEnv, budget.SourceFile, budget.SourceDefault:
+	case budget.SourceFlag, budget.SourceEnv, budget.SourceFile, budget.SourceDefault, budget.SourceRequest:
 		return true
 	}
 	return false
-}
-
-func (t *turn) loop(ctx context.Context) stop {
-	for {
-		calls, st := t.think(ctx)
-		if st != nil {
-			return *st
-		}
-		results, refused := t.toolStep(ctx, t.steps, calls)
-		t.heard(calls, results)
-		if st := t.afterTools(ctx, refused); st != nil {
-			return *st
-		}
-	}
-}
-
-// think makes the turn's next model step — the step checks, compaction,
-// the model call with its failover — and returns the tool calls the model
-// asked for, or how the turn ends: an answer or a stop.
-func (t *turn) think(ctx context.Context) ([]model.ToolCall, *stop) {
-	for {
-		if ctx.Err() != nil {
-			st := t.stopFromContext(ctx)
-			return nil, &st
-		}
-		if int64(t.steps) >= t.l.MaxSteps.N {
-			return nil, &stop{reason: budget.MaxSteps}
-		}
-		if lb := t.b.LLMBudget; !lb.Off() && t.llmUsed >= lb.D {
-			return nil, &stop{reason: budget.LLMBudgetExhausted}
-		}
-		if _, st := t.compact(ctx, t.steps+1, false); st != nil {
-			return nil, st
-		}
-		t.steps++
-		resp, st := t.modelStep(ctx, t.steps)
-		if st != nil {
-			if st = t.tooLong(ctx, st); st == nil {
-				continue // compacted after a length refusal: make the step again
-			}
-			return nil, st
-		}
-		t.msgs = append(t.msgs, model.Message{Role: model.RoleAssistant, Content: resp.Text, ToolCalls: resp.ToolCalls})
-		if len(resp.ToolCalls) == 0 {
-			return nil, &stop{reason: budget.Answered, answer: resp.Text}
-		}
-		return resp.ToolCalls, nil
-	}
-}
-
-// heard adds the results of a batch of tool calls to the conversation.
-func (t *turn) heard(calls []model.ToolCall, results []string) {
-	t.msgs = append(t.msgs, toolMessages(calls, results)...)
-}
-
-func toolMessages(calls []model.ToolCall, results []string) []model.Message {
-	out := make([]model.Message, len(calls))
-	for i, c := range calls {
-		out[i] = model.Message{Role: model.RoleTool, Content: results[i], ToolCallID: c.ID, ToolName: c.Name}
-	}
-	return out
-}
-
-// afterTools returns how the turn ends after a batch of tool calls, if it
-// does: stopped meanwhile, or past max_tool_calls.
-func (t *turn) afterTools(ctx context.Context, refused int) *stop {
-	if ctx.Err() != nil {
-		st := t.stopFromContext(ctx)
-		return &st
-	}
-	if refused > 0 {
-		return &stop{reason: budget.MaxToolCalls, message: refusedText(refused)}
-	}
-	return nil
-}
-
-func refusedText(n int) string { return fmt.Sprintf("%d more asked for were not run. ", n) }
-
-// stopFromContext turns the cause of the turn context's end into a stop.
-func (t *turn) stopFromContext(ctx context.Context) stop {
-	cause := budget.Cause(ctx)
-	if te, ok := budget.AsTimeout(cause); ok {
-		switch te.Phase {
-		case budget.PhaseStep:
-			return stop{reason: budget.NoProgress, cause: cause}
-		case budget.PhaseLLMBudget:
-			return stop{reason: budget.LLMBudgetExhausted, cause: cause}
-		}
-		return stop{reason: budget.TurnTimeout, cause: cause}
-	}
-	if ce, ok := budget.AsCancel(cause); ok {
-		return stop{reason: ce.Reason, cause: cause}
-	}
-	return stop{reason: budget.Cancelled, cause: cause}
 }
 
 func (t *turn) request() model.Request {
@@ -336,54 +243,79 @@ func (t *turn) request() model.Request {
 		e := t.a.tools[n]
 		defs = append(defs, model.ToolDef{Name: e.spec.Name, Description: e.spec.Description, Parameters: e.spec.InputSchema})
 	}
-	conv := t.in.SessionID
-	if conv == "" {
-		conv = t.id
-	}
-	msgs := t.sendable(t.conversation()[t.compactedUpTo:])
+	msgs := t.sendable(t.conversation()[t.s.CompactedUpTo:])
 	system := t.a.instructions
-	if t.summary != "" {
-		system += "\n\n" + summaryHeading + "\n" + t.summary
+	if t.s.Summarised {
+		system += "\n\n" + summaryHeading + "\n" + t.tr.Summary()
 	}
-	return model.Request{System: system, Messages: msgs, Tools: defs, Conversation: conv}
+	return model.Request{System: system, Messages: msgs, Tools: defs, Conversation: t.conversationID()}
 }
 
-// finish closes the turn: the turn_finished event and the record.
-func (t *turn) finish(st stop) *Result {
+// conversationID is the conversation the turn's model requests name.
+func (t *turn) conversationID() string {
+	if t.s.SessionID != "" {
+		return t.s.SessionID
+	}
+	return t.s.TurnID
+}
+
+// finish ends the turn as end says: the turn_finished event and the
+// record.
+func (t *turn) finish(end machine.Ending) *Result {
+	s := t.s
+	if !s.Begun {
+		t.em.Emit(t.started())
+		s.Begun = true
+	}
 	// Wait for a capture under way (Once.Do returns only after it); after
 	// this none can start.
-	t.stopOnce.Do(func() {})
+	note := t.stopped()
 	now := time.Now()
-	if st.reason != budget.Answered && st.answer == "" {
-		st.answer = t.partial
+	var answer string
+	switch {
+	case end.Reason == budget.Answered:
+		answer = t.tr.Message(s.Messages - 1).Content
+	default:
+		answer = t.tr.Partial()
 	}
+	cause := end.Cause.Err()
 	flags := event.Flags{}
-	if te, ok := budget.AsTimeout(st.cause); ok && (te.Phase == budget.PhaseTurn || te.Phase == budget.PhaseStep) {
+	if te, ok := budget.AsTimeout(cause); ok && (te.Phase == budget.PhaseTurn || te.Phase == budget.PhaseStep) {
 		flags.TimedOutByTurnBudget = te.Phase == budget.PhaseTurn
-		flags.TimedOutDuringToolExecution = t.stopDuringRun
-		flags.TimedOutDuringCompaction = t.stopDuringCompact
+		if note != nil {
+			flags.TimedOutDuringToolExecution = note.DuringRun
+			flags.TimedOutDuringCompaction = note.DuringCompact
+		}
 	}
-	if t.compactionTimeout {
+	if s.CompactionTimeout {
 		flags.TimedOutDuringCompaction = true
 	}
-	msg := t.message(st, now)
+	msg := t.message(end, note, now)
+	if tools, models, ok := t.tr.Records(); ok {
+		// The units ran elsewhere: their records, this one's too, are in
+		// the transcript's store.
+		t.mu.Lock()
+		t.toolRecs, t.modelRecs = tools, models
+		t.mu.Unlock()
+	}
 	// From here on a late result goes to the sinks' LateResult, not to
 	// events.
 	t.mu.Lock()
 	t.ended = true
 	rec := &event.Turn{
-		TurnID: t.id, SessionID: t.in.SessionID, Agent: t.a.name, Input: t.in.Text,
-		Status: st.reason.Status(), StopReason: st.reason, Message: msg, Answer: st.answer, Flags: flags,
-		StartedAt: t.start, EndedAt: now, Steps: t.steps, LLMMS: t.llmUsed.Milliseconds(), ToolMS: t.toolTime.Milliseconds(),
-		WallMS: now.Sub(t.start).Milliseconds(), Failovers: t.failovers,
+		TurnID: s.TurnID, SessionID: s.SessionID, Agent: t.a.name, Input: t.tr.Input(),
+		Status: end.Reason.Status(), StopReason: end.Reason, Message: msg, Answer: answer, Flags: flags,
+		StartedAt: s.Start, EndedAt: now, Steps: s.Steps, LLMMS: s.LLMUsed.Milliseconds(), ToolMS: s.ToolTime.Milliseconds(),
+		WallMS: now.Sub(s.Start).Milliseconds(), Failovers: s.Failovers,
 		ToolCalls:  append([]event.ToolCall(nil), t.toolRecs...),
 		ModelCalls: append([]event.ModelCall(nil), t.modelRecs...),
 	}
 	t.mu.Unlock()
 	sort.SliceStable(rec.ToolCalls, func(i, j int) bool { return rec.ToolCalls[i].StartedAt.Before(rec.ToolCalls[j].StartedAt) })
 	t.em.Emit(&event.TurnFinished{Status: rec.Status, StopReason: rec.StopReason, Message: rec.Message,
-		Answer: rec.Answer, Flags: flags, Totals: rec.Totals(), Limit: t.limit(st)})
+		Answer: rec.Answer, Flags: flags, Totals: rec.Totals(), Limit: t.limit(end)})
 	t.em.Close()
 	rec.Events = t.em.Log()
-	return &Result{Record: rec, Messages: t.msgs}
+	s.Finished, s.End = true, &end
+	return &Result{Record: rec, Messages: t.tr.Messages()}
 }

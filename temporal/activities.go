@@ -2,166 +2,452 @@ package temporal
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"go.temporal.io/api/serviceerror"
 	"go.temporal.io/sdk/activity"
+	sdktemporal "go.temporal.io/sdk/temporal"
+	"go.temporal.io/sdk/worker"
 
-	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
-	"github.com/timebox-run/timebox/model"
+	"github.com/timebox-run/timebox/internal/machine"
 	"github.com/timebox-run/timebox/store"
 )
 
 // activities are a worker's side of a turn: each runs one unit of the
-// turn's work with the worker's agent, emitting its events to the store
-// (numbered by the store, seq 0: units of one turn emit from several
-// workers at once) and heartbeating all the while.
+// turn's work with the worker's agent (machine.Units), reading the turn's
+// conversation from the store and writing back what it added, emitting its
+// events to the store (numbered there: units of one turn emit from several
+// workers at once), and heartbeating all the while. Each returns only what
+// the workflow needs to go on — never the conversation — so that no
+// payload limit of Temporal's bounds a turn.
 type activities struct {
-	agent     *agent.Agent
+	units     machine.Units
 	store     store.Store
+	payloads  store.Payloads
 	heartbeat time.Duration
 	log       *slog.Logger
 }
 
-// thought is what Think returns: the turn's state after the step, and the
-// tool calls asked for or, when the turn ended, how.
-type thought struct {
-	State agent.State      `json:"state"`
-	Calls []model.ToolCall `json:"calls,omitempty"`
-	End   *Outcome         `json:"end,omitempty"`
+// unitIn is the input of every activity: the turn's state, and what the
+// unit is.
+type unitIn struct {
+	State machine.State `json:"state"`
+	// Key names the unit's result in the store (keyDone): the workflow's
+	// run and the activity's id.
+	Key  string       `json:"key,omitempty"`
+	Step int          `json:"step,omitempty"`
+	Call machine.Call `json:"call"`
+	// Reason is Refuse's.
+	Reason string `json:"reason,omitempty"`
+	// Why, Beat and Noticed are Lost's and LostAttempts': what was lost,
+	// the lost unit's last heartbeat, and when the loss was noticed.
+	Why     string    `json:"why,omitempty"`
+	Beat    *beat     `json:"beat,omitempty"`
+	Noticed time.Time `json:"noticed,omitzero"`
+	// End is End's.
+	End *machine.Ending `json:"end,omitempty"`
 }
 
-// Outcome is how a turn ended: the workflow's result.
+// advanced is what Advance returns: the state after its units, and how
+// the turn ended if it did.
+type advanced struct {
+	State machine.State `json:"state"`
+	Ended *Outcome      `json:"ended,omitempty"`
+}
+
+// Outcome is how a turn ended: the workflow's result. The record and the
+// conversation are in the store.
 type Outcome struct {
 	TurnID     string            `json:"turn_id"`
 	Status     budget.Status     `json:"status"`
 	StopReason budget.StopReason `json:"stop_reason"`
-	// Messages are what the turn added to its session's conversation.
-	Messages []model.Message `json:"messages,omitempty"`
+	// Messages counts the messages the turn added to its session's
+	// conversation (the store's payloads hold them).
+	Messages int `json:"messages"`
 }
 
-// callIn is the input of Call, Refuse and Lost.
-type callIn struct {
-	State  agent.State    `json:"state"`
-	Step   int            `json:"step"`
-	CallID string         `json:"call_id"`
-	Call   model.ToolCall `json:"call"`
-	// Reason is Refuse's refusal reason.
-	Reason string `json:"reason,omitempty"`
-	// Started and Why are Lost's: when the lost call started, and what
-	// was lost.
-	Started time.Time `json:"started,omitzero"`
-	Why     string    `json:"why,omitempty"`
+// beat is what a unit's heartbeat carries: when the unit began and how
+// long it had run, and a tool call's last progress report — what a
+// workflow knows of a unit whose worker was lost.
+type beat struct {
+	CallID   string    `json:"call_id,omitempty"`
+	Started  time.Time `json:"started"`
+	RanMS    int64     `json:"ran_ms"`
+	Progress *float64  `json:"progress,omitempty"`
+	Total    *float64  `json:"total,omitempty"`
+	Message  string    `json:"message,omitempty"`
 }
 
-// endIn is the input of End.
-type endIn struct {
-	State   agent.State       `json:"state"`
-	Reason  budget.StopReason `json:"reason"`
-	Cause   *agent.Cause      `json:"cause,omitempty"`
-	Refused int               `json:"refused,omitempty"`
-}
+// maxBeatMessage bounds a progress message in a heartbeat: Temporal fails
+// the activity whose heartbeat details pass its payload limit.
+const maxBeatMessage = 1024
 
-// Begin begins the turn: its record in the store (unless the runner that
-// started it stored it) and turn_started.
-func (x *activities) Begin(ctx context.Context, in agent.Input) (*agent.State, error) {
-	err := x.store.BeginTurn(ctx, store.TurnStart{TurnID: in.TurnID, SessionID: in.SessionID, Engine: Engine,
-		Agent: x.agent.Name(), Input: in.Text, StartedAt: time.Now()})
-	if err != nil && !errors.Is(err, store.ErrExists) {
-		return nil, fmt.Errorf("storing turn %s: %w", in.TurnID, err)
-	}
-	sink := x.sink(ctx)
-	s := x.agent.Begin(in, sink)
-	return s, sink.flush(ctx)
-}
+// errEngine marks an activity that did not finish its unit because the
+// engine gave it up (Temporal timed it out, or its worker is stopping):
+// the workflow takes the unit for lost.
+var errEngine = errors.New("the engine gave this unit up")
 
-// Think makes the turn's next model step (agent.Think) and, when the turn
-// ends there, stores its record.
-func (x *activities) Think(ctx context.Context, s *agent.State) (*thought, error) {
-	ctx, done := x.unit(ctx, s.TurnID)
-	defer done()
-	sink := x.sink(ctx)
-	calls, res := x.agent.Think(ctx, s, sink)
-	out := &thought{State: *s, Calls: calls}
-	if res != nil {
-		end, err := x.finish(ctx, sink, res)
-		if err != nil {
+// Advance runs the turn's units from its state until a batch of tool calls
+// or the end (machine.Units.Advance): its model steps and compactions, its
+// beginning, its end when a unit decides it.
+func (x *activities) Advance(ctx context.Context, in *unitIn) (*advanced, error) {
+	s := &in.State
+	if !s.Begun {
+		if err := x.begin(ctx, s); err != nil {
 			return nil, err
 		}
-		out.End = end
 	}
-	return out, sink.flush(ctx)
+	tr, err := loadTranscript(ctx, x.payloads, x.store, s)
+	if err != nil {
+		return nil, err
+	}
+	u := x.unit(ctx, s.TurnID, "")
+	defer u.close()
+	sink := x.sink(u.ctx, u)
+	ended := x.units.Advance(u.ctx, s, tr, sink)
+	if err := u.engineErr(s.Stop); err != nil {
+		return nil, err
+	}
+	out := &advanced{State: *s}
+	if ended != nil {
+		if out.Ended, err = x.finish(ctx, sink, tr, ended); err != nil {
+			return nil, err
+		}
+	} else if err := sink.flush(ctx); err != nil {
+		return nil, err
+	}
+	return out, tr.flush(ctx, doneKey(in.Key), out)
 }
 
-// Call runs one tool call (agent.Call). A progress report is a heartbeat
-// with its details.
-func (x *activities) Call(ctx context.Context, in *callIn) (*agent.Called, error) {
-	ctx, done := x.unit(ctx, in.State.TurnID)
-	defer done()
-	sink := x.sink(ctx)
-	out := x.agent.Call(ctx, &in.State, in.Step, in.CallID, in.Call, sink)
-	return &out, sink.flush(ctx)
+// begin stores the turn (unless its runner did) and, when its turn_started
+// is already stored — a first unit whose report was lost — notes it begun.
+func (x *activities) begin(ctx context.Context, s *machine.State) error {
+	err := x.store.BeginTurn(ctx, store.TurnStart{TurnID: s.TurnID, SessionID: s.SessionID, Engine: Engine,
+		Agent: x.units.Ref().Name, StartedAt: s.Start})
+	if err != nil && !errors.Is(err, store.ErrExists) && !errors.Is(err, store.ErrSessionBusy) {
+		return fmt.Errorf("storing turn %s: %w", s.TurnID, err)
+	}
+	evs, err := x.store.Events(ctx, s.TurnID, 0, 1)
+	if err != nil {
+		return fmt.Errorf("reading turn %s: %w", s.TurnID, err)
+	}
+	s.Begun = len(evs) > 0 && evs[0].Type == event.TypeTurnStarted
+	return nil
 }
 
-// Refuse records a call that is not run (agent.Refuse).
-func (x *activities) Refuse(ctx context.Context, in *callIn) (*agent.Called, error) {
-	sink := x.sink(ctx)
-	out := x.agent.Refuse(&in.State, in.Step, in.CallID, in.Call, in.Reason, sink)
-	return &out, sink.flush(ctx)
-}
-
-// Lost records a call whose worker was lost (agent.Lost).
-func (x *activities) Lost(ctx context.Context, in *callIn) (*agent.Called, error) {
-	sink := x.sink(ctx)
-	out := x.agent.Lost(&in.State, in.Step, in.CallID, in.Call, in.Started, in.Why, sink)
-	return &out, sink.flush(ctx)
-}
-
-// End ends a turn stopped between units of work (agent.End) and stores
-// its record.
-func (x *activities) End(ctx context.Context, in *endIn) (*Outcome, error) {
-	sink := x.sink(ctx)
-	res := x.agent.End(&in.State, in.Reason, in.Cause, in.Refused, sink)
-	return x.finish(ctx, sink, res)
-}
-
-// finish stores an ended turn's record, with its events as the store
-// numbered them, and its messages.
-func (x *activities) finish(ctx context.Context, sink *storeSink, res *agent.Result) (*Outcome, error) {
+// Call runs one tool call (machine.Units.Call). A call whose result is in
+// the store already — a call that ended, whose report was lost — is not
+// run again.
+func (x *activities) Call(ctx context.Context, in *unitIn) (*machine.Called, error) {
+	s := &in.State
+	callID := machine.CallID(in.Step, in.Call.Index)
+	if activity.GetInfo(ctx).Attempt > 1 {
+		// A retry (the tool declares retries): a call that ended keeps its
+		// result, and is not run again.
+		if out, ok, err := doneResult[machine.Called](ctx, x.payloads, s.TurnID, in.Key); ok || err != nil {
+			return out, err
+		}
+	}
+	tr, err := loadCall(ctx, x.payloads, s)
+	if err != nil {
+		return nil, err
+	}
+	if activity.GetInfo(ctx).Attempt > 1 {
+		// A retry (the tool declares retries): a record stored by the
+		// attempt before means the call ended; only its report was lost.
+		if rec, err := x.record(ctx, s.TurnID, callID); err != nil || rec != nil {
+			if err != nil {
+				return nil, err
+			}
+			x.units.Lost(s, in.Step, in.Call, machine.Loss{Recorded: rec}, tr)
+			out := &machine.Called{}
+			return out, tr.flush(ctx, doneKey(in.Key), out)
+		}
+	}
+	u := x.unit(ctx, s.TurnID, callID)
+	defer u.close()
+	sink := x.sink(u.ctx, u)
+	out := x.units.Call(u.ctx, s, in.Step, in.Call, tr, sink)
+	if err := u.engineErr(out.Cause); err != nil {
+		return nil, err
+	}
 	if err := sink.flush(ctx); err != nil {
 		return nil, err
 	}
-	rec := res.Record
+	return &out, tr.flush(ctx, doneKey(in.Key), &out)
+}
+
+// Refuse records a call that is not run (machine.Units.Refuse).
+func (x *activities) Refuse(ctx context.Context, in *unitIn) (*machine.Called, error) {
+	s := &in.State
+	tr, err := loadCall(ctx, x.payloads, s)
+	if err != nil {
+		return nil, err
+	}
+	callID := machine.CallID(in.Step, in.Call.Index)
+	if rec, err := x.record(ctx, s.TurnID, callID); err != nil {
+		return nil, err
+	} else if rec != nil { // refused before, and asked again
+		x.units.Lost(s, in.Step, in.Call, machine.Loss{Recorded: rec}, tr)
+		return &machine.Called{}, tr.flush(ctx, "", nil)
+	}
+	sink := x.sink(ctx, nil)
+	out := x.units.Refuse(s, in.Step, in.Call, in.Reason, tr, sink)
+	if err := sink.flush(ctx); err != nil {
+		return nil, err
+	}
+	return &out, tr.flush(ctx, "", nil)
+}
+
+// Lost records a call whose activity failed — its worker died or stopped
+// answering, or Temporal gave it up — unless its record reached the store
+// (machine.Units.Lost): what it is known to have run, from its last
+// heartbeat or else its tool_started, apart from when the loss was noticed.
+func (x *activities) Lost(ctx context.Context, in *unitIn) (*machine.Called, error) {
+	s := &in.State
+	tr, err := loadCall(ctx, x.payloads, s)
+	if err != nil {
+		return nil, err
+	}
+	callID := machine.CallID(in.Step, in.Call.Index)
+	l := machine.Loss{Why: in.Why, Noticed: in.Noticed}
+	if l.Recorded, err = x.record(ctx, s.TurnID, callID); err != nil {
+		return nil, err
+	}
+	if b := in.Beat; b != nil && b.CallID == callID {
+		l.Started, l.Ran = b.Started, time.Duration(b.RanMS)*time.Millisecond
+	} else if l.Recorded == nil {
+		if l.Started, err = x.toolStarted(ctx, s.TurnID, callID); err != nil {
+			return nil, err
+		}
+	}
+	sink := x.sink(ctx, nil)
+	out := x.units.Lost(s, in.Step, in.Call, l, tr, sink)
+	if err := sink.flush(ctx); err != nil {
+		// The call's own record may have come first: asked again (a local
+		// activity's retry), it is used.
+		return nil, err
+	}
+	return &out, tr.flush(ctx, "", nil)
+}
+
+// LostAttempts records the model call attempts of a step whose unit was
+// lost with its worker: each that began and has no record gets one
+// (outcome interrupted, phase worker_lost), and the step's attempts are
+// numbered on after every one that began. It returns the state.
+func (x *activities) LostAttempts(ctx context.Context, in *unitIn) (*machine.State, error) {
+	s := &in.State
+	evs, err := x.store.Events(ctx, s.TurnID, 0, 0)
+	if err != nil {
+		return nil, fmt.Errorf("reading turn %s: %w", s.TurnID, err)
+	}
+	begun := map[int]machine.LostAttempt{}
+	most := s.Attempts
+	for _, e := range evs {
+		switch d := e.Data.(type) {
+		case *event.LLMStarted:
+			if d.Step == in.Step {
+				begun[d.Attempt] = machine.LostAttempt{Attempt: d.Attempt, Model: d.Model, Provider: d.Provider, Profile: d.Profile, Started: e.At}
+				most = max(most, d.Attempt)
+			}
+		case *event.LLMFinished:
+			if d.Step == in.Step {
+				delete(begun, d.Attempt)
+			}
+		}
+	}
+	var lost []machine.LostAttempt
+	for a := 1; a <= most; a++ {
+		if la, ok := begun[a]; ok {
+			lost = append(lost, la)
+		}
+	}
+	sink := x.sink(ctx, nil)
+	x.units.LostAttempts(s, in.Step, lost, in.Why, sink)
+	s.Attempts = most
+	return s, sink.flush(ctx)
+}
+
+// End ends a turn stopped between units of work (machine.Units.End).
+func (x *activities) End(ctx context.Context, in *unitIn) (*Outcome, error) {
+	s := &in.State
+	if o, err := x.ended(ctx, s); o != nil || err != nil {
+		return o, err
+	}
+	tr, err := loadTranscript(ctx, x.payloads, x.store, s)
+	if err != nil {
+		return nil, err
+	}
+	sink := x.sink(ctx, nil)
+	ended := x.units.End(s, *in.End, tr, sink)
+	return x.finish(ctx, sink, tr, ended)
+}
+
+// ended returns the outcome of a turn the store has ended already: by
+// another unit whose report was lost, or by a gateway that took its engine
+// for lost.
+func (x *activities) ended(ctx context.Context, s *machine.State) (*Outcome, error) {
+	rec, err := x.store.Turn(ctx, s.TurnID)
+	if err != nil || rec.Status == budget.StatusRunning {
+		return nil, err
+	}
+	return &Outcome{TurnID: rec.TurnID, Status: rec.Status, StopReason: rec.StopReason, Messages: s.Messages}, nil
+}
+
+// finish stores an ended turn: its conversation, then its record with the
+// events as the store numbered them.
+func (x *activities) finish(ctx context.Context, sink *storeSink, tr *transcript, ended *machine.Ended) (*Outcome, error) {
+	if err := sink.flush(ctx); err != nil {
+		if errors.Is(err, store.ErrNotRunning) {
+			return x.ended(ctx, &machine.State{TurnID: ended.Record.TurnID, Messages: len(ended.Messages)})
+		}
+		return nil, err
+	}
+	rec := ended.Record
+	o := &Outcome{TurnID: rec.TurnID, Status: rec.Status, StopReason: rec.StopReason, Messages: len(ended.Messages)}
+	if err := tr.flush(ctx, "", nil); err != nil {
+		return nil, err
+	}
 	evs, err := x.store.Events(ctx, rec.TurnID, 0, 0)
 	if err != nil {
 		return nil, fmt.Errorf("reading the events of turn %s: %w", rec.TurnID, err)
 	}
 	rec.Events = evs
-	if err := x.store.FinishTurn(ctx, rec, res.Messages); err != nil && !errors.Is(err, store.ErrNotRunning) {
+	if err := x.store.FinishTurn(ctx, rec, ended.Messages); err != nil && !errors.Is(err, store.ErrNotRunning) {
 		return nil, fmt.Errorf("storing the record of turn %s: %w", rec.TurnID, err)
 	}
-	return &Outcome{TurnID: rec.TurnID, Status: rec.Status, StopReason: rec.StopReason, Messages: res.Messages}, nil
+	return o, nil
 }
 
-// unit starts what every long unit of work runs beside it: a heartbeat on
-// a fixed cadence, so that Temporal notices a dead worker within the
-// heartbeat timeout (and delivers a cancellation of the activity), and a
-// watch on the store's cancel requests, which reach the unit at once
-// rather than at its next heartbeat. The returned context is cancelled by
-// either.
-func (x *activities) unit(ctx context.Context, turnID string) (context.Context, func()) {
-	ctx, cancel := context.WithCancelCause(ctx)
+// Recover returns the result a unit stored (under in.Key) before its
+// report to Temporal was lost, if it did: the workflow then goes on from
+// it rather than take the unit for lost.
+func (x *activities) Recover(ctx context.Context, in *unitIn) (*recovered, error) {
+	b, err := x.payloads.Payload(ctx, in.State.TurnID, doneKey(in.Key))
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return &recovered{}, nil
+	case err != nil:
+		return nil, err
+	}
+	return &recovered{Found: true, Result: b}, nil
+}
+
+// recovered is what Recover found.
+type recovered struct {
+	Found  bool            `json:"found"`
+	Result json.RawMessage `json:"result,omitempty"`
+}
+
+// doneResult returns the result a unit stored under key, if it did.
+func doneResult[T any](ctx context.Context, p store.Payloads, turnID, key string) (*T, bool, error) {
+	if key == "" {
+		return nil, false, nil
+	}
+	b, err := p.Payload(ctx, turnID, doneKey(key))
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return nil, false, nil
+	case err != nil:
+		return nil, false, err
+	}
+	var out T
+	if err := json.Unmarshal(b, &out); err != nil {
+		return nil, false, err
+	}
+	return &out, true, nil
+}
+
+// record returns the stored record of a call, nil if there is none.
+func (x *activities) record(ctx context.Context, turnID, callID string) (*event.ToolCall, error) {
+	rec, err := x.store.Turn(ctx, turnID)
+	if err != nil {
+		return nil, fmt.Errorf("reading turn %s: %w", turnID, err)
+	}
+	for _, tc := range rec.ToolCalls {
+		if tc.CallID == callID {
+			return &tc, nil
+		}
+	}
+	return nil, nil
+}
+
+// toolStarted returns when a call's tool_started was emitted, zero if it
+// was not.
+func (x *activities) toolStarted(ctx context.Context, turnID, callID string) (time.Time, error) {
+	evs, err := x.store.Events(ctx, turnID, 0, 0)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("reading turn %s: %w", turnID, err)
+	}
+	for _, e := range evs {
+		if d, ok := e.Data.(*event.ToolStarted); ok && d.CallID == callID {
+			return e.At, nil
+		}
+	}
+	return time.Time{}, nil
+}
+
+func doneKey(key string) string {
+	if key == "" {
+		return ""
+	}
+	return keyDone + key
+}
+
+// running is a unit under way on this worker: what it runs beside it.
+type running struct {
+	ctx        context.Context
+	cancel     context.CancelCauseFunc
+	beat       atomic.Pointer[beat]
+	quit       chan struct{}
+	wg         sync.WaitGroup
+	unwatch    func()
+	stopEngine func() bool
+	// engine is set when the engine gave the unit up.
+	engine atomic.Bool
+}
+
+// unit starts what every long unit of work runs beside it: a heartbeat on a
+// fixed cadence, carrying when the unit began and how long it has run (and
+// a call's last progress), so that Temporal notices a dead worker within
+// the heartbeat timeout and the workflow knows what the lost unit ran; and
+// a watch on the store's cancel requests, which reach the unit at once
+// rather than at its next heartbeat.
+//
+// The unit's context is not the activity's: Temporal cancels an
+// activity's context when a heartbeat cannot reach it, and an engine that
+// is away for a few seconds must not stop a tool (the unit's records reach
+// the store meanwhile, and its result waits there). Only a cancellation
+// the engine means reaches the unit: the workflow cancelled it, Temporal
+// gave the attempt up (its heartbeat timed out), the worker is stopping,
+// or the activity's own deadline passed.
+func (x *activities) unit(actx context.Context, turnID, callID string) *running {
+	u := &running{quit: make(chan struct{})}
+	u.ctx, u.cancel = context.WithCancelCause(context.WithoutCancel(actx))
+	u.beat.Store(&beat{CallID: callID, Started: time.Now()})
+	u.stopEngine = context.AfterFunc(actx, func() {
+		switch cause := context.Cause(actx); {
+		case sdktemporal.IsCanceledError(cause):
+			u.cancel(&budget.CancelError{Reason: budget.Cancelled, By: "the turn's workflow"})
+		case isGivenUp(cause):
+			u.engine.Store(true)
+			u.cancel(&budget.CancelError{Reason: budget.EngineLost, By: engineWhy(cause)})
+		}
+	})
 	requested, unwatch := x.store.WatchCancel(turnID)
-	quit := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
+	u.unwatch = unwatch
+	hctx := context.WithoutCancel(actx)
+	u.wg.Add(1)
 	go func() {
-		defer wg.Done()
+		defer u.wg.Done()
 		// Temporal sends at most one heartbeat per 80% of the timeout;
 		// beating more often only keeps the latest details fresh.
 		tick := time.NewTicker(x.heartbeat / 3)
@@ -169,56 +455,100 @@ func (x *activities) unit(ctx context.Context, turnID string) (context.Context, 
 		for {
 			select {
 			case <-tick.C:
-				activity.RecordHeartbeat(ctx)
+				b := *u.beat.Load()
+				b.RanMS = time.Since(b.Started).Milliseconds()
+				activity.RecordHeartbeat(hctx, b)
 			case <-requested:
-				cancel(&budget.CancelError{Reason: budget.Cancelled, By: "a client"})
-			case <-quit:
+				requested = nil
+				u.cancel(&budget.CancelError{Reason: budget.Cancelled, By: "a client"})
+			case <-u.quit:
 				return
 			}
 		}
 	}()
-	return ctx, func() {
-		close(quit)
-		wg.Wait()
-		unwatch()
-		cancel(nil)
-	}
+	return u
 }
 
-func (x *activities) sink(ctx context.Context) *storeSink {
-	return &storeSink{ctx: ctx, s: x.store, log: x.log, inActivity: activity.IsActivity(ctx)}
+// progress keeps a call's progress report for its next heartbeat.
+func (u *running) progress(p *event.ToolProgress) {
+	b := *u.beat.Load()
+	b.Progress, b.Total, b.Message = p.Progress, p.Total, p.Message
+	if len(b.Message) > maxBeatMessage {
+		b.Message = b.Message[:maxBeatMessage]
+	}
+	u.beat.Store(&b)
+}
+
+func (u *running) close() {
+	close(u.quit)
+	u.wg.Wait()
+	u.stopEngine()
+	u.unwatch()
+	u.cancel(nil)
+}
+
+// engineErr returns errEngine when the engine gave the unit up: what the
+// unit met (cause) is then no stop of the turn's, and the workflow takes
+// the unit for lost.
+func (u *running) engineErr(cause *machine.Cause) error {
+	if !u.engine.Load() {
+		return nil
+	}
+	return sdktemporal.NewApplicationErrorWithCause(errEngine.Error(), "engine", cause.Err())
+}
+
+// isGivenUp reports whether a cancellation of an activity's context by
+// Temporal's SDK means the unit must stop: Temporal no longer has the
+// attempt (its heartbeat timed out meanwhile, or the workflow is gone),
+// the worker is stopping, or the activity's own deadline passed. A
+// heartbeat that failed because the server was away is none of these.
+func isGivenUp(cause error) bool {
+	var nf *serviceerror.NotFound
+	return errors.As(cause, &nf) || errors.Is(cause, worker.ErrWorkerShutdown) || errors.Is(cause, context.DeadlineExceeded) &&
+		!isServiceError(cause)
+}
+
+func isServiceError(err error) bool {
+	var de *serviceerror.DeadlineExceeded
+	var un *serviceerror.Unavailable
+	return errors.As(err, &de) || errors.As(err, &un)
+}
+
+func engineWhy(cause error) string {
+	switch {
+	case errors.Is(cause, worker.ErrWorkerShutdown):
+		return "the worker, stopping"
+	case errors.Is(cause, context.DeadlineExceeded):
+		return "Temporal (the unit's time ran out)"
+	}
+	return "Temporal (it had given the attempt up: " + cause.Error() + ")"
+}
+
+func (x *activities) sink(ctx context.Context, u *running) *storeSink {
+	return &storeSink{ctx: ctx, s: x.store, log: x.log, unit: u}
 }
 
 // storeSink writes a unit's events to the store, numbered by the store:
-// those that carry a call record before the unit goes on, the rest
-// queued (store.Recorder). A tool_progress event is also a heartbeat
-// with the progress as its details. Late results of abandoned calls
-// update their stored records.
+// those that carry a call record before the unit goes on, the rest queued
+// (store.Recorder). A tool_progress event goes into the unit's next
+// heartbeat. Late results of abandoned calls update their stored records.
 type storeSink struct {
-	ctx        context.Context
-	s          store.Store
-	log        *slog.Logger
-	inActivity bool
+	ctx  context.Context
+	s    store.Store
+	log  *slog.Logger
+	unit *running
 
 	mu  sync.Mutex
 	err error
 }
 
-// progressDetails are a heartbeat's details for a progress report.
-type progressDetails struct {
-	CallID   string   `json:"call_id"`
-	Progress *float64 `json:"progress,omitempty"`
-	Total    *float64 `json:"total,omitempty"`
-	Message  string   `json:"message,omitempty"`
-}
-
 // Emit implements event.Sink.
 func (k *storeSink) Emit(e event.Event) {
-	if p, ok := e.Data.(*event.ToolProgress); ok && k.inActivity {
-		activity.RecordHeartbeat(k.ctx, progressDetails{CallID: p.CallID, Progress: p.Progress, Total: p.Total, Message: p.Message})
+	if p, ok := e.Data.(*event.ToolProgress); ok && k.unit != nil {
+		k.unit.progress(p)
 	}
 	e.Seq = 0
-	if store.WaitForStore(e) {
+	if store.WaitForStore(e) || e.Type == event.TypeTurnFinished {
 		k.fail(k.s.AppendEvent(context.WithoutCancel(k.ctx), e))
 		return
 	}

@@ -2,15 +2,21 @@ package temporal
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
 
+	"go.temporal.io/api/enums/v1"
+	"go.temporal.io/api/serviceerror"
 	"go.temporal.io/sdk/client"
+	sdktemporal "go.temporal.io/sdk/temporal"
 
 	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/machine"
+	"github.com/timebox-run/timebox/model"
 	"github.com/timebox-run/timebox/store"
 )
 
@@ -20,124 +26,165 @@ import (
 // `timebox run` and the server use it in the agent's place. The turns'
 // events and records are stored by the workers: a Runner's caller must not
 // store them again (Engine says so).
+//
+// A turn carries what its runner resolved: its budgets (the agent's, with
+// the runner's flags and environment, and the request's) and which agent
+// it was started with, so that a worker built from another agent file
+// refuses it (stop reason agent_mismatch) rather than run it.
 type Runner struct {
 	client    client.Client
 	store     store.Store
+	payloads  store.Payloads
+	ends      store.Interrupter
 	taskQueue string
 	agent     *agent.Agent
+	units     machine.Units
 }
 
 // NewRunner returns a runner that starts turns on task queue (empty:
-// DefaultTaskQueue) and reads them from s, the store the workers write to.
-// a, if not nil, is the agent the workers run, used to check a request's
-// budgets before its turn starts (TurnBudgets).
+// DefaultTaskQueue) for agent a and reads them from s, the store the
+// workers write to (PostgreSQL).
 func NewRunner(c client.Client, s store.Store, taskQueue string, a *agent.Agent) (*Runner, error) {
-	if s == nil {
-		return nil, errNoStore
+	p, ends, err := storesOf(s)
+	if err != nil {
+		return nil, err
+	}
+	units, ok := machine.UnitsOf(a)
+	if !ok {
+		return nil, errNoAgent
 	}
 	if taskQueue == "" {
 		taskQueue = DefaultTaskQueue
 	}
-	return &Runner{client: c, store: s, taskQueue: taskQueue, agent: a}, nil
+	return &Runner{client: c, store: s, payloads: p, ends: ends, taskQueue: taskQueue, agent: a, units: units}, nil
 }
 
 // Engine names the engine: the turns a Runner starts are stored as run
 // by it (store.TurnStart.Engine), and stored by its workers.
 func (r *Runner) Engine() string { return Engine }
 
-// TurnBudgets checks a request's budgets as the workers' agent will
-// (agent.Agent.TurnBudgets); without an agent every request is accepted.
+// TurnBudgets checks a request's budgets as the turn will run them
+// (agent.Agent.TurnBudgets).
 func (r *Runner) TurnBudgets(req budget.Request) (budget.Budgets, budget.Limits, error) {
-	if r.agent == nil {
-		return budget.Budgets{}, budget.Limits{}, nil
-	}
 	return r.agent.TurnBudgets(req)
 }
+
+// EngineCheck is how often Run asks Temporal how the turn's workflow is
+// while it follows the turn, and EngineGrace how long Temporal may be out
+// of reach before the turn is taken for lost: it then ends interrupted,
+// stop reason engine_lost, with its end stored and streamed.
+var (
+	EngineCheck = 2 * time.Second
+	EngineGrace = 30 * time.Second
+)
 
 // Run starts the turn as a workflow and returns once it has ended, with
 // its record as the workers stored it. Cancelling ctx cancels the turn as
 // it cancels an agent's: a cancel signal with the cause, and a cancel
 // request in the store, which reaches the running units at once.
+//
+// A turn whose workflow is gone (a Temporal server that lost its data) or
+// whose Temporal server is out of reach for EngineGrace ends interrupted
+// with stop reason engine_lost: Run ends it in the store, so its end is
+// stored and streamed, and the units still running somewhere stop when
+// they see it.
 func (r *Runner) Run(ctx context.Context, in agent.Input, sinks ...event.Sink) *agent.Result {
 	if in.TurnID == "" {
 		in.TurnID = agent.NewTurnID()
 	}
-	started := time.Now()
 	bg := context.WithoutCancel(ctx)
+	s, history := r.units.NewState(in.TurnID, in.SessionID, in.History, in.Budgets)
+	f := &follow{r: r, in: in, started: s.Start, sinks: sinks}
+	if err := r.store.BeginTurn(bg, store.TurnStart{TurnID: in.TurnID, SessionID: in.SessionID, Engine: Engine,
+		Agent: r.agent.Name(), Input: in.Text, StartedAt: s.Start}); err != nil && !errors.Is(err, store.ErrExists) {
+		return f.failed(bg, fmt.Errorf("the turn could not be stored: %w", err))
+	}
+	var run client.WorkflowRun
+	err := putInput(bg, r.payloads, in.TurnID, in.Text, history)
+	if err != nil {
+		return f.end(bg, budget.Interrupted, fmt.Sprintf("its conversation could not be stored (%v)", err))
+	}
 	startCtx, cancelStart := context.WithTimeout(bg, 30*time.Second)
-	run, err := r.client.ExecuteWorkflow(startCtx, client.StartWorkflowOptions{ID: WorkflowID(in.TurnID), TaskQueue: r.taskQueue},
-		WorkflowName, in)
+	run, err = r.client.ExecuteWorkflow(startCtx, client.StartWorkflowOptions{ID: WorkflowID(in.TurnID), TaskQueue: r.taskQueue},
+		WorkflowName, s)
 	cancelStart()
 	if err != nil {
-		return r.failed(in, started, fmt.Errorf("the turn could not be started on Temporal: %w", err), nil)
+		return f.end(bg, budget.EngineLost, fmt.Sprintf("the turn could not be started on Temporal (%v)", err))
 	}
+	return f.run(ctx, run)
+}
 
-	var out Outcome
+// follow is one Run following its turn.
+type follow struct {
+	r       *Runner
+	in      agent.Input
+	started time.Time
+	sinks   []event.Sink
+	events  []event.Event
+	after   int64
+	// finished is set once turn_finished was read.
+	finished bool
+}
+
+func (f *follow) run(ctx context.Context, run client.WorkflowRun) *agent.Result {
+	r := f.r
+	bg := context.WithoutCancel(ctx)
+	id := f.in.TurnID
 	ended := make(chan error, 1)
-	go func() { ended <- run.Get(bg, &out) }()
-	changed, unwatch := r.store.Watch(in.TurnID)
+	go func() {
+		var out Outcome
+		ended <- run.Get(bg, &out)
+	}()
+	changed, unwatch := r.store.Watch(id)
 	defer unwatch()
-
+	check := time.NewTicker(EngineCheck)
+	defer check.Stop()
 	var (
-		events   []event.Event
-		after    int64
-		finished bool
-		wfErr    error
-		wfDone   bool
-		done     = ctx.Done()
-		gaveUp   <-chan time.Time
+		done        = ctx.Done()
+		gaveUp      <-chan time.Time
+		unreachable time.Time // since when Temporal is out of reach
 	)
-	read := func() error {
-		evs, err := r.store.Events(bg, in.TurnID, after, 0)
-		if err != nil {
-			return err // read again at the next signal
-		}
-		for _, e := range evs {
-			after = e.Seq
-			events = append(events, e)
-			for _, s := range sinks {
-				s.Emit(e)
-			}
-			finished = finished || e.Type == event.TypeTurnFinished
-		}
-		return nil
-	}
-	// readToEnd reads what the workers stored before the workflow ended:
-	// its turn_finished is stored by then, so only a failing store keeps it
-	// from being read, a few times over.
-	readToEnd := func() {
-		for try := 0; !finished && try < 5; try++ {
-			if read() == nil && finished {
-				return
-			}
-			time.Sleep(time.Duration(try+1) * 100 * time.Millisecond)
-		}
-	}
-	for !(finished && wfDone) {
-		read()
-		if finished && wfDone {
-			break
-		}
-		if wfDone && !finished {
-			readToEnd()
-			if !finished {
-				return r.failed(in, started, errors.New("the turn's workflow ended, but its end could not be read from the store"), events)
-			}
-			break
+	for {
+		f.read(bg)
+		if f.finished && f.recorded(bg) {
+			return f.result(bg)
 		}
 		select {
 		case <-changed:
-		case wfErr = <-ended:
-			wfDone = true
-			if wfErr != nil {
-				readToEnd()
-				if !finished {
-					return r.failed(in, started, fmt.Errorf("the turn's workflow failed: %w", wfErr), events)
+		case err := <-ended:
+			ended = nil
+			if f.readToEnd(bg) {
+				return f.result(bg)
+			}
+			if err == nil {
+				return f.end(bg, budget.Interrupted, "its workflow ended, but its end could not be read from the store")
+			}
+			if isGone(err) {
+				return f.end(bg, budget.EngineLost, "Temporal lost its workflow (was the server restarted without its data?)")
+			}
+			var we *sdktemporal.WorkflowExecutionError
+			if errors.As(err, &we) {
+				return f.end(bg, budget.Interrupted, fmt.Sprintf("its workflow failed (%v)", errors.Unwrap(err)))
+			}
+			// Out of reach: the checks below decide.
+		case <-check.C:
+			gone, err := f.describe(bg)
+			switch {
+			case gone != "":
+				if f.readToEnd(bg) {
+					return f.result(bg)
 				}
+				return f.end(bg, budget.EngineLost, gone)
+			case err == nil:
+				unreachable = time.Time{}
+			case unreachable.IsZero():
+				unreachable = time.Now()
+			case time.Since(unreachable) >= EngineGrace:
+				return f.end(bg, budget.EngineLost, fmt.Sprintf("the Temporal server could not be reached for %s (%v)", budget.Round(time.Since(unreachable)), err))
 			}
 		case <-done:
 			done = nil
-			r.cancel(bg, in.TurnID, budget.Cause(ctx))
+			r.cancel(bg, id, budget.Cause(ctx))
 			t := time.NewTimer(CancelWait)
 			defer t.Stop()
 			gaveUp = t.C
@@ -146,18 +193,115 @@ func (r *Runner) Run(ctx context.Context, in agent.Input, sinks ...event.Sink) *
 			// reach the store. The workflow is terminated so that no
 			// worker starts it later.
 			tctx, cancel := context.WithTimeout(bg, 10*time.Second)
-			_ = r.client.TerminateWorkflow(tctx, WorkflowID(in.TurnID), "", "cancelled, and no worker ended it within "+CancelWait.String())
+			_ = r.client.TerminateWorkflow(tctx, WorkflowID(id), "", "cancelled, and no worker ended it within "+CancelWait.String())
 			cancel()
-			return r.failed(in, started, fmt.Errorf("it was cancelled, and no worker ended it within %s (is a timebox worker running on task queue %s?)",
-				CancelWait, r.taskQueue), events)
+			return f.end(bg, budget.Interrupted, fmt.Sprintf("it was cancelled, and no worker ended it within %s (is a timebox worker running on task queue %s?)",
+				CancelWait, r.taskQueue))
 		}
 	}
-	rec, err := r.store.Turn(bg, in.TurnID)
-	if err != nil {
-		return r.failed(in, started, fmt.Errorf("reading the record of the turn: %w", err), events)
+}
+
+// describe asks Temporal how the turn's workflow is: gone says why it can
+// no longer end the turn (it is gone, or closed), err that Temporal could
+// not be asked.
+func (f *follow) describe(ctx context.Context) (gone string, err error) {
+	dctx, cancel := context.WithTimeout(ctx, EngineCheck)
+	defer cancel()
+	d, err := f.r.client.DescribeWorkflowExecution(dctx, WorkflowID(f.in.TurnID), "")
+	switch {
+	case isGone(err):
+		return "Temporal lost its workflow (was the server restarted without its data?)", nil
+	case err != nil:
+		return "", err
 	}
-	rec.Events = events
-	return &agent.Result{Record: rec, Messages: out.Messages}
+	switch st := d.GetWorkflowExecutionInfo().GetStatus(); st {
+	case enums.WORKFLOW_EXECUTION_STATUS_RUNNING, enums.WORKFLOW_EXECUTION_STATUS_CONTINUED_AS_NEW, enums.WORKFLOW_EXECUTION_STATUS_COMPLETED:
+		return "", nil // a completed one has stored the turn's end: read
+	default:
+		return fmt.Sprintf("its workflow ended %s", st), nil
+	}
+}
+
+func isGone(err error) bool {
+	var nf *serviceerror.NotFound
+	return errors.As(err, &nf)
+}
+
+// read passes the events stored after the last one read to the sinks.
+func (f *follow) read(ctx context.Context) error {
+	evs, err := f.r.store.Events(ctx, f.in.TurnID, f.after, 0)
+	if err != nil {
+		return err // read again at the next signal
+	}
+	for _, e := range evs {
+		f.after = e.Seq
+		f.events = append(f.events, e)
+		for _, s := range f.sinks {
+			s.Emit(e)
+		}
+		f.finished = f.finished || e.Type == event.TypeTurnFinished
+	}
+	return nil
+}
+
+// readToEnd reads what the workers stored before the workflow ended: its
+// turn_finished is stored by then, so only a failing store keeps it from
+// being read, a few times over.
+func (f *follow) readToEnd(ctx context.Context) bool {
+	for try := 0; !f.finished && try < 5; try++ {
+		if f.read(ctx) == nil && f.finished {
+			break
+		}
+		time.Sleep(time.Duration(try+1) * 100 * time.Millisecond)
+	}
+	return f.finished
+}
+
+// recorded reports whether the turn's record is stored: a unit stores it
+// just after its turn_finished.
+func (f *follow) recorded(ctx context.Context) bool {
+	rec, err := f.r.store.Turn(ctx, f.in.TurnID)
+	return err == nil && rec.Status != budget.StatusRunning
+}
+
+// result returns the ended turn: its record as stored, its events as
+// followed, and the messages it added.
+func (f *follow) result(ctx context.Context) *agent.Result {
+	rec, err := f.r.store.Turn(ctx, f.in.TurnID)
+	if err != nil {
+		return f.failed(ctx, fmt.Errorf("reading the record of the turn: %w", err))
+	}
+	rec.Events = f.events
+	res := &agent.Result{Record: rec}
+	ms, err := f.r.payloads.PayloadRange(ctx, f.in.TurnID, keyMessage)
+	if err == nil {
+		for _, p := range ms {
+			var m model.Message
+			if json.Unmarshal(p.Data, &m) == nil {
+				res.Messages = append(res.Messages, m)
+			}
+		}
+	}
+	return res
+}
+
+// end ends the turn in the store — reason, and why saying what happened —
+// unless a unit ended it first, and returns it with every event followed.
+func (f *follow) end(ctx context.Context, reason budget.StopReason, why string) *agent.Result {
+	if _, err := f.r.ends.InterruptTurn(ctx, f.in.TurnID, reason, why); err != nil && !errors.Is(err, store.ErrNotFound) {
+		return f.failed(ctx, fmt.Errorf("%s, and its end could not be stored: %w", why, err))
+	}
+	f.readToEnd(ctx)
+	return f.result(ctx)
+}
+
+// failed returns the result of a turn whose end could not be stored.
+func (f *follow) failed(ctx context.Context, err error) *agent.Result {
+	now := time.Now()
+	rec := &event.Turn{TurnID: f.in.TurnID, SessionID: f.in.SessionID, Agent: f.r.agent.Name(), Input: f.in.Text,
+		StartedAt: f.started, EndedAt: now, WallMS: now.Sub(f.started).Milliseconds(), Status: budget.StatusInterrupted,
+		StopReason: budget.Interrupted, Message: fmt.Sprintf("Interrupted: %v. Send the message again.", err), Events: f.events}
+	return &agent.Result{Record: rec}
 }
 
 // CancelWait is how long Run waits, after its context was cancelled, for a
@@ -181,24 +325,4 @@ func (r *Runner) cancel(ctx context.Context, turnID string, cause error) {
 	if err := r.store.RequestCancel(sctx, turnID); err != nil && !errors.Is(err, store.ErrNotRunning) {
 		_ = err // the signal carries it; the store only makes it sooner
 	}
-}
-
-// failed returns the result of a turn that could not run or be followed
-// to its end, and stores it as interrupted if the workers did not end it.
-func (r *Runner) failed(in agent.Input, started time.Time, err error, events []event.Event) *agent.Result {
-	now := time.Now()
-	rec := &event.Turn{TurnID: in.TurnID, SessionID: in.SessionID, Input: in.Text, StartedAt: started, EndedAt: now,
-		WallMS: now.Sub(started).Milliseconds(), Status: budget.StatusInterrupted, StopReason: budget.Interrupted,
-		Message: fmt.Sprintf("Interrupted: %v. Send the message again.", err), Events: events}
-	if r.agent != nil {
-		rec.Agent = r.agent.Name()
-	}
-	if stored, serr := r.store.Turn(context.Background(), in.TurnID); serr == nil && stored.Status != budget.StatusRunning {
-		stored.Events = events
-		return &agent.Result{Record: stored}
-	}
-	if serr := r.store.FinishTurn(context.Background(), rec, nil); serr != nil {
-		rec.Message += fmt.Sprintf(" (The record could not be stored either: %v.)", serr)
-	}
-	return &agent.Result{Record: rec}
 }

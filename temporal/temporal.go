@@ -18,6 +18,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/timebox-run/timebox/store"
 )
 
 // Names on the Temporal side.
@@ -38,12 +40,13 @@ const (
 
 // Activity names.
 const (
-	actBegin  = "timebox.Begin"
-	actThink  = "timebox.Think"
-	actCall   = "timebox.Call"
-	actRefuse = "timebox.Refuse"
-	actLost   = "timebox.Lost"
-	actEnd    = "timebox.End"
+	actAdvance      = "timebox.Advance"
+	actCall         = "timebox.Call"
+	actRefuse       = "timebox.Refuse"
+	actLost         = "timebox.Lost"
+	actLostAttempts = "timebox.LostAttempts"
+	actRecover      = "timebox.Recover"
+	actEnd          = "timebox.End"
 )
 
 // WorkflowID is the workflow id of a turn: one workflow per turn id, so
@@ -58,5 +61,25 @@ func CheckHeartbeat(d time.Duration) error {
 	return nil
 }
 
-// errNoStore is returned by NewWorker and NewRunner without a store.
-var errNoStore = errors.New("temporal: a store is required (the workers and runners of one task queue share one PostgreSQL database)")
+// Errors of NewWorker and NewRunner.
+var (
+	errNoStore    = errors.New("temporal: a store is required (the workers and runners of one task queue share one PostgreSQL database)")
+	errNoPayloads = errors.New("temporal: the store must keep payloads (store.Payloads: PostgreSQL, or Memory in tests): turns' conversations live there")
+	errNoAgent    = errors.New("temporal: an *agent.Agent is required")
+)
+
+// storesOf returns what the engine needs of a store.
+func storesOf(s store.Store) (store.Payloads, store.Interrupter, error) {
+	if s == nil {
+		return nil, nil, errNoStore
+	}
+	p, ok := s.(store.Payloads)
+	if !ok {
+		return nil, nil, errNoPayloads
+	}
+	in, ok := s.(store.Interrupter)
+	if !ok {
+		return nil, nil, fmt.Errorf("temporal: the store must end turns from outside (store.Interrupter): PostgreSQL, or Memory in tests")
+	}
+	return p, in, nil
+}

@@ -357,7 +357,15 @@ func TestCancelWithoutWorker(t *testing.T) {
 	c, s, queue := setup(t)
 	defer func(d time.Duration) { temporal.CancelWait = d }(temporal.CancelWait)
 	temporal.CancelWait = 500 * time.Millisecond
-	r, _ := temporal.NewRunner(c, s, queue, nil)
+	a, err := timebox.Open(context.Background(), stopAgent(t, "1m"), timebox.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	r, err := temporal.NewRunner(c, s, queue, a.Agent)
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	start := time.Now()

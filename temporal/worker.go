@@ -10,6 +10,7 @@ import (
 	"go.temporal.io/sdk/workflow"
 
 	"github.com/timebox-run/timebox/agent"
+	"github.com/timebox-run/timebox/internal/machine"
 	"github.com/timebox-run/timebox/store"
 )
 
@@ -19,16 +20,17 @@ type WorkerOptions struct {
 	// TaskQueue is the queue the worker takes turns from; empty is
 	// DefaultTaskQueue.
 	TaskQueue string
-	// Agent runs the turns' units of work. Every worker of a task queue
-	// must run the same agent file.
+	// Agent runs the turns' units of work. A turn started with another
+	// agent (a runner built from another agent file) is refused: it ends
+	// at once, failed, with stop reason agent_mismatch, naming both.
 	Agent *agent.Agent
-	// Store is the store the turns' events and records go to, shared with
-	// the runners.
+	// Store is the store the turns' events, records and conversations go
+	// to, shared with the runners: PostgreSQL (store.Payloads).
 	Store store.Store
 	// Heartbeat is how often a unit of work heartbeats, and how long
 	// Temporal waits without one before it takes the unit's worker for
 	// dead: a tool call is then recorded as lost (or retried, if its tool
-	// declares retries), a model step is run again on another worker.
+	// declares retries), a model step is asked again on another worker.
 	// Zero is DefaultHeartbeat.
 	Heartbeat time.Duration
 	// Logger receives errors of late writes; nil discards them.
@@ -40,8 +42,13 @@ type WorkerOptions struct {
 // NewWorker returns a worker that runs turns for o.Agent: the turn
 // workflow and its activities. Start it with Run or Start.
 func NewWorker(o WorkerOptions) (worker.Worker, error) {
-	if o.Store == nil {
-		return nil, errNoStore
+	p, _, err := storesOf(o.Store)
+	if err != nil {
+		return nil, err
+	}
+	units, ok := machine.UnitsOf(o.Agent)
+	if !ok {
+		return nil, errNoAgent
 	}
 	if o.Heartbeat == 0 {
 		o.Heartbeat = DefaultHeartbeat
@@ -62,14 +69,26 @@ func NewWorker(o WorkerOptions) (worker.Worker, error) {
 		o.Options.StickyScheduleToStartTimeout = o.Heartbeat
 	}
 	w := worker.New(o.Client, o.TaskQueue, o.Options)
-	wf := &turnWorkflow{agent: o.Agent, heartbeat: o.Heartbeat}
-	w.RegisterWorkflowWithOptions(wf.run, workflow.RegisterOptions{Name: WorkflowName})
-	x := &activities{agent: o.Agent, store: o.Store, heartbeat: o.Heartbeat, log: o.Logger}
-	for name, fn := range map[string]any{
-		actBegin: x.Begin, actThink: x.Think, actCall: x.Call,
-		actRefuse: x.Refuse, actLost: x.Lost, actEnd: x.End,
-	} {
-		w.RegisterActivityWithOptions(fn, activity.RegisterOptions{Name: name})
-	}
+	register(w, units, o.Store, p, o.Heartbeat, o.Logger)
 	return w, nil
+}
+
+// registry is what a worker, a test environment and a replayer register
+// workflows and activities with.
+type registry interface {
+	RegisterWorkflowWithOptions(w any, options workflow.RegisterOptions)
+	RegisterActivityWithOptions(a any, options activity.RegisterOptions)
+}
+
+// register registers the turn workflow and its activities with r.
+func register(r registry, units machine.Units, st store.Store, p store.Payloads, heartbeat time.Duration, log *slog.Logger) {
+	wf := &turnWorkflow{units: units, heartbeat: heartbeat}
+	r.RegisterWorkflowWithOptions(wf.run, workflow.RegisterOptions{Name: WorkflowName})
+	x := &activities{units: units, store: st, payloads: p, heartbeat: heartbeat, log: log}
+	for name, fn := range map[string]any{
+		actAdvance: x.Advance, actCall: x.Call, actRefuse: x.Refuse, actLost: x.Lost,
+		actLostAttempts: x.LostAttempts, actRecover: x.Recover, actEnd: x.End,
+	} {
+		r.RegisterActivityWithOptions(fn, activity.RegisterOptions{Name: name})
+	}
 }

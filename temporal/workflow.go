@@ -1,30 +1,33 @@
 package temporal
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"go.temporal.io/api/enums/v1"
 	sdktemporal "go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/workflow"
 
-	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/budget"
-	"github.com/timebox-run/timebox/model"
+	"github.com/timebox-run/timebox/internal/machine"
 )
 
-// turnWorkflow is a turn as a Temporal workflow. It keeps the turn's state
-// (agent.State) between units of work, and decides only what needs no
-// clock and no I/O: which unit runs next, max_tool_calls, and the
-// turn-level stops that reach it from outside a unit — the turn's ceiling
-// (a workflow timer), a cancel signal, the workflow's cancellation. Each
-// unit enforces the turn's budgets itself as well, so a turn stopped by
-// them ends with the same turn_finished, message and flags as on the
-// embedded engine; the workflow's own timer is what stops a turn whose
-// worker can no longer.
+// turnWorkflow is a turn as a Temporal workflow. It keeps the turn's
+// machine.State and drives it with machine.Drive — the loop and the
+// decisions of the embedded engine — running each unit of work as an
+// activity: Advance for the model steps (and the beginning, compactions,
+// and the end a step decides), Call for each tool call, and local
+// activities for the quick ones (Refuse, Lost, LostAttempts, Recover,
+// End). The stops that reach a turn from outside its units are the
+// workflow's: the turn's ceiling (a timer), a cancel signal, the
+// workflow's cancellation. Each unit enforces the turn's budgets itself as
+// well, so a turn stopped by them ends as on the embedded engine; the
+// workflow's own timer is what stops a turn whose worker can no longer.
 type turnWorkflow struct {
-	agent     *agent.Agent
+	units     machine.Units
 	heartbeat time.Duration
 }
 
@@ -32,30 +35,52 @@ type turnWorkflow struct {
 // budgets give it, so that they, not Temporal, end it.
 const slack = 10 * time.Second
 
-// run is the workflow function.
-func (w *turnWorkflow) run(ctx workflow.Context, in agent.Input) (*Outcome, error) {
-	var s agent.State
-	if err := workflow.ExecuteLocalActivity(local(ctx), actBegin, in).Get(ctx, &s); err != nil {
-		return nil, err
+// maxHistory is the workflow history length past which a turn continues
+// as new (between two units), whatever the server suggests: a 1,000-step
+// turn never nears Temporal's history limits.
+var maxHistory = 4000
+
+// thinkLosses is how many times a model step lost with its worker is asked
+// again before the turn stops.
+const thinkLosses = 3
+
+// run is the workflow function. s is the turn's state: as its runner
+// began it, or as the run before this one left it (continue-as-new).
+func (w *turnWorkflow) run(ctx workflow.Context, s machine.State) (*Outcome, error) {
+	r := &turnRun{w: w, s: &s, root: ctx, signals: workflow.GetSignalChannel(ctx, SignalCancel)}
+	r.work, r.cancelWork = workflow.WithCancel(ctx)
+	workflow.Go(ctx, r.watch)
+	d := &driver{r: r, ctx: r.work}
+	end := machine.Drive(d, r.s)
+	switch {
+	case r.ended != nil:
+		return r.ended, nil
+	case end.Kind == 0:
+		return nil, workflow.NewContinueAsNewError(ctx, WorkflowName, *r.s)
 	}
-	tw := &turnRun{w: w, s: &s}
-	tw.work, tw.cancelWork = workflow.WithCancel(ctx)
-	workflow.Go(ctx, tw.watch)
-	return tw.loop(ctx)
+	return r.end(*end.End)
 }
 
 // turnRun is one run of the workflow.
 type turnRun struct {
-	w *turnWorkflow
-	s *agent.State
+	w    *turnWorkflow
+	s    *machine.State
+	root workflow.Context
 	// work is the context of the units of work; cancelWork cancels them
 	// (Temporal delivers it with their next heartbeat; the store's cancel
 	// request and their own budgets reach them sooner).
 	work       workflow.Context
 	cancelWork workflow.CancelFunc
+	signals    workflow.ReceiveChannel
 	// stopped is what stopped the turn from outside its units, first
 	// come: the ceiling, a cancel signal, the workflow's cancellation.
-	stopped *agent.Cause
+	stopped *machine.Cause
+	// ended is how the turn ended, when a unit ended it.
+	ended *Outcome
+	// losses counts the model steps lost in a row.
+	losses int
+	// seq numbers the units, for their keys.
+	seq int
 }
 
 // watch waits for the turn's ceiling, a cancel signal or the workflow's
@@ -66,110 +91,115 @@ func (r *turnRun) watch(ctx workflow.Context) {
 	sel := workflow.NewSelector(ctx)
 	sel.AddFuture(timer, func(f workflow.Future) {
 		if f.Get(ctx, nil) == nil {
-			r.stop(&agent.Cause{Timeout: r.s.Budgets.Turn.Expired(budget.PhaseTurn, "the turn", workflow.Now(ctx).Sub(r.s.Start))})
+			r.stop(&machine.Cause{Timeout: r.s.Budgets.Turn.Expired(budget.PhaseTurn, "the turn", workflow.Now(ctx).Sub(r.s.Start))})
 		}
 	})
-	sel.AddReceive(workflow.GetSignalChannel(ctx, SignalCancel), func(c workflow.ReceiveChannel, _ bool) {
+	sel.AddReceive(r.signals, func(c workflow.ReceiveChannel, _ bool) {
 		var ce budget.CancelError
 		c.Receive(ctx, &ce)
-		if ce.Reason == "" {
-			ce.Reason = budget.Cancelled
-		}
-		r.stop(&agent.Cause{Cancel: &ce})
+		r.stopFor(&ce)
 	})
 	sel.AddReceive(ctx.Done(), func(workflow.ReceiveChannel, bool) {
-		r.stop(&agent.Cause{Cancel: &budget.CancelError{Reason: budget.Cancelled, By: "Temporal (the workflow was cancelled)"}})
+		r.stop(&machine.Cause{Cancel: &budget.CancelError{Reason: budget.Cancelled, By: "Temporal (the workflow was cancelled)"}})
 	})
 	sel.Select(ctx)
 }
 
-func (r *turnRun) stop(c *agent.Cause) {
+func (r *turnRun) stopFor(ce *budget.CancelError) {
+	if ce.Reason == "" {
+		ce.Reason = budget.Cancelled
+	}
+	r.stop(&machine.Cause{Cancel: ce})
+}
+
+func (r *turnRun) stop(c *machine.Cause) {
 	if r.stopped == nil {
 		r.stopped = c
 		r.cancelWork()
 	}
 }
 
-// loop runs the turn's steps until it ends.
-func (r *turnRun) loop(ctx workflow.Context) (*Outcome, error) {
-	for {
-		if r.stopped != nil {
-			return r.end(ctx, agent.StopReasonOf(r.stopped.Err()), r.stopped, 0)
-		}
-		var out thought
-		err := workflow.ExecuteActivity(r.activity(r.work, r.untilCeiling(ctx), 3), actThink, r.s).Get(ctx, &out)
-		if err != nil {
-			if r.stopped != nil {
-				continue
-			}
-			return r.end(ctx, budget.Interrupted, &agent.Cause{Text: "the model step could not be run: " + lostWhy(err)}, 0)
-		}
-		*r.s = out.State
-		if out.End != nil {
-			return out.End, nil
-		}
-		refused, cause := r.toolStep(ctx, out.Calls)
-		if r.stopped == nil && cause != nil {
-			r.stop(cause)
-		}
-		if r.stopped != nil {
-			continue
-		}
-		if refused > 0 {
-			return r.end(ctx, budget.MaxToolCalls, nil, refused)
-		}
+// continueAsNew reports whether the turn goes on in a new run: its history
+// is long, and nothing stopped it (a cancel signal not yet seen is taken
+// now: a run must not end with one unread).
+func (r *turnRun) continueAsNew() bool {
+	info := workflow.GetInfo(r.root)
+	if r.stopped != nil || (!info.GetContinueAsNewSuggested() && info.GetCurrentHistoryLength() < maxHistory) {
+		return false
+	}
+	var ce budget.CancelError
+	if r.signals.ReceiveAsync(&ce) {
+		r.stopFor(&ce)
+		return false
+	}
+	return true
+}
+
+// key names a unit in the store (keyDone): the run and the unit's number.
+func (r *turnRun) key(kind string) string {
+	r.seq++
+	return workflow.GetInfo(r.root).WorkflowExecution.RunID + "/" + kind + "-" + strconv.Itoa(r.seq)
+}
+
+// driver runs the turn's units as activities, for machine.Drive; ctx is
+// the context of the coroutine it runs on (the calls of a batch run on
+// coroutines of their own).
+type driver struct {
+	r   *turnRun
+	ctx workflow.Context
+}
+
+func (d *driver) Now() time.Time { return workflow.Now(d.ctx) }
+
+func (d *driver) Check(s *machine.State) bool {
+	if d.r.stopped != nil && !s.Finished {
+		// The workflow knows more of a stop than a unit: who cancelled.
+		s.Stop = d.r.stopped
+	}
+	return s.Finished || !d.r.continueAsNew()
+}
+
+// Run runs the model steps (and what comes with them) in an Advance
+// activity. One lost with its worker has its attempts recorded and is
+// asked again, up to thinkLosses times in a row.
+func (d *driver) Run(s *machine.State, u machine.Unit) {
+	r := d.r
+	key := r.key("advance")
+	var out advanced
+	err := workflow.ExecuteActivity(r.options(d.ctx, r.untilCeiling(d.ctx), 1, key), actAdvance, &unitIn{State: *s, Key: key}).Get(d.ctx, &out)
+	if err != nil && r.recover(d.ctx, s, key, &out) {
+		err = nil
+	}
+	if err == nil {
+		*s = out.State
+		r.ended = out.Ended
+		r.losses = 0
+		return
+	}
+	if r.stopped != nil {
+		return // Check notes the stop; the unit's tools were stopped with it
+	}
+	why, noticed := lostWhy(err), workflow.Now(d.ctx)
+	step := s.Steps + 1
+	var after machine.State
+	if lerr := r.local(d.ctx, actLostAttempts, &unitIn{State: *s, Step: step, Why: why, Noticed: noticed}, &after); lerr == nil {
+		*s = after
+	}
+	if r.losses++; r.losses >= thinkLosses {
+		s.End = &machine.Ending{Reason: budget.Interrupted, Cause: &machine.Cause{Text: fmt.Sprintf(
+			"the model step could not be run: %s, %d times in a row", why, r.losses)}}
 	}
 }
 
-// toolStep runs one batch of tool calls, up to parallel_tools at once,
-// each an activity, and adds their results to the conversation. It
-// returns how many calls max_tool_calls refused, and the cause of a
-// turn-level stop that a call's unit met first.
-func (r *turnRun) toolStep(ctx workflow.Context, calls []model.ToolCall) (refused int, cause *agent.Cause) {
-	s := r.s
-	step, start := s.Steps, workflow.Now(ctx)
-	results := make([]string, len(calls))
-	sem := workflow.NewSemaphore(ctx, max(1, s.Limits.ParallelTools.N))
-	wg := workflow.NewWaitGroup(ctx)
-	for i, c := range calls {
-		callID := fmt.Sprintf("call_%d_%d", step, i+1)
-		if int64(s.ToolCalls) >= s.Limits.MaxToolCalls.N {
-			refused++
-			results[i] = r.refuse(ctx, step, callID, c, agent.RefusedLimit)
-			continue
-		}
-		s.ToolCalls++
-		if err := sem.Acquire(r.work, 1); err != nil {
-			results[i] = r.refuse(ctx, step, callID, c, agent.RefusedCancelled)
-			continue
-		}
-		wg.Add(1)
-		in := &callIn{State: r.light(), Step: step, CallID: callID, Call: c}
-		workflow.Go(ctx, func(ctx workflow.Context) {
-			defer wg.Done()
-			defer sem.Release(1)
-			out := r.call(ctx, in)
-			results[i] = out.Result
-			s.ToolRecords = append(s.ToolRecords, out.Record)
-			s.Stopped = s.Stopped.Merge(out.Stopped)
-			if cause == nil && out.Cause != nil {
-				cause = out.Cause
-			}
-		})
-	}
-	wg.Wait(ctx)
-	s.Heard(calls, results)
-	s.ToolTime += workflow.Now(ctx).Sub(start)
-	return refused, cause
-}
-
-// call runs one tool call as an activity. A call whose activity failed —
+// Call runs one tool call as an activity. A call whose activity failed —
 // its worker died or stopped heartbeating, and any retries the tool
-// declared failed too — is recorded as lost, never run again silently.
-func (r *turnRun) call(ctx workflow.Context, in *callIn) agent.Called {
+// declared failed too — is recorded as lost (its own record is used when
+// it reached the store), never run again silently.
+func (d *driver) Call(s *machine.State, step int, c machine.Call) machine.Called {
+	r := d.r
 	attempts := int32(1)
-	limit := r.untilCeiling(ctx)
-	if tb, retries, ok := r.w.agent.ToolBudget(r.s, in.Call.Name); ok {
+	limit := r.untilCeiling(d.ctx)
+	if tb, retries, ok := r.w.units.ToolBudget(s, c.Name); ok {
 		attempts += int32(retries)
 		if tb.Enforcement != budget.Advisory && tb.Timeout.D > 0 {
 			// A hard or cooperative call ends at its timeout plus its
@@ -177,56 +207,88 @@ func (r *turnRun) call(ctx workflow.Context, in *callIn) agent.Called {
 			limit = min(limit, tb.Timeout.D+tb.KillGrace.D)
 		}
 	}
-	scheduled := workflow.Now(ctx)
-	var out agent.Called
-	// Waited on with ctx, not the work's context: a cancelled call still
-	// reports its record (WaitForCancellation).
-	err := workflow.ExecuteActivity(r.activity(r.work, limit, attempts), actCall, in).Get(ctx, &out)
-	if err == nil {
+	key := r.key("call")
+	in := &unitIn{State: *s, Key: key, Step: step, Call: c}
+	var out machine.Called
+	err := workflow.ExecuteActivity(r.options(d.ctx, limit, attempts, key), actCall, in).Get(d.ctx, &out)
+	if err == nil || r.recover(d.ctx, s, key, &out) {
 		return out
 	}
 	lost := *in
-	lost.Started, lost.Why = scheduled, lostWhy(err)
-	dctx, _ := workflow.NewDisconnectedContext(ctx)
-	if err := workflow.ExecuteLocalActivity(local(dctx), actLost, &lost).Get(dctx, &out); err != nil {
-		// Not even a record could be written: the model is told anyway.
-		out.Result = "The call was lost: " + lost.Why + "."
+	lost.Why, lost.Noticed = lostWhy(err), workflow.Now(d.ctx)
+	var te *sdktemporal.TimeoutError
+	if errors.As(err, &te) && te.HasLastHeartbeatDetails() {
+		var b beat
+		if te.LastHeartbeatDetails(&b) == nil {
+			lost.Beat = &b
+		}
+	}
+	if err := r.local(d.ctx, actLost, &lost, &out); err != nil {
+		// Not even a record could be written: the turn goes on, and its
+		// end says what is missing.
+		s.Stop = &machine.Cause{Text: "the record of a lost call could not be written: " + err.Error()}
 	}
 	return out
 }
 
-// refuse records a call that is not run, as a local activity.
-func (r *turnRun) refuse(ctx workflow.Context, step int, callID string, c model.ToolCall, reason string) string {
-	in := &callIn{State: r.light(), Step: step, CallID: callID, Call: c, Reason: reason}
-	dctx, _ := workflow.NewDisconnectedContext(ctx)
-	var out agent.Called
-	if err := workflow.ExecuteLocalActivity(local(dctx), actRefuse, in).Get(dctx, &out); err != nil {
-		return "Not run."
-	}
-	r.s.ToolRecords = append(r.s.ToolRecords, out.Record)
-	return out.Result
+func (d *driver) Refuse(s *machine.State, step int, c machine.Call, reason string) machine.Called {
+	var out machine.Called
+	_ = d.r.local(d.ctx, actRefuse, &unitIn{State: *s, Step: step, Call: c, Reason: reason}, &out)
+	return out
 }
 
-// end ends the turn with reason, as a local activity that outlives the
+func (d *driver) Group(slots int) machine.Group {
+	return &group{d: d, sem: workflow.NewSemaphore(d.ctx, int64(slots)), wg: workflow.NewWaitGroup(d.ctx)}
+}
+
+// group runs the calls of a batch on workflow coroutines.
+type group struct {
+	d   *driver
+	sem workflow.Semaphore
+	wg  workflow.WaitGroup
+}
+
+func (g *group) Acquire() bool { return g.sem.Acquire(g.d.ctx, 1) == nil }
+func (g *group) Release()      { g.sem.Release(1) }
+func (g *group) Wait()         { g.wg.Wait(g.d.ctx) }
+
+func (g *group) Go(f func(machine.Driver)) {
+	g.wg.Add(1)
+	workflow.Go(g.d.ctx, func(ctx workflow.Context) {
+		defer g.wg.Done()
+		f(&driver{r: g.d.r, ctx: ctx})
+	})
+}
+
+// recover reads the result a unit stored before its report to Temporal
+// was lost, into out; it reports whether there was one.
+func (r *turnRun) recover(ctx workflow.Context, s *machine.State, key string, out any) bool {
+	var rec recovered
+	if err := r.local(ctx, actRecover, &unitIn{State: *s, Key: key}, &rec); err != nil || !rec.Found {
+		return false
+	}
+	return json.Unmarshal(rec.Result, out) == nil
+}
+
+// end ends the turn as e says, as a local activity that outlives the
 // workflow's cancellation.
-func (r *turnRun) end(ctx workflow.Context, reason budget.StopReason, cause *agent.Cause, refused int) (*Outcome, error) {
-	dctx, _ := workflow.NewDisconnectedContext(ctx)
+func (r *turnRun) end(e machine.Ending) (*Outcome, error) {
 	var out Outcome
-	err := workflow.ExecuteLocalActivity(local(dctx), actEnd, &endIn{State: *r.s, Reason: reason, Cause: cause, Refused: refused}).Get(dctx, &out)
-	if err != nil {
+	if err := r.local(r.root, actEnd, &unitIn{State: *r.s, End: &e}, &out); err != nil {
 		return nil, err
 	}
 	return &out, nil
 }
 
-// light returns the turn's state without what a tool call does not need:
-// the conversation and the records, which only grow the activity's input
-// in the workflow's history.
-func (r *turnRun) light() agent.State {
-	l := *r.s
-	l.Messages, l.ToolRecords, l.ModelRecords = nil, nil, nil
-	l.Input.History = nil
-	return l
+// local runs a quick unit as a local activity, on a context the turn's
+// stop does not cancel.
+func (r *turnRun) local(ctx workflow.Context, name string, in *unitIn, out any) error {
+	dctx, _ := workflow.NewDisconnectedContext(ctx)
+	dctx = workflow.WithLocalActivityOptions(dctx, workflow.LocalActivityOptions{
+		StartToCloseTimeout: 30 * time.Second,
+		RetryPolicy:         &sdktemporal.RetryPolicy{MaximumAttempts: 3, InitialInterval: 200 * time.Millisecond},
+	})
+	return workflow.ExecuteLocalActivity(dctx, name, in).Get(dctx, out)
 }
 
 // untilCeiling is the time left before the turn's ceiling.
@@ -234,13 +296,14 @@ func (r *turnRun) untilCeiling(ctx workflow.Context) time.Duration {
 	return max(r.s.Start.Add(r.s.Budgets.Turn.D).Sub(workflow.Now(ctx)), 0)
 }
 
-// activity returns ctx with the options of a unit of work that its own
+// options returns ctx with the options of a unit of work that its own
 // budgets end within limit: StartToClose is limit plus slack, the
 // heartbeat timeout is the worker heartbeat, and Temporal tries it at most
 // attempts times — again only when its worker was lost (a unit's failures
 // of its own are results, not errors).
-func (r *turnRun) activity(ctx workflow.Context, limit time.Duration, attempts int32) workflow.Context {
+func (r *turnRun) options(ctx workflow.Context, limit time.Duration, attempts int32, key string) workflow.Context {
 	return workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
+		ActivityID:          key,
 		StartToCloseTimeout: limit + slack,
 		HeartbeatTimeout:    r.w.heartbeat,
 		WaitForCancellation: true,
@@ -248,16 +311,7 @@ func (r *turnRun) activity(ctx workflow.Context, limit time.Duration, attempts i
 	})
 }
 
-// local returns ctx with the options of the quick units: begin, refuse,
-// lost, end.
-func local(ctx workflow.Context) workflow.Context {
-	return workflow.WithLocalActivityOptions(ctx, workflow.LocalActivityOptions{
-		StartToCloseTimeout: 30 * time.Second,
-		RetryPolicy:         &sdktemporal.RetryPolicy{MaximumAttempts: 3, InitialInterval: 200 * time.Millisecond},
-	})
-}
-
-// lostWhy says why an activity failed, for the record of a lost call:
+// lostWhy says why an activity failed, for the record of a lost unit:
 // its worker stopped heartbeating, or the error it failed with.
 func lostWhy(err error) string {
 	var ae *sdktemporal.ActivityError
@@ -277,6 +331,10 @@ func lostWhy(err error) string {
 	var ce *sdktemporal.CanceledError
 	if errors.As(err, &ce) {
 		return "it was cancelled before " + worker + " reported"
+	}
+	var app *sdktemporal.ApplicationError
+	if errors.As(err, &app) && app.Type() == "engine" {
+		return worker + " gave it up: " + app.Error()
 	}
 	return fmt.Sprintf("%s failed: %v", worker, errors.Unwrap(err))
 }

@@ -1,0 +1,235 @@
+package agent
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/machine"
+	"github.com/timebox-run/timebox/model"
+	"github.com/timebox-run/timebox/tool"
+)
+
+// An engine that runs a turn's units elsewhere (package temporal) reaches
+// them through machine.UnitsOf: the machinery is not part of this
+// package's API (docs/decisions/one-turn-machine.md).
+func init() {
+	machine.SetUnits(func(a any) (machine.Units, bool) {
+		ag, ok := a.(*Agent)
+		if !ok || ag == nil {
+			return nil, false
+		}
+		return engineUnits{ag}, true
+	})
+}
+
+// engineUnits are the agent's units for an engine: each builds the turn of
+// the state it is given, runs under the turn's watchdogs, and leaves in
+// the state what the next unit needs.
+type engineUnits struct{ a *Agent }
+
+func (u engineUnits) Ref() machine.AgentRef { return u.a.Ref() }
+
+func (u engineUnits) NewState(turnID, sessionID string, history []model.Message, req budget.Request) (*machine.State, []model.Message) {
+	s, tr := u.a.newState(Input{TurnID: turnID, SessionID: sessionID, History: history, Budgets: req})
+	ref := u.a.Ref()
+	s.Agent = &ref
+	return s, tr.history
+}
+
+func (u engineUnits) ToolBudget(s *machine.State, name string) (budget.ToolBudget, int, bool) {
+	e, ok := u.a.tools[name]
+	if !ok {
+		return budget.ToolBudget{}, 0, false
+	}
+	return turnToolBudget(e, &s.Budgets), e.Retries, true
+}
+
+func (u engineUnits) Advance(ctx context.Context, s *machine.State, tr machine.Transcript, sinks ...event.Sink) *machine.Ended {
+	t := u.a.resume(s, tr, sinks)
+	var next machine.Unit
+	t.under(ctx, func(ctx context.Context) {
+		next = machine.Advance(&inProcess{t: t, ctx: ctx}, s)
+	})
+	s.Stopped = s.Stopped.Merge(t.note())
+	s.Providers = u.a.suspend(t.conversationID())
+	if next.Kind != machine.End || s.Stop != nil && s.End == nil {
+		// A stop from outside is the engine's to end: it may know more of
+		// it (who cancelled) than this unit.
+		t.em.Close()
+		return nil
+	}
+	res := t.finish(*next.End)
+	return &machine.Ended{Record: res.Record, Messages: res.Messages}
+}
+
+func (u engineUnits) Call(ctx context.Context, s *machine.State, step int, c machine.Call, tr machine.Transcript, sinks ...event.Sink) machine.Called {
+	view := *s
+	t := u.a.resume(&view, tr, sinks)
+	var out machine.Called
+	t.under(ctx, func(ctx context.Context) {
+		t.callUnit(ctx, &view, step, c)
+		out.Cause = machine.CauseOf(budget.Cause(ctx))
+	})
+	t.em.Close()
+	out.Stopped = t.note()
+	out.LastProgress = view.LastProgress
+	return out
+}
+
+func (u engineUnits) Refuse(s *machine.State, step int, c machine.Call, reason string, tr machine.Transcript, sinks ...event.Sink) machine.Called {
+	t := u.a.resume(s, tr, sinks)
+	t.refuseUnit(s, step, c, reason)
+	t.em.Close()
+	return machine.Called{}
+}
+
+func (u engineUnits) Lost(s *machine.State, step int, c machine.Call, l machine.Loss, tr machine.Transcript, sinks ...event.Sink) machine.Called {
+	t := u.a.resume(s, tr, sinks)
+	defer t.em.Close()
+	mc := t.askedFor(s, c)
+	if l.Recorded != nil {
+		// The call ended and its record reached the store: only its
+		// report was lost. The model is told what the record says.
+		t.tr.Put(s.Messages+c.Index, toolMessage(mc, l.Recorded.Result))
+		return machine.Called{}
+	}
+	res := t.lost(step, machine.CallID(step, c.Index), mc, l)
+	t.tr.Put(s.Messages+c.Index, toolMessage(mc, res))
+	return machine.Called{}
+}
+
+func (u engineUnits) LostAttempts(s *machine.State, step int, lost []machine.LostAttempt, why string, sinks ...event.Sink) {
+	t := u.a.resume(s, &memTranscript{}, sinks)
+	defer t.em.Close()
+	now := time.Now()
+	for _, at := range lost {
+		rec := event.ModelCall{Step: step, Model: at.Model, Provider: at.Provider, Profile: at.Profile, Attempt: at.Attempt,
+			StartedAt: at.Started, Outcome: event.OutcomeInterrupted, Phase: budget.PhaseWorkerLost,
+			Error: "the attempt was lost: " + why + "; it was asked again"}
+		if !at.Started.IsZero() {
+			rec.StreamMS = now.Sub(at.Started).Milliseconds()
+		}
+		t.em.Emit(&event.LLMFinished{ModelCall: rec})
+		s.Attempts = max(s.Attempts, at.Attempt)
+	}
+}
+
+func (u engineUnits) End(s *machine.State, e machine.Ending, tr machine.Transcript, sinks ...event.Sink) *machine.Ended {
+	t := u.a.resume(s, tr, sinks)
+	res := t.finish(e)
+	return &machine.Ended{Record: res.Record, Messages: res.Messages}
+}
+
+// lost records a call that was running where it was lost — a worker that
+// died, or stopped answering — and emits its tool_finished: outcome
+// interrupted, phase worker_lost, the time it is known to have run (to its
+// last heartbeat) apart from when the loss was noticed, and a tool_error
+// for the model saying that the call was not run again, so it may or may
+// not have done its work.
+func (t *turn) lost(step int, callID string, c model.ToolCall, l machine.Loss) string {
+	noticed := l.Noticed
+	if noticed.IsZero() {
+		noticed = time.Now()
+	}
+	ran := "It had not reported starting."
+	started, ended := l.Started, l.Started.Add(l.Ran)
+	if l.Started.IsZero() {
+		started, ended = noticed, noticed
+	} else {
+		ran = fmt.Sprintf("It had run for at least %s (its last heartbeat); the loss was noticed %s after that.",
+			roundHuman(l.Ran), roundHuman(noticed.Sub(ended)))
+	}
+	msg := fmt.Sprintf("The call was lost: %s. %s It was not run again, so it may or may not have done its work; check before asking for it again.", l.Why, ran)
+	res := tool.Refusal(c.Name, "worker_lost", "", msg)
+	rec := event.ToolCall{CallID: callID, TurnID: t.s.TurnID, Step: step, Tool: c.Name, Arguments: arguments(c.Arguments),
+		StartedAt: started, EndedAt: ended, DurationMS: ended.Sub(started).Milliseconds(), NoticedAt: noticed,
+		Outcome: event.OutcomeInterrupted, Phase: budget.PhaseWorkerLost, Result: res}
+	if e, ok := t.a.tools[c.Name]; ok {
+		rec.Kind = string(e.Tool.Tool.Kind())
+		tb := t.toolBudget(e)
+		rec.TimeoutMS, rec.TimeoutSource = tb.Timeout.MS(), tb.Timeout.Source
+		rec.IdleTimeoutMS, rec.Enforcement = tb.IdleTimeout.MS(), tb.Enforcement
+	}
+	rec = t.addToolRecord(rec)
+	t.em.Emit(&event.ToolFinished{ToolCall: rec})
+	return res
+}
+
+// Ref returns what identifies the agent to an engine: its name, where it
+// was defined (Config.Origin) and its fingerprint.
+func (a *Agent) Ref() machine.AgentRef {
+	return machine.AgentRef{Name: a.name, Origin: a.origin, Fingerprint: a.fingerprint}
+}
+
+// mismatch says why a turn started for agent want is refused by agent have.
+func mismatch(want *machine.AgentRef, have machine.AgentRef) string {
+	return fmt.Sprintf("Refused: the turn was started with the agent of %s, but the worker that took it runs %s, a different agent "+
+		"(its instructions, models or tools differ). Nothing was run. Run workers built from %s on a task queue of their own (--task-queue), "+
+		"or start the turn with %s.", describeRef(*want), describeRef(have), describeRef(*want), describeRef(have))
+}
+
+func describeRef(r machine.AgentRef) string {
+	switch {
+	case r.Origin != "" && r.Name != "":
+		return fmt.Sprintf("%s (%q)", r.Origin, r.Name)
+	case r.Origin != "":
+		return r.Origin
+	case r.Name != "":
+		return fmt.Sprintf("%q", r.Name)
+	}
+	return "fingerprint " + r.Fingerprint[:12]
+}
+
+// fingerprint digests what makes the agent, for AgentRef: its name,
+// instructions, model chain, compaction threshold, and each tool's spec,
+// kind, retries and own budget. Budgets a tool takes from the turn's
+// defaults are left out (they travel with the turn), and so are
+// credentials.
+func fingerprint(a *Agent) string {
+	type toolPrint struct {
+		Name, Description, Kind string
+		Schema                  json.RawMessage
+		Timeout, Idle           string
+		Enforcement             budget.Enforcement
+		Retries                 int
+	}
+	own := func(d budget.Duration) string {
+		if followsDefault(d.Source) {
+			return "turn"
+		}
+		return d.D.String() + " " + string(d.Source)
+	}
+	p := struct {
+		Name, Instructions string
+		Models             []string
+		CompactAt          int
+		Tools              []toolPrint
+	}{Name: a.name, Instructions: a.instructions, CompactAt: a.compactAt}
+	for _, m := range a.models {
+		p.Models = append(p.Models, m.ProviderName+":"+m.Model+" "+m.Profile)
+	}
+	for _, n := range a.order {
+		e := a.tools[n]
+		p.Tools = append(p.Tools, toolPrint{Name: e.spec.Name, Description: e.spec.Description, Kind: string(e.Tool.Tool.Kind()),
+			Schema: compactJSON(e.spec.InputSchema), Timeout: own(e.Budget.Timeout), Idle: own(e.Budget.IdleTimeout),
+			Enforcement: e.Budget.Enforcement, Retries: e.Retries})
+	}
+	b, _ := json.Marshal(p)
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+func compactJSON(r json.RawMessage) json.RawMessage {
+	var v any
+	if json.Unmarshal(r, &v) != nil {
+		return r
+	}
+	b, _ := json.Marshal(v)
+	return b
+}

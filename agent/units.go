@@ -1,0 +1,183 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/machine"
+	"github.com/timebox-run/timebox/model"
+)
+
+// inProcess runs a turn's units in this process, for machine.Drive (Run)
+// and machine.Advance (the units an engine runs here, engineUnits).
+type inProcess struct {
+	t   *turn
+	ctx context.Context
+}
+
+func (d *inProcess) Now() time.Time { return time.Now() }
+
+func (d *inProcess) Check(s *machine.State) bool {
+	if s.Stop == nil && d.ctx.Err() != nil {
+		s.Stop = machine.CauseOf(budget.Cause(d.ctx))
+	}
+	return true
+}
+
+func (d *inProcess) Run(_ *machine.State, u machine.Unit) { d.t.unit(d.ctx, u) }
+
+func (d *inProcess) Call(view *machine.State, step int, c machine.Call) machine.Called {
+	d.t.callUnit(d.ctx, view, step, c)
+	return machine.Called{}
+}
+
+func (d *inProcess) Refuse(view *machine.State, step int, c machine.Call, reason string) machine.Called {
+	d.t.refuseUnit(view, step, c, reason)
+	return machine.Called{}
+}
+
+func (d *inProcess) Group(slots int) machine.Group {
+	return &group{d: d, sem: make(chan struct{}, slots)}
+}
+
+// group runs the calls of a batch on goroutines, a channel their
+// semaphore.
+type group struct {
+	d   *inProcess
+	sem chan struct{}
+	wg  sync.WaitGroup
+}
+
+func (g *group) Acquire() bool {
+	if g.d.ctx.Err() != nil {
+		return false
+	}
+	select {
+	case g.sem <- struct{}{}:
+		return true
+	case <-g.d.ctx.Done():
+		return false
+	}
+}
+
+func (g *group) Release() { <-g.sem }
+
+func (g *group) Go(f func(machine.Driver)) {
+	g.wg.Add(1)
+	go func() {
+		defer g.wg.Done()
+		f(g.d)
+	}()
+}
+
+func (g *group) Wait() { g.wg.Wait() }
+
+// unit runs u: Begin, Think or Compact.
+func (t *turn) unit(ctx context.Context, u machine.Unit) {
+	switch u.Kind {
+	case machine.Begin:
+		t.begin()
+	case machine.Think:
+		t.thinkUnit(ctx, u)
+	case machine.Compact:
+		t.compactUnit(ctx, u)
+	}
+}
+
+// begin is the Begin unit: turn_started. A turn started for another agent
+// than this one — an engine's runner and worker built from different agent
+// files — ends at once, refused, saying which.
+func (t *turn) begin() {
+	t.em.Emit(t.started())
+	t.s.Begun = true
+	if want := t.s.Agent; want != nil && want.Fingerprint != t.a.fingerprint {
+		t.s.End = &machine.Ending{Reason: budget.AgentMismatch, Message: mismatch(want, t.a.Ref())}
+	}
+}
+
+// memTranscript is a turn's transcript in memory.
+type memTranscript struct {
+	text    string
+	history []model.Message
+	summary string
+	partial string
+
+	mu   sync.Mutex // the calls of a batch put their results at once
+	msgs []model.Message
+}
+
+func (m *memTranscript) Input() string                                        { return m.text }
+func (m *memTranscript) History() []model.Message                             { return m.history }
+func (m *memTranscript) Summary() string                                      { return m.summary }
+func (m *memTranscript) SetSummary(s string)                                  { m.summary = s }
+func (m *memTranscript) Partial() string                                      { return m.partial }
+func (m *memTranscript) SetPartial(s string)                                  { m.partial = s }
+func (m *memTranscript) Records() ([]event.ToolCall, []event.ModelCall, bool) { return nil, nil, false }
+
+func (m *memTranscript) Messages() []model.Message {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.msgs
+}
+
+func (m *memTranscript) Message(i int) model.Message {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.msgs[i]
+}
+
+func (m *memTranscript) Put(i int, msg model.Message) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if i >= len(m.msgs) {
+		m.msgs = slices.Grow(m.msgs, i+1-len(m.msgs))[:i+1]
+	}
+	m.msgs[i] = msg
+}
+
+// suspend returns the per-conversation state of the chain's resumable
+// providers.
+func (a *Agent) suspend(conv string) map[int]json.RawMessage {
+	var out map[int]json.RawMessage
+	for i, p := range a.resumable() {
+		if out == nil {
+			out = map[int]json.RawMessage{}
+		}
+		out[i] = p.Suspend(conv)
+	}
+	return out
+}
+
+// resumeProviders gives the chain's resumable providers their
+// per-conversation state.
+func (a *Agent) resumeProviders(conv string, states map[int]json.RawMessage) {
+	for i, p := range a.resumable() {
+		if st, ok := states[i]; ok {
+			p.Resume(conv, st)
+		}
+	}
+}
+
+// resumable returns the chain's providers that keep per-conversation
+// state, each once, by the index of its first endpoint.
+func (a *Agent) resumable() map[int]model.Resumable {
+	var out map[int]model.Resumable
+	seen := map[model.Resumable]bool{}
+	for i, ep := range a.models {
+		r, ok := ep.Provider.(model.Resumable)
+		if !ok || seen[r] {
+			continue
+		}
+		seen[r] = true
+		if out == nil {
+			out = map[int]model.Resumable{}
+		}
+		out[i] = r
+	}
+	return out
+}

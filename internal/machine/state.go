@@ -1,0 +1,167 @@
+// Package machine is the turn machine of both engines: the state of a turn
+// between two units of work (State), the one function that decides what
+// the turn does next (Next), and the one loop that drives it (Drive),
+// whatever runs the units. The embedded engine (package agent) runs every
+// unit in its own process; package temporal runs them as Temporal
+// activities, perhaps on other machines, keeping the State in its
+// workflow. Either way the decisions — which unit, max_steps, llm_budget,
+// max_tool_calls, compaction, how the turn ends — are made here, once.
+//
+// A State is small on purpose: it travels in a Temporal workflow's history,
+// whose payloads are bounded. What grows with the conversation — the
+// messages, the summary, the partial answer, the call records — is the
+// Transcript's, which an engine keeps in memory or in its store.
+//
+// The package does no I/O and reads no clock: everything it needs comes in
+// through the State and the Driver, so a workflow can call it.
+package machine
+
+import (
+	"encoding/json"
+	"strconv"
+	"time"
+
+	"github.com/timebox-run/timebox/budget"
+)
+
+// State is a turn between two of its units of work, in a form that can be
+// stored and sent as JSON.
+type State struct {
+	TurnID    string `json:"turn_id"`
+	SessionID string `json:"session_id,omitempty"`
+	// Start is when the turn began: the turn's ceiling counts from it.
+	Start time.Time `json:"start"`
+	// Budgets and Limits are the turn's budgets (the agent's with the
+	// request's); in JSON, "budgets" lists each knob's value, source and
+	// knob by key.
+	Budgets budget.Budgets `json:"-"`
+	Limits  budget.Limits  `json:"-"`
+	// Repaired counts the history messages RepairHistory added or dropped.
+	Repaired int `json:"repaired,omitempty"`
+	// Agent, when set, is the agent the turn was started with: a unit run
+	// by another refuses the turn (an engine whose runner and workers were
+	// built from different agent files).
+	Agent *AgentRef `json:"agent,omitempty"`
+
+	// Begun is set once turn_started was emitted.
+	Begun bool `json:"begun,omitempty"`
+	// Steps counts the model steps made; ToolCalls the tool calls run.
+	Steps     int `json:"steps"`
+	ToolCalls int `json:"tool_calls"`
+	// Attempts counts the model call attempts of the step under way, so
+	// that a step asked again after its worker was lost numbers its
+	// attempts on from the lost ones.
+	Attempts int           `json:"attempts,omitempty"`
+	LLMUsed  time.Duration `json:"llm_used"`
+	ToolTime time.Duration `json:"tool_time"`
+	// IdleStreak counts consecutive llm_idle and llm_first_chunk timeouts.
+	IdleStreak int    `json:"idle_streak,omitempty"`
+	Failovers  int    `json:"failovers,omitempty"`
+	LastStep   string `json:"last_step,omitempty"`
+	LastModel  string `json:"last_model,omitempty"`
+	// LastProgress is the last progress signal a unit saw: the step
+	// watchdog of the next unit counts from it.
+	LastProgress time.Time `json:"last_progress,omitzero"`
+	// Messages counts the messages the turn added to the conversation so
+	// far (the Transcript holds them).
+	Messages int `json:"messages"`
+
+	// History compaction: the summary (in the Transcript) stands for the
+	// first CompactedUpTo messages of the conversation.
+	Summarised        bool   `json:"summarised,omitempty"`
+	CompactedUpTo     int    `json:"compacted_up_to,omitempty"`
+	CompactionFailed  *Cause `json:"compaction_failed,omitempty"`
+	CompactionTimeout bool   `json:"compaction_timeout,omitempty"`
+	// Insufficient: the last compaction left the conversation over
+	// compact_at; no compaction is tried before the estimate reaches
+	// RetryAt.
+	Insufficient bool `json:"insufficient,omitempty"`
+	RetryAt      int  `json:"retry_at,omitempty"`
+	// CompactDue: the conversation is over compact_at; the model step
+	// waits for a compaction. CompactedFor is the step for which a
+	// compaction was last considered, so that it is considered once a
+	// step.
+	CompactDue   bool `json:"compact_due,omitempty"`
+	CompactedFor int  `json:"compacted_for,omitempty"`
+	// TooLong is the provider's refusal of the last step as too long for
+	// the model: the history is compacted (forced) and the step asked
+	// again, or the turn stops.
+	TooLong *Cause `json:"too_long,omitempty"`
+
+	// Batch are the tool calls the last model step asked for, not yet
+	// run; the step's assistant message is the Transcript's last.
+	Batch []Call `json:"batch,omitempty"`
+	// Refused counts the calls of the last batch max_tool_calls refused.
+	Refused int `json:"refused,omitempty"`
+
+	// Stop is what stopped the turn from outside a unit of work: its
+	// ceiling, the step watchdog, a cancellation.
+	Stop *Cause `json:"stop,omitempty"`
+	// Stopped is what the turn was doing when a turn-level budget or a
+	// cancellation stopped it.
+	Stopped *StopNote `json:"stopped,omitempty"`
+	// End is how the turn ends, once a unit decided it.
+	End *Ending `json:"end,omitempty"`
+	// Finished is set once the turn ended: turn_finished emitted, the
+	// record made.
+	Finished bool `json:"finished,omitempty"`
+
+	// Providers holds the per-conversation state of the chain's providers
+	// that keep one (model.Resumable), by the index of the provider's
+	// first endpoint in the chain.
+	Providers map[int]json.RawMessage `json:"providers,omitempty"`
+}
+
+// Call is one tool call of a batch: the Index-th of the calls the step's
+// assistant message asks for (its name and arguments are there).
+type Call struct {
+	Index int    `json:"index"`
+	Name  string `json:"name"`
+}
+
+// CallID names the call in events and records: "call_<step>_<n>", n from 1.
+func CallID(step, index int) string {
+	return "call_" + strconv.Itoa(step) + "_" + strconv.Itoa(index+1)
+}
+
+// knobValue is one budget of State in JSON: budget.Duration leaves its
+// value out of JSON.
+type knobValue struct {
+	N      int64         `json:"n"`
+	Source budget.Source `json:"source,omitempty"`
+	Knob   string        `json:"knob,omitempty"`
+}
+
+// stateJSON is State without its JSON methods.
+type stateJSON State
+
+// MarshalJSON writes s with its budgets under "budgets".
+func (s State) MarshalJSON() ([]byte, error) {
+	b := map[string]knobValue{}
+	for _, k := range budget.Knobs {
+		n, src, knob := k.Get(&s.Budgets, &s.Limits)
+		b[k.Key] = knobValue{N: n, Source: src, Knob: knob}
+	}
+	return json.Marshal(struct {
+		stateJSON
+		Budgets map[string]knobValue `json:"budgets"`
+	}{stateJSON(s), b})
+}
+
+// UnmarshalJSON reads what MarshalJSON wrote.
+func (s *State) UnmarshalJSON(data []byte) error {
+	var v struct {
+		stateJSON
+		Budgets map[string]knobValue `json:"budgets"`
+	}
+	if err := json.Unmarshal(data, &v); err != nil {
+		return err
+	}
+	*s = State(v.stateJSON)
+	for key, kv := range v.Budgets {
+		if k, ok := budget.KnobByKey(key); ok {
+			k.Set(&s.Budgets, &s.Limits, kv.N, kv.Source, kv.Knob)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,104 @@
+package machine
+
+import (
+	"context"
+	"time"
+
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/model"
+)
+
+// AgentRef says which agent a turn was started with, so that a worker
+// built from another agent refuses it rather than run it.
+type AgentRef struct {
+	Name string `json:"name,omitempty"`
+	// Origin is where the agent was defined, for messages: its agent
+	// file's path.
+	Origin string `json:"origin,omitempty"`
+	// Fingerprint is a digest of what makes the agent: its instructions,
+	// model chain, tools with their own budgets. Turn-level budgets are
+	// not in it: they travel with the turn.
+	Fingerprint string `json:"fingerprint"`
+}
+
+// Units are the units of work of an agent's turns, run in this process:
+// package agent's, for an engine that runs each unit where it chooses
+// (package temporal). Each takes the state of the turn and its transcript,
+// runs under the turn's watchdogs (its ceiling counted from State.Start,
+// the step window from State.LastProgress, ctx's cancellation), emits its
+// events to sinks, and updates the state.
+type Units interface {
+	// Ref is the agent's.
+	Ref() AgentRef
+	// NewState returns the state of a turn that begins now for the agent:
+	// its budgets (the agent's, with req's), and the history repaired.
+	NewState(turnID, sessionID string, history []model.Message, req budget.Request) (*State, []model.Message)
+	// ToolBudget returns the budget of the named tool's calls in the turn
+	// of s, its retries, and whether the agent has the tool.
+	ToolBudget(s *State, name string) (b budget.ToolBudget, retries int, ok bool)
+	// Advance runs units of s until the next is a batch of tool calls or
+	// the end (machine.Advance). When a unit decided the end, it ends the
+	// turn too and returns how; a stop from outside (State.Stop) is left
+	// to the engine's End.
+	Advance(ctx context.Context, s *State, tr Transcript, sinks ...event.Sink) *Ended
+	// Call runs call c of step's batch; s is the state the batch began
+	// with, and is not changed.
+	Call(ctx context.Context, s *State, step int, c Call, tr Transcript, sinks ...event.Sink) Called
+	// Refuse records call c as not run (Refused*).
+	Refuse(s *State, step int, c Call, reason string, tr Transcript, sinks ...event.Sink) Called
+	// Lost records call c, which ran where it was lost (a worker that
+	// died), unless its record reached the store (Loss.Recorded).
+	Lost(s *State, step int, c Call, l Loss, tr Transcript, sinks ...event.Sink) Called
+	// LostAttempts records the model call attempts of step that were lost
+	// with their worker, and numbers the next attempts after them.
+	LostAttempts(s *State, step int, lost []LostAttempt, why string, sinks ...event.Sink)
+	// End ends the turn as e says.
+	End(s *State, e Ending, tr Transcript, sinks ...event.Sink) *Ended
+}
+
+// Ended is a turn that ended.
+type Ended struct {
+	Record   *event.Turn
+	Messages []model.Message
+}
+
+// Loss is what is known of a call that was running where it was lost.
+type Loss struct {
+	// Why says what was lost: "worker w1 stopped sending heartbeats".
+	Why string
+	// Started is when the call started, zero if it is not known to have;
+	// Ran is how long it was known to run: until its last heartbeat.
+	Started time.Time
+	Ran     time.Duration
+	// Noticed is when the loss was noticed.
+	Noticed time.Time
+	// Recorded is the call's record, when it reached the store before the
+	// loss: the call ended, and only its report was lost.
+	Recorded *event.ToolCall
+}
+
+// LostAttempt is a model call attempt that began where it was lost: its
+// llm_started.
+type LostAttempt struct {
+	Attempt  int       `json:"attempt"`
+	Model    string    `json:"model"`
+	Provider string    `json:"provider"`
+	Profile  string    `json:"profile,omitempty"`
+	Started  time.Time `json:"started"`
+}
+
+// unitsOf returns the Units of an agent; package agent sets it.
+var unitsOf func(agent any) (Units, bool)
+
+// SetUnits is how package agent gives engines its units: the machinery
+// stays out of its API (engines are internal; programs use Run).
+func SetUnits(f func(agent any) (Units, bool)) { unitsOf = f }
+
+// UnitsOf returns the units of agent, an *agent.Agent.
+func UnitsOf(agent any) (Units, bool) {
+	if unitsOf == nil {
+		return nil, false
+	}
+	return unitsOf(agent)
+}

@@ -1,0 +1,230 @@
+package temporal
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/machine"
+	"github.com/timebox-run/timebox/model"
+	"github.com/timebox-run/timebox/store"
+)
+
+// Payload keys of a turn (store.Payloads): what grows with its
+// conversation lives in the store, and the workflow passes only the
+// turn's State, whatever the conversation's size.
+const (
+	keyInput   = "input"   // input: the user's message and the session's history
+	keyMessage = "m/"      // m/<n>: message n the turn added, from 0
+	keySummary = "summary" // the compaction summary
+	keyPartial = "partial" // what the last model attempt streamed
+	keyDone    = "done/"   // done/<run>/<activity>: a unit's result, kept with its writes
+)
+
+func messageKey(i int) string {
+	s := strconv.Itoa(i)
+	if len(s) < 8 {
+		s = "00000000"[len(s):] + s
+	}
+	return keyMessage + s
+}
+
+// input is the turn's input as the runner stores it.
+type input struct {
+	Text    string          `json:"text"`
+	History []model.Message `json:"history,omitempty"`
+}
+
+// putInput stores a turn's input and its first message, the user's: what
+// a runner stores before it starts the turn's workflow.
+func putInput(ctx context.Context, p store.Payloads, turnID, text string, history []model.Message) error {
+	in, err := json.Marshal(input{Text: text, History: history})
+	if err != nil {
+		return err
+	}
+	first, err := json.Marshal(model.Message{Role: model.RoleUser, Content: text})
+	if err != nil {
+		return err
+	}
+	return p.PutPayloads(ctx, turnID, map[string][]byte{keyInput: in, messageKey(0): first})
+}
+
+// transcript is a turn's machine.Transcript in the store, read when a unit
+// begins (what the unit needs) and written when it ends, in one
+// transaction with the unit's result (flush), so that a unit whose report
+// to Temporal is lost keeps what it did.
+type transcript struct {
+	turnID string
+	p      store.Payloads
+	store  store.Store
+
+	in      input
+	summary string
+	partial string
+	// msgs are the turn's messages read (all of them, or only those a
+	// call needs) and written; n counts those read in order from 0.
+	msgs map[int]model.Message
+	n    int
+	// ctx reads the call records from the store when Records is called.
+	ctx context.Context
+
+	mu      sync.Mutex // Put by the calls of a batch
+	pending map[string][]byte
+	// err is the first error of a read the transcript's interface cannot
+	// return (Records): flush returns it.
+	err error
+}
+
+// loadTranscript reads what a model step and the end of a turn need: the input,
+// the messages, the summary and the partial answer.
+func loadTranscript(ctx context.Context, p store.Payloads, st store.Store, s *machine.State) (*transcript, error) {
+	t := &transcript{turnID: s.TurnID, p: p, store: st, ctx: ctx, msgs: map[int]model.Message{}, pending: map[string][]byte{}}
+	b, err := p.Payload(ctx, s.TurnID, keyInput)
+	if err != nil {
+		return nil, fmt.Errorf("reading the input of turn %s: %w", s.TurnID, err)
+	}
+	if err := json.Unmarshal(b, &t.in); err != nil {
+		return nil, fmt.Errorf("reading the input of turn %s: %w", s.TurnID, err)
+	}
+	ms, err := p.PayloadRange(ctx, s.TurnID, keyMessage)
+	if err != nil {
+		return nil, fmt.Errorf("reading the messages of turn %s: %w", s.TurnID, err)
+	}
+	for i, v := range ms {
+		if i >= s.Messages {
+			break // written by a unit whose report was lost, and asked again
+		}
+		var m model.Message
+		if err := json.Unmarshal(v.Data, &m); err != nil {
+			return nil, fmt.Errorf("reading message %d of turn %s: %w", i, s.TurnID, err)
+		}
+		t.msgs[i] = m
+		t.n = i + 1
+	}
+	if t.n < s.Messages {
+		return nil, fmt.Errorf("turn %s has %d of its %d messages in the store", s.TurnID, t.n, s.Messages)
+	}
+	if s.Summarised {
+		if b, err = p.Payload(ctx, s.TurnID, keySummary); err != nil {
+			return nil, fmt.Errorf("reading the summary of turn %s: %w", s.TurnID, err)
+		}
+		t.summary = string(b)
+	}
+	switch b, err = p.Payload(ctx, s.TurnID, keyPartial); {
+	case err == nil:
+		t.partial = string(b)
+	case !errors.Is(err, store.ErrNotFound):
+		return nil, fmt.Errorf("reading the partial answer of turn %s: %w", s.TurnID, err)
+	}
+	return t, nil
+}
+
+// loadCall reads what a tool call needs: the step's assistant message,
+// the State's last.
+func loadCall(ctx context.Context, p store.Payloads, s *machine.State) (*transcript, error) {
+	t := &transcript{turnID: s.TurnID, p: p, msgs: map[int]model.Message{}, pending: map[string][]byte{}}
+	i := s.Messages - 1
+	b, err := p.Payload(ctx, s.TurnID, messageKey(i))
+	if err != nil {
+		return nil, fmt.Errorf("reading message %d of turn %s: %w", i, s.TurnID, err)
+	}
+	var m model.Message
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("reading message %d of turn %s: %w", i, s.TurnID, err)
+	}
+	t.msgs[i] = m
+	return t, nil
+}
+
+func (t *transcript) Input() string            { return t.in.Text }
+func (t *transcript) History() []model.Message { return t.in.History }
+func (t *transcript) Summary() string          { return t.summary }
+func (t *transcript) Partial() string          { return t.partial }
+
+func (t *transcript) SetSummary(s string) {
+	t.summary = s
+	t.put(keySummary, []byte(s))
+}
+
+func (t *transcript) SetPartial(s string) {
+	t.partial = s
+	t.put(keyPartial, []byte(s))
+}
+
+// Records reads the turn's call records from the store: every unit's,
+// which each stored with the event that carried it before it went on.
+func (t *transcript) Records() ([]event.ToolCall, []event.ModelCall, bool) {
+	if t.store == nil {
+		return nil, nil, false
+	}
+	rec, err := t.store.Turn(t.ctx, t.turnID)
+	if err != nil {
+		t.err = fmt.Errorf("reading the records of turn %s: %w", t.turnID, err)
+		return nil, nil, true
+	}
+	return rec.ToolCalls, rec.ModelCalls, true
+}
+
+func (t *transcript) Messages() []model.Message {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]model.Message, 0, len(t.msgs))
+	for i := 0; ; i++ {
+		m, ok := t.msgs[i]
+		if !ok {
+			return out
+		}
+		out = append(out, m)
+	}
+}
+
+func (t *transcript) Message(i int) model.Message {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.msgs[i]
+}
+
+func (t *transcript) Put(i int, m model.Message) {
+	b, err := json.Marshal(m)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.msgs[i] = m
+	if err == nil {
+		t.pending[messageKey(i)] = b
+	}
+}
+
+func (t *transcript) put(key string, b []byte) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.pending[key] = b
+}
+
+// flush writes what the unit wrote, and its result under done (its key,
+// when not empty), in one transaction.
+func (t *transcript) flush(ctx context.Context, done string, result any) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.err != nil {
+		return t.err
+	}
+	if done != "" {
+		b, err := json.Marshal(result)
+		if err != nil {
+			return err
+		}
+		t.pending[done] = b
+	}
+	if len(t.pending) == 0 {
+		return nil
+	}
+	if err := t.p.PutPayloads(ctx, t.turnID, t.pending); err != nil {
+		return fmt.Errorf("storing the conversation of turn %s: %w", t.turnID, err)
+	}
+	clear(t.pending)
+	return nil
+}
