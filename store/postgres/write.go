@@ -191,7 +191,8 @@ func (s *Store) commitGroup(group []*groupq.Item) error {
 	}
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		if numbered {
-			if err := number(ctx, tx, group); err != nil {
+			var err error
+			if group, err = number(ctx, tx, group); err != nil {
 				return err
 			}
 		}
@@ -260,8 +261,10 @@ func insertGroup(ctx context.Context, q querier, group []*groupq.Item) (map[turn
 // the group commits, so groups written by several processes for one turn
 // take their numbers in the order they commit: a follower reading the
 // turn's events after a seq never misses one committed later with a
-// smaller seq.
-func number(ctx context.Context, tx pgx.Tx, group []*groupq.Item) error {
+// smaller seq. Under the same lock, an event that ends what the turn has
+// already ended (store.SameEnd: a second record of one call) is refused
+// with store.ErrExists; number returns the group without those.
+func number(ctx context.Context, tx pgx.Tx, group []*groupq.Item) ([]*groupq.Item, error) {
 	var ids []string
 	next := map[string]int64{}
 	for _, it := range group {
@@ -276,38 +279,103 @@ func number(ctx context.Context, tx pgx.Tx, group []*groupq.Item) error {
 	// statement that waited for a lock still reads with the snapshot it
 	// began with, and would miss the seqs of the group it waited for.
 	if _, err := tx.Exec(ctx, `SELECT 1 FROM turns WHERE turn_id = ANY($1::text[]) ORDER BY turn_id FOR UPDATE`, ids); err != nil {
-		return err
+		return nil, err
 	}
 	rows, err := tx.Query(ctx, `SELECT turn_id, max(seq) FROM events WHERE turn_id = ANY($1::text[]) GROUP BY turn_id`, ids)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for rows.Next() {
 		var id string
 		var last int64
 		if err := rows.Scan(&id, &last); err != nil {
 			rows.Close()
-			return err
+			return nil, err
 		}
 		next[id] = last
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return err
+		return nil, err
 	}
+	// Events of the group that carry their own seq come first.
 	for _, it := range group {
-		if it.Event.Seq != 0 {
+		if last, ok := next[it.Event.TurnID]; ok && it.Event.Seq > last {
+			next[it.Event.TurnID] = it.Event.Seq
+		}
+	}
+	keep := group[:0:0]
+	var seen []event.Event // the ends of this group, numbered
+	for _, it := range group {
+		e := it.Event
+		if e.Seq == 0 && endsSomething(e) {
+			dup, err := endedBefore(ctx, tx, e, seen)
+			if err != nil {
+				return nil, err
+			}
+			if dup {
+				it.Err = fmt.Errorf("turn %s: a second %s for the same thing: %w", e.TurnID, e.Type, store.ErrExists)
+				continue
+			}
+			seen = append(seen, e)
+		}
+		keep = append(keep, it)
+		if e.Seq != 0 {
 			continue
 		}
-		next[it.Event.TurnID]++
-		it.Event.Seq = next[it.Event.TurnID]
+		next[e.TurnID]++
+		it.Event.Seq = next[e.TurnID]
 		d, err := json.Marshal(it.Event)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		it.Data = d
 	}
-	return nil
+	return keep, nil
+}
+
+// endsSomething reports whether e ends a call, an attempt or the turn
+// (store.SameEnd).
+func endsSomething(e event.Event) bool {
+	switch e.Type {
+	case event.TypeToolFinished, event.TypeLLMFinished, event.TypeTurnFinished:
+		return true
+	}
+	return false
+}
+
+// endedBefore reports whether what e ends was ended before: by an event of
+// the same group, or one stored.
+func endedBefore(ctx context.Context, tx pgx.Tx, e event.Event, group []event.Event) (bool, error) {
+	for _, g := range group {
+		if g.TurnID == e.TurnID && store.SameEnd(g, e) {
+			return true, nil
+		}
+	}
+	var n int
+	var err error
+	switch d := e.Data.(type) {
+	case *event.ToolFinished:
+		err = tx.QueryRow(ctx, `SELECT count(*) FROM tool_calls WHERE turn_id = $1 AND call_id = $2`, e.TurnID, d.CallID).Scan(&n)
+	case *event.TurnFinished:
+		err = tx.QueryRow(ctx, `SELECT count(*) FROM events WHERE turn_id = $1 AND type = 'turn_finished'`, e.TurnID).Scan(&n)
+	case *event.LLMFinished:
+		rows, qerr := tx.Query(ctx, `SELECT record FROM model_calls WHERE turn_id = $1 AND step = $2`, e.TurnID, d.Step)
+		if qerr != nil {
+			return false, qerr
+		}
+		recs, qerr := pgx.CollectRows(rows, pgx.RowTo[string])
+		if qerr != nil {
+			return false, qerr
+		}
+		for _, r := range recs {
+			var mc event.ModelCall
+			if json.Unmarshal([]byte(r), &mc) == nil && mc.Attempt == d.Attempt && mc.Compaction == d.Compaction {
+				n++
+			}
+		}
+	}
+	return n > 0, err
 }
 
 // explainUnstored sets the error of each event of the group that was not

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -46,6 +47,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"WatchSignalsNewEvents", testWatch},
 		{"CancelRequests", testCancel},
 		{"Payloads", testPayloads},
+		{"NumberedEventsEndEachThingOnce", testNumberedEnds},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -679,5 +681,71 @@ func testPayloads(t *testing.T, s store.Store) {
 	}
 	if got, err := p.PayloadRange(ctx, "t-other", "m/"); err != nil || len(got) != 0 {
 		t.Errorf("another turn's range: %d values, %v", len(got), err)
+	}
+}
+
+// testNumberedEnds: among events the store numbers (seq 0), a second
+// tool_finished for one call, llm_finished for one attempt, or
+// turn_finished is refused with ErrExists and not stored — a unit taken
+// for lost, and recorded so, that finishes after all leaves one record.
+func testNumberedEnds(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	begin(t, s, "t-ends", "", "go")
+	at := clock
+	ev := func(p event.Payload) event.Event {
+		at = at.Add(time.Millisecond)
+		return event.Event{TurnID: "t-ends", Type: p.Type(), At: at, Data: p}
+	}
+	if err := s.AppendEvent(ctx, ev(&event.LLMStarted{Step: 1, Model: "m", Attempt: 1})); err != nil {
+		if strings.Contains(err.Error(), "seq") {
+			t.Skip("this store numbers no events: ", err)
+		}
+		t.Fatal(err)
+	}
+	tool := func(outcome event.Outcome) event.Event {
+		return ev(&event.ToolFinished{ToolCall: event.ToolCall{CallID: "call_1_1", Tool: "x", Outcome: outcome, StartedAt: at}})
+	}
+	for _, tc := range []struct {
+		name          string
+		first, second event.Event
+	}{
+		{"tool_finished", tool(event.OutcomeOK), tool(event.OutcomeInterrupted)},
+		{"llm_finished", ev(&event.LLMFinished{ModelCall: event.ModelCall{Step: 1, Attempt: 1, Outcome: event.OutcomeOK}}),
+			ev(&event.LLMFinished{ModelCall: event.ModelCall{Step: 1, Attempt: 1, Outcome: event.OutcomeInterrupted}})},
+		{"turn_finished", ev(&event.TurnFinished{Status: budget.StatusCompleted, StopReason: budget.Answered}),
+			ev(&event.TurnFinished{Status: budget.StatusInterrupted, StopReason: budget.EngineLost})},
+	} {
+		if err := s.AppendEvent(ctx, tc.first); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if err := s.AppendEvent(ctx, tc.second); !errors.Is(err, store.ErrExists) {
+			t.Errorf("a second %s: %v, want ErrExists", tc.name, err)
+		}
+	}
+	if err := s.AppendEvent(ctx, ev(&event.LLMFinished{ModelCall: event.ModelCall{Step: 1, Attempt: 2, Outcome: event.OutcomeOK}})); err != nil {
+		t.Errorf("another attempt's llm_finished: %v", err)
+	}
+	evs, err := s.Events(ctx, "t-ends", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range evs {
+		if e.Type != event.TypeTurnStarted {
+			n++
+		}
+	}
+	if n != 5 {
+		for _, e := range evs {
+			t.Logf("%d %s", e.Seq, e.Type)
+		}
+		t.Errorf("%d events stored after turn_started, want 5 (llm_started and one end of each, and the second attempt's)", n)
+	}
+	rec, err := s.Turn(ctx, "t-ends")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rec.ToolCalls) != 1 || rec.ToolCalls[0].Outcome != event.OutcomeOK {
+		t.Errorf("tool call records: %+v, want the first one only", rec.ToolCalls)
 	}
 }
