@@ -1,14 +1,23 @@
 package temporal
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
-	"io"
+	"errors"
 	"log/slog"
+	"regexp"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	"github.com/stretchr/testify/mock"
+	"go.temporal.io/sdk/converter"
+	sdktemporal "go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/testsuite"
+	"go.temporal.io/sdk/workflow"
 
 	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/budget"
@@ -20,60 +29,95 @@ import (
 	"github.com/timebox-run/timebox/tool"
 )
 
-// suite is a turn's workflow in Temporal's test environment, with the
-// real activities, a real agent and an in-memory store: no dev server.
+// The tests of this file run a turn's workflow in Temporal's test
+// environment (go.temporal.io/sdk/testsuite), with the real activities, a
+// real agent and an in-memory store: the workflow's decisions under the
+// ceiling, the step watchdog, a cancel signal, a lost or retried call, a
+// lost model step, a history past continue-as-new — without a dev server.
+
+// suite is one turn's workflow in a test environment.
 type suite struct {
 	testsuite.WorkflowTestSuite
 	env   *testsuite.TestWorkflowEnvironment
 	store *store.Memory
 	units machine.Units
+	x     *activities
+	// suggest: Temporal suggests continue-as-new to every run.
+	suggest bool
 }
 
 func newSuite(t *testing.T, a *agent.Agent) *suite {
 	t.Helper()
 	s := &suite{store: store.NewMemory()}
 	t.Cleanup(func() { s.store.Close() })
-	s.SetLogger(quietLogger{})
-	s.env = s.NewTestWorkflowEnvironment()
 	units, ok := machine.UnitsOf(a)
 	if !ok {
-		t.Fatal("no units")
+		t.Fatal("no units for the agent")
 	}
 	s.units = units
-	register(s.env, units, s.store, s.store, time.Second, slog.New(slog.DiscardHandler))
+	s.x = &activities{units: units, store: s.store, payloads: s.store, heartbeat: time.Second, log: slog.New(slog.DiscardHandler)}
+	s.env = s.newEnv()
 	return s
 }
 
+func (s *suite) newEnv() *testsuite.TestWorkflowEnvironment {
+	s.SetLogger(quietLogger{})
+	env := s.NewTestWorkflowEnvironment()
+	register(env, s.units, s.store, s.store, time.Second, s.x.log)
+	env.SetContinueAsNewSuggested(s.suggest)
+	return env
+}
+
 // start begins turn id as a Runner does, and returns its first state.
-func (s *suite) start(t *testing.T, id, text string) machine.State {
+func (s *suite) start(t *testing.T, id, text string, history ...model.Message) machine.State {
 	t.Helper()
-	st, history := s.units.NewState(id, "", nil, nil)
+	st, repaired := s.units.NewState(id, "", history, nil)
 	if err := s.store.BeginTurn(context.Background(), store.TurnStart{TurnID: id, Engine: Engine, Input: text, StartedAt: st.Start}); err != nil {
 		t.Fatal(err)
 	}
-	if err := putInput(context.Background(), s.store, id, text, history); err != nil {
+	if err := putInput(context.Background(), s.store, id, text, repaired); err != nil {
 		t.Fatal(err)
 	}
 	return *st
 }
 
-// run runs the workflow of a turn begun by start to its end and returns
-// its stored record.
-func (s *suite) run(t *testing.T, st machine.State) (*Outcome, *event.Turn) {
+// run runs the workflow of a turn begun by start to its end — across its
+// runs when it continues as new — and returns its stored record and the
+// number of runs.
+func (s *suite) run(t *testing.T, st machine.State) (*event.Turn, int) {
 	t.Helper()
-	s.env.ExecuteWorkflow(WorkflowName, st)
-	if !s.env.IsWorkflowCompleted() {
-		t.Fatal("the workflow did not complete")
+	env, runs := s.env, 1
+	for {
+		env.ExecuteWorkflow(WorkflowName, st)
+		if !env.IsWorkflowCompleted() {
+			t.Fatal("the workflow did not complete")
+		}
+		var can *workflow.ContinueAsNewError
+		if err := env.GetWorkflowError(); errors.As(err, &can) {
+			if err := converter.GetDefaultDataConverter().FromPayloads(can.Input, &st); err != nil {
+				t.Fatal(err)
+			}
+			env, runs = s.newEnv(), runs+1
+			continue
+		} else if err != nil {
+			t.Fatalf("workflow: %v", err)
+		}
+		var out Outcome
+		if err := env.GetWorkflowResult(&out); err != nil {
+			t.Fatal(err)
+		}
+		rec, err := s.store.Turn(context.Background(), st.TurnID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out.Status != rec.Status || out.StopReason != rec.StopReason {
+			t.Errorf("the workflow says %s/%s, the store %s/%s", out.Status, out.StopReason, rec.Status, rec.StopReason)
+		}
+		if rec.Events, err = s.store.Events(context.Background(), st.TurnID, 0, 0); err != nil {
+			t.Fatal(err)
+		}
+		return rec, runs
 	}
-	var out Outcome
-	if err := s.env.GetWorkflowResult(&out); err != nil {
-		t.Fatalf("workflow: %v", err)
-	}
-	rec, err := s.store.Turn(context.Background(), st.TurnID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &out, rec
 }
 
 type quietLogger struct{}
@@ -83,9 +127,11 @@ func (quietLogger) Info(string, ...any)  {}
 func (quietLogger) Warn(string, ...any)  {}
 func (quietLogger) Error(string, ...any) {}
 
-func scriptAgent(t *testing.T, lines string, tools ...agent.Tool) *agent.Agent {
+// newAgent builds an agent on a script model playing lines, with budgets
+// b (kill grace 100ms unless set) and tools.
+func newAgent(t *testing.T, lines string, b budget.Budgets, l budget.Limits, tools ...agent.Tool) *agent.Agent {
 	t.Helper()
-	ls, err := script.Parse(stringsReader(lines), "test")
+	ls, err := script.Parse(strings.NewReader(lines), "test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,27 +139,68 @@ func scriptAgent(t *testing.T, lines string, tools ...agent.Tool) *agent.Agent {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := agent.New(agent.Config{Name: "suite", Models: []model.Endpoint{{Provider: p, ProviderName: "script", Model: "m"}},
-		Tools: tools, Budgets: budget.Budgets{KillGrace: budget.Duration{D: 100 * time.Millisecond, Source: budget.SourceCode}}})
+	if b.KillGrace.Unset() {
+		b.KillGrace = budget.Duration{D: 100 * time.Millisecond, Source: budget.SourceCode}
+	}
+	a, err := agent.New(agent.Config{Name: "suite", Origin: "suite.yaml", Models: []model.Endpoint{{Provider: p, ProviderName: "script", Model: "m"}},
+		Tools: tools, Budgets: b, Limits: l})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return a
 }
 
+func goTool(name string, timeout time.Duration, fn tool.Handler) agent.Tool {
+	return agent.Tool{Tool: tool.NewFunc(name, name+" (a test tool)", nil, fn),
+		Budget: budget.ToolBudget{Timeout: budget.Duration{D: timeout, Source: budget.SourceTool}, Enforcement: budget.Cooperative}}
+}
+
 func echoTool() agent.Tool {
-	return agent.Tool{Tool: tool.NewFunc("echo", "echoes", nil, func(_ context.Context, in json.RawMessage, _ tool.Progress) (any, error) {
+	return goTool("echo", 5*time.Second, func(_ context.Context, in json.RawMessage, _ tool.Progress) (any, error) {
 		return "echo " + string(in), nil
-	})}
+	})
+}
+
+// waitTool waits for its context: the turn's ceiling, a cancellation.
+func waitTool(timeout time.Duration) agent.Tool {
+	return goTool("wait", timeout, func(ctx context.Context, _ json.RawMessage, _ tool.Progress) (any, error) {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	})
+}
+
+// digits hides the figures of a message ("after 2.1s").
+var digits = regexp.MustCompile(`[0-9]+(\.[0-9]+)?`)
+
+func dur(d time.Duration) budget.Duration { return budget.Duration{D: d, Source: budget.SourceCode} }
+
+// finished returns the turn's turn_finished.
+func finished(t *testing.T, rec *event.Turn) *event.TurnFinished {
+	t.Helper()
+	if n := len(rec.Events); n == 0 || rec.Events[n-1].Type != event.TypeTurnFinished {
+		t.Fatalf("the turn's last event is not turn_finished: %d events", n)
+	}
+	return rec.Events[len(rec.Events)-1].Data.(*event.TurnFinished)
+}
+
+// count returns how many events of type typ the turn has.
+func count(rec *event.Turn, typ event.Type) int {
+	n := 0
+	for _, e := range rec.Events {
+		if e.Type == typ {
+			n++
+		}
+	}
+	return n
 }
 
 func TestSuiteTurn(t *testing.T) {
-	a := scriptAgent(t, `{"tool_calls": [{"name": "echo", "arguments": {"x": 1}}]}
+	a := newAgent(t, `{"tool_calls": [{"name": "echo", "arguments": {"x": 1}}]}
 {"text": "done"}
-`, echoTool())
+`, budget.Budgets{}, budget.Limits{}, echoTool())
 	s := newSuite(t, a)
-	out, rec := s.run(t, s.start(t, "t1", "go"))
-	if out.Status != budget.StatusCompleted || rec.Answer != "done" {
+	rec, _ := s.run(t, s.start(t, "t1", "go"))
+	if rec.Status != budget.StatusCompleted || rec.Answer != "done" {
 		t.Fatalf("turn ended %s/%s: %s", rec.Status, rec.StopReason, rec.Message)
 	}
 	if len(rec.ToolCalls) != 1 || rec.ToolCalls[0].Outcome != event.OutcomeOK {
@@ -121,15 +208,302 @@ func TestSuiteTurn(t *testing.T) {
 	}
 }
 
-func stringsReader(s string) *stringsR { return &stringsR{s: s} }
-
-type stringsR struct{ s string }
-
-func (r *stringsR) Read(p []byte) (int, error) {
-	if r.s == "" {
-		return 0, io.EOF
+// TestSuiteIsRun runs turns on the embedded engine and through the
+// workflow, and compares their records, messages and events: the same
+// machine decides both — parallel calls, an unknown tool, arguments that
+// fail the schema, max_tool_calls, max_steps.
+func TestSuiteIsRun(t *testing.T) {
+	const script = `{"tool_calls": [{"name": "echo", "arguments": {"x": 1}}, {"name": "echo", "arguments": {"x": 2}}, {"name": "nope"}]}
+{"tool_calls": [{"name": "echo", "arguments": "not json"}]}
+{"text": "done"}
+`
+	for _, tc := range []struct {
+		name   string
+		limits budget.Limits
+	}{
+		{name: "answer"},
+		{name: "max_tool_calls", limits: budget.Limits{MaxToolCalls: budget.Count{N: 2, Source: budget.SourceCode}}},
+		{name: "max_steps", limits: budget.Limits{MaxSteps: budget.Count{N: 1, Source: budget.SourceCode}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			want := newAgent(t, script, budget.Budgets{}, tc.limits, echoTool()).Run(context.Background(),
+				agent.Input{TurnID: "t1", Text: "go", History: []model.Message{{Role: model.RoleUser, Content: "before"}, {Role: model.RoleAssistant, Content: "ok"}}})
+			s := newSuite(t, newAgent(t, script, budget.Budgets{}, tc.limits, echoTool()))
+			got, _ := s.run(t, s.start(t, "t1", "go", model.Message{Role: model.RoleUser, Content: "before"}, model.Message{Role: model.RoleAssistant, Content: "ok"}))
+			opts := cmp.Options{
+				cmpopts.IgnoreFields(event.Turn{}, "StartedAt", "EndedAt", "WallMS", "LLMMS", "ToolMS", "Events"),
+				cmpopts.IgnoreFields(event.ToolCall{}, "StartedAt", "EndedAt", "DurationMS"),
+				cmpopts.IgnoreFields(event.ModelCall{}, "StartedAt", "FirstChunkMS", "StreamMS"),
+				cmpopts.SortSlices(func(a, b event.ToolCall) bool { return a.CallID < b.CallID }),
+				cmp.Transformer("compact", func(r json.RawMessage) string {
+					var b bytes.Buffer
+					if json.Compact(&b, r) != nil {
+						return string(r)
+					}
+					return b.String()
+				}),
+				cmp.Transformer("digits", func(s string) string { return digits.ReplaceAllString(s, "N") }),
+			}
+			if diff := cmp.Diff(want.Record, got, opts); diff != "" {
+				t.Errorf("record (-Run +workflow):\n%s", diff)
+			}
+			var types, wantTypes []event.Type
+			for _, e := range got.Events {
+				types = append(types, e.Type)
+			}
+			for _, e := range want.Record.Events {
+				wantTypes = append(wantTypes, e.Type)
+			}
+			// The calls of a batch run at once on both engines: their
+			// events interleave as they happen.
+			sorted := cmpopts.SortSlices(func(a, b event.Type) bool { return a < b })
+			if diff := cmp.Diff(wantTypes, types, sorted); diff != "" {
+				t.Errorf("events (-Run +workflow):\n%s", diff)
+			}
+			ms, err := s.store.PayloadRange(context.Background(), "t1", keyMessage)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var msgs []model.Message
+			for _, p := range ms {
+				var m model.Message
+				json.Unmarshal(p.Data, &m)
+				msgs = append(msgs, m)
+			}
+			if diff := cmp.Diff(want.Messages, msgs); diff != "" {
+				t.Errorf("messages (-Run +workflow):\n%s", diff)
+			}
+		})
 	}
-	n := copy(p, r.s)
-	r.s = r.s[n:]
-	return n, nil
+}
+
+// TestSuiteCeiling: the turn's ceiling stops a call waiting on its
+// context, and the turn ends as on the embedded engine.
+func TestSuiteCeiling(t *testing.T) {
+	a := newAgent(t, `{"tool_calls": [{"name": "wait"}]}`+"\n", budget.Budgets{Turn: dur(time.Second)}, budget.Limits{}, waitTool(time.Minute))
+	s := newSuite(t, a)
+	rec, _ := s.run(t, s.start(t, "t1", "go"))
+	fin := finished(t, rec)
+	if rec.StopReason != budget.TurnTimeout || !fin.Flags.TimedOutByTurnBudget || !fin.Flags.TimedOutDuringToolExecution {
+		t.Fatalf("turn ended %s with flags %+v: %s", rec.StopReason, fin.Flags, rec.Message)
+	}
+	if !strings.Contains(rec.Message, "Last step: tool wait, running for") {
+		t.Errorf("message: %s", rec.Message)
+	}
+	if c := rec.ToolCalls; len(c) != 1 || c[0].Outcome != event.OutcomeCancelled || c[0].Phase != budget.PhaseTurn {
+		t.Errorf("the call's record: %+v", c)
+	}
+}
+
+// TestSuiteStep: a model that stays silent past the step watchdog stops
+// the turn no_progress, in the unit that was waiting for it.
+func TestSuiteStep(t *testing.T) {
+	a := newAgent(t, `{"text": "late", "first_chunk_delay": "5s"}`+"\n",
+		budget.Budgets{Step: dur(300 * time.Millisecond), LLMFirstChunk: dur(time.Minute)}, budget.Limits{})
+	s := newSuite(t, a)
+	start := time.Now()
+	rec, _ := s.run(t, s.start(t, "t1", "go"))
+	if rec.StopReason != budget.NoProgress || !strings.Contains(rec.Message, "nothing progressed for 300ms") {
+		t.Fatalf("turn ended %s: %s", rec.StopReason, rec.Message)
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("it took %v to stop", d)
+	}
+}
+
+// TestSuiteCancelSignal: a cancel signal stops the running call and ends
+// the turn cancelled, saying who cancelled.
+func TestSuiteCancelSignal(t *testing.T) {
+	a := newAgent(t, `{"tool_calls": [{"name": "wait"}]}`+"\n", budget.Budgets{}, budget.Limits{}, waitTool(time.Minute))
+	s := newSuite(t, a)
+	s.env.RegisterDelayedCallback(func() {
+		// As a Runner cancels: a signal, and a request in the store.
+		s.env.SignalWorkflow(SignalCancel, &budget.CancelError{Reason: budget.Cancelled, By: "the test"})
+		if err := s.store.RequestCancel(context.Background(), "t1"); err != nil {
+			t.Error(err)
+		}
+	}, 300*time.Millisecond)
+	rec, _ := s.run(t, s.start(t, "t1", "go"))
+	if rec.StopReason != budget.Cancelled || !strings.HasPrefix(rec.Message, "Cancelled by the test after") ||
+		!strings.Contains(rec.Message, "tool wait was stopped") {
+		for _, e := range rec.Events {
+			t.Logf("%d %s %+v", e.Seq, e.Type, e.Data)
+		}
+		t.Fatalf("turn ended %s: %s", rec.StopReason, rec.Message)
+	}
+	if c := rec.ToolCalls; len(c) != 1 || c[0].Outcome != event.OutcomeCancelled {
+		t.Errorf("the call's record: %+v", c)
+	}
+}
+
+// lostCall makes the Call activity of the named tool fail as a worker that
+// died after heartbeating would (a heartbeat timeout with the last beat),
+// and run the real one for every other call. attempts counts the calls
+// of the tool.
+func (s *suite) lostCall(name string, times int, attempts *int) {
+	s.env.OnActivity(actCall, mock.Anything, mock.Anything).Return(func(ctx context.Context, in *unitIn) (*machine.Called, error) {
+		if in.Call.Name != name {
+			return s.x.Call(ctx, in)
+		}
+		*attempts++
+		if *attempts > times {
+			return s.x.Call(ctx, in)
+		}
+		// It started, and its last heartbeat said it had run 1.1s.
+		b := beat{CallID: machine.CallID(in.Step, in.Call.Index), Started: time.Now().Add(-5 * time.Second), RanMS: 1100}
+		return nil, sdktemporal.NewHeartbeatTimeoutError(b)
+	})
+}
+
+// TestSuiteLostCall: a call whose worker is lost gets one record —
+// outcome interrupted, phase worker_lost, the time its last heartbeat says
+// it ran and when the loss was noticed, apart — the model is told it was
+// lost, and the turn goes on.
+func TestSuiteLostCall(t *testing.T) {
+	a := newAgent(t, `{"tool_calls": [{"name": "echo", "arguments": {"x": 1}}]}
+{"text": "done"}
+`, budget.Budgets{}, budget.Limits{}, echoTool())
+	s := newSuite(t, a)
+	var attempts int
+	s.lostCall("echo", 1, &attempts)
+	rec, _ := s.run(t, s.start(t, "t1", "go"))
+	if rec.Status != budget.StatusCompleted {
+		t.Fatalf("turn ended %s: %s", rec.StopReason, rec.Message)
+	}
+	if attempts != 1 {
+		t.Errorf("the call was run %d times, want once (no retries declared)", attempts)
+	}
+	if n := count(rec, event.TypeToolFinished); n != 1 || len(rec.ToolCalls) != 1 {
+		t.Fatalf("%d tool_finished, %d records; want one of each", n, len(rec.ToolCalls))
+	}
+	c := rec.ToolCalls[0]
+	if c.Outcome != event.OutcomeInterrupted || c.Phase != budget.PhaseWorkerLost || c.DurationMS != 1100 || c.NoticedAt.IsZero() ||
+		!c.NoticedAt.After(c.EndedAt) || !strings.Contains(c.Result, "worker_lost") || !strings.Contains(c.Result, "at least 1.1s") {
+		t.Errorf("the lost call's record: %+v", c)
+	}
+}
+
+// TestSuiteRetriedCall: a tool that declares retries has its lost call run
+// again; the call has one record, the second attempt's.
+func TestSuiteRetriedCall(t *testing.T) {
+	echo := echoTool()
+	echo.Retries = 1
+	a := newAgent(t, `{"tool_calls": [{"name": "echo", "arguments": {"x": 1}}]}
+{"text": "done"}
+`, budget.Budgets{}, budget.Limits{}, echo)
+	s := newSuite(t, a)
+	var attempts int
+	s.lostCall("echo", 1, &attempts)
+	rec, _ := s.run(t, s.start(t, "t1", "go"))
+	if attempts != 2 {
+		t.Errorf("the call was run %d times, want twice", attempts)
+	}
+	if n := count(rec, event.TypeToolFinished); n != 1 || len(rec.ToolCalls) != 1 || rec.ToolCalls[0].Outcome != event.OutcomeOK {
+		t.Fatalf("%d tool_finished, records %+v; want one, ok", n, rec.ToolCalls)
+	}
+}
+
+// TestSuiteReportLost: a call that ended but whose report to Temporal was
+// lost is not taken for lost: its result, kept in the store, is used.
+func TestSuiteReportLost(t *testing.T) {
+	a := newAgent(t, `{"tool_calls": [{"name": "echo", "arguments": {"x": 1}}]}
+{"text": "done"}
+`, budget.Budgets{}, budget.Limits{}, echoTool())
+	s := newSuite(t, a)
+	s.env.OnActivity(actCall, mock.Anything, mock.Anything).Return(func(ctx context.Context, in *unitIn) (*machine.Called, error) {
+		if _, err := s.x.Call(ctx, in); err != nil {
+			return nil, err
+		}
+		return nil, sdktemporal.NewHeartbeatTimeoutError()
+	})
+	rec, _ := s.run(t, s.start(t, "t1", "go"))
+	if n := count(rec, event.TypeToolFinished); n != 1 || len(rec.ToolCalls) != 1 || rec.ToolCalls[0].Outcome != event.OutcomeOK {
+		t.Fatalf("%d tool_finished, records %+v; want one, ok", n, rec.ToolCalls)
+	}
+	if rec.Status != budget.StatusCompleted {
+		t.Fatalf("turn ended %s: %s", rec.StopReason, rec.Message)
+	}
+}
+
+// TestSuiteLostModelStep: a model step whose worker died mid-attempt gets
+// a record for the lost attempt (interrupted, worker_lost), is asked
+// again, and numbers its attempts once.
+func TestSuiteLostModelStep(t *testing.T) {
+	a := newAgent(t, `{"text": "done"}`+"\n", budget.Budgets{}, budget.Limits{})
+	s := newSuite(t, a)
+	lost := 0
+	s.env.OnActivity(actAdvance, mock.Anything, mock.Anything).Return(func(ctx context.Context, in *unitIn) (*advanced, error) {
+		if lost == 0 {
+			lost++
+			// The worker began the step — turn_started, the attempt's
+			// llm_started — and died.
+			for _, p := range []event.Payload{&event.TurnStarted{Agent: "suite"}, &event.LLMStarted{Step: 1, Model: "m", Provider: "script", Attempt: 1}} {
+				if err := s.store.AppendEvent(ctx, event.Event{TurnID: in.State.TurnID, Type: p.Type(), At: time.Now(), Data: p}); err != nil {
+					return nil, err
+				}
+			}
+			return nil, sdktemporal.NewHeartbeatTimeoutError()
+		}
+		return s.x.Advance(ctx, in)
+	})
+	rec, _ := s.run(t, s.start(t, "t1", "go"))
+	if rec.Status != budget.StatusCompleted {
+		t.Fatalf("turn ended %s: %s", rec.StopReason, rec.Message)
+	}
+	if n := count(rec, event.TypeTurnStarted); n != 1 {
+		t.Errorf("%d turn_started", n)
+	}
+	var attempts []int
+	for _, e := range rec.Events {
+		if d, ok := e.Data.(*event.LLMStarted); ok {
+			attempts = append(attempts, d.Attempt)
+		}
+	}
+	if !cmp.Equal(attempts, []int{1, 2}) {
+		t.Errorf("llm_started attempts %v, want [1 2]", attempts)
+	}
+	mc := rec.ModelCalls
+	if len(mc) != 2 || mc[0].Attempt != 1 || mc[0].Outcome != event.OutcomeInterrupted || mc[0].Phase != budget.PhaseWorkerLost ||
+		mc[1].Attempt != 2 || mc[1].Outcome != event.OutcomeOK {
+		t.Errorf("model call records: %+v", mc)
+	}
+}
+
+// TestSuiteAgentMismatch: a turn started for another agent is refused by
+// the worker: failed, agent_mismatch, naming both, nothing run.
+func TestSuiteAgentMismatch(t *testing.T) {
+	a := newAgent(t, `{"tool_calls": [{"name": "echo"}]}`+"\n", budget.Budgets{}, budget.Limits{}, echoTool())
+	s := newSuite(t, a)
+	st := s.start(t, "t1", "go")
+	st.Agent = &machine.AgentRef{Name: "other", Origin: "b.yaml", Fingerprint: "0123456789abcdef"}
+	rec, _ := s.run(t, st)
+	if rec.Status != budget.StatusFailed || rec.StopReason != budget.AgentMismatch ||
+		!strings.Contains(rec.Message, `b.yaml ("other")`) || !strings.Contains(rec.Message, `suite.yaml ("suite")`) {
+		t.Fatalf("turn ended %s/%s: %s", rec.Status, rec.StopReason, rec.Message)
+	}
+	if len(rec.ModelCalls) != 0 || len(rec.ToolCalls) != 0 {
+		t.Errorf("something ran: %d model calls, %d tool calls", len(rec.ModelCalls), len(rec.ToolCalls))
+	}
+}
+
+// TestSuiteContinueAsNew: a turn whose history Temporal finds long goes
+// on in new runs, and ends as it would have in one.
+func TestSuiteContinueAsNew(t *testing.T) {
+	a := newAgent(t, `{"tool_calls": [{"name": "echo", "arguments": {"x": 1}}]}`+"\n",
+		budget.Budgets{}, budget.Limits{MaxSteps: budget.Count{N: 40, Source: budget.SourceCode}, MaxToolCalls: budget.Count{N: 100, Source: budget.SourceCode}}, echoTool())
+	s := newSuite(t, a)
+	s.suggest = true
+	s.env = s.newEnv()
+	rec, runs := s.run(t, s.start(t, "t1", "go"))
+	if rec.StopReason != budget.MaxSteps || rec.Steps != 40 || len(rec.ToolCalls) != 40 {
+		t.Fatalf("turn ended %s after %d steps, %d calls: %s", rec.StopReason, rec.Steps, len(rec.ToolCalls), rec.Message)
+	}
+	if runs < 3 {
+		t.Errorf("the turn ran in %d runs, want several", runs)
+	}
+	for i, e := range rec.Events {
+		if e.Seq != int64(i+1) {
+			t.Fatalf("event %d has seq %d", i, e.Seq)
+		}
+	}
 }

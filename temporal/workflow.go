@@ -26,6 +26,13 @@ import (
 // workflow's cancellation. Each unit enforces the turn's budgets itself as
 // well, so a turn stopped by them ends as on the embedded engine; the
 // workflow's own timer is what stops a turn whose worker can no longer.
+//
+// A change of what the workflow does — its commands (activities, local
+// activities, timers), their order, the decisions between them — breaks
+// the turns running when it is deployed. TestReplay replays the histories
+// recorded in testdata/replay with the workflow as it is: every change
+// from the one that recorded them on goes behind workflow.GetVersion, and
+// adds recordings of its own.
 type turnWorkflow struct {
 	units     machine.Units
 	heartbeat time.Duration
@@ -84,10 +91,16 @@ type turnRun struct {
 }
 
 // watch waits for the turn's ceiling, a cancel signal or the workflow's
-// cancellation, whichever comes first, and stops the turn's work.
+// cancellation, whichever comes first, and stops the turn's work. A cancel
+// signal reaches the running units through the store too (its runner
+// stores a cancel request with it, which the units watch), so they stop
+// their tools and report how themselves; only those that have not within
+// the turn's kill grace and cancelGrace more — a dead worker's, one not
+// yet started — are cancelled through Temporal.
 func (r *turnRun) watch(ctx workflow.Context) {
 	deadline := r.s.Start.Add(r.s.Budgets.Turn.D)
 	timer := workflow.NewTimer(ctx, max(deadline.Sub(workflow.Now(ctx)), time.Millisecond))
+	graceful := false
 	sel := workflow.NewSelector(ctx)
 	sel.AddFuture(timer, func(f workflow.Future) {
 		if f.Get(ctx, nil) == nil {
@@ -97,26 +110,49 @@ func (r *turnRun) watch(ctx workflow.Context) {
 	sel.AddReceive(r.signals, func(c workflow.ReceiveChannel, _ bool) {
 		var ce budget.CancelError
 		c.Receive(ctx, &ce)
-		r.stopFor(&ce)
+		graceful = r.note(cancelCause(&ce))
 	})
 	sel.AddReceive(ctx.Done(), func(workflow.ReceiveChannel, bool) {
 		r.stop(&machine.Cause{Cancel: &budget.CancelError{Reason: budget.Cancelled, By: "Temporal (the workflow was cancelled)"}})
 	})
 	sel.Select(ctx)
+	if !graceful {
+		return
+	}
+	grace := workflow.NewTimer(ctx, r.s.Budgets.KillGrace.D+cancelGrace)
+	sel = workflow.NewSelector(ctx)
+	sel.AddFuture(grace, func(workflow.Future) { r.cancelWork() })
+	sel.AddReceive(ctx.Done(), func(workflow.ReceiveChannel, bool) { r.cancelWork() })
+	sel.Select(ctx)
 }
 
-func (r *turnRun) stopFor(ce *budget.CancelError) {
+// cancelGrace is what a cancel signal's units get past the turn's kill
+// grace to stop by themselves before Temporal cancels them.
+const cancelGrace = 2 * time.Second
+
+func cancelCause(ce *budget.CancelError) *machine.Cause {
 	if ce.Reason == "" {
 		ce.Reason = budget.Cancelled
 	}
-	r.stop(&machine.Cause{Cancel: ce})
+	return &machine.Cause{Cancel: ce}
 }
 
+// stop notes c as what stopped the turn, first come, and cancels the
+// turn's work at once.
 func (r *turnRun) stop(c *machine.Cause) {
-	if r.stopped == nil {
-		r.stopped = c
+	if r.note(c) {
 		r.cancelWork()
 	}
+}
+
+// note notes c as what stopped the turn, if nothing did before; it
+// reports whether it did.
+func (r *turnRun) note(c *machine.Cause) bool {
+	if r.stopped != nil {
+		return false
+	}
+	r.stopped = c
+	return true
 }
 
 // continueAsNew reports whether the turn goes on in a new run: its history
@@ -124,12 +160,12 @@ func (r *turnRun) stop(c *machine.Cause) {
 // now: a run must not end with one unread).
 func (r *turnRun) continueAsNew() bool {
 	info := workflow.GetInfo(r.root)
-	if r.stopped != nil || (!info.GetContinueAsNewSuggested() && info.GetCurrentHistoryLength() < maxHistory) {
-		return false
+	if r.stopped != nil || r.seq == 0 || (!info.GetContinueAsNewSuggested() && info.GetCurrentHistoryLength() < maxHistory) {
+		return false // a run does at least one unit
 	}
 	var ce budget.CancelError
 	if r.signals.ReceiveAsync(&ce) {
-		r.stopFor(&ce)
+		r.stop(cancelCause(&ce))
 		return false
 	}
 	return true
