@@ -47,8 +47,8 @@ type unitIn struct {
 	Call machine.Call `json:"call"`
 	// Reason is Refuse's.
 	Reason string `json:"reason,omitempty"`
-	// Why, Beat and Noticed are Lost's and LostAttempts': what was lost,
-	// the lost unit's last heartbeat, and when the loss was noticed.
+	// Why, Beat and Noticed are Lost's: what was lost, the lost call's
+	// last heartbeat, and when the loss was noticed.
 	Why     string    `json:"why,omitempty"`
 	Beat    *beat     `json:"beat,omitempty"`
 	Noticed time.Time `json:"noticed,omitzero"`
@@ -100,9 +100,10 @@ var errEngine = errors.New("the engine gave this unit up")
 // beginning, its end when a unit decides it.
 func (x *activities) Advance(ctx context.Context, in *unitIn) (*advanced, error) {
 	s := &in.State
-	if !s.Begun {
-		if err := x.begin(ctx, s); err != nil {
-			return nil, err
+	if !s.Begun && s.Seen == 0 {
+		if err := x.store.BeginTurn(ctx, store.TurnStart{TurnID: s.TurnID, SessionID: s.SessionID, Engine: Engine,
+			Agent: x.units.Ref().Name, StartedAt: s.Start}); err != nil && !errors.Is(err, store.ErrExists) && !errors.Is(err, store.ErrSessionBusy) {
+			return nil, fmt.Errorf("storing turn %s: %w", s.TurnID, err)
 		}
 	}
 	tr, err := loadTranscript(ctx, x.payloads, x.store, s)
@@ -112,6 +113,9 @@ func (x *activities) Advance(ctx context.Context, in *unitIn) (*advanced, error)
 	u := x.unit(ctx, s.TurnID, "")
 	defer u.close()
 	sink := x.sink(u.ctx, u)
+	if err := x.catchUp(ctx, s, sink); err != nil {
+		return nil, err
+	}
 	ended := x.units.Advance(u.ctx, s, tr, sink)
 	if err := u.engineErr(s.Stop); err != nil {
 		return nil, err
@@ -127,19 +131,45 @@ func (x *activities) Advance(ctx context.Context, in *unitIn) (*advanced, error)
 	return out, tr.flush(ctx, doneKey(in.Key), out)
 }
 
-// begin stores the turn (unless its runner did) and, when its turn_started
-// is already stored — a first unit whose report was lost — notes it begun.
-func (x *activities) begin(ctx context.Context, s *machine.State) error {
-	err := x.store.BeginTurn(ctx, store.TurnStart{TurnID: s.TurnID, SessionID: s.SessionID, Engine: Engine,
-		Agent: x.units.Ref().Name, StartedAt: s.Start})
-	if err != nil && !errors.Is(err, store.ErrExists) && !errors.Is(err, store.ErrSessionBusy) {
-		return fmt.Errorf("storing turn %s: %w", s.TurnID, err)
-	}
-	evs, err := x.store.Events(ctx, s.TurnID, 0, 1)
+// catchUp looks at what was stored for the turn since its last model step
+// began (State.Seen) for what a unit lost with its worker left: a
+// turn_started (the turn is begun), and the model call attempts of the
+// step about to be made that began and have no record — each gets one
+// (outcome interrupted, phase worker_lost), and the step numbers its
+// attempts on after every one that began.
+func (x *activities) catchUp(ctx context.Context, s *machine.State, sink *storeSink) error {
+	evs, err := x.store.Events(ctx, s.TurnID, s.Seen, 0)
 	if err != nil {
 		return fmt.Errorf("reading turn %s: %w", s.TurnID, err)
 	}
-	s.Begun = len(evs) > 0 && evs[0].Type == event.TypeTurnStarted
+	step := s.Steps + 1
+	begun := map[int]machine.LostAttempt{}
+	for _, e := range evs {
+		s.Seen = e.Seq
+		switch d := e.Data.(type) {
+		case *event.TurnStarted:
+			s.Begun = true
+		case *event.LLMStarted:
+			if d.Step == step {
+				begun[d.Attempt] = machine.LostAttempt{Attempt: d.Attempt, Model: d.Model, Provider: d.Provider, Profile: d.Profile, Started: e.At}
+				s.Attempts = max(s.Attempts, d.Attempt)
+			}
+		case *event.LLMFinished:
+			if d.Step == step {
+				delete(begun, d.Attempt)
+			}
+		}
+	}
+	if len(begun) == 0 {
+		return nil
+	}
+	var lost []machine.LostAttempt
+	for a := 1; a <= s.Attempts; a++ {
+		if la, ok := begun[a]; ok {
+			lost = append(lost, la)
+		}
+	}
+	x.units.LostAttempts(s, step, lost, "the worker running it was lost (it died, or stopped answering) before it ended", sink)
 	return nil
 }
 
@@ -237,43 +267,6 @@ func (x *activities) Lost(ctx context.Context, in *unitIn) (*machine.Called, err
 		return nil, err
 	}
 	return &out, tr.flush(ctx, "", nil)
-}
-
-// LostAttempts records the model call attempts of a step whose unit was
-// lost with its worker: each that began and has no record gets one
-// (outcome interrupted, phase worker_lost), and the step's attempts are
-// numbered on after every one that began. It returns the state.
-func (x *activities) LostAttempts(ctx context.Context, in *unitIn) (*machine.State, error) {
-	s := &in.State
-	evs, err := x.store.Events(ctx, s.TurnID, 0, 0)
-	if err != nil {
-		return nil, fmt.Errorf("reading turn %s: %w", s.TurnID, err)
-	}
-	begun := map[int]machine.LostAttempt{}
-	most := s.Attempts
-	for _, e := range evs {
-		switch d := e.Data.(type) {
-		case *event.LLMStarted:
-			if d.Step == in.Step {
-				begun[d.Attempt] = machine.LostAttempt{Attempt: d.Attempt, Model: d.Model, Provider: d.Provider, Profile: d.Profile, Started: e.At}
-				most = max(most, d.Attempt)
-			}
-		case *event.LLMFinished:
-			if d.Step == in.Step {
-				delete(begun, d.Attempt)
-			}
-		}
-	}
-	var lost []machine.LostAttempt
-	for a := 1; a <= most; a++ {
-		if la, ok := begun[a]; ok {
-			lost = append(lost, la)
-		}
-	}
-	sink := x.sink(ctx, nil)
-	x.units.LostAttempts(s, in.Step, lost, in.Why, sink)
-	s.Attempts = most
-	return s, sink.flush(ctx)
 }
 
 // End ends a turn stopped between units of work (machine.Units.End).
@@ -433,8 +426,13 @@ func (x *activities) unit(actx context.Context, turnID, callID string) *running 
 	u := &running{quit: make(chan struct{})}
 	u.ctx, u.cancel = context.WithCancelCause(context.WithoutCancel(actx))
 	u.beat.Store(&beat{CallID: callID, Started: time.Now()})
+	local := activity.IsActivity(actx) && activity.GetInfo(actx).IsLocalActivity
 	u.stopEngine = context.AfterFunc(actx, func() {
 		switch cause := context.Cause(actx); {
+		case local && !errors.Is(cause, context.DeadlineExceeded):
+			// A local activity has no heartbeats to fail: the workflow
+			// cancelled it.
+			u.cancel(&budget.CancelError{Reason: budget.Cancelled, By: "the turn's workflow"})
 		case sdktemporal.IsCanceledError(cause):
 			u.cancel(&budget.CancelError{Reason: budget.Cancelled, By: "the turn's workflow"})
 		case isGivenUp(cause):

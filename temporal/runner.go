@@ -105,8 +105,8 @@ func (r *Runner) Run(ctx context.Context, in agent.Input, sinks ...event.Sink) *
 		return f.end(bg, budget.Interrupted, fmt.Sprintf("its conversation could not be stored (%v)", err))
 	}
 	startCtx, cancelStart := context.WithTimeout(bg, 30*time.Second)
-	run, err = r.client.ExecuteWorkflow(startCtx, client.StartWorkflowOptions{ID: WorkflowID(in.TurnID), TaskQueue: r.taskQueue},
-		WorkflowName, s)
+	run, err = r.client.ExecuteWorkflow(startCtx, client.StartWorkflowOptions{ID: WorkflowID(in.TurnID), TaskQueue: r.taskQueue,
+		WorkflowTaskTimeout: workflowTaskTimeout}, WorkflowName, s)
 	cancelStart()
 	if err != nil {
 		return f.end(bg, budget.EngineLost, fmt.Sprintf("the turn could not be started on Temporal (%v)", err))
@@ -303,6 +303,12 @@ func (f *follow) failed(ctx context.Context, err error) *agent.Result {
 		StopReason: budget.Interrupted, Message: fmt.Sprintf("Interrupted: %v. Send the message again.", err), Events: f.events}
 	return &agent.Result{Record: rec}
 }
+
+// workflowTaskTimeout is how long a worker has to run a turn's workflow
+// task: how long a worker that dies during a model step (a local
+// activity, which the worker keeps its workflow task open for) keeps the
+// turn waiting before another takes it.
+const workflowTaskTimeout = 5 * time.Second
 
 // CancelWait is how long Run waits, after its context was cancelled, for a
 // worker to end the turn before it terminates the workflow and returns:

@@ -44,7 +44,6 @@ const (
 	actCall         = "timebox.Call"
 	actRefuse       = "timebox.Refuse"
 	actLost         = "timebox.Lost"
-	actLostAttempts = "timebox.LostAttempts"
 	actRecover      = "timebox.Recover"
 	actEnd          = "timebox.End"
 )

@@ -87,7 +87,7 @@ func register(r registry, units machine.Units, st store.Store, p store.Payloads,
 	x := &activities{units: units, store: st, payloads: p, heartbeat: heartbeat, log: log}
 	for name, fn := range map[string]any{
 		actAdvance: x.Advance, actCall: x.Call, actRefuse: x.Refuse, actLost: x.Lost,
-		actLostAttempts: x.LostAttempts, actRecover: x.Recover, actEnd: x.End,
+		actRecover: x.Recover, actEnd: x.End,
 	} {
 		r.RegisterActivityWithOptions(fn, activity.RegisterOptions{Name: name})
 	}

@@ -18,10 +18,10 @@ import (
 // turnWorkflow is a turn as a Temporal workflow. It keeps the turn's
 // machine.State and drives it with machine.Drive — the loop and the
 // decisions of the embedded engine — running each unit of work as an
-// activity: Advance for the model steps (and the beginning, compactions,
-// and the end a step decides), Call for each tool call, and local
-// activities for the quick ones (Refuse, Lost, LostAttempts, Recover,
-// End). The stops that reach a turn from outside its units are the
+// activity: Advance, a local activity, for the model steps (and the
+// beginning, compactions, and the end a step decides), Call for each tool
+// call, and local
+// activities for the quick ones (Refuse, Lost, Recover, End). The stops that reach a turn from outside its units are the
 // workflow's: the turn's ceiling (a timer), a cancel signal, the
 // workflow's cancellation. Each unit enforces the turn's budgets itself as
 // well, so a turn stopped by them ends as on the embedded engine; the
@@ -195,14 +195,23 @@ func (d *driver) Check(s *machine.State) bool {
 	return s.Finished || !d.r.continueAsNew()
 }
 
-// Run runs the model steps (and what comes with them) in an Advance
-// activity. One lost with its worker has its attempts recorded and is
-// asked again, up to thinkLosses times in a row.
+// Run runs the model steps (and what comes with them) in an Advance local
+// activity: on the worker that runs the workflow, with no round trip
+// through the server — a model step has no effect outside the turn, so a
+// worker lost during one costs only asking it again. One lost with its
+// worker (the workflow task times out, and another worker runs it again)
+// finds what its attempts left in the store and records them
+// (activities.catchUp); one that fails is asked again, up to thinkLosses
+// times in a row.
 func (d *driver) Run(s *machine.State, u machine.Unit) {
 	r := d.r
 	key := r.key("advance")
 	var out advanced
-	err := workflow.ExecuteActivity(r.options(d.ctx, r.untilCeiling(d.ctx), 1, key), actAdvance, &unitIn{State: *s, Key: key}).Get(d.ctx, &out)
+	ctx := workflow.WithLocalActivityOptions(d.ctx, workflow.LocalActivityOptions{
+		StartToCloseTimeout: r.untilCeiling(d.ctx) + slack,
+		RetryPolicy:         &sdktemporal.RetryPolicy{MaximumAttempts: 1},
+	})
+	err := workflow.ExecuteLocalActivity(ctx, actAdvance, &unitIn{State: *s, Key: key}).Get(d.ctx, &out)
 	if err != nil && r.recover(d.ctx, s, key, &out) {
 		err = nil
 	}
@@ -215,15 +224,9 @@ func (d *driver) Run(s *machine.State, u machine.Unit) {
 	if r.stopped != nil {
 		return // Check notes the stop; the unit's tools were stopped with it
 	}
-	why, noticed := lostWhy(err), workflow.Now(d.ctx)
-	step := s.Steps + 1
-	var after machine.State
-	if lerr := r.local(d.ctx, actLostAttempts, &unitIn{State: *s, Step: step, Why: why, Noticed: noticed}, &after); lerr == nil {
-		*s = after
-	}
 	if r.losses++; r.losses >= thinkLosses {
 		s.End = &machine.Ending{Reason: budget.Interrupted, Cause: &machine.Cause{Text: fmt.Sprintf(
-			"the model step could not be run: %s, %d times in a row", why, r.losses)}}
+			"the model step could not be run: %s, %d times in a row", lostWhy(err), r.losses)}}
 	}
 }
 

@@ -258,5 +258,13 @@ func cmdRun(ctx context.Context, args []string, o IO) int {
 	if v != nil {
 		v.close()
 	}
+	switch r := res.Record; r.StopReason {
+	case budget.AgentMismatch:
+		// The workers run another agent file: a configuration error.
+		fmt.Fprintln(o.Err, "timebox run:", r.Message)
+		return ExitUsage
+	case budget.EngineLost, budget.Interrupted:
+		fmt.Fprintln(o.Err, "timebox run:", r.Message)
+	}
 	return exitCode(res.Record.Status)
 }

@@ -65,6 +65,10 @@ type State struct {
 	// Messages counts the messages the turn added to the conversation so
 	// far (the Transcript holds them).
 	Messages int `json:"messages"`
+	// Seen is, for an engine whose units emit to a store, the seq of the
+	// last stored event a model step had seen when it began: the next one
+	// looks at what was stored after it for what a lost unit left.
+	Seen int64 `json:"seen,omitempty"`
 
 	// History compaction: the summary (in the Transcript) stands for the
 	// first CompactedUpTo messages of the conversation.

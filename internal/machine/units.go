@@ -50,8 +50,9 @@ type Units interface {
 	// Lost records call c, which ran where it was lost (a worker that
 	// died), unless its record reached the store (Loss.Recorded).
 	Lost(s *State, step int, c Call, l Loss, tr Transcript, sinks ...event.Sink) Called
-	// LostAttempts records the model call attempts of step that were lost
-	// with their worker, and numbers the next attempts after them.
+	// LostAttempts records the model call attempts of step that began
+	// where they were lost (their worker died mid-step): outcome
+	// interrupted, phase worker_lost.
 	LostAttempts(s *State, step int, lost []LostAttempt, why string, sinks ...event.Sink)
 	// End ends the turn as e says.
 	End(s *State, e Ending, tr Transcript, sinks ...event.Sink) *Ended

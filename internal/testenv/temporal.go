@@ -92,7 +92,10 @@ func startTemporal() (*devServer, error) {
 	s := &devServer{addr: fmt.Sprintf("127.0.0.1:%d", ports[0]), dir: dir, out: &bytes.Buffer{}, done: make(chan struct{})}
 	s.cmd = exec.Command(bin, "server", "start-dev", "--headless", "--ip", "127.0.0.1",
 		"--port", fmt.Sprint(ports[0]), "--http-port", fmt.Sprint(ports[1]), "--metrics-port", fmt.Sprint(ports[2]),
-		"--db-filename", filepath.Join(dir, "temporal.db"), "--log-level", "error")
+		"--db-filename", filepath.Join(dir, "temporal.db"), "--log-level", "error",
+		"--dynamic-config-value", "matching.numTaskqueueReadPartitions=1",
+		"--dynamic-config-value", "matching.numTaskqueueWritePartitions=1",
+		"--dynamic-config-value", "system.enableActivityEagerExecution=true")
 	s.cmd.Stdout, s.cmd.Stderr = s.out, s.out
 	// Its own process group. No parent-death signal: Go sends it when the
 	// thread that started the server ends, not the test binary. A server
