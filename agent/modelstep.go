@@ -67,7 +67,7 @@ func (t *turn) thinkUnit(ctx context.Context, u machine.Unit) {
 
 // ending returns how the turn ends for st.
 func (st *stop) ending() *machine.Ending {
-	e := &machine.Ending{Reason: st.reason, Cause: machine.CauseOf(st.cause), Message: st.message}
+	e := &machine.Ending{Reason: st.reason, Cause: machine.CauseOf(st.cause), Message: machine.Cut(st.message)}
 	if allEmpty(st.notes) {
 		e.Empty = len(st.notes)
 		for _, n := range st.notes {

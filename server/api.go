@@ -294,7 +294,7 @@ func (s *Server) postTurn(w http.ResponseWriter, r *http.Request) {
 	if req.SessionID == "" {
 		req.SessionID = newSessionID()
 	}
-	lt, sb, err := s.start(r.Context(), req.SessionID, req.Input, req.Budgets)
+	lt, sb, err := s.start(r.Context(), req.SessionID, req.Input, req.Budgets, req.Detach)
 	switch {
 	case errors.Is(err, errDraining):
 		w.Header().Set("Retry-After", "5")

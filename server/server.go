@@ -217,7 +217,7 @@ var (
 
 // start registers, stores and starts a turn. The returned subscription is
 // taken before the turn emits anything, so the caller sees every event.
-func (s *Server) start(ctx context.Context, session, input string, budgets budget.Request) (*liveTurn, *sub, error) {
+func (s *Server) start(ctx context.Context, session, input string, budgets budget.Request, detach bool) (*liveTurn, *sub, error) {
 	id := agent.NewTurnID()
 	turnCtx, cancel := context.WithCancelCause(context.Background())
 	lt := &liveTurn{id: id, session: session, cancel: cancel, hub: newHub(), done: make(chan struct{})}
@@ -247,8 +247,13 @@ func (s *Server) start(ctx context.Context, session, input string, budgets budge
 	// it can see the turn is not missed.
 	cancelled, unwatch := s.cfg.Store.WatchCancel(id)
 	begun := time.Now()
-	if err := s.cfg.Store.BeginTurn(ctx, store.TurnStart{TurnID: id, SessionID: session, Agent: s.cfg.AgentName,
-		Input: input, StartedAt: begun, Engine: engineOf(s.cfg.Agent)}); err != nil {
+	ts := store.TurnStart{TurnID: id, SessionID: session, Agent: s.cfg.AgentName, Input: input, StartedAt: begun, Engine: engineOf(s.cfg.Agent)}
+	if o, ok := s.cfg.Store.(store.Owned); ok && ts.Engine != "" && !detach {
+		// A turn an engine runs would outlive this gateway: gone, it is
+		// cancelled as its client would be (client_gone).
+		ts.Caller = o.Owner()
+	}
+	if err := s.cfg.Store.BeginTurn(ctx, ts); err != nil {
 		unwatch()
 		if errors.Is(err, store.ErrSessionBusy) {
 			// Running through another gateway sharing the store.

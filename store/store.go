@@ -143,6 +143,21 @@ type Store interface {
 	Close() error
 }
 
+// Owned is a store that other processes sharing its database can take for
+// gone (PostgreSQL): Owner names it, for TurnStart.Caller.
+type Owned interface {
+	Owner() string
+}
+
+// CancelReasons is a store that keeps why a cancel was requested
+// (PostgreSQL): a client's request, or the judgment that the process
+// following a turn for its client is gone (client_gone).
+type CancelReasons interface {
+	// CancelReason returns why turn id's cancel was requested; nil, nil
+	// when none is pending.
+	CancelReason(ctx context.Context, turnID string) (*budget.CancelError, error)
+}
+
 // TurnStart is what is known of a turn when it begins.
 type TurnStart struct {
 	TurnID string
@@ -151,6 +166,13 @@ type TurnStart struct {
 	// gone when a process stops, and only its engine ends it. Empty: the
 	// process that begins the turn runs it.
 	Engine string
+	// Caller, for a turn an engine runs, names the store (its Owner, see
+	// store.Owned) of the process that follows the turn for its client:
+	// when that process is gone — taken for gone by the store sharing the
+	// database that notices it — the turn is cancelled with stop reason
+	// client_gone, as when its client goes away. Empty: the turn outlives
+	// whoever started it (a detached turn).
+	Caller string
 	// SessionID is the conversation the turn belongs to; empty for a turn
 	// outside any session.
 	SessionID string

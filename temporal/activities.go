@@ -458,13 +458,28 @@ func (x *activities) unit(actx context.Context, turnID, callID string) *running 
 				activity.RecordHeartbeat(hctx, b)
 			case <-requested:
 				requested = nil
-				u.cancel(&budget.CancelError{Reason: budget.Cancelled, By: "a client"})
+				u.cancel(x.cancelReason(hctx, turnID))
 			case <-u.quit:
 				return
 			}
 		}
 	}()
 	return u
+}
+
+// cancelReason says why a cancel was requested for the turn: a client, or
+// the gone process that followed it for its client (client_gone).
+func (x *activities) cancelReason(ctx context.Context, turnID string) *budget.CancelError {
+	ce := &budget.CancelError{Reason: budget.Cancelled, By: "a client"}
+	if cr, ok := x.store.(store.CancelReasons); ok {
+		if why, err := cr.CancelReason(ctx, turnID); err == nil && why != nil {
+			if why.By == "" {
+				why.By = ce.By
+			}
+			return why
+		}
+	}
+	return ce
 }
 
 // progress keeps a call's progress report for its next heartbeat.

@@ -95,8 +95,14 @@ func (r *Runner) Run(ctx context.Context, in agent.Input, sinks ...event.Sink) *
 	bg := context.WithoutCancel(ctx)
 	s, history := r.units.NewState(in.TurnID, in.SessionID, in.History, in.Budgets)
 	f := &follow{r: r, in: in, started: s.Start, sinks: sinks}
-	if err := r.store.BeginTurn(bg, store.TurnStart{TurnID: in.TurnID, SessionID: in.SessionID, Engine: Engine,
-		Agent: r.agent.Name(), Input: in.Text, StartedAt: s.Start}); err != nil && !errors.Is(err, store.ErrExists) {
+	ts := store.TurnStart{TurnID: in.TurnID, SessionID: in.SessionID, Engine: Engine, Agent: r.agent.Name(), Input: in.Text, StartedAt: s.Start}
+	if o, ok := r.store.(store.Owned); ok {
+		// The turn is this Run's: when its process is gone, the turn is
+		// cancelled as client_gone (a server begins the turns of detached
+		// requests itself, without a caller).
+		ts.Caller = o.Owner()
+	}
+	if err := r.store.BeginTurn(bg, ts); err != nil && !errors.Is(err, store.ErrExists) {
 		return f.failed(bg, fmt.Errorf("the turn could not be stored: %w", err))
 	}
 	var run client.WorkflowRun

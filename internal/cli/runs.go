@@ -364,8 +364,13 @@ func (r *runStore) begin(ctx context.Context, in *agent.Input, agentName string,
 	in.TurnID = agent.NewTurnID()
 	// Watching before the turn is stored, so that no request is missed.
 	r.cancelled, r.unwatch = r.st.WatchCancel(in.TurnID)
-	if err := r.rec.Begin(ctx, store.TurnStart{TurnID: in.TurnID, SessionID: in.SessionID, Agent: agentName,
-		Input: in.Text, StartedAt: time.Now(), Engine: r.engine}); err != nil {
+	ts := store.TurnStart{TurnID: in.TurnID, SessionID: in.SessionID, Agent: agentName, Input: in.Text, StartedAt: time.Now(), Engine: r.engine}
+	if o, ok := r.st.(store.Owned); ok && r.engine != "" {
+		// The turn runs on an engine's workers: when this run is gone,
+		// it is cancelled as client_gone.
+		ts.Caller = o.Owner()
+	}
+	if err := r.rec.Begin(ctx, ts); err != nil {
 		fmt.Fprintf(o.Err, "warning: %v; the turn will not be stored\n", err)
 		r.rec = nil
 		r.unwatch()

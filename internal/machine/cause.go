@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/model"
@@ -30,12 +31,32 @@ type ModelError struct {
 	TooLong    bool          `json:"too_long,omitempty"`
 }
 
-// CauseOf returns err as a Cause; nil for nil.
+// maxText bounds the texts a Cause carries: a provider's error can be
+// long, and a State travels in a workflow's history, whose payloads
+// Temporal bounds.
+const maxText = 16 << 10
+
+// Cut cuts s to 16 KiB, for a text a State carries.
+func Cut(s string) string { return cut(s) }
+
+func cut(s string) string {
+	if len(s) <= maxText {
+		return s
+	}
+	n := maxText
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
+}
+
+// CauseOf returns err as a Cause; nil for nil. Its texts are cut to 16
+// KiB.
 func CauseOf(err error) *Cause {
 	if err == nil {
 		return nil
 	}
-	c := &Cause{Text: err.Error()}
+	c := &Cause{Text: cut(err.Error())}
 	var me *model.Error
 	switch te, ok := budget.AsTimeout(err); {
 	case ok:
@@ -43,7 +64,7 @@ func CauseOf(err error) *Cause {
 	case errors.As(err, &c.Cancel):
 	case errors.As(err, &c.ReplyTooLong):
 	case errors.As(err, &me):
-		c.Model = &ModelError{Provider: me.Provider, Status: me.Status, Message: me.Message, RetryAfter: me.RetryAfter,
+		c.Model = &ModelError{Provider: me.Provider, Status: me.Status, Message: cut(me.Message), RetryAfter: me.RetryAfter,
 			Malformed: me.Malformed, TooLong: me.TooLong}
 	}
 	return c

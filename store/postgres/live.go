@@ -40,13 +40,43 @@ func (s *Store) RequestCancel(ctx context.Context, turnID string) error {
 		case status != string(budget.StatusRunning):
 			return fmt.Errorf("turn %s: %w", turnID, store.ErrNotRunning)
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO cancel_requests (turn_id) VALUES ($1) ON CONFLICT DO NOTHING`, turnID); err != nil {
-			return err
-		}
-		_, err = tx.Exec(ctx, `SELECT pg_notify($1, $2)`, chanCancel, turnID)
-		return err
+		return requestCancelTx(ctx, tx, turnID, budget.Cancelled, "")
 	})
 }
+
+// requestCancelTx stores a cancel request for a turn, saying why, and
+// notifies the stores sharing the database. A request already pending is
+// kept.
+func requestCancelTx(ctx context.Context, tx pgx.Tx, turnID string, reason budget.StopReason, by string) error {
+	if _, err := tx.Exec(ctx, `INSERT INTO cancel_requests (turn_id, reason, requested_by) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`,
+		turnID, string(reason), by); err != nil {
+		return err
+	}
+	_, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, chanCancel, turnID)
+	return err
+}
+
+// CancelReason implements store.CancelReasons.
+func (s *Store) CancelReason(ctx context.Context, turnID string) (*budget.CancelError, error) {
+	var reason, by string
+	err := s.pool.QueryRow(ctx, `SELECT reason, requested_by FROM cancel_requests WHERE turn_id = $1`, turnID).Scan(&reason, &by)
+	switch {
+	case isNoRows(err):
+		return nil, nil
+	case err != nil:
+		return nil, err
+	}
+	ce := &budget.CancelError{Reason: budget.StopReason(reason), By: by}
+	if ce.Reason == "" {
+		ce.Reason = budget.Cancelled
+	}
+	return ce, nil
+}
+
+var (
+	_ store.CancelReasons = (*Store)(nil)
+	_ store.Owned         = (*Store)(nil)
+)
 
 // listenConn opens the connection that LISTENs for notifications.
 func (s *Store) listenConn(ctx context.Context) (*pgx.Conn, error) {

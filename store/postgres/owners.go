@@ -89,6 +89,29 @@ func (s *Store) recover(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return ids, err
 	}
+	// Turns an engine runs for a client whose process went without a row
+	// (it crashed before it registered, or was removed): cancelled as
+	// client_gone.
+	if err := s.tx(ctx, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `SELECT DISTINCT t.caller FROM turns t WHERE t.status = 'running' AND t.caller <> ''
+			AND NOT EXISTS (SELECT 1 FROM owners o WHERE o.owner_id = t.caller)
+			AND NOT EXISTS (SELECT 1 FROM cancel_requests c WHERE c.turn_id = t.turn_id)`)
+		if err != nil {
+			return err
+		}
+		callers, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return err
+		}
+		for _, c := range callers {
+			if err := cancelCalledTx(ctx, tx, c, "the timebox process following it for its client, which is gone"); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		return ids, err
+	}
 	for _, id := range orphans {
 		var done bool
 		err := s.tx(ctx, func(tx pgx.Tx) error {
@@ -106,6 +129,27 @@ func (s *Store) recover(ctx context.Context) ([]string, error) {
 		}
 	}
 	return ids, nil
+}
+
+// cancelCalledTx requests the cancel, as client_gone, of the running turns
+// whose caller (store.TurnStart.Caller) is owner o, which is gone: turns
+// an engine runs for a client whose process went away with it. by says
+// who went away.
+func cancelCalledTx(ctx context.Context, tx pgx.Tx, o, by string) error {
+	rows, err := tx.Query(ctx, `SELECT turn_id FROM turns WHERE caller = $1 AND status = 'running'`, o)
+	if err != nil {
+		return err
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err
+	}
+	for _, id := range ids {
+		if err := requestCancelTx(ctx, tx, id, budget.ClientGone, by); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // claim deletes the row of owner o if it is still gone and interrupts its
@@ -130,8 +174,10 @@ func (s *Store) claim(ctx context.Context, o string) ([]string, error) {
 			return err
 		}
 		why := fmt.Sprintf("the timebox process running it (pid %d on %s) stopped sending heartbeats %s ago", pid, host, budget.Round(quiet))
-		ids, err = s.interruptOwnerTx(ctx, tx, o, why)
-		return err
+		if ids, err = s.interruptOwnerTx(ctx, tx, o, why); err != nil {
+			return err
+		}
+		return cancelCalledTx(ctx, tx, o, fmt.Sprintf("the timebox process following it for its client (pid %d on %s), which stopped sending heartbeats %s ago", pid, host, budget.Round(quiet)))
 	})
 	if err != nil {
 		return nil, err

@@ -601,3 +601,53 @@ func TestEngineTurnsAreNoOrphans(t *testing.T) {
 		t.Errorf("the engine's turn: %v %v, want running", rec.Status, err)
 	}
 }
+
+// TestCallerGoneCancelsItsEngineTurn: a turn an engine runs for a
+// gateway's client (store.TurnStart.Caller) is cancelled as client_gone
+// when that gateway is taken for gone — its units, watching through
+// another store (a worker's), are told at once and why — while a detached
+// one (no caller) runs on.
+func TestCallerGoneCancelsItsEngineTurn(t *testing.T) {
+	dsn := testenv.Postgres(t)
+	ctx := context.Background()
+	gateway := open(t, dsn, postgres.Options{Heartbeat: time.Hour})
+	worker := open(t, dsn, postgres.Options{Heartbeat: time.Hour, Poll: time.Hour})
+	defer worker.Close()
+	for id, caller := range map[string]string{"called": gateway.Owner(), "detached": ""} {
+		if err := gateway.BeginTurn(ctx, store.TurnStart{TurnID: id, Engine: "temporal", Caller: caller, Input: "go"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	called, unwatch := worker.WatchCancel("called")
+	defer unwatch()
+	detached, unwatch2 := worker.WatchCancel("detached")
+	defer unwatch2()
+	gateway.Crash()
+	sql(t, dsn, `UPDATE owners SET heartbeat_at = now() - interval '1 day' WHERE owner_id = $1`, gateway.Owner())
+	if _, err := worker.Recover(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-called:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the called turn's units were not told")
+	}
+	ce, err := worker.CancelReason(ctx, "called")
+	if err != nil || ce == nil || ce.Reason != budget.ClientGone || !strings.Contains(ce.By, "following it for its client") {
+		t.Fatalf("cancel reason: %+v %v", ce, err)
+	}
+	select {
+	case <-detached:
+		t.Fatal("the detached turn was cancelled")
+	default:
+	}
+	if ce, err := worker.CancelReason(ctx, "detached"); err != nil || ce != nil {
+		t.Fatalf("the detached turn has a cancel request: %+v %v", ce, err)
+	}
+	// Engine turns are the engine's to end: neither is interrupted.
+	for _, id := range []string{"called", "detached"} {
+		if rec, err := worker.Turn(ctx, id); err != nil || rec.Status != budget.StatusRunning {
+			t.Fatalf("%s: %v %v", id, rec.Status, err)
+		}
+	}
+}

@@ -107,7 +107,9 @@ CREATE TABLE cancel_requests (
 );
 `,
 	// 2: the large values of turns an engine runs on other machines
-	// (store.Payloads): their conversations, passed by reference.
+	// (store.Payloads): their conversations, passed by reference; the
+	// caller of such a turn (store.TurnStart.Caller) and why a cancel was
+	// requested (store.CancelReasons).
 	`
 CREATE TABLE payloads (
 	turn_id text  NOT NULL,
@@ -115,6 +117,9 @@ CREATE TABLE payloads (
 	data    bytea NOT NULL,
 	PRIMARY KEY (turn_id, key)
 );
+ALTER TABLE turns ADD COLUMN caller text NOT NULL DEFAULT '';
+ALTER TABLE cancel_requests ADD COLUMN reason text NOT NULL DEFAULT '';
+ALTER TABLE cancel_requests ADD COLUMN requested_by text NOT NULL DEFAULT '';
 `,
 }
 
