@@ -40,12 +40,12 @@ const (
 
 // Activity names.
 const (
-	actAdvance      = "timebox.Advance"
-	actCall         = "timebox.Call"
-	actRefuse       = "timebox.Refuse"
-	actLost         = "timebox.Lost"
-	actRecover      = "timebox.Recover"
-	actEnd          = "timebox.End"
+	actAdvance = "timebox.Advance"
+	actCall    = "timebox.Call"
+	actRefuse  = "timebox.Refuse"
+	actLost    = "timebox.Lost"
+	actRecover = "timebox.Recover"
+	actEnd     = "timebox.End"
 )
 
 // WorkflowID is the workflow id of a turn: one workflow per turn id, so
