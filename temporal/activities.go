@@ -218,14 +218,11 @@ func (x *activities) Call(ctx context.Context, in *unitIn) (*machine.Called, err
 // Refuse records a call that is not run (machine.Units.Refuse).
 func (x *activities) Refuse(ctx context.Context, in *unitIn) (*machine.Called, error) {
 	s := &in.State
-	tr, err := loadCall(ctx, x.payloads, s)
+	tr, rec, err := x.recorded(ctx, in)
 	if err != nil {
 		return nil, err
 	}
-	callID := machine.CallID(in.Step, in.Call.Index)
-	if rec, err := x.record(ctx, s.TurnID, callID); err != nil {
-		return nil, err
-	} else if rec != nil { // refused before, and asked again
+	if rec != nil { // refused before, and asked again
 		x.units.Lost(s, in.Step, in.Call, machine.Loss{Recorded: rec}, tr)
 		return &machine.Called{}, tr.flush(ctx, "", nil)
 	}
@@ -243,15 +240,13 @@ func (x *activities) Refuse(ctx context.Context, in *unitIn) (*machine.Called, e
 // heartbeat or else its tool_started, apart from when the loss was noticed.
 func (x *activities) Lost(ctx context.Context, in *unitIn) (*machine.Called, error) {
 	s := &in.State
-	tr, err := loadCall(ctx, x.payloads, s)
+	callID := machine.CallID(in.Step, in.Call.Index)
+	l := machine.Loss{Why: in.Why, Noticed: in.Noticed}
+	tr, rec, err := x.recorded(ctx, in)
 	if err != nil {
 		return nil, err
 	}
-	callID := machine.CallID(in.Step, in.Call.Index)
-	l := machine.Loss{Why: in.Why, Noticed: in.Noticed}
-	if l.Recorded, err = x.record(ctx, s.TurnID, callID); err != nil {
-		return nil, err
-	}
+	l.Recorded = rec
 	if b := in.Beat; b != nil && b.CallID == callID {
 		l.Started, l.Ran = b.Started, time.Duration(b.RanMS)*time.Millisecond
 	} else if l.Recorded == nil {
@@ -357,6 +352,17 @@ func doneResult[T any](ctx context.Context, p store.Payloads, turnID, key string
 		return nil, false, err
 	}
 	return &out, true, nil
+}
+
+// recorded reads what a call's unit needs — the step's assistant message —
+// and the call's stored record, nil if it has none.
+func (x *activities) recorded(ctx context.Context, in *unitIn) (*transcript, *event.ToolCall, error) {
+	tr, err := loadCall(ctx, x.payloads, &in.State)
+	if err != nil {
+		return nil, nil, err
+	}
+	rec, err := x.record(ctx, in.State.TurnID, machine.CallID(in.Step, in.Call.Index))
+	return tr, rec, err
 }
 
 // record returns the stored record of a call, nil if there is none.

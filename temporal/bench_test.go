@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"go.temporal.io/api/enums/v1"
+	"go.temporal.io/sdk/client"
+
 	"github.com/timebox-run/timebox"
 	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/budget"
@@ -44,6 +47,7 @@ func BenchmarkTurns(b *testing.B) {
 	type runner interface {
 		Run(context.Context, agent.Input, ...event.Sink) *agent.Result
 	}
+	var tc client.Client // the Temporal sub-benchmark's, for the breakdown
 	bench := func(b *testing.B, r runner, parallel int) {
 		var (
 			mu        sync.Mutex
@@ -53,6 +57,7 @@ func BenchmarkTurns(b *testing.B) {
 			next      = make(chan struct{})
 			failed    error
 			failedMsg string
+			ids       []string
 		)
 		b.ResetTimer()
 		start := time.Now()
@@ -76,6 +81,7 @@ func BenchmarkTurns(b *testing.B) {
 						}
 					}
 					mu.Lock()
+					ids = append(ids, res.Record.TurnID)
 					if res.Record.Status != budget.StatusCompleted && failed == nil {
 						failed, failedMsg = context.Canceled, res.Record.Message
 					}
@@ -103,6 +109,9 @@ func BenchmarkTurns(b *testing.B) {
 		b.ReportMetric(ms(pct(turnLat, 50)), "turn-p50-ms")
 		b.ReportMetric(ms(pct(turnLat, 99)), "turn-p99-ms")
 		b.ReportMetric(0, "ns/op")
+		if tc != nil {
+			breakdown(b, tc, ids, turnLat)
+		}
 	}
 
 	for _, parallel := range []int{1, 8} {
@@ -110,6 +119,8 @@ func BenchmarkTurns(b *testing.B) {
 		for _, workers := range []int{1, 2} {
 			b.Run(fmt.Sprintf("temporal/workers=%d/at_once=%d", workers, parallel), func(b *testing.B) {
 				c, s, _ := setup(b)
+				tc = c
+				defer func() { tc = nil }()
 				queue := "bench-" + strings.ReplaceAll(b.Name(), "/", "-")
 				a := open()
 				for range workers {
@@ -132,4 +143,58 @@ func pct(ds []time.Duration, p int) time.Duration {
 	s := slices.Clone(ds)
 	slices.Sort(s)
 	return s[min(len(s)-1, len(s)*p/100)]
+}
+
+// breakdown reports where a Temporal turn's time goes, per turn, from the
+// workflows' histories: waiting for a workflow task to start (wft-wait)
+// and running it (wft-run, the model steps included: they are local
+// activities), waiting for a tool call's activity to start (act-wait) and
+// running it (act-run), and the rest of the turn's wall time (outside:
+// starting the workflow, and following the turn through the store after
+// its workflow ended).
+func breakdown(b *testing.B, c client.Client, ids []string, walls []time.Duration) {
+	var wftWait, wftRun, actWait, actRun, span time.Duration
+	for _, id := range ids {
+		var scheduled, started, actScheduled, actStarted, first, last time.Time
+		it := c.GetWorkflowHistory(context.Background(), temporal.WorkflowID(id), "", false, enums.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
+		for it.HasNext() {
+			e, err := it.Next()
+			if err != nil {
+				b.Fatal(err)
+			}
+			at := e.EventTime.AsTime()
+			if first.IsZero() {
+				first = at
+			}
+			last = at
+			switch e.EventType {
+			case enums.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED:
+				scheduled = at
+			case enums.EVENT_TYPE_WORKFLOW_TASK_STARTED:
+				started = at
+				wftWait += at.Sub(scheduled)
+			case enums.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
+				wftRun += at.Sub(started)
+			case enums.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+				actScheduled = at
+			case enums.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+				actStarted = at
+				actWait += at.Sub(actScheduled)
+			case enums.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+				actRun += at.Sub(actStarted)
+			}
+		}
+		span += last.Sub(first)
+	}
+	var wall time.Duration
+	for _, w := range walls {
+		wall += w
+	}
+	n := float64(len(ids))
+	per := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 / n }
+	b.ReportMetric(per(wftWait), "wft-wait-ms")
+	b.ReportMetric(per(wftRun), "wft-run-ms")
+	b.ReportMetric(per(actWait), "act-wait-ms")
+	b.ReportMetric(per(actRun), "act-run-ms")
+	b.ReportMetric(per(wall-span), "outside-ms")
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/timebox-run/timebox/internal/floodtest"
 	"github.com/timebox-run/timebox/internal/proctree"
+	"github.com/timebox-run/timebox/internal/testenv"
 )
 
 var reportFile = flag.String("faults.report", "", "write the measured figures, as a Markdown table, to this file")
@@ -32,6 +33,7 @@ func TestMain(m *testing.M) {
 		// The idle cgroups of the in-process scenarios, now rather than
 		// left for the next timebox process.
 		proctree.Close()
+		testenv.StopPostgres()
 		if *reportFile != "" {
 			if err := writeReport(*reportFile, load, loadAverage()); err != nil {
 				fmt.Fprintln(os.Stderr, "faults: writing the report:", err)

@@ -23,6 +23,11 @@ import (
 // github.com/temporalio/cli/cmd/temporal@v1.5.1) into a cache directory.
 const EnvTemporal = "TB_TEST_TEMPORAL"
 
+// EnvTemporalDefaults, set to 1, starts the dev servers with Temporal's
+// default settings (four task-queue partitions, no eager activities), to
+// measure what the settings of start do.
+const EnvTemporalDefaults = "TB_TEST_TEMPORAL_DEFAULTS"
+
 // Temporal returns the host:port of a Temporal dev server (`temporal
 // server start-dev --headless`) for the test binary, on free loopback
 // ports with its own database file in a temporary directory, started at
@@ -59,11 +64,14 @@ var (
 )
 
 type devServer struct {
-	addr string
-	dir  string
-	cmd  *exec.Cmd
-	out  *bytes.Buffer
-	done chan struct{}
+	addr  string
+	dir   string
+	bin   string
+	ports [3]int
+	db    string
+	cmd   *exec.Cmd
+	out   *bytes.Buffer
+	done  chan struct{}
 }
 
 func startTemporal() (*devServer, error) {
@@ -83,19 +91,39 @@ func startTemporal() (*devServer, error) {
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	ports := make([]int, 3)
-	for i := range ports {
-		if ports[i], err = freePort(); err != nil {
+	s := &devServer{dir: dir, bin: bin, db: filepath.Join(dir, "temporal.db")}
+	for i := range s.ports {
+		if s.ports[i], err = freePort(); err != nil {
+			os.RemoveAll(dir)
 			return nil, err
 		}
 	}
-	s := &devServer{addr: fmt.Sprintf("127.0.0.1:%d", ports[0]), dir: dir, out: &bytes.Buffer{}, done: make(chan struct{})}
-	s.cmd = exec.Command(bin, "server", "start-dev", "--headless", "--ip", "127.0.0.1",
-		"--port", fmt.Sprint(ports[0]), "--http-port", fmt.Sprint(ports[1]), "--metrics-port", fmt.Sprint(ports[2]),
-		"--db-filename", filepath.Join(dir, "temporal.db"), "--log-level", "error",
-		"--dynamic-config-value", "matching.numTaskqueueReadPartitions=1",
-		"--dynamic-config-value", "matching.numTaskqueueWritePartitions=1",
-		"--dynamic-config-value", "system.enableActivityEagerExecution=true")
+	s.addr = fmt.Sprintf("127.0.0.1:%d", s.ports[0])
+	if err := s.start(); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	return s, nil
+}
+
+// start starts the server process on its ports and database, and waits
+// until it answers.
+//
+// One task-queue partition and eager activities: with the default four
+// partitions a task waits about 40ms for a poller of another partition,
+// and without eager activities a tool call waits for a poll after the
+// workflow task that scheduled it (docs/temporal.md, "Latency").
+func (s *devServer) start() error {
+	s.out, s.done = &bytes.Buffer{}, make(chan struct{})
+	args := []string{"server", "start-dev", "--headless", "--ip", "127.0.0.1",
+		"--port", fmt.Sprint(s.ports[0]), "--http-port", fmt.Sprint(s.ports[1]), "--metrics-port", fmt.Sprint(s.ports[2]),
+		"--db-filename", s.db, "--log-level", "error"}
+	if os.Getenv(EnvTemporalDefaults) != "1" {
+		args = append(args, "--dynamic-config-value", "matching.numTaskqueueReadPartitions=1",
+			"--dynamic-config-value", "matching.numTaskqueueWritePartitions=1",
+			"--dynamic-config-value", "system.enableActivityEagerExecution=true")
+	}
+	s.cmd = exec.Command(s.bin, args...)
 	s.cmd.Stdout, s.cmd.Stderr = s.out, s.out
 	// Its own process group. No parent-death signal: Go sends it when the
 	// thread that started the server ends, not the test binary. A server
@@ -103,25 +131,68 @@ func startTemporal() (*devServer, error) {
 	// (reapStaleTemporal).
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := s.cmd.Start(); err != nil {
-		os.RemoveAll(dir)
-		return nil, fmt.Errorf("starting the Temporal dev server: %w", err)
+		return fmt.Errorf("starting the Temporal dev server: %w", err)
 	}
-	os.WriteFile(filepath.Join(dir, "server"), []byte(ownerStamp(s.cmd.Process.Pid)), 0o600)
-	go func() { s.cmd.Wait(); close(s.done) }()
+	os.WriteFile(filepath.Join(s.dir, "server"), []byte(ownerStamp(s.cmd.Process.Pid)), 0o600)
+	done := s.done
+	go func() { s.cmd.Wait(); close(done) }()
 	deadline := time.Now().Add(90 * time.Second)
 	for {
 		if err := s.ready(); err == nil {
-			return s, nil
+			return nil
 		} else if time.Now().After(deadline) {
-			s.stop()
-			return nil, fmt.Errorf("the Temporal dev server did not answer within 90s: %v\n%s", err, lastLines(s.out.String(), 20))
+			s.kill()
+			return fmt.Errorf("the Temporal dev server did not answer within 90s: %v\n%s", err, lastLines(s.out.String(), 20))
 		}
 		select {
-		case <-s.done:
-			os.RemoveAll(dir)
-			return nil, fmt.Errorf("the Temporal dev server exited: %s", lastLines(s.out.String(), 20))
+		case <-done:
+			return fmt.Errorf("the Temporal dev server exited: %s", lastLines(s.out.String(), 20))
 		case <-time.After(200 * time.Millisecond):
 		}
+	}
+}
+
+// kill kills the server's process group at once (SIGKILL), as a crash.
+func (s *devServer) kill() {
+	if s.cmd != nil && s.cmd.Process != nil {
+		syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+		<-s.done
+	}
+}
+
+// TemporalServer is a dev server of a test's own, which it may kill and
+// start again: for the faults of the engine.
+type TemporalServer struct{ s *devServer }
+
+// StartTemporal starts a dev server for t alone (Temporal shares one), on
+// free loopback ports with a database file of its own; it is stopped when
+// t ends. It skips t (fails it when temporal is required) when the CLI is
+// missing or the server does not start.
+func StartTemporal(t testing.TB) *TemporalServer {
+	t.Helper()
+	s, err := startTemporal()
+	if err != nil {
+		Unavailable(t, "temporal", err.Error())
+	}
+	t.Cleanup(s.stop)
+	return &TemporalServer{s: s}
+}
+
+// Addr returns the server's host:port.
+func (ts *TemporalServer) Addr() string { return ts.s.addr }
+
+// Kill kills the server at once (SIGKILL), as a crash.
+func (ts *TemporalServer) Kill() { ts.s.kill() }
+
+// Restart starts the killed server again on its address: with its
+// database, or, fresh, with an empty one (a server that lost its data).
+func (ts *TemporalServer) Restart(t testing.TB, fresh bool) {
+	t.Helper()
+	if fresh {
+		ts.s.db = filepath.Join(ts.s.dir, fmt.Sprintf("temporal-%d.db", time.Now().UnixNano()))
+	}
+	if err := ts.s.start(); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -59,12 +59,8 @@ func (s *Store) heartbeat() {
 // the others find none, so its turns are interrupted exactly once. A
 // failed transaction leaves the row, for the next heartbeat to try again.
 func (s *Store) recover(ctx context.Context) ([]string, error) {
-	rows, err := s.pool.Query(ctx, `SELECT owner_id FROM owners
+	gone, err := queryStrings(ctx, s.pool, `SELECT owner_id FROM owners
 		WHERE owner_id <> $1 AND heartbeat_at < now() - make_interval(secs => $2 * heartbeat_ms / 1000.0)`, s.owner, Heartbeats)
-	if err != nil {
-		return nil, err
-	}
-	gone, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		return nil, err
 	}
@@ -79,13 +75,9 @@ func (s *Store) recover(ctx context.Context) ([]string, error) {
 	// Turns whose owner row is missing: their store crashed before it
 	// registered, or was removed without marking them.
 	// A turn an engine runs has no owner row, and is not an orphan.
-	rows, err = s.pool.Query(ctx, `SELECT t.turn_id FROM turns t WHERE t.status = 'running'
+	orphans, err := queryStrings(ctx, s.pool, `SELECT t.turn_id FROM turns t WHERE t.status = 'running'
 		AND NOT starts_with(t.owner_id, $1)
 		AND NOT EXISTS (SELECT 1 FROM owners o WHERE o.owner_id = t.owner_id) ORDER BY t.n`, enginePrefix)
-	if err != nil {
-		return ids, err
-	}
-	orphans, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		return ids, err
 	}
@@ -93,13 +85,9 @@ func (s *Store) recover(ctx context.Context) ([]string, error) {
 	// (it crashed before it registered, or was removed): cancelled as
 	// client_gone.
 	if err := s.tx(ctx, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `SELECT DISTINCT t.caller FROM turns t WHERE t.status = 'running' AND t.caller <> ''
+		callers, err := queryStrings(ctx, tx, `SELECT DISTINCT t.caller FROM turns t WHERE t.status = 'running' AND t.caller <> ''
 			AND NOT EXISTS (SELECT 1 FROM owners o WHERE o.owner_id = t.caller)
 			AND NOT EXISTS (SELECT 1 FROM cancel_requests c WHERE c.turn_id = t.turn_id)`)
-		if err != nil {
-			return err
-		}
-		callers, err := pgx.CollectRows(rows, pgx.RowTo[string])
 		if err != nil {
 			return err
 		}
@@ -136,11 +124,7 @@ func (s *Store) recover(ctx context.Context) ([]string, error) {
 // an engine runs for a client whose process went away with it. by says
 // who went away.
 func cancelCalledTx(ctx context.Context, tx pgx.Tx, o, by string) error {
-	rows, err := tx.Query(ctx, `SELECT turn_id FROM turns WHERE caller = $1 AND status = 'running'`, o)
-	if err != nil {
-		return err
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	ids, err := queryStrings(ctx, tx, `SELECT turn_id FROM turns WHERE caller = $1 AND status = 'running'`, o)
 	if err != nil {
 		return err
 	}
@@ -207,11 +191,7 @@ func (s *Store) interruptOwner(ctx context.Context, o, why string, _ []string) (
 }
 
 func (s *Store) interruptOwnerTx(ctx context.Context, tx pgx.Tx, o, why string) ([]string, error) {
-	rows, err := tx.Query(ctx, `SELECT turn_id FROM turns WHERE owner_id = $1 AND status = 'running' ORDER BY n`, o)
-	if err != nil {
-		return nil, err
-	}
-	turns, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	turns, err := queryStrings(ctx, tx, `SELECT turn_id FROM turns WHERE owner_id = $1 AND status = 'running' ORDER BY n`, o)
 	if err != nil {
 		return nil, err
 	}
@@ -339,4 +319,13 @@ func (s *Store) InterruptTurn(ctx context.Context, turnID string, reason budget.
 		_, _ = s.pool.Exec(ctx, `SELECT pg_notify($1, $2)`, chanCancel, turnID)
 	}
 	return done, err
+}
+
+// queryStrings runs a query of one text column and returns its values.
+func queryStrings(ctx context.Context, q querier, sql string, args ...any) ([]string, error) {
+	rows, err := q.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
 }

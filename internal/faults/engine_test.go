@@ -1,0 +1,544 @@
+//go:build faults && linux
+
+package faults
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.temporal.io/api/enums/v1"
+	"go.temporal.io/sdk/client"
+	sdklog "go.temporal.io/sdk/log"
+
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/testenv"
+	"github.com/timebox-run/timebox/store/postgres"
+	"github.com/timebox-run/timebox/temporal"
+)
+
+// TestEngineFaults runs the faults of the Temporal engine against the real
+// services: a Temporal dev server of the suite's own (killed and started
+// again), a throwaway PostgreSQL, `timebox worker` processes and `timebox
+// run --engine temporal`. Each scenario measures records lost, duplicate
+// records, the time to the turn's end and the processes left
+// (docs/RELIABILITY.md, "The Temporal engine").
+func TestEngineFaults(t *testing.T) {
+	for _, s := range []struct {
+		name string
+		run  func(*testing.T)
+	}{
+		{"worker kill -9 mid-tool", workerKilledMidTool},
+		{"worker kill -9 mid-model-call", workerKilledMidModel},
+		{"run kill -9 (not detached)", runKilled},
+		{"dev server kill -9, restart", serverKilledRestarted},
+		{"dev server restarted without its data", serverLostItsData},
+		{"3 MB tool result", largeToolResult},
+		{"50 MB conversation", largeConversation},
+		{"agent file mismatch", agentMismatch},
+		{"1,000 steps", thousandSteps},
+	} {
+		t.Run(s.name, s.run)
+	}
+}
+
+// engine is one scenario's engine: a dev server of its own, a PostgreSQL
+// database whose stores heartbeat every second (a gone process is judged
+// in 3s), a task queue, and a store of the test's to read what the
+// workers stored.
+type engine struct {
+	t     *testing.T
+	srv   *testenv.TemporalServer
+	dsn   string
+	queue string
+	st    *postgres.Store
+}
+
+func newEngine(t *testing.T) *engine {
+	t.Helper()
+	e := &engine{t: t, srv: testenv.StartTemporal(t), queue: "faults"}
+	dsn := testenv.Postgres(t)
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	e.dsn = dsn + sep + postgres.HeartbeatParam + "=1s"
+	st, err := postgres.Open(context.Background(), e.dsn, postgres.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	e.st = st
+	return e
+}
+
+func (e *engine) flags(a agentDir) []string {
+	return []string{"-f", a.file, "--db", e.dsn, "--temporal-address", e.srv.Addr(), "--task-queue", e.queue}
+}
+
+// worker starts `timebox worker` for a, heartbeating every heartbeat, and
+// waits until it runs.
+func (e *engine) worker(a agentDir, env []string, heartbeat string) *proc {
+	e.t.Helper()
+	var out syncBuffer
+	p := startTimebox(e.t, a.dir, env, &out, append([]string{"worker", "--worker-heartbeat", heartbeat}, e.flags(a)...)...)
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(out.String(), "timebox worker running") {
+		if time.Now().After(deadline) || p.exited() {
+			e.t.Fatalf("the worker did not start\n%s", p.stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return p
+}
+
+// run starts `timebox run --engine temporal --json` for a.
+func (e *engine) run(a agentDir, env []string, extra ...string) *proc {
+	e.t.Helper()
+	args := append([]string{"run", "--engine", "temporal", "--json"}, e.flags(a)...)
+	return startTimebox(e.t, a.dir, env, nil, append(append(args, extra...), "go")...)
+}
+
+// ended waits up to d for the turn to end in the store and returns its
+// record with its stored events.
+func (e *engine) ended(id string, d time.Duration) (*event.Turn, []event.Event) {
+	e.t.Helper()
+	changed, unwatch := e.st.Watch(id)
+	defer unwatch()
+	deadline := time.After(d)
+	for {
+		rec, err := e.st.Turn(context.Background(), id)
+		if err == nil && rec.Status != budget.StatusRunning {
+			evs, err := e.st.Events(context.Background(), id, 0, 0)
+			if err != nil {
+				e.t.Fatal(err)
+			}
+			return rec, evs
+		}
+		select {
+		case <-changed:
+		case <-time.After(500 * time.Millisecond):
+		case <-deadline:
+			e.t.Fatalf("turn %s had not ended after %s", id, d)
+		}
+	}
+}
+
+// hanging starts a worker for a and a run of its turn, and returns them
+// once the turn's hanging tool runs, with the turn's id and the tool's
+// pids (a's tool writes them to its pid file, hangTool).
+func (e *engine) hanging(a agentDir, heartbeat string) (w, run *proc, id string, pids map[string][]int) {
+	e.t.Helper()
+	env := []string{"PIDFILE=" + a.pidfile}
+	w = e.worker(a, env, heartbeat)
+	run = e.run(a, env)
+	id = turnID(e.t, run)
+	return w, run, id, waitTool(e.t, a, run)
+}
+
+// stop stops a worker with SIGTERM, as an operator would.
+func stop(w *proc) {
+	w.cmd.Process.Signal(syscall.SIGTERM)
+	w.wait(30 * time.Second)
+}
+
+// turnID waits for the turn's first event on p's stream and returns its id.
+func turnID(t *testing.T, p *proc) string {
+	t.Helper()
+	ev, ok := p.log.waitFor(event.TypeTurnStarted, 60*time.Second)
+	if !ok {
+		t.Fatalf("no turn_started\n%s", p.stderr.String())
+	}
+	return ev.TurnID
+}
+
+// integrity asserts what a turn's stored events say of its records: every
+// call and model attempt that began has its end (records lost), nothing
+// ends twice (duplicate records), the turn has one turn_finished, and the
+// stream followed has it too.
+func (s *scenario) integrity(evs []event.Event, streamed []event.Event) {
+	s.t.Helper()
+	calls, attempts := map[string]int{}, map[string]int{}
+	started, begun := map[string]bool{}, map[string]bool{}
+	finished := 0
+	for _, e := range evs {
+		switch d := e.Data.(type) {
+		case *event.ToolStarted:
+			started[d.CallID] = true
+		case *event.ToolFinished:
+			calls[d.CallID]++
+		case *event.LLMStarted:
+			begun[fmt.Sprintf("%d/%d", d.Step, d.Attempt)] = true
+		case *event.LLMFinished:
+			attempts[fmt.Sprintf("%d/%d", d.Step, d.Attempt)]++
+		case *event.TurnFinished:
+			finished++
+		}
+	}
+	lost, dup := 0, 0
+	for id := range started {
+		if calls[id] == 0 {
+			lost++
+		}
+	}
+	for k := range begun {
+		if attempts[k] == 0 {
+			lost++
+		}
+	}
+	for _, n := range calls {
+		dup += max(n-1, 0)
+	}
+	for _, n := range attempts {
+		dup += max(n-1, 0)
+	}
+	if finished == 0 {
+		lost++
+	}
+	dup += max(finished-1, 0)
+	s.addKind(kindLost, "records lost", "= 0", fmt.Sprint(lost), lost == 0)
+	s.count("duplicate records", dup, 0)
+	if streamed != nil {
+		end := len(streamed) > 0 && streamed[len(streamed)-1].Type == event.TypeTurnFinished
+		s.truth("turn_finished streamed", "the last event", fmt.Sprint(end), end)
+	}
+}
+
+// slowTool writes its pid and sleeps $1 seconds, then answers.
+const slowTool = `#!/usr/bin/env bash
+cat >/dev/null
+echo "root $$" >> "$PIDFILE"
+sleep "$1"
+echo done
+`
+
+// workerKilledMidTool: the worker running a call is killed (SIGKILL); a
+// second worker takes the turn on. The call has one record — interrupted,
+// worker_lost, the time it is known to have run apart from when the loss
+// was noticed — and the turn answers.
+func workerKilledMidTool(t *testing.T) {
+	sc := begin(t, "worker kill -9 mid-tool", "timebox worker ×2, run --engine temporal")
+	e := newEngine(t)
+	a := newAgent(t, scriptAgent("kill_grace: 500ms", "", "{name: hang, description: Hangs., exec: [./hang.sh], timeout: 10m}"),
+		[]string{callTools("hang"), `{"text": "All done."}`}, map[string]string{"hang.sh": hangTool})
+	wa, run, id, pids := e.hanging(a, "1s")
+	time.Sleep(500 * time.Millisecond) // the call has run and heartbeaten a while
+	killed := time.Now()
+	wa.cmd.Process.Kill()
+	<-wa.done
+	wb := e.worker(a, []string{"PIDFILE=" + a.pidfile}, "1s")
+	rec, evs := e.ended(id, 60*time.Second)
+	took := time.Since(killed)
+	code := run.wait(10 * time.Second)
+	sc.is("status", string(rec.Status), string(budget.StatusCompleted))
+	sc.count("run's exit code", code, 0)
+	sc.within("kill to turn_finished", took, 15*time.Second)
+	sc.integrity(evs, run.log.snapshot())
+	if c := rec.ToolCalls; len(c) == 1 {
+		ran := time.Duration(c[0].DurationMS) * time.Millisecond
+		sc.is("the lost call", string(c[0].Outcome)+"/"+string(c[0].Phase), "interrupted/worker_lost")
+		sc.truth("its duration: what its heartbeats said, not when the loss was noticed", "≤ run until the kill",
+			fmt.Sprintf("%s, noticed %s later", ms(ran), ms(c[0].NoticedAt.Sub(c[0].EndedAt))),
+			ran <= killed.Sub(c[0].StartedAt)+100*time.Millisecond && c[0].NoticedAt.After(c[0].EndedAt))
+	} else {
+		sc.count("tool call records", len(c), 1)
+	}
+	sc.allDead(pids)
+	stop(wb)
+	sc.nothingLeft()
+}
+
+// workerKilledMidModel: the worker streaming a model step is killed; the
+// step is asked again on a second worker. The lost attempt has a record
+// (interrupted, worker_lost), attempts are numbered once, and the turn
+// answers.
+func workerKilledMidModel(t *testing.T) {
+	sc := begin(t, "worker kill -9 mid-model-call", "timebox worker ×2, run --engine temporal")
+	e := newEngine(t)
+	chunks := make([]string, 20)
+	for i := range chunks {
+		chunks[i] = fmt.Sprintf("%q", fmt.Sprintf("part %d. ", i))
+	}
+	a := newAgent(t, scriptAgent("", "", "{name: none, description: Nothing., exec: [true]}"),
+		[]string{`{"chunks": [` + strings.Join(chunks, ", ") + `], "chunk_delay": "150ms"}`}, nil)
+	wa := e.worker(a, nil, "1s")
+	run := e.run(a, nil)
+	id := turnID(t, run)
+	if _, ok := run.log.waitFor(event.TypeLLMDelta, 30*time.Second); !ok {
+		t.Fatalf("no stream\n%s", run.stderr.String())
+	}
+	killed := time.Now()
+	wa.cmd.Process.Kill()
+	<-wa.done
+	wb := e.worker(a, nil, "1s")
+	rec, evs := e.ended(id, 60*time.Second)
+	took := time.Since(killed)
+	run.wait(10 * time.Second)
+	sc.is("status", string(rec.Status), string(budget.StatusCompleted))
+	sc.within("kill to turn_finished", took, 20*time.Second)
+	sc.integrity(evs, run.log.snapshot())
+	var lost, ok int
+	for _, mc := range rec.ModelCalls {
+		switch {
+		case mc.Outcome == event.OutcomeInterrupted && mc.Phase == budget.PhaseWorkerLost && mc.Attempt == 1:
+			lost++
+		case mc.Outcome == event.OutcomeOK && mc.Attempt == 2:
+			ok++
+		}
+	}
+	sc.truth("model call records", "attempt 1 worker_lost, attempt 2 ok", fmt.Sprintf("%d lost, %d ok of %d", lost, ok, len(rec.ModelCalls)),
+		lost == 1 && ok == 1 && len(rec.ModelCalls) == 2)
+	stop(wb)
+	sc.nothingLeft()
+}
+
+// runKilled: the `timebox run` following a turn (not detached) is killed;
+// the turn, running on a worker, is cancelled as client_gone once the
+// run's store is taken for gone (3 heartbeats of 1s), its tool stopped.
+func runKilled(t *testing.T) {
+	sc := begin(t, "run kill -9, its turn not detached", "timebox worker, run --engine temporal")
+	e := newEngine(t)
+	w, run, id, pids := e.hanging(hangAgent(t), "1s")
+	killed := time.Now()
+	run.cmd.Process.Kill()
+	<-run.done
+	rec, evs := e.ended(id, 60*time.Second)
+	took := time.Since(killed)
+	sc.is("stop reason", string(rec.StopReason), string(budget.ClientGone))
+	sc.within("kill to turn_finished", took, 10*time.Second)
+	sc.integrity(evs, nil)
+	gone := waitGone(pids["root"], 5*time.Second)
+	sc.truth("the tool", "stopped", fmt.Sprintf("gone %s after the turn ended", ms(gone)), gone < 5*time.Second)
+	sc.allDead(pids)
+	stop(w)
+	sc.nothingLeft()
+}
+
+// serverKilledRestarted: the dev server is killed mid-tool and started
+// again with its data 5s later, past the worker's heartbeat timeout. The
+// tool is not stopped by the outage (a heartbeat that cannot reach the
+// server is no cancellation); the turn goes on to its answer, its call
+// with one record.
+func serverKilledRestarted(t *testing.T) {
+	sc := begin(t, "dev server kill -9 mid-tool, restarted", "timebox worker, run --engine temporal")
+	e := newEngine(t)
+	a := newAgent(t, scriptAgent("", "", "{name: slow, description: Slow., exec: [./slow.sh, \"6\"], timeout: 1m}"),
+		[]string{callTools("slow"), `{"text": "All done."}`}, map[string]string{"slow.sh": slowTool})
+	env := []string{"PIDFILE=" + a.pidfile}
+	w := e.worker(a, env, "3s")
+	run := e.run(a, env)
+	id := turnID(t, run)
+	a.waitPIDs(t, 1, run)
+	killed := time.Now()
+	e.srv.Kill()
+	time.Sleep(5 * time.Second) // an outage past the worker's heartbeat timeout
+	e.srv.Restart(t, false)
+	t.Logf("the dev server was back after %s", ms(time.Since(killed)))
+	rec, evs := e.ended(id, 90*time.Second)
+	took := time.Since(killed)
+	code := run.wait(30 * time.Second)
+	sc.truth("the turn's end", "not a cancel", fmt.Sprintf("%s/%s", rec.Status, rec.StopReason), rec.Status != budget.StatusCancelled)
+	sc.is("status", string(rec.Status), string(budget.StatusCompleted))
+	sc.count("run's exit code", code, 0)
+	sc.within("kill to turn_finished", took, 45*time.Second)
+	sc.integrity(evs, run.log.snapshot())
+	sc.count("tool call records", len(rec.ToolCalls), 1)
+	if len(rec.ToolCalls) == 1 {
+		// ok when its result reached the store before Temporal gave the
+		// attempt up; interrupted (worker_lost) when not.
+		c := rec.ToolCalls[0]
+		sc.add("the call", "ok or worker_lost", fmt.Sprintf("%s %s after %s", c.Outcome, c.Phase, ms(time.Duration(c.DurationMS)*time.Millisecond)),
+			c.Outcome == event.OutcomeOK || c.Phase == budget.PhaseWorkerLost)
+	}
+	stop(w)
+	sc.nothingLeft()
+}
+
+// serverLostItsData: the dev server is killed mid-tool and started again
+// empty. The turn's workflow is gone: the run ends it as engine_lost —
+// stored and streamed, said on stderr — and the worker's unit, seeing the
+// turn ended, stops its tool.
+func serverLostItsData(t *testing.T) {
+	sc := begin(t, "dev server restarted without its data", "timebox worker, run --engine temporal")
+	e := newEngine(t)
+	w, run, id, pids := e.hanging(hangAgent(t), "1s")
+	e.srv.Kill()
+	e.srv.Restart(t, true)
+	restarted := time.Now()
+	rec, evs := e.ended(id, 60*time.Second)
+	took := time.Since(restarted)
+	code := run.wait(30 * time.Second)
+	sc.is("stop reason", string(rec.StopReason), string(budget.EngineLost))
+	sc.within("restart to turn_finished", took, 10*time.Second)
+	sc.count("run's exit code", code, 1)
+	says := strings.Contains(run.stderr.String(), "Temporal lost its workflow")
+	sc.truth("run's stderr", "says Temporal lost the turn's workflow", fmt.Sprint(says), says)
+	sc.integrity(evs, run.log.snapshot())
+	gone := waitGone(pids["root"], 10*time.Second)
+	sc.truth("the tool", "stopped", fmt.Sprintf("gone %s later", ms(gone)), gone < 10*time.Second)
+	sc.allDead(pids)
+	stop(w)
+	sc.nothingLeft()
+}
+
+// largeToolResult: one tool result of 3 MB, past Temporal's 2 MB payload
+// limit, gets one record, and the model is given it.
+func largeToolResult(t *testing.T) {
+	sc := begin(t, "a 3 MB tool result", "timebox worker, run --engine temporal")
+	e := newEngine(t)
+	a := newAgent(t, scriptAgent("", "max_tool_output: 4MiB", "{name: big, description: Big., exec: [sh, -c, 'cat >/dev/null; head -c 3145728 /dev/zero | tr \"\\\\0\" x']}"),
+		[]string{callTools("big"), `{"text": "All done."}`}, nil)
+	w := e.worker(a, nil, "1s")
+	start := time.Now()
+	run := e.run(a, nil)
+	id := turnID(t, run)
+	rec, evs := e.ended(id, 60*time.Second)
+	took := time.Since(start)
+	run.wait(30 * time.Second)
+	sc.is("status", string(rec.Status), string(budget.StatusCompleted))
+	sc.within("turn", took, 20*time.Second)
+	sc.integrity(evs, run.log.snapshot())
+	if c := rec.ToolCalls; len(c) == 1 {
+		sc.truth("its record", "one, ok, 3 MB", fmt.Sprintf("%s, %s", c[0].Outcome, megabytes(int64(len(c[0].Result)))),
+			c[0].Outcome == event.OutcomeOK && len(c[0].Result) == 3<<20)
+	} else {
+		sc.count("tool call records", len(c), 1)
+	}
+	stop(w)
+	sc.nothingLeft()
+}
+
+// largeConversation: a turn whose tool results add up to 50 MB (history
+// compaction at its default, context.compact_at: it summarises, and the
+// results stay whole in the conversation), then a second turn of the same
+// session with that conversation as its history: both end as they would
+// embedded.
+func largeConversation(t *testing.T) {
+	sc := begin(t, "a 50 MB conversation", "timebox worker, run --engine temporal ×2")
+	e := newEngine(t)
+	lines := make([]string, 0, 12)
+	for range 10 {
+		lines = append(lines, callTools("big"))
+	}
+	// The script goes on per conversation: the session's next turn
+	// answers at once.
+	lines = append(lines, `{"text": "All done."}`, `{"text": "Still here."}`)
+	a := newAgent(t, scriptAgent("turn: 10m", "max_tool_output: 6MiB", "{name: big, description: Big., exec: [sh, -c, 'cat >/dev/null; head -c 5242880 /dev/zero | tr \"\\\\0\" x']}"),
+		lines, nil)
+	w := e.worker(a, nil, "3s")
+	for i, text := range []string{"a 50 MB conversation", "its next turn"} {
+		start := time.Now()
+		run := startTimebox(t, a.dir, nil, nil, append(append([]string{"run", "--engine", "temporal", "--json", "--session", "big"}, e.flags(a)...), text)...)
+		id := turnID(t, run)
+		rec, evs := e.ended(id, 5*time.Minute)
+		took := time.Since(start)
+		run.wait(60 * time.Second)
+		sc.is(fmt.Sprintf("turn %d status", i+1), string(rec.Status), string(budget.StatusCompleted))
+		sc.within(fmt.Sprintf("turn %d", i+1), took, 3*time.Minute)
+		sc.integrity(evs, run.log.snapshot())
+		if i == 0 {
+			sc.count("tool call records of turn 1", len(rec.ToolCalls), 10)
+		}
+	}
+	h, err := e.st.History(context.Background(), "big")
+	if err != nil {
+		t.Fatal(err)
+	}
+	size := 0
+	for _, m := range h {
+		size += len(m.Content)
+	}
+	sc.truth("the session's conversation", "≥ 50 MB", megabytes(int64(size)), size >= 50<<20)
+	stop(w)
+	sc.memory("worker peak memory", w.peak(), 2000)
+	sc.nothingLeft()
+}
+
+// agentMismatch: run with agent file B on a queue whose worker runs agent
+// file A is refused, naming both files; nothing is run.
+func agentMismatch(t *testing.T) {
+	sc := begin(t, "agent file mismatch", "timebox worker -f A, run --engine temporal -f B")
+	e := newEngine(t)
+	aa := newAgent(t, scriptAgent("", "", "{name: one, description: One., exec: [./slow.sh, \"0\"]}"), []string{callTools("one"), `{"text": "A"}`},
+		map[string]string{"slow.sh": slowTool})
+	b := newAgent(t, scriptAgent("", "", "{name: two, description: Two., exec: [./slow.sh, \"0\"]}"), []string{callTools("two"), `{"text": "B"}`},
+		map[string]string{"slow.sh": slowTool})
+	env := []string{"PIDFILE=" + b.pidfile}
+	w := e.worker(aa, []string{"PIDFILE=" + aa.pidfile}, "1s")
+	start := time.Now()
+	run := e.run(b, env)
+	id := turnID(t, run)
+	rec, evs := e.ended(id, 30*time.Second)
+	code := run.wait(30 * time.Second)
+	sc.within("refused in", time.Since(start), 10*time.Second)
+	sc.count("run's exit code", code, 2)
+	sc.is("stop reason", string(rec.StopReason), string(budget.AgentMismatch))
+	names := strings.Contains(run.stderr.String(), aa.file) && strings.Contains(run.stderr.String(), b.file)
+	sc.truth("run's stderr", "names both files", fmt.Sprint(names), names)
+	_, ranA := os.Stat(aa.pidfile)
+	_, ranB := os.Stat(b.pidfile)
+	sc.truth("tools run", "none", fmt.Sprintf("%d model calls, %d tool calls", len(rec.ModelCalls), len(rec.ToolCalls)),
+		len(rec.ModelCalls) == 0 && len(rec.ToolCalls) == 0 && os.IsNotExist(ranA) && os.IsNotExist(ranB))
+	sc.integrity(evs, run.log.snapshot())
+	stop(w)
+	sc.nothingLeft()
+}
+
+// thousandSteps: a turn of 1,000 steps, each calling a tool: its workflow
+// continues as new as its history grows, and it ends as embedded,
+// max_steps, with every record.
+func thousandSteps(t *testing.T) {
+	sc := begin(t, "a 1,000-step turn", "timebox worker, run --engine temporal")
+	e := newEngine(t)
+	a := newAgent(t, scriptAgent("turn: 30m", "max_steps: 1000, max_tool_calls: 1000", "{name: quick, description: Quick., exec: [\"true\"]}"),
+		[]string{callTools("quick")}, nil)
+	w := e.worker(a, nil, "3s")
+	start := time.Now()
+	run := e.run(a, nil)
+	id := turnID(t, run)
+	rec, evs := e.ended(id, 10*time.Minute)
+	took := time.Since(start)
+	run.wait(60 * time.Second)
+	sc.is("stop reason", string(rec.StopReason), string(budget.MaxSteps))
+	sc.count("steps", rec.Steps, 1000)
+	sc.count("tool call records", len(rec.ToolCalls), 1000)
+	sc.within("turn", took, 4*time.Minute)
+	sc.integrity(evs, run.log.snapshot())
+	sc.add("per step", "—", ms(took/1000), true)
+	runs := workflowRuns(t, e.srv.Addr(), id)
+	sc.truth("workflow runs (continued as new)", "> 1", fmt.Sprint(runs), runs > 1)
+	stop(w)
+	sc.nothingLeft()
+}
+
+// workflowRuns counts the runs of a turn's workflow: one, and one more for
+// each time it continued as new.
+func workflowRuns(t *testing.T, addr, turnID string) int {
+	t.Helper()
+	c, err := client.Dial(client.Options{HostPort: addr, Logger: sdklog.NewStructuredLogger(slog.New(slog.DiscardHandler))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	runs := 0
+	for run := ""; ; runs++ {
+		it := c.GetWorkflowHistory(context.Background(), temporal.WorkflowID(turnID), run, false, enums.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
+		if !it.HasNext() {
+			return runs
+		}
+		first, err := it.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		run = first.GetWorkflowExecutionStartedEventAttributes().GetContinuedExecutionRunId()
+		if run == "" {
+			return runs + 1
+		}
+	}
+}
