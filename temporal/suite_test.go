@@ -507,3 +507,46 @@ func TestSuiteContinueAsNew(t *testing.T) {
 		}
 	}
 }
+
+// TestSuiteRunnerBudgets: a turn runs with the budgets its runner
+// resolved — flags, environment, request — whatever the worker's own: a
+// tool without a timeout of its own takes the turn's, sourced as the
+// runner's.
+func TestSuiteRunnerBudgets(t *testing.T) {
+	const script = `{"tool_calls": [{"name": "wait"}]}
+{"text": "done"}
+`
+	wait := agent.Tool{Tool: tool.NewFunc("wait", "waits", nil, func(ctx context.Context, _ json.RawMessage, _ tool.Progress) (any, error) {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	})}
+	worker := newAgent(t, script, budget.Budgets{}, budget.Limits{}, wait)
+	runner := newAgent(t, script, budget.Budgets{
+		Tool: budget.Duration{D: 300 * time.Millisecond, Source: budget.SourceFlag, Knob: "--tool-timeout"},
+		Turn: budget.Duration{D: 20 * time.Second, Source: budget.SourceFlag, Knob: "--turn-timeout"},
+	}, budget.Limits{}, wait)
+	s := newSuite(t, worker)
+	units, _ := machine.UnitsOf(runner)
+	st, history := units.NewState("t1", "", nil, nil)
+	if err := s.store.BeginTurn(context.Background(), store.TurnStart{TurnID: "t1", Engine: Engine, Input: "go", StartedAt: st.Start}); err != nil {
+		t.Fatal(err)
+	}
+	if err := putInput(context.Background(), s.store, "t1", "go", history); err != nil {
+		t.Fatal(err)
+	}
+	rec, _ := s.run(t, *st)
+	if rec.Status != budget.StatusCompleted {
+		t.Fatalf("turn ended %s: %s", rec.StopReason, rec.Message)
+	}
+	c := rec.ToolCalls[0]
+	if c.Outcome != event.OutcomeTimedOut || c.TimeoutMS != 300 || c.TimeoutSource != budget.SourceFlag {
+		t.Errorf("the call: %s after %dms, timeout %dms from %s; want timed_out at the runner's 300ms (flag)", c.Outcome, c.DurationMS, c.TimeoutMS, c.TimeoutSource)
+	}
+	started := rec.Events[0].Data.(*event.TurnStarted)
+	if b := started.Budgets["timeouts.turn"]; b.Source != budget.SourceFlag || b.MS != 20000 {
+		t.Errorf("turn_started says the turn's budget is %+v; want 20s from the flag", b)
+	}
+	if tb := started.Tools["wait"]; tb.TimeoutMS != 300 || tb.Source != budget.SourceFlag {
+		t.Errorf("turn_started says the tool's budget is %+v", tb)
+	}
+}

@@ -195,3 +195,49 @@ func startWorker(t *testing.T, bin string, args []string, errb *syncBuffer) *exe
 	t.Fatalf("the worker did not start: %s", errb.String())
 	return nil
 }
+
+// TestTemporalRunnerFlags is issue 22's scenario: `run --engine temporal
+// --turn-timeout 20s --tool-timeout 1s` runs the turn with those budgets,
+// sourced flag, though the worker was started without them.
+func TestTemporalRunnerFlags(t *testing.T) {
+	bin := timeboxBinary(t)
+	addr := testenv.Temporal(t)
+	dsn := testenv.Postgres(t)
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"tool_calls": [{"name": "sleepy"}]}`+"\n"+`{"text": "done"}`+"\n"), 0o644)
+	file := filepath.Join(dir, "agent.yaml")
+	os.WriteFile(file, []byte("name: flags\nmodel: {primary: script:m}\nproviders: {script: {file: script.jsonl}}\ntimeouts: {kill_grace: 200ms}\n"+
+		"tools:\n  - name: sleepy\n    exec: [sleep, \"30\"]\n"), 0o644)
+	common := []string{"-f", file, "--db", dsn, "--temporal-address", addr, "--task-queue", "tq-flags"}
+	var werr syncBuffer
+	startWorker(t, bin, common, &werr)
+	out, err := exec.Command(bin, append(append([]string{"run", "--engine", "temporal", "--json", "--turn-timeout", "20s", "--tool-timeout", "1s"}, common...), "go")...).Output()
+	if err != nil {
+		t.Fatalf("run: %v\n%s\nworker: %s", err, out, werr.String())
+	}
+	var started *event.TurnStarted
+	var call *event.ToolFinished
+	sc := bufio.NewScanner(strings.NewReader(string(out)))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		var e event.Event
+		if json.Unmarshal(sc.Bytes(), &e) != nil {
+			continue
+		}
+		switch d := e.Data.(type) {
+		case *event.TurnStarted:
+			started = d
+		case *event.ToolFinished:
+			call = d
+		}
+	}
+	if started == nil || call == nil {
+		t.Fatalf("no turn_started or tool_finished in:\n%s", out)
+	}
+	if b := started.Budgets["timeouts.turn"]; b.MS != 20000 || b.Source != budget.SourceFlag {
+		t.Errorf("the turn's budget: %+v; want 20s from the flag", b)
+	}
+	if call.Outcome != event.OutcomeTimedOut || call.TimeoutMS != 1000 || call.TimeoutSource != budget.SourceFlag || call.DurationMS > 3000 {
+		t.Errorf("the call: %s after %dms, timeout %dms from %s; want timed_out at 1s, from the flag", call.Outcome, call.DurationMS, call.TimeoutMS, call.TimeoutSource)
+	}
+}
