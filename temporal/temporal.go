@@ -1,11 +1,13 @@
 // Package temporal runs timebox turns on Temporal, the durable-execution
-// engine: a turn is a workflow, and each of its units of work — the model
-// step, each tool call — is an activity that a worker runs with its own
-// copy of the agent (agent.State carries the turn from one to the next).
-// The agent file, budgets, events, records and messages are the embedded
-// engine's; only where the work runs changes. docs/decisions/temporal.md
-// says how budgets, heartbeats, retries and a lost worker map onto
-// Temporal.
+// engine: a turn is a workflow that drives the embedded engine's turn
+// machine (internal/machine), and each of its units of work — a model step,
+// each tool call — is an activity that a worker runs with its own copy of
+// the agent. The workflow keeps only the turn's small state; the
+// conversation lives in the shared store, so no payload limit of
+// Temporal's bounds it. The agent file, budgets, events, records and
+// messages are the embedded engine's; only where the work runs changes.
+// docs/decisions/temporal.md says how budgets, heartbeats, retries, a lost
+// worker and a lost server map onto Temporal.
 //
 // A worker (NewWorker, `timebox worker`) runs the workflow and its
 // activities and writes each event to the shared store (PostgreSQL) as it
