@@ -122,6 +122,11 @@ func (t *turn) message(st machine.Ending, note *machine.StopNote, now time.Time)
 		}
 		return s
 	case budget.Interrupted, budget.EngineLost:
+		if ce, ok := budget.AsCancel(cause); ok && ce.Reason == budget.Interrupted && ce.By != "" {
+			// Another process ended the turn in the store (it took this
+			// one for gone): the store's message, word for word.
+			return ce.By
+		}
 		why := "the engine running it could not go on"
 		if cause != nil {
 			why = cause.Error()

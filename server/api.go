@@ -332,7 +332,8 @@ func (s *Server) postTurn(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 	http.NewResponseController(w).Flush()
 	select {
-	case <-lt.done:
+	case <-lt.ended:
+		lt.storedOrLater()
 		_ = json.NewEncoder(w).Encode(lt.res.Record)
 	case <-r.Context().Done():
 		s.cancelTurn(lt, &budget.CancelError{Reason: budget.ClientGone, By: "the client"})
@@ -462,7 +463,8 @@ func (s *Server) cancel(w http.ResponseWriter, r *http.Request) {
 	t := time.NewTimer(cancelWait)
 	defer t.Stop()
 	select {
-	case <-lt.done:
+	case <-lt.ended:
+		lt.storedOrLater()
 		writeJSON(w, http.StatusOK, lt.res.Record)
 	case <-t.C:
 		writeJSON(w, http.StatusAccepted, TurnAccepted{TurnID: id, SessionID: lt.session, Status: budget.StatusRunning,

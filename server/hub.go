@@ -22,18 +22,22 @@ const subBuffer = 256
 
 // hub fans one live turn's events out to its followers.
 //
-// The turn's sink publishes each event only once the store has committed
-// it (from the store's QueueEvent callback, in seq order), so when a
-// follower subscribes, every event up to the hub's last seq is already in
-// the store: the follower replays (after, last] from the store and then
-// takes (last, …] from its channel — exactly the missed events, no gap, no
-// duplicate, whatever the timing.
+// The turn's sink publishes each event as it is emitted — the live stream
+// never waits for the store (docs/decisions/store-outages.md) — and tells
+// the hub once the store has committed it (stored, in seq order). Until
+// then the hub keeps the event (pending), so that a follower that
+// subscribes, or catches up after falling behind, replays (after, stored]
+// from the store, then the pending events, then takes the live ones from
+// its channel: exactly the events it missed, no gap, no duplicate,
+// whatever the timing and however far behind the store is.
 type hub struct {
-	mu    sync.Mutex
-	last  int64
-	ended bool
-	subs  map[*sub]struct{}
-	lags  int // followers cut loose, for tests
+	mu     sync.Mutex
+	last   int64   // the last seq published
+	stored int64   // every event up to it is in the store
+	pend   []frame // published and not yet stored: (stored, last]
+	ended  bool
+	subs   map[*sub]struct{}
+	lags   int // followers cut loose, for tests
 }
 
 // sub is one follower's subscription.
@@ -46,18 +50,20 @@ type sub struct {
 
 func newHub() *hub { return &hub{subs: map[*sub]struct{}{}} }
 
-// subscribe returns a subscription to the frames after the hub's current
-// last seq, and that seq. If the turn has already ended, sub is nil: all its
-// events are in the store.
-func (h *hub) subscribe() (*sub, int64) {
+// subscribe returns a subscription to the frames published after it, the
+// seq up to which the store has every event, and the frames published
+// after that one (a copy). If the turn has already ended, sub is nil: the
+// store and the pending frames have all its events.
+func (h *hub) subscribe() (s *sub, stored int64, pending []frame) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	pending = append([]frame(nil), h.pend...)
 	if h.ended {
-		return nil, h.last
+		return nil, h.stored, pending
 	}
-	s := &sub{ch: make(chan frame, subBuffer)}
+	s = &sub{ch: make(chan frame, subBuffer)}
 	h.subs[s] = struct{}{}
-	return s, h.last
+	return s, h.stored, pending
 }
 
 // unsubscribe removes s; it is safe after the hub closed s.
@@ -71,11 +77,13 @@ func (h *hub) unsubscribe(s *sub) {
 }
 
 // publish hands f to every follower without blocking: one whose buffer is
-// full is cut loose (lagged) and catches up from the store.
+// full is cut loose (lagged) and catches up (subscribe). f is pending until
+// stored says the store has it.
 func (h *hub) publish(f frame) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.last = f.seq
+	h.pend = append(h.pend, f)
 	for s := range h.subs {
 		select {
 		case s.ch <- f:
@@ -88,8 +96,31 @@ func (h *hub) publish(f frame) {
 	}
 }
 
+// storedUpTo notes that the store has every event up to seq (or has given
+// up on it: either way it is no longer the hub's to keep).
+func (h *hub) storedUpTo(seq int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if seq <= h.stored {
+		return
+	}
+	h.stored = seq
+	n := 0
+	for n < len(h.pend) && h.pend[n].seq <= seq {
+		n++
+	}
+	h.pend = append(h.pend[:0], h.pend[n:]...)
+}
+
+// behind returns how many published events the store does not have yet.
+func (h *hub) behind() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.pend)
+}
+
 // end marks the turn over and closes every subscription; followers drain
-// what is buffered.
+// what is buffered. Its pending frames stay until stored.
 func (h *hub) end() {
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -20,16 +20,17 @@ import (
 
 func TestHub(t *testing.T) {
 	h := newHub()
-	a, last := h.subscribe()
-	if last != 0 {
-		t.Fatalf("last %d", last)
+	a, stored, pending := h.subscribe()
+	if stored != 0 || len(pending) != 0 {
+		t.Fatalf("stored %d, %d pending", stored, len(pending))
 	}
 	for i := 1; i <= subBuffer; i++ {
 		h.publish(frame{seq: int64(i)})
 	}
-	b, last := h.subscribe()
-	if last != subBuffer {
-		t.Fatalf("last %d", last)
+	h.storedUpTo(subBuffer - 2) // the store is two events behind
+	b, stored, pending := h.subscribe()
+	if stored != subBuffer-2 || len(pending) != 2 || pending[0].seq != subBuffer-1 || pending[1].seq != subBuffer {
+		t.Fatalf("stored %d, pending %v", stored, pending)
 	}
 	h.publish(frame{seq: subBuffer + 1}) // a's buffer is full: a is cut loose
 	n := 0
@@ -42,13 +43,21 @@ func TestHub(t *testing.T) {
 	if f := <-b.ch; f.seq != subBuffer+1 {
 		t.Fatalf("b got %d", f.seq)
 	}
+	if h.behind() != 3 {
+		t.Fatalf("%d pending, want 3", h.behind())
+	}
 	h.end()
 	if _, ok := <-b.ch; ok || h.isLagged(b) {
 		t.Fatal("end did not close b, or called it lagged")
 	}
 	h.unsubscribe(b) // after end: no double close
-	if s, _ := h.subscribe(); s != nil {
-		t.Fatal("subscribed to an ended hub")
+	s, stored, pending := h.subscribe()
+	if s != nil || stored != subBuffer-2 || len(pending) != 3 {
+		t.Fatalf("after end: sub %v, stored %d, %d pending; want none, and what the store lacks", s, stored, len(pending))
+	}
+	h.storedUpTo(subBuffer + 1)
+	if _, _, pending := h.subscribe(); len(pending) != 0 {
+		t.Fatalf("%d pending once stored", len(pending))
 	}
 }
 

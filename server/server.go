@@ -134,10 +134,26 @@ type liveTurn struct {
 	id, session string
 	cancel      context.CancelCauseFunc
 	hub         *hub
-	// done is closed once the turn's record is stored; res is set before.
-	done chan struct{}
-	res  *agent.Result
+	// ended is closed once the turn has ended, res set before; done once
+	// its record is stored too (or the store gave up on it).
+	ended, done chan struct{}
+	res         *agent.Result
 }
+
+// storedOrLater waits, briefly, for an ended turn's record to be stored,
+// so that its session is free for the client's next message when the
+// answer reaches it; a store that is away does not hold the answer back.
+func (lt *liveTurn) storedOrLater() {
+	t := time.NewTimer(storedWait)
+	defer t.Stop()
+	select {
+	case <-lt.done:
+	case <-t.C:
+	}
+}
+
+// storedWait bounds how long an answer waits for its record to be stored.
+const storedWait = 5 * time.Second
 
 // New returns a server. It returns an error if Agent or Store is missing or
 // the metrics cannot be registered in Registry.
@@ -220,7 +236,7 @@ var (
 func (s *Server) start(ctx context.Context, session, input string, budgets budget.Request, detach bool) (*liveTurn, *sub, error) {
 	id := agent.NewTurnID()
 	turnCtx, cancel := context.WithCancelCause(context.Background())
-	lt := &liveTurn{id: id, session: session, cancel: cancel, hub: newHub(), done: make(chan struct{})}
+	lt := &liveTurn{id: id, session: session, cancel: cancel, hub: newHub(), ended: make(chan struct{}), done: make(chan struct{})}
 	s.mu.Lock()
 	if s.draining {
 		s.mu.Unlock()
@@ -277,7 +293,7 @@ func (s *Server) start(ctx context.Context, session, input string, budgets budge
 		}
 		return fail(err)
 	}
-	sb, _ := lt.hub.subscribe()
+	sb, _, _ := lt.hub.subscribe()
 	s.log.Info("turn started", "turn_id", id, "session_id", session)
 	go s.cancelled(lt, cancelled, unwatch)
 	go s.run(turnCtx, lt, agent.Input{TurnID: id, SessionID: session, History: history, Text: input, Budgets: budgets})
@@ -291,10 +307,32 @@ func (s *Server) cancelled(lt *liveTurn, signal <-chan struct{}, unwatch func())
 	defer unwatch()
 	select {
 	case <-signal:
-		s.log.Info("turn cancelled through another gateway", "turn_id", lt.id)
-		lt.cancel(&budget.CancelError{Reason: budget.Cancelled, By: "a client of another gateway"})
+		cause := s.whyCancelled(lt.id)
+		s.log.Info("turn cancelled through the store", "turn_id", lt.id, "reason", cause.Reason, "by", cause.By)
+		lt.cancel(cause)
 	case <-lt.done:
 	}
+}
+
+// whyCancelled says why the store signalled a cancel of turn id: a client
+// of another gateway asked (store.CancelReasons says who), or another
+// gateway ended the turn, taking this one for gone — then the turn ends
+// here as the store recorded it, with the same status and message.
+func (s *Server) whyCancelled(id string) *budget.CancelError {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if cr, ok := s.cfg.Store.(store.CancelReasons); ok {
+		if ce, err := cr.CancelReason(ctx, id); err == nil && ce != nil {
+			if ce.By == "" {
+				ce.By = "a client of another gateway"
+			}
+			return ce
+		}
+	}
+	if rec, err := s.cfg.Store.Turn(ctx, id); err == nil && rec.Status == budget.StatusInterrupted {
+		return &budget.CancelError{Reason: budget.Interrupted, By: rec.Message}
+	}
+	return &budget.CancelError{Reason: budget.Cancelled, By: "a client of another gateway"}
 }
 
 func (s *Server) forget(lt *liveTurn) {
@@ -312,15 +350,19 @@ func (s *Server) run(ctx context.Context, lt *liveTurn, in agent.Input) {
 	defer lt.cancel(nil)
 	engine := engineOf(s.cfg.Agent)
 	res := s.cfg.Agent.Run(ctx, in, &turnSink{s: s, lt: lt, stored: engine != ""})
-	// FinishTurn stores the events still queued first, and their callbacks
-	// have published them when it returns. An engine's workers stored the
-	// turn themselves.
+	lt.res = res
+	// Its followers have had its turn_finished; a client waiting for its
+	// record gets it now, whether or not the store has it yet.
+	close(lt.ended)
+	// FinishTurn stores the events still queued first. It goes on while
+	// the database is away (store.Store: the turn's end always reaches
+	// the store), and the session stays this turn's until it has. An
+	// engine's workers stored the turn themselves.
 	if engine == "" {
 		if err := s.cfg.Store.FinishTurn(context.Background(), res.Record, res.Messages); err != nil {
 			s.storeError("finish_turn", lt.id, err)
 		}
 	}
-	lt.res = res
 	// The record is stored: from here a follower that finds the hub ended
 	// reads the whole turn from the store. The session is free again
 	// before anyone waiting on done hears of the end, so a client can send
@@ -332,13 +374,13 @@ func (s *Server) run(ctx context.Context, lt *liveTurn, in agent.Input) {
 	s.log.Info("turn ended", "turn_id", lt.id, "status", r.Status, "stop_reason", r.StopReason, "wall_ms", r.WallMS)
 }
 
-// turnSink queues each event of a turn for the store and, once the store
-// has committed it, publishes it to the turn's followers and counts it in
-// the metrics. Publishing only what is stored is what lets a follower
-// replay from the store without a gap (see hub); the store's callbacks
-// come in queue order, so followers get the events in seq order. The turn
-// waits only for the events that carry a call record
-// (store.WaitForStore).
+// turnSink publishes each event of a turn to its followers as it is
+// emitted — the live stream never waits for the store — and queues it for
+// the store, telling the hub once it is committed (hub.storedUpTo), in
+// queue order. The hub keeps what the store does not have yet, so that a
+// follower that replays from the store has no gap. The turn waits, at most
+// store.RecordWait, only for the events that carry a call record
+// (store.Enqueue).
 type turnSink struct {
 	s  *Server
 	lt *liveTurn
@@ -355,33 +397,20 @@ func (t *turnSink) Emit(e event.Event) {
 	data, merr := e.MarshalJSON()
 	if merr != nil {
 		t.s.log.Error("encoding an event", "turn_id", e.TurnID, "seq", e.Seq, "err", merr)
+	} else {
+		t.lt.hub.publish(frame{seq: e.Seq, typ: e.Type, at: e.At, data: data})
+		t.s.m.observe(e)
 	}
 	if t.stored {
-		if merr == nil {
-			t.lt.hub.publish(frame{seq: e.Seq, typ: e.Type, at: e.At, data: data})
-			t.s.m.observe(e)
-		}
+		t.lt.hub.storedUpTo(e.Seq)
 		return
 	}
-	var stored chan struct{}
-	if store.WaitForStore(e) {
-		stored = make(chan struct{})
-	}
-	t.s.cfg.Store.QueueEvent(e, func(err error) {
+	store.Enqueue(t.s.cfg.Store, e, func(err error) {
 		if err != nil {
 			t.s.storeError("append_event", e.TurnID, err)
 		}
-		if merr == nil {
-			t.lt.hub.publish(frame{seq: e.Seq, typ: e.Type, at: e.At, data: data})
-			t.s.m.observe(e)
-		}
-		if stored != nil {
-			close(stored)
-		}
+		t.lt.hub.storedUpTo(e.Seq)
 	})
-	if stored != nil {
-		<-stored
-	}
 }
 
 func (s *Server) live(id string) *liveTurn {

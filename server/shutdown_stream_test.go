@@ -35,8 +35,8 @@ func TestStreamClosedByShutdownEndsWithTurnFinished(t *testing.T) {
 		if err := st.BeginTurn(ctx, store.TurnStart{TurnID: id, StartedAt: time.Now()}); err != nil {
 			t.Fatal(err)
 		}
-		lt := &liveTurn{id: id, hub: newHub(), done: make(chan struct{})}
-		sb, _ := lt.hub.subscribe()
+		lt := &liveTurn{id: id, hub: newHub(), ended: make(chan struct{}), done: make(chan struct{})}
+		sb, _, _ := lt.hub.subscribe()
 		em := event.NewEmitter(id, &turnSink{s: s, lt: lt})
 		em.Emit(&event.ToolStarted{CallID: "c1", Tool: "wait"})
 		em.Emit(&event.ToolFinished{ToolCall: event.ToolCall{CallID: "c1", Tool: "wait", Outcome: event.OutcomeCancelled}})

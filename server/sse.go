@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"strconv"
 	"time"
@@ -139,6 +140,61 @@ func (st *streamState) replay(upto int64) error {
 	}
 }
 
+// replayStored is replay, waiting out a store that cannot be read (its
+// database restarting): a follower keeps its place and goes on once the
+// store answers, rather than end its stream without turn_finished. It
+// fails only when the client goes away or the server shuts down.
+func (st *streamState) replayStored(upto int64) error {
+	wait := 100 * time.Millisecond
+	logged := false
+	for {
+		err := st.replay(upto)
+		if err == nil || st.x.err != nil {
+			return err
+		}
+		if !logged {
+			logged = true
+			st.s.log.Warn("a follower cannot read the store; it keeps its place and tries again", "turn_id", st.id, "after", st.last, "err", err)
+		}
+		if err := st.pause(wait); err != nil {
+			return err
+		}
+		wait = min(2*wait, 2*time.Second)
+	}
+}
+
+// pause waits d, keeping the client's connection alive, unless the client
+// goes away or the server shuts down first.
+func (st *streamState) pause(d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			return nil
+		case <-st.keepAlive.C:
+			st.x.comment("keep-alive")
+			if st.x.err != nil {
+				return st.x.err
+			}
+		case <-st.ctx.Done():
+			return st.ctx.Err()
+		case <-st.s.closing:
+			return errShuttingDown
+		}
+	}
+}
+
+var errShuttingDown = errors.New("the server is shutting down")
+
+// closed is how a stream ends that replayStored or pause gave up on.
+func (st *streamState) closed(err error) streamEnd {
+	if errors.Is(err, errShuttingDown) {
+		return st.shutdown(nil)
+	}
+	return st.end(endClientGone)
+}
+
 func (st *streamState) end(reason streamEnd) streamEnd {
 	if st.x.err != nil {
 		return endClientGone
@@ -148,26 +204,43 @@ func (st *streamState) end(reason streamEnd) streamEnd {
 
 // follow streams a turn running in this server.
 func (st *streamState) follow(lt *liveTurn, sb *sub) streamEnd {
-	upto := st.last
+	var (
+		stored  = st.last
+		pending []frame
+	)
 	for {
 		if sb == nil {
-			sb, upto = lt.hub.subscribe()
+			sb, stored, pending = lt.hub.subscribe()
 		}
-		if sb == nil {
-			// The turn has ended and its record is stored: the store has
-			// every event.
-			if err := st.replay(replayAll); err != nil {
+		// What the follower missed: the stored events, then those the
+		// store does not have yet. Nothing for a subscription taken before
+		// the turn emitted (POST /v1/turns).
+		if stored > st.last {
+			if err := st.replayStored(stored); err != nil {
+				if sb != nil {
+					lt.hub.unsubscribe(sb)
+				}
 				return st.end(endClientGone)
+			}
+		}
+		for _, f := range pending {
+			st.send(f.seq, f.typ, f.at, f.data, false)
+		}
+		pending = nil
+		if sb == nil {
+			// The turn has ended: the store has the rest once it is
+			// stored; it was sent if it was pending.
+			if !st.finished {
+				if err := st.replayStored(replayAll); err != nil {
+					return st.end(endClientGone)
+				}
 			}
 			return st.end(endFinished)
 		}
-		// Nothing to replay for a subscription taken before the turn
-		// emitted (POST /v1/turns).
-		if upto > st.last {
-			if err := st.replay(upto); err != nil {
-				lt.hub.unsubscribe(sb)
-				return st.end(endClientGone)
-			}
+		if st.finished {
+			lt.hub.unsubscribe(sb)
+			st.waitStored(lt)
+			return st.end(endFinished)
 		}
 		lagged := false
 		for !lagged {
@@ -175,14 +248,15 @@ func (st *streamState) follow(lt *liveTurn, sb *sub) streamEnd {
 			case f, ok := <-sb.ch:
 				if !ok {
 					if lt.hub.isLagged(sb) {
-						lagged = true // catch up from the store, then live again
+						lagged = true // catch up, then live again
 						sb = nil
 						continue
 					}
-					// Ended without our having seen turn_finished: the
-					// store has the rest.
-					st.replay(replayAll)
-					return st.end(endFinished)
+					// Ended without our having seen turn_finished:
+					// subscribing again gives the rest.
+					sb = nil
+					lagged = true
+					continue
 				}
 				st.send(f.seq, f.typ, f.at, f.data, true)
 				if st.finished {
@@ -253,8 +327,8 @@ func (st *streamState) poll() streamEnd {
 	defer unwatch()
 	checked := st.last // st.last when the turn's status was last read (or at the start)
 	for {
-		if err := st.replay(replayAll); err != nil {
-			return st.end(endClientGone)
+		if err := st.replayStored(replayAll); err != nil {
+			return st.closed(err)
 		}
 		if st.finished {
 			return endFinished
@@ -265,10 +339,14 @@ func (st *streamState) poll() streamEnd {
 		if st.last == checked {
 			rec, err := st.s.cfg.Store.Turn(st.ctx, st.id)
 			if err != nil {
-				return st.end(endClientGone)
+				// The store is away: read again in a moment.
+				if err := st.pause(time.Second); err != nil {
+					return st.closed(err)
+				}
+				continue
 			}
 			if rec.Status != budget.StatusRunning {
-				st.replay(replayAll) // what came between the two reads
+				st.replayStored(replayAll) // what came between the two reads
 				return st.end(endFinished)
 			}
 		}

@@ -48,6 +48,14 @@ type Interruption struct {
 	Record event.Turn
 }
 
+// PublishedAhead is how far ahead of what it stored a live process may
+// have published a turn's events (a gateway publishes each event to its
+// followers before the store commits it, and its store queues at most
+// 8,192): the events of an interruption are numbered after that, so that
+// their seqs are new to every client, whatever it was shown. A turn's seqs
+// are strictly increasing, not contiguous.
+const PublishedAhead = 1 << 14
+
 // Interrupt works out how a turn ends that its process can no longer end
 // (docs/decisions/crash-recovery.md). Every store marks interrupted turns
 // through it, so that they read the same whichever store holds them.
@@ -89,7 +97,9 @@ func Interrupt(t Interrupted) Interruption {
 	sort.Slice(calls, func(i, j int) bool { return calls[i].at.Before(calls[j].at) })
 	var out Interruption
 	tools := make([]string, 0, len(calls))
-	seq := last
+	// Past what its process may have published and not stored: a client
+	// that saw those events and resumes after them still gets these.
+	seq := last + PublishedAhead
 	now := t.Now.UTC()
 	for _, c := range calls {
 		tc := c.record(t.TurnID, lastAt, progress[c.started.CallID], t.Why)

@@ -12,9 +12,10 @@ import (
 // Recorder writes one turn to a Store as it runs: Begin before the turn,
 // every event as it is emitted (Recorder is the turn's event.Sink), Finish
 // with the turn's result. Events are queued (Store.QueueEvent), so the
-// turn never waits for the disk, except for those that carry a call record
-// (WaitForStore), which are durable before the turn goes on: a crash loses
-// at most the last few milliseconds of deltas and progress, never a record.
+// turn never waits for the disk, except for those that carry a call
+// record, which it waits for, at most RecordWait (Enqueue): a crash loses
+// at most the last few milliseconds of deltas and progress, and a record
+// only when the store was already behind.
 //
 // A failed write does not stop the turn — a full disk must not turn a
 // finished answer into a failure — so Emit keeps the first error for Err
@@ -46,13 +47,7 @@ func (r *Recorder) Emit(e event.Event) {
 			r.fail(fmt.Errorf("storing event %d (%s) of turn %s: %w", e.Seq, e.Type, e.TurnID, err))
 		}
 	}
-	if WaitForStore(e) {
-		// Background: the write must happen even when the turn is being
-		// cancelled — those are the events that matter most afterwards.
-		failed(r.s.AppendEvent(context.Background(), e))
-		return
-	}
-	r.s.QueueEvent(e, failed)
+	Enqueue(r.s, e, failed)
 }
 
 // Finish stores the turn's final record and its session messages

@@ -342,6 +342,37 @@ func endOf(e event.Event) string {
 	return "the turn"
 }
 
+// RecordWait is how long a turn waits for its store to commit an event that
+// carries a call record (WaitForStore) before it goes on: far more than
+// any commit of a store that works takes, so that a crash loses no record;
+// little enough that a store that is away or locked costs the turn next to
+// nothing. The record stays queued and is stored once the store is back.
+const RecordWait = 250 * time.Millisecond
+
+// Enqueue queues e for s (Store.QueueEvent) and, when it carries a call
+// record, waits for its commit for at most RecordWait; committed is
+// QueueEvent's. The turn's sinks (the server's, Recorder) store events
+// through it.
+func Enqueue(s Store, e event.Event, committed func(error)) {
+	if !WaitForStore(e) {
+		s.QueueEvent(e, committed)
+		return
+	}
+	stored := make(chan struct{})
+	s.QueueEvent(e, func(err error) {
+		if committed != nil {
+			committed(err)
+		}
+		close(stored)
+	})
+	t := time.NewTimer(RecordWait)
+	defer t.Stop()
+	select {
+	case <-stored:
+	case <-t.C:
+	}
+}
+
 // KeepLate reports whether an update of a tool call record from old to new
 // must keep old: old holds a late result that new, written from the turn's
 // final record, does not know of.

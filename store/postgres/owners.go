@@ -15,20 +15,53 @@ import (
 )
 
 const beatSQL = `INSERT INTO owners (owner_id, host, pid, heartbeat_ms) VALUES ($1, $2, $3, $4)
-	ON CONFLICT (owner_id) DO UPDATE SET heartbeat_at = now()`
+	ON CONFLICT (owner_id) DO UPDATE SET heartbeat_at = now()
+	RETURNING now(), xmax = 0`
 
-// beat registers s as an owner, or renews its heartbeat. After a pause so
-// long that another store took it for gone (and deleted its row), it is an
-// owner again: its old turns were marked interrupted, its new ones are its
-// own.
+// beat registers s as an owner, or renews its heartbeat, and notes that it
+// sees the database (seen). After a pause so long that another store took
+// it for gone (and deleted its row), it is an owner again: its old turns
+// were marked interrupted — the server ends them as recorded — and it says
+// so; its new turns are its own.
 func (s *Store) beat(ctx context.Context) error {
-	_, err := s.pool.Exec(ctx, beatSQL, s.owner, s.host, os.Getpid(), s.hb.Milliseconds())
-	return err
+	var (
+		now      time.Time
+		inserted bool
+	)
+	err := s.pool.QueryRow(ctx, beatSQL, s.owner, s.host, os.Getpid(), s.hb.Milliseconds()).Scan(&now, &inserted)
+	s.upMu.Lock()
+	defer s.upMu.Unlock()
+	if err != nil {
+		s.upSince = time.Time{}
+		return err
+	}
+	if s.upSince.IsZero() {
+		s.upSince = now
+	}
+	if inserted && s.beaten {
+		s.log.Warn("postgres store: another timebox process sharing the database took this one for gone (its heartbeats were not seen for three of its intervals) and marked its running turns interrupted; they end here as recorded there",
+			"db", s.where, "owner", s.owner)
+	}
+	s.beaten = true
+	return nil
 }
 
 func (s *Store) beatTx(ctx context.Context, tx pgx.Tx) error {
 	_, err := tx.Exec(ctx, beatSQL, s.owner, s.host, os.Getpid(), s.hb.Milliseconds())
 	return err
+}
+
+// seen returns since when, on the database's clock, this store has seen
+// the database without a failed heartbeat; false when its last one failed.
+//
+// A store judges another gone only once it has itself seen the database
+// for a full window of the other's heartbeats: after an outage every
+// heartbeat is old, and the first store back would otherwise take every
+// other for gone (docs/decisions/store-outages.md).
+func (s *Store) seen() (time.Time, bool) {
+	s.upMu.Lock()
+	defer s.upMu.Unlock()
+	return s.upSince, !s.upSince.IsZero()
 }
 
 // heartbeat renews the owner row and looks for gone owners every
@@ -44,8 +77,9 @@ func (s *Store) heartbeat() {
 		case <-t.C:
 			// Errors here are transient (the database is away) or will
 			// show on the next real write; the next tick tries again.
-			_ = s.beat(s.ctx)
-			_, _ = s.recover(s.ctx)
+			if s.beat(s.ctx) == nil {
+				_, _ = s.recover(s.ctx)
+			}
 		}
 	}
 }
@@ -59,14 +93,20 @@ func (s *Store) heartbeat() {
 // the others find none, so its turns are interrupted exactly once. A
 // failed transaction leaves the row, for the next heartbeat to try again.
 func (s *Store) recover(ctx context.Context) ([]string, error) {
-	gone, err := queryStrings(ctx, s.pool, `SELECT owner_id FROM owners
-		WHERE owner_id <> $1 AND heartbeat_at < now() - make_interval(secs => $2 * heartbeat_ms / 1000.0)`, s.owner, Heartbeats)
-	if err != nil {
-		return nil, err
-	}
 	var ids []string
+	since, seen := s.seen()
+	var gone []string
+	if seen {
+		var err error
+		gone, err = queryStrings(ctx, s.pool, `SELECT owner_id FROM owners
+			WHERE owner_id <> $1 AND heartbeat_at < now() - make_interval(secs => $2 * heartbeat_ms / 1000.0)
+			AND $3::timestamptz < now() - make_interval(secs => $2 * heartbeat_ms / 1000.0)`, s.owner, Heartbeats, since)
+		if err != nil {
+			return nil, err
+		}
+	}
 	for _, o := range gone {
-		got, err := s.claim(ctx, o)
+		got, err := s.claim(ctx, o, since)
 		if err != nil {
 			return ids, err
 		}
@@ -139,7 +179,7 @@ func cancelCalledTx(ctx context.Context, tx pgx.Tx, o, by string) error {
 // claim deletes the row of owner o if it is still gone and interrupts its
 // running turns, in one transaction; it returns the turns' ids, none when
 // another store claimed o first or o came back.
-func (s *Store) claim(ctx context.Context, o string) ([]string, error) {
+func (s *Store) claim(ctx context.Context, o string, since time.Time) ([]string, error) {
 	var ids []string
 	err := s.tx(ctx, func(tx pgx.Tx) error {
 		ids = nil
@@ -150,7 +190,8 @@ func (s *Store) claim(ctx context.Context, o string) ([]string, error) {
 		)
 		err := tx.QueryRow(ctx, `DELETE FROM owners
 			WHERE owner_id = $1 AND heartbeat_at < now() - make_interval(secs => $2 * heartbeat_ms / 1000.0)
-			RETURNING host, pid, now() - heartbeat_at`, o, Heartbeats).Scan(&host, &pid, &quiet)
+			AND $3::timestamptz < now() - make_interval(secs => $2 * heartbeat_ms / 1000.0)
+			RETURNING host, pid, now() - heartbeat_at`, o, Heartbeats, since).Scan(&host, &pid, &quiet)
 		if isNoRows(err) {
 			return nil // claimed by another store, or alive again
 		}
@@ -303,7 +344,7 @@ func (s *Store) InterruptTurn(ctx context.Context, turnID string, reason budget.
 		return false, err
 	}
 	var done bool
-	err := s.tx(ctx, func(tx pgx.Tx) error {
+	err := s.durable(ctx, "the end of turn "+turnID, func(tx pgx.Tx) error {
 		var err error
 		done, err = s.interruptTurn(ctx, tx, turnID, reason, why, false)
 		if isNoRows(err) {

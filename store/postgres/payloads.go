@@ -21,7 +21,7 @@ func (s *Store) PutPayloads(ctx context.Context, turnID string, p map[string][]b
 		b.Queue(`INSERT INTO payloads (turn_id, key, data) VALUES ($1, $2, $3)
 			ON CONFLICT (turn_id, key) DO UPDATE SET data = excluded.data`, turnID, k, v)
 	}
-	return s.tx(ctx, func(tx pgx.Tx) error { return tx.SendBatch(ctx, &b).Close() })
+	return s.durable(ctx, "the conversation of turn "+turnID, func(tx pgx.Tx) error { return tx.SendBatch(ctx, &b).Close() })
 }
 
 // Payload implements store.Payloads.

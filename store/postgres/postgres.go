@@ -82,6 +82,13 @@ type Store struct {
 
 	recovered []string
 
+	// upSince is when, on the database's clock, this store began to see
+	// the database without a failed heartbeat (seen); beaten, that it has
+	// beaten once.
+	upMu    sync.Mutex
+	upSince time.Time
+	beaten  bool
+
 	q       *groupq.Queue
 	watch   watch.Set // followers of turns (Watch)
 	cancels watch.Set // turns this store runs (WatchCancel)
@@ -221,7 +228,8 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 		s.stopAll()
 		return fail(fmt.Errorf("marking interrupted turns: %w", err))
 	}
-	s.q = groupq.New(s.commitGroup, maxGroup, maxQueue)
+	s.q = groupq.New(s.commitGroup, groupq.Options{MaxGroup: maxGroup, MaxQueue: maxQueue, Transient: transient,
+		OnState: groupq.Log(s.log, "postgres store "+s.where)})
 	s.bg.Add(3)
 	go s.listen(conn)
 	go s.heartbeat()
@@ -326,6 +334,39 @@ func (s *Store) tx(ctx context.Context, fn func(pgx.Tx) error) error {
 		return store.ErrClosed
 	}
 	return pgx.BeginFunc(ctx, s.pool, fn)
+}
+
+// durable runs fn in a transaction until it commits: again, after a
+// backoff, while it fails for a reason that passes (transient: the
+// database is away, a connection was cut), until ctx ends or the store is
+// closed. The writes that must reach the store whatever happens meanwhile
+// — a turn's end, a late result, a conversation — go through it; what
+// says "stored" to nobody yet (beginning a turn, a cancel request) fails
+// at once instead.
+func (s *Store) durable(ctx context.Context, what string, fn func(pgx.Tx) error) error {
+	wait := 100 * time.Millisecond
+	var since time.Time
+	for {
+		err := s.tx(ctx, fn)
+		if err == nil || !transient(err) {
+			if !since.IsZero() && err == nil {
+				s.log.Info("postgres store: "+what+" stored once the database was back", "db", s.where, "after", time.Since(since).Round(time.Millisecond))
+			}
+			return err
+		}
+		if since.IsZero() {
+			since = time.Now()
+			s.log.Warn("postgres store: cannot store "+what+"; trying again until it is", "db", s.where, "err", err)
+		}
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return err
+		case <-s.closed:
+			return fmt.Errorf("%w while %s could not be stored: %w", store.ErrClosed, what, err)
+		}
+		wait = min(2*wait, 5*time.Second)
+	}
 }
 
 func nanos(t time.Time) int64 {

@@ -129,6 +129,7 @@ func TestGoneOwnerInterruptedExactlyOnce(t *testing.T) {
 	// a has been silent for a day now.
 	sql(t, dsn, `UPDATE owners SET heartbeat_at = now() - interval '1 day' WHERE owner_id = $1`, a.Owner())
 	for _, s := range stores {
+		s.SeenFor(48 * time.Hour) // judges that have seen the database all along
 		for range 3 {
 			wg.Go(func() {
 				ids, err := s.Recover()
@@ -208,6 +209,7 @@ func TestTakenForGone(t *testing.T) {
 		t.Fatal(err)
 	}
 	sql(t, dsn, `UPDATE owners SET heartbeat_at = now() - interval '1 day' WHERE owner_id = $1`, a.Owner())
+	b.SeenFor(48 * time.Hour)
 	if ids, err := b.Recover(); err != nil || len(ids) != 1 {
 		t.Fatalf("Recover: %v %v", ids, err)
 	}
@@ -227,7 +229,8 @@ func TestTakenForGone(t *testing.T) {
 	if !errors.Is(err, store.ErrNotRunning) {
 		t.Fatalf("the record after the interruption: %v", err)
 	}
-	storetest.CheckInterrupted(t, a, "t1", int(last)-2, int(last)-2, "stopped sending heartbeats")
+	kept := len(evs) - 2 // without the recovery's tool_finished and turn_finished
+	storetest.CheckInterrupted(t, a, "t1", kept, kept, "stopped sending heartbeats")
 	if err := a.BeginTurn(ctx, store.TurnStart{TurnID: "t2", Input: "again"}); err != nil {
 		t.Fatal(err)
 	}
@@ -589,6 +592,7 @@ func TestEngineTurnsAreNoOrphans(t *testing.T) {
 	sql(t, dsn, `UPDATE owners SET heartbeat_at = now() - interval '1 day' WHERE owner_id = $1`, a.Owner())
 	b := open(t, dsn, postgres.Options{Heartbeat: time.Hour})
 	defer b.Close()
+	b.SeenFor(48 * time.Hour)
 	ids, err := b.Recover()
 	if err != nil {
 		t.Fatal(err)
@@ -624,6 +628,7 @@ func TestCallerGoneCancelsItsEngineTurn(t *testing.T) {
 	defer unwatch2()
 	gateway.Crash()
 	sql(t, dsn, `UPDATE owners SET heartbeat_at = now() - interval '1 day' WHERE owner_id = $1`, gateway.Owner())
+	worker.SeenFor(48 * time.Hour)
 	if _, err := worker.Recover(); err != nil {
 		t.Fatal(err)
 	}
@@ -649,5 +654,52 @@ func TestCallerGoneCancelsItsEngineTurn(t *testing.T) {
 		if rec, err := worker.Turn(ctx, id); err != nil || rec.Status != budget.StatusRunning {
 			t.Fatalf("%s: %v %v", id, rec.Status, err)
 		}
+	}
+}
+
+// TestAnOutageKillsNothing: after an outage every gateway's heartbeat is
+// old. The first gateway back must not take the others for gone: it judges
+// only once it has itself seen the database for a full window of theirs —
+// by which time every live gateway has beaten again.
+func TestAnOutageKillsNothing(t *testing.T) {
+	dsn := testenv.Postgres(t)
+	a := open(t, dsn, postgres.Options{Heartbeat: 100 * time.Millisecond})
+	defer a.Close()
+	if _, _, err := storetest.WriteRunningTurn(a, "t1"); err != nil {
+		t.Fatal(err)
+	}
+	b := open(t, dsn, postgres.Options{Heartbeat: time.Hour})
+	defer b.Close()
+	// Nobody could beat for a day; b has just come back.
+	sql(t, dsn, `UPDATE owners SET heartbeat_at = now() - interval '1 day'`)
+	if ids, err := b.Recover(); err != nil || len(ids) != 0 {
+		t.Fatalf("the first gateway back took %v for gone (%v)", ids, err)
+	}
+	// b has seen the database for a while now; a beat meanwhile.
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		var fresh bool
+		if err := conn.QueryRow(context.Background(), `SELECT heartbeat_at > now() - interval '1 minute' FROM owners WHERE owner_id = $1`,
+			a.Owner()).Scan(&fresh); err != nil {
+			t.Fatal(err)
+		}
+		if fresh {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a did not beat again")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	b.SeenFor(time.Minute)
+	if ids, err := b.Recover(); err != nil || len(ids) != 0 {
+		t.Fatalf("a live gateway taken for gone: %v (%v)", ids, err)
+	}
+	if rec, err := b.Turn(context.Background(), "t1"); err != nil || rec.Status != budget.StatusRunning {
+		t.Fatalf("%v %v", rec.Status, err)
 	}
 }

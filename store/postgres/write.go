@@ -168,7 +168,7 @@ type querier interface {
 // of them: stream deltas, progress — is one statement, committed on its
 // own (one round trip to the database); one with records is a transaction
 // that stores them with their events.
-func (s *Store) commitGroup(group []*groupq.Item) error {
+func (s *Store) commitGroup(group []*groupq.Item) (err error) {
 	ctx := s.ctx
 	if s.isClosed() {
 		// Close drains the queue after it stopped the background context.
@@ -188,6 +188,29 @@ func (s *Store) commitGroup(group []*groupq.Item) error {
 			return s.explainUnstored(ctx, s.pool, group, stored)
 		}
 		return nil
+	}
+	if numbered {
+		// number gives events their seqs in the transaction: a failed one
+		// leaves them unnumbered again, for the queue to commit again
+		// under the turn's lock, never with a seq another writer may have
+		// taken meanwhile.
+		type unnumbered struct {
+			it   *groupq.Item
+			data []byte
+		}
+		var orig []unnumbered
+		for _, it := range group {
+			if it.Event.Seq == 0 {
+				orig = append(orig, unnumbered{it, it.Data})
+			}
+		}
+		defer func() {
+			if err != nil {
+				for _, o := range orig {
+					o.it.Event.Seq, o.it.Data = 0, o.data
+				}
+			}
+		}()
 	}
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		if numbered {
@@ -502,7 +525,7 @@ func (s *Store) FinishTurn(ctx context.Context, rec *event.Turn, msgs []model.Me
 		msgJSON[i] = string(b)
 	}
 	defer s.watch.Wake(rec.TurnID)
-	return s.tx(ctx, func(tx pgx.Tx) error {
+	return s.durable(ctx, "the record of turn "+rec.TurnID, func(tx pgx.Tx) error {
 		var status string
 		err := tx.QueryRow(ctx, `SELECT status FROM turns WHERE turn_id = $1 FOR UPDATE`, rec.TurnID).Scan(&status)
 		switch {
@@ -562,7 +585,7 @@ func (s *Store) UpdateToolCall(ctx context.Context, rec event.ToolCall) error {
 	if err != nil {
 		return err
 	}
-	return s.tx(ctx, func(tx pgx.Tx) error {
+	return s.durable(ctx, "a late result of turn "+rec.TurnID, func(tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, toolCallSQL, args...)
 		if isFK(err) {
 			return fmt.Errorf("turn %s: %w", rec.TurnID, store.ErrNotFound)

@@ -19,6 +19,7 @@
 package sqlite
 
 import (
+	"log/slog"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -51,8 +52,13 @@ type Options struct {
 	// marked interrupted. Zero is 12 heartbeats.
 	Stale time.Duration
 	// BusyTimeout is how long a write waits for another process's write to
-	// finish. Zero is 10s.
+	// finish. Zero is 10s. A group of events that waited this long is
+	// committed again, until it is stored.
 	BusyTimeout time.Duration
+	// Logger gets a line when the store falls behind (events it could not
+	// commit yet, kept and retried) and when it has caught up; nil
+	// discards them.
+	Logger *slog.Logger
 }
 
 // Store is a store.Store in one SQLite file. It is safe for concurrent use.
@@ -160,7 +166,8 @@ func Open(path string, o Options) (*Store, error) {
 		s.closeDBs()
 		return nil, fmt.Errorf("opening store %s: marking interrupted turns: %w", path, err)
 	}
-	s.q = groupq.New(s.commitGroup, maxGroup, maxQueue)
+	s.q = groupq.New(s.commitGroup, groupq.Options{MaxGroup: maxGroup, MaxQueue: maxQueue, Transient: transient,
+		OnState: groupq.Log(o.Logger, "sqlite store "+path)})
 	go s.heartbeat()
 	return s, nil
 }
@@ -267,6 +274,23 @@ func nanos(t time.Time) int64 {
 }
 
 func fromNanos(n int64) time.Time { return time.Unix(0, n).UTC() }
+
+// transient reports whether a write failed for a reason that passes:
+// another process holds the file's lock past BusyTimeout.
+func transient(err error) bool {
+	var ce interface{ Code() int }
+	if !errors.As(err, &ce) {
+		return false
+	}
+	switch ce.Code() & 0xff {
+	case 5, 6: // SQLITE_BUSY, SQLITE_LOCKED
+		return true
+	}
+	return false
+}
+
+// Backlog implements store.Backlogged.
+func (s *Store) Backlog() store.Backlog { return s.q.Backlog() }
 
 func isFK(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "FOREIGN KEY constraint failed")

@@ -2,12 +2,23 @@
 // queued as turns emit them and one writer goroutine commits whatever is
 // waiting, in queue order, one transaction per group, then calls each
 // event's callback in that order (docs/decisions/group-commit.md).
+//
+// A group whose commit fails for a reason that passes (the database is
+// away, a lock is held: Options.Transient) is committed again, whole and
+// in order, until it is stored: nothing queued is dropped while the
+// database is away (docs/decisions/store-outages.md). The queue is bounded
+// in events and in bytes; past either bound Add waits, so an outage costs
+// bounded memory. A group that fails otherwise is committed one event at a
+// time, so that one bad event fails only its own callback.
 package groupq
 
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/store"
@@ -27,30 +38,94 @@ type Item struct {
 }
 
 // Commit writes a group of events in one transaction. It returns an error
-// when the transaction failed; then the queue commits each event of the
-// group alone, so that one bad event fails only its own callback.
+// when the transaction failed, leaving the items as they were given (a
+// commit that numbers events numbers copies until it commits): the queue
+// commits the group again, or each event alone.
 type Commit func(group []*Item) error
+
+// Options tune a Queue. Zero values take the defaults.
+type Options struct {
+	// MaxGroup bounds how many events share one transaction: 1024.
+	MaxGroup int
+	// MaxQueue and MaxBytes bound the events waiting, in number (8192) and
+	// in bytes of JSON (64 MiB): past either, Add waits for room.
+	MaxQueue int
+	MaxBytes int64
+	// Transient reports whether a commit's error passes — the database is
+	// away, a lock is held — so that the group is committed again rather
+	// than failed. Nil: no error does.
+	Transient func(error) bool
+	// Backoff is the first wait before a group is committed again, doubled
+	// up to MaxBackoff: 100ms and 5s.
+	Backoff, MaxBackoff time.Duration
+	// CloseTimeout bounds how long Close goes on committing what is queued
+	// while commits keep failing: 30s. What is left then fails.
+	CloseTimeout time.Duration
+	// OnState, when set, is called when the queue starts to fall behind (a
+	// commit failed and will be tried again) and when it has caught up, on
+	// the writer's goroutine: for a log line.
+	OnState func(Status)
+}
+
+// Status is how the queue stands.
+type Status struct {
+	// Waiting and Bytes are the events queued or being committed.
+	Waiting int
+	Bytes   int64
+	// FailingSince is when commits began to fail, zero while they do not;
+	// Err is the last failure.
+	FailingSince time.Time
+	Err          error
+	// Recovered, in the Status OnState is given when commits work again,
+	// is how long they failed.
+	Recovered time.Duration
+}
+
+// Behind reports whether commits are failing.
+func (s Status) Behind() bool { return !s.FailingSince.IsZero() }
 
 // Queue is a group-commit queue with its writer goroutine. It is safe for
 // concurrent use.
 type Queue struct {
-	commit   Commit
-	maxGroup int
-	maxQueue int
+	commit Commit
+	o      Options
 
 	mu      sync.Mutex
 	queue   []*Item
+	bytes   int64 // of queue and the batch being written
+	inBatch int   // events of the batch being written
 	closed  bool
+	closing time.Time // when Close was called
+	failing time.Time
+	lastErr error
 	room    *sync.Cond
 	wake    chan struct{} // the writer has work (capacity 1)
 	written chan struct{} // closed when the writer has stopped
+	retry   *time.Timer
+	stop    chan struct{} // Close: stop waiting between attempts
 }
 
-// New starts a queue whose writer commits up to maxGroup events per
-// transaction; Add waits while maxQueue events are waiting.
-func New(commit Commit, maxGroup, maxQueue int) *Queue {
-	q := &Queue{commit: commit, maxGroup: maxGroup, maxQueue: maxQueue,
-		wake: make(chan struct{}, 1), written: make(chan struct{})}
+// New starts a queue whose writer commits with commit.
+func New(commit Commit, o Options) *Queue {
+	if o.MaxGroup <= 0 {
+		o.MaxGroup = 1024
+	}
+	if o.MaxQueue <= 0 {
+		o.MaxQueue = 8192
+	}
+	if o.MaxBytes <= 0 {
+		o.MaxBytes = 64 << 20
+	}
+	if o.Backoff <= 0 {
+		o.Backoff = 100 * time.Millisecond
+	}
+	if o.MaxBackoff <= 0 {
+		o.MaxBackoff = 5 * time.Second
+	}
+	if o.CloseTimeout <= 0 {
+		o.CloseTimeout = 30 * time.Second
+	}
+	q := &Queue{commit: commit, o: o, wake: make(chan struct{}, 1), written: make(chan struct{}), stop: make(chan struct{})}
 	q.room = sync.NewCond(&q.mu)
 	go q.writer()
 	return q
@@ -84,11 +159,26 @@ func (q *Queue) Flush(ctx context.Context) error {
 	}
 }
 
+// Status returns how the queue stands.
+func (q *Queue) Status() Status {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.statusLocked()
+}
+
+func (q *Queue) statusLocked() Status {
+	return Status{Waiting: len(q.queue) + q.inBatch, Bytes: q.bytes, FailingSince: q.failing, Err: q.lastErr}
+}
+
 // Close refuses new events and returns once the writer has committed
-// everything queued before it. It is idempotent.
+// everything queued before it — going on while commits fail for at most
+// Options.CloseTimeout, after which what is left fails. It is idempotent.
 func (q *Queue) Close() {
 	q.mu.Lock()
-	q.closed = true
+	if !q.closed {
+		q.closed, q.closing = true, time.Now()
+		time.AfterFunc(q.o.CloseTimeout, func() { close(q.stop) })
+	}
 	q.room.Broadcast()
 	q.mu.Unlock()
 	q.poke()
@@ -97,7 +187,7 @@ func (q *Queue) Close() {
 
 func (q *Queue) enqueue(it *Item) error {
 	q.mu.Lock()
-	for !q.closed && len(q.queue) >= q.maxQueue && it.flushed == nil {
+	for !q.closed && it.flushed == nil && (len(q.queue)+q.inBatch >= q.o.MaxQueue || q.bytes >= q.o.MaxBytes) {
 		q.room.Wait()
 	}
 	if q.closed {
@@ -105,6 +195,7 @@ func (q *Queue) enqueue(it *Item) error {
 		return store.ErrClosed
 	}
 	q.queue = append(q.queue, it)
+	q.bytes += int64(len(it.Data))
 	q.mu.Unlock()
 	q.poke()
 	return nil
@@ -135,46 +226,65 @@ func (q *Queue) writer() {
 			return
 		}
 		batch, q.queue = q.queue, batch[:0]
-		q.room.Broadcast()
+		q.inBatch = len(batch)
 		q.mu.Unlock()
 		q.write(batch)
 		clear(batch) // let the events go
 	}
 }
 
-// write commits a taken queue in order: runs of events up to maxGroup per
+// write commits a taken queue in order: runs of events up to MaxGroup per
 // transaction, each followed by its callbacks; a Flush marker is released
 // once everything before it is done.
 func (q *Queue) write(batch []*Item) {
 	for len(batch) > 0 {
 		if batch[0].flushed != nil {
 			close(batch[0].flushed)
+			q.taken(batch[:1])
 			batch = batch[1:]
 			continue
 		}
 		n := 1
-		for n < len(batch) && n < q.maxGroup && batch[n].flushed == nil {
+		for n < len(batch) && n < q.o.MaxGroup && batch[n].flushed == nil {
 			n++
 		}
 		q.commitGroup(batch[:n])
+		q.taken(batch[:n])
 		batch = batch[n:]
 	}
 }
 
+// taken frees the room of items that are done.
+func (q *Queue) taken(done []*Item) {
+	q.mu.Lock()
+	for _, it := range done {
+		q.bytes -= int64(len(it.Data))
+	}
+	q.inBatch -= len(done)
+	q.room.Broadcast()
+	q.mu.Unlock()
+}
+
+// commitGroup commits group until it is stored, or has failed for good.
+// A transient failure commits it again, whole, after a backoff; another
+// failure commits each event alone, so that one bad event fails only its
+// own callback (each of those retried as the group is, while the failure
+// passes).
 func (q *Queue) commitGroup(group []*Item) {
-	if len(group) > 1 {
-		if err := q.commit(group); err == nil {
-			for _, it := range group {
-				it.done(it.Err)
-			}
-			return
-		}
+	err := q.attempt(group)
+	if err == nil {
 		for _, it := range group {
-			it.Err = nil
+			it.done(it.Err)
 		}
+		return
+	}
+	if len(group) == 1 {
+		group[0].done(err)
+		return
 	}
 	for _, it := range group {
-		err := q.commit([]*Item{it})
+		it.Err = nil
+		err := q.attempt([]*Item{it})
 		if err == nil {
 			err = it.Err
 		}
@@ -182,8 +292,80 @@ func (q *Queue) commitGroup(group []*Item) {
 	}
 }
 
+// attempt commits group, again while the failure is transient, until it
+// is stored, fails otherwise, or Close's time ran out.
+func (q *Queue) attempt(group []*Item) error {
+	wait := q.o.Backoff
+	for {
+		err := q.commit(group)
+		if err == nil || q.o.Transient == nil || !q.o.Transient(err) {
+			q.state(nil)
+			return err
+		}
+		q.state(err)
+		select {
+		case <-time.After(wait):
+		case <-q.stop:
+			return fmt.Errorf("%w: the store was closed while it could not store events: %w", store.ErrClosed, err)
+		}
+		for _, it := range group {
+			it.Err = nil
+		}
+		wait = min(2*wait, q.o.MaxBackoff)
+	}
+}
+
+// state notes that commits fail (err) or work again (nil), and tells
+// OnState when that changes.
+func (q *Queue) state(err error) {
+	q.mu.Lock()
+	since := q.failing
+	if err != nil {
+		if since.IsZero() {
+			q.failing = time.Now()
+		}
+		q.lastErr = err
+	} else {
+		q.failing, q.lastErr = time.Time{}, nil
+	}
+	st := q.statusLocked()
+	q.mu.Unlock()
+	if since.IsZero() == (err == nil) || q.o.OnState == nil {
+		return
+	}
+	if err == nil {
+		st.Recovered = time.Since(since)
+	}
+	q.o.OnState(st)
+}
+
 func (it *Item) done(err error) {
 	if it.committed != nil {
 		it.committed(err)
+	}
+}
+
+// Backlog returns the queue's status as a store.Backlog.
+func (q *Queue) Backlog() store.Backlog {
+	st := q.Status()
+	b := store.Backlog{Events: st.Waiting, Bytes: st.Bytes, Since: st.FailingSince}
+	if st.Err != nil {
+		b.Err = st.Err.Error()
+	}
+	return b
+}
+
+// Log returns an OnState that logs, to log, when the store at where falls
+// behind and when it has caught up. A nil log discards them.
+func Log(log *slog.Logger, where string) func(Status) {
+	if log == nil {
+		return nil
+	}
+	return func(st Status) {
+		if st.Behind() {
+			log.Warn(where+": cannot store events; keeping them and trying again", "waiting", st.Waiting, "bytes", st.Bytes, "err", st.Err)
+			return
+		}
+		log.Info(where+": caught up", "after", st.Recovered.Round(time.Millisecond), "waiting", st.Waiting)
 	}
 }

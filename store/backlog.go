@@ -1,0 +1,25 @@
+package store
+
+import "time"
+
+// Backlog is what a store has not stored yet: the events it keeps and
+// commits again while its database is away or locked.
+type Backlog struct {
+	// Events and Bytes are the events waiting.
+	Events int   `json:"events"`
+	Bytes  int64 `json:"bytes"`
+	// Since is when writes began to fail; zero while they do not. Err is
+	// the last failure.
+	Since time.Time `json:"since,omitzero"`
+	Err   string    `json:"error,omitempty"`
+}
+
+// Behind reports whether writes are failing.
+func (b Backlog) Behind() bool { return !b.Since.IsZero() }
+
+// Backlogged is a store that keeps events while it cannot write them
+// (SQLite, PostgreSQL): /healthz says how far behind it is.
+type Backlogged interface {
+	Backlog() Backlog
+}
+

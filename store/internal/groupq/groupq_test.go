@@ -1,0 +1,266 @@
+package groupq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/store"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var (
+	errDown = errors.New("the database is away")
+	errBad  = errors.New("a bad event")
+)
+
+// fakeDB commits groups: it fails the next `down` attempts transiently,
+// refuses any group holding a seq in bad, and keeps what it stored.
+type fakeDB struct {
+	mu       sync.Mutex
+	down     int
+	bad      map[int64]bool
+	stored   []int64
+	attempts []int // sizes of the groups attempted
+	release  chan struct{}
+}
+
+func (f *fakeDB) commit(group []*Item) error {
+	if f.release != nil {
+		<-f.release
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.attempts = append(f.attempts, len(group))
+	if f.down > 0 {
+		f.down--
+		return errDown
+	}
+	for _, it := range group {
+		if f.bad[it.Event.Seq] {
+			return errBad
+		}
+	}
+	for _, it := range group {
+		f.stored = append(f.stored, it.Event.Seq)
+	}
+	return nil
+}
+
+func transient(err error) bool { return errors.Is(err, errDown) }
+
+func ev(seq int64) event.Event {
+	return event.Event{Seq: seq, TurnID: "t", Type: event.TypeLLMDelta, Data: &event.LLMDelta{Text: fmt.Sprint(seq)}}
+}
+
+// results collects callbacks in the order they come.
+type results struct {
+	mu   sync.Mutex
+	seqs []int64
+	errs map[int64]error
+	all  sync.WaitGroup
+}
+
+func newResults(n int) *results {
+	r := &results{errs: map[int64]error{}}
+	r.all.Add(n)
+	return r
+}
+
+func (r *results) cb(seq int64) func(error) {
+	return func(err error) {
+		r.mu.Lock()
+		r.seqs = append(r.seqs, seq)
+		if err != nil {
+			r.errs[seq] = err
+		}
+		r.mu.Unlock()
+		r.all.Done()
+	}
+}
+
+func seqs(n int) []int64 {
+	out := make([]int64, n)
+	for i := range out {
+		out[i] = int64(i + 1)
+	}
+	return out
+}
+
+// TestTransientFailuresAreRetriedWhole: a group whose commit fails while
+// the database is away is committed again, whole and in order, until it
+// is stored: nothing is lost, every callback says stored, in queue order,
+// and the queue says it was behind, then that it caught up.
+func TestTransientFailuresAreRetriedWhole(t *testing.T) {
+	db := &fakeDB{down: 4, release: make(chan struct{})}
+	var states []Status
+	var smu sync.Mutex
+	q := New(db.commit, Options{Transient: transient, Backoff: time.Millisecond, OnState: func(s Status) {
+		smu.Lock()
+		states = append(states, s)
+		smu.Unlock()
+	}})
+	defer q.Close()
+	r := newResults(10)
+	for _, s := range seqs(10) {
+		q.Add(ev(s), r.cb(s))
+	}
+	close(db.release)
+	r.all.Wait()
+	if len(r.errs) != 0 {
+		t.Fatalf("callbacks failed: %v", r.errs)
+	}
+	if fmt.Sprint(db.stored) != fmt.Sprint(seqs(10)) || fmt.Sprint(r.seqs) != fmt.Sprint(seqs(10)) {
+		t.Fatalf("stored %v, called back %v; want 1..10 in order", db.stored, r.seqs)
+	}
+	// The group the outage met is attempted whole until it is stored.
+	for _, n := range db.attempts[:5] {
+		if n != db.attempts[0] {
+			t.Fatalf("attempts of sizes %v: a retried group was split", db.attempts)
+		}
+	}
+	smu.Lock()
+	defer smu.Unlock()
+	if len(states) != 2 || !states[0].Behind() || !errors.Is(states[0].Err, errDown) || states[1].Behind() || states[1].Recovered <= 0 {
+		t.Fatalf("states %+v: want behind, then caught up", states)
+	}
+	if st := q.Status(); st.Behind() || st.Waiting != 0 || st.Bytes != 0 {
+		t.Errorf("status after: %+v", st)
+	}
+}
+
+// TestABadEventFailsAlone: a group that fails for good is committed one
+// event at a time: only the bad event's callback fails.
+func TestABadEventFailsAlone(t *testing.T) {
+	db := &fakeDB{bad: map[int64]bool{3: true}, release: make(chan struct{})}
+	q := New(db.commit, Options{Transient: transient})
+	defer q.Close()
+	r := newResults(5)
+	for _, s := range seqs(5) {
+		q.Add(ev(s), r.cb(s))
+	}
+	close(db.release)
+	r.all.Wait()
+	if len(r.errs) != 1 || !errors.Is(r.errs[3], errBad) {
+		t.Fatalf("errors %v: want only 3's", r.errs)
+	}
+	if fmt.Sprint(db.stored) != "[1 2 4 5]" {
+		t.Fatalf("stored %v", db.stored)
+	}
+}
+
+// TestBoundedWhileDown: while commits fail, Add waits once MaxQueue events
+// (or MaxBytes) are waiting — memory stays bounded — and goes on when the
+// database is back.
+func TestBoundedWhileDown(t *testing.T) {
+	db := &fakeDB{down: 1 << 30}
+	q := New(db.commit, Options{Transient: transient, MaxQueue: 8, Backoff: time.Millisecond, MaxBackoff: time.Millisecond})
+	defer q.Close()
+	r := newResults(20)
+	added := make(chan int64, 20)
+	go func() {
+		for _, s := range seqs(20) {
+			q.Add(ev(s), r.cb(s))
+			added <- s
+		}
+	}()
+	// Eight are taken, the ninth waits for room.
+	deadline := time.After(10 * time.Second)
+	for got := 0; got < 8; got++ {
+		select {
+		case <-added:
+		case <-deadline:
+			t.Fatal("the first 8 were not added")
+		}
+	}
+	select {
+	case s := <-added:
+		t.Fatalf("event %d was added past the bound while the database was down", s)
+	case <-time.After(100 * time.Millisecond):
+	}
+	if st := q.Status(); st.Waiting != 8 || !st.Behind() {
+		t.Fatalf("status while down: %+v", st)
+	}
+	db.mu.Lock()
+	db.down = 0
+	db.mu.Unlock()
+	r.all.Wait()
+	if len(r.errs) != 0 || len(db.stored) != 20 {
+		t.Fatalf("%d stored, errors %v", len(db.stored), r.errs)
+	}
+}
+
+// TestMaxBytes: the bound in bytes holds too.
+func TestMaxBytes(t *testing.T) {
+	db := &fakeDB{down: 1 << 30}
+	q := New(db.commit, Options{Transient: transient, MaxBytes: 1, Backoff: time.Millisecond, MaxBackoff: time.Millisecond,
+		CloseTimeout: 10 * time.Millisecond})
+	r := newResults(2)
+	q.Add(ev(1), r.cb(1))
+	second := make(chan struct{})
+	go func() {
+		q.Add(ev(2), r.cb(2))
+		close(second)
+	}()
+	select {
+	case <-second:
+		t.Fatal("a second event was added past MaxBytes")
+	case <-time.After(100 * time.Millisecond):
+	}
+	q.Close()
+	<-second
+	r.all.Wait()
+	if !errors.Is(r.errs[1], store.ErrClosed) || !errors.Is(r.errs[2], store.ErrClosed) {
+		t.Fatalf("errors %v: want both closed", r.errs)
+	}
+}
+
+// TestCloseGivesUp: Close goes on committing while commits fail for at
+// most CloseTimeout; what is left then fails with ErrClosed, saying why.
+func TestCloseGivesUp(t *testing.T) {
+	db := &fakeDB{down: 1 << 30}
+	q := New(db.commit, Options{Transient: transient, Backoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, CloseTimeout: 50 * time.Millisecond})
+	r := newResults(3)
+	for _, s := range seqs(3) {
+		q.Add(ev(s), r.cb(s))
+	}
+	start := time.Now()
+	q.Close()
+	took := time.Since(start)
+	r.all.Wait()
+	if took > 5*time.Second {
+		t.Errorf("Close took %v", took)
+	}
+	for _, s := range seqs(3) {
+		if err := r.errs[s]; !errors.Is(err, store.ErrClosed) || !errors.Is(err, errDown) {
+			t.Errorf("event %d: %v; want ErrClosed wrapping the failure", s, err)
+		}
+	}
+	q.Add(ev(4), func(err error) {
+		if !errors.Is(err, store.ErrClosed) {
+			t.Errorf("an event after Close: %v", err)
+		}
+	})
+}
+
+// TestFlushWaitsForTheDatabase: Flush returns once what was queued before
+// it is stored, after the database came back.
+func TestFlushWaitsForTheDatabase(t *testing.T) {
+	db := &fakeDB{down: 3}
+	q := New(db.commit, Options{Transient: transient, Backoff: time.Millisecond})
+	defer q.Close()
+	q.Add(ev(1), nil)
+	if err := q.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(db.stored) != "[1]" {
+		t.Fatalf("stored %v after Flush", db.stored)
+	}
+}

@@ -1,0 +1,66 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/timebox-run/timebox/store"
+)
+
+// transient reports whether a database call failed for a reason that
+// passes: the database is away (stopped, restarting, unreachable), the
+// connection was cut (pg_terminate_backend), it refuses connections for
+// now, or a transaction lost a serialization race or a deadlock. Writes
+// that fail so are tried again until they are stored
+// (docs/decisions/store-outages.md).
+func transient(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, store.ErrClosed) {
+		return false
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		switch {
+		case len(pe.Code) == 5 && pe.Code[:2] == "08": // connection exception
+			return true
+		}
+		switch pe.Code {
+		case "57P01", "57P02", "57P03", // admin or crash shutdown, cannot connect now
+			"53300",          // too many connections
+			"40001", "40P01", // serialization failure, deadlock
+			"55P03": // lock not available
+			return true
+		}
+		return false
+	}
+	var ce *pgconn.ConnectError
+	var ne net.Error
+	return errors.As(err, &ce) || errors.As(err, &ne) || pgconn.Timeout(err) || pgconn.SafeToRetry(err) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, context.DeadlineExceeded) ||
+		isConnClosed(err)
+}
+
+// isConnClosed reports pgx's errors for a connection that died under a
+// call.
+func isConnClosed(err error) bool {
+	var pe *pgconn.PrepareError
+	if errors.As(err, &pe) {
+		return false
+	}
+	s := err.Error()
+	for _, m := range []string{"conn closed", "connection reset", "broken pipe", "unexpected EOF", "failed to connect", "connection refused"} {
+		if strings.Contains(s, m) {
+			return true
+		}
+	}
+	return false
+}
+
+// Backlog implements store.Backlogged.
+func (s *Store) Backlog() store.Backlog { return s.q.Backlog() }
+
+var _ store.Backlogged = (*Store)(nil)
