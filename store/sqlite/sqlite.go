@@ -19,12 +19,12 @@
 package sqlite
 
 import (
-	"log/slog"
 	"context"
 	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
 	"sync"

@@ -101,7 +101,6 @@ type Queue struct {
 	room    *sync.Cond
 	wake    chan struct{} // the writer has work (capacity 1)
 	written chan struct{} // closed when the writer has stopped
-	retry   *time.Timer
 	stop    chan struct{} // Close: stop waiting between attempts
 }
 
