@@ -22,4 +22,3 @@ func (b Backlog) Behind() bool { return !b.Since.IsZero() }
 type Backlogged interface {
 	Backlog() Backlog
 }
-
