@@ -177,17 +177,33 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "shutting_down", "turns_running": n})
 		return
 	}
+	body := map[string]any{"status": "ok", "turns_running": n}
+	var backlog store.Backlog
+	if b, ok := s.cfg.Store.(store.Backlogged); ok {
+		if backlog = b.Backlog(); backlog.Events > 0 {
+			// What the store keeps and has not stored yet: while its
+			// database is away, the events of the turns, kept in memory
+			// (bounded) and stored once it is back.
+			body["store_behind"] = backlog
+		}
+	}
 	if p, ok := s.cfg.Store.(pinger); ok {
 		ctx, cancel := context.WithTimeout(r.Context(), pingTimeout)
 		err := p.Ping(ctx)
 		cancel()
 		if err != nil {
 			s.log.Error("health: the store is unreachable", "err", err)
-			writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "store_unreachable", "turns_running": n})
+			body["status"] = "store_unreachable"
+			writeJSON(w, http.StatusServiceUnavailable, body)
 			return
 		}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "turns_running": n})
+	if backlog.Behind() {
+		body["status"] = "store_behind"
+		writeJSON(w, http.StatusServiceUnavailable, body)
+		return
+	}
+	writeJSON(w, http.StatusOK, body)
 }
 
 // pinger is a store that can tell whether it is reachable: a database

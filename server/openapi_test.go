@@ -334,6 +334,13 @@ type unreachableStore struct{ store.Store }
 
 func (unreachableStore) Ping(context.Context) error { return errDisk }
 
+// behindStore cannot store events now: it keeps 3 (store.Backlogged).
+type behindStore struct{ store.Store }
+
+func (behindStore) Backlog() store.Backlog {
+	return store.Backlog{Events: 3, Bytes: 120, Since: time.Now().Add(-time.Second), Err: "connection refused"}
+}
+
 // failingStore is a store whose reads, BeginTurn and RequestCancel fail,
 // for the 500s.
 type failingStore struct{ store.Store }
@@ -432,6 +439,7 @@ func TestOpenAPIStatuses(t *testing.T) {
 		stuck := newServer(server.Config{Agent: stubborn{release: release}})
 		broken := newServer(server.Config{Store: failingStore{store.NewMemory()}})
 		unreachable := newServer(server.Config{Store: unreachableStore{store.NewMemory()}})
+		behind := newServer(server.Config{Store: behindStore{store.NewMemory()}})
 		withToken := newServer(server.Config{Token: "docs-token-0123456789abcdef"})
 		draining := newServer(server.Config{})
 		if err := draining.Shutdown(context.Background()); err != nil {
@@ -498,6 +506,7 @@ func TestOpenAPIStatuses(t *testing.T) {
 			{"healthy", quick, "GET /healthz", "GET", "/healthz", "", nil, 200},
 			{"draining", draining, "GET /healthz", "GET", "/healthz", "", nil, 503},
 			{"store unreachable", unreachable, "GET /healthz", "GET", "/healthz", "", nil, 503},
+			{"store behind", behind, "GET /healthz", "GET", "/healthz", "", nil, 503},
 			{"page", quick, "GET /", "GET", "/", "", nil, 200},
 			{"page by POST", quick, "GET /", "POST", "/", "", nil, 405},
 

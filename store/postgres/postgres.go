@@ -117,36 +117,8 @@ const (
 
 var _ store.Store = (*Store)(nil)
 
-// IsURL reports whether a --db value names a PostgreSQL database: a
-// postgres:// or postgresql:// URL.
-func IsURL(db string) bool {
-	return strings.HasPrefix(db, "postgres://") || strings.HasPrefix(db, "postgresql://")
-}
-
-// Redact returns a database URL fit to print: its password, in the user
-// part or as a password= parameter, is replaced by "xxxxx". A URL that
-// does not parse is not shown at all.
-func Redact(dsn string) string {
-	u, err := url.Parse(dsn)
-	if err != nil {
-		return "(a database URL that does not parse; not shown, it may hold a password)"
-	}
-	if u.User != nil {
-		if _, ok := u.User.Password(); ok {
-			u.User = url.UserPassword(u.User.Username(), "xxxxx")
-		}
-	}
-	q := u.Query()
-	for k := range q {
-		if strings.EqualFold(k, "password") {
-			q.Set(k, "xxxxx")
-			u.RawQuery = q.Encode()
-		}
-	}
-	return u.String()
-}
-
-// Open connects to the database dsn (a URL, see IsURL; pgx's parameters
+// Open connects to the database dsn (a URL or key=value string, see IsURL;
+// pgx's parameters
 // apply, pool_max_conns sizes the pool, default 10, and HeartbeatParam
 // sets the heartbeat), migrates it to
 // SchemaVersion, registers this store as an owner, marks interrupted the
@@ -246,6 +218,18 @@ const HeartbeatParam = "timebox_heartbeat"
 // takeHeartbeat removes HeartbeatParam from dsn and returns its value (0
 // when absent).
 func takeHeartbeat(dsn string) (string, time.Duration, error) {
+	if isKeyValue(dsn) {
+		m := heartbeatValue.FindStringSubmatchIndex(dsn)
+		if m == nil {
+			return dsn, 0, nil
+		}
+		v := dsn[m[2]:m[3]]
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 10*time.Millisecond {
+			return "", 0, fmt.Errorf("%s=%q: want a duration of at least 10ms, such as 5s", HeartbeatParam, v)
+		}
+		return strings.TrimSpace(dsn[:m[0]] + dsn[m[1]:]), d, nil
+	}
 	u, err := url.Parse(dsn)
 	if err != nil || !u.Query().Has(HeartbeatParam) {
 		return dsn, 0, nil // pgx says what is wrong with a bad URL

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -701,5 +702,47 @@ func TestAnOutageKillsNothing(t *testing.T) {
 	}
 	if rec, err := b.Turn(context.Background(), "t1"); err != nil || rec.Status != budget.StatusRunning {
 		t.Fatalf("%v %v", rec.Status, err)
+	}
+}
+
+// TestKeyValueConnectionStrings: a libpq key=value string is a PostgreSQL
+// database, not a SQLite file's name; its password is never shown, and it
+// opens (with timebox_heartbeat taken out of it).
+func TestKeyValueConnectionStrings(t *testing.T) {
+	for db, want := range map[string]bool{
+		"postgres://u@h/db":                     true,
+		"host=db.example dbname=tb user=u":      true,
+		"dbname=tb":                             true,
+		"  host = db password='s e c' dbname=x": true,
+		"timebox.db":                            false,
+		"./data/host=x.db":                      false,
+		"/var/lib/timebox/timebox.db":           false,
+		"file:timebox.db?mode=rwc":              false,
+		"my turns (hostname=foo).db":            false,
+	} {
+		if got := postgres.IsURL(db); got != want {
+			t.Errorf("IsURL(%q) = %v, want %v", db, got, want)
+		}
+	}
+	for dsn, want := range map[string]string{
+		"host=db password=hunter2 dbname=x":          "host=db password=xxxxx dbname=x",
+		`host=db password='it\'s a secret' dbname=x`: "host=db password=xxxxx dbname=x",
+		"postgres://u:hunter2@db/x?sslmode=disable":  "postgres://u:xxxxx@db/x?sslmode=disable",
+		"host=db dbname=x":                           "host=db dbname=x",
+	} {
+		if got := postgres.Redact(dsn); got != want {
+			t.Errorf("Redact(%q) = %q, want %q", dsn, got, want)
+		}
+	}
+	u, err := url.Parse(testenv.Postgres(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv := fmt.Sprintf("host=%s port=%s user=%s dbname=%s sslmode=disable %s=250ms", u.Hostname(), u.Port(), u.User.Username(),
+		strings.TrimPrefix(u.Path, "/"), postgres.HeartbeatParam)
+	st := open(t, kv, postgres.Options{})
+	defer st.Close()
+	if err := st.BeginTurn(context.Background(), store.TurnStart{TurnID: "kv", Input: "go"}); err != nil {
+		t.Fatal(err)
 	}
 }
