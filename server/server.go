@@ -307,32 +307,11 @@ func (s *Server) cancelled(lt *liveTurn, signal <-chan struct{}, unwatch func())
 	defer unwatch()
 	select {
 	case <-signal:
-		cause := s.whyCancelled(lt.id)
+		cause := store.WhyCancelled(s.cfg.Store, lt.id, "a client of another gateway")
 		s.log.Info("turn cancelled through the store", "turn_id", lt.id, "reason", cause.Reason, "by", cause.By)
 		lt.cancel(cause)
 	case <-lt.done:
 	}
-}
-
-// whyCancelled says why the store signalled a cancel of turn id: a client
-// of another gateway asked (store.CancelReasons says who), or another
-// gateway ended the turn, taking this one for gone — then the turn ends
-// here as the store recorded it, with the same status and message.
-func (s *Server) whyCancelled(id string) *budget.CancelError {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if cr, ok := s.cfg.Store.(store.CancelReasons); ok {
-		if ce, err := cr.CancelReason(ctx, id); err == nil && ce != nil {
-			if ce.By == "" {
-				ce.By = "a client of another gateway"
-			}
-			return ce
-		}
-	}
-	if rec, err := s.cfg.Store.Turn(ctx, id); err == nil && rec.Status == budget.StatusInterrupted {
-		return &budget.CancelError{Reason: budget.Interrupted, By: rec.Message}
-	}
-	return &budget.CancelError{Reason: budget.Cancelled, By: "a client of another gateway"}
 }
 
 func (s *Server) forget(lt *liveTurn) {

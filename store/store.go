@@ -373,6 +373,30 @@ func Enqueue(s Store, e event.Event, committed func(error)) {
 	}
 }
 
+// WhyCancelled says why s signalled a cancel of turn id (WatchCancel),
+// that this process runs: a client asked through another process (the
+// store says who, CancelReasons; else client), or another process ended
+// the turn, taking this one for gone — then the turn ends here as the
+// store recorded it: Reason budget.Interrupted, By the stored message,
+// which the turn's closing message repeats word for word. One cause, one
+// message, everywhere.
+func WhyCancelled(s Store, id, client string) *budget.CancelError {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if cr, ok := s.(CancelReasons); ok {
+		if ce, err := cr.CancelReason(ctx, id); err == nil && ce != nil {
+			if ce.By == "" {
+				ce.By = client
+			}
+			return ce
+		}
+	}
+	if rec, err := s.Turn(ctx, id); err == nil && rec.Status == budget.StatusInterrupted {
+		return &budget.CancelError{Reason: budget.Interrupted, By: rec.Message}
+	}
+	return &budget.CancelError{Reason: budget.Cancelled, By: client}
+}
+
 // KeepLate reports whether an update of a tool call record from old to new
 // must keep old: old holds a late result that new, written from the turn's
 // final record, does not know of.

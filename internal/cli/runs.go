@@ -87,6 +87,15 @@ func cmdRuns(ctx context.Context, args []string, o IO) int {
 		return ExitFailed
 	}
 	st, err := openStore(db, false, o)
+	if err != nil && !postgres.IsURL(db) {
+		// What was stored stays readable when the store cannot be opened
+		// to write (a full disk).
+		var rerr error
+		if st, rerr = sqlite.OpenReadOnly(sqlitePath(db)); rerr == nil {
+			fmt.Fprintf(o.Err, "timebox runs: %v; reading it without writing\n", err)
+			err = nil
+		}
+	}
 	if err != nil {
 		fmt.Fprintln(o.Err, "timebox runs:", err)
 		return ExitFailed
@@ -312,6 +321,7 @@ type runStore struct {
 	// another process sharing the store (timebox serve on PostgreSQL).
 	cancelled <-chan struct{}
 	unwatch   func()
+	turnID    string
 	// engine names the engine whose workers store the turn
 	// (store.TurnStart.Engine); empty: this process stores it.
 	engine string
@@ -362,6 +372,7 @@ func (r *runStore) begin(ctx context.Context, in *agent.Input, agentName string,
 		return
 	}
 	in.TurnID = agent.NewTurnID()
+	r.turnID = in.TurnID
 	// Watching before the turn is stored, so that no request is missed.
 	r.cancelled, r.unwatch = r.st.WatchCancel(in.TurnID)
 	ts := store.TurnStart{TurnID: in.TurnID, SessionID: in.SessionID, Agent: agentName, Input: in.Text, StartedAt: time.Now(), Engine: r.engine}
@@ -399,7 +410,7 @@ func (r *runStore) cancellable(ctx context.Context) (context.Context, func()) {
 	go func() {
 		select {
 		case <-r.cancelled:
-			cancel(&budget.CancelError{Reason: budget.Cancelled, By: "a client of timebox serve"})
+			cancel(store.WhyCancelled(r.st, r.turnID, "a client of timebox serve"))
 		case <-done:
 		}
 	}()
@@ -425,7 +436,11 @@ func (r *runStore) finish(rec *event.Turn, msgs []model.Message, o IO) {
 	}
 	if r.rec != nil && r.engine == "" && rec != nil {
 		if err := r.rec.Finish(context.Background(), rec, msgs); err != nil {
-			fmt.Fprintf(o.Err, "warning: %v\n", err)
+			if errors.Is(err, sqlite.ErrDiskFull) {
+				fmt.Fprintf(o.Err, "timebox run: the disk holding the store is full: %v. The answer above is all there is of this turn's events; `timebox runs show %s` shows what was stored. Free space on that disk.\n", err, rec.TurnID)
+			} else {
+				fmt.Fprintf(o.Err, "warning: %v\n", err)
+			}
 		}
 	}
 	if err := r.st.Close(); err != nil {

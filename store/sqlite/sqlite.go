@@ -56,20 +56,24 @@ type Options struct {
 	// committed again, until it is stored.
 	BusyTimeout time.Duration
 	// Logger gets a line when the store falls behind (events it could not
-	// commit yet, kept and retried) and when it has caught up; nil
-	// discards them.
+	// commit yet, kept and retried), when it has caught up, and when the
+	// disk is full; nil discards them.
 	Logger *slog.Logger
 }
 
 // Store is a store.Store in one SQLite file. It is safe for concurrent use.
 type Store struct {
-	path    string
-	w       *sql.DB // the single writer connection
-	r       *sql.DB // readers
-	owner   string
-	machine string
-	hb      time.Duration
-	stale   time.Duration
+	path     string
+	readOnly bool // OpenReadOnly: only r
+	log      *slog.Logger
+	// reserveOnce gives the reserve back once (releaseReserve).
+	reserveOnce sync.Once
+	w           *sql.DB // the single writer connection
+	r           *sql.DB // readers
+	owner       string
+	machine     string
+	hb          time.Duration
+	stale       time.Duration
 
 	recovered []string
 
@@ -146,7 +150,7 @@ func Open(path string, o Options) (*Store, error) {
 	}
 	r.SetMaxOpenConns(4)
 	r.SetMaxIdleConns(4)
-	s := &Store{path: path, w: w, r: r, owner: newID(), machine: machineID(), hb: o.Heartbeat, stale: o.Stale,
+	s := &Store{path: path, w: w, r: r, log: o.Logger, owner: newID(), machine: machineID(), hb: o.Heartbeat, stale: o.Stale,
 		stop: make(chan struct{}), done: make(chan struct{}), closed: make(chan struct{})}
 	if s.insEvent, err = w.PrepareContext(ctx, insertEventSQL); err != nil {
 		s.closeDBs()
@@ -168,8 +172,34 @@ func Open(path string, o Options) (*Store, error) {
 	}
 	s.q = groupq.New(s.commitGroup, groupq.Options{MaxGroup: maxGroup, MaxQueue: maxQueue, Transient: transient,
 		OnState: groupq.Log(o.Logger, "sqlite store "+path)})
+	s.keepReserve()
 	go s.heartbeat()
 	return s, nil
+}
+
+// OpenReadOnly opens the store at path to read it only: no migration, no
+// owner, no recovery, no writes — what `timebox runs` needs, and all a
+// store on a full disk can give. It returns an error if the file is not
+// there or not a store of this timebox.
+func OpenReadOnly(path string) (*Store, error) {
+	if _, err := os.Stat(path); err != nil {
+		return nil, err
+	}
+	r, err := sql.Open("sqlite", "file:"+path+"?mode=ro&_pragma=query_only(1)&_pragma=busy_timeout(10000)")
+	if err != nil {
+		return nil, err
+	}
+	r.SetMaxOpenConns(4)
+	var v int
+	if err := r.QueryRow("PRAGMA user_version").Scan(&v); err != nil {
+		r.Close()
+		return nil, fmt.Errorf("opening store %s: %w", path, err)
+	}
+	if v > SchemaVersion || v == 0 {
+		r.Close()
+		return nil, fmt.Errorf("opening store %s: schema version %d, this timebox reads %d", path, v, SchemaVersion)
+	}
+	return &Store{path: path, r: r, readOnly: true, stop: make(chan struct{}), done: make(chan struct{}), closed: make(chan struct{})}, nil
 }
 
 func newID() string { return ids.New("") }
@@ -220,6 +250,13 @@ func (s *Store) isClosed() bool {
 // owner and closes the file. It is idempotent and safe for concurrent use;
 // methods called after it return store.ErrClosed.
 func (s *Store) Close() error {
+	if s.readOnly {
+		s.closeOnce.Do(func() {
+			close(s.closed)
+			s.closeErr = s.r.Close()
+		})
+		return s.closeErr
+	}
 	s.closeOnce.Do(func() {
 		s.stopWriters()
 		ctx := context.Background()
@@ -255,6 +292,20 @@ func (s *Store) tx(ctx context.Context, fn func(*sql.Tx) error) error {
 	if s.isClosed() {
 		return store.ErrClosed
 	}
+	err := s.tx1(ctx, fn)
+	if isFull(err) && s.releaseReserve() {
+		err = s.tx1(ctx, fn) // with the room the reserve made
+	}
+	if isFull(err) {
+		return fmt.Errorf("%w: %w", ErrDiskFull, err)
+	}
+	return err
+}
+
+func (s *Store) tx1(ctx context.Context, fn func(*sql.Tx) error) error {
+	if s.w == nil {
+		return errReadOnly
+	}
 	tx, err := s.w.BeginTx(ctx, nil)
 	if err != nil {
 		return err
@@ -264,6 +315,50 @@ func (s *Store) tx(ctx context.Context, fn func(*sql.Tx) error) error {
 		return err
 	}
 	return tx.Commit()
+}
+
+// ErrDiskFull is returned (wrapped) by a write that failed because the disk
+// holding the store is full, once the store's reserve was spent.
+var ErrDiskFull = errors.New("the disk holding the store is full")
+
+var errReadOnly = errors.New("sqlite: the store was opened read-only")
+
+// reserveSize is the room a store keeps beside its file (path.reserve)
+// and gives back when the disk is full, so that the ends of the turns
+// running then can still be written (FinishTurn stores at least the
+// turn's record) and its closing can mark what is left.
+const reserveSize = 512 << 10
+
+// keepReserve makes the reserve file if it is not there: best effort (a
+// disk already full has no room for it).
+func (s *Store) keepReserve() {
+	p := s.path + ".reserve"
+	if fi, err := os.Stat(p); err == nil && fi.Size() >= reserveSize {
+		return
+	}
+	if err := os.WriteFile(p, make([]byte, reserveSize), 0o600); err != nil {
+		os.Remove(p)
+	}
+}
+
+// releaseReserve removes the reserve file, once: it reports whether that
+// made room.
+func (s *Store) releaseReserve() bool {
+	released := false
+	s.reserveOnce.Do(func() {
+		if err := os.Remove(s.path + ".reserve"); err == nil {
+			released = true
+			if s.log != nil {
+				s.log.Warn("sqlite store: the disk is full; gave back the room kept in reserve so that the turns' ends can be written. Free space on the disk of "+s.path, "reserve", reserveSize)
+			}
+		}
+	})
+	return released
+}
+
+func isFull(err error) bool {
+	var ce interface{ Code() int }
+	return errors.As(err, &ce) && ce.Code()&0xff == 13 // SQLITE_FULL
 }
 
 func nanos(t time.Time) int64 {
@@ -290,7 +385,12 @@ func transient(err error) bool {
 }
 
 // Backlog implements store.Backlogged.
-func (s *Store) Backlog() store.Backlog { return s.q.Backlog() }
+func (s *Store) Backlog() store.Backlog {
+	if s.readOnly {
+		return store.Backlog{}
+	}
+	return s.q.Backlog()
+}
 
 func isFK(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "FOREIGN KEY constraint failed")
@@ -360,6 +460,12 @@ func (s *Store) AppendEvent(ctx context.Context, e event.Event) error {
 // appends from concurrent turns, and the events one turn emits while a
 // commit is under way, share one transaction.
 func (s *Store) QueueEvent(e event.Event, committed func(error)) {
+	if s.readOnly {
+		if committed != nil {
+			committed(errReadOnly)
+		}
+		return
+	}
 	if e.Seq <= 0 {
 		if committed != nil {
 			committed(fmt.Errorf("turn %s: event %s has no seq: SQLite does not number events (use PostgreSQL for an engine that needs it)", e.TurnID, e.Type))
@@ -369,6 +475,9 @@ func (s *Store) QueueEvent(e event.Event, committed func(error)) {
 	s.q.Add(e, func(err error) {
 		if err == nil {
 			s.watch.Wake(e.TurnID)
+		} else if isFull(err) {
+			// The reserve is kept for the turns' ends (tx).
+			err = fmt.Errorf("%w: %w", ErrDiskFull, err)
 		}
 		if committed != nil {
 			committed(err)
@@ -377,7 +486,12 @@ func (s *Store) QueueEvent(e event.Event, committed func(error)) {
 }
 
 // Flush implements store.Store.
-func (s *Store) Flush(ctx context.Context) error { return s.q.Flush(ctx) }
+func (s *Store) Flush(ctx context.Context) error {
+	if s.readOnly {
+		return nil
+	}
+	return s.q.Flush(ctx)
+}
 
 // commitGroup writes a group of appends in one transaction.
 func (s *Store) commitGroup(group []*groupq.Item) error {
@@ -497,7 +611,7 @@ func (s *Store) FinishTurn(ctx context.Context, rec *event.Turn, msgs []model.Me
 		evs = append(evs, ev{e, d})
 	}
 	defer s.watch.Wake(rec.TurnID)
-	return s.tx(ctx, func(tx *sql.Tx) error {
+	err = s.tx(ctx, func(tx *sql.Tx) error {
 		var one int
 		err := tx.QueryRowContext(ctx, `SELECT 1 FROM turns WHERE turn_id = ?`, rec.TurnID).Scan(&one)
 		if errors.Is(err, sql.ErrNoRows) {
@@ -559,6 +673,24 @@ func (s *Store) FinishTurn(ctx context.Context, rec *event.Turn, msgs []model.Me
 		}
 		return nil
 	})
+	if !errors.Is(err, ErrDiskFull) {
+		return err
+	}
+	// The disk is full, the reserve spent: the turn's end at least — its
+	// status, its message saying what could not be stored, its answer —
+	// so that it is not taken for the crash of a process that stopped.
+	short := *rec
+	short.Message += " (The store's disk is full: this turn's events, call records and messages could not all be stored.)"
+	final, ferr := finalRecord(&short)
+	if ferr != nil {
+		return err
+	}
+	if _, werr := s.w.ExecContext(ctx, `UPDATE turns SET status = ?, stop_reason = ?, message = ?, ended_at = ?,
+		wall_ms = ?, steps = ?, record = ? WHERE turn_id = ? AND status = 'running'`,
+		short.Status, short.StopReason, short.Message, nanos(short.EndedAt), short.WallMS, short.Steps, final, short.TurnID); werr != nil {
+		return fmt.Errorf("%w (and its end could not be stored either: %v)", err, werr)
+	}
+	return fmt.Errorf("%w: the turn's end was stored without its events and records", err)
 }
 
 // Watch implements store.Store: this store's own commits are signalled at

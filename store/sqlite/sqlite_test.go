@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -364,5 +365,56 @@ func TestConcurrentWritersShareAFile(t *testing.T) {
 		if err != nil || len(evs) != 100 {
 			t.Fatalf("t%d: %d events, %v", i, len(evs), err)
 		}
+	}
+}
+
+// TestDiskFull: on a full disk the turn's events fail saying so
+// (ErrDiskFull), its end is still stored — its status and answer, and a
+// message that says what could not be — so that it is not taken for a
+// crash, and what was stored stays readable without writing
+// (OpenReadOnly).
+func TestDiskFull(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "timebox.db")
+	s := open(t, path)
+	ctx := context.Background()
+	if err := s.BeginTurn(ctx, store.TurnStart{TurnID: "t1", Input: "go", StartedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AppendEvent(ctx, event.Event{Seq: 1, TurnID: "t1", Type: event.TypeTurnStarted, At: time.Now(), Data: &event.TurnStarted{}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.FillDisk(0); err != nil {
+		t.Fatal(err)
+	}
+	big := strings.Repeat("x", 1<<20)
+	err := s.AppendEvent(ctx, event.Event{Seq: 2, TurnID: "t1", Type: event.TypeToolFinished, At: time.Now(),
+		Data: &event.ToolFinished{ToolCall: event.ToolCall{CallID: "c1", Tool: "big", Outcome: event.OutcomeOK, Result: big}}})
+	if !errors.Is(err, sqlite.ErrDiskFull) {
+		t.Fatalf("an event on a full disk: %v, want ErrDiskFull", err)
+	}
+	rec := &event.Turn{TurnID: "t1", Input: "go", Status: budget.StatusCompleted, StopReason: budget.Answered, Message: "the answer",
+		Answer: "the answer", StartedAt: time.Now(), EndedAt: time.Now(),
+		ToolCalls: []event.ToolCall{{CallID: "c1", Tool: "big", Outcome: event.OutcomeOK, Result: big}}}
+	if err := s.FinishTurn(ctx, rec, nil); !errors.Is(err, sqlite.ErrDiskFull) {
+		t.Fatalf("FinishTurn on a full disk: %v, want ErrDiskFull", err)
+	}
+	got, err := s.Turn(ctx, "t1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Status != budget.StatusCompleted || got.Answer != "the answer" || !strings.Contains(got.Message, "disk is full") {
+		t.Fatalf("the stored end: %s %q %q", got.Status, got.Answer, got.Message)
+	}
+	s.Close()
+	ro, err := sqlite.OpenReadOnly(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ro.Close()
+	if got, err := ro.Turn(ctx, "t1"); err != nil || got.Status != budget.StatusCompleted {
+		t.Fatalf("read only: %v %v", got, err)
+	}
+	if err := ro.BeginTurn(ctx, store.TurnStart{TurnID: "t2"}); err == nil {
+		t.Fatal("a read-only store began a turn")
 	}
 }
