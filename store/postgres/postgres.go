@@ -45,6 +45,7 @@ import (
 
 	"github.com/timebox-run/timebox/store"
 	"github.com/timebox-run/timebox/store/internal/groupq"
+	"github.com/timebox-run/timebox/store/internal/retry"
 	"github.com/timebox-run/timebox/store/internal/watch"
 )
 
@@ -328,29 +329,10 @@ func (s *Store) tx(ctx context.Context, fn func(pgx.Tx) error) error {
 // says "stored" to nobody yet (beginning a turn, a cancel request) fails
 // at once instead.
 func (s *Store) durable(ctx context.Context, what string, fn func(pgx.Tx) error) error {
-	wait := 100 * time.Millisecond
-	var since time.Time
-	for {
-		err := s.tx(ctx, fn)
-		if err == nil || !transient(err) {
-			if !since.IsZero() && err == nil {
-				s.log.Info("postgres store: "+what+" stored once the database was back", "db", s.where, "after", time.Since(since).Round(time.Millisecond))
-			}
-			return err
-		}
-		if since.IsZero() {
-			since = time.Now()
-			s.log.Warn("postgres store: cannot store "+what+"; trying again until it is", "db", s.where, "err", err)
-		}
-		select {
-		case <-time.After(wait):
-		case <-ctx.Done():
-			return err
-		case <-s.closed:
+	return retry.Do(ctx, retry.Policy{Transient: transient, Stop: s.closed, Log: s.log, What: "postgres store: " + what, Attrs: []any{"db", s.where},
+		Stopped: func(err error) error {
 			return fmt.Errorf("%w while %s could not be stored: %w", store.ErrClosed, what, err)
-		}
-		wait = min(2*wait, 5*time.Second)
-	}
+		}}, func() error { return s.tx(ctx, fn) })
 }
 
 func nanos(t time.Time) int64 {

@@ -38,6 +38,7 @@ import (
 	"github.com/timebox-run/timebox/model"
 	"github.com/timebox-run/timebox/store"
 	"github.com/timebox-run/timebox/store/internal/groupq"
+	"github.com/timebox-run/timebox/store/internal/retry"
 	"github.com/timebox-run/timebox/store/internal/watch"
 )
 
@@ -300,6 +301,17 @@ func (s *Store) tx(ctx context.Context, fn func(*sql.Tx) error) error {
 		return fmt.Errorf("%w: %w", ErrDiskFull, err)
 	}
 	return err
+}
+
+// durable runs fn in a write transaction until it commits: again, after a
+// backoff, while another process holds the file's lock past BusyTimeout,
+// until ctx ends or the store is closed. A turn's end and a late result go
+// through it (docs/decisions/store-outages.md).
+func (s *Store) durable(ctx context.Context, what string, fn func(*sql.Tx) error) error {
+	return retry.Do(ctx, retry.Policy{Transient: transient, Stop: s.closed, Log: s.log, What: "sqlite store: " + what, Attrs: []any{"path", s.path},
+		Stopped: func(err error) error {
+			return fmt.Errorf("%w while %s could not be stored: %w", store.ErrClosed, what, err)
+		}}, func() error { return s.tx(ctx, fn) })
 }
 
 func (s *Store) tx1(ctx context.Context, fn func(*sql.Tx) error) error {
@@ -611,7 +623,7 @@ func (s *Store) FinishTurn(ctx context.Context, rec *event.Turn, msgs []model.Me
 		evs = append(evs, ev{e, d})
 	}
 	defer s.watch.Wake(rec.TurnID)
-	err = s.tx(ctx, func(tx *sql.Tx) error {
+	err = s.durable(ctx, "the record of turn "+rec.TurnID, func(tx *sql.Tx) error {
 		var one int
 		err := tx.QueryRowContext(ctx, `SELECT 1 FROM turns WHERE turn_id = ?`, rec.TurnID).Scan(&one)
 		if errors.Is(err, sql.ErrNoRows) {
@@ -727,7 +739,7 @@ func (s *Store) WatchCancel(turnID string) (<-chan struct{}, func()) { return s.
 
 // UpdateToolCall implements store.Store.
 func (s *Store) UpdateToolCall(ctx context.Context, rec event.ToolCall) error {
-	return s.tx(ctx, func(tx *sql.Tx) error { return putToolCall(ctx, tx, rec) })
+	return s.durable(ctx, "a late result of turn "+rec.TurnID, func(tx *sql.Tx) error { return putToolCall(ctx, tx, rec) })
 }
 
 // Turn implements store.Store.

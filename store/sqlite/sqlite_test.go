@@ -418,3 +418,88 @@ func TestDiskFull(t *testing.T) {
 		t.Fatal("a read-only store began a turn")
 	}
 }
+
+// TestALockedFileLosesNothing: while another process holds the file's
+// write lock past BusyTimeout, the turn's events are kept and committed
+// again, the store says it is behind, and the turn's end is stored once
+// the lock is let go — nothing fails, nothing is lost.
+func TestALockedFileLosesNothing(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "timebox.db")
+	s, err := sqlite.Open(path, sqlite.Options{BusyTimeout: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	rec := store.NewRecorder(s)
+	if err := rec.Begin(ctx, store.TurnStart{TurnID: "t1", Input: "q", StartedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	em := event.NewEmitter("t1", rec)
+	em.Emit(&event.TurnStarted{Input: "q"})
+	if err := s.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	other, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	lock, err := other.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	if _, err := lock.ExecContext(ctx, "BEGIN EXCLUSIVE"); err != nil {
+		t.Fatal(err)
+	}
+	for range 100 {
+		em.Emit(&event.LLMDelta{Text: "x"})
+	}
+	em.Emit(&event.TurnFinished{Status: budget.StatusCompleted, StopReason: budget.Answered, Answer: "a"})
+	end := &event.Turn{TurnID: "t1", Input: "q", Status: budget.StatusCompleted, StopReason: budget.Answered, Answer: "a",
+		StartedAt: time.Now(), EndedAt: time.Now(), Events: em.Log()}
+	late := make(chan error, 1)
+	go func() {
+		late <- s.UpdateToolCall(ctx, event.ToolCall{TurnID: "t1", CallID: "c1", Tool: "slow", Outcome: event.OutcomeAbandoned,
+			LateResult: true, LateOutput: "finally"})
+	}()
+	finished := make(chan error, 1)
+	go func() { finished <- rec.Finish(ctx, end, nil) }()
+
+	deadline := time.Now().Add(10 * time.Second)
+	for !s.Backlog().Behind() {
+		if time.Now().After(deadline) {
+			t.Fatalf("locked for 10s, the store is not behind: %+v", s.Backlog())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	select {
+	case err := <-finished:
+		t.Fatalf("the turn's end returned while the file was locked: %v", err)
+	case err := <-late:
+		t.Fatalf("a late result returned while the file was locked: %v", err)
+	case <-time.After(300 * time.Millisecond): // several busy timeouts
+	}
+	if _, err := lock.ExecContext(ctx, "COMMIT"); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-late; err != nil {
+		t.Fatalf("the late result: %v", err)
+	}
+	if err := <-finished; err != nil {
+		t.Fatalf("the turn's end: %v", err)
+	}
+	got, err := s.Turn(ctx, "t1")
+	if err != nil || got.Status != budget.StatusCompleted || got.Answer != "a" {
+		t.Fatalf("stored %+v, %v", got, err)
+	}
+	evs, err := s.Events(ctx, "t1", 0, 0)
+	if err != nil || len(evs) != len(em.Log()) {
+		t.Fatalf("%d events stored of %d (%v)", len(evs), len(em.Log()), err)
+	}
+	if b := s.Backlog(); b.Behind() || b.Events != 0 {
+		t.Errorf("backlog after: %+v", b)
+	}
+}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/store"
+	"github.com/timebox-run/timebox/store/internal/retry"
 )
 
 // Item is one queued event.
@@ -58,6 +59,9 @@ type Options struct {
 	// Backoff is the first wait before a group is committed again, doubled
 	// up to MaxBackoff: 100ms and 5s.
 	Backoff, MaxBackoff time.Duration
+	// Stuck is how long one commit may take before the queue is behind
+	// even though nothing failed yet (a lock held on a table): 2s.
+	Stuck time.Duration
 	// CloseTimeout bounds how long Close goes on committing what is queued
 	// while commits keep failing: 30s. What is left then fails.
 	CloseTimeout time.Duration
@@ -98,6 +102,8 @@ type Queue struct {
 	closing time.Time // when Close was called
 	failing time.Time
 	lastErr error
+	// committing is when the commit under way began, zero between them.
+	committing time.Time
 	room    *sync.Cond
 	wake    chan struct{} // the writer has work (capacity 1)
 	written chan struct{} // closed when the writer has stopped
@@ -120,6 +126,9 @@ func New(commit Commit, o Options) *Queue {
 	}
 	if o.MaxBackoff <= 0 {
 		o.MaxBackoff = 5 * time.Second
+	}
+	if o.Stuck <= 0 {
+		o.Stuck = 2 * time.Second
 	}
 	if o.CloseTimeout <= 0 {
 		o.CloseTimeout = 30 * time.Second
@@ -166,7 +175,16 @@ func (q *Queue) Status() Status {
 }
 
 func (q *Queue) statusLocked() Status {
-	return Status{Waiting: len(q.queue) + q.inBatch, Bytes: q.bytes, FailingSince: q.failing, Err: q.lastErr}
+	st := Status{Waiting: len(q.queue) + q.inBatch, Bytes: q.bytes, FailingSince: q.failing, Err: q.lastErr}
+	if st.FailingSince.IsZero() && !q.committing.IsZero() {
+		// A commit that neither ends nor fails — a lock held on a table,
+		// a database that stopped answering — is behind as well.
+		if waited := time.Since(q.committing); waited >= q.o.Stuck {
+			st.FailingSince = q.committing
+			st.Err = fmt.Errorf("a commit has waited %s for the database (a lock held, or a database that does not answer)", waited.Round(time.Second))
+		}
+	}
+	return st
 }
 
 // Close refuses new events and returns once the writer has committed
@@ -294,24 +312,28 @@ func (q *Queue) commitGroup(group []*Item) {
 // attempt commits group, again while the failure is transient, until it
 // is stored, fails otherwise, or Close's time ran out.
 func (q *Queue) attempt(group []*Item) error {
-	wait := q.o.Backoff
-	for {
-		err := q.commit(group)
-		if err == nil || q.o.Transient == nil || !q.o.Transient(err) {
-			q.state(nil)
-			return err
-		}
-		q.state(err)
-		select {
-		case <-time.After(wait):
-		case <-q.stop:
+	err := retry.Do(context.Background(), retry.Policy{Transient: q.o.Transient, Backoff: q.o.Backoff, MaxBackoff: q.o.MaxBackoff,
+		Stop: q.stop, Failing: func(err error, _ time.Time) { q.state(err) },
+		Stopped: func(err error) error {
 			return fmt.Errorf("%w: the store was closed while it could not store events: %w", store.ErrClosed, err)
-		}
+		}}, func() error {
 		for _, it := range group {
 			it.Err = nil
 		}
-		wait = min(2*wait, q.o.MaxBackoff)
+		q.mu.Lock()
+		q.committing = time.Now()
+		q.mu.Unlock()
+		defer func() {
+			q.mu.Lock()
+			q.committing = time.Time{}
+			q.mu.Unlock()
+		}()
+		return q.commit(group)
+	})
+	if err == nil || q.o.Transient == nil || !q.o.Transient(err) {
+		q.state(nil)
 	}
+	return err
 }
 
 // state notes that commits fail (err) or work again (nil), and tells

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -262,5 +263,38 @@ func TestFlushWaitsForTheDatabase(t *testing.T) {
 	}
 	if fmt.Sprint(db.stored) != "[1]" {
 		t.Fatalf("stored %v after Flush", db.stored)
+	}
+}
+
+// TestAStuckCommitIsBehind: a commit that neither ends nor fails (a lock
+// held on the table) puts the queue behind once it has waited Stuck, and
+// not before; once it commits, the queue has caught up.
+func TestAStuckCommitIsBehind(t *testing.T) {
+	db := &fakeDB{release: make(chan struct{})}
+	q := New(db.commit, Options{Transient: transient, Stuck: 500 * time.Millisecond})
+	defer q.Close()
+	r := newResults(1)
+	q.Add(ev(1), r.cb(1))
+	if st := q.Status(); st.Behind() {
+		t.Fatalf("behind at once: %+v", st)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !q.Status().Behind() {
+		if time.Now().After(deadline) {
+			t.Fatalf("a commit stuck for 10s is not behind: %+v", q.Status())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	st := q.Status()
+	if st.Waiting != 1 || st.Err == nil || !strings.Contains(st.Err.Error(), "has waited") {
+		t.Errorf("stuck status %+v", st)
+	}
+	if b := q.Backlog(); !b.Behind() || b.Events != 1 || b.Err == "" {
+		t.Errorf("backlog %+v", b)
+	}
+	close(db.release)
+	r.all.Wait()
+	if st := q.Status(); st.Behind() || st.Waiting != 0 {
+		t.Errorf("after the commit: %+v", st)
 	}
 }
