@@ -104,10 +104,10 @@ type Queue struct {
 	lastErr error
 	// committing is when the commit under way began, zero between them.
 	committing time.Time
-	room    *sync.Cond
-	wake    chan struct{} // the writer has work (capacity 1)
-	written chan struct{} // closed when the writer has stopped
-	stop    chan struct{} // Close: stop waiting between attempts
+	room       *sync.Cond
+	wake       chan struct{} // the writer has work (capacity 1)
+	written    chan struct{} // closed when the writer has stopped
+	stop       chan struct{} // Close: stop waiting between attempts
 }
 
 // New starts a queue whose writer commits with commit.
