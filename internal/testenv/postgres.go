@@ -64,6 +64,7 @@ type pgCluster struct {
 	dir    string // the cluster's temporary directory
 	port   int
 	asUser string // run the server as this user ("" = as we are)
+	opts   string // the server's settings
 	dbs    atomic.Int64
 }
 
@@ -140,9 +141,9 @@ func newCluster() (*pgCluster, error) {
 		os.RemoveAll(c.dir)
 		return nil, fmt.Errorf("initdb: %v: %s", err, lastLines(out, 5))
 	}
-	fsync := "off"
+	c.opts = "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
 	if os.Getenv(EnvPostgresDurable) == "1" {
-		fsync = "on"
+		c.opts = "-c fsync=on -c synchronous_commit=on -c full_page_writes=on"
 	}
 	// A free port can be taken between our look and the server's bind:
 	// try a few.
@@ -151,20 +152,30 @@ func newCluster() (*pgCluster, error) {
 		if err != nil {
 			break
 		}
-		opts := fmt.Sprintf("-c listen_addresses=127.0.0.1 -p %d -k %s -c fsync=%s -c synchronous_commit=%s "+
-			"-c full_page_writes=%s -c max_connections=300 -c shared_buffers=32MB", c.port, c.dir, fsync, fsync, fsync)
-		var out string
-		out, err = c.run("pg_ctl", "-D", c.data(), "-l", filepath.Join(c.dir, "server.log"), "-w", "-t", "60", "-o", opts, "start")
-		if err == nil {
+		if err = c.start(); err == nil {
 			return c, nil
 		}
-		err = fmt.Errorf("pg_ctl start: %v: %s %s", err, lastLines(out, 3), lastLines(readFile(filepath.Join(c.dir, "server.log")), 5))
 		if try == 2 {
 			break
 		}
 	}
 	c.stop()
 	return nil, err
+}
+
+// start starts the cluster's server on its port.
+func (c *pgCluster) start() error {
+	out, err := c.run("pg_ctl", "-D", c.data(), "-l", filepath.Join(c.dir, "server.log"), "-w", "-t", "60", "-o", c.serverOptions(), "start")
+	if err != nil {
+		return fmt.Errorf("pg_ctl start: %v: %s %s", err, lastLines(out, 3), lastLines(readFile(filepath.Join(c.dir, "server.log")), 5))
+	}
+	return nil
+}
+
+// serverOptions are the server's settings: on loopback, on its port,
+// with its socket in its directory.
+func (c *pgCluster) serverOptions() string {
+	return fmt.Sprintf("-c listen_addresses=127.0.0.1 -p %d -k %s %s -c max_connections=300 -c shared_buffers=32MB", c.port, c.dir, c.opts)
 }
 
 func (c *pgCluster) data() string { return filepath.Join(c.dir, "data") }
@@ -268,3 +279,66 @@ func reapStaleClusters(c *pgCluster) {
 		stale.stop()
 	}
 }
+
+// PostgresServer is a throwaway PostgreSQL cluster of one test's own, for
+// the tests of what the stores do when the database goes away: the test
+// stops it, starts it again, restarts it. Its databases are gone with it
+// when the test ends.
+type PostgresServer struct {
+	t testing.TB
+	c *pgCluster
+}
+
+// StartPostgres starts a cluster for t alone (as Postgres does for the
+// whole binary), stopped and removed when t ends. It skips t (fails it
+// when postgres is required) when PostgreSQL is not installed.
+func StartPostgres(t testing.TB) *PostgresServer {
+	t.Helper()
+	c, err := newCluster()
+	if err != nil {
+		Unavailable(t, "postgres", err.Error())
+	}
+	t.Cleanup(c.stop)
+	return &PostgresServer{t: t, c: c}
+}
+
+// Database creates a new, empty database and returns its URL.
+func (s *PostgresServer) Database() string {
+	s.t.Helper()
+	name := fmt.Sprintf("tb_%d", s.c.dbs.Add(1))
+	if err := s.c.psql("CREATE DATABASE " + name); err != nil {
+		s.t.Fatalf("creating a test database: %v", err)
+	}
+	return s.c.url(name)
+}
+
+// Stop stops the server the way an administrator does (pg_ctl stop -m
+// fast: the clients' connections are cut, the server is down until
+// Start).
+func (s *PostgresServer) Stop() {
+	s.t.Helper()
+	if out, err := s.c.run("pg_ctl", "-D", s.c.data(), "-m", "fast", "-w", "-t", "60", "stop"); err != nil {
+		s.t.Fatalf("pg_ctl stop: %v: %s", err, lastLines(out, 3))
+	}
+}
+
+// Start starts the stopped server again, on the same port.
+func (s *PostgresServer) Start() {
+	s.t.Helper()
+	if err := s.c.start(); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// Restart restarts the server (pg_ctl restart -m fast): the clients'
+// connections are cut and it is back a moment later.
+func (s *PostgresServer) Restart() {
+	s.t.Helper()
+	if out, err := s.c.run("pg_ctl", "-D", s.c.data(), "-l", filepath.Join(s.c.dir, "server.log"), "-m", "fast", "-w", "-t", "60",
+		"-o", s.c.serverOptions(), "restart"); err != nil {
+		s.t.Fatalf("pg_ctl restart: %v: %s", err, lastLines(out, 3))
+	}
+}
+
+// Exec runs one SQL statement in the cluster's postgres database.
+func (s *PostgresServer) Exec(sql string) error { return s.c.psql(sql) }

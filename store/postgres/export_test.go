@@ -20,3 +20,8 @@ func (s *Store) SeenFor(d time.Duration) {
 	defer s.upMu.Unlock()
 	s.upSince = s.upSince.Add(-d)
 }
+
+// LoseCommitAnswers makes the next n commits of numbered groups answer
+// with an error that passes although they were stored, as when the
+// connection is cut as the database commits.
+func (s *Store) LoseCommitAnswers(n int) { s.loseAnswers.Store(int32(n)) }

@@ -79,6 +79,9 @@ func (s *Store) heartbeat() {
 			// show on the next real write; the next tick tries again.
 			if s.beat(s.ctx) == nil {
 				_, _ = s.recover(s.ctx)
+				// The tokens of numbered groups are needed while their
+				// writer may commit them again: minutes at most.
+				_, _ = s.pool.Exec(s.ctx, `DELETE FROM numbered_groups WHERE at < now() - interval '1 hour'`)
 			}
 		}
 	}

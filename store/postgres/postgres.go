@@ -95,6 +95,10 @@ type Store struct {
 	cancels watch.Set // turns this store runs (WatchCancel)
 
 	dropNotify atomic.Bool // tests: act as if every notification were lost
+	// loseAnswers, in tests, is how many commits of numbered groups end
+	// as if the connection was cut as they committed: stored, answered by
+	// an error.
+	loseAnswers atomic.Int32
 
 	ctx       context.Context // ends when the store closes
 	stopAll   context.CancelFunc

@@ -746,3 +746,60 @@ func TestKeyValueConnectionStrings(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestALostCommitAnswerStoresNothingTwice: a group of numbered events
+// whose commit was stored but answered by an error (the connection cut as
+// the database committed) is committed again by the queue; it must find
+// that it was stored, and give its events the seqs they were stored with,
+// rather than number and store them a second time.
+func TestALostCommitAnswerStoresNothingTwice(t *testing.T) {
+	dsn := testenv.Postgres(t)
+	a := open(t, dsn, postgres.Options{})
+	defer a.Close()
+	ctx := context.Background()
+	if err := a.BeginTurn(ctx, store.TurnStart{TurnID: "t1", Input: "go", Engine: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	a.LoseCommitAnswers(3)
+	const n = 20
+	var mu sync.Mutex
+	got := map[int64]bool{}
+	var wg sync.WaitGroup
+	wg.Add(n)
+	for i := range n {
+		e := event.Event{TurnID: "t1", Type: event.TypeStillWorking, At: time.Now(),
+			Data: &event.StillWorking{Subject: "w", ElapsedMS: int64(i)}}
+		a.QueueEvent(e, func(err error) {
+			defer wg.Done()
+			if err != nil {
+				t.Error(err)
+			}
+		})
+		if i%5 == 4 {
+			if err := a.Flush(ctx); err != nil { // several groups
+				t.Fatal(err)
+			}
+		}
+	}
+	wg.Wait()
+	evs, err := a.Events(ctx, "t1", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range evs {
+		mu.Lock()
+		if got[e.Seq] {
+			t.Errorf("seq %d twice", e.Seq)
+		}
+		got[e.Seq] = true
+		mu.Unlock()
+	}
+	if len(evs) != n {
+		t.Fatalf("%d events stored, want %d: a group whose answer was lost was stored again", len(evs), n)
+	}
+	for i, e := range evs {
+		if d := e.Data.(*event.StillWorking); d.ElapsedMS != int64(i) || e.Seq != int64(i+1) {
+			t.Fatalf("event %d: seq %d, elapsed %d", i, e.Seq, d.ElapsedMS)
+		}
+	}
+}

@@ -121,11 +121,24 @@ ALTER TABLE turns ADD COLUMN caller text NOT NULL DEFAULT '';
 ALTER TABLE cancel_requests ADD COLUMN reason text NOT NULL DEFAULT '';
 ALTER TABLE cancel_requests ADD COLUMN requested_by text NOT NULL DEFAULT '';
 `,
+	// 3: the groups of numbered events committed, by their writer's token
+	// (an engine's workers number the events of a turn): a writer whose
+	// commit's answer was lost — the connection cut as it committed —
+	// finds here that the group was stored, and with which seqs, instead
+	// of storing it twice. Kept an hour.
+	`
+CREATE TABLE numbered_groups (
+	token text        PRIMARY KEY,
+	seqs  bigint[]    NOT NULL,
+	at    timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX numbered_groups_at ON numbered_groups (at);
+`,
 }
 
 // SchemaVersion is the schema version this package writes: the number of
 // migrations.
-const SchemaVersion = 2
+const SchemaVersion = 3
 
 // migrationLock is the advisory lock that serialises migrations: "timebox"
 // in ASCII.

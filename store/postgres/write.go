@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -212,10 +213,25 @@ func (s *Store) commitGroup(group []*groupq.Item) (err error) {
 			}
 		}()
 	}
+	if numbered && group[0].Token == "" {
+		group[0].Token = newID()
+	}
+	defer func() {
+		if err == nil && numbered && s.loseAnswers.Load() > 0 && s.loseAnswers.Add(-1) >= 0 {
+			err = fmt.Errorf("committing: %w", io.ErrUnexpectedEOF)
+		}
+	}()
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		if numbered {
-			var err error
+			done, err := committedBefore(ctx, tx, group)
+			if done || err != nil {
+				return err
+			}
+			all := group
 			if group, err = number(ctx, tx, group); err != nil {
+				return err
+			}
+			if err := noteCommitted(ctx, tx, all); err != nil {
 				return err
 			}
 		}
@@ -355,6 +371,51 @@ func number(ctx context.Context, tx pgx.Tx, group []*groupq.Item) ([]*groupq.Ite
 		it.Data = d
 	}
 	return keep, nil
+}
+
+// committedBefore reports whether the numbered group was committed by an
+// earlier attempt whose answer was lost, and if so gives its events the
+// seqs they were stored with (an event the attempt refused as a second
+// end gets ErrExists again).
+func committedBefore(ctx context.Context, tx pgx.Tx, group []*groupq.Item) (bool, error) {
+	var seqs []int64
+	err := tx.QueryRow(ctx, `SELECT seqs FROM numbered_groups WHERE token = $1`, group[0].Token).Scan(&seqs)
+	if isNoRows(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if len(seqs) != len(group) {
+		return false, fmt.Errorf("postgres store: group %s was committed with %d events, is %d now", group[0].Token, len(seqs), len(group))
+	}
+	for i, it := range group {
+		switch {
+		case seqs[i] == 0:
+			it.Err = fmt.Errorf("turn %s: a second %s for the same thing: %w", it.Event.TurnID, it.Event.Type, store.ErrExists)
+		case it.Event.Seq == 0:
+			it.Event.Seq = seqs[i]
+			d, err := json.Marshal(it.Event)
+			if err != nil {
+				return false, err
+			}
+			it.Data = d
+		}
+	}
+	return true, nil
+}
+
+// noteCommitted records the seqs number gave the group (0 for an event it
+// refused), under the group's token, in the group's transaction.
+func noteCommitted(ctx context.Context, tx pgx.Tx, group []*groupq.Item) error {
+	seqs := make([]int64, len(group))
+	for i, it := range group {
+		if it.Err == nil {
+			seqs[i] = it.Event.Seq
+		}
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO numbered_groups (token, seqs) VALUES ($1, $2)`, group[0].Token, seqs)
+	return err
 }
 
 // endsSomething reports whether e ends a call, an attempt or the turn

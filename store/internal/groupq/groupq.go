@@ -33,6 +33,10 @@ type Item struct {
 	// Err is set by a commit that stored the group but not this event (a
 	// turn that is unknown, or that another process ended).
 	Err error
+	// Token is the commit's to set: it stays with the item while its
+	// group is committed again, so that a commit whose answer was lost
+	// (the connection cut as it committed) can find that it was stored.
+	Token string
 
 	committed func(error)
 	flushed   chan struct{}
