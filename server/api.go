@@ -319,6 +319,10 @@ func (s *Server) postTurn(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, errBusy):
 		writeError(w, http.StatusConflict, "session_busy", err.Error())
 		return
+	case errors.Is(err, errStoreAway):
+		w.Header().Set("Retry-After", "5")
+		writeError(w, http.StatusServiceUnavailable, "store_unavailable", err.Error())
+		return
 	case err != nil:
 		s.log.Error("starting a turn", "err", err)
 		writeError(w, http.StatusInternalServerError, "store_error", err.Error())

@@ -341,6 +341,13 @@ func (behindStore) Backlog() store.Backlog {
 	return store.Backlog{Events: 3, Bytes: 120, Since: time.Now().Add(-time.Second), Err: "connection refused"}
 }
 
+// awayStore cannot be written for now (its database is away).
+type awayStore struct{ store.Store }
+
+func (awayStore) BeginTurn(context.Context, store.TurnStart) error {
+	return fmt.Errorf("%w: connection refused", store.ErrUnavailable)
+}
+
 // failingStore is a store whose reads, BeginTurn and RequestCancel fail,
 // for the 500s.
 type failingStore struct{ store.Store }
@@ -440,6 +447,7 @@ func TestOpenAPIStatuses(t *testing.T) {
 		broken := newServer(server.Config{Store: failingStore{store.NewMemory()}})
 		unreachable := newServer(server.Config{Store: unreachableStore{store.NewMemory()}})
 		behind := newServer(server.Config{Store: behindStore{store.NewMemory()}})
+		away := newServer(server.Config{Store: awayStore{store.NewMemory()}})
 		withToken := newServer(server.Config{Token: "docs-token-0123456789abcdef"})
 		draining := newServer(server.Config{})
 		if err := draining.Shutdown(context.Background()); err != nil {
@@ -469,6 +477,7 @@ func TestOpenAPIStatuses(t *testing.T) {
 			{"session busy", busy, "POST /v1/turns", "POST", "/v1/turns", `{"input": "again", "session_id": "s2"}`, nil, 409},
 			{"input too long", quick, "POST /v1/turns", "POST", "/v1/turns", `{"input": "` + strings.Repeat("x", 101) + `"}`, nil, 413},
 			{"store fails", broken, "POST /v1/turns", "POST", "/v1/turns", `{"input": "hello"}`, nil, 500},
+			{"store away", away, "POST /v1/turns", "POST", "/v1/turns", `{"input": "hello"}`, nil, 503},
 			{"shutting down", draining, "POST /v1/turns", "POST", "/v1/turns", `{"input": "hello"}`, nil, 503},
 
 			{"list", quick, "GET /v1/turns", "GET", "/v1/turns?status=completed&limit=1", "", nil, 200},

@@ -225,10 +225,11 @@ func (s *Server) storeError(op, turnID string, err error) {
 // newSessionID returns a fresh session id.
 func newSessionID() string { return ids.New("s_") }
 
-// errBusy and errDraining are why a turn could not start.
+// errBusy, errDraining and errStoreAway are why a turn could not start.
 var (
-	errDraining = errors.New("draining")
-	errBusy     = errors.New("session busy")
+	errDraining  = errors.New("draining")
+	errBusy      = errors.New("session busy")
+	errStoreAway = errors.New("the store cannot be written for now")
 )
 
 // start registers, stores and starts a turn. The returned subscription is
@@ -274,6 +275,9 @@ func (s *Server) start(ctx context.Context, session, input string, budgets budge
 		if errors.Is(err, store.ErrSessionBusy) {
 			// Running through another gateway sharing the store.
 			return fail(fmt.Errorf("%w: %v; wait for it to end or cancel it", errBusy, err))
+		}
+		if errors.Is(err, store.ErrUnavailable) {
+			return fail(fmt.Errorf("%w: %v", errStoreAway, err))
 		}
 		return fail(fmt.Errorf("storing the turn: %w", err))
 	}

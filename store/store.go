@@ -39,6 +39,12 @@ var ErrClosed = errors.New("store is closed")
 // each miss the other's messages.
 var ErrSessionBusy = errors.New("session has a turn running")
 
+// ErrUnavailable is returned (wrapped) by BeginTurn when the store cannot
+// be written for now — the database is away, another process holds the
+// file's lock — so that the turn can be asked again later or elsewhere
+// (HTTP 503 store_unavailable) rather than taken for a failure.
+var ErrUnavailable = errors.New("the store cannot be written for now")
+
 // ErrNotRunning is returned (wrapped) by RequestCancel for a turn that has
 // already ended.
 var ErrNotRunning = errors.New("turn is not running")

@@ -221,6 +221,12 @@ func databaseStopped(t *testing.T, down time.Duration) {
 	code, body := health(urlA)
 	sc.truth("/healthz of A while the database is down", "503", fmt.Sprint(code), code == http.StatusServiceUnavailable)
 	t.Logf("/healthz: %s", body)
+	if resp, err := http.Post(urlA+"/v1/turns", "application/json", strings.NewReader(`{"input": "now?", "detach": true}`)); err == nil {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		sc.truth("a new turn while the database is down", "503 store_unavailable", fmt.Sprintf("%d %.40s", resp.StatusCode, b),
+			resp.StatusCode == http.StatusServiceUnavailable && strings.Contains(string(b), "store_unavailable"))
+	}
 	if rest := time.Until(stopped.Add(down)); rest > 0 {
 		time.Sleep(rest)
 	}

@@ -26,7 +26,7 @@ const (
 
 // BeginTurn implements store.Store.
 func (s *Store) BeginTurn(ctx context.Context, t store.TurnStart) error {
-	return s.tx(ctx, func(tx pgx.Tx) error {
+	err := s.tx(ctx, func(tx pgx.Tx) error {
 		// A store that others took for gone (a long pause) is an owner
 		// again before it begins anything, so that its new turn is not
 		// taken for an orphan.
@@ -35,6 +35,10 @@ func (s *Store) BeginTurn(ctx context.Context, t store.TurnStart) error {
 		}
 		return s.begin(ctx, tx, t, true)
 	})
+	if transient(err) {
+		return fmt.Errorf("%w: %w", store.ErrUnavailable, err)
+	}
+	return err
 }
 
 // begin inserts a running turn owned by s; exclusive refuses it while its

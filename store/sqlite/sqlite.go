@@ -416,9 +416,13 @@ func touchSession(ctx context.Context, tx *sql.Tx, id string, at time.Time) erro
 
 // BeginTurn implements store.Store.
 func (s *Store) BeginTurn(ctx context.Context, t store.TurnStart) error {
-	return s.tx(ctx, func(tx *sql.Tx) error {
+	err := s.tx(ctx, func(tx *sql.Tx) error {
 		return s.begin(ctx, tx, t, true)
 	})
+	if transient(err) {
+		return fmt.Errorf("%w: %w", store.ErrUnavailable, err)
+	}
+	return err
 }
 
 // begin inserts a running turn; exclusive refuses it while its session has
