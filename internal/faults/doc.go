@@ -3,7 +3,11 @@
 // a turn started outlives it — at the edges: model streams that never end,
 // floods of output and of progress, process trees that try to escape, a
 // burst of a thousand calls, clients that go away, signals and crashes in
-// the middle of a turn.
+// the middle of a turn (TestFaults); the Temporal engine's workers and
+// server killed (TestEngineFaults); and the stores under outages — a
+// PostgreSQL stopped, restarted, locked or cutting connections under
+// several gateways, a SQLite file locked by another process
+// (TestStoreFaults).
 //
 // Each scenario runs the real `timebox` binary (built once by the suite)
 // or, where a binary adds nothing, the library, and asserts its figures
@@ -11,7 +15,9 @@
 // call cgroups), goroutines back to their baseline (in-process scenarios),
 // records lost (0: every call that started has a record, and the stored
 // turn matches what was emitted), the peak memory of the timebox process
-// (its VmHWM), and the time past the deadline.
+// (its VmHWM), and the time past the deadline; the store's scenarios add
+// events lost, healthy turns interrupted and the time from the database's
+// return to the turn's stored end.
 //
 // The tests are behind the build tag faults, so that `go test ./...` stays
 // quick; CI runs them as a step of their own:

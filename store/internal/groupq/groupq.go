@@ -61,7 +61,7 @@ type Options struct {
 	// than failed. Nil: no error does.
 	Transient func(error) bool
 	// Backoff is the first wait before a group is committed again, doubled
-	// up to MaxBackoff: 100ms and 5s.
+	// up to MaxBackoff: retry's defaults, 100ms and 5s.
 	Backoff, MaxBackoff time.Duration
 	// Stuck is how long one commit may take before the queue is behind
 	// even though nothing failed yet (a lock held on a table): 2s.
@@ -124,12 +124,6 @@ func New(commit Commit, o Options) *Queue {
 	}
 	if o.MaxBytes <= 0 {
 		o.MaxBytes = 64 << 20
-	}
-	if o.Backoff <= 0 {
-		o.Backoff = 100 * time.Millisecond
-	}
-	if o.MaxBackoff <= 0 {
-		o.MaxBackoff = 5 * time.Second
 	}
 	if o.Stuck <= 0 {
 		o.Stuck = 2 * time.Second

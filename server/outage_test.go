@@ -1,0 +1,115 @@
+package server_test
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/model"
+	"github.com/timebox-run/timebox/server"
+	"github.com/timebox-run/timebox/store"
+)
+
+// heldStore is a store whose writes do not go through until it is let go,
+// as a database that is away or a table that is locked: the events queued
+// meanwhile are kept, in order, and FinishTurn waits.
+type heldStore struct {
+	store.Store
+	mu      sync.Mutex
+	held    bool
+	waiting []func()
+	release chan struct{}
+}
+
+func newHeldStore() *heldStore {
+	return &heldStore{Store: store.NewMemory(), held: true, release: make(chan struct{})}
+}
+
+func (s *heldStore) QueueEvent(e event.Event, committed func(error)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.held {
+		s.waiting = append(s.waiting, func() { s.Store.QueueEvent(e, committed) })
+		return
+	}
+	s.Store.QueueEvent(e, committed)
+}
+
+func (s *heldStore) FinishTurn(ctx context.Context, rec *event.Turn, msgs []model.Message) error {
+	<-s.release
+	return s.Store.FinishTurn(ctx, rec, msgs)
+}
+
+// letGo stores what was kept, in order, and lets the writes through.
+func (s *heldStore) letGo() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, w := range s.waiting {
+		w()
+	}
+	s.held, s.waiting = false, nil
+	close(s.release)
+}
+
+// TestTheStreamNeverWaitsForTheStore: while the store takes no write, the
+// turn runs to its end, its client gets every event and turn_finished, a
+// follower that joins after the end gets them all too (from what the
+// gateway published and has not stored), and once the store is back the
+// record holds every event, with the turn's own wall_ms.
+func TestTheStreamNeverWaitsForTheStore(t *testing.T) {
+	st := newHeldStore()
+	e := newEnv(t, server.Config{Store: st, Agent: newAgent(t, scripted(t, `{"text": "hello there"}`))})
+	posted := time.Now()
+	resp, sse := e.stream(t.Context(), map[string]any{"input": "hi"})
+	id := resp.Header.Get(server.HeaderTurnID)
+	defer resp.Body.Close()
+	evs := sse.until(t, "turn_finished")
+	took := time.Since(posted)
+	// One record (llm_finished) waits at most store.RecordWait; nothing
+	// else waits for the store.
+	if took > store.RecordWait+2*time.Second {
+		t.Errorf("turn_finished came %s after the post while the store was held", took)
+	}
+	checkSeqs(t, evs)
+
+	late := e.do("GET", "/v1/turns/"+id+"/events?after=0", nil)
+	defer late.Body.Close()
+	lateSSE := newSSE(late.Body)
+	if again := lateSSE.until(t, "turn_finished"); len(again) != len(evs) {
+		t.Fatalf("a follower joining after the end got %d events of %d", len(again), len(evs))
+	}
+
+	st.letGo()
+	// The streams close once the record is stored (or 5 s after
+	// turn_finished, for a store that stays away).
+	for _, r := range []*sseReader{sse, lateSSE} {
+		if rest := r.all(t); len(rest) > 0 {
+			t.Fatalf("%d events after turn_finished", len(rest))
+		}
+	}
+	var rec *event.Turn
+	for deadline := time.Now().Add(10 * time.Second); rec == nil; time.Sleep(10 * time.Millisecond) {
+		if r, err := st.Turn(context.Background(), id); err == nil && r.Status != budget.StatusRunning {
+			rec = r
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the turn's end was not stored once the store was let go")
+		}
+	}
+	stored, err := st.Events(context.Background(), id, 0, 0)
+	if err != nil || len(stored) != len(evs) {
+		t.Fatalf("%d events stored of %d streamed (%v)", len(stored), len(evs), err)
+	}
+	if rec.Status != budget.StatusCompleted || rec.WallMS > took.Milliseconds() {
+		t.Errorf("stored %s, wall_ms %d (the turn took at most %s)", rec.Status, rec.WallMS, took)
+	}
+	h := e.do("GET", "/healthz", nil)
+	h.Body.Close()
+	if h.StatusCode != http.StatusOK {
+		t.Errorf("/healthz %d after", h.StatusCode)
+	}
+}
