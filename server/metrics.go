@@ -28,6 +28,7 @@ type metrics struct {
 	abandonedCalls prometheus.GaugeFunc
 	reaped         prometheus.CounterFunc
 	unkilled       prometheus.GaugeFunc
+	escaped        prometheus.CounterFunc
 }
 
 func newMetrics(reg *prometheus.Registry, running func() float64) (*metrics, error) {
@@ -83,9 +84,13 @@ func newMetrics(reg *prometheus.Registry, running func() float64) (*metrics, err
 			Name: "timebox_unkilled_processes",
 			Help: "Processes of stopped tool calls that were sent SIGKILL and have not exited 5s later (uninterruptible sleep), counted until they exit.",
 		}, func() float64 { return float64(proctree.UnkilledRunning()) }),
+		escaped: prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "timebox_escaped_processes_total",
+			Help: "Tool processes found outside their call's cgroup (a privileged process moved itself out) by their call's marker, and stopped with the call (proctree.EscapedTotal).",
+		}, func() float64 { return float64(proctree.EscapedTotal()) }),
 	}
 	for _, c := range []prometheus.Collector{m.toolDuration, m.timeouts, m.overruns, m.turns, m.failovers,
-		m.delivered, m.deliveryDelay, m.storeErrors, m.turnsRunning, m.abandonedCalls, m.reaped, m.unkilled} {
+		m.delivered, m.deliveryDelay, m.storeErrors, m.turnsRunning, m.abandonedCalls, m.reaped, m.unkilled, m.escaped} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

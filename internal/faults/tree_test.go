@@ -5,6 +5,9 @@ package faults
 import (
 	"cmp"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -32,6 +35,17 @@ exec sleep 300
 cat >/dev/null
 setsid sleep 300 &
 echo "escapee $!" >> "$PIDFILE"
+echo "ready $$" >> "$PIDFILE"
+exec sleep 300
+`
+	// A child in a session of its own that writes itself into the cgroup
+	// hierarchy's root (as root can; $CGROUP_ROOT_PROCS) and ignores
+	// SIGTERM: out of its call's cgroup, its process group and its
+	// session.
+	cgroupEscapee = `#!/usr/bin/env bash
+cat >/dev/null
+setsid bash -c 'if echo $$ > "$CGROUP_ROOT_PROCS"; then echo "moved $$" >> "$PIDFILE"; fi; echo "escapee $$" >> "$PIDFILE"; trap "" TERM; exec sleep 600' &
+sleep 0.2 # the escapee has moved
 echo "ready $$" >> "$PIDFILE"
 exec sleep 300
 `
@@ -77,9 +91,11 @@ func processTrees(t *testing.T) {
 		// timeout is the tool's, 2s unless set: long enough for the tree
 		// to be set up on a loaded machine before its deadline.
 		timeout time.Duration
+		root    bool // needs root (to move a process between cgroups)
 	}{
 		{name: "double fork", program: doubleFork, roles: []string{"daemon", "root", "ready"}},
 		{name: "setsid escapee", program: setsidEscapee, roles: []string{"escapee", "ready"}},
+		{name: "root cgroup escapee", program: cgroupEscapee, roles: []string{"escapee", "ready"}, ignoresTerm: true, root: true},
 		{name: "TERM-ignoring tree", program: termIgnoringTree, roles: []string{"child", "ready"}, ignoresTerm: true, children: 5},
 		{name: "200-child fork bomb", program: forkBomb, roles: []string{"child", "ready"}, ignoresTerm: true, children: 200, timeout: 10 * time.Second},
 	}
@@ -91,12 +107,20 @@ func processTrees(t *testing.T) {
 				if _, err := proctree.Resolve(s); err != nil {
 					t.Skip(err)
 				}
+				env := []string{"", proctree.EnvStrategy + "=" + string(s)} // PIDFILE first, once the agent is made
+				if tc.root {
+					procs := rootCgroupProcs()
+					if os.Geteuid() != 0 || procs == "" {
+						t.Skip("moving a process to the cgroup hierarchy's root needs root and a cgroup2 mount of it")
+					}
+					env = append(env, "CGROUP_ROOT_PROCS="+procs)
+				}
 				sc := begin(t, tc.name+" ("+string(s)+")", "timebox run --json")
 				a := newAgent(t, scriptAgent(fmt.Sprintf("kill_grace: %s", grace), "",
 					fmt.Sprintf("{name: tree, description: Hangs., exec: [./tree.sh], timeout: %s}", timeout)),
 					[]string{callTools("tree"), `{"text": "done"}`}, map[string]string{"tree.sh": tc.program})
-				p := startTimebox(t, a.dir, []string{"PIDFILE=" + a.pidfile, proctree.EnvStrategy + "=" + string(s)}, nil,
-					"run", "-f", a.file, "--db", a.db, "--json", "go")
+				env[0] = "PIDFILE=" + a.pidfile
+				p := startTimebox(t, a.dir, env, nil, "run", "-f", a.file, "--db", a.db, "--json", "go")
 				if code := p.wait(60 * time.Second); code != 0 {
 					t.Fatalf("exit %d\n%s", code, p.stderr.String())
 				}
@@ -126,6 +150,14 @@ func processTrees(t *testing.T) {
 					bound += grace
 				}
 				sc.within("past the deadline (kill_grace "+grace.String()+")", past, bound)
+				if tc.root {
+					moved := len(pids["moved"]) > 0
+					sc.add("the escapee left the call's cgroup", "either (refused under a cgroup namespace with nsdelegate)", fmt.Sprint(moved), true)
+					if moved && s == proctree.Cgroup {
+						said := strings.Contains(rec.StderrTail, "had left the call's cgroup")
+						sc.truth("the call's stderr_tail says a process left its cgroup", "yes", fmt.Sprint(said), said)
+					}
+				}
 				sc.allDead(pids)
 				sc.nothingLeft(p.pid())
 				st, evs := stored(t, a.db, "")
@@ -134,4 +166,21 @@ func processTrees(t *testing.T) {
 			})
 		}
 	}
+}
+
+// rootCgroupProcs returns the cgroup.procs of the cgroup2 hierarchy's root
+// as this process sees it mounted, or "" when no mount shows the root.
+func rootCgroupProcs() string {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return ""
+	}
+	for line := range strings.Lines(string(b)) {
+		pre, post, ok := strings.Cut(line, " - ")
+		pf, qf := strings.Fields(pre), strings.Fields(post)
+		if ok && len(pf) >= 5 && len(qf) >= 1 && qf[0] == "cgroup2" && pf[3] == "/" {
+			return filepath.Join(pf[4], "cgroup.procs")
+		}
+	}
+	return ""
 }

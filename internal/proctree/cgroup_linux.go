@@ -55,6 +55,13 @@ type cgroupHost struct {
 	window         time.Time
 
 	making chan struct{} // a token per cgroup being made (see makers)
+
+	// ownNS is set when a call's root can be given a cgroup namespace of
+	// its own, rooted at its call's cgroup (CLONE_NEWCGROUP, which needs
+	// CAP_SYS_ADMIN): where the cgroup2 file system is mounted with
+	// nsdelegate (systemd's default), the kernel then refuses to move a
+	// process of the call to a cgroup outside it, even for root.
+	ownNS bool
 }
 
 // idleLinger is how long idle call cgroups and their parent are kept after
@@ -124,7 +131,28 @@ func (h *cgroupHost) probe() error {
 	if !errors.Is(err, unix.ENOENT) {
 		return fmt.Errorf("cannot start a process inside a cgroup under %s: %v", h.base, err)
 	}
+	// The same with a cgroup namespace of its own: EPERM without the
+	// privilege, ENOENT when it can be had.
+	_, err = os.StartProcess("/nonexistent/timebox-cgroup-probe", []string{"timebox-cgroup-probe"},
+		&os.ProcAttr{Sys: &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: c.fd, Unshareflags: unix.CLONE_NEWCGROUP}})
+	h.ownNS = errors.Is(err, unix.ENOENT)
 	return nil
+}
+
+// nsDelegate reports whether the cgroup2 file system holding base is
+// mounted with nsdelegate: a cgroup namespace is then a boundary no
+// process inside it can move a process across.
+func nsDelegate(base string) bool {
+	mounts, err := cgroup2Mounts()
+	if err != nil {
+		return false
+	}
+	for _, m := range mounts {
+		if (base == m.point || strings.HasPrefix(base, m.point+"/")) && slices.Contains(m.options, "nsdelegate") {
+			return true
+		}
+	}
+	return false
 }
 
 // callCgroup is the cgroup of one call.
@@ -528,7 +556,10 @@ func ownCgroup() (string, error) {
 	return "", errors.New("this process is in no cgroup v2 (no 0:: line in /proc/self/cgroup)")
 }
 
-type mount struct{ root, point string }
+type mount struct {
+	root, point string
+	options     []string // the file system's (nsdelegate, ...)
+}
 
 // cgroup2Mounts returns the cgroup2 mounts from /proc/self/mountinfo, the
 // usual places first: /sys/fs/cgroup (a pure v2 system), then
@@ -549,7 +580,11 @@ func cgroup2Mounts() ([]mount, error) {
 		if len(pf) < 5 || len(qf) < 1 || qf[0] != "cgroup2" {
 			continue
 		}
-		out = append(out, mount{root: unescapeMount(pf[3]), point: unescapeMount(pf[4])})
+		m := mount{root: unescapeMount(pf[3]), point: unescapeMount(pf[4])}
+		if len(qf) >= 3 {
+			m.options = strings.Split(qf[2], ",") // the super block's: nsdelegate is one
+		}
+		out = append(out, m)
 	}
 	rank := func(m mount) int {
 		switch m.point {

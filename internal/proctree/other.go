@@ -46,6 +46,12 @@ func (t *Tree) Wait() error { return errUnsupported }
 // Unkilled returns nil.
 func (t *Tree) Unkilled() []int { return nil }
 
+// Escaped returns nil: see the Linux implementation.
+func (t *Tree) Escaped() []int { return nil }
+
+// EscapedTotal returns 0.
+func EscapedTotal() int64 { return 0 }
+
 // UnkilledRunning returns 0.
 func UnkilledRunning() int64 { return 0 }
 

@@ -10,6 +10,8 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -133,6 +135,40 @@ func helper(mode string) int {
 		fmt.Println(c.Process.Pid)
 		if mode == "leave-child" {
 			return 0
+		}
+		time.Sleep(time.Hour)
+	case "escape-cgroup", "escape-and-exit":
+		// A tool that tries to leave its tree: says which cgroup it sees
+		// itself in, then starts an "escapee" in a session of its own.
+		b, _ := os.ReadFile("/proc/self/cgroup")
+		for line := range strings.Lines(string(b)) {
+			if strings.HasPrefix(line, "0::") {
+				fmt.Print("cg ", line)
+			}
+		}
+		c := exec.Command(self(), helperArg, "escapee")
+		c.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		c.Stdout = os.Stdout
+		if err := c.Start(); err != nil {
+			fmt.Println("error", err)
+			return 1
+		}
+		if mode == "escape-and-exit" {
+			// Ends on its own once its escapee has moved.
+			os.Stdin.Read(make([]byte, 1))
+			return 0
+		}
+		time.Sleep(time.Hour)
+	case "escapee":
+		// Ignores SIGTERM and writes itself into the cgroup named by
+		// TB_ESCAPE_TO (the hierarchy's root), as root can.
+		signal.Ignore(syscall.SIGTERM)
+		err := os.WriteFile(os.Getenv("TB_ESCAPE_TO"), []byte(strconv.Itoa(os.Getpid())), 0)
+		fmt.Println("pid", os.Getpid())
+		if err != nil {
+			fmt.Println("refused", err)
+		} else {
+			fmt.Println("moved")
 		}
 		time.Sleep(time.Hour)
 	}
@@ -265,6 +301,131 @@ func TestStopReachesEscapedChild(t *testing.T) {
 			t.Errorf("a second Wait: %v", err)
 		}
 	})
+}
+
+// TestAPrivilegedProcessCannotLeave: a tool's process that writes itself
+// into another cgroup (root may) and ignores SIGTERM is still stopped with
+// its call, within the kill grace: found by its marker outside the cgroup.
+// Where the root runs in a cgroup namespace of its own, it sees its call's
+// cgroup as "/", and with nsdelegate the kernel refuses the move itself.
+func TestAPrivilegedProcessCannotLeave(t *testing.T) {
+	rootProcs := escapeTarget(t)
+	t.Cleanup(func() { noLeaks(t) })
+	host, _ := cgHost()
+	t.Setenv("TB_ESCAPE_TO", rootProcs)
+	st := start(t, Cgroup, "escape-cgroup")
+	var escapee int
+	var cg, outcome string
+	for escapee == 0 || outcome == "" {
+		l := st.line(t)
+		switch {
+		case strings.HasPrefix(l, "cg "):
+			cg = strings.TrimPrefix(l, "cg ")
+		case strings.HasPrefix(l, "pid "):
+			escapee, _ = strconv.Atoi(strings.TrimPrefix(l, "pid "))
+		case l == "moved" || strings.HasPrefix(l, "refused"):
+			outcome = l
+		}
+	}
+	t.Logf("the tool saw itself in %q; its escapee: %s", cg, outcome)
+	if host.ownNS && cg != "0::/" {
+		t.Errorf("with a cgroup namespace of its own, the tool sees itself in %q, want 0::/", cg)
+	}
+	if host.ownNS && nsDelegate(host.base) && outcome == "moved" {
+		t.Error("in a cgroup namespace on an nsdelegate mount, the kernel let the escapee out")
+	}
+	stopped := time.Now()
+	st.tree.Stop(500 * time.Millisecond)
+	st.tree.Wait()
+	if !pollUntil(time.Now().Add(time.Second), func() bool { return !pidAlive(escapee) }) {
+		t.Fatalf("the escapee (%s) is alive after its call was stopped and waited for", outcome)
+	}
+	if took := time.Since(stopped); took > 500*time.Millisecond+unkillableAfter {
+		t.Errorf("stopping took %s", took)
+	}
+	if esc := st.tree.Escaped(); outcome == "moved" && !slices.Contains(esc, escapee) {
+		t.Errorf("Escaped() = %v, want the escapee %d", esc, escapee)
+	}
+}
+
+// TestAnEscapeeOfACallThatEndedIsStopped: a call that ends on its own does
+// not wait for a look for escapees, but one is made for it shortly after
+// (the sweeper), and what left the cgroup is stopped.
+func TestAnEscapeeOfACallThatEndedIsStopped(t *testing.T) {
+	rootProcs := escapeTarget(t)
+	t.Setenv("TB_ESCAPE_TO", rootProcs)
+	cmd := exec.Command(self(), helperArg, "escape-and-exit")
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, release, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stdin = w, in
+	tree, err := Start(t.Context(), cmd, Cgroup)
+	w.Close()
+	in.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { noLeaks(t) })
+	defer r.Close()
+	lines := bufio.NewScanner(r)
+	escapee, moved := 0, false
+	for escapee == 0 || !moved {
+		if !lines.Scan() {
+			t.Fatal("the helper said nothing more")
+		}
+		l := lines.Text()
+		switch {
+		case strings.HasPrefix(l, "pid "):
+			escapee, _ = strconv.Atoi(strings.TrimPrefix(l, "pid "))
+		case l == "moved":
+			moved = true
+		case strings.HasPrefix(l, "refused"):
+			release.Close()
+			tree.Wait()
+			t.Skipf("the kernel refused the move (%s): nothing escaped", l)
+		}
+	}
+	before := EscapedTotal()
+	release.Close() // the root exits
+	<-tree.Exited()
+	if err := tree.Wait(); err != nil {
+		t.Fatalf("Wait: %v", err)
+	}
+	if !pollUntil(time.Now().Add(2*time.Second), func() bool { return !pidAlive(escapee) }) {
+		t.Fatal("the escapee of a call that ended is alive 2s later")
+	}
+	if !pollUntil(time.Now().Add(time.Second), func() bool { return EscapedTotal() > before }) {
+		t.Error("EscapedTotal did not count it")
+	}
+}
+
+// escapeTarget returns the cgroup.procs of the hierarchy's root, skipping
+// t where a process cannot be moved there.
+func escapeTarget(t *testing.T) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("moving a process to the root cgroup needs root")
+	}
+	if _, err := Resolve(Cgroup); err != nil {
+		t.Skip(err)
+	}
+	host, _ := cgHost()
+	mounts, err := cgroup2Mounts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range mounts {
+		if m.root == "/" && strings.HasPrefix(host.base, m.point) {
+			return filepath.Join(m.point, "cgroup.procs")
+		}
+	}
+	t.Skip("this process does not see the cgroup hierarchy's root")
+	return ""
 }
 
 func TestWaitKillsLeftovers(t *testing.T) {

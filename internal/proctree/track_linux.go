@@ -21,8 +21,8 @@ type tracker struct {
 }
 
 type scanRequest struct {
-	n  uint64
-	ch chan map[uint64][]procRef // nil received: lead the next scan
+	wanted map[uint64]bool
+	ch     chan map[uint64][]procRef // nil received: lead the next scan
 }
 
 // procRef is a process a scan found, with a pidfd opened on it before its
@@ -54,26 +54,39 @@ func (tr *tracker) remove(pgid int) {
 }
 
 // members returns the processes of call n, from a scan that started after
-// members was called. Concurrent callers share scans: the first runs one;
-// those that arrive meanwhile queue, and when it ends the first of them
-// runs the next for all of them, so that nobody waits for more than two.
+// members was called (membersOf).
 func (tr *tracker) members(n uint64) []procRef {
+	return tr.membersOf(map[uint64]bool{n: true})[n]
+}
+
+// membersOf returns the processes of the wanted calls, by call, from a
+// scan that started after membersOf was called. Concurrent callers share
+// scans: the first runs one; those that arrive meanwhile queue, and when it
+// ends the first of them runs the next for all of them, so that nobody
+// waits for more than two. The caller owns the pidfds of what it wanted;
+// those of calls it did not want are closed.
+func (tr *tracker) membersOf(wanted map[uint64]bool) map[uint64][]procRef {
 	tr.mu.Lock()
 	if tr.busy {
 		ch := make(chan map[uint64][]procRef, 1)
-		tr.queued = append(tr.queued, scanRequest{n, ch})
+		tr.queued = append(tr.queued, scanRequest{wanted, ch})
 		tr.mu.Unlock()
 		if res := <-ch; res != nil {
-			return res[n]
+			return res
 		}
 		tr.mu.Lock()
 	}
 	tr.busy = true
 	batch := tr.queued
 	tr.queued = nil
-	wanted := map[uint64]bool{n: true}
+	all := make(map[uint64]bool, len(wanted))
+	for n := range wanted {
+		all[n] = true
+	}
 	for _, r := range batch {
-		wanted[r.n] = true
+		for n := range r.wanted {
+			all[n] = true
+		}
 	}
 	pgids := make(map[int]uint64, len(tr.pgids))
 	for k, v := range tr.pgids {
@@ -81,11 +94,11 @@ func (tr *tracker) members(n uint64) []procRef {
 	}
 	tr.mu.Unlock()
 
-	res := scan(pgids, wanted)
+	res := scan(pgids, all)
 
 	tr.mu.Lock()
 	for _, r := range batch {
-		r.ch <- res
+		r.ch <- pick(res, r.wanted)
 	}
 	if len(tr.queued) > 0 {
 		// Hand the next scan to the first in line rather than running it
@@ -97,7 +110,20 @@ func (tr *tracker) members(n uint64) []procRef {
 		tr.busy = false
 	}
 	tr.mu.Unlock()
-	return res[n]
+	return pick(res, wanted)
+}
+
+// pick returns the part of a scan's result a caller wanted. Every call
+// number is wanted by one caller at a time (a tree's own, or the sweeper
+// once its tree is done), so each pidfd has one owner.
+func pick(res map[uint64][]procRef, wanted map[uint64]bool) map[uint64][]procRef {
+	out := make(map[uint64][]procRef, len(wanted))
+	for n := range wanted {
+		if refs, ok := res[n]; ok {
+			out[n] = refs
+		}
+	}
+	return out
 }
 
 // strangers remembers, by pidfd, processes a scan found not to belong to

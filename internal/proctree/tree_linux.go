@@ -36,6 +36,11 @@ type Tree struct {
 	// unkilled are the processes still alive unkillableAfter after they
 	// were sent SIGKILL; the tree no longer waits for them.
 	unkilled []int
+	// escapees are the processes of a cgroup's tree found outside its
+	// cgroup, by the call's marker (sweepEscapees); swept tells that the
+	// tree looked for them after its cgroup was empty.
+	escapees []int
+	swept    bool
 	waited   bool
 	err      error
 }
@@ -114,6 +119,12 @@ func Start(ctx context.Context, cmd *exec.Cmd, s Strategy) (*Tree, error) {
 			return nil, fmt.Errorf("making the call's cgroup: %w", err)
 		}
 		attr.UseCgroupFD, attr.CgroupFD = true, cg.fd
+		if host.ownNS {
+			// The root's cgroup namespace is its call's cgroup: it sees
+			// itself at "/", and with nsdelegate it cannot move itself
+			// or its children out (docs/decisions/process-tree.md).
+			attr.Unshareflags |= unix.CLONE_NEWCGROUP
+		}
 		t.cg = cg
 	}
 	cmd.SysProcAttr = attr
@@ -182,7 +193,7 @@ func (t *Tree) Stop(grace time.Duration) {
 		deadline := time.Now().Add(grace)
 		t.signal(unix.SIGTERM)
 		if t.cg != nil {
-			if t.waitCgroupGone(deadline, unix.SIGTERM) {
+			if t.waitCgroupGone(deadline, unix.SIGTERM) && waitAll(t.sweepEscapees(unix.SIGTERM), deadline) {
 				return
 			}
 		} else if t.waitGone(deadline, unix.SIGTERM) {
@@ -190,6 +201,11 @@ func (t *Tree) Stop(grace time.Duration) {
 		}
 	}
 	t.kill()
+	if t.cg != nil && t.unkilled == nil {
+		// Whatever of the call left its cgroup (a privileged process
+		// can) is stopped with it, before the stop returns.
+		t.killEscapees()
+	}
 }
 
 // Wait kills whatever is left of the tree (SIGKILL), waits until no
@@ -210,6 +226,12 @@ func (t *Tree) Wait() error {
 	t.waited = true
 	if !t.gone && t.unkilled == nil && t.live() {
 		t.kill()
+	}
+	if t.cg != nil && !t.swept {
+		// The cgroup is empty; whatever of the call left it may not be.
+		// A call that ended on its own does not wait for the look
+		// (sweeper).
+		sweeps.add(t.n)
 	}
 	if !closed(t.exited) {
 		// Still alive after the whole tree was killed: the root left the
@@ -525,6 +547,71 @@ func (t *Tree) waitGone(deadline time.Time, sig unix.Signal) bool {
 			return false
 		}
 	}
+}
+
+// sweepEscapees looks, once a cgroup's tree has emptied its cgroup (or
+// been sent sig), for processes of the call outside the cgroup: a process
+// that may write to another cgroup's cgroup.procs (root, or the owner of a
+// delegated subtree, where no cgroup namespace with nsdelegate stops it)
+// can leave its call's cgroup, but it keeps the marker it inherited. Each
+// one found is held, recorded in t.escapees and sent sig; they are
+// returned for the caller to wait for. One scan of /proc, shared with
+// every other tree looking at the same time.
+func (t *Tree) sweepEscapees(sig unix.Signal) []*handle {
+	t.swept = true
+	var found []*handle
+	for _, ref := range trk.members(t.n) {
+		if t.cg.has(ref.pid) {
+			closeFD(ref.fd) // inside: the cgroup's own stop reaches it
+			continue
+		}
+		h := t.hold(ref)
+		if h.exited() {
+			continue // a zombie: nothing left to stop
+		}
+		if !slices.Contains(t.escapees, ref.pid) {
+			t.escapees = append(t.escapees, ref.pid)
+			escapedTotal.Add(1)
+		}
+		h.signal(sig)
+		found = append(found, h)
+	}
+	return found
+}
+
+// killEscapees sends SIGKILL to the processes of the call outside its
+// cgroup and waits for them as kill does for the cgroup.
+func (t *Tree) killEscapees() {
+	esc := t.sweepEscapees(unix.SIGKILL)
+	if waitAll(esc, time.Now().Add(unkillableAfter)) {
+		return
+	}
+	for _, h := range esc {
+		if !h.exited() && !slices.Contains(t.unkilled, h.pid) {
+			t.unkilled = append(t.unkilled, h.pid)
+		}
+	}
+	slices.Sort(t.unkilled)
+}
+
+// waitAll waits until every process of hs has exited, or until the
+// deadline, and reports whether they all have.
+func waitAll(hs []*handle, deadline time.Time) bool {
+	for _, h := range hs {
+		if !h.wait(deadline) {
+			return false
+		}
+	}
+	return true
+}
+
+// Escaped returns the pids of the processes of the call that were found
+// outside its cgroup, and stopped there (Cgroup strategy); nil when none
+// left it.
+func (t *Tree) Escaped() []int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return slices.Clone(t.escapees)
 }
 
 // kill sends SIGKILL to every process of the tree and waits until none is
