@@ -5,6 +5,7 @@ import (
 
 	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/config"
+	"github.com/timebox-run/timebox/internal/runas"
 	"github.com/timebox-run/timebox/tool/mcptool"
 )
 
@@ -14,16 +15,21 @@ import (
 // Close returns. It returns an error when the server cannot be started, does
 // not answer within mcptool.DefaultStartTimeout, or when an override names
 // a tool the server does not have.
-func OpenMCP(ctx context.Context, t config.Tool) (*mcptool.Server, error) {
+//
+// withhold names the variables a stdio server without env: does not
+// inherit (config.Agent.Withheld); user, when not nil, is who it runs as.
+func OpenMCP(ctx context.Context, t config.Tool, withhold []string, user *runas.Identity) (*mcptool.Server, error) {
 	m := t.MCP
 	overrides := make(map[string]mcptool.Override, len(m.Overrides))
 	for name, o := range m.Overrides {
 		overrides[name] = mcptool.Override{Timeout: o.Timeout, IdleTimeout: o.IdleTimeout, Enforcement: o.Enforcement}
 	}
 	return mcptool.Open(ctx, mcptool.Config{
-		Name:    t.Name,
-		Command: m.Command,
-		Env:     m.Env,
+		Name:     t.Name,
+		Command:  m.Command,
+		Env:      m.Env,
+		Withhold: withhold,
+		User:     user,
 		// config fills Workdir for exec entries only; an mcp entry's server
 		// runs where timebox runs until it does the same for them.
 		Dir:       t.Workdir,
@@ -36,8 +42,8 @@ func OpenMCP(ctx context.Context, t config.Tool) (*mcptool.Server, error) {
 
 // openMCP starts an mcp entry's server and returns its tools as the agent
 // takes them, with the closer that stops the server.
-func openMCP(ctx context.Context, t config.Tool) ([]agent.Tool, func() error, error) {
-	s, err := OpenMCP(ctx, t)
+func openMCP(ctx context.Context, t config.Tool, withhold []string, user *runas.Identity) ([]agent.Tool, func() error, error) {
+	s, err := OpenMCP(ctx, t, withhold, user)
 	if err != nil {
 		return nil, nil, err
 	}

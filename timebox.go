@@ -18,6 +18,7 @@ import (
 
 	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/config"
+	"github.com/timebox-run/timebox/internal/runas"
 	"github.com/timebox-run/timebox/model"
 	"github.com/timebox-run/timebox/model/anthropic"
 	"github.com/timebox-run/timebox/model/openai"
@@ -168,6 +169,19 @@ func (u unsetCredential) Stream(context.Context, model.Request) (model.Stream, e
 	return nil, &model.Error{Provider: u.provider, Message: fmt.Sprintf("credential %s is not set in the environment", u.env)}
 }
 
+// toolUser resolves a tool's user: (nil without one) and checks that this
+// process may start processes as it.
+func toolUser(t config.Tool) (*runas.Identity, error) {
+	if t.User == "" {
+		return nil, nil
+	}
+	id, err := runas.Lookup(t.User)
+	if err == nil {
+		err = id.Check()
+	}
+	return id, err
+}
+
 // buildTools builds every tool of the file. It goes on past a tool that
 // fails (an MCP server that will not start, say) so that the error lists
 // every one; the caller closes what was started.
@@ -175,11 +189,16 @@ func buildTools(ctx context.Context, cfg *config.Agent, a *Agent) ([]agent.Tool,
 	var out []agent.Tool
 	var errs []error
 	for _, t := range cfg.Tools {
+		user, err := toolUser(t)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("tools[%s].user: %w", t.Name, err))
+			continue
+		}
 		switch {
 		case t.Exec != nil:
 			et, err := exectool.New(exectool.Config{
 				Spec: tool.Spec{Name: t.Name, Description: t.Description, InputSchema: t.InputSchema},
-				Argv: t.Exec, Env: t.Env, Workdir: t.Workdir,
+				Argv: t.Exec, Env: t.Env, Withhold: cfg.Withheld(), User: user, Workdir: t.Workdir,
 			})
 			if err != nil {
 				errs = append(errs, fmt.Errorf("tools[%s]: %w", t.Name, err))
@@ -187,7 +206,7 @@ func buildTools(ctx context.Context, cfg *config.Agent, a *Agent) ([]agent.Tool,
 			}
 			out = append(out, agent.Tool{Tool: et, Budget: t.Budget, Retries: t.Retries})
 		case t.MCP != nil:
-			ts, closer, err := openMCP(ctx, t)
+			ts, closer, err := openMCP(ctx, t, cfg.Withheld(), user)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("tools[%s]: %w", t.Name, err))
 				continue

@@ -182,3 +182,24 @@ tools:
 		t.Fatalf("second request's messages\n got %s\nwant %s", msgs, want)
 	}
 }
+
+// TestBuildChecksToolUsers: a tool's user: is looked up when the agent is
+// built; one that does not exist stops the build, naming the tool.
+func TestBuildChecksToolUsers(t *testing.T) {
+	dir := t.TempDir()
+	script := filepath.Join(dir, "script.jsonl")
+	if err := os.WriteFile(script, []byte(`{"text": "hi"}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	path := writeAgent(t, fmt.Sprintf(`model: {primary: "script:m"}
+providers: {script: {file: %q}}
+tools:
+  - name: t
+    exec: [/bin/true]
+    user: no-such-user-tb
+`, script))
+	_, err := timebox.Open(context.Background(), path, timebox.Options{})
+	if err == nil || !strings.Contains(err.Error(), `tools[t].user: no user "no-such-user-tb"`) {
+		t.Fatalf("Open: %v", err)
+	}
+}

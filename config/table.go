@@ -55,6 +55,9 @@ func WriteTable(w io.Writer, a *Agent) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if err := writeEnvironments(w, a); err != nil {
+		return err
+	}
 	fmt.Fprintln(w)
 
 	tw = tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
@@ -71,6 +74,38 @@ func WriteTable(w io.Writer, a *Agent) error {
 	}
 	_, err := fmt.Fprintf(w, "request budgets (POST /v1/turns \"budgets\"): %s\n", requestCeilings(a))
 	return err
+}
+
+// writeEnvironments says, by name only, what each exec tool and stdio MCP
+// server inherits of timebox's environment: its env: list, or everything
+// but the variables timebox withholds (Agent.Withheld).
+func writeEnvironments(w io.Writer, a *Agent) error {
+	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	header := false
+	for _, t := range a.Tools {
+		env, runs := t.Env, t.Exec != nil
+		if t.MCP != nil {
+			env, runs = t.MCP.Env, len(t.MCP.Command) > 0
+		}
+		if !runs {
+			continue
+		}
+		if !header {
+			fmt.Fprintln(tw, "\nTOOL\tINHERITS (names only; name a variable in the tool's env: to pass it)")
+			header = true
+		}
+		var what string
+		switch {
+		case env == nil:
+			what = "everything but " + strings.Join(a.Withheld(), ", ")
+		case len(env) == 0:
+			what = "nothing (env: [])"
+		default:
+			what = strings.Join(env, ", ")
+		}
+		fmt.Fprintf(tw, "%s\t%s\n", t.Name, what)
+	}
+	return tw.Flush()
 }
 
 // requestCeilings says how far one request's budgets may go: "turn up to

@@ -15,6 +15,7 @@ import (
 	"github.com/goccy/go-yaml/ast"
 
 	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/internal/runas"
 	"github.com/timebox-run/timebox/tool"
 )
 
@@ -26,7 +27,7 @@ var (
 	plainArgRE = regexp.MustCompile(`^[A-Za-z0-9_./=+-][A-Za-z0-9_./=+@:-]*$`)
 )
 
-var toolKeys = []string{"name", "description", "input_schema", "exec", "mcp", "timeout", "idle_timeout", "enforcement", "env", "workdir", "overrides", "retries"}
+var toolKeys = []string{"name", "description", "input_schema", "exec", "mcp", "timeout", "idle_timeout", "enforcement", "env", "workdir", "user", "overrides", "retries"}
 
 // MaxRetries is the most retries a tool may declare (Tool.Retries).
 const MaxRetries = 5
@@ -219,6 +220,22 @@ func (l *loader) decodeTool(rt *rawTool, item ast.Node) {
 			rt.t.Workdir = abs
 		}
 	}
+	if ue, ok := fs["user"]; ok {
+		s, at, ok := l.t.str(ue.val, key("user"), "a user: NAME, NAME:GROUP, UID or UID:GID")
+		switch {
+		case !ok:
+		case rt.t.MCP != nil && len(rt.t.MCP.Command) == 0:
+			l.errAt(ue.keyAt, key("user"), "applies to exec tools and stdio MCP servers only (a url server runs elsewhere)")
+		default:
+			// The user is looked up, and timebox's right to run as it
+			// checked, when the agent is built (timebox.Build): the file
+			// may be written on one machine for another.
+			if err := runas.CheckSpec(s); err != nil {
+				l.errAt(at, key("user"), err.Error())
+			}
+			rt.t.User = s
+		}
+	}
 	if re, ok := fs["retries"]; ok {
 		rt.t.Retries = l.retries(re, key("retries"))
 	}
@@ -392,7 +409,7 @@ func (l *loader) decodeMCP(e entry, path string) (*MCP, bool) {
 	}
 	fs := l.t.fields(es, path, mcpKeys, func(k string) string {
 		switch k {
-		case "env", "overrides", "timeout", "idle_timeout", "enforcement", "workdir":
+		case "env", "overrides", "timeout", "idle_timeout", "enforcement", "workdir", "user":
 			return fmt.Sprintf(" (%s belongs to the tool entry, beside mcp:)", k)
 		case "args":
 			return " (put the arguments in command: [program, arg, ...])"

@@ -134,8 +134,12 @@ type Tool struct {
 	// contains a slash is made absolute against the agent file's directory.
 	Exec []string
 	// Env is the allowlist of variables an exec tool inherits; nil means
-	// the whole environment.
+	// the whole environment but what timebox withholds (Agent.Withheld).
 	Env []string
+	// User, when set, is who the program (or a stdio MCP server) runs as
+	// (user:, NAME[:GROUP] or UID[:GID]); timebox.Build looks it up, and
+	// timebox must run as root.
+	User string
 	// Workdir is the exec tool's working directory, made absolute; empty is
 	// the agent file's directory. Load fills it with that directory when
 	// the entry has none, so that a tool never runs in whatever directory

@@ -163,6 +163,24 @@ func TestValidatePrintsSources(t *testing.T) {
 	}
 }
 
+// TestValidateShowsInheritance: validate says, by name, what each tool
+// inherits of timebox's environment — its env:, or everything but the
+// secrets timebox withholds — and never a value.
+func TestValidateShowsInheritance(t *testing.T) {
+	r := run(t, []string{"TIMEBOX_TOKEN=s3cret-token-value"}, "validate", "-f", demo)
+	if r.code != 0 {
+		t.Fatalf("exit %d\n%s", r.code, r.err)
+	}
+	for _, re := range []string{`word_count\s+everything but PGPASSWORD, TIMEBOX_DB, TIMEBOX_TOKEN`, `report\s+PATH\n`} {
+		if !regexpMatch(re, r.out) {
+			t.Errorf("validate output lacks /%s/:\n%s", re, r.out)
+		}
+	}
+	if strings.Contains(r.out, "s3cret") {
+		t.Errorf("validate shows a value:\n%s", r.out)
+	}
+}
+
 func TestToolCall(t *testing.T) {
 	proctest.AfterTest(t)
 	r := run(t, nil, "tool", "call", "web_fetch", "-f", demo, "--input", `{"url": "https://x"}`)
@@ -335,5 +353,33 @@ func stdoutReaderGoesAway(t *testing.T, notice string) {
 	if s := list[0]; s.StopReason != budget.ClientGone || !strings.Contains(s.Message, "the reader of standard output went away") ||
 		!strings.Contains(s.Message, "tool hang was stopped") {
 		t.Fatalf("stored turn %s: %s", s.StopReason, s.Message)
+	}
+}
+
+// TestToolsDoNotInheritSecrets: a tool without env: that prints its
+// environment shows the machine's variables but none of timebox's secrets:
+// its token, its database URL, its providers' keys.
+func TestToolsDoNotInheritSecrets(t *testing.T) {
+	proctest.AfterTest(t)
+	t.Setenv("TIMEBOX_TOKEN", "tok-s3cret")
+	t.Setenv("TIMEBOX_DB", "postgres://u:pw-s3cret@db.invalid/tb")
+	t.Setenv("OPENAI_API_KEY", "sk-s3cret")
+	t.Setenv("TB_PLAIN", "plain-value")
+	file := agentFile(t, `{"tool_calls": [{"name": "printenv", "arguments": {}}]}`, `{"text": "done"}`)
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	yaml := string(b) + "  openai: {credentials: [{api_key_env: OPENAI_API_KEY}]}\n" +
+		"tools:\n  - name: printenv\n    description: Prints its environment.\n    exec: [env]\n"
+	if err := os.WriteFile(file, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := run(t, nil, "run", "-f", file, "--no-store", "--json", "go")
+	if r.code != 0 || !strings.Contains(r.out, "plain-value") {
+		t.Fatalf("exit %d; the tool's output lacks the machine's variables\n%s\n%s", r.code, r.out, r.err)
+	}
+	if strings.Contains(r.out, "s3cret") {
+		t.Errorf("a secret reached the tool:\n%s", r.out)
 	}
 }

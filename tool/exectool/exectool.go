@@ -41,6 +41,7 @@ import (
 
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/internal/proctree"
+	"github.com/timebox-run/timebox/internal/runas"
 	"github.com/timebox-run/timebox/tool"
 )
 
@@ -69,9 +70,15 @@ type Config struct {
 	Argv []string
 	// Env is the allowlist of environment variable names the program
 	// inherits (with their values in timebox's environment when the call
-	// starts). Nil means the whole environment; an empty, non-nil list
-	// means none. TIMEBOX_CALL, the process-tree marker, is always set.
+	// starts). Nil means the whole environment but Withhold; an empty,
+	// non-nil list means none. TIMEBOX_CALL, the process-tree marker, is
+	// always set.
 	Env []string
+	// Withhold names the variables the program does not inherit when Env
+	// is nil: timebox's own secrets (config.Agent.Withheld).
+	Withhold []string
+	// User, when set, is who the program runs as (tools[].user).
+	User *runas.Identity
 	// Workdir is the program's working directory; empty is timebox's own.
 	Workdir string
 	// MaxOutput is the number of stdout bytes kept when the call does not
@@ -112,6 +119,7 @@ func New(cfg Config) (*Tool, error) {
 	if cfg.Env != nil {
 		cfg.Env = append([]string{}, cfg.Env...)
 	}
+	cfg.Withhold = append([]string(nil), cfg.Withhold...)
 	cfg.Spec.InputSchema = append(json.RawMessage(nil), cfg.Spec.InputSchema...)
 	return &Tool{cfg: cfg}, nil
 }
@@ -166,6 +174,11 @@ func (t *Tool) Call(ctx context.Context, c *tool.Call) (*tool.Result, error) {
 	cmd := exec.Command(t.cfg.Argv[0], t.cfg.Argv[1:]...)
 	cmd.Dir = t.cfg.Workdir
 	cmd.Env = t.environ()
+	if t.cfg.User != nil {
+		if err := t.cfg.User.Apply(cmd); err != nil {
+			return nil, &tool.Error{Message: err.Error()}
+		}
+	}
 
 	p, err := newPipes()
 	if err != nil {
@@ -221,8 +234,13 @@ func (t *Tool) Call(ctx context.Context, c *tool.Call) (*tool.Result, error) {
 	p.err.Close()
 
 	res := &tool.Result{Output: out.bytes(), Truncated: out.truncated, StderrTail: log.tail()}
+	if pids := tree.Escaped(); len(pids) > 0 {
+		res.StderrTail = note(res.StderrTail, fmt.Sprintf("timebox: process %s had left the call's cgroup (a privileged process can move itself); found by the call's marker and stopped with the call",
+			pidList(pids)))
+	}
 	if pids := tree.Unkilled(); len(pids) > 0 {
-		res.StderrTail = unkilledNote(res.StderrTail, pids)
+		res.StderrTail = note(res.StderrTail, fmt.Sprintf("timebox: process %s did not exit after SIGKILL (uninterruptible sleep); it runs no more code and will exit when the kernel lets it go",
+			pidList(pids)))
 	}
 	var code *int
 	if ps := cmd.ProcessState; ps != nil {
@@ -266,19 +284,20 @@ func (t *Tool) Call(ctx context.Context, c *tool.Call) (*tool.Result, error) {
 // stopped call instead of abandoning it.
 func (t *Tool) OwnsProcesses() {}
 
-// unkilledNote adds to a call's log tail the processes that were sent
-// SIGKILL and had not exited when the call gave up waiting for them.
-func unkilledNote(tail string, pids []int) string {
+// note adds a line of timebox's own to a call's stderr tail.
+func note(tail, line string) string {
+	if tail != "" && !strings.HasSuffix(tail, "\n") {
+		tail += "\n"
+	}
+	return tail + line
+}
+
+func pidList(pids []int) string {
 	s := make([]string, len(pids))
 	for i, pid := range pids {
 		s[i] = strconv.Itoa(pid)
 	}
-	note := fmt.Sprintf("timebox: process %s did not exit after SIGKILL (uninterruptible sleep); it runs no more code and will exit when the kernel lets it go",
-		strings.Join(s, ", "))
-	if tail != "" && !strings.HasSuffix(tail, "\n") {
-		tail += "\n"
-	}
-	return tail + note
+	return strings.Join(s, ", ")
 }
 
 // request returns the stdin payload of call c.
@@ -303,20 +322,9 @@ func (t *Tool) request(c *tool.Call) ([]byte, error) {
 	return append(b, '\n'), nil
 }
 
-// environ returns the program's environment: everything, or the
-// allowlisted variables that are set. proctree adds the marker.
-func (t *Tool) environ() []string {
-	if t.cfg.Env == nil {
-		return os.Environ()
-	}
-	env := make([]string, 0, len(t.cfg.Env))
-	for _, name := range t.cfg.Env {
-		if v, ok := os.LookupEnv(name); ok {
-			env = append(env, name+"="+v)
-		}
-	}
-	return env
-}
+// environ returns the program's environment (tool.Environ); proctree adds
+// the marker.
+func (t *Tool) environ() []string { return tool.Environ(t.cfg.Env, t.cfg.Withhold) }
 
 func (t *Tool) maxOutput(c *tool.Call) int64 {
 	switch {

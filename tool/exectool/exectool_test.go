@@ -25,6 +25,7 @@ import (
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/proctest"
 	"github.com/timebox-run/timebox/internal/proctree"
+	"github.com/timebox-run/timebox/internal/runas"
 	"github.com/timebox-run/timebox/tool"
 	"github.com/timebox-run/timebox/tool/exectool"
 )
@@ -385,6 +386,60 @@ func TestEnvAllowlist(t *testing.T) {
 		}
 		if !strings.Contains(string(res.Output), "TB_TEST_HIDDEN=no") || !strings.Contains(string(res.Output), proctree.EnvMarker+"=") {
 			t.Errorf("the whole environment was not passed: %q", res.Output)
+		}
+
+		// nil with Withhold: everything but timebox's secrets.
+		t.Setenv("TIMEBOX_TOKEN", "s3cret")
+		res, err = newToolCfg(t, exectool.Config{ProcTree: s, Withhold: []string{"TIMEBOX_TOKEN"}}, "env").Call(t.Context(), &tool.Call{ID: "c"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(res.Output), "s3cret") || !strings.Contains(string(res.Output), "TB_TEST_HIDDEN=no") {
+			t.Errorf("withholding TIMEBOX_TOKEN: %q", res.Output)
+		}
+	})
+}
+
+// TestUser: a tool with User runs as that user, with its HOME, USER and
+// LOGNAME (when timebox runs as root).
+func TestUser(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("running a tool as another user needs root")
+	}
+	id, err := runas.Lookup("nobody")
+	if err != nil {
+		t.Skip(err)
+	}
+	// The test binary is the tool: a copy that nobody may run.
+	dir, err := os.MkdirTemp("", "timebox-user-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	bin, err := os.ReadFile(self())
+	if err != nil {
+		t.Fatal(err)
+	}
+	prog := filepath.Join(dir, "helper")
+	if err := os.WriteFile(prog, bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	forEachStrategy(t, func(t *testing.T, s proctree.Strategy) {
+		tl, err := exectool.New(exectool.Config{Spec: tool.Spec{Name: "helper"}, Argv: []string{prog, helperArg, "whoami"},
+			ProcTree: s, User: id, Workdir: "/"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := tl.Call(t.Context(), &tool.Call{ID: "c"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := fmt.Sprintf("uid=%d gid=%d HOME=%s USER=%s", id.UID, id.GID, id.Home, id.Name)
+		if got := string(res.Output); got != want {
+			t.Errorf("the tool ran as %q, want %q", got, want)
 		}
 	})
 }

@@ -61,6 +61,8 @@ func helper(args []string) int {
 		}
 	case "env":
 		fmt.Fprint(out, strings.Join(os.Environ(), "\n"))
+	case "whoami":
+		fmt.Fprintf(out, "uid=%d gid=%d HOME=%s USER=%s", os.Getuid(), os.Getgid(), os.Getenv("HOME"), os.Getenv("USER"))
 	case "pwd":
 		wd, _ := os.Getwd()
 		fmt.Fprint(out, wd)

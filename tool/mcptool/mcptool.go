@@ -37,6 +37,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/internal/runas"
 	"github.com/timebox-run/timebox/tool"
 )
 
@@ -64,8 +65,13 @@ type Config struct {
 	// stopped with it.
 	Command []string
 	// Env is the allowlist of variables a stdio server inherits; nil means
-	// the whole environment, empty means none.
+	// the whole environment but Withhold, empty means none.
 	Env []string
+	// Withhold names the variables a stdio server does not inherit when
+	// Env is nil: timebox's own secrets (config.Agent.Withheld).
+	Withhold []string
+	// User, when set, is who a stdio server runs as (tools[].user).
+	User *runas.Identity
 	// Dir is a stdio server's working directory; empty means the current
 	// one. timebox passes the agent file's directory.
 	Dir string

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/timebox-run/timebox/internal/proctree"
+	"github.com/timebox-run/timebox/internal/runas"
 )
 
 // proc is a stdio server's process tree, owned through internal/proctree
@@ -40,10 +41,15 @@ type proc struct {
 // process is reaped: the server's last reply must not be lost to Wait
 // closing a pipe. ctx bounds the wait to be started only: once the server
 // runs, it lives until stopped.
-func startProc(ctx context.Context, argv, env []string, dir string, log io.Writer) (*proc, error) {
+func startProc(ctx context.Context, argv, env []string, dir string, as *runas.Identity, log io.Writer) (*proc, error) {
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = env
 	cmd.Dir = dir
+	if as != nil {
+		if err := as.Apply(cmd); err != nil {
+			return nil, err
+		}
+	}
 	inR, inW, err := os.Pipe()
 	if err != nil {
 		return nil, err

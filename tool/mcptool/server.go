@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -63,7 +62,7 @@ func (s *Server) dial(ctx context.Context) (*link, error) {
 			return nil, err
 		}
 	case len(s.cfg.Command) > 0:
-		p, err := startProc(ctx, s.cfg.Command, environ(s.cfg.Env), s.cfg.Dir, s.cfg.Stderr)
+		p, err := startProc(ctx, s.cfg.Command, tool.Environ(s.cfg.Env, s.cfg.Withhold), s.cfg.Dir, s.cfg.User, s.cfg.Stderr)
 		if err != nil {
 			return nil, fmt.Errorf("starting MCP server %q (%s): %w", s.cfg.Name, strings.Join(s.cfg.Command, " "), err)
 		}
@@ -459,19 +458,4 @@ func (s *Server) Close() error {
 	}
 	s.linkWG.Wait()
 	return nil
-}
-
-// environ returns the environment a stdio server inherits: everything when
-// allow is nil, else only the named variables that are set.
-func environ(allow []string) []string {
-	if allow == nil {
-		return os.Environ()
-	}
-	out := []string{}
-	for _, name := range allow {
-		if v, ok := os.LookupEnv(name); ok {
-			out = append(out, name+"="+v)
-		}
-	}
-	return out
 }
