@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -12,6 +13,7 @@ import (
 	"net/http"
 	"net/url"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -81,6 +83,10 @@ type errorBody struct {
 		Key     string `json:"key,omitempty"`
 		Asked   string `json:"asked,omitempty"`
 		Ceiling string `json:"ceiling,omitempty"`
+		// RequestID names the request in the server's log, which has
+		// the cause of a failure the message does not show (a store's
+		// error names its database, host and user).
+		RequestID string `json:"request_id,omitempty"`
 	} `json:"error"`
 }
 
@@ -104,13 +110,24 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 // storeFailed answers a failed store read.
-func (s *Server) storeFailed(w http.ResponseWriter, err error, what string) {
+func (s *Server) storeFailed(w http.ResponseWriter, r *http.Request, err error, what string) {
 	if errors.Is(err, store.ErrNotFound) {
 		writeError(w, http.StatusNotFound, "not_found", what+" not found")
 		return
 	}
-	s.log.Error("store read failed", "what", what, "err", err)
-	writeError(w, http.StatusInternalServerError, "store_error", "reading the store failed: "+err.Error())
+	s.failed(w, r, http.StatusInternalServerError, "store_error", "reading "+what+" from the store failed", err)
+}
+
+// failed answers a failure whose cause is the operator's business, not
+// the client's: a store's error names its database, its host and its
+// user. The client gets what failed and the request's id; the log gets the
+// cause, under the same id.
+func (s *Server) failed(w http.ResponseWriter, r *http.Request, status int, code, what string, err error) {
+	id := requestID(r)
+	s.log.Error(what, "request_id", id, "err", err)
+	writeError(w, status, code, fmt.Sprintf("%s (request %s: the server's log has the cause)", what, id), func(b *errorBody) {
+		b.Error.RequestID = id
+	})
 }
 
 // guard refuses requests a browser could be tricked into sending: without
@@ -256,16 +273,24 @@ var sessionIDRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$`)
 const (
 	HeaderTurnID    = "Timebox-Turn-Id"
 	HeaderSessionID = "Timebox-Session-Id"
+	// HeaderRequestID names every response's request; the server logs
+	// the cause of a failure under it.
+	HeaderRequestID = "Timebox-Request-Id"
 )
 
 func (s *Server) readTurnRequest(w http.ResponseWriter, r *http.Request) (TurnRequest, bool) {
 	var req TurnRequest
-	body := http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)
-	dec := json.NewDecoder(body)
-	dec.DisallowUnknownFields()
-	err := dec.Decode(&req)
-	if err == nil && dec.Decode(&struct{}{}) != io.EOF {
-		err = errors.New("more than one JSON value")
+	// Read to EOF, so that the server watches the connection from here on
+	// and a client that goes away is noticed at once.
+	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	var fields map[string]json.RawMessage
+	if err == nil {
+		fields, err = turnRequestFields(raw)
+	}
+	if err == nil {
+		dec := json.NewDecoder(bytes.NewReader(raw))
+		dec.DisallowUnknownFields()
+		err = dec.Decode(&req)
 	}
 	var tooBig *http.MaxBytesError
 	switch {
@@ -277,22 +302,75 @@ func (s *Server) readTurnRequest(w http.ResponseWriter, r *http.Request) (TurnRe
 			fmt.Sprintf(`the body must be one JSON object {"session_id": "...", "input": "...", "detach": false, "budgets": {"turn": "10m"}}: %s`, shown(err.Error())))
 		return req, false
 	}
-	// Read to EOF so that the server watches the connection from here on
-	// and a client that goes away is noticed at once.
-	_, _ = io.Copy(io.Discard, body)
 	switch {
 	case strings.TrimSpace(req.Input) == "":
 		writeError(w, http.StatusBadRequest, "bad_request", `"input" is empty: send the user's message`)
 	case len(req.Input) > s.cfg.MaxInputBytes:
 		writeError(w, http.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf(`"input" is %d bytes, over the server's limit of %d`, len(req.Input), s.cfg.MaxInputBytes))
-	case !utf8.ValidString(req.Input):
-		writeError(w, http.StatusBadRequest, "bad_request", `"input" is not valid UTF-8`)
+	case !validText(fields["input"], req.Input):
+		writeError(w, http.StatusBadRequest, "bad_request", `"input" is not valid UTF-8 (an invalid byte, or a \u escape of half a surrogate pair)`)
 	case req.SessionID != "" && !sessionIDRE.MatchString(req.SessionID):
 		writeError(w, http.StatusBadRequest, "bad_request", `"session_id" must be 1 to 128 letters, digits, '.', '_', ':' or '-', starting with a letter or digit`)
 	default:
 		return req, true
 	}
 	return req, false
+}
+
+// turnRequestKeys are the keys of a POST /v1/turns body, matched exactly:
+// encoding/json alone would take "INPUT" or "Detach" for them.
+var turnRequestKeys = []string{"session_id", "input", "detach", "budgets"}
+
+// turnRequestFields returns the fields of a POST /v1/turns body, which
+// must be one JSON object whose keys are turnRequestKeys, exactly, each at
+// most once.
+func turnRequestFields(raw []byte) (map[string]json.RawMessage, error) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil, errors.New("not a JSON object")
+	}
+	fields := map[string]json.RawMessage{}
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return nil, err
+		}
+		key, _ := t.(string)
+		if !slices.Contains(turnRequestKeys, key) {
+			return nil, fmt.Errorf("unknown field %s (the keys are %s, matched exactly)", shown(strconv.Quote(key)), strings.Join(turnRequestKeys, ", "))
+		}
+		if _, dup := fields[key]; dup {
+			return nil, fmt.Errorf("field %q given twice", key)
+		}
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil, err
+		}
+		fields[key] = v
+	}
+	if _, err := dec.Token(); err != nil {
+		return nil, err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, errors.New("more than one JSON value")
+	}
+	return fields, nil
+}
+
+// validText reports whether the JSON string raw, decoded as s, was valid
+// UTF-8: encoding/json replaces an invalid byte, and a \u escape of half a
+// surrogate pair, with U+FFFD without a word. Every U+FFFD of s must be
+// one the client sent, as the character or as \ufffd.
+func validText(raw json.RawMessage, s string) bool {
+	if !utf8.Valid(raw) {
+		return false
+	}
+	n := strings.Count(s, "\uFFFD")
+	if n == 0 {
+		return true
+	}
+	sent := bytes.Count(raw, []byte("\uFFFD")) + bytes.Count(bytes.ToLower(raw), []byte(`\ufffd`))
+	return n <= sent
 }
 
 func wantsStream(r *http.Request) bool {
@@ -321,11 +399,11 @@ func (s *Server) postTurn(w http.ResponseWriter, r *http.Request) {
 		return
 	case errors.Is(err, errStoreAway):
 		w.Header().Set("Retry-After", "5")
-		writeError(w, http.StatusServiceUnavailable, "store_unavailable", err.Error())
+		s.failed(w, r, http.StatusServiceUnavailable, "store_unavailable",
+			"the store cannot be written for now, so the turn cannot begin; ask again shortly, or through another gateway", err)
 		return
 	case err != nil:
-		s.log.Error("starting a turn", "err", err)
-		writeError(w, http.StatusInternalServerError, "store_error", err.Error())
+		s.failed(w, r, http.StatusInternalServerError, "store_error", "starting the turn failed", err)
 		return
 	}
 	h := w.Header()
@@ -384,12 +462,12 @@ func (s *Server) getTurn(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	rec, err := s.cfg.Store.Turn(r.Context(), id)
 	if err != nil {
-		s.storeFailed(w, err, "turn "+shown(id))
+		s.storeFailed(w, r, err, "turn "+shown(id))
 		return
 	}
 	if v := r.URL.Query().Get("events"); v != "false" && v != "0" {
 		if rec.Events, err = s.cfg.Store.Events(r.Context(), id, 0, 0); err != nil {
-			s.storeFailed(w, err, "turn "+shown(id))
+			s.storeFailed(w, r, err, "turn "+shown(id))
 			return
 		}
 	}
@@ -458,7 +536,7 @@ func (s *Server) listTurns(w http.ResponseWriter, r *http.Request) {
 	}
 	turns, err := s.cfg.Store.Turns(r.Context(), f)
 	if err != nil {
-		s.storeFailed(w, err, "turn "+shown(f.Before))
+		s.storeFailed(w, r, err, "turn "+shown(f.Before))
 		return
 	}
 	out := TurnList{Turns: turns}
@@ -510,13 +588,13 @@ func (s *Server) cancelElsewhere(w http.ResponseWriter, r *http.Request, id stri
 	case errors.Is(err, store.ErrNotRunning):
 		rec, err := s.cfg.Store.Turn(r.Context(), id)
 		if err != nil {
-			s.storeFailed(w, err, "turn "+shown(id))
+			s.storeFailed(w, r, err, "turn "+shown(id))
 			return
 		}
 		writeError(w, http.StatusConflict, "already_ended", fmt.Sprintf("turn %s already ended: %s (%s)", shown(id), rec.Status, rec.StopReason))
 		return
 	case err != nil:
-		s.storeFailed(w, err, "turn "+shown(id))
+		s.storeFailed(w, r, err, "turn "+shown(id))
 		return
 	}
 	t := time.NewTimer(cancelWait)
@@ -524,7 +602,7 @@ func (s *Server) cancelElsewhere(w http.ResponseWriter, r *http.Request, id stri
 	for {
 		rec, err := s.cfg.Store.Turn(r.Context(), id)
 		if err != nil {
-			s.storeFailed(w, err, "turn "+shown(id))
+			s.storeFailed(w, r, err, "turn "+shown(id))
 			return
 		}
 		if rec.Status != budget.StatusRunning {
@@ -556,7 +634,7 @@ func (s *Server) listSessions(w http.ResponseWriter, r *http.Request) {
 	}
 	list, err := s.cfg.Store.Sessions(r.Context(), limit)
 	if err != nil {
-		s.storeFailed(w, err, "sessions")
+		s.storeFailed(w, r, err, "sessions")
 		return
 	}
 	writeJSON(w, http.StatusOK, SessionList{Sessions: list})
@@ -566,7 +644,7 @@ func (s *Server) getSession(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	sess, err := s.cfg.Store.Session(r.Context(), id)
 	if err != nil {
-		s.storeFailed(w, err, "session "+shown(id))
+		s.storeFailed(w, r, err, "session "+shown(id))
 		return
 	}
 	writeJSON(w, http.StatusOK, sess)
@@ -604,13 +682,13 @@ func (s *Server) getEvents(w http.ResponseWriter, r *http.Request) {
 		// EventSource to stop reconnecting.
 		rec, err := s.cfg.Store.Turn(r.Context(), id)
 		if err != nil {
-			s.storeFailed(w, err, "turn "+shown(id))
+			s.storeFailed(w, r, err, "turn "+shown(id))
 			return
 		}
 		if rec.Status != budget.StatusRunning {
 			evs, err := s.cfg.Store.Events(r.Context(), id, after, 1)
 			if err != nil {
-				s.storeFailed(w, err, "turn "+shown(id))
+				s.storeFailed(w, r, err, "turn "+shown(id))
 				return
 			}
 			if len(evs) == 0 {

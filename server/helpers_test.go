@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,6 +21,7 @@ import (
 	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/doctest"
 	"github.com/timebox-run/timebox/model"
 	"github.com/timebox-run/timebox/model/script"
 	"github.com/timebox-run/timebox/server"
@@ -366,4 +368,22 @@ func within(t testing.TB, d time.Duration, what string, ch <-chan struct{}) {
 	case <-time.After(d):
 		t.Fatalf("%s did not happen within %s", what, d)
 	}
+}
+
+// errorCodes returns the error codes the handlers write, sorted, once
+// each: those of writeError, and those of a failure whose cause is logged
+// (Server.failed).
+func errorCodes(t *testing.T) []string {
+	t.Helper()
+	codes, err := doctest.Calls(".", "writeError", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logged, err := doctest.Calls(".", "failed", 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	codes = append(codes, logged...)
+	slices.Sort(codes)
+	return slices.Compact(codes)
 }

@@ -261,11 +261,7 @@ func consts(t *testing.T, dir, typ string) []string {
 func TestOpenAPIEnums(t *testing.T) {
 	d := loadAPIDoc(t)
 	s := d.Components.Schemas
-	codes, err := doctest.Calls(".", "writeError", 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	codes = slices.Compact(codes)
+	codes := errorCodes(t)
 	for _, c := range []struct {
 		what string
 		got  []string

@@ -206,8 +206,21 @@ func (s *Server) Running() int {
 // Registry returns the registry /metrics serves.
 func (s *Server) Registry() *prometheus.Registry { return s.reg }
 
-// ServeHTTP implements http.Handler.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+// ServeHTTP implements http.Handler. Every response names its request
+// (HeaderRequestID): an error's cause is logged under that id.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	id := ids.New("req_")
+	w.Header().Set(HeaderRequestID, id)
+	s.mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), requestIDKey{}, id)))
+}
+
+type requestIDKey struct{}
+
+// requestID returns the id ServeHTTP gave r.
+func requestID(r *http.Request) string {
+	id, _ := r.Context().Value(requestIDKey{}).(string)
+	return id
+}
 
 // storeLate stores the record of an abandoned tool call that returned
 // after its turn ended; the turn's sink passes it on (event.LateSink).
@@ -288,10 +301,13 @@ func (s *Server) start(ctx context.Context, session, input string, budgets budge
 	if err != nil {
 		unwatch()
 		err = fmt.Errorf("reading the history of session %s: %w", session, err)
+		s.storeError("history", id, err)
 		now := time.Now()
+		// The record is read by clients: the store's error (its database,
+		// host, user) stays in the log.
 		rec := &event.Turn{TurnID: id, SessionID: session, Agent: s.cfg.AgentName, Input: input, StartedAt: begun, EndedAt: now,
 			WallMS: now.Sub(begun).Milliseconds(), Status: budget.StatusInterrupted, StopReason: budget.Interrupted,
-			Message: fmt.Sprintf("Interrupted before it began: %v. Nothing was run. Send the message again.", err)}
+			Message: fmt.Sprintf("Interrupted before it began: the history of session %s could not be read from the store (the server's log has the cause, under turn %s). Nothing was run. Send the message again.", session, id)}
 		if ferr := s.cfg.Store.FinishTurn(context.Background(), rec, nil); ferr != nil {
 			s.storeError("finish_turn", id, ferr)
 		}

@@ -8,8 +8,9 @@ type Backlog struct {
 	// Events and Bytes are the events waiting.
 	Events int   `json:"events"`
 	Bytes  int64 `json:"bytes"`
-	// Since is when writes began to fail; zero while they do not. Err is
-	// the last failure.
+	// Since is when writes began to fail; zero while they do not. Err
+	// says what is wrong, for anyone (/healthz): not the store's own
+	// error, which may name its database, host and user.
 	Since time.Time `json:"since,omitzero"`
 	Err   string    `json:"error,omitempty"`
 }

@@ -84,6 +84,8 @@ type Status struct {
 	// Err is the last failure.
 	FailingSince time.Time
 	Err          error
+	// Stuck is set when no commit failed but one has waited Stuck.
+	Stuck bool
 	// Recovered, in the Status OnState is given when commits work again,
 	// is how long they failed.
 	Recovered time.Duration
@@ -178,7 +180,7 @@ func (q *Queue) statusLocked() Status {
 		// A commit that neither ends nor fails — a lock held on a table,
 		// a database that stopped answering — is behind as well.
 		if waited := time.Since(q.committing); waited >= q.o.Stuck {
-			st.FailingSince = q.committing
+			st.FailingSince, st.Stuck = q.committing, true
 			st.Err = fmt.Errorf("a commit has waited %s for the database (a lock held, or a database that does not answer)", waited.Round(time.Second))
 		}
 	}
@@ -368,8 +370,14 @@ func (it *Item) done(err error) {
 func (q *Queue) Backlog() store.Backlog {
 	st := q.Status()
 	b := store.Backlog{Events: st.Waiting, Bytes: st.Bytes, Since: st.FailingSince}
-	if st.Err != nil {
+	switch {
+	case st.Stuck:
 		b.Err = st.Err.Error()
+	case st.Err != nil:
+		// The store's own error names its database, host and user:
+		// /healthz answers anyone, so it says only what is wrong. The
+		// log has the error (Log).
+		b.Err = "writes to the store fail; they are kept and tried again (the server's log has the error)"
 	}
 	return b
 }

@@ -298,3 +298,32 @@ func TestAStuckCommitIsBehind(t *testing.T) {
 		t.Errorf("after the commit: %+v", st)
 	}
 }
+
+// TestBacklogShowsNoStoreError: the backlog /healthz shows says that
+// writes fail, not the store's error, which names its database, host and
+// user (the log has it).
+func TestBacklogShowsNoStoreError(t *testing.T) {
+	secret := errors.New("failed to connect to `user=tbadmin database=prod`: 10.0.0.7:5432: connection refused")
+	release := make(chan struct{})
+	var once sync.Once
+	q := New(func([]*Item) error {
+		<-release
+		return secret
+	}, Options{Transient: func(error) bool { return true }, Backoff: time.Millisecond, CloseTimeout: 10 * time.Millisecond})
+	q.Add(ev(1), nil)
+	once.Do(func() { close(release) })
+	deadline := time.Now().Add(10 * time.Second)
+	for !q.Backlog().Behind() {
+		if time.Now().After(deadline) {
+			t.Fatal("never behind")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if b := q.Backlog(); strings.Contains(b.Err, "tbadmin") || strings.Contains(b.Err, "10.0.0.7") || b.Err == "" {
+		t.Errorf("backlog error %q", b.Err)
+	}
+	if st := q.Status(); !errors.Is(st.Err, secret) {
+		t.Errorf("the status (for the log) lost the error: %v", st.Err)
+	}
+	q.Close()
+}
