@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -169,13 +168,6 @@ func windDown(b *testing.B, a *agent.Agent, n int, floor bool) (late []time.Dura
 		late = append(late, r.Sub(at))
 	}
 	return late, cpu, rss
-}
-
-// cpuTime is the process's CPU time so far, user and system.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // vmRSS is the process's resident memory now, from /proc/self/status.

@@ -8,9 +8,10 @@ import (
 	"regexp"
 	"runtime"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/timebox-run/timebox/internal/testenv"
 )
 
 const boundsHead = "model: {primary: 'openai:x'}\n"
@@ -207,9 +208,7 @@ func TestBoundsLetRealFilesThrough(t *testing.T) {
 // not block the open.
 func TestAgentFileNotRegular(t *testing.T) {
 	fifo := filepath.Join(t.TempDir(), "agent.yaml")
-	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
-		t.Skip("no FIFOs here:", err)
-	}
+	testenv.Mkfifo(t, fifo)
 	for _, c := range []struct{ path, want string }{
 		{fifo, fifo + ": the agent file is a named pipe (FIFO), not a regular file (give the path of a YAML file)"},
 		{"/dev/zero", "/dev/zero: the agent file is a character device, not a regular file (give the path of a YAML file)"},

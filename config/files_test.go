@@ -4,9 +4,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/timebox-run/timebox/internal/testenv"
 )
 
 // TestFilesAreCheckedAsTheyWillBeUsed: Load parses the script the way the
@@ -74,9 +75,7 @@ func TestFilesAreCheckedAsTheyWillBeUsed(t *testing.T) {
 func TestScriptNotARegularFile(t *testing.T) {
 	dir := t.TempDir()
 	fifo := filepath.Join(dir, "fifo.jsonl")
-	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
-		t.Skip("no FIFOs here:", err)
-	}
+	testenv.Mkfifo(t, fifo)
 	for file, want := range map[string]string{
 		"fifo.jsonl": `agent.yaml:2:28: providers.script.file: "fifo.jsonl" is a named pipe (FIFO), not a regular file`,
 		"/dev/zero":  `agent.yaml:2:28: providers.script.file: "/dev/zero" is a character device, not a regular file`,

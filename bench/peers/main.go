@@ -9,7 +9,11 @@
 // tool hung past a 1s budget that honours its cancellation, one that
 // ignores it, and one that reports progress for 1s and then goes silent.
 // The tool's work is a real process (sleep 10) whose pid the harness
-// checks when the caller gets control back and 500ms later.
+// checks when the caller gets control back and 500ms later. It reads /proc,
+// so it runs on Linux only.
+//
+//go:build linux
+
 package main
 
 import (

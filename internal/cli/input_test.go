@@ -5,9 +5,10 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/timebox-run/timebox/internal/testenv"
 )
 
 // runWithin runs the command and fails the test, rather than hang it, if
@@ -65,9 +66,7 @@ func TestValidateRefusesWhatRunRefuses(t *testing.T) {
 				file = "/dev/zero"
 			case "fifo":
 				file = filepath.Join(dir, "FIFO")
-				if err := syscall.Mkfifo(file, 0o644); err != nil {
-					t.Skip("no FIFOs here:", err)
-				}
+				testenv.Mkfifo(t, file)
 				c.want = strings.Replace(c.want, `"FIFO"`, `"`+file+`"`, 1)
 			default:
 				if err := os.WriteFile(filepath.Join(dir, file), []byte(c.script+"\n"), 0o644); err != nil {

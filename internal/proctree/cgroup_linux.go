@@ -64,6 +64,27 @@ type cgroupHost struct {
 	ownNS bool
 }
 
+// newCallCgroup returns the cgroup of call n and sets attr so that the
+// call's root is started in it (clone3 with CLONE_INTO_CGROUP), in a
+// cgroup namespace of its own where it may have one: it sees itself at
+// "/", and with nsdelegate it cannot move itself or its children out
+// (docs/decisions/tool-isolation.md).
+func newCallCgroup(ctx context.Context, n uint64, attr *syscall.SysProcAttr) (*callCgroup, error) {
+	host, err := cgHost()
+	if err != nil {
+		return nil, err
+	}
+	cg, err := host.newCall(ctx, n)
+	if err != nil {
+		return nil, err
+	}
+	attr.UseCgroupFD, attr.CgroupFD = true, cg.fd
+	if host.ownNS {
+		attr.Unshareflags |= unix.CLONE_NEWCGROUP
+	}
+	return cg, nil
+}
+
 // idleLinger is how long idle call cgroups and their parent are kept after
 // the last call ends, and the window over which the pool's size is the
 // peak number of calls at once.

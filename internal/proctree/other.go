@@ -1,4 +1,4 @@
-//go:build !linux
+//go:build !linux && !darwin && !windows
 
 package proctree
 
@@ -69,3 +69,7 @@ func Close() {}
 
 // CgroupMembers returns nil: there are no cgroups.
 func CgroupMembers(owner int) ([]int, error) { return nil, nil }
+
+func autoStrategy() Strategy { return Track }
+
+func usable(Strategy) error { return errUnsupported }

@@ -37,6 +37,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // EnvStrategy is the environment variable that forces a strategy: auto,
@@ -53,13 +54,16 @@ const EnvMarker = "TIMEBOX_CALL"
 // Strategy is how a process tree is owned.
 type Strategy string
 
-// The strategies. Auto picks Cgroup when a writable cgroup v2 hierarchy
-// lets this process start children inside a cgroup of its own making, and
-// Track otherwise.
+// The strategies. Auto picks, on Linux, Cgroup when a writable cgroup v2
+// hierarchy lets this process start children inside a cgroup of its own
+// making, and Track otherwise; on macOS, Track; on Windows, Job.
 const (
 	Auto   Strategy = "auto"
 	Cgroup Strategy = "cgroup"
 	Track  Strategy = "track"
+	// Job is Windows': each tree in a Job Object that kills its processes
+	// when it is closed.
+	Job Strategy = "job"
 )
 
 // ParseStrategy parses a strategy name. The empty string is Auto. Any other
@@ -68,10 +72,10 @@ func ParseStrategy(s string) (Strategy, error) {
 	switch Strategy(s) {
 	case "", Auto:
 		return Auto, nil
-	case Cgroup, Track:
+	case Cgroup, Track, Job:
 		return Strategy(s), nil
 	}
-	return "", fmt.Errorf("%q is not a process-tree strategy (use auto, cgroup or track)", s)
+	return "", fmt.Errorf("%q is not a process-tree strategy (use auto, cgroup, track or job)", s)
 }
 
 // CheckEnv checks the TIMEBOX_PROCTREE variable: unset, empty, auto, cgroup
@@ -89,9 +93,9 @@ func CheckEnv() error {
 	if err != nil {
 		return fmt.Errorf("%s=%q: %w", EnvStrategy, v, err)
 	}
-	if s == Cgroup {
-		if err := cgroupUsable(); err != nil {
-			return fmt.Errorf("%s=cgroup: %w; use auto or track", EnvStrategy, err)
+	if s != Auto {
+		if err := usable(s); err != nil {
+			return fmt.Errorf("%s=%s: %w; use auto", EnvStrategy, s, err)
 		}
 	}
 	return nil
@@ -114,19 +118,33 @@ func Resolve(s Strategy) (Strategy, error) {
 		if es != Auto {
 			return Resolve(es)
 		}
-		if cgroupUsable() == nil {
-			return Cgroup, nil
+		return autoStrategy(), nil
+	case Cgroup, Track, Job:
+		if err := usable(s); err != nil {
+			return "", fmt.Errorf("the %s process-tree strategy is not usable here: %w", s, err)
 		}
-		return Track, nil
-	case Cgroup:
-		if err := cgroupUsable(); err != nil {
-			return "", fmt.Errorf("the cgroup process-tree strategy is not usable here: %w", err)
-		}
-		return Cgroup, nil
-	case Track:
-		return Track, nil
+		return s, nil
 	}
-	return "", fmt.Errorf("%q is not a process-tree strategy (use auto, cgroup or track)", s)
+	return "", fmt.Errorf("%q is not a process-tree strategy (use auto, cgroup, track or job)", s)
+}
+
+// pollUntil calls cond with a growing interval (1ms up to 10ms) until it
+// holds or the deadline passes (a zero deadline never passes). It is the
+// fallback where nothing tells when a process has exited.
+func pollUntil(deadline time.Time, cond func() bool) bool {
+	d := time.Millisecond
+	for !cond() {
+		if !deadline.IsZero() {
+			left := time.Until(deadline)
+			if left <= 0 {
+				return false
+			}
+			d = min(d, left)
+		}
+		time.Sleep(d)
+		d = min(2*d, 10*time.Millisecond)
+	}
+	return true
 }
 
 // Instance returns this process's marker instance, the same for the life

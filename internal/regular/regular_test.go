@@ -4,11 +4,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/timebox-run/timebox/internal/regular"
+	"github.com/timebox-run/timebox/internal/testenv"
 )
 
 func TestReadFile(t *testing.T) {
@@ -22,9 +22,7 @@ func TestReadFile(t *testing.T) {
 		}
 	}
 	fifo := filepath.Join(dir, "fifo")
-	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
-		t.Skip("no FIFOs here:", err)
-	}
+	testenv.Mkfifo(t, fifo)
 	for path, want := range map[string]string{
 		fifo:        "is a named pipe (FIFO), not a regular file",
 		"/dev/zero": "is a character device, not a regular file",

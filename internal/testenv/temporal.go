@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -129,7 +128,7 @@ func (s *devServer) start() error {
 	// thread that started the server ends, not the test binary. A server
 	// whose test binary was killed is stopped by the next one
 	// (reapStaleTemporal).
-	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	ownGroup(s.cmd)
 	if err := s.cmd.Start(); err != nil {
 		return fmt.Errorf("starting the Temporal dev server: %w", err)
 	}
@@ -155,7 +154,7 @@ func (s *devServer) start() error {
 // kill kills the server's process group at once (SIGKILL), as a crash.
 func (s *devServer) kill() {
 	if s.cmd != nil && s.cmd.Process != nil {
-		syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+		signalGroup(s.cmd.Process.Pid, true)
 		<-s.done
 	}
 }
@@ -215,11 +214,11 @@ func (s *devServer) ready() error {
 
 func (s *devServer) stop() {
 	if s.cmd.Process != nil {
-		syscall.Kill(-s.cmd.Process.Pid, syscall.SIGTERM)
+		signalGroup(s.cmd.Process.Pid, false)
 		select {
 		case <-s.done:
 		case <-time.After(10 * time.Second):
-			syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+			signalGroup(s.cmd.Process.Pid, true)
 			<-s.done
 		}
 	}
@@ -237,7 +236,7 @@ func reapStaleTemporal() {
 			continue // unreadable, or alive
 		}
 		if srv, ok := readStamp(filepath.Join(d, "server")); ok && processStart(srv.pid) == srv.start {
-			syscall.Kill(-srv.pid, syscall.SIGKILL)
+			signalGroup(srv.pid, true)
 		}
 		os.RemoveAll(d)
 	}

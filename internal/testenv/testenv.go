@@ -24,8 +24,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // EnvRequire lists, comma-separated, the peers whose absence fails a test
@@ -98,10 +96,11 @@ func installOnce(dir string) error {
 		return err
 	}
 	defer lock.Close()
-	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
+	unlock, err := lockFile(lock)
+	if err != nil {
 		return err
 	}
-	defer unix.Flock(int(lock.Fd()), unix.LOCK_UN)
+	defer unlock()
 	if _, err := os.Stat(done); err == nil {
 		return nil // another test binary installed it while we waited
 	}

@@ -6,12 +6,12 @@ import (
 	"io"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
 	"unicode/utf8"
 
+	"github.com/timebox-run/timebox/internal/testenv"
 	"github.com/timebox-run/timebox/model"
 	"github.com/timebox-run/timebox/model/script"
 )
@@ -44,9 +44,7 @@ func TestParseErrorsNameTheLine(t *testing.T) {
 // never end.
 func TestLoadRefusesWhatIsNotAFile(t *testing.T) {
 	fifo := filepath.Join(t.TempDir(), "script.jsonl")
-	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
-		t.Skip("no FIFOs here:", err)
-	}
+	testenv.Mkfifo(t, fifo)
 	for path, want := range map[string]string{
 		fifo:        "is a named pipe (FIFO), not a regular file",
 		"/dev/zero": "/dev/zero is a character device, not a regular file",

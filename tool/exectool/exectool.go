@@ -37,8 +37,6 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/internal/proctree"
 	"github.com/timebox-run/timebox/internal/runas"
@@ -239,8 +237,8 @@ func (t *Tool) Call(ctx context.Context, c *tool.Call) (*tool.Result, error) {
 			pidList(pids)))
 	}
 	if pids := tree.Unkilled(); len(pids) > 0 {
-		res.StderrTail = note(res.StderrTail, fmt.Sprintf("timebox: process %s did not exit after SIGKILL (uninterruptible sleep); it runs no more code and will exit when the kernel lets it go",
-			pidList(pids)))
+		res.StderrTail = note(res.StderrTail, fmt.Sprintf("timebox: process %s did not exit after %s; it runs no more code and will exit when the kernel lets it go",
+			pidList(pids), forceStop))
 	}
 	var code *int
 	if ps := cmd.ProcessState; ps != nil {
@@ -260,7 +258,9 @@ func (t *Tool) Call(ctx context.Context, c *tool.Call) (*tool.Result, error) {
 	var ee *exec.ExitError
 	switch {
 	case code != nil:
-		if msg == "" {
+		if what := exitNote(*code); what != "" {
+			msg = note2(what, msg)
+		} else if msg == "" {
 			msg = "the tool wrote nothing to stderr"
 		}
 	case errors.As(waitErr, &ee):
@@ -268,11 +268,7 @@ func (t *Tool) Call(ctx context.Context, c *tool.Call) (*tool.Result, error) {
 		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 			what = "killed by " + signalName(ws.Signal())
 		}
-		if msg == "" {
-			msg = what
-		} else {
-			msg = what + ": " + msg
-		}
+		msg = note2(what, msg)
 	default:
 		msg = waitErr.Error()
 	}
@@ -290,6 +286,14 @@ func note(tail, line string) string {
 		tail += "\n"
 	}
 	return tail + line
+}
+
+// note2 returns what, followed by the tool's own last line when there is one.
+func note2(what, msg string) string {
+	if msg == "" {
+		return what
+	}
+	return what + ": " + msg
 }
 
 func pidList(pids []int) string {
@@ -350,15 +354,6 @@ func startError(prog string, err error) string {
 		return fmt.Sprintf("cannot start %s: not an executable format (a script needs a #! line)", prog)
 	}
 	return fmt.Sprintf("cannot start %s: %v", prog, err)
-}
-
-// signalName returns "SIGSEGV" for SIGSEGV, and the number for a signal
-// without a name.
-func signalName(s syscall.Signal) string {
-	if name := unix.SignalName(s); name != "" {
-		return name
-	}
-	return fmt.Sprintf("signal %d", int(s))
 }
 
 // pipes are a call's stdin, stdout and stderr. os.Pipe's parent ends are

@@ -1,3 +1,5 @@
+//go:build !windows
+
 package mcptool
 
 // Tests against real MCP servers from npm, pinned in testdata/package.json

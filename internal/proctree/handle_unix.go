@@ -1,3 +1,5 @@
+//go:build linux || darwin
+
 package proctree
 
 import (
@@ -28,7 +30,7 @@ type handle struct {
 // openHandle opens a handle on pid. It returns an error wrapping ESRCH when
 // no such process exists.
 func openHandle(pid int) (*handle, error) {
-	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
+	fd, err := openPidfd(pid)
 	switch {
 	case err == nil:
 		return newHandle(pid, fd), nil
@@ -113,25 +115,6 @@ func (h *handle) wait(deadline time.Time) bool {
 	return pollUntil(deadline, h.exited)
 }
 
-// pollUntil calls cond with a growing interval (1ms up to 10ms) until it
-// holds or the deadline passes. It is the fallback for kernels without
-// pollable pidfds.
-func pollUntil(deadline time.Time, cond func() bool) bool {
-	d := time.Millisecond
-	for !cond() {
-		if !deadline.IsZero() {
-			left := time.Until(deadline)
-			if left <= 0 {
-				return false
-			}
-			d = min(d, left)
-		}
-		time.Sleep(d)
-		d = min(2*d, 10*time.Millisecond)
-	}
-	return true
-}
-
 // signal sends sig to the process, once per signal per handle: a process
 // that traps SIGTERM should run its handler once. It returns nil when the
 // process has already exited.
@@ -146,7 +129,7 @@ func (h *handle) signal(sig unix.Signal) error {
 	var err error
 	if h.f == nil {
 		err = unix.Kill(h.pid, sig)
-	} else if cerr := h.rc.Control(func(fd uintptr) { err = unix.PidfdSendSignal(int(fd), sig, nil, 0) }); cerr != nil {
+	} else if cerr := h.rc.Control(func(fd uintptr) { err = pidfdSignal(int(fd), sig) }); cerr != nil {
 		return nil
 	}
 	if err == unix.ESRCH {

@@ -1,3 +1,5 @@
+//go:build linux || darwin
+
 package proctree
 
 import (
@@ -105,25 +107,15 @@ func Start(ctx context.Context, cmd *exec.Cmd, s Strategy) (*Tree, error) {
 		// and a terminal's Ctrl-C reaches timebox, not its tools.
 		attr.Setpgid, attr.Pgid = true, 0
 	}
-	if attr.Pdeathsig == 0 {
-		attr.Pdeathsig = syscall.SIGKILL
-	}
+	dieWithParent(attr)
 	cmd.Env = withMarker(cmd.Env, t.marker)
 	if st == Cgroup {
-		host, _ := cgHost()
-		cg, err := host.newCall(ctx, n)
+		cg, err := newCallCgroup(ctx, n, attr)
 		if errors.Is(err, ErrNotStarted) {
 			return nil, err
 		}
 		if err != nil {
 			return nil, fmt.Errorf("making the call's cgroup: %w", err)
-		}
-		attr.UseCgroupFD, attr.CgroupFD = true, cg.fd
-		if host.ownNS {
-			// The root's cgroup namespace is its call's cgroup: it sees
-			// itself at "/", and with nsdelegate it cannot move itself
-			// or its children out (docs/decisions/process-tree.md).
-			attr.Unshareflags |= unix.CLONE_NEWCGROUP
 		}
 		t.cg = cg
 	}
@@ -156,13 +148,7 @@ func (t *Tree) watchRoot(h *handle) {
 	if h.f != nil && h.wait(time.Time{}) {
 		return
 	}
-	var info unix.Siginfo
-	for {
-		err := unix.Waitid(unix.P_PID, t.pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
-		if err != unix.EINTR {
-			return
-		}
-	}
+	waitExit(t.pid)
 }
 
 // Strategy returns the strategy that owns the tree: Cgroup or Track.

@@ -1,3 +1,5 @@
+//go:build linux || darwin
+
 package proctree
 
 import (
@@ -198,7 +200,7 @@ func scan(pgids map[int]uint64, wanted map[uint64]bool) map[uint64][]procRef {
 			if !wanted[n] {
 				continue
 			}
-			fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
+			fd, err := openPidfd(pid)
 			if err == unix.ESRCH {
 				continue
 			}
@@ -218,7 +220,7 @@ func scan(pgids map[int]uint64, wanted map[uint64]bool) map[uint64][]procRef {
 		// process it names has exited by then and the pid was reused,
 		// the pidfd reads as exited (the next scan drops it, and a
 		// member's tree counts it as gone and looks again).
-		fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
+		fd, err := openPidfd(pid)
 		if err == unix.ESRCH {
 			continue
 		}
