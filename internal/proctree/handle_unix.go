@@ -23,7 +23,11 @@ type handle struct {
 	pid  int
 	f    *os.File // the pidfd; nil when pidfds are unavailable
 	rc   syscall.RawConn
-	done bool // the process has exited (it may be a zombie)
+	// start is the process's start time when there is no pidfd (see
+	// procStat), read when the handle was made: a process found later
+	// under the same pid with another start time is not this one.
+	start uint64
+	done  bool // the process has exited (it may be a zombie)
 	sent map[unix.Signal]bool
 }
 
@@ -44,7 +48,7 @@ func openHandle(pid int) (*handle, error) {
 		if unix.Kill(pid, 0) == unix.ESRCH {
 			return nil, unix.ESRCH
 		}
-		return &handle{pid: pid}, nil
+		return pidHandle(pid), nil
 	}
 }
 
@@ -52,24 +56,37 @@ func openHandle(pid int) (*handle, error) {
 // PIDFD_NONBLOCK (so that Go's poller takes it), or -1 for none.
 func newHandle(pid, fd int) *handle {
 	if fd < 0 {
-		return &handle{pid: pid}
+		return pidHandle(pid)
 	}
 	f := os.NewFile(uintptr(fd), "pidfd")
 	rc, err := f.SyscallConn()
 	if err != nil {
 		f.Close()
-		return &handle{pid: pid}
+		return pidHandle(pid)
 	}
 	return &handle{pid: pid, f: f, rc: rc}
 }
 
-// exited reports whether the process has exited. A zombie has.
+// pidHandle returns a handle that follows pid by its number and start
+// time (macOS, or Linux without pidfds).
+func pidHandle(pid int) *handle {
+	h := &handle{pid: pid}
+	if st, err := readStat(pid); err == nil {
+		h.start = st.start
+	}
+	return h
+}
+
+// exited reports whether the process has exited. A zombie has, and so has
+// a pid-followed process whose pid now names one that started at another
+// time.
 func (h *handle) exited() bool {
 	if h.done {
 		return true
 	}
 	if h.f == nil {
-		h.done = !pidAlive(h.pid)
+		st, err := readStat(h.pid)
+		h.done = err != nil || st.gone() || (h.start != 0 && st.start != h.start)
 		return h.done
 	}
 	var ready bool
@@ -128,6 +145,8 @@ func (h *handle) signal(sig unix.Signal) error {
 	h.sent[sig] = true
 	var err error
 	if h.f == nil {
+		// exited, just above, re-read the start time: the window in which
+		// the pid could be reused is from that read to this kill.
 		err = unix.Kill(h.pid, sig)
 	} else if cerr := h.rc.Control(func(fd uintptr) { err = pidfdSignal(int(fd), sig) }); cerr != nil {
 		return nil

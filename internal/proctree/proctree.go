@@ -4,7 +4,8 @@
 // middle process exited). Spec §3 asks that no descendant of a stopped tool
 // survives; this package is how.
 //
-// Two strategies do the owning (see docs/decisions/process-tree.md):
+// On Linux two strategies do the owning (see docs/decisions/process-tree.md;
+// macOS has only Track, Windows a Job Object per call: docs/platforms.md):
 //
 //   - Cgroup: each call runs in its own cgroup v2 directory, created under
 //     a per-process parent (<own cgroup>/timebox-<instance>/call-<n>); the child
@@ -41,7 +42,8 @@ import (
 )
 
 // EnvStrategy is the environment variable that forces a strategy: auto,
-// cgroup or track. Any other non-empty value is an error (CheckEnv).
+// cgroup, track or job. Any other non-empty value is an error (CheckEnv),
+// and so is one this platform does not have.
 const EnvStrategy = "TIMEBOX_PROCTREE"
 
 // EnvMarker is the environment variable every process of a call inherits.
@@ -78,10 +80,10 @@ func ParseStrategy(s string) (Strategy, error) {
 	return "", fmt.Errorf("%q is not a process-tree strategy (use auto, cgroup, track or job)", s)
 }
 
-// CheckEnv checks the TIMEBOX_PROCTREE variable: unset, empty, auto, cgroup
-// or track. It returns an error naming the variable for any other value,
-// and for cgroup when no usable cgroup v2 hierarchy is found (with the
-// reason), so that a configuration check reports it before anything runs
+// CheckEnv checks the TIMEBOX_PROCTREE variable: unset, empty, auto, cgroup,
+// track or job. It returns an error naming the variable for any other
+// value, for a strategy this platform does not have, and for cgroup when
+// no usable cgroup v2 hierarchy is found (with the reason), so that a configuration check reports it before anything runs
 // (spec §10). It may create and remove a probe cgroup and start a probe
 // process that fails to exec. Safe for concurrent use.
 func CheckEnv() error {
@@ -101,8 +103,8 @@ func CheckEnv() error {
 	return nil
 }
 
-// Resolve returns the concrete strategy (Cgroup or Track) that Start uses
-// for s. An explicit Cgroup or Track wins; Auto (or "") defers to
+// Resolve returns the concrete strategy (Cgroup, Track or Job) that Start
+// uses for s. An explicit one wins when this platform has it; Auto (or "") defers to
 // TIMEBOX_PROCTREE, and when that is unset or auto, to detection, which
 // runs once per process. It returns an error for an invalid
 // TIMEBOX_PROCTREE and for Cgroup when cgroups are not usable here. Safe
