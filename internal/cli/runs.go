@@ -29,8 +29,7 @@ const runsUsage = `usage:
   timebox runs export ID [--db FILE]             a turn's events as JSON lines (as run --json wrote them)
 
 The store is --db, else TIMEBOX_DB, else timebox.db in $XDG_STATE_HOME/timebox
-(~/.local/state/timebox), where timebox run keeps its turns; timebox serve
-keeps them in timebox.db in its working directory unless told otherwise.
+(~/.local/state/timebox): the one default of every command (run, serve, runs).
 A postgres:// URL names the PostgreSQL database gateways share.`
 
 func openSQLite(path string) (*sqlite.Store, error) {
@@ -82,8 +81,8 @@ func cmdRuns(ctx context.Context, args []string, o IO) int {
 		return ExitUsage
 	}
 	if _, err := os.Stat(sqlitePath(db)); !postgres.IsURL(db) && errors.Is(err, os.ErrNotExist) {
-		fmt.Fprintf(o.Err, "timebox runs: no store at %s: nothing was stored there yet (timebox run stores its turns in %s, timebox serve in %s in its working directory; --db or TIMEBOX_DB names another file)\n",
-			db, stateDB(o), defaultDB)
+		fmt.Fprintf(o.Err, "timebox runs: no store at %s: nothing was stored there yet (timebox run and timebox serve store their turns in %s unless --db or TIMEBOX_DB names another store)\n",
+			storeName(db), stateDB(o))
 		return ExitFailed
 	}
 	st, err := openStore(db, false, o)
@@ -102,30 +101,54 @@ func cmdRuns(ctx context.Context, args []string, o IO) int {
 	}
 	defer st.Close()
 
+	r := runsStore{st: st, where: storeName(db)}
 	switch sub {
 	case "list":
 		f.Status, f.StopReason = budget.Status(status), budget.StopReason(reason)
-		return runsList(ctx, st, f, *asJSON, o)
+		return r.list(ctx, f, *asJSON, o)
 	case "show":
-		return runsShow(ctx, st, pos[0], *asJSON, o)
+		return r.show(ctx, pos[0], *asJSON, o)
 	default:
-		return runsExport(ctx, st, pos[0], o)
+		return r.export(ctx, pos[0], o)
 	}
 }
 
-func notFound(err error, id string, o IO) int {
+// runsStore is the store `timebox runs` reads, and where it is, for
+// messages.
+type runsStore struct {
+	st    store.Store
+	where string
+}
+
+// storeName returns where a --db value keeps turns, fit to print: the
+// SQLite file's absolute path, a PostgreSQL URL without its password.
+func storeName(db string) string {
+	switch {
+	case db == "":
+		return "memory only"
+	case postgres.IsURL(db):
+		return postgres.Redact(db)
+	}
+	if abs, err := filepath.Abs(sqlitePath(db)); err == nil {
+		return abs
+	}
+	return sqlitePath(db)
+}
+
+func (r runsStore) notFound(err error, id string, o IO) int {
 	if errors.Is(err, store.ErrNotFound) {
-		fmt.Fprintf(o.Err, "timebox runs: no turn %s in the store (timebox runs list shows the stored ones)\n", id)
+		fmt.Fprintf(o.Err, "timebox runs: no turn %s in the store at %s (timebox runs list shows the turns stored there; --db or TIMEBOX_DB names another store)\n", id, r.where)
 	} else {
 		fmt.Fprintln(o.Err, "timebox runs:", err)
 	}
 	return ExitFailed
 }
 
-func runsList(ctx context.Context, st store.Store, f store.Filter, asJSON bool, o IO) int {
+func (r runsStore) list(ctx context.Context, f store.Filter, asJSON bool, o IO) int {
+	st := r.st
 	turns, err := st.Turns(ctx, f)
 	if err != nil {
-		return notFound(err, f.Before, o)
+		return r.notFound(err, f.Before, o)
 	}
 	if asJSON {
 		enc := json.NewEncoder(o.Out)
@@ -135,7 +158,7 @@ func runsList(ctx context.Context, st store.Store, f store.Filter, asJSON bool, 
 		return ExitOK
 	}
 	if len(turns) == 0 {
-		fmt.Fprintln(o.Err, "no turns match")
+		fmt.Fprintf(o.Err, "no turns match in the store at %s\n", r.where)
 		return ExitOK
 	}
 	tw := tabwriter.NewWriter(o.Out, 0, 8, 2, ' ', 0)
@@ -167,14 +190,15 @@ func clip(s string, n int) string {
 	return s
 }
 
-func runsShow(ctx context.Context, st store.Store, id string, asJSON bool, o IO) int {
+func (r runsStore) show(ctx context.Context, id string, asJSON bool, o IO) int {
+	st := r.st
 	rec, err := st.Turn(ctx, id)
 	if err != nil {
-		return notFound(err, id, o)
+		return r.notFound(err, id, o)
 	}
 	if asJSON {
 		if rec.Events, err = st.Events(ctx, id, 0, 0); err != nil {
-			return notFound(err, id, o)
+			return r.notFound(err, id, o)
 		}
 		enc := json.NewEncoder(o.Out)
 		enc.SetIndent("", "  ")
@@ -287,14 +311,15 @@ func callNotes(c event.ToolCall) string {
 	return strings.Join(n, ", ")
 }
 
-func runsExport(ctx context.Context, st store.Store, id string, o IO) int {
+func (r runsStore) export(ctx context.Context, id string, o IO) int {
+	st := r.st
 	bw := bufio.NewWriter(o.Out)
 	defer bw.Flush()
 	after := int64(0)
 	for {
 		evs, err := st.Events(ctx, id, after, 1000)
 		if err != nil {
-			return notFound(err, id, o)
+			return r.notFound(err, id, o)
 		}
 		for _, e := range evs {
 			b, err := json.Marshal(e)
@@ -327,8 +352,8 @@ type runStore struct {
 	engine string
 }
 
-// stateDB returns where `timebox run` keeps its turns unless told
-// otherwise, and where `timebox runs` looks for them: timebox.db in the
+// stateDB returns where every command keeps its turns unless told
+// otherwise (run, serve, and runs reading them): timebox.db in the
 // user's state directory ($XDG_STATE_HOME/timebox, else
 // ~/.local/state/timebox), or in the working directory when neither
 // variable is set (docs/decisions/where-turns-are-stored.md).
@@ -350,12 +375,6 @@ func openRunStore(fs *flag.FlagSet, db string, noStore bool, o IO) *runStore {
 	path := setting(fs, "db", db, "TIMEBOX_DB", o, stateDB(o))
 	if noStore || path == "" {
 		return nil
-	}
-	if !postgres.IsURL(path) {
-		if err := os.MkdirAll(filepath.Dir(sqlitePath(path)), 0o700); err != nil {
-			fmt.Fprintf(o.Err, "warning: %v; the turn will not be stored (--no-store silences this)\n", err)
-			return nil
-		}
 	}
 	st, err := openStore(path, false, o)
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -71,7 +72,7 @@ func serveToken(fs *flag.FlagSet, flagValue string, o IO) (string, bool) {
 func cmdServe(ctx context.Context, args []string, o IO) int {
 	fs, c := newFlags("serve", o)
 	addrFlag := fs.String("addr", "", "the address to serve on (env TIMEBOX_ADDR; default "+defaultAddr+"); a non-loopback address needs a token")
-	dbFlag := fs.String("db", "", `the store: a SQLite file, or a postgres:// URL that several gateways share (env TIMEBOX_DB; default `+defaultDB+`); "" keeps turns in memory only`)
+	dbFlag := fs.String("db", "", `the store: a SQLite file, or a postgres:// URL that several gateways share (env TIMEBOX_DB; default `+stateDB(o)+`); "" keeps turns in memory only`)
 	tokenFlag := fs.String("token", "", "require \"Authorization: Bearer TOKEN\" on the API and /metrics (env TIMEBOX_TOKEN, which ps does not show)")
 	ef := addEngineFlags(fs, true, false)
 	pos, err := parse(fs, args)
@@ -88,7 +89,7 @@ func cmdServe(ctx context.Context, args []string, o IO) int {
 		return ExitUsage
 	}
 	addr := setting(fs, "addr", *addrFlag, "TIMEBOX_ADDR", o, defaultAddr)
-	db := setting(fs, "db", *dbFlag, "TIMEBOX_DB", o, defaultDB)
+	db := setting(fs, "db", *dbFlag, "TIMEBOX_DB", o, stateDB(o))
 	if es.Engine == engineTemporal && !postgres.IsURL(db) {
 		fmt.Fprintln(o.Err, "timebox serve: --engine temporal needs the PostgreSQL store its workers write to: --db postgres://… (or TIMEBOX_DB)")
 		return ExitUsage
@@ -150,13 +151,7 @@ func cmdServe(ctx context.Context, args []string, o IO) int {
 		return ExitFailed
 	}
 
-	where := db
-	switch {
-	case db == "":
-		where = "memory only"
-	case postgres.IsURL(db):
-		where = postgres.Redact(db) // never print a password
-	}
+	where := storeName(db) // never a password
 	name := cfg.Name
 	if name == "" {
 		name = c.file
@@ -263,6 +258,11 @@ func openStore(path string, memoryOK bool, o IO) (store.Store, error) {
 		}
 		st, ids = pg, pg.Recovered()
 	} else {
+		// The default store's directory (~/.local/state/timebox) may not
+		// exist yet.
+		if err := os.MkdirAll(filepath.Dir(sqlitePath(path)), 0o700); err != nil {
+			return nil, fmt.Errorf("opening the store: %w", err)
+		}
 		lite, err := openSQLite(sqlitePath(path))
 		if err != nil {
 			return nil, err

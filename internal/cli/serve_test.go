@@ -68,48 +68,70 @@ func run(t *testing.T, env []string, args ...string) result {
 
 var servingRE = regexp.MustCompile(`on (http://\S+) \(store: ([^)]*)\)`)
 
-func TestServeThenRuns(t *testing.T) {
-	file := agentFile(t, `{"text": "hello from the script"}`)
-	db := filepath.Join(t.TempDir(), "timebox.db")
-	ctx, stop := context.WithCancel(t.Context())
+// serveInProcess runs `timebox serve` with args in this process and
+// returns its URL, the store it printed, and the function that stops it
+// (as SIGTERM would) and returns its exit code.
+func serveInProcess(t *testing.T, env []string, args ...string) (url, where string, stop func() int) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
 	var out, errb syncBuffer
 	exited := make(chan int, 1)
 	go func() {
-		exited <- cli.Run(ctx, []string{"serve", "-f", file, "--addr", "127.0.0.1:0", "--db", db},
-			cli.IO{In: strings.NewReader(""), Out: &out, Err: &errb})
+		exited <- cli.Run(ctx, append([]string{"serve", "--addr", "127.0.0.1:0"}, args...),
+			cli.IO{In: strings.NewReader(""), Out: &out, Err: &errb, Env: env})
 	}()
-	var url string
+	stop = func() int {
+		cancel()
+		code := <-exited
+		if code != cli.ExitOK {
+			t.Errorf("serve exited %d: %s", code, errb.String())
+		}
+		return code
+	}
 	deadline := time.Now().Add(10 * time.Second)
-	for url == "" {
+	for {
 		if m := servingRE.FindStringSubmatch(out.String()); m != nil {
-			url = m[1]
-			if m[2] != db {
-				t.Fatalf("serving with store %q", m[2])
-			}
+			return m[1], m[2], stop
 		}
 		if time.Now().After(deadline) {
+			stop()
 			t.Fatalf("serve printed no address; out %q err %q", out.String(), errb.String())
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// postTurn posts a turn and returns its record.
+func postTurn(t *testing.T, url, body string) event.Turn {
+	t.Helper()
 	tr := &http.Transport{}
 	defer tr.CloseIdleConnections()
-	client := &http.Client{Transport: tr}
-	resp, err := client.Post(url+"/v1/turns", "application/json", strings.NewReader(`{"input": "hi", "session_id": "cli"}`))
+	resp, err := (&http.Client{Transport: tr}).Post(url+"/v1/turns", "application/json", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer resp.Body.Close()
 	var rec event.Turn
-	json.NewDecoder(resp.Body).Decode(&rec)
-	resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(&rec); err != nil {
+		t.Fatal(err)
+	}
+	return rec
+}
+
+func TestServeThenRuns(t *testing.T) {
+	file := agentFile(t, `{"text": "hello from the script"}`)
+	db := filepath.Join(t.TempDir(), "timebox.db")
+	url, where, stop := serveInProcess(t, nil, "-f", file, "--db", db)
+	if where != db {
+		t.Fatalf("serving with store %q", where)
+	}
+	rec := postTurn(t, url, `{"input": "hi", "session_id": "cli"}`)
 	if rec.Status != budget.StatusCompleted || rec.Answer != "hello from the script" || rec.Agent != "clitest" {
 		t.Fatalf("record %+v", rec)
 	}
-	stop() // as SIGTERM would
-	if code := <-exited; code != cli.ExitOK {
-		t.Fatalf("serve exited %d: %s", code, errb.String())
+	if stop() != cli.ExitOK {
+		t.FailNow()
 	}
-	tr.CloseIdleConnections()
 
 	r := run(t, nil, "runs", "list", "--db", db)
 	if r.code != 0 || !strings.Contains(r.out, rec.TurnID) || !strings.Contains(r.out, "completed") || !strings.Contains(r.out, "answered") {
@@ -145,8 +167,42 @@ func TestServeThenRuns(t *testing.T) {
 		t.Fatalf("runs show --json: %v, %d events", err, len(shown.Events))
 	}
 	r = run(t, nil, "runs", "show", "t_nope", "--db", db)
-	if r.code != cli.ExitFailed || !strings.Contains(r.err, "no turn t_nope") {
+	if r.code != cli.ExitFailed || !strings.Contains(r.err, "no turn t_nope in the store at "+db) {
 		t.Fatalf("runs show t_nope: %d %q", r.code, r.err)
+	}
+}
+
+// TestOneDefaultStore: without --db or TIMEBOX_DB, `timebox serve` keeps
+// its turns where `timebox run` does, so `timebox runs show` finds a turn
+// serve ran; a turn not found names the store that was read.
+func TestOneDefaultStore(t *testing.T) {
+	file := agentFile(t, `{"text": "served"}`)
+	home := t.TempDir()
+	env := []string{"HOME=" + home}
+	want := filepath.Join(home, ".local", "state", "timebox", "timebox.db")
+	url, where, stop := serveInProcess(t, env, "-f", file)
+	if where != want {
+		t.Errorf("serve stores in %q, want %q", where, want)
+	}
+	rec := postTurn(t, url, `{"input": "hi"}`)
+	stop()
+	if r := run(t, env, "runs", "show", rec.TurnID); r.code != 0 || !strings.Contains(r.out, "served") {
+		t.Fatalf("runs show of serve's turn: %d %q %q", r.code, r.out, r.err)
+	}
+	if r := run(t, env, "run", "-f", file, "--json", "again"); r.code != 0 {
+		t.Fatalf("run: %d %q", r.code, r.err)
+	}
+	r := run(t, env, "runs", "list", "--json")
+	if r.code != 0 || !strings.Contains(r.out, rec.TurnID) || !strings.Contains(r.out, "again") {
+		t.Fatalf("runs list does not show both: %d %q", r.code, r.out)
+	}
+	r = run(t, env, "runs", "show", "t_nope")
+	if r.code != cli.ExitFailed || !strings.Contains(r.err, "in the store at "+want) {
+		t.Fatalf("runs show t_nope: %d %q", r.code, r.err)
+	}
+	r = run(t, env, "runs", "list", "--status", "failed")
+	if !strings.Contains(r.err, "no turns match in the store at "+want) {
+		t.Fatalf("runs list with no match: %d %q", r.code, r.err)
 	}
 }
 
