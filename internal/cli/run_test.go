@@ -99,6 +99,7 @@ func TestPlainViewAndExitCodes(t *testing.T) {
 	if strings.Contains(r.out, "\x1b[") {
 		t.Error("plain output has terminal escapes")
 	}
+	checkReadmeSample(t, r.out)
 
 	failing := agentFile(t, `{"error": {"status": 503, "message": "down"}}`)
 	if r := run(t, nil, "run", "-f", failing, "--no-store", "hi"); r.code != 1 || !strings.Contains(r.out, "model_unavailable") {
@@ -381,5 +382,65 @@ func TestToolsDoNotInheritSecrets(t *testing.T) {
 	}
 	if strings.Contains(r.out, "s3cret") {
 		t.Errorf("a secret reached the tool:\n%s", r.out)
+	}
+}
+
+var (
+	sampleTurnID = regexp.MustCompile(`\bt_[A-Z2-7]{26}\b`)
+	sampleFigure = regexp.MustCompile(`\d+(\.\d+)?(ms|s)\b`)
+	sampleSpaces = regexp.MustCompile(` {2,}`)
+	stillWorking = regexp.MustCompile(`^… still working: tool (crawl|report|legacy_sync), # so far$`)
+)
+
+// sampleShape is a line of the plain view with what changes from run to
+// run taken out: the turn id, the measured figures, the alignment.
+func sampleShape(line string) string {
+	line = sampleTurnID.ReplaceAllString(line, "t_ID")
+	line = sampleFigure.ReplaceAllString(line, "#")
+	return sampleSpaces.ReplaceAllString(line, " ")
+}
+
+// checkReadmeSample checks the README's sample of the demo's plain view
+// against a real run of it: the same lines, in any order (the tools run
+// at once), but for the measured figures and the turn id, which must have
+// its real form. A "still working" notice is checked for its form only:
+// whether legacy_sync gets one before it is killed, at the same instant,
+// is a race.
+func checkReadmeSample(t *testing.T, out string) {
+	t.Helper()
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const cmd = "$ timebox run -f examples/demo/agent.yaml \"Tour the budgets\"\n"
+	_, sample, ok := strings.Cut(string(b), cmd)
+	if !ok {
+		t.Fatal("the README has no sample of the demo's output")
+	}
+	sample, _, _ = strings.Cut(sample, "```")
+	count := func(text string) map[string]int {
+		m := map[string]int{}
+		for _, l := range strings.Split(strings.TrimRight(text, "\n"), "\n") {
+			if sh := sampleShape(l); stillWorking.MatchString(sh) {
+				m["still working"] = 1
+			} else {
+				m[sh]++
+			}
+		}
+		return m
+	}
+	doc, real := count(sample), count(out)
+	for l, n := range doc {
+		if real[l] != n {
+			t.Errorf("the README's sample of the demo has %d of %q, a real run %d", n, l, real[l])
+		}
+	}
+	for l, n := range real {
+		if doc[l] == 0 {
+			t.Errorf("a real run of the demo prints %d of %q, which the README's sample lacks", n, l)
+		}
+	}
+	if !sampleTurnID.MatchString(sample) {
+		t.Error("the README's sample shows no turn id of the real form")
 	}
 }

@@ -20,15 +20,15 @@ import (
 //
 // A handle is used by one goroutine at a time.
 type handle struct {
-	pid  int
-	f    *os.File // the pidfd; nil when pidfds are unavailable
-	rc   syscall.RawConn
+	pid int
+	f   *os.File // the pidfd; nil when pidfds are unavailable
+	rc  syscall.RawConn
 	// start is the process's start time when there is no pidfd (see
 	// procStat), read when the handle was made: a process found later
 	// under the same pid with another start time is not this one.
 	start uint64
 	done  bool // the process has exited (it may be a zombie)
-	sent map[unix.Signal]bool
+	sent  map[unix.Signal]bool
 }
 
 // openHandle opens a handle on pid. It returns an error wrapping ESRCH when

@@ -69,6 +69,20 @@ type Options struct {
 // another takes it for gone.
 const Heartbeats = 3
 
+// DefaultHeartbeat is a store's heartbeat unless Options or the URL's
+// timebox_heartbeat sets another.
+const DefaultHeartbeat = 5 * time.Second
+
+// GoneWindow returns how long after a store with heartbeat hb dies another
+// store, watching with the same heartbeat, takes it for gone: at the
+// earliest Heartbeats-1 of them (it died just before its next beat), at
+// the latest Heartbeats+1 (it died just after one, and the watcher had
+// looked just before the silence was long enough). With the default
+// heartbeat, 10 to 20 seconds.
+func GoneWindow(hb time.Duration) (earliest, latest time.Duration) {
+	return (Heartbeats - 1) * hb, (Heartbeats + 1) * hb
+}
+
 // Store is a store.Store in a PostgreSQL database. It is safe for
 // concurrent use.
 type Store struct {
@@ -141,7 +155,7 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 		o.Heartbeat = hb
 	}
 	if o.Heartbeat <= 0 {
-		o.Heartbeat = 5 * time.Second
+		o.Heartbeat = DefaultHeartbeat
 	}
 	if o.Poll <= 0 {
 		o.Poll = time.Second
