@@ -180,6 +180,9 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 	}
 	fail := func(err error) (*Store, error) {
 		pool.Close()
+		if fix := connectFix(err, cfg.ConnConfig.Host, cfg.ConnConfig.User, cfg.ConnConfig.Database); fix != "" {
+			return nil, fmt.Errorf("opening store %s: %w; %s", where, err, fix)
+		}
 		return nil, fmt.Errorf("opening store %s: %w", where, err)
 	}
 	var enc string
