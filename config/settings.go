@@ -45,6 +45,9 @@ type Setting struct {
 	ZeroOK bool
 	// Doc is a short description for flag help.
 	Doc string
+	// ServeOnly tells that only `timebox serve` reads it: the other
+	// commands take no flag for it (validate does, to check it).
+	ServeOnly bool
 }
 
 // Settings are the process-wide settings, in the order `timebox validate`
@@ -54,9 +57,14 @@ type Setting struct {
 var Settings = append(fromKnobs(),
 	count(KeyCompactAt, "compact-at", "TIMEBOX_COMPACT_AT", "100000", 1, 100_000_000, true,
 		"estimated prompt tokens above which older history is summarised; 0 is off"),
-	dur(KeyShutdownGrace, "shutdown-grace", "TIMEBOX_SHUTDOWN_GRACE", "10s", true,
-		"how long running turns may go on after SIGTERM; 0 cancels them at once"),
+	serveOnly(dur(KeyShutdownGrace, "shutdown-grace", "TIMEBOX_SHUTDOWN_GRACE", "10s", true,
+		"how long running turns may go on after SIGTERM; 0 cancels them at once")),
 )
+
+func serveOnly(s Setting) Setting {
+	s.ServeOnly = true
+	return s
+}
 
 // fromKnobs returns a Setting for each budget of budget.Knobs.
 func fromKnobs() []Setting {

@@ -134,6 +134,9 @@ func newFlags(name string, o IO) (*flag.FlagSet, *common) {
 	c := &common{settings: map[string]*string{}}
 	fs.StringVar(&c.file, "f", "agent.yaml", "the agent file")
 	for _, s := range config.Settings {
+		if s.ServeOnly && name != "serve" && name != "validate" {
+			continue
+		}
 		c.settings[s.Key] = fs.String(s.Flag, "", fmt.Sprintf("%s (%s; env %s)", s.Doc, s.Key, s.Env))
 	}
 	return fs, c
@@ -145,11 +148,18 @@ func (c *common) overrides(fs *flag.FlagSet, o IO) config.Overrides {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	for _, s := range config.Settings {
-		if set[s.Flag] {
+		if set[s.Flag] && c.settings[s.Key] != nil {
 			ov.Flags[s.Key] = *c.settings[s.Key]
 		}
 	}
 	return ov
+}
+
+// flagSet reports whether the flag name was given on the command line.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 // isHelp reports whether arg asks for a command's usage.
@@ -195,6 +205,11 @@ func loadConfig(c *common, fs *flag.FlagSet, o IO) (*config.Agent, bool) {
 	cfg, err := config.Load(c.file, c.overrides(fs, o))
 	if err != nil {
 		printConfigError(o.Err, err)
+		if !flagSet(fs, "f") {
+			if _, serr := os.Stat(c.file); errors.Is(serr, os.ErrNotExist) {
+				fmt.Fprintf(o.Err, "No -f was given, so timebox looked for %s in this directory; name an agent file with -f FILE (the demo's: -f examples/demo/agent.yaml in a clone of timebox).\n", c.file)
+			}
+		}
 		return nil, false
 	}
 	if v := o.getenv(proctree.EnvStrategy); v != "" {

@@ -444,3 +444,43 @@ func checkReadmeSample(t *testing.T, out string) {
 		t.Error("the README's sample shows no turn id of the real form")
 	}
 }
+
+// TestServeOnlyFlags: a flag only serve reads is not offered by run (whose
+// help would otherwise list a setting that does nothing there), but is by
+// serve, and by validate, which checks it.
+func TestServeOnlyFlags(t *testing.T) {
+	for _, c := range []struct {
+		cmd  string
+		want bool
+	}{{"run", false}, {"tool", false}, {"serve", true}, {"validate", true}} {
+		args := []string{c.cmd, "-h"}
+		if c.cmd == "tool" {
+			args = []string{"tool", "call", "-h"}
+		}
+		r := run(t, nil, args...)
+		if got := strings.Contains(r.out+r.err, "-shutdown-grace"); got != c.want {
+			t.Errorf("timebox %s -h lists -shutdown-grace: %v, want %v", c.cmd, got, c.want)
+		}
+	}
+	if r := run(t, nil, "run", "-f", demo, "--no-store", "--shutdown-grace", "1s", "hi"); r.code != cli.ExitUsage {
+		t.Errorf("run --shutdown-grace: exit %d, want %d", r.code, cli.ExitUsage)
+	}
+}
+
+// TestMissingAgentFileMentionsF: with no -f and no agent.yaml here, the
+// error says how to name one; with -f naming a missing file, it does not
+// pretend the user forgot the flag.
+func TestMissingAgentFileMentionsF(t *testing.T) {
+	if _, err := os.Stat("agent.yaml"); err == nil {
+		t.Skip("this directory has an agent.yaml")
+	}
+	r := run(t, nil, "validate")
+	if r.code != cli.ExitUsage || !strings.Contains(r.err, "agent.yaml: the agent file does not exist") ||
+		!strings.Contains(r.err, "name an agent file with -f FILE") {
+		t.Errorf("validate with no agent.yaml: exit %d\n%s", r.code, r.err)
+	}
+	r = run(t, nil, "validate", "-f", filepath.Join(t.TempDir(), "missing.yaml"))
+	if r.code != cli.ExitUsage || strings.Contains(r.err, "No -f was given") {
+		t.Errorf("validate -f missing.yaml: exit %d\n%s", r.code, r.err)
+	}
+}
