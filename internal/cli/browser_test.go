@@ -9,9 +9,11 @@ package cli_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -45,12 +47,18 @@ func chromium(t *testing.T) string {
 // test ends.
 func serveDemo(t *testing.T, env ...string) string {
 	t.Helper()
+	return serveAgent(t, demoAgent, env...)
+}
+
+// serveAgent is serveDemo for any agent file.
+func serveAgent(t *testing.T, agentFile string, env ...string) string {
+	t.Helper()
 	db := filepath.Join(t.TempDir(), "timebox.db")
 	ctx, stop := context.WithCancel(context.Background())
 	var out, errb syncBuffer
 	exited := make(chan int, 1)
 	go func() {
-		exited <- cli.Run(ctx, []string{"serve", "-f", demoAgent, "--addr", "127.0.0.1:0", "--db", db},
+		exited <- cli.Run(ctx, []string{"serve", "-f", agentFile, "--addr", "127.0.0.1:0", "--db", db},
 			cli.IO{In: strings.NewReader(""), Out: &out, Err: &errb, Env: env})
 	}()
 	t.Cleanup(func() {
@@ -331,7 +339,7 @@ func TestPageBannerNamesTheBudget(t *testing.T) {
 	p.send("Tour the budgets")
 	p.waitFor("the closing banner", q(`.banner[data-stop-reason="turn_timeout"]`))
 	got := p.text(`.banner`)
-	for _, want := range []string{"turn_timeout", "timeouts.turn = 2s (from env)", "Change TIMEBOX_TURN_TIMEOUT", "timed_out_during_tool_execution"} {
+	for _, want := range []string{"Stopped by the turn ceiling · ", "timeouts.turn = 2s (from env)", "Change TIMEBOX_TURN_TIMEOUT", "timed_out_during_tool_execution"} {
 		if !strings.Contains(got, want) {
 			p.fail("the banner reads %q, want %q in it", got, want)
 		}
@@ -507,5 +515,242 @@ func TestPageAsksForTheToken(t *testing.T) {
 	}
 	if n := p.count(`.chip.tool`); n != 5 {
 		p.fail("%d tool chips, want 5", n)
+	}
+}
+
+// gateAgent writes an agent on the script model whose turn calls one tool,
+// gate, that runs until the test creates the file gate returns, and then
+// answers gateAnswer, a word at a time: a turn that runs exactly as long as
+// the test needs. Each turn of a session plays the script again.
+func gateAgent(t *testing.T) (agentFile, gate string) {
+	t.Helper()
+	dir := t.TempDir()
+	gate = filepath.Join(dir, "gate")
+	wait := fmt.Sprintf("cat >/dev/null; while [ ! -e '%s' ]; do sleep 0.05; done; echo '{\"gate\": \"open\"}'", gate)
+	agent := fmt.Sprintf(`name: gate
+instructions: Call the gate tool, then answer.
+model:
+  primary: script:gate
+providers:
+  script:
+    file: script.jsonl
+timeouts:
+  turn: 2m
+tools:
+  - name: gate
+    description: Waits until its gate opens.
+    exec: ["/bin/sh", "-c", %s]
+    timeout: 90s
+    env: [PATH]
+`, strconv.Quote(wait))
+	script := `{"text": "Waiting for the gate.", "tool_calls": [{"name": "gate"}]}
+{"text": "` + gateAnswer + `", "chunk_delay": "20ms"}
+`
+	agentFile = filepath.Join(dir, "agent.yaml")
+	for name, body := range map[string]string{agentFile: agent, filepath.Join(dir, "script.jsonl"): script} {
+		if err := os.WriteFile(name, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A tool still waiting when the test ends stops with the server; this
+	// is for a test that failed before it opened the gate.
+	t.Cleanup(func() { _ = os.WriteFile(gate, nil, 0o644) })
+	return agentFile, gate
+}
+
+const gateAnswer = "The gate opened and the wait is over."
+
+// durationRE is a duration as the page prints it (fmtMS).
+const durationRE = `(\d+ms|\d+\.\d+s|\d+m\d\ds)`
+
+// TestPageBannerSaysWhyOnce: the closing banner's headline says why the
+// turn ended and how long it ran, in words, without the stop reason
+// repeated after its own label ("Answered · answered" was issue 28's); the
+// same on the turn's records page, and for a cancelled turn.
+func TestPageBannerSaysWhyOnce(t *testing.T) {
+	proctest.AfterTest(t)
+	agentFile, gate := gateAgent(t)
+	p := openPage(t, serveAgent(t, agentFile))
+
+	// Answered.
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p.send("Open the gate")
+	p.waitFor("the closing banner", q(`.banner[data-stop-reason="answered"]`))
+	answered := regexp.MustCompile(`^Answered · ` + durationRE + `$`)
+	if got := p.text(`.banner .title`); !answered.MatchString(got) {
+		p.fail("the answered banner's headline reads %q, want %s", got, answered)
+	}
+	if got := p.text(`.banner`); strings.Count(strings.ToLower(got), "answered") != 1 {
+		p.fail("the answered banner says answered more than once: %q", got)
+	}
+	if got := p.text(`.banner .totals`); !strings.HasPrefix(got, "2 steps · 1 tool call · model ") || !strings.HasSuffix(got, " · records") {
+		p.fail("the answered banner's totals read %q", got)
+	}
+	p.do("opening the turn's records", chromedp.Click(chromedp.CSS(`.banner .totals a`)))
+	p.waitFor("the records page", q(`#turn-view[data-state="ended"] .banner[data-stop-reason="answered"]`))
+	if got := p.text(`#turn-view .banner .title`); !answered.MatchString(got) {
+		p.fail("the records page's banner headline reads %q, want %s", got, answered)
+	}
+
+	// Cancelled, in the same conversation.
+	if err := os.Remove(gate); err != nil {
+		t.Fatal(err)
+	}
+	p.do("back to the chat", chromedp.Click(chromedp.CSS("#nav-chat")))
+	p.waitFor("the conversation", `!`+q(`#chat-view`)+`.hidden && `+q(`#timeline .banner[data-stop-reason="answered"]`))
+	p.send("Wait for the gate")
+	p.waitFor("the gate tool to run", q(`#timeline .turn:nth-child(2) .chip[data-tool="gate"].running`))
+	p.do("cancelling", chromedp.Click(chromedp.CSS("#cancel")))
+	p.waitFor("the closing banner", q(`#timeline .turn:nth-child(2) .banner[data-stop-reason="cancelled"]`))
+	cancelled := regexp.MustCompile(`^Cancelled · ` + durationRE + `$`)
+	if got := p.text(`#timeline .turn:nth-child(2) .banner .title`); !cancelled.MatchString(got) {
+		p.fail("the cancelled banner's headline reads %q, want %s", got, cancelled)
+	}
+	if got := p.text(`#timeline .turn:nth-child(2) .banner .msg`); !strings.HasPrefix(got, "Cancelled by") {
+		p.fail("the cancelled banner's message reads %q", got)
+	}
+}
+
+// TestPagePastTurnFollowsARunningTurn: a turn opened from the Past turns
+// list while it runs shows what is stored, then follows the turn's events
+// from the last stored one (no event missed, none twice) to its closing
+// banner and final records, without a reload. Opened again once it has
+// ended, it is a static page that follows nothing.
+func TestPagePastTurnFollowsARunningTurn(t *testing.T) {
+	proctest.AfterTest(t)
+	agentFile, gate := gateAgent(t)
+	base := serveAgent(t, agentFile)
+	proxy := newCutter(t, base)
+
+	// A turn started elsewhere (another tab, a script), running in its tool.
+	res, err := http.Post(base+"/v1/turns", "application/json", strings.NewReader(`{"input": "Wait for the gate", "detach": true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var acc struct {
+		TurnID string `json:"turn_id"`
+	}
+	err = json.NewDecoder(res.Body).Decode(&acc)
+	res.Body.Close()
+	if err != nil || res.StatusCode != http.StatusAccepted || acc.TurnID == "" {
+		t.Fatalf("POST /v1/turns: %d, %+v, %v", res.StatusCode, acc, err)
+	}
+	id := acc.TurnID
+	stored := storedEvents(t, base, id, func(evs []map[string]any) bool {
+		return len(evs) > 0 && evs[len(evs)-1]["type"] == "tool_started"
+	})
+
+	p := openPage(t, proxy.url())
+	eval[bool](p, `window.notReloaded = true`)
+	p.do("opening past turns", chromedp.Click(chromedp.CSS("#nav-turns")))
+	row := `#turns-table tbody tr[data-turn-id=` + strconv.Quote(id) + `]`
+	p.waitFor("the running turn in the list", q(row))
+	if got := p.text(row); !strings.Contains(got, "running") {
+		p.fail("the turn's row reads %q", got)
+	}
+	p.do("opening the running turn", chromedp.Click(chromedp.CSS(row)))
+
+	// What was stored: the running tool, with its clock.
+	p.waitFor("the running turn's page", `/running/.test(`+q(`#turn-view dl.facts`)+`?.innerText)`)
+	p.waitFor("the running tool call, from the stored events", q(`#turn-view[data-state="running"] .turn .chip[data-tool="gate"].running`))
+	for sel, want := range map[string]int{`#turn-view .banner`: 0, `#turn-view table.models tbody tr`: 1, `#turn-view table.calls`: 0} {
+		if n := p.count(sel); n != want {
+			p.fail("%d of %s while the turn runs, want %d", n, sel, want)
+		}
+	}
+	p.waitFor("the stream to be followed", `/live/.test(`+q(`#conn`)+`.className)`)
+
+	// Then what happens next, live.
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p.waitFor("the gate tool to end", q(`#turn-view .chip[data-tool="gate"][data-outcome="ok"]`))
+	p.waitFor("the closing banner", q(`#turn-view .turn .banner[data-stop-reason="answered"]`))
+	p.waitFor("the final records", q(`#turn-view[data-state="ended"]`))
+
+	final := storedEvents(t, base, id, func(evs []map[string]any) bool {
+		return len(evs) > 0 && evs[len(evs)-1]["type"] == "turn_finished"
+	})
+	turn := `#turn-view .turn`
+	if last, applied := eval[string](p, q(turn)+`.dataset.lastSeq`), eval[string](p, q(turn)+`.dataset.applied`); last != strconv.Itoa(len(final)) || applied != last {
+		p.fail("the page applied %s events up to seq %s; the turn has %d", applied, last, len(final))
+	}
+	if !eval[bool](p, `window.notReloaded === true`) {
+		p.fail("the page was reloaded")
+	}
+	for sel, want := range map[string]int{
+		`#turn-view .turn`: 1, `#turn-view .chip.tool`: 1, `#turn-view .chip.model`: 2, `#turn-view .banner`: 1,
+		`#turn-view .chip.running`: 0, `#turn-view .bubble.said.answer`: 1,
+		`#turn-view table.calls tbody tr[data-outcome="ok"]`: 1, `#turn-view table.models tbody tr`: 2,
+	} {
+		if n := p.count(sel); n != want {
+			p.fail("%d of %s, want %d", n, sel, want)
+		}
+	}
+	if got := p.text(`#turn-view .bubble.said.answer`); got != gateAnswer {
+		p.fail("the answer reads %q, want %q", got, gateAnswer)
+	}
+	if got := p.text(`#turn-view dl.facts`); !strings.Contains(got, "completed · answered") {
+		p.fail("the ended turn's facts read %q", got)
+	}
+	if got := p.text(`#conn`); got != "" {
+		p.fail("the stream indicator still reads %q", got)
+	}
+
+	// It resumed after what was stored, rather than from the start.
+	requests := func() []string {
+		var after []string
+		for _, m := range regexp.MustCompile(`GET /v1/turns/`+regexp.QuoteMeta(id)+`/events\?after=(\d+)`).FindAllStringSubmatch(proxy.seen.String(), -1) {
+			after = append(after, m[1])
+		}
+		return after
+	}
+	after := requests()
+	if len(after) == 0 {
+		p.fail("the page never asked for the turn's events")
+	}
+	if n, _ := strconv.Atoi(after[0]); n < len(stored) {
+		p.fail("the page followed the turn after event %d; %d were stored when it opened", n, len(stored))
+	}
+
+	// Opened again now that it has ended: static, and nothing followed.
+	p.do("back to past turns", chromedp.Click(chromedp.CSS("#nav-turns")))
+	p.waitFor("the ended turn in the list", q(row)+` && /completed/.test(`+q(row)+`.innerText)`)
+	p.do("opening the ended turn", chromedp.Click(chromedp.CSS(row)))
+	// (The live page's timeline is gone once the page is drawn anew.)
+	p.waitFor("the static page", q(`#turn-view[data-state="ended"] .banner[data-stop-reason="answered"]`)+` && !`+q(`#turn-view .turn`))
+	for sel, want := range map[string]int{`#turn-view .turn`: 0, `#turn-view .banner`: 1, `#turn-view table.calls tbody tr`: 1} {
+		if n := p.count(sel); n != want {
+			p.fail("%d of %s on the ended turn's page, want %d", n, sel, want)
+		}
+	}
+	if again := requests(); len(again) != len(after) {
+		p.fail("the ended turn's page asked for its events: %v", again[len(after):])
+	}
+}
+
+// storedEvents polls GET /v1/turns/ID until its events satisfy ok (20s at
+// most), and returns them.
+func storedEvents(t *testing.T, base, id string, ok func([]map[string]any) bool) []map[string]any {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var rec struct {
+			Events []map[string]any `json:"events"`
+		}
+		res, err := http.Get(base + "/v1/turns/" + id)
+		if err == nil {
+			err = json.NewDecoder(res.Body).Decode(&rec)
+			res.Body.Close()
+		}
+		if err == nil && ok(rec.Events) {
+			return rec.Events
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("turn %s: its stored events are not there after 20s (%d events, %v)", id, len(rec.Events), err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

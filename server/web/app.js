@@ -192,6 +192,10 @@ setInterval(() => {
 
 // ---- what a stopped turn's banner says ----------------------------------------
 
+// reasonTitle says, in words, why a turn ended: the banner's headline. The
+// stop_reason itself (the word the records, the Past turns filter and
+// docs/events.md use) is the banner's data-stop-reason and its title's
+// tooltip, not repeated after its own label.
 const reasonTitle = {
   answered: 'Answered',
   turn_timeout: 'Stopped by the turn ceiling',
@@ -208,15 +212,33 @@ const reasonTitle = {
   client_gone: 'Cancelled: the client went away',
   shutdown: 'Stopped: the server shut down',
   interrupted: 'Interrupted',
+  engine_lost: 'Interrupted: the engine lost the turn',
+  agent_mismatch: 'Failed: the worker runs another agent file',
 };
+
+// bannerTitle is the banner's headline: why the turn ended, and how long
+// it ran (the rest of its totals are on the line below).
+function bannerTitle(fin) {
+  const words = reasonTitle[fin.stop_reason] || (fin.stop_reason ? fin.stop_reason.replaceAll('_', ' ') : fin.status);
+  const wall = (fin.totals || {}).wall_ms;
+  return wall > 0 ? `${words} · ${fmtMS(wall)}` : words;
+}
+
+// recordTotals gives a turn record the totals of turn_finished.
+function recordTotals(rec) {
+  const calls = rec.tool_calls || [];
+  return { wall_ms: rec.wall_ms, steps: rec.steps, tool_calls: calls.filter((c) => !c.refused).length,
+    tool_calls_refused: calls.filter((c) => c.refused).length, llm_ms: rec.llm_ms, tool_ms: rec.tool_ms,
+    failovers: rec.failovers };
+}
 
 // banner builds the closing banner of a turn from turn_finished or a record.
 // The budget that stopped the turn, with its value, source and knob, comes
 // from the server (turn_finished's limit): the page holds no copy of the
-// rules.
+// rules. turnID, when set, links the banner to the turn's records.
 function banner(fin, turnID) {
   const b = el('div', { class: 'banner ' + fin.status, 'data-stop-reason': fin.stop_reason, 'data-status': fin.status });
-  b.append(el('div', { class: 'title', text: (reasonTitle[fin.stop_reason] || fin.stop_reason) + ' · ' + fin.stop_reason }));
+  b.append(el('div', { class: 'title', title: `status ${fin.status}, stop_reason ${fin.stop_reason}`, text: bannerTitle(fin) }));
   if (fin.message && fin.stop_reason !== 'answered') b.append(el('div', { class: 'msg', text: fin.message }));
   const l = fin.limit;
   if (l) {
@@ -227,12 +249,12 @@ function banner(fin, turnID) {
   const flags = Object.entries(fin.flags || {}).filter(([, on]) => on).map(([k]) => el('span', { class: 'flag', text: k }));
   if (flags.length) b.append(el('div', { class: 'flags' }, ...flags));
   const t = fin.totals || {};
-  const parts = [`wall ${fmtMS(t.wall_ms)}`, `${t.steps} step${t.steps === 1 ? '' : 's'}`,
+  const parts = [`${t.steps} step${t.steps === 1 ? '' : 's'}`,
     `${t.tool_calls} tool call${t.tool_calls === 1 ? '' : 's'}` + (t.tool_calls_refused ? ` (${t.tool_calls_refused} refused)` : ''),
     `model ${fmtMS(t.llm_ms)}`, `tools ${fmtMS(t.tool_ms)}`];
   if (t.failovers) parts.push(`${t.failovers} failover${t.failovers === 1 ? '' : 's'}`);
-  const totals = el('div', { class: 'totals', text: parts.join(' · ') + ' · ' });
-  if (turnID) totals.append(el('a', { href: '#/turns/' + encodeURIComponent(turnID), text: 'records' }));
+  const totals = el('div', { class: 'totals', text: parts.join(' · ') });
+  if (turnID) totals.append(' · ', el('a', { href: '#/turns/' + encodeURIComponent(turnID), text: 'records' }));
   b.append(totals);
   return b;
 }
@@ -256,8 +278,11 @@ function outcomeText(r) {
 // ---- one turn in the timeline -------------------------------------------------
 
 class TurnView {
-  constructor(turnID, parent) {
+  // links: whether the closing banner links to the turn's records (not on
+  // the records' own page).
+  constructor(turnID, parent, links = true) {
     this.id = turnID;
+    this.links = links;
     this.root = el('article', { class: 'turn', 'data-turn-id': turnID });
     this.userBubble = el('div', { class: 'bubble user' });
     this.head = el('div', { class: 'turn-head' });
@@ -266,6 +291,7 @@ class TurnView {
     parent.append(this.root);
     this.chips = new Map();   // call_id or model attempt → chip state
     this.lastSeq = 0;
+    this.applied = 0;         // events applied, each once
     this.finished = false;
     this.budgets = {};
     this.said = null;         // the bubble the current model call streams into
@@ -283,8 +309,10 @@ class TurnView {
   apply(ev) {
     if (ev.seq && ev.seq <= this.lastSeq) return; // a replay overlap: seen already
     if (ev.seq) this.root.dataset.lastSeq = this.lastSeq = ev.seq;
+    this.root.dataset.applied = ++this.applied; // equals lastSeq when none was missed
     const f = this['on_' + ev.type];
     if (f) f.call(this, ev);
+    if (this.onApplied) this.onApplied(ev);
   }
 
   on_turn_started(ev) {
@@ -462,7 +490,7 @@ class TurnView {
       if (this.said && this.said.textContent === ev.answer) this.said.classList.add('answer');
       else this.steps.append(el('div', { class: 'bubble said answer', text: ev.answer }));
     }
-    this.root.append(banner(ev, this.id));
+    this.root.append(banner(ev, this.links ? this.id : ''));
   }
 }
 
@@ -471,15 +499,29 @@ class TurnView {
 TurnView.prototype.closeFrom = function (rec) {
   if (this.finished || rec.status === 'running') return;
   this.on_turn_finished({ status: rec.status, stop_reason: rec.stop_reason, message: rec.message,
-    answer: '', flags: rec.flags, totals: { wall_ms: rec.wall_ms, steps: rec.steps,
-      tool_calls: (rec.tool_calls || []).filter((c) => !c.refused).length,
-      tool_calls_refused: (rec.tool_calls || []).filter((c) => c.refused).length,
-      llm_ms: rec.llm_ms, tool_ms: rec.tool_ms, failovers: rec.failovers } });
+    answer: '', flags: rec.flags, totals: recordTotals(rec) });
 };
 
-// follow streams a turn's events after seq `after` into view, reconnecting
-// with ?after= when the connection drops, until the turn has ended.
+// follow streams a turn's events after the last one view has applied
+// (view.lastSeq) into view, reconnecting with ?after= when the connection
+// drops, until the turn has ended. It is how every view of a running turn
+// is live: the chat's, and the records page's of a turn still running.
 async function follow(view) {
+  view.following = true;
+  try {
+    await followStream(view);
+  } finally {
+    view.following = false;
+    connIdle();
+  }
+}
+
+// connIdle clears the stream indicator once no view follows a turn.
+function connIdle() {
+  if (![...app.views].some((v) => v.following)) setConn('', '');
+}
+
+async function followStream(view) {
   let delay = 500;
   while (!view.finished && !view.ctrl.signal.aborted) {
     try {
@@ -513,7 +555,6 @@ async function follow(view) {
   }
   if (app.running === view) {
     app.running = null;
-    setConn('', '');
     composerIdle();
   }
 }
@@ -692,37 +733,114 @@ function against(ms, limit) {
     el('span', { text: fmtMS(ms) + (limit ? ' / ' + fmtLimit(limit) : '') }));
 }
 
+// turnPage is the live view on the records page of a turn that was running
+// when the page opened; turnGen counts the records pages opened, so that one
+// left while it loaded does not draw over the next.
+let turnPage = null;
+let turnGen = 0;
+
+function closeTurnPage() {
+  turnGen++;
+  if (turnPage) {
+    turnPage.dispose();
+    turnPage = null;
+    connIdle();
+  }
+}
+
+// openTurn shows a turn's records page. A turn that has ended is a static
+// view of its record. A running one shows what is stored, as the chat does,
+// then follows its event stream from the last stored event until
+// turn_finished, and then its final record.
 async function openTurn(id) {
+  closeTurnPage();
+  const gen = turnGen;
   const root = $('#turn-view');
   root.replaceChildren(el('p', { class: 'muted', text: 'Loading turn ' + id + '…' }));
+  delete root.dataset.state;
   let rec;
   try {
     rec = await getJSON('/v1/turns/' + encodeURIComponent(id));
   } catch (e) {
-    root.replaceChildren(el('p', { class: 'error', text: e.message }));
+    if (gen === turnGen) root.replaceChildren(el('p', { class: 'error', text: e.message }));
     return;
   }
+  if (gen !== turnGen) return; // the reader moved on meanwhile
+  if (rec.status === 'running') {
+    await openLiveTurn(root, rec, gen);
+    return;
+  }
+  root.dataset.state = 'ended';
   const finished = (rec.events || []).find((e) => e.type === 'turn_finished');
-  const kids = [el('h2', { text: 'Turn ' + rec.turn_id })];
-  kids.push(el('dl', { class: 'facts' },
+  const kids = turnFacts(rec);
+  kids.push(banner({ status: rec.status, stop_reason: rec.stop_reason, message: rec.message, flags: rec.flags,
+    totals: recordTotals(rec), limit: finished && finished.limit }, ''));
+  if (rec.answer) kids.push(el('div', { class: 'bubble said answer', text: rec.answer }));
+  root.replaceChildren(...kids, ...recordTables(rec));
+}
+
+async function openLiveTurn(root, rec, gen) {
+  const id = rec.turn_id;
+  root.dataset.state = 'running';
+  const facts = el('div', { class: 'turn-facts' }, ...turnFacts(rec));
+  const timeline = el('div', { class: 'live-timeline' });
+  const records = el('div', { class: 'records' });
+  root.replaceChildren(facts, el('h2', { text: 'Timeline' }), timeline, records);
+  const view = new TurnView(id, timeline, false);
+  turnPage = view;
+  // While it runs, the tables grow with the records that tool_finished and
+  // llm_finished carry, as the events are applied (each once).
+  const sofar = { status: 'running', tool_calls: [], model_calls: [] };
+  let loading = true;
+  view.onApplied = (ev) => {
+    if (ev.type === 'tool_finished') sofar.tool_calls.push(ev);
+    else if (ev.type === 'llm_finished') sofar.model_calls.push(ev);
+    else return;
+    if (!loading) records.replaceChildren(...recordTables(sofar));
+  };
+  for (const ev of rec.events || []) view.apply(ev);
+  loading = false;
+  records.replaceChildren(...recordTables(sofar));
+  await follow(view);
+  if (gen !== turnGen || view.ctrl.signal.aborted) return;
+  // The stream ends once the record is stored; should the store lag, the
+  // record is read again for a few seconds before the tables stay as they
+  // are.
+  let fin = null;
+  for (let i = 0; i < 20 && gen === turnGen; i++) {
+    try {
+      fin = await getJSON('/v1/turns/' + encodeURIComponent(id) + '?events=false');
+    } catch (e) {
+      records.prepend(el('p', { class: 'error', text: e.message }));
+      break;
+    }
+    if (fin.status !== 'running') break;
+    await sleep(250);
+  }
+  if (gen !== turnGen) return;
+  if (fin && fin.status !== 'running') {
+    facts.replaceChildren(...turnFacts(fin));
+    records.replaceChildren(...recordTables(fin));
+  }
+  root.dataset.state = 'ended';
+}
+
+// turnFacts is the heading of a turn's records page.
+function turnFacts(rec) {
+  return [el('h2', { text: 'Turn ' + rec.turn_id }), el('dl', { class: 'facts' },
     el('dt', { text: 'Input' }), el('dd', { text: rec.input }),
     el('dt', { text: 'Started' }), el('dd', { text: when(rec.started_at) }),
     el('dt', { text: 'Status' }), el('dd', {}, el('span', { class: 'status ' + rec.status, text: rec.status }),
       rec.stop_reason ? ' · ' + rec.stop_reason : ''),
     el('dt', { text: 'Conversation' }), el('dd', {}, rec.session_id
-      ? el('a', { href: '#/chat/' + encodeURIComponent(rec.session_id), text: rec.session_id }) : '—')));
-  if (rec.status !== 'running') {
-    kids.push(banner({ status: rec.status, stop_reason: rec.stop_reason, message: rec.message, flags: rec.flags,
-      totals: { wall_ms: rec.wall_ms, steps: rec.steps,
-      tool_calls: (rec.tool_calls || []).filter((c) => !c.refused).length,
-      tool_calls_refused: (rec.tool_calls || []).filter((c) => c.refused).length, llm_ms: rec.llm_ms,
-        tool_ms: rec.tool_ms, failovers: rec.failovers }, limit: finished && finished.limit }, ''));
-  }
-  if (rec.answer) kids.push(el('div', { class: 'bubble said answer', text: rec.answer }));
+      ? el('a', { href: '#/chat/' + encodeURIComponent(rec.session_id), text: rec.session_id }) : '—'))];
+}
 
-  kids.push(el('h2', { text: 'Tool calls' }));
+// recordTables are a turn's tool and model call records.
+function recordTables(rec) {
+  const kids = [el('h2', { text: 'Tool calls' })];
   const tools = rec.tool_calls || [];
-  if (!tools.length) kids.push(el('p', { class: 'muted', text: 'None.' }));
+  if (!tools.length) kids.push(el('p', { class: 'muted', text: rec.status === 'running' ? 'None ended yet.' : 'None.' }));
   else {
     const rows = tools.map((c) => {
       const notes = [];
@@ -752,7 +870,7 @@ async function openTurn(id) {
 
   kids.push(el('h2', { text: 'Model calls' }));
   const models = rec.model_calls || [];
-  if (!models.length) kids.push(el('p', { class: 'muted', text: 'None.' }));
+  if (!models.length) kids.push(el('p', { class: 'muted', text: rec.status === 'running' ? 'None ended yet.' : 'None.' }));
   else {
     kids.push(el('table', { class: 'grid models' },
       el('thead', {}, el('tr', {}, ...['Step', 'Model', 'Credential', 'Attempt', 'First chunk', 'Streaming', 'Outcome', 'Error']
@@ -767,14 +885,16 @@ async function openTurn(id) {
         el('td', { text: m.outcome + (m.phase ? ' (' + m.phase + ')' : '') }),
         el('td', { text: m.error || '' }))))));
   }
-  root.replaceChildren(...kids);
+  return kids;
 }
 
 // ---- routing ----------------------------------------------------------------
 
 // Routes: #/ a new chat; #/chat/{session} a conversation (its running turn is
-// followed); #/turns past turns; #/turns/{id} one turn's records.
+// followed); #/turns past turns; #/turns/{id} one turn's records (followed
+// while it runs).
 function route() {
+  closeTurnPage(); // a records page left stops following its turn
   const parts = location.hash.replace(/^#\/?/, '').split('/').map(decodeURIComponent);
   const view = parts[0] || 'chat';
   for (const s of ['chat-view', 'turns-view', 'turn-view']) $('#' + s).hidden = true;
