@@ -313,7 +313,7 @@ func (s *Store) interruptTurn(ctx context.Context, tx pgx.Tx, id string, reason 
 	out := store.Interrupt(t)
 	var b pgx.Batch
 	for _, tc := range out.Calls {
-		if err := queueToolCall(&b, tc); err != nil {
+		if err := queueToolCall(ctx, tx, &b, tc); err != nil {
 			return false, err
 		}
 	}

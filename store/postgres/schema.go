@@ -134,11 +134,79 @@ CREATE TABLE numbered_groups (
 );
 CREATE INDEX numbered_groups_at ON numbered_groups (at);
 `,
+	// 4: what timebox stats sums up (store.CallStats), as columns of the
+	// call records rather than inside their JSON, with covering indexes,
+	// as in SQLite's version 2: sample_ms is a call's time when it enters
+	// its percentiles (store.ToolSample, store.ModelSample), NULL when not;
+	// silence_ms the longest silence of a tool call (store.LongestSilence),
+	// NULL when not measured. Calls stored before this version are filled
+	// in from their records with the rules as they are at this version
+	// (a record holding \u0000, which PostgreSQL's json cannot give back as
+	// text, keeps the defaults); their silence is known only for calls
+	// that reported no progress (it is their duration).
+	`
+ALTER TABLE tool_calls
+	ADD COLUMN timeout_ms      bigint  NOT NULL DEFAULT 0,
+	ADD COLUMN idle_timeout_ms bigint  NOT NULL DEFAULT 0,
+	ADD COLUMN phase           text    NOT NULL DEFAULT '',
+	ADD COLUMN refused         text    NOT NULL DEFAULT '',
+	ADD COLUMN overran         boolean NOT NULL DEFAULT false,
+	ADD COLUMN abandoned       boolean NOT NULL DEFAULT false,
+	ADD COLUMN progress_count  integer NOT NULL DEFAULT 0,
+	ADD COLUMN sample_ms       bigint,
+	ADD COLUMN silence_ms      bigint;
+
+UPDATE tool_calls t SET
+	timeout_ms      = COALESCE((r.j->>'timeout_ms')::bigint, 0),
+	idle_timeout_ms = COALESCE((r.j->>'idle_timeout_ms')::bigint, 0),
+	phase           = COALESCE(r.j->>'phase', ''),
+	refused         = COALESCE(r.j->>'refused', ''),
+	overran         = COALESCE((r.j->>'overran')::boolean, false),
+	abandoned       = COALESCE((r.j->>'abandoned')::boolean, false),
+	progress_count  = COALESCE((r.j->>'progress_count')::integer, 0)
+	FROM (SELECT turn_id, call_id, record::json AS j FROM tool_calls WHERE strpos(record, '\u0000') = 0) r
+	WHERE t.turn_id = r.turn_id AND t.call_id = r.call_id;
+UPDATE tool_calls SET sample_ms = duration_ms
+	WHERE refused = '' AND outcome IN ('ok', 'error', 'timed_out', 'abandoned') AND phase IN ('', 'tool', 'tool_idle');
+UPDATE tool_calls SET silence_ms = duration_ms WHERE sample_ms IS NOT NULL AND progress_count = 0;
+
+CREATE INDEX tool_calls_stats  ON tool_calls (tool, sample_ms)
+	INCLUDE (started_at, outcome, phase, refused, overran, abandoned, progress_count, silence_ms);
+CREATE INDEX tool_calls_latest ON tool_calls (tool, started_at);
+
+-- A call's progress events, to measure its silences as its record is
+-- stored: only tool_progress events are in this index.
+CREATE INDEX events_progress ON events (turn_id, at) WHERE type = 'tool_progress';
+
+ALTER TABLE model_calls
+	ADD COLUMN provider     text   NOT NULL DEFAULT '',
+	ADD COLUMN started_at   bigint NOT NULL DEFAULT 0,
+	ADD COLUMN phase        text   NOT NULL DEFAULT '',
+	ADD COLUMN sample_phase text   NOT NULL DEFAULT '',
+	ADD COLUMN sample_ms    bigint;
+
+UPDATE model_calls m SET
+	provider     = COALESCE(r.j->>'provider', ''),
+	started_at   = COALESCE((extract(epoch FROM (r.j->>'started_at')::timestamptz) * 1000000000)::bigint, 0),
+	phase        = COALESCE(r.j->>'phase', ''),
+	sample_phase = CASE WHEN COALESCE((r.j->>'compaction')::boolean, false) THEN 'compaction' ELSE 'llm_first_chunk' END,
+	sample_ms    = CASE
+		WHEN COALESCE((r.j->>'compaction')::boolean, false) THEN
+			CASE WHEN m.outcome IN ('ok', 'insufficient') OR r.j->>'phase' = 'compaction' THEN (r.j->>'stream_ms')::bigint END
+		WHEN r.j->>'phase' = 'llm_first_chunk' THEN (r.j->>'stream_ms')::bigint
+		WHEN m.outcome = 'ok' OR (r.j->>'first_chunk_ms')::bigint > 0 THEN (r.j->>'first_chunk_ms')::bigint
+		END
+	FROM (SELECT turn_id, idx, record::json AS j FROM model_calls WHERE strpos(record, '\u0000') = 0) r
+	WHERE m.turn_id = r.turn_id AND m.idx = r.idx;
+
+CREATE INDEX model_calls_stats ON model_calls (provider, model, sample_phase, sample_ms)
+	INCLUDE (started_at, outcome, phase);
+`,
 }
 
 // SchemaVersion is the schema version this package writes: the number of
 // migrations.
-const SchemaVersion = 3
+const SchemaVersion = 4
 
 // migrationLock is the advisory lock that serialises migrations: "timebox"
 // in ASCII.

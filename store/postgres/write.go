@@ -251,7 +251,7 @@ func (s *Store) commitGroup(group []*groupq.Item) (err error) {
 			}
 			tc, mc := store.CallRecords(e)
 			if tc != nil {
-				if err := queueToolCall(&b, *tc); err != nil {
+				if err := queueToolCall(ctx, tx, &b, *tc); err != nil {
 					return err
 				}
 			}
@@ -512,24 +512,52 @@ func (s *Store) explainUnstored(ctx context.Context, tx querier, group []*groupq
 // toolCallSQL stores a tool call record. The WHERE keeps a late result
 // (store.KeepLate) that the turn's final record, written after it, does
 // not know of.
-const toolCallSQL = `INSERT INTO tool_calls (turn_id, call_id, tool, outcome, started_at, duration_ms, late_result, record)
-	VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+const toolCallSQL = `INSERT INTO tool_calls (turn_id, call_id, tool, outcome, started_at, duration_ms, late_result, record,
+		timeout_ms, idle_timeout_ms, phase, refused, overran, abandoned, progress_count, sample_ms, silence_ms)
+	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
 	ON CONFLICT (turn_id, call_id) DO UPDATE SET tool = excluded.tool, outcome = excluded.outcome,
 		started_at = excluded.started_at, duration_ms = excluded.duration_ms,
-		late_result = excluded.late_result, record = excluded.record
+		late_result = excluded.late_result, record = excluded.record,
+		timeout_ms = excluded.timeout_ms, idle_timeout_ms = excluded.idle_timeout_ms, phase = excluded.phase,
+		refused = excluded.refused, overran = excluded.overran, abandoned = excluded.abandoned,
+		progress_count = excluded.progress_count, sample_ms = excluded.sample_ms, silence_ms = excluded.silence_ms
 	WHERE NOT (tool_calls.late_result AND NOT excluded.late_result)`
 
-func toolCallArgs(tc event.ToolCall) ([]any, error) {
+// toolCallArgs returns toolCallSQL's arguments for tc. A call that
+// reported progress has its progress events read through q (a transaction
+// that has stored them), to measure its silences.
+func toolCallArgs(ctx context.Context, q querier, tc event.ToolCall) ([]any, error) {
 	rec, err := json.Marshal(tc)
 	if err != nil {
 		return nil, err
 	}
+	var sample, silence *int64
+	if ms, ok := store.ToolSample(tc); ok {
+		var reports []time.Time
+		if tc.ProgressCount > 0 {
+			rows, err := q.Query(ctx, `SELECT at FROM events WHERE turn_id = $1 AND type = 'tool_progress' AND strpos(data, $2) > 0`,
+				tc.TurnID, store.ProgressPattern(tc.CallID))
+			if err != nil {
+				return nil, err
+			}
+			ats, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+			if err != nil {
+				return nil, err
+			}
+			for _, at := range ats {
+				reports = append(reports, fromNanos(at))
+			}
+		}
+		quiet := store.ToolSilence(tc, reports)
+		sample, silence = &ms, &quiet
+	}
 	return []any{tc.TurnID, text(tc.CallID), text(tc.Tool), string(tc.Outcome), nanos(tc.StartedAt), tc.DurationMS,
-		tc.LateResult, string(rec)}, nil
+		tc.LateResult, string(rec), tc.TimeoutMS, tc.IdleTimeoutMS, string(tc.Phase), text(tc.Refused), tc.Overran, tc.Abandoned,
+		tc.ProgressCount, sample, silence}, nil
 }
 
-func queueToolCall(b *pgx.Batch, tc event.ToolCall) error {
-	args, err := toolCallArgs(tc)
+func queueToolCall(ctx context.Context, q querier, b *pgx.Batch, tc event.ToolCall) error {
+	args, err := toolCallArgs(ctx, q, tc)
 	if err != nil {
 		return err
 	}
@@ -537,15 +565,21 @@ func queueToolCall(b *pgx.Batch, tc event.ToolCall) error {
 	return nil
 }
 
-const modelCallSQL = `INSERT INTO model_calls (turn_id, idx, step, model, outcome, record)
-	VALUES ($1, (SELECT COALESCE(MAX(idx), -1) + 1 FROM model_calls WHERE turn_id = $1), $2, $3, $4, $5)`
+const modelCallSQL = `INSERT INTO model_calls (turn_id, idx, step, model, outcome, record, provider, started_at, phase, sample_phase, sample_ms)
+	VALUES ($1, (SELECT COALESCE(MAX(idx), -1) + 1 FROM model_calls WHERE turn_id = $1), $2, $3, $4, $5, $6, $7, $8, $9, $10)`
 
 func queueModelCall(b *pgx.Batch, turnID string, mc event.ModelCall) error {
 	rec, err := json.Marshal(mc)
 	if err != nil {
 		return err
 	}
-	b.Queue(modelCallSQL, turnID, mc.Step, text(mc.Model), string(mc.Outcome), string(rec))
+	phase, ms, ok := store.ModelSample(mc)
+	var sample *int64
+	if ok {
+		sample = &ms
+	}
+	b.Queue(modelCallSQL, turnID, mc.Step, text(mc.Model), string(mc.Outcome), string(rec),
+		text(mc.Provider), nanos(mc.StartedAt), string(mc.Phase), string(phase), sample)
 	return nil
 }
 
@@ -604,17 +638,19 @@ func (s *Store) FinishTurn(ctx context.Context, rec *event.Turn, msgs []model.Me
 		if err != nil {
 			return err
 		}
-		var b pgx.Batch
 		if len(ids) > 0 {
 			// The events the queue did not store (a record may list events
-			// no sink saw).
-			b.Queue(`INSERT INTO events (turn_id, seq, type, at, data)
+			// no sink saw), before the calls whose silences they measure.
+			if _, err := tx.Exec(ctx, `INSERT INTO events (turn_id, seq, type, at, data)
 				SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::text[])
-				ON CONFLICT (turn_id, seq) DO NOTHING`, ids, seqs, types, ats, datas)
+				ON CONFLICT (turn_id, seq) DO NOTHING`, ids, seqs, types, ats, datas); err != nil {
+				return err
+			}
 		}
+		var b pgx.Batch
 		for _, tc := range rec.ToolCalls {
 			tc.TurnID = rec.TurnID
-			if err := queueToolCall(&b, tc); err != nil {
+			if err := queueToolCall(ctx, tx, &b, tc); err != nil {
 				return err
 			}
 		}
@@ -646,12 +682,12 @@ func (s *Store) FinishTurn(ctx context.Context, rec *event.Turn, msgs []model.Me
 
 // UpdateToolCall implements store.Store.
 func (s *Store) UpdateToolCall(ctx context.Context, rec event.ToolCall) error {
-	args, err := toolCallArgs(rec)
-	if err != nil {
-		return err
-	}
 	return s.durable(ctx, "a late result of turn "+rec.TurnID, func(tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, toolCallSQL, args...)
+		args, err := toolCallArgs(ctx, tx, rec)
+		if err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, toolCallSQL, args...)
 		if isFK(err) {
 			return fmt.Errorf("turn %s: %w", rec.TurnID, store.ErrNotFound)
 		}

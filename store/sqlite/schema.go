@@ -94,11 +94,70 @@ CREATE TABLE messages (
 CREATE INDEX messages_by_session ON messages(session_id, id);
 CREATE INDEX messages_by_turn    ON messages(turn_id);
 `,
+	// 2: what timebox stats sums up (store.CallStats), as columns of the
+	// call records rather than inside their JSON, with covering indexes:
+	// a million calls are read from the indexes alone. sample_ms is a
+	// call's time when it enters its percentiles (store.ToolSample,
+	// store.ModelSample), NULL when not; silence_ms the longest silence
+	// of a tool call (store.LongestSilence), NULL when not measured.
+	// Calls stored before this version are filled in from their records
+	// with the rules as they are at this version; their silence is known
+	// only for calls that reported no progress (it is their duration).
+	`
+ALTER TABLE tool_calls ADD COLUMN timeout_ms      INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE tool_calls ADD COLUMN idle_timeout_ms INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE tool_calls ADD COLUMN phase           TEXT    NOT NULL DEFAULT '';
+ALTER TABLE tool_calls ADD COLUMN refused         TEXT    NOT NULL DEFAULT '';
+ALTER TABLE tool_calls ADD COLUMN overran         INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE tool_calls ADD COLUMN abandoned       INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE tool_calls ADD COLUMN progress_count  INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE tool_calls ADD COLUMN sample_ms       INTEGER;
+ALTER TABLE tool_calls ADD COLUMN silence_ms      INTEGER;
+
+UPDATE tool_calls SET
+	timeout_ms      = COALESCE(json_extract(record, '$.timeout_ms'), 0),
+	idle_timeout_ms = COALESCE(json_extract(record, '$.idle_timeout_ms'), 0),
+	phase           = COALESCE(json_extract(record, '$.phase'), ''),
+	refused         = COALESCE(json_extract(record, '$.refused'), ''),
+	overran         = COALESCE(json_extract(record, '$.overran'), 0),
+	abandoned       = COALESCE(json_extract(record, '$.abandoned'), 0),
+	progress_count  = COALESCE(json_extract(record, '$.progress_count'), 0);
+UPDATE tool_calls SET sample_ms = duration_ms
+	WHERE refused = '' AND outcome IN ('ok', 'error', 'timed_out', 'abandoned') AND phase IN ('', 'tool', 'tool_idle');
+UPDATE tool_calls SET silence_ms = duration_ms WHERE sample_ms IS NOT NULL AND progress_count = 0;
+
+CREATE INDEX tool_calls_stats  ON tool_calls(tool, sample_ms, started_at, outcome, phase, refused, overran, abandoned, progress_count, silence_ms);
+CREATE INDEX tool_calls_latest ON tool_calls(tool, started_at);
+
+-- A call's progress events, to measure its silences as its record is
+-- stored: only tool_progress events are in this index.
+CREATE INDEX events_progress ON events(turn_id, at) WHERE type = 'tool_progress';
+
+ALTER TABLE model_calls ADD COLUMN provider     TEXT    NOT NULL DEFAULT '';
+ALTER TABLE model_calls ADD COLUMN started_at   INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE model_calls ADD COLUMN phase        TEXT    NOT NULL DEFAULT '';
+ALTER TABLE model_calls ADD COLUMN sample_phase TEXT    NOT NULL DEFAULT '';
+ALTER TABLE model_calls ADD COLUMN sample_ms    INTEGER;
+
+UPDATE model_calls SET
+	provider     = COALESCE(json_extract(record, '$.provider'), ''),
+	started_at   = COALESCE(CAST(unixepoch(json_extract(record, '$.started_at'), 'subsec') * 1000000000 AS INTEGER), 0),
+	phase        = COALESCE(json_extract(record, '$.phase'), ''),
+	sample_phase = CASE WHEN json_extract(record, '$.compaction') THEN 'compaction' ELSE 'llm_first_chunk' END;
+UPDATE model_calls SET sample_ms = CASE
+	WHEN sample_phase = 'compaction' THEN
+		CASE WHEN outcome IN ('ok', 'insufficient') OR phase = 'compaction' THEN json_extract(record, '$.stream_ms') END
+	WHEN phase = 'llm_first_chunk' THEN json_extract(record, '$.stream_ms')
+	WHEN outcome = 'ok' OR json_extract(record, '$.first_chunk_ms') > 0 THEN json_extract(record, '$.first_chunk_ms')
+	END;
+
+CREATE INDEX model_calls_stats ON model_calls(provider, model, sample_phase, sample_ms, started_at, outcome, phase);
+`,
 }
 
 // SchemaVersion is the schema version this package writes: the number of
 // migrations.
-const SchemaVersion = 1
+const SchemaVersion = 2
 
 // migrate brings the database to SchemaVersion, one version per
 // transaction. The version is read again inside each (immediate)

@@ -571,19 +571,59 @@ func putToolCall(ctx context.Context, tx *sql.Tx, tc event.ToolCall) error {
 	if err != nil {
 		return err
 	}
+	sample, silence, err := toolSample(ctx, tx, tc)
+	if err != nil {
+		return err
+	}
 	// The WHERE keeps a late result (store.KeepLate) that the turn's
 	// final record, written after it, does not know of.
-	_, err = tx.ExecContext(ctx, `INSERT INTO tool_calls (turn_id, call_id, tool, outcome, started_at, duration_ms, late_result, record)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+	_, err = tx.ExecContext(ctx, `INSERT INTO tool_calls (turn_id, call_id, tool, outcome, started_at, duration_ms, late_result, record,
+			timeout_ms, idle_timeout_ms, phase, refused, overran, abandoned, progress_count, sample_ms, silence_ms)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (turn_id, call_id) DO UPDATE SET tool = excluded.tool, outcome = excluded.outcome,
 			started_at = excluded.started_at, duration_ms = excluded.duration_ms,
-			late_result = excluded.late_result, record = excluded.record
+			late_result = excluded.late_result, record = excluded.record,
+			timeout_ms = excluded.timeout_ms, idle_timeout_ms = excluded.idle_timeout_ms, phase = excluded.phase,
+			refused = excluded.refused, overran = excluded.overran, abandoned = excluded.abandoned,
+			progress_count = excluded.progress_count, sample_ms = excluded.sample_ms, silence_ms = excluded.silence_ms
 		WHERE NOT (tool_calls.late_result = 1 AND excluded.late_result = 0)`,
-		tc.TurnID, tc.CallID, tc.Tool, tc.Outcome, nanos(tc.StartedAt), tc.DurationMS, tc.LateResult, rec)
+		tc.TurnID, tc.CallID, tc.Tool, tc.Outcome, nanos(tc.StartedAt), tc.DurationMS, tc.LateResult, rec,
+		tc.TimeoutMS, tc.IdleTimeoutMS, tc.Phase, tc.Refused, tc.Overran, tc.Abandoned, tc.ProgressCount, sample, silence)
 	if isFK(err) {
 		return fmt.Errorf("turn %s: %w", tc.TurnID, store.ErrNotFound)
 	}
 	return err
+}
+
+// toolSample returns what timebox stats reads of a tool call: its
+// duration when it enters its tool's percentiles (store.ToolSample) and
+// its longest silence (store.LongestSilence), measured from its stored
+// progress events; nil when it does not.
+func toolSample(ctx context.Context, tx *sql.Tx, tc event.ToolCall) (sample, silence any, err error) {
+	ms, ok := store.ToolSample(tc)
+	if !ok {
+		return nil, nil, nil
+	}
+	var reports []time.Time
+	if tc.ProgressCount > 0 {
+		rows, err := tx.QueryContext(ctx, `SELECT at FROM events INDEXED BY events_progress
+			WHERE turn_id = ? AND type = 'tool_progress' AND instr(data, ?) > 0`, tc.TurnID, store.ProgressPattern(tc.CallID))
+		if err != nil {
+			return nil, nil, err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var at int64
+			if err := rows.Scan(&at); err != nil {
+				return nil, nil, err
+			}
+			reports = append(reports, fromNanos(at))
+		}
+		if err := rows.Err(); err != nil {
+			return nil, nil, err
+		}
+	}
+	return ms, store.ToolSilence(tc, reports), nil
 }
 
 func addModelCall(ctx context.Context, tx *sql.Tx, turnID string, mc event.ModelCall) error {
@@ -591,9 +631,15 @@ func addModelCall(ctx context.Context, tx *sql.Tx, turnID string, mc event.Model
 	if err != nil {
 		return err
 	}
-	_, err = tx.ExecContext(ctx, `INSERT INTO model_calls (turn_id, idx, step, model, outcome, record)
-		VALUES (?1, (SELECT COALESCE(MAX(idx), -1) + 1 FROM model_calls WHERE turn_id = ?1), ?2, ?3, ?4, ?5)`,
-		turnID, mc.Step, mc.Model, mc.Outcome, rec)
+	phase, ms, ok := store.ModelSample(mc)
+	var sample any
+	if ok {
+		sample = ms
+	}
+	_, err = tx.ExecContext(ctx, `INSERT INTO model_calls (turn_id, idx, step, model, outcome, record,
+			provider, started_at, phase, sample_phase, sample_ms)
+		VALUES (?1, (SELECT COALESCE(MAX(idx), -1) + 1 FROM model_calls WHERE turn_id = ?1), ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)`,
+		turnID, mc.Step, mc.Model, mc.Outcome, rec, mc.Provider, nanos(mc.StartedAt), mc.Phase, phase, sample)
 	return err
 }
 
