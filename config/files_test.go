@@ -32,7 +32,15 @@ func TestFilesAreCheckedAsTheyWillBeUsed(t *testing.T) {
 			script: `{"text": "hi"}` + "\n" + `{"text": "a", "tool_calls": [{"nmae": "x"}]}`, tools: "limits: {max_steps: 0}\n",
 			want: []string{
 				`agent.yaml:3:21: limits.max_steps: 0 is below the minimum`,
-				`script.jsonl:2:31: unknown field "nmae" (did you mean name?)`,
+				`script.jsonl:2:31: tool_calls[0].nmae: unknown field (did you mean name?)`,
+			}},
+		{name: "every bad script line, after the agent file's problems, even those read later",
+			script: `{"txt": 1}` + "\n" + `{"text": 5, "chunk_delay": 50}`, tools: "tools: [{name: a, exec: [tool-missing]}]\n", env: env,
+			want: []string{
+				`agent.yaml:3:26: tools[0].exec[0]: "tool-missing" is not found in PATH`,
+				`script.jsonl:1:2: txt: unknown field (did you mean text?)`,
+				`script.jsonl:2:10: text: 5 is not a string (put it in quotes: "5")`,
+				`script.jsonl:2:28: chunk_delay: 50 is not a duration (a duration is a string like "50ms")`,
 			}},
 		{name: "only compaction lines", script: `{"compaction": true, "text": "a summary"}`,
 			want: []string{`agent.yaml:2:28: providers.script.file: "script.jsonl": every line is a compaction line; add a reply for the turn`}},

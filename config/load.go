@@ -54,7 +54,7 @@ func Load(path string, o Overrides) (*Agent, error) {
 	if err != nil {
 		l.errs = append(l.errs, &Error{File: path, Msg: readProblem(err)})
 		l.readOverrides()
-		l.errs.sort()
+		l.sortErrs()
 		return nil, l.errs
 	}
 	return l.load(data)
@@ -159,14 +159,14 @@ func (l *loader) load(data []byte) (*Agent, error) {
 		p, msg := fileTooLarge(data)
 		l.errAt(p, "", msg)
 		l.readOverrides()
-		l.errs.sort()
+		l.sortErrs()
 		return nil, l.errs
 	}
 	f, p, key, msg := parseYAML(data)
 	if msg != "" {
 		l.errAt(p, key, msg)
 		l.readOverrides()
-		l.errs.sort()
+		l.sortErrs()
 		return nil, l.errs
 	}
 	var root ast.Node
@@ -194,7 +194,7 @@ func (l *loader) load(data []byte) (*Agent, error) {
 	l.resolveProviders()
 
 	if len(l.errs) > 0 {
-		l.errs.sort()
+		l.sortErrs()
 		return nil, l.errs
 	}
 	l.a.Warnings = append(l.warns, l.envWarns...)

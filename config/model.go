@@ -238,10 +238,12 @@ func (l *loader) readScript(written, abs string, at pos, key string) []script.Li
 		name = filepath.Join(filepath.Dir(l.path), written) // as the person can open it
 	}
 	lines, err := script.ParseFile(abs, name)
-	var pe *script.ParseError
+	var problems script.ParseErrors
 	switch {
-	case errors.As(err, &pe):
-		l.errs = append(l.errs, &Error{File: pe.File, Line: pe.Line, Col: pe.Col, Msg: pe.Msg, other: true})
+	case errors.As(err, &problems):
+		// Every problem of the script, each in its place in the script;
+		// they are listed after the agent file's own.
+		l.errs = append(l.errs, problems...)
 		return nil
 	case err != nil:
 		l.errAt(at, key, fmt.Sprintf("%q cannot be read: %v", written, unwrapPath(err)))

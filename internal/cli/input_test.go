@@ -43,9 +43,9 @@ func TestValidateRefusesWhatRunRefuses(t *testing.T) {
 		want   string
 	}{
 		{name: "unknown field in the script", script: `{"text": "a"}` + "\n" + `{"txt": "b"}`,
-			want: `script.jsonl:2:2: unknown field "txt" (did you mean text?)`},
+			want: `script.jsonl:2:2: txt: unknown field (did you mean text?)`},
 		{name: "a bad duration in the script", script: `{"text": "a", "chunk_delay": "1 sec"}`,
-			want: `script.jsonl:1:1: "1 sec" is not a duration`},
+			want: `script.jsonl:1:30: chunk_delay: "1 sec" is not a duration (use Go syntax like "50ms" or "2s")`},
 		{name: "an empty script", script: "// nothing\n",
 			want: `providers.script.file: "script.jsonl" has no lines`},
 		{name: "/dev/zero as the script", script: "/dev/zero",
@@ -85,6 +85,67 @@ func TestValidateRefusesWhatRunRefuses(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestScriptProblemsAllAtOnce (issue 28): validate and run list every
+// problem of the script, each at its line and column with its field and a
+// fix, a cut-off last line included, after the agent file's own.
+func TestScriptProblemsAllAtOnce(t *testing.T) {
+	dir := t.TempDir()
+	script := filepath.Join(dir, "script.jsonl")
+	os.WriteFile(script, []byte(`{"txt": "typo"}
+{"text": "ok"}
+{"chunks": ["a" "b"]}
+{"text": "b", "first_chunk_delay": 50, "tool_calls": [{"name": "x", "delay": "1s"}]}
+{"text": "done", "stall_after": `), 0o644)
+	agent := filepath.Join(dir, "agent.yaml")
+	os.WriteFile(agent, []byte("model: {primary: 'script:m'}\nproviders: {script: {file: script.jsonl}}\nlimits: {max_steps: 0}\n"), 0o644)
+	want := []string{
+		agent + `:3:21: limits.max_steps: 0 is below the minimum`,
+		script + `:1:2: txt: unknown field (did you mean text?)`,
+		script + `:3:17: chunks: invalid character '"' after array element (a comma or ] is missing before it)`,
+		script + `:4:36: first_chunk_delay: 50 is not a duration (a duration is a string like "50ms")`,
+		script + `:4:69: tool_calls[0].delay: unknown field (the fields of a call in tool_calls are arguments, name)`,
+		script + `:5:32: stall_after: the line ends before its JSON value does — is it cut off?`,
+		`6 problems; nothing was run.`,
+	}
+	for _, args := range [][]string{{"validate", "-f", agent}, {"run", "-f", agent, "--no-store", "hi"}} {
+		r := runWithin(t, 20*time.Second, nil, args...)
+		lines := strings.Split(strings.TrimSpace(r.err), "\n")
+		if r.code != 2 || len(lines) != len(want) {
+			t.Fatalf("%s: exit %d, want 2 and\n%s\ngot\n%s", args[0], r.code, strings.Join(want, "\n"), r.err)
+		}
+		for i, w := range want {
+			if !strings.HasPrefix(lines[i], w) {
+				t.Errorf("%s: line %d\n%s\nwant\n%s", args[0], i+1, lines[i], w)
+			}
+		}
+	}
+}
+
+// TestValidateWarnsOfScriptCallsToMissingTools (issue 28): a script line
+// that calls a tool the agent does not have is a warning of validate,
+// placed at the call's name, with the agent's tools; validate still
+// passes, as a script may call a missing tool on purpose.
+func TestValidateWarnsOfScriptCallsToMissingTools(t *testing.T) {
+	dir := t.TempDir()
+	tool := filepath.Join(dir, "tool.sh")
+	os.WriteFile(tool, []byte("#!/bin/sh\necho '{\"result\": \"ok\"}'\n"), 0o755)
+	script := filepath.Join(dir, "script.jsonl")
+	os.WriteFile(script, []byte(`{"text": "Let me look.", "tool_calls": [{"name": "search", "arguments": {"q": "x"}}]}
+{"text": "ok"}
+{"text": "a", "tool_calls": [{"name": "serch", "arguments": {}}, {"name": "fetch"}, {"name": "publish"}]}
+{"text": "done"}
+`), 0o644)
+	agent := filepath.Join(dir, "agent.yaml")
+	os.WriteFile(agent, []byte("model: {primary: 'script:m'}\nproviders: {script: {file: script.jsonl}}\n"+
+		"tools:\n  - {name: search, exec: [./tool.sh]}\n  - {name: fetch, exec: [./tool.sh]}\n"), 0o644)
+	r := run(t, nil, "validate", "-f", agent)
+	want := "warning: " + script + `:3:39: tool_calls[0].name: "serch" is not a tool of this agent (did you mean search? its tools: search, fetch)` + "\n" +
+		"warning: " + script + `:3:94: tool_calls[2].name: "publish" is not a tool of this agent (its tools: search, fetch)` + "\n"
+	if r.code != 0 || r.err != want || !strings.Contains(r.out, ": ok") {
+		t.Errorf("exit %d, want 0 with\n%s\ngot\n%s%s", r.code, want, r.err, r.out)
 	}
 }
 

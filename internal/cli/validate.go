@@ -14,6 +14,7 @@ import (
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/config"
 	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/model/script"
 	"github.com/timebox-run/timebox/tool"
 )
 
@@ -22,7 +23,8 @@ import (
 // the script parsed line by line, every program found and executable,
 // every file a regular one), then the agent built as run builds it (each
 // MCP server started and its tools listed, each Go tool's budget checked).
-// Only the model is not called.
+// Only the model is not called. A call of the script to a tool the agent
+// lacks is a warning.
 func cmdValidate(args []string, o IO) int {
 	fs, c := newFlags("validate", o)
 	ef := addEngineFlags(fs, true, true)
@@ -58,11 +60,34 @@ func cmdValidate(args []string, o IO) int {
 		return ExitUsage
 	}
 	defer a.Close()
+	warnUnknownTools(o.Err, cfg, a.Tools())
 	fmt.Fprintf(o.Out, "%s: ok\n\n", c.file)
 	config.WriteTable(o.Out, cfg)
 	writeMCPTools(o.Out, a.Tools())
 	es.describe(o.Out)
 	return ExitOK
+}
+
+// warnUnknownTools warns of each call of the script to a tool the agent
+// does not have. It is a warning, not an error: a script may call a
+// missing tool on purpose, to show what the model is told. The agent is
+// built, so its tools are all known, the MCP servers' included (as
+// entry__tool).
+func warnUnknownTools(w io.Writer, cfg *config.Agent, tools []agent.Tool) {
+	played := false
+	for _, ref := range cfg.Model.All() {
+		played = played || ref.Provider == "script"
+	}
+	if !played {
+		return // a script no model of the chain plays calls nothing
+	}
+	names := make([]string, len(tools))
+	for i, t := range tools {
+		names[i] = t.Tool.Spec().Name
+	}
+	for _, p := range script.UnknownTools(cfg.Providers["script"].Script, names) {
+		fmt.Fprintln(w, "warning:", p)
+	}
 }
 
 // writeMCPTools lists the tools the MCP servers gave, with their resolved

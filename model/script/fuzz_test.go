@@ -11,11 +11,11 @@ import (
 	"github.com/timebox-run/timebox/model/script"
 )
 
-// FuzzParse feeds arbitrary text to the script parser. A problem must be a
-// *ParseError placed on a real line and column of the input; lines that
-// parse must print back to JSON that parses to the same lines
-// (parse(print(x)) == x), so a recorded script replays as recorded. The
-// corpus is testdata/fuzz/FuzzParse.
+// FuzzParse feeds arbitrary text to the script parser. The problems must
+// be ParseErrors, each placed on a real line and column of the input, in
+// the order of the input; lines that parse must print back to JSON that
+// parses to the same lines (parse(print(x)) == x), so a recorded script
+// replays as recorded. The corpus is testdata/fuzz/FuzzParse.
 func FuzzParse(f *testing.F) {
 	for _, s := range []string{
 		`{"text": "hello"}`,
@@ -31,19 +31,21 @@ func FuzzParse(f *testing.F) {
 	f.Fuzz(func(t *testing.T, in string) {
 		lines, err := script.Parse(strings.NewReader(in), "s.jsonl")
 		if err != nil {
-			var pe *script.ParseError
-			if !errors.As(err, &pe) {
-				if strings.Contains(err.Error(), "token too long") {
-					return // a line over the scanner's limit
-				}
-				t.Fatalf("not a *ParseError: %v", err)
+			var list script.ParseErrors
+			if !errors.As(err, &list) || len(list) == 0 {
+				t.Fatalf("not ParseErrors: %v", err)
 			}
 			rows := strings.Split(in, "\n")
-			if pe.File != "s.jsonl" || pe.Line < 1 || pe.Line > len(rows) || pe.Msg == "" {
-				t.Fatalf("misplaced: %+v", pe)
-			}
-			if row := rows[pe.Line-1]; pe.Col < 1 || pe.Col > utf8.RuneCountInString(row)+1 {
-				t.Fatalf("column %d outside line %d (%q)", pe.Col, pe.Line, row)
+			for i, pe := range list {
+				if pe.File != "s.jsonl" || pe.Line < 1 || pe.Line > len(rows) || pe.Msg == "" {
+					t.Fatalf("misplaced: %+v", pe)
+				}
+				if row := rows[pe.Line-1]; pe.Col < 1 || pe.Col > utf8.RuneCountInString(row)+1 {
+					t.Fatalf("column %d outside line %d (%q)", pe.Col, pe.Line, row)
+				}
+				if i > 0 && (pe.Line < list[i-1].Line || pe.Line == list[i-1].Line && pe.Col < list[i-1].Col) {
+					t.Fatalf("out of order: %v", err)
+				}
 			}
 			return
 		}

@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -51,6 +52,10 @@ type Line struct {
 type Call struct {
 	Name      string          `json:"name"`
 	Arguments json.RawMessage `json:"arguments,omitempty"`
+	// At is where the call's name is written in the script it was read
+	// from (Parse), to place a problem with it; zero for a call made in
+	// code.
+	At Pos `json:"-"`
 }
 
 // Failure is a scripted provider failure.
@@ -63,17 +68,20 @@ type Failure struct {
 // Duration is a time.Duration written in Go syntax ("50ms").
 type Duration time.Duration
 
-// UnmarshalJSON reads "50ms".
+// UnmarshalJSON reads "50ms"; null leaves d as it is.
 func (d *Duration) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		return nil
+	}
 	var s string
 	if err := json.Unmarshal(b, &s); err != nil {
 		return fmt.Errorf("a duration is a string like \"50ms\"")
 	}
-	v, err := time.ParseDuration(s)
-	if err != nil || v < 0 {
-		return fmt.Errorf("%q is not a duration (use Go syntax like 50ms or 2s)", s)
+	v, problem := parseDuration(s)
+	if problem != "" {
+		return errors.New(problem)
 	}
-	*d = Duration(v)
+	*d = v
 	return nil
 }
 
@@ -137,13 +145,18 @@ func ParseFile(path, name string) ([]Line, error) {
 	return Parse(f, name)
 }
 
+// maxLine is the longest line a script may have.
+const maxLine = 16 << 20
+
 // Parse reads JSONL script lines from r; blank lines and lines starting with
-// "//" are skipped. name is used in errors; a problem of a line is a
-// *ParseError.
+// "//" are skipped. name is used in errors. It reads every line: the
+// problems of the script (every one, each placed at its line and column,
+// with the field and a fix) come back together as ParseErrors.
 func Parse(r io.Reader, name string) ([]Line, error) {
 	var lines []Line
+	var problems ParseErrors
 	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 16<<20)
+	sc.Buffer(make([]byte, 64<<10), maxLine)
 	n := 0
 	for sc.Scan() {
 		n++
@@ -151,22 +164,21 @@ func Parse(r io.Reader, name string) ([]Line, error) {
 		if len(raw) == 0 || bytes.HasPrefix(raw, []byte("//")) {
 			continue
 		}
-		var l Line
-		dec := json.NewDecoder(bytes.NewReader(raw))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&l); err != nil {
-			return nil, lineError(name, n, sc.Bytes(), err)
+		l, ps := parseLine(name, n, sc.Bytes(), raw)
+		problems = append(problems, ps...)
+		if len(ps) == 0 {
+			lines = append(lines, l)
 		}
-		if dec.More() {
-			return nil, &ParseError{File: name, Line: n, Col: at(sc.Bytes(), int(dec.InputOffset())), Msg: "one JSON object per line, found more after it"}
-		}
-		if problem := l.check(); problem != "" {
-			return nil, &ParseError{File: name, Line: n, Col: at(sc.Bytes(), 0), Msg: problem}
-		}
-		lines = append(lines, l)
 	}
-	if err := sc.Err(); err != nil {
+	if err := sc.Err(); errors.Is(err, bufio.ErrTooLong) {
+		problems = append(problems, &ParseError{File: name, Line: n + 1, Col: 1,
+			Msg: fmt.Sprintf("the line is longer than %d MiB, the longest a script line may be (one reply per line)", maxLine>>20)})
+	} else if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	if len(problems) > 0 {
+		problems.Sort()
+		return nil, problems
 	}
 	return lines, nil
 }

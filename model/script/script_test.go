@@ -18,23 +18,23 @@ import (
 
 func TestParseErrorsNameTheLine(t *testing.T) {
 	cases := map[string]string{
-		"{\"text\": \"a\"}\n{\"txt\": \"b\"}":         `test:2:2: unknown field "txt" (did you mean text?)`,
-		`{"text": "a", "tool_calls": [{"nme": "x"}]}`: `test:1:31: unknown field "nme" (did you mean name?)`,
-		`{"zzzzzz": 1}`:                       `test:1:2: unknown field "zzzzzz" (the fields are arguments, chunk_delay, chunks,`,
-		`{"text": "a", "chunks": ["b"]}`:      "test:1:1: give text or chunks, not both",
-		`{"chunk_delay": "10 ms"}`:            `test:1:1: "10 ms" is not a duration`,
-		`{"tool_calls": [{"arguments": {}}]}`: "test:1:1: tool_calls[0]: name is required",
-		`{"text": 5}`:                         "test:1:10: text is number, not string",
-		`{"text": "a",}`:                      "test:1:14: invalid character '}' looking for beginning of object key string (each line is one JSON object)",
-		`{"stall_after": -1}`:                 "test:1:1: stall_after is -1 (give a number of chunks, 0 or more)",
-		`{"error": {"status": 99}}`:           "test:1:1: error.status 99 is not an HTTP status",
+		"{\"text\": \"a\"}\n{\"txt\": \"b\"}":         `test:2:2: txt: unknown field (did you mean text?)`,
+		`{"text": "a", "tool_calls": [{"nme": "x"}]}`: `test:1:31: tool_calls[0].nme: unknown field (did you mean name?)`,
+		`{"zzzzzz": 1}`:                       `test:1:2: zzzzzz: unknown field (the fields of the line are chunk_delay, chunks, compaction, error, first_chunk_delay, stall_after, text, tool_calls)`,
+		`{"text": "a", "chunks": ["b"]}`:      "test:1:25: chunks: give text or chunks, not both",
+		`{"chunk_delay": "10 ms"}`:            `test:1:17: chunk_delay: "10 ms" is not a duration (use Go syntax like "50ms" or "2s")`,
+		`{"tool_calls": [{"arguments": {}}]}`: `test:1:17: tool_calls[0].name: a call needs the name of its tool (such as "name": "search")`,
+		`{"text": 5}`:                         `test:1:10: text: 5 is not a string (put it in quotes: "5")`,
+		`{"text": "a",}`:                      "test:1:14: invalid character '}' looking for beginning of object key string (remove the comma before it: JSON allows none after the last item)",
+		`{"stall_after": -1}`:                 "test:1:17: stall_after: -1 is negative (give a number of chunks, 0 or more)",
+		`{"error": {"status": 99}}`:           "test:1:22: error.status: 99 is not an HTTP status (give 100 to 599, or 0 for a connection failure)",
 		"// a comment\n\n{\"text\": \"ok\"}\n{\"text\": \"ok\"} x": "test:4:16: one JSON object per line, found more after it",
 	}
 	for in, want := range cases {
 		_, err := script.Parse(strings.NewReader(in), "test")
 		var pe *script.ParseError
-		if !errors.As(err, &pe) || !strings.HasPrefix(err.Error(), want) {
-			t.Errorf("%q: got %v\nwant %q", in, err, want)
+		if !errors.As(err, &pe) || err.Error() != want {
+			t.Errorf("%q: got %v\nwant %s", in, err, want)
 		}
 	}
 }
@@ -200,7 +200,7 @@ func TestDeterministicSummary(t *testing.T) {
 
 func TestCompactionLineChecks(t *testing.T) {
 	if _, err := script.Parse(strings.NewReader(`{"compaction": true, "tool_calls": [{"name": "x"}]}`), "s"); err == nil ||
-		!strings.Contains(err.Error(), "s:1:1: a compaction line is a summary") {
+		err.Error() != "s:1:36: tool_calls: a compaction line is a summary: it cannot have tool_calls" {
 		t.Fatalf("got %v", err)
 	}
 	ls, _ := script.Parse(strings.NewReader(`{"compaction": true, "text": "only a summary"}`), "s")
@@ -227,7 +227,7 @@ func TestScriptedLengthRefusal(t *testing.T) {
 // person sees it, spaces before the object included.
 func TestParseErrorColumnsCountLeadingSpace(t *testing.T) {
 	_, err := script.Parse(strings.NewReader("\t  {\"txt\": 1}"), "s")
-	if err == nil || !strings.HasPrefix(err.Error(), `s:1:5: unknown field "txt"`) {
+	if err == nil || !strings.HasPrefix(err.Error(), `s:1:5: txt: unknown field`) {
 		t.Fatalf("got %v", err)
 	}
 }
@@ -253,5 +253,136 @@ func TestResumeGoesOnWhereSuspended(t *testing.T) {
 	b.Resume("c1", []byte("not json")) // ignored
 	if got, _ := collect(t, b, req); got != "three" {
 		t.Errorf("after a state it cannot read, the next reply is %q, want three", got)
+	}
+}
+
+// TestParseReportsEveryProblem (issue 28): a script with problems on
+// several lines, and several on one line, is refused with every problem
+// at once, in the order of the file, each at the column of the offending
+// value (or key), with its field and a fix; a line cut off says so.
+func TestParseReportsEveryProblem(t *testing.T) {
+	in := `{"text": "Let me look.", "tool_calls": [{"name": "search", "arguments": {"q": "x"}}]}
+{"txt": "typo field", "chunk_delay": "50ms"}
+// a comment, not counted as a reply but counted as a line
+{"text": "bad json", "chunks": ["a" "b"]}
+{"text": "b", "first_chunk_delay": 50, "tool_calls": [{"name": "fetch", "delay": "1s"}]}
+  {"chunks": ["é", 7], "stall_after": "2", "error": {"status": 9, "retry_after": "soon"}}
+{"text": "done", "chunk_delay": "50ms", "stall_after": `
+	want := strings.Join([]string{
+		`s.jsonl:2:2: txt: unknown field (did you mean text?)`,
+		`s.jsonl:4:37: chunks: invalid character '"' after array element (a comma or ] is missing before it)`,
+		`s.jsonl:5:36: first_chunk_delay: 50 is not a duration (a duration is a string like "50ms")`,
+		`s.jsonl:5:73: tool_calls[0].delay: unknown field (the fields of a call in tool_calls are arguments, name)`,
+		`s.jsonl:6:20: chunks[1]: 7 is not a string (put it in quotes: "7")`,
+		`s.jsonl:6:39: stall_after: "2" is not a whole number (write it without quotes: 2)`,
+		`s.jsonl:6:82: error.retry_after: "soon" is not a duration (use Go syntax like "50ms" or "2s")`,
+		`s.jsonl:7:55: stall_after: the line ends before its JSON value does — is it cut off?`,
+	}, "\n")
+	_, err := script.Parse(strings.NewReader(in), "s.jsonl")
+	if err == nil || err.Error() != want {
+		t.Fatalf("got\n%v\nwant\n%s", err, want)
+	}
+	var list script.ParseErrors
+	if !errors.As(err, &list) || len(list) != 8 || list[1].Line != 4 || list[1].Col != 37 || list[1].Key != "chunks" {
+		t.Fatalf("not the problems as values: %#v", list)
+	}
+	// Once the types are right, the rules between fields are checked,
+	// all of them.
+	_, err = script.Parse(strings.NewReader(`{"text": "a", "chunks": ["b"], "stall_after": -1, "compaction": true, "tool_calls": [{"name": ""}], "error": {"status": 9}}`), "s")
+	want = strings.Join([]string{
+		`s:1:25: chunks: give text or chunks, not both`,
+		`s:1:47: stall_after: -1 is negative (give a number of chunks, 0 or more)`,
+		`s:1:85: tool_calls: a compaction line is a summary: it cannot have tool_calls`,
+		`s:1:95: tool_calls[0].name: a call needs the name of its tool (such as "name": "search")`,
+		`s:1:121: error.status: 9 is not an HTTP status (give 100 to 599, or 0 for a connection failure)`,
+	}, "\n")
+	if err == nil || err.Error() != want {
+		t.Fatalf("got\n%v\nwant\n%s", err, want)
+	}
+}
+
+// TestCutOffLine: a line whose JSON ends early is said to be cut off, at
+// the column where it ends and in the field it was in, never as the
+// decoder's "unexpected EOF".
+func TestCutOffLine(t *testing.T) {
+	for in, want := range map[string]string{
+		`{"text": "done", "stall_after": `: `s:1:32: stall_after: the line ends before`,
+		`{"text": "a"`:                     `s:1:13: the line ends before`,
+		`{"chunks": ["a", "b`:              `s:1:20: chunks: the line ends before`,
+		`{"tool_calls": [{"name": "x", "arguments": {"q": "é`:           `s:1:52: tool_calls[0].arguments.q: the line ends before`,
+		"{\"text\": \"a\"}\n  {\"error\": {\"status\": 5":               `s:2:25: error.status: the line ends before`,
+		`{"tool_calls": [{"name": "x"}, {"name": "y", "arguments": tru`: `s:1:62: tool_calls[1].arguments: the line ends before`,
+	} {
+		_, err := script.Parse(strings.NewReader(in), "s")
+		if err == nil || !strings.HasPrefix(err.Error(), want) || !strings.HasSuffix(err.Error(), "— is it cut off?") {
+			t.Errorf("%s: got %v\nwant %s… — is it cut off?", in, err, want)
+		}
+	}
+}
+
+// TestWrongValuesNameTheFieldAndTheFix: a value of the wrong type is
+// placed at the value, under its field, with how to write it.
+func TestWrongValuesNameTheFieldAndTheFix(t *testing.T) {
+	for in, want := range map[string]string{
+		`{"chunk_delay": 0.5}`:                       `s:1:17: chunk_delay: 0.5 is not a duration (a duration is a string like "50ms")`,
+		`{"chunk_delay": "-1s"}`:                     `s:1:17: chunk_delay: "-1s" is negative (give 0 or more, like "50ms")`,
+		`{"chunk_delay": {"ms": 50}}`:                `s:1:17: chunk_delay: expected a duration, found an object`,
+		`{"compaction": "true"}`:                     `s:1:16: compaction: "true" is not a boolean (write it without quotes: true)`,
+		`{"compaction": 1}`:                          `s:1:16: compaction: 1 is not a boolean (give true or false)`,
+		`{"stall_after": 2.5}`:                       `s:1:17: stall_after: 2.5 is not a whole number (give a whole number)`,
+		`{"stall_after": 2.0}`:                       `s:1:17: stall_after: 2.0 is not a whole number (write 2)`,
+		`{"stall_after": 99999999999999999999}`:      `s:1:17: stall_after: 99999999999999999999 is too large`,
+		`{"chunks": "ab"}`:                           `s:1:12: chunks: expected a list of strings, found a string (such as ["Hel", "lo"])`,
+		`{"tool_calls": {"name": "x"}}`:              `s:1:16: tool_calls: expected a list of calls, found an object (such as [{"name": "search", "arguments": {}}], even for one call)`,
+		`{"tool_calls": ["search"]}`:                 `s:1:17: tool_calls[0]: expected a call, found a string (a call is an object, such as {"name": "search", "arguments": {}})`,
+		`{"error": 503}`:                             `s:1:11: error: expected an object, found a number (such as {"status": 503, "message": "overloaded"})`,
+		`["a"]`:                                      `s:1:1: the line is a list, not an object (each line is one JSON object, such as {"text": "Hello"})`,
+		`{"status": 503}`:                            `s:1:2: status: unknown field (status is a field of error, not of the line)`,
+		`{"tool_calls": [{"name": "x", "text": 1}]}`: `s:1:31: tool_calls[0].text: unknown field (text is a field of the line, not of tool_calls[0])`,
+		`{"text": "a"}}`:                             `s:1:14: one JSON object per line, found more after it`,
+		`{'text': 'a'}`:                              `s:1:2: invalid character '\'' looking for beginning of object key string (JSON strings are in double quotes)`,
+		`{"text" "a"}`:                               `s:1:9: text: invalid character '"' after object key (a colon is missing after the key)`,
+		`{"text": }`:                                 `s:1:10: text: invalid character '}' looking for beginning of value (the value is missing after the colon)`,
+		`{"text": hello}`:                            `s:1:10: text: invalid character 'h' looking for beginning of value (a string is in double quotes, such as "hello")`,
+		`{"chunks": ["a",]}`:                         `s:1:17: chunks: invalid character ']' looking for beginning of value (remove the comma before it: JSON allows none after the last item)`,
+		`{"text": "a" "chunks": []}`:                 `s:1:14: invalid character '"' after object key:value pair (a comma or } is missing before it)`,
+	} {
+		_, err := script.Parse(strings.NewReader(in), "s")
+		if err == nil || err.Error() != want {
+			t.Errorf("%s: got %v\nwant %s", in, err, want)
+		}
+	}
+	// As encoding/json reads them: null is the zero value, and a key
+	// matches its field whatever its case.
+	ls, err := script.Parse(strings.NewReader(`{"Text": "a", "chunk_delay": null, "stall_after": null, "tool_calls": null}`), "s")
+	if err != nil || ls[0].Text != "a" || ls[0].StallAfter != nil {
+		t.Fatalf("got %+v, %v", ls, err)
+	}
+}
+
+// TestUnknownTools: each call of the script to a tool the agent lacks is
+// named at the call's name, with the agent's tools (what timebox
+// validate warns about).
+func TestUnknownTools(t *testing.T) {
+	ls, err := script.Parse(strings.NewReader(`{"tool_calls": [{"name": "search"}, {"name": "fetch"}]}
+// calls a tool the agent lacks, on purpose or not
+{"text": "x", "tool_calls": [{"arguments": {}, "name": "serch"}, {"name": "report"}]}`), "s.jsonl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if at := ls[1].ToolCalls[0].At; at != (script.Pos{File: "s.jsonl", Line: 3, Col: 56}) {
+		t.Errorf("the call is at %+v", at)
+	}
+	got := script.UnknownTools(ls, []string{"search", "fetch"}).Error()
+	want := `s.jsonl:3:56: tool_calls[0].name: "serch" is not a tool of this agent (did you mean search? its tools: search, fetch)
+s.jsonl:3:75: tool_calls[1].name: "report" is not a tool of this agent (its tools: search, fetch)`
+	if got != want {
+		t.Errorf("got\n%s\nwant\n%s", got, want)
+	}
+	if got := script.UnknownTools(ls[:1], nil).Error(); !strings.HasSuffix(got, `"fetch" is not a tool of this agent (it has no tools)`) {
+		t.Errorf("got %s", got)
+	}
+	if got := script.UnknownTools(ls, []string{"search", "fetch", "serch", "report"}); len(got) != 0 {
+		t.Errorf("got %v", got)
 	}
 }
