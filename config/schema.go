@@ -159,7 +159,7 @@ func toolBudgetKeys(owner, timeoutDef, idleDef, enfDef string) []key {
 		k("idle_timeout", &node{kind: kDuration, min: minDuration, max: maxDuration, zeroOK: true, def: idleDef,
 			doc: "The longest silence between two progress reports of one call of " + owner + " (phase tool_idle); 0 is off."}),
 		k("enforcement", &node{kind: kEnforcement, def: enfDef,
-			doc: "How the timeout is enforced: hard (stopped at the deadline, its whole process tree killed), cooperative (its context is cancelled; abandoned after timeouts.kill_grace) or advisory (never interrupted by its own budget; an overrun is recorded and the result used)."}),
+			doc: "How the timeout is enforced: hard (stopped at the deadline, its whole process tree killed), cooperative (its context is cancelled; abandoned after timeouts.kill_grace — an exec tool is stopped whole either way, so for it cooperative acts as hard) or advisory (never interrupted by its own budget; an overrun is recorded and the result used)."}),
 	}
 }
 

@@ -35,3 +35,20 @@ func Environ(allow, withhold []string) []string {
 	}
 	return out
 }
+
+// EnvTraceParent is the variable that carries a traced call's W3C
+// traceparent into a subprocess (the OpenTelemetry convention for
+// environment carriers).
+const EnvTraceParent = "TRACEPARENT"
+
+// WithTraceParent returns env with TRACEPARENT set to traceparent, in place
+// of any it inherited.
+func WithTraceParent(env []string, traceparent string) []string {
+	out := make([]string, 0, len(env)+1)
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, EnvTraceParent+"=") {
+			out = append(out, kv)
+		}
+	}
+	return append(out, EnvTraceParent+"="+traceparent)
+}

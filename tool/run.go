@@ -82,8 +82,9 @@ type returned struct {
 // when the call has returned, or when the call was abandoned: a call whose
 // context was cancelled (by its own budget or by ctx) and that did not
 // return within the grace that budget.GraceFor allows (plus ReapMargin for
-// hard enforcement). A hard call of a ProcessOwner (an exec tool) is never
-// abandoned: Run waits until it returns, which the tool bounds. An
+// hard enforcement). A call of a ProcessOwner (an exec tool) is never
+// abandoned, whatever its enforcement: Run waits until it returns, which
+// the tool bounds. An
 // abandoned call is counted by AbandonedRunning until it returns. Run
 // never returns an error; Execution says everything.
 //
@@ -132,10 +133,11 @@ func Run(ctx context.Context, t Tool, in *Call, b budget.ToolBudget, h Hooks) *E
 	select {
 	case r = <-done:
 	case <-callCtx.Done():
-		if _, owns := t.(ProcessOwner); owns && b.Enforcement == budget.Hard {
+		if _, owns := t.(ProcessOwner); owns {
 			// The tool stops its processes and returns, within its own
-			// bound (see ProcessOwner); abandoning it here would only let
-			// them outlive the call.
+			// bound (see ProcessOwner), whatever its enforcement:
+			// abandoning it here would only let them outlive the call, or
+			// call abandoned what was in fact stopped.
 			r = <-done
 			break
 		}

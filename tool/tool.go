@@ -65,7 +65,7 @@ type Tool interface {
 // done, stops every process the call started and returns only when they
 // are gone, within a bound of its own (tool/exectool: the kill grace, then
 // SIGKILL and at most a few seconds for the kernel to finish the
-// processes). Run never abandons a hard-enforced call of such a tool: it
+// processes). Run never abandons a call of such a tool: it
 // waits for the call to return, so that the call ends timed_out or
 // cancelled with nothing it started left running, and no goroutine of it
 // outlives the call.
@@ -91,6 +91,10 @@ type Call struct {
 	MaxOutput int64
 	// Progress receives the call's progress reports.
 	Progress Progress
+	// TraceParent is the W3C traceparent of the call's span when the turn
+	// is traced: exec tools get it as TRACEPARENT in their environment, MCP
+	// servers in the call's _meta, so that what they trace joins the turn.
+	TraceParent string
 }
 
 // Report is one progress report. Every field is optional.

@@ -172,6 +172,9 @@ func (t *Tool) Call(ctx context.Context, c *tool.Call) (*tool.Result, error) {
 	cmd := exec.Command(t.cfg.Argv[0], t.cfg.Argv[1:]...)
 	cmd.Dir = t.cfg.Workdir
 	cmd.Env = t.environ()
+	if c.TraceParent != "" {
+		cmd.Env = tool.WithTraceParent(cmd.Env, c.TraceParent)
+	}
 	if t.cfg.User != nil {
 		if err := t.cfg.User.Apply(cmd); err != nil {
 			return nil, &tool.Error{Message: err.Error()}

@@ -527,6 +527,23 @@ func TestIgnoresSIGTERMKilledAfterGrace(t *testing.T) {
 	})
 }
 
+// TestCooperativeExecIsNeverAbandoned: an exec tool owns its processes and
+// stops them whole, so a cooperative one that ignores SIGTERM is killed
+// after the grace and waited for, as a hard one: timed_out, not recorded
+// abandoned while it was in fact stopped.
+func TestCooperativeExecIsNeverAbandoned(t *testing.T) {
+	const grace = 300 * time.Millisecond
+	b := hard(time.Second, grace)
+	b.Enforcement = budget.Cooperative
+	x := call(t, newTool(t, proctree.Auto, "ignore-term"), b, tool.Hooks{})
+	if x.Outcome != event.OutcomeTimedOut || x.Abandoned {
+		t.Fatalf("outcome %s abandoned %v, want timed_out", x.Outcome, x.Abandoned)
+	}
+	if n := tool.AbandonedRunning(); n != 0 {
+		t.Errorf("%d abandoned calls running", n)
+	}
+}
+
 func TestNoDescendantSurvives(t *testing.T) {
 	cases := []struct {
 		name string

@@ -345,6 +345,12 @@ func (t *Tool) Call(ctx context.Context, c *tool.Call) (*tool.Result, error) {
 	defer s.end(a)
 	params := &mcp.CallToolParams{Name: t.remote, Arguments: args}
 	params.SetProgressToken(a.token)
+	if c.TraceParent != "" {
+		if params.Meta == nil {
+			params.Meta = mcp.Meta{}
+		}
+		params.Meta["traceparent"] = c.TraceParent
+	}
 	sdkCtx, stop := detach(context.WithValue(ctx, activeKey{}, a))
 	defer stop()
 	res, err := l.sess.CallTool(sdkCtx, params)
