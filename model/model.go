@@ -68,6 +68,10 @@ type Request struct {
 	// conversation as one transcript and the reply is its summary. The
 	// script provider answers it apart from the turn's own replies.
 	Compaction bool
+	// TraceParent is the W3C traceparent of the call's span, when the turn
+	// is traced: the providers send it as the traceparent header, so that
+	// a traced model server joins the turn's trace.
+	TraceParent string
 }
 
 // Chunk is one piece of a streamed reply. Every chunk is a progress signal,
@@ -88,6 +92,15 @@ type Response struct {
 	Text         string
 	ToolCalls    []ToolCall
 	FinishReason string
+	// Usage is what the provider said the call cost; zero when it said
+	// nothing.
+	Usage Usage
+}
+
+// Usage is a model call's cost in tokens, as its provider reported it.
+type Usage struct {
+	InputTokens  int64
+	OutputTokens int64
 }
 
 // Size returns the reply's size as limits.max_reply counts it: its text

@@ -73,6 +73,8 @@ type Reply struct {
 	// after the chunks in place of the end of the message (how the
 	// Messages API reports overloaded_error mid-stream).
 	ErrorEvent string
+	// usage: the request asked for the usage chunk (stream_options).
+	usage bool
 }
 
 // Chunk is one streamed event.
@@ -125,6 +127,8 @@ type Request struct {
 	Authorization string
 	Model         string
 	Body          map[string]any
+	// TraceParent is the traceparent header, when the request had one.
+	TraceParent string
 }
 
 // Server is the fake provider. Its methods are safe for concurrent use.
@@ -189,7 +193,7 @@ func (s *Server) Gone(n int) <-chan struct{} {
 
 func (s *Server) handle(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
-	req := Request{Path: r.URL.Path, Authorization: r.Header.Get("Authorization")}
+	req := Request{Path: r.URL.Path, Authorization: r.Header.Get("Authorization"), TraceParent: r.Header.Get("traceparent")}
 	if k := r.Header.Get("X-Api-Key"); k != "" && req.Authorization == "" {
 		req.Authorization = "Bearer " + k // Anthropic's x-api-key, in the same form
 	}
@@ -222,6 +226,8 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request) {
 	if ref := s.refusal(body, req.Body); ref != nil {
 		rep = *ref
 	}
+	opts, _ := req.Body["stream_options"].(map[string]any)
+	rep.usage = opts["include_usage"] == true
 	s.play(w, r, rep)
 }
 
@@ -337,6 +343,10 @@ func (s *Server) play(w http.ResponseWriter, r *http.Request, rep Reply) {
 		finish = rep.FinishReason
 	}
 	fmt.Fprintf(w, "data: %s\n\n", openAIChunk(Chunk{}, finish))
+	if rep.usage {
+		// As OpenAI sends it: one more chunk, with no choices.
+		io.WriteString(w, `data: {"id":"chatcmpl-fake","object":"chat.completion.chunk","created":1,"model":"fake","choices":[],"usage":{"prompt_tokens":10,"completion_tokens":5,"total_tokens":15}}`+"\n\n")
+	}
 	io.WriteString(w, "data: [DONE]\n\n")
 	flush()
 }

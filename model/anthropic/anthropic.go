@@ -89,7 +89,11 @@ func (p *Provider) Stream(ctx context.Context, req model.Request) (model.Stream,
 	if err != nil {
 		return nil, &model.Error{Provider: "anthropic", Status: 400, Message: err.Error()}
 	}
-	s := p.client.Messages.NewStreaming(ctx, params)
+	var opts []option.RequestOption
+	if req.TraceParent != "" {
+		opts = append(opts, option.WithHeader("traceparent", req.TraceParent))
+	}
+	s := p.client.Messages.NewStreaming(ctx, params, opts...)
 	return &stream{ctx: ctx, s: s, blocks: map[int64]*block{}}, nil
 }
 
@@ -214,6 +218,7 @@ type stream struct {
 	blocks  map[int64]*block
 	order   []int64
 	stop    string
+	usage   model.Usage
 	stopped bool // message_stop arrived
 	done    bool
 	err     error
@@ -270,9 +275,19 @@ func (s *stream) Recv() (model.Chunk, error) {
 			b.args.WriteString(ev.Delta.PartialJSON)
 			out.ToolBytes = len(ev.Delta.PartialJSON)
 		}
+	case "message_start":
+		s.usage.InputTokens = ev.Message.Usage.InputTokens
+		s.usage.OutputTokens = ev.Message.Usage.OutputTokens
 	case "message_delta":
 		if ev.Delta.StopReason != "" {
 			s.stop = string(ev.Delta.StopReason)
+		}
+		// The counts in message_delta are cumulative.
+		if ev.Usage.OutputTokens > 0 {
+			s.usage.OutputTokens = ev.Usage.OutputTokens
+		}
+		if ev.Usage.InputTokens > 0 {
+			s.usage.InputTokens = ev.Usage.InputTokens
 		}
 	case "message_stop":
 		s.stopped = true
@@ -343,7 +358,7 @@ func errorBody(raw string) (typ, msg string) {
 // Response returns the assembled reply: its text, and its tool calls in
 // the order their blocks came.
 func (s *stream) Response() model.Response {
-	r := model.Response{Text: s.text.String(), FinishReason: s.stop}
+	r := model.Response{Text: s.text.String(), FinishReason: s.stop, Usage: s.usage}
 	for _, i := range s.order {
 		if b := s.blocks[i]; b.typ == "tool_use" {
 			c := b.call

@@ -38,6 +38,10 @@ func TestTextStreamsEventByEvent(t *testing.T) {
 	if len(chunks) != 8 || text.String() != "hello there world" || resp.Text != "hello there world" || resp.FinishReason != "end_turn" {
 		t.Fatalf("chunks %+v resp %+v", chunks, resp)
 	}
+	// input from message_start, output as message_delta's cumulative count
+	if resp.Usage != (model.Usage{InputTokens: 10, OutputTokens: 15}) {
+		t.Errorf("usage %+v", resp.Usage)
+	}
 	if r := s.Requests()[0]; r.Path != "/v1/messages" || r.Authorization != "Bearer sk-ant-test" || r.Model != "claude-x" || r.Body["stream"] != true {
 		t.Fatalf("request %+v", r)
 	}

@@ -89,7 +89,14 @@ func (p *Provider) Stream(ctx context.Context, req model.Request) (model.Stream,
 		return nil, &model.Error{Provider: "openai", Status: 400, Message: err.Error()}
 	}
 	params.MaxCompletionTokens = sdk.Int(p.maxTokens)
-	s := p.client.Chat.Completions.NewStreaming(ctx, params)
+	// The usage comes in one more chunk before the end, for the call's
+	// record and its trace span.
+	params.StreamOptions.IncludeUsage = sdk.Bool(true)
+	var opts []option.RequestOption
+	if req.TraceParent != "" {
+		opts = append(opts, option.WithHeader("traceparent", req.TraceParent))
+	}
+	s := p.client.Chat.Completions.NewStreaming(ctx, params, opts...)
 	return &stream{ctx: ctx, s: s, calls: map[int64]*call{}}, nil
 }
 
@@ -148,6 +155,7 @@ type stream struct {
 	text   strings.Builder
 	calls  map[int64]*call
 	finish string
+	usage  model.Usage
 	done   bool
 	err    error
 }
@@ -183,6 +191,9 @@ func (s *stream) Recv() (model.Chunk, error) {
 	}
 	c := s.s.Current()
 	var out model.Chunk
+	if u := c.Usage; u.PromptTokens > 0 || u.CompletionTokens > 0 {
+		s.usage = model.Usage{InputTokens: u.PromptTokens, OutputTokens: u.CompletionTokens}
+	}
 	for _, ch := range c.Choices {
 		if ch.Index != 0 {
 			continue
@@ -236,7 +247,7 @@ func (s *stream) classify(err error) error {
 
 // Response returns the assembled reply.
 func (s *stream) Response() model.Response {
-	r := model.Response{Text: s.text.String(), FinishReason: s.finish}
+	r := model.Response{Text: s.text.String(), FinishReason: s.finish, Usage: s.usage}
 	idx := make([]int64, 0, len(s.calls))
 	for i := range s.calls {
 		idx = append(idx, i)

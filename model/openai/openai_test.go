@@ -29,9 +29,16 @@ func TestTextStreamsChunkByChunk(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// three words and the finishing event: each is a chunk
-	if len(chunks) != 4 || chunks[0].Text != "hello " || resp.Text != "hello there world" || resp.FinishReason != "stop" {
+	// three words, the finishing event and the usage: each is a chunk
+	if len(chunks) != 5 || chunks[0].Text != "hello " || resp.Text != "hello there world" || resp.FinishReason != "stop" {
 		t.Fatalf("chunks %+v resp %+v", chunks, resp)
+	}
+	// The usage is asked for, and read from its chunk.
+	if opts, _ := s.Requests()[0].Body["stream_options"].(map[string]any); opts["include_usage"] != true {
+		t.Errorf("stream_options %v: the usage was not asked for", s.Requests()[0].Body["stream_options"])
+	}
+	if resp.Usage != (model.Usage{InputTokens: 10, OutputTokens: 5}) {
+		t.Errorf("usage %+v", resp.Usage)
 	}
 }
 
