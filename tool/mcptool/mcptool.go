@@ -37,6 +37,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/internal/problem"
 	"github.com/timebox-run/timebox/internal/runas"
 	"github.com/timebox-run/timebox/tool"
 )
@@ -260,7 +261,7 @@ func (s *Server) makeTools(listed []*mcp.Tool) ([]*Tool, error) {
 	var problems []string
 	for name := range s.cfg.Overrides {
 		if !slices.Contains(remote, name) {
-			problems = append(problems, fmt.Sprintf("overrides[%s] names no tool of the server%s", name, suggest(name, remote)))
+			problems = append(problems, fmt.Sprintf("overrides[%s] names no tool of the server%s", name, problem.DidYouMean(name, remote)))
 		}
 	}
 	if len(problems) > 0 {
