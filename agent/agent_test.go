@@ -667,7 +667,9 @@ func TestStillWorking(t *testing.T) {
 		var got []int64
 		for _, e := range rec.ofType(event.TypeStillWorking) {
 			sw := e.Data.(*event.StillWorking)
-			if sw.Subject != "tool slow" || sw.CallID != "call_1_1" || sw.LimitMS != 300000 {
+			if sw.Subject != "tool slow" || sw.CallID != "call_1_1" || sw.LimitMS != 300000 ||
+				len(sw.Calls) != 1 || sw.Calls[0] != (event.SilentCall{Subject: "tool slow", CallID: "call_1_1", Tool: "slow",
+				ElapsedMS: sw.ElapsedMS, LimitMS: 300000, SilentMS: sw.ElapsedMS}) {
 				t.Fatalf("still_working %+v", sw)
 			}
 			got = append(got, sw.ElapsedMS)

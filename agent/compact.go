@@ -246,7 +246,7 @@ func (t *turn) compact(ctx context.Context, step int, force bool) (shrunk, stopp
 			return b.Compaction.Expired(budget.PhaseCompaction, "history compaction", b.Compaction.D)
 		},
 		chunk: func(_ *model.Watched, c model.Chunk) string {
-			t.live.progress()
+			t.live.progress(act)
 			return c.Text
 		}})
 	elapsed, err := out.elapsed, out.err

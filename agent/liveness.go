@@ -1,8 +1,8 @@
 package agent
 
 import (
+	"cmp"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -32,13 +32,21 @@ type activity struct {
 	streaming bool
 	// compaction marks a history-compaction call.
 	compaction bool
-	nextNotice time.Time
+	// lastReport is when the call last reported progress (a tool's
+	// report, a model's stream chunk), as time since the watchdog's base
+	// plus one; zero when it has not. Stored without the lock: a flooding
+	// tool reports from the goroutine reading its output.
+	lastReport atomic.Int64
 }
 
 // liveness is the turn's step watchdog and still_working notifier. It fires
 // stop when nothing has progressed for the step budget and no running tool
-// is still inside its own timeout; it emits still_working for every
-// activity that has run for progress_notice, then every interval after.
+// is still inside its own timeout. Its notices keep the turn's own beat:
+// the first progress_notice after something started running when nothing
+// was, then every interval while anything runs; each beat emits at most
+// one still_working, naming every running call that has been silent for
+// the interval (silentFor), and none when no call has
+// (docs/decisions/quieter-notices.md).
 //
 // It costs a parked turn no goroutine and no channel: one timer, armed for
 // the earliest thing due (docs/decisions/liveness.md). What can only move
@@ -64,6 +72,9 @@ type liveness struct {
 	last         *activity   // the most recently started activity
 	lastEnded    time.Time
 	fired        bool
+	// noticeAt is the next beat of the notices; zero while nothing runs or
+	// notices are off.
+	noticeAt time.Time
 
 	// timer runs check at due; nil until something is first due. due is
 	// zero while the timer is not set (or is running check).
@@ -93,20 +104,25 @@ func newLiveness(step budget.Duration, notice time.Duration, lastProgress time.T
 	return l
 }
 
-// progress records a progress signal: a stream chunk, a tool's progress
-// report, a call completing. It only moves the step's due time later, so
-// the timer is left alone.
-func (l *liveness) progress() {
+// progress records a progress signal of the model call a: a stream chunk.
+// It only moves the step's due time later, so the timer is left alone.
+func (l *liveness) progress(a *activity) {
 	l.mu.Lock()
 	l.lastProgress = time.Now()
+	a.lastReport.Store(int64(l.lastProgress.Sub(l.base)) + 1)
 	l.mu.Unlock()
 }
 
-// alive records a tool's progress report. A flooding tool calls it for
-// each of thousands of reports, on the goroutine reading its output, so it
-// only stores the time: the watchdog's timer, when it fires, finds the
-// later time and waits again (progress can only move its deadline later).
-func (l *liveness) alive() { l.lastAlive.Store(int64(time.Since(l.base))) }
+// alive records a progress report of the tool call a. A flooding tool
+// calls it for each of thousands of reports, on the goroutine reading its
+// output, so it only stores the time: the watchdog's timer, when it fires,
+// finds the later time and waits again (progress can only move its
+// deadline later, and can only take a call out of a notice).
+func (l *liveness) alive(a *activity) {
+	d := int64(time.Since(l.base))
+	l.lastAlive.Store(d)
+	a.lastReport.Store(d + 1)
+}
 
 // syncAlive folds the last report's time into lastProgress. l.mu is held.
 func (l *liveness) syncAlive() {
@@ -118,8 +134,9 @@ func (l *liveness) syncAlive() {
 func (l *liveness) begin(a *activity) {
 	l.mu.Lock()
 	a.started = time.Now()
-	if l.notice > 0 {
-		a.nextNotice = a.started.Add(l.notice)
+	if l.notice > 0 && l.noticeAt.IsZero() {
+		// The first thing to run since nothing did starts the beat.
+		l.noticeAt = a.started.Add(l.notice)
 	}
 	l.running = append(l.running, a)
 	l.last = a
@@ -133,6 +150,9 @@ func (l *liveness) end(a *activity, completed bool) {
 	l.mu.Lock()
 	l.running = slices.DeleteFunc(l.running, func(x *activity) bool { return x == a })
 	l.lastEnded = time.Now()
+	if len(l.running) == 0 {
+		l.noticeAt = time.Time{} // the next thing to run starts a new beat
+	}
 	if completed {
 		l.lastProgress = l.lastEnded
 	}
@@ -209,10 +229,8 @@ func (l *liveness) nextLocked(now time.Time) (next time.Time, ok bool) {
 			next, ok = t, true
 		}
 	}
-	for _, a := range l.running {
-		if !a.nextNotice.IsZero() {
-			consider(a.nextNotice)
-		}
+	if !l.noticeAt.IsZero() {
+		consider(l.noticeAt)
 	}
 	if due, watching := l.stepDueLocked(); watching {
 		consider(due)
@@ -243,15 +261,11 @@ func (l *liveness) stepDueLocked() (time.Time, bool) {
 // watchdog.
 func (l *liveness) check(now time.Time) {
 	l.mu.Lock()
-	var notices []*event.StillWorking
-	for _, a := range l.running {
-		if a.nextNotice.IsZero() || now.Before(a.nextNotice) {
-			continue
-		}
-		notices = append(notices, &event.StillWorking{Step: a.step, Subject: a.subject, CallID: a.callID,
-			ElapsedMS: now.Sub(a.started).Milliseconds(), LimitMS: a.limit.Milliseconds()})
-		for !now.Before(a.nextNotice) {
-			a.nextNotice = a.nextNotice.Add(l.notice)
+	var notice *event.StillWorking
+	if !l.noticeAt.IsZero() && !now.Before(l.noticeAt) {
+		notice = l.noticeLocked(now)
+		for !now.Before(l.noticeAt) {
+			l.noticeAt = l.noticeAt.Add(l.notice)
 		}
 	}
 	var fire *budget.TimeoutError
@@ -260,13 +274,85 @@ func (l *liveness) check(now time.Time) {
 		fire = l.step.Expired(budget.PhaseStep, "the turn", now.Sub(l.lastProgress))
 	}
 	l.mu.Unlock()
-	sort.Slice(notices, func(i, j int) bool { return notices[i].CallID < notices[j].CallID })
-	for _, n := range notices {
-		l.emit(n)
+	if notice != nil {
+		l.emit(notice)
 	}
 	if fire != nil {
 		l.stop(fire)
 	}
+}
+
+// noticeLocked returns the still_working of a beat at now: one notice
+// naming every silent running call, nil when none is. l.mu is held.
+func (l *liveness) noticeLocked(now time.Time) *event.StillWorking {
+	var named []*activity
+	var calls []event.SilentCall
+	for _, a := range l.running {
+		silent, ok := l.silentFor(a, now)
+		if !ok {
+			continue
+		}
+		named = append(named, a)
+		calls = append(calls, event.SilentCall{Subject: a.subject, CallID: a.callID, Tool: a.tool,
+			ElapsedMS: now.Sub(a.started).Milliseconds(), LimitMS: a.limit.Milliseconds(), SilentMS: silent.Milliseconds()})
+	}
+	if len(calls) == 0 {
+		return nil
+	}
+	// In the order the model asked for them (call_S_I), a model call
+	// (no call id) first; running is in the order they happened to start.
+	slices.SortStableFunc(calls, func(x, y event.SilentCall) int {
+		return cmp.Or(cmp.Compare(len(x.CallID), len(y.CallID)), strings.Compare(x.CallID, y.CallID))
+	})
+	n := &event.StillWorking{Step: named[0].step, Calls: calls}
+	if len(calls) == 1 {
+		c := calls[0]
+		n.Subject, n.CallID, n.ElapsedMS, n.LimitMS = c.Subject, c.CallID, c.ElapsedMS, c.LimitMS
+		return n
+	}
+	tools := make([]string, 0, len(calls))
+	subjects := make([]string, 0, len(calls))
+	for _, c := range calls {
+		n.ElapsedMS = max(n.ElapsedMS, c.ElapsedMS)
+		if c.Tool != "" {
+			tools = append(tools, c.Tool)
+		}
+		subjects = append(subjects, c.Subject)
+	}
+	if len(tools) == len(calls) {
+		n.Subject = "tools " + strings.Join(tools, ", ")
+	} else {
+		n.Subject = strings.Join(subjects, ", ")
+	}
+	return n
+}
+
+// silentFor reports whether a beat at now names a, and how long a has
+// been silent: since its last progress report, or since it started. A call
+// that reported within the last interval is not named — its report said
+// more than a notice would. One that started less than half an interval
+// before the beat waits for the next: the calls of a batch, started
+// within milliseconds of each other, share their first beat, and a call
+// that just started is not yet news. So a silent call is first named
+// between half an interval and an interval and a half after it started
+// (exactly an interval when it started the beat), and a call that reported
+// just before a beat is named at the next one if it stays silent. l.mu is
+// held.
+func (l *liveness) silentFor(a *activity, now time.Time) (time.Duration, bool) {
+	if now.Sub(a.started) < l.notice/2 {
+		return 0, false
+	}
+	since := a.started
+	if r := a.lastReport.Load(); r > 0 {
+		at := l.base.Add(time.Duration(r - 1))
+		if now.Sub(at) < l.notice {
+			return 0, false
+		}
+		if at.After(since) {
+			since = at
+		}
+	}
+	return now.Sub(since), true
 }
 
 // advisoryRunningLocked reports whether an advisory tool call is running;

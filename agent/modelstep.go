@@ -246,7 +246,7 @@ func (t *turn) attempt(ctx context.Context, step, attempt int, ep model.Endpoint
 		if w.FirstChunk() > 0 && !act.streaming {
 			t.live.streaming(act)
 		}
-		t.live.progress()
+		t.live.progress(act)
 		// Events go to the sinks synchronously. When they are slower than
 		// the provider, what has arrived meanwhile goes as one llm_delta,
 		// so that the number of events follows the sinks' pace, not the

@@ -123,7 +123,7 @@ func (t *turn) runTool(ctx context.Context, step int, callID string, c model.Too
 	x := tool.Run(ctx, e.Tool.Tool, call, b, tool.Hooks{
 		// Every report keeps the turn alive; the coalesced ones become
 		// events (tool.Hooks).
-		OnAlive: t.live.alive,
+		OnAlive: func() { t.live.alive(act) },
 		OnProgress: func(r tool.Report) {
 			t.em.Emit(&event.ToolProgress{CallID: callID, Tool: c.Name, Progress: r.Progress, Total: r.Total, Message: r.Message})
 		},

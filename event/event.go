@@ -134,16 +134,51 @@ type ToolProgress struct {
 	Message  string   `json:"message,omitempty"`
 }
 
-// StillWorking says a step has been running for a while; it is sent after
-// timeouts.progress_notice and then again every interval.
+// StillWorking says a step has been running for a while. A turn sends at
+// most one per timeouts.progress_notice, on the turn's own beat (the first
+// an interval after something started running when nothing was), and it
+// names in Calls every running call that has been silent: no progress
+// report (a tool's report, a model's stream chunk) within the interval.
+// A call that reported progress within it is left out, and when every
+// running call did, no notice is sent (docs/decisions/quieter-notices.md).
+//
+// The top-level fields describe the calls together, as they described the
+// one call of a notice before Calls: for one call its subject, call id,
+// elapsed time and limit; for several, a subject naming them all ("tools
+// legacy_sync, report"), the longest elapsed time, and no call id or limit.
 type StillWorking struct {
 	Step int `json:"step"`
-	// Subject is what is running: "tool crawl" or "model gpt-4o".
-	Subject   string `json:"subject"`
-	CallID    string `json:"call_id,omitempty"`
-	ElapsedMS int64  `json:"elapsed_ms"`
-	// LimitMS is the budget the running thing is under, when it has one.
+	// Subject is what is running: "tool crawl", "model gpt-4o", or "tools
+	// legacy_sync, report" for several tool calls.
+	Subject string `json:"subject"`
+	// CallID is the tool call's, when the notice names one tool call.
+	CallID string `json:"call_id,omitempty"`
+	// ElapsedMS is how long the call has been running; for several, the
+	// longest.
+	ElapsedMS int64 `json:"elapsed_ms"`
+	// LimitMS is the budget the call runs under, when the notice names one
+	// call and it has one.
 	LimitMS int64 `json:"limit_ms,omitempty"`
+	// Calls are the silent calls the notice names, in the order the model
+	// asked for them. It is empty in notices stored before it existed.
+	Calls []SilentCall `json:"calls,omitempty"`
+}
+
+// SilentCall is one call a still_working notice names: running, and silent
+// for at least the notice interval.
+type SilentCall struct {
+	// Subject is what is running: "tool crawl" or "model gpt-4o".
+	Subject string `json:"subject"`
+	// CallID and Tool are the tool call's; empty for a model call.
+	CallID string `json:"call_id,omitempty"`
+	Tool   string `json:"tool,omitempty"`
+	// ElapsedMS is how long it has been running.
+	ElapsedMS int64 `json:"elapsed_ms"`
+	// LimitMS is the budget it runs under, when it has one.
+	LimitMS int64 `json:"limit_ms,omitempty"`
+	// SilentMS is how long since its last progress report; since it
+	// started when it has sent none.
+	SilentMS int64 `json:"silent_ms"`
 }
 
 // ToolFinished closes a tool call with its record; Outcome says how it

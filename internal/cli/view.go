@@ -159,7 +159,7 @@ func (v *view) Emit(e event.Event) {
 			v.println(fmt.Sprintf("  %s %s %s %s", v.c(dim, "·"), d.Tool, progressText(d.Progress, d.Total), d.Message))
 		}
 	case *event.StillWorking:
-		v.println(fmt.Sprintf("%s still working: %s, %s so far", v.c(yellow, "…"), d.Subject, ms(d.ElapsedMS)))
+		v.println(v.c(yellow, "…") + " still working: " + stillWorkingText(d))
 	case *event.ToolFinished:
 		v.remove(d.CallID)
 		v.println(v.finishedLine(&d.ToolCall))
@@ -176,6 +176,27 @@ func (v *view) Emit(e event.Event) {
 		v.println(v.banner(d))
 	}
 	v.redraw()
+}
+
+// stillWorkingText says what a still_working notice names: each silent
+// call and how long it has run, and how long none of them has reported
+// progress — "legacy_sync 2.0s, report 2.0s (no progress for 2.0s)". A
+// notice stored before notices named their calls reads as it did then.
+func stillWorkingText(d *event.StillWorking) string {
+	if len(d.Calls) == 0 {
+		return fmt.Sprintf("%s, %s so far", d.Subject, ms(d.ElapsedMS))
+	}
+	parts := make([]string, 0, len(d.Calls))
+	silent := d.Calls[0].SilentMS
+	for _, c := range d.Calls {
+		name := c.Tool
+		if name == "" {
+			name = c.Subject
+		}
+		parts = append(parts, name+" "+ms(c.ElapsedMS))
+		silent = min(silent, c.SilentMS)
+	}
+	return strings.Join(parts, ", ") + " (no progress for " + ms(silent) + ")"
 }
 
 func (v *view) finishedLine(r *event.ToolCall) string {

@@ -65,3 +65,43 @@ func TestModelPreviewCostsTheSameForALongReply(t *testing.T) {
 		t.Errorf("preview %q", p)
 	}
 }
+
+// TestStillWorkingLine: one line per notice, naming each silent call with
+// its time and how long none of them has reported progress; a notice
+// stored before notices named their calls reads as it did then.
+func TestStillWorkingLine(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		sw   event.StillWorking
+		want string
+	}{{
+		name: "several tool calls",
+		sw: event.StillWorking{Step: 1, Subject: "tools legacy_sync, report", ElapsedMS: 2003, Calls: []event.SilentCall{
+			{Subject: "tool legacy_sync", CallID: "call_1_4", Tool: "legacy_sync", ElapsedMS: 2003, LimitMS: 1000, SilentMS: 2003},
+			{Subject: "tool report", CallID: "call_1_5", Tool: "report", ElapsedMS: 2001, LimitMS: 1000, SilentMS: 2001}}},
+		want: "… still working: legacy_sync 2.0s, report 2.0s (no progress for 2.0s)\n",
+	}, {
+		name: "a call that reported progress, then went silent",
+		sw: event.StillWorking{Step: 1, Subject: "tool crawl", CallID: "call_1_2", ElapsedMS: 90000, Calls: []event.SilentCall{
+			{Subject: "tool crawl", CallID: "call_1_2", Tool: "crawl", ElapsedMS: 90000, SilentMS: 45000}}},
+		want: "… still working: crawl 1m30s (no progress for 45.0s)\n",
+	}, {
+		name: "a model call",
+		sw: event.StillWorking{Step: 2, Subject: "model gpt-x", ElapsedMS: 30000, Calls: []event.SilentCall{
+			{Subject: "model gpt-x", ElapsedMS: 30000, SilentMS: 30000}}},
+		want: "… still working: model gpt-x 30.0s (no progress for 30.0s)\n",
+	}, {
+		name: "stored before calls",
+		sw:   event.StillWorking{Step: 1, Subject: "tool crawl", CallID: "call_1_2", ElapsedMS: 2000, LimitMS: 10000},
+		want: "… still working: tool crawl, 2.0s so far\n",
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out bytes.Buffer
+			v := &view{w: &out, running: map[string]*chip{}, now: time.Now}
+			v.Emit(event.Event{Data: &tc.sw})
+			if got := out.String(); got != tc.want {
+				t.Errorf("got  %q\nwant %q", got, tc.want)
+			}
+		})
+	}
+}

@@ -416,9 +416,18 @@ class TurnView {
     c.ptext.textContent = ev.message || (known ? `${ev.progress} of ${ev.total}` : `${c.count} progress reports`);
   }
 
+  // on_still_working puts a note on the chip of each silent call the notice
+  // names (calls); a notice stored before notices named their calls is its
+  // own one call.
   on_still_working(ev) {
-    const text = `still working: ${ev.subject} for ${fmtMS(ev.elapsed_ms)}` + (ev.limit_ms ? ` (budget ${fmtLimit(ev.limit_ms)})` : '');
-    const c = ev.call_id && this.chips.get(ev.call_id);
+    for (const call of ev.calls || [ev]) this.stillWorking(call);
+  }
+
+  stillWorking(call) {
+    const text = `still working: ${call.subject} for ${fmtMS(call.elapsed_ms)}` +
+      (typeof call.silent_ms === 'number' ? `, no progress for ${fmtMS(call.silent_ms)}` : '') +
+      (call.limit_ms ? ` (budget ${fmtLimit(call.limit_ms)})` : '');
+    const c = call.call_id && this.chips.get(call.call_id);
     if (c && c.node.classList.contains('running')) {
       if (!c.still) {
         c.still = el('div', { class: 'note still-working' });
@@ -427,7 +436,7 @@ class TurnView {
       c.still.textContent = text;
       return;
     }
-    if (this.llm && ev.subject.startsWith('model')) {
+    if (this.llm && call.subject.startsWith('model')) {
       if (!this.llm.still) {
         this.llm.still = el('div', { class: 'note still-working' });
         this.llm.node.append(this.llm.still);
