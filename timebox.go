@@ -16,6 +16,8 @@ import (
 	"fmt"
 	"os"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/config"
 	"github.com/timebox-run/timebox/internal/runas"
@@ -44,6 +46,9 @@ type Options struct {
 	// Record, if set, receives every model reply with its timings as
 	// script lines (model/script), for replaying an incident offline.
 	Record *script.Recording
+	// TracerProvider, if set, traces every turn (docs/observability.md);
+	// telemetry.FromEnv makes one from the OTEL_* variables.
+	TracerProvider trace.TracerProvider
 }
 
 // Agent is an agent built from a file. Close it when done: it owns the
@@ -103,7 +108,7 @@ func Build(ctx context.Context, cfg *config.Agent, o Options) (*Agent, error) {
 		Name: cfg.Name, Instructions: cfg.Instructions, Models: models, Tools: tools,
 		Budgets: cfg.Budgets, Limits: cfg.Limits, CompactAt: cfg.Context.CompactAt,
 		CompactAtSource: cfg.Context.Source, CompactAtKnob: cfg.Context.Knob, RequestMax: cfg.Server.RequestMax,
-		Origin: cfg.Path,
+		Origin: cfg.Path, TracerProvider: o.TracerProvider,
 	})
 	if err != nil {
 		a.Close()

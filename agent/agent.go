@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"maps"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/internal/ids"
 	"github.com/timebox-run/timebox/model"
@@ -32,6 +34,8 @@ type Agent struct {
 	requestMax   map[string]int64
 	origin       string
 	fingerprint  string
+	// tracer makes the turn's spans; nil when the agent is not traced.
+	tracer trace.Tracer
 }
 
 // Tool is a tool with its resolved budget.
@@ -87,6 +91,10 @@ type Config struct {
 	// file's path. An engine whose runner and workers were built from
 	// different agents names both by it.
 	Origin string
+	// TracerProvider, when set, traces every turn: spans in OpenTelemetry's
+	// GenAI conventions with the budgets they ran under
+	// (docs/observability.md). Nil traces nothing and costs nothing.
+	TracerProvider trace.TracerProvider
 }
 
 // New checks cfg and returns the agent. It returns an error for a missing
@@ -110,6 +118,9 @@ func New(cfg Config) (*Agent, error) {
 		compactKnob:  budget.Count{N: int64(cfg.CompactAt), Source: cfg.CompactAtSource, Knob: cfg.CompactAtKnob},
 		requestMax:   maps.Clone(cfg.RequestMax),
 		origin:       cfg.Origin,
+	}
+	if cfg.TracerProvider != nil {
+		a.tracer = cfg.TracerProvider.Tracer(instrumentation)
 	}
 	a.budgets, a.limits = withDefaults(cfg.Budgets, cfg.Limits)
 	if a.compactKnob.Source == "" {

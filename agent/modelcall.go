@@ -72,7 +72,8 @@ func (t *turn) callModel(ctx context.Context, mc modelCall) modelCalled {
 	out.err = err
 	out.rec = event.ModelCall{Step: mc.step, Model: mc.ep.Model, Provider: mc.ep.ProviderName, Profile: mc.ep.Profile,
 		Attempt: mc.attempt, StartedAt: w.Started(), FirstChunkMS: w.FirstChunk().Milliseconds(),
-		StreamMS: out.elapsed.Milliseconds(), Outcome: event.OutcomeOK, Compaction: mc.req.Compaction}
+		StreamMS: out.elapsed.Milliseconds(), Outcome: event.OutcomeOK, Compaction: mc.req.Compaction,
+		InputTokens: out.resp.Usage.InputTokens, OutputTokens: out.resp.Usage.OutputTokens}
 	return out
 }
 

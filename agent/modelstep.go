@@ -233,6 +233,7 @@ func (t *turn) attempt(ctx context.Context, step, attempt int, ep model.Endpoint
 	t.s.LastStep, t.s.LastModel = act.subject, ep.Model
 	t.live.begin(act)
 
+	req.TraceParent = t.spans.traceparent("")
 	mc := modelCall{step: step, attempt: attempt, ep: ep, req: req}
 	if !b.LLMBudget.Off() {
 		remaining, used := b.LLMBudget.D-t.s.LLMUsed, t.s.LLMUsed

@@ -119,7 +119,8 @@ func (t *turn) runTool(ctx context.Context, step int, callID string, c model.Too
 		advisory: b.Enforcement == budget.Advisory}
 	t.live.begin(act)
 
-	call := &tool.Call{ID: callID, TurnID: t.s.TurnID, Tool: c.Name, Input: args, MaxOutput: t.s.Limits.MaxToolOutput.N}
+	call := &tool.Call{ID: callID, TurnID: t.s.TurnID, Tool: c.Name, Input: args, MaxOutput: t.s.Limits.MaxToolOutput.N,
+		TraceParent: t.spans.traceparent(callID)}
 	x := tool.Run(ctx, e.Tool.Tool, call, b, tool.Hooks{
 		// Every report keeps the turn alive; the coalesced ones become
 		// events (tool.Hooks).

@@ -54,12 +54,15 @@ type Result struct {
 // Events go to sinks in seq order, synchronously (see event.Sink).
 func (a *Agent) Run(ctx context.Context, in Input, sinks ...event.Sink) *Result {
 	s, tr := a.newState(in)
+	traced := a.traceTurn(ctx, s)
 	t := a.resume(s, tr, sinks)
 	var end machine.Unit
 	t.under(ctx, func(ctx context.Context) {
 		end = machine.Drive(&inProcess{t: t, ctx: ctx}, t.s)
 	})
-	return t.finish(*end.End)
+	res := t.finish(*end.End)
+	traced(res)
+	return res
 }
 
 // newState makes the state of a turn that begins now, and its transcript:
@@ -83,6 +86,10 @@ func (a *Agent) newState(in Input) (*machine.State, *memTranscript) {
 // the units an engine runs here one at a time.
 func (a *Agent) resume(s *machine.State, tr machine.Transcript, sinks []event.Sink) *turn {
 	t := &turn{a: a, s: s, tr: tr, sinks: sinks}
+	if a.tracer != nil {
+		t.spans = newSpans(t, a.tracer)
+		sinks = append([]event.Sink{t.spans}, sinks...)
+	}
 	t.em = event.NewEmitter(s.TurnID, sinks...)
 	a.resumeProviders(t.conversationID(), s.Providers)
 	return t
@@ -124,6 +131,8 @@ type turn struct {
 	em *event.Emitter
 	// live is the watchdog of what runs under (under).
 	live *liveness
+	// spans traces the calls; nil when the agent is not traced.
+	spans *spans
 	// sinks are the run's sinks; those that are event.LateSinks get the
 	// late results that arrive after the turn ended.
 	sinks []event.Sink

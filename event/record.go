@@ -90,6 +90,10 @@ type ModelCall struct {
 	Error        string       `json:"error,omitempty"`
 	// Compaction is true for a history-compaction call.
 	Compaction bool `json:"compaction,omitempty"`
+	// InputTokens and OutputTokens are what the provider said the call
+	// cost, when it said (omitted otherwise).
+	InputTokens  int64 `json:"input_tokens,omitempty"`
+	OutputTokens int64 `json:"output_tokens,omitempty"`
 }
 
 // Flags are the turn's timeout flags (spec §6).

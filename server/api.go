@@ -19,6 +19,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/store"
 )
@@ -388,7 +389,9 @@ func (s *Server) postTurn(w http.ResponseWriter, r *http.Request) {
 	if req.SessionID == "" {
 		req.SessionID = newSessionID()
 	}
-	lt, sb, err := s.start(r.Context(), req.SessionID, req.Input, req.Budgets, req.Detach)
+	// A traceparent header makes the turn's span its child.
+	ctx := agent.WithTraceParent(r.Context(), r.Header.Get("traceparent"))
+	lt, sb, err := s.start(ctx, req.SessionID, req.Input, req.Budgets, req.Detach)
 	switch {
 	case errors.Is(err, errDraining):
 		w.Header().Set("Retry-After", "5")

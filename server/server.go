@@ -249,7 +249,9 @@ var (
 // taken before the turn emits anything, so the caller sees every event.
 func (s *Server) start(ctx context.Context, session, input string, budgets budget.Request, detach bool) (*liveTurn, *sub, error) {
 	id := agent.NewTurnID()
-	turnCtx, cancel := context.WithCancelCause(context.Background())
+	// The turn outlives the request, but is traced under the request's
+	// parent, if it has one.
+	turnCtx, cancel := context.WithCancelCause(agent.WithTraceParent(context.Background(), agent.TraceParent(ctx)))
 	lt := &liveTurn{id: id, session: session, cancel: cancel, hub: newHub(), ended: make(chan struct{}), done: make(chan struct{})}
 	s.mu.Lock()
 	if s.draining {

@@ -92,8 +92,17 @@ func (r *Runner) Run(ctx context.Context, in agent.Input, sinks ...event.Sink) *
 	if in.TurnID == "" {
 		in.TurnID = agent.NewTurnID()
 	}
-	bg := context.WithoutCancel(ctx)
 	s, history := r.units.NewState(in.TurnID, in.SessionID, in.History, in.Budgets)
+	// The turn's span is this Run's; its workers' spans are its children,
+	// by the traceparent the state carries.
+	traced := agent.TraceTurn(r.agent, ctx, s)
+	res := r.run(ctx, in, s, history, sinks)
+	traced(res)
+	return res
+}
+
+func (r *Runner) run(ctx context.Context, in agent.Input, s *machine.State, history []model.Message, sinks []event.Sink) *agent.Result {
+	bg := context.WithoutCancel(ctx)
 	f := &follow{r: r, in: in, started: s.Start, sinks: sinks}
 	ts := store.TurnStart{TurnID: in.TurnID, SessionID: in.SessionID, Engine: Engine, Agent: r.agent.Name(), Input: in.Text, StartedAt: s.Start}
 	if o, ok := r.store.(store.Owned); ok {

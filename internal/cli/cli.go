@@ -12,11 +12,13 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 
 	"golang.org/x/term"
 
 	"github.com/timebox-run/timebox/config"
 	"github.com/timebox-run/timebox/internal/proctree"
+	"github.com/timebox-run/timebox/telemetry"
 )
 
 // Exit codes (spec §11).
@@ -218,10 +220,36 @@ func loadConfig(c *common, fs *flag.FlagSet, o IO) (*config.Agent, bool) {
 			return nil, false
 		}
 	}
+	if err := telemetry.Check(o.getenv); err != nil {
+		fmt.Fprintln(o.Err, err)
+		fmt.Fprintln(o.Err, "1 problem; nothing was run.")
+		return nil, false
+	}
 	for _, w := range cfg.Warnings {
 		fmt.Fprintln(o.Err, "warning:", w)
 	}
 	return cfg, true
+}
+
+// startTracing sets up tracing from the OTEL_* variables
+// (telemetry.FromEnv): nothing when they name no endpoint.
+func startTracing(ctx context.Context, o IO) (*telemetry.Tracing, bool) {
+	t, err := telemetry.FromEnv(ctx, o.getenv)
+	if err != nil {
+		fmt.Fprintln(o.Err, "timebox:", err)
+		return nil, false
+	}
+	return t, true
+}
+
+// stopTracing exports the spans still buffered, waiting at most 5s for
+// the collector.
+func stopTracing(t *telemetry.Tracing, o IO) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := t.Shutdown(ctx); err != nil {
+		fmt.Fprintf(o.Err, "timebox: exporting the last spans to %s: %v\n", t.Endpoint, err)
+	}
 }
 
 func printConfigError(w io.Writer, err error) {

@@ -20,6 +20,7 @@ import (
 	"github.com/timebox-run/timebox/model/script"
 	"github.com/timebox-run/timebox/store/postgres"
 	"github.com/timebox-run/timebox/temporal"
+	"github.com/timebox-run/timebox/tool"
 )
 
 // jsonLines is a sink that writes each event as one JSON line.
@@ -209,7 +210,14 @@ func cmdRun(ctx context.Context, args []string, o IO) int {
 		}()
 		recording = script.NewRecording(f)
 	}
-	a, err := timebox.Build(ctx, cfg, timebox.Options{Getenv: o.getenv, Record: recording})
+	tracing, ok := startTracing(ctx, o)
+	if !ok {
+		return ExitUsage
+	}
+	defer stopTracing(tracing, o)
+	// A timebox run as another traced program's tool joins its trace.
+	ctx = agent.WithTraceParent(ctx, o.getenv(tool.EnvTraceParent))
+	a, err := timebox.Build(ctx, cfg, timebox.Options{Getenv: o.getenv, Record: recording, TracerProvider: tracing.Provider})
 	if err != nil {
 		fmt.Fprintln(o.Err, "timebox:", err)
 		return ExitUsage

@@ -172,7 +172,7 @@ func TestValidateShowsInheritance(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("exit %d\n%s", r.code, r.err)
 	}
-	for _, re := range []string{`word_count\s+everything but PGPASSWORD, TIMEBOX_DB, TIMEBOX_TOKEN`, `report\s+PATH\n`} {
+	for _, re := range []string{`word_count\s+everything but ANTHROPIC_API_KEY, OPENAI_API_KEY, PGPASSWORD, TIMEBOX_DB, TIMEBOX_TOKEN`, `report\s+PATH\n`} {
 		if !regexpMatch(re, r.out) {
 			t.Errorf("validate output lacks /%s/:\n%s", re, r.out)
 		}

@@ -115,8 +115,13 @@ func cmdServe(ctx context.Context, args []string, o IO) int {
 	}
 	defer st.Close()
 
+	tracing, ok := startTracing(ctx, o)
+	if !ok {
+		return ExitUsage
+	}
+	defer stopTracing(tracing, o)
 	// Late results reach the server through each turn's sink.
-	a, err := timebox.Build(ctx, cfg, timebox.Options{Getenv: o.getenv})
+	a, err := timebox.Build(ctx, cfg, timebox.Options{Getenv: o.getenv, TracerProvider: tracing.Provider})
 	if err != nil {
 		fmt.Fprintln(o.Err, "timebox:", err)
 		return ExitUsage

@@ -49,7 +49,12 @@ func cmdWorker(ctx context.Context, args []string, o IO) int {
 		return ExitFailed
 	}
 	defer st.Close()
-	a, err := timebox.Build(ctx, cfg, timebox.Options{Getenv: o.getenv})
+	tracing, ok := startTracing(ctx, o)
+	if !ok {
+		return ExitUsage
+	}
+	defer stopTracing(tracing, o)
+	a, err := timebox.Build(ctx, cfg, timebox.Options{Getenv: o.getenv, TracerProvider: tracing.Provider})
 	if err != nil {
 		fmt.Fprintln(o.Err, "timebox:", err)
 		return ExitUsage

@@ -42,6 +42,10 @@ type State struct {
 	// by another refuses the turn (an engine whose runner and workers were
 	// built from different agent files).
 	Agent *AgentRef `json:"agent,omitempty"`
+	// TraceParent is the W3C traceparent of the turn's span when the turn
+	// is traced: the spans of its model and tool calls, wherever a unit
+	// runs them, are its children.
+	TraceParent string `json:"trace_parent,omitempty"`
 
 	// Begun is set once turn_started was emitted.
 	Begun bool `json:"begun,omitempty"`

@@ -1,0 +1,321 @@
+package agent
+
+import (
+	"context"
+	"encoding/hex"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/machine"
+)
+
+// Spans follow OpenTelemetry's GenAI conventions (docs/observability.md):
+// invoke_agent for the turn, chat for each model attempt, execute_tool for
+// each tool call, children of the turn's span; and they carry the budget
+// each ran under (timebox.*). The turn's span is the engine's (Run here,
+// the Temporal runner there); the others are made by whichever process
+// runs the call, as a child of the state's TraceParent, from the turn's
+// own events, so both engines trace alike.
+
+// instrumentation names the tracer.
+const instrumentation = "github.com/timebox-run/timebox"
+
+// Attribute keys of timebox's own.
+const (
+	attrBudgetMS     = attribute.Key("timebox.budget.ms")
+	attrBudgetSource = attribute.Key("timebox.budget.source")
+	attrBudgetKnob   = attribute.Key("timebox.budget.knob")
+	attrEnforcement  = attribute.Key("timebox.enforcement")
+	attrOutcome      = attribute.Key("timebox.outcome")
+	attrPhase        = attribute.Key("timebox.phase")
+	attrOverran      = attribute.Key("timebox.overran")
+	attrAbandoned    = attribute.Key("timebox.abandoned")
+	attrTurnID       = attribute.Key("timebox.turn.id")
+	attrStopReason   = attribute.Key("timebox.stop_reason")
+	attrStep         = attribute.Key("timebox.step")
+	attrAttempt      = attribute.Key("timebox.attempt")
+	attrErrorType    = attribute.Key("error.type")
+)
+
+// TraceParent returns the W3C traceparent of the span in ctx
+// (00-<trace id>-<span id>-<flags>), "" when there is none. (The core
+// writes and reads traceparent itself: OpenTelemetry's propagation
+// package would bring net/http into it.)
+func TraceParent(ctx context.Context) string {
+	sc := trace.SpanContextFromContext(ctx)
+	if !sc.IsValid() {
+		return ""
+	}
+	return fmt.Sprintf("00-%s-%s-%02x", sc.TraceID(), sc.SpanID(), byte(sc.TraceFlags()))
+}
+
+// WithTraceParent returns ctx with the remote span context a W3C
+// traceparent names (a traceparent header, a TRACEPARENT variable), so
+// that a turn run under it is that span's child; ctx itself when tp is
+// empty or not a traceparent.
+func WithTraceParent(ctx context.Context, tp string) context.Context { return withTraceParent(ctx, tp) }
+
+func withTraceParent(ctx context.Context, tp string) context.Context {
+	sc, ok := parseTraceParent(tp)
+	if !ok {
+		return ctx
+	}
+	return trace.ContextWithRemoteSpanContext(ctx, sc)
+}
+
+// parseTraceParent reads a W3C traceparent: version 00 (or a later one,
+// whose first four fields are read the same), a non-zero trace id and
+// span id in lower-case hex, and the flags.
+func parseTraceParent(tp string) (trace.SpanContext, bool) {
+	parts := strings.Split(strings.TrimSpace(tp), "-")
+	if len(parts) < 4 || len(parts[0]) != 2 || parts[0] == "ff" || (parts[0] == "00" && len(parts) != 4) ||
+		len(parts[1]) != 32 || len(parts[2]) != 16 || len(parts[3]) != 2 {
+		return trace.SpanContext{}, false
+	}
+	for _, p := range parts[:4] {
+		if strings.ToLower(p) != p {
+			return trace.SpanContext{}, false
+		}
+	}
+	tid, err1 := trace.TraceIDFromHex(parts[1])
+	sid, err2 := trace.SpanIDFromHex(parts[2])
+	flags, err3 := hex.DecodeString(parts[3])
+	if err1 != nil || err2 != nil || err3 != nil {
+		return trace.SpanContext{}, false
+	}
+	sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: trace.TraceFlags(flags[0]), Remote: true})
+	return sc, sc.IsValid()
+}
+
+func budgetAttrs(d budget.Duration) []attribute.KeyValue {
+	return []attribute.KeyValue{attrBudgetMS.Int64(d.MS()), attrBudgetSource.String(string(d.Source)), attrBudgetKnob.String(d.Knob)}
+}
+
+// traceTurn starts the turn's invoke_agent span, a child of the span in ctx
+// (or of the traceparent a server was sent, which its caller put there),
+// records its traceparent in s and returns the function that ends it
+// with the turn's record. Without a tracer it does nothing.
+func (a *Agent) traceTurn(ctx context.Context, s *machine.State) (end func(*Result)) {
+	if a.tracer == nil {
+		return func(*Result) {}
+	}
+	attrs := []attribute.KeyValue{
+		attribute.String("gen_ai.operation.name", "invoke_agent"),
+		attribute.String("gen_ai.agent.name", a.name),
+		attrTurnID.String(s.TurnID),
+		attrEnforcement.String(string(budget.Hard)),
+	}
+	if s.SessionID != "" {
+		attrs = append(attrs, attribute.String("gen_ai.conversation.id", s.SessionID))
+	}
+	attrs = append(attrs, budgetAttrs(s.Budgets.Turn)...)
+	_, span := a.tracer.Start(ctx, "invoke_agent "+a.name, trace.WithTimestamp(s.Start),
+		trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(attrs...))
+	s.TraceParent = TraceParent(trace.ContextWithSpan(ctx, span))
+	return func(res *Result) {
+		rec := res.Record
+		span.SetAttributes(attrOutcome.String(string(rec.Status)), attrStopReason.String(string(rec.StopReason)))
+		if rec.Status != budget.StatusCompleted {
+			span.SetAttributes(attrErrorType.String(string(rec.StopReason)))
+			span.SetStatus(codes.Error, rec.Message)
+		}
+		endAt := rec.EndedAt
+		if endAt.IsZero() {
+			endAt = time.Now()
+		}
+		span.End(trace.WithTimestamp(endAt))
+	}
+}
+
+// TraceTurn is traceTurn for an engine that runs the turn elsewhere
+// (package temporal): it starts the turn's span and returns the function
+// that ends it with the turn's result.
+func TraceTurn(a *Agent, ctx context.Context, s *machine.State) func(*Result) {
+	return a.traceTurn(ctx, s)
+}
+
+// spans makes the chat and execute_tool spans of the calls a unit runs, as
+// the turn's events tell of them. It is one of the turn's sinks, so it
+// sees each start before the call begins: the call is given its span's
+// traceparent (a model request's header, a tool's TRACEPARENT or _meta).
+type spans struct {
+	t      *turn
+	tracer trace.Tracer
+	parent context.Context
+
+	mu       sync.Mutex
+	chat     trace.Span
+	calls    map[string]trace.Span
+	failover *event.Failover // told on the next attempt's span
+}
+
+func newSpans(t *turn, tracer trace.Tracer) *spans {
+	return &spans{t: t, tracer: tracer, parent: withTraceParent(context.Background(), t.s.TraceParent),
+		calls: map[string]trace.Span{}}
+}
+
+// traceparent returns the traceparent of the tool call's span, or of the
+// model attempt's for callID "": what the call passes on.
+func (sp *spans) traceparent(callID string) string {
+	if sp == nil {
+		return ""
+	}
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	s := sp.chat
+	if callID != "" {
+		s = sp.calls[callID]
+	}
+	if s == nil {
+		return ""
+	}
+	return TraceParent(trace.ContextWithSpan(context.Background(), s))
+}
+
+// Emit starts, annotates and ends spans as the turn's events say.
+func (sp *spans) Emit(e event.Event) {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	b := &sp.t.s.Budgets
+	switch d := e.Data.(type) {
+	case *event.LLMStarted:
+		attrs := []attribute.KeyValue{
+			attribute.String("gen_ai.operation.name", "chat"),
+			attribute.String("gen_ai.provider.name", d.Provider),
+			attribute.String("gen_ai.request.model", d.Model),
+			attrStep.Int(d.Step), attrAttempt.Int(d.Attempt),
+			attrEnforcement.String(string(budget.Hard)),
+		}
+		attrs = append(attrs, budgetAttrs(b.LLMFirstChunk)...)
+		_, sp.chat = sp.tracer.Start(sp.parent, "chat "+d.Model, trace.WithTimestamp(e.At),
+			trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
+		if f := sp.failover; f != nil {
+			sp.failover = nil
+			sp.chat.AddEvent("failover", trace.WithTimestamp(e.At), trace.WithAttributes(
+				attribute.String("timebox.failover.from", f.From), attribute.String("timebox.failover.to", f.To),
+				attrPhase.String(string(f.Phase)), attribute.String("timebox.failover.reason", f.Reason)))
+		}
+	case *event.LLMFinished:
+		if sp.chat == nil {
+			return
+		}
+		rec := d.ModelCall
+		attrs := []attribute.KeyValue{attrOutcome.String(string(rec.Outcome))}
+		if rec.InputTokens > 0 || rec.OutputTokens > 0 {
+			attrs = append(attrs, attribute.Int64("gen_ai.usage.input_tokens", rec.InputTokens),
+				attribute.Int64("gen_ai.usage.output_tokens", rec.OutputTokens))
+		}
+		if rec.Phase != "" {
+			attrs = append(attrs, attrPhase.String(string(rec.Phase)))
+			if fired, ok := phaseBudget(b, rec.Phase); ok {
+				attrs = append(attrs, budgetAttrs(fired)...)
+			}
+		}
+		endSpan(sp.chat, e.At, rec.Outcome, rec.Error, attrs)
+		sp.chat = nil
+	case *event.Failover:
+		sp.failover = d
+	case *event.ToolStarted:
+		attrs := []attribute.KeyValue{
+			attribute.String("gen_ai.operation.name", "execute_tool"),
+			attribute.String("gen_ai.tool.name", d.Tool),
+			attribute.String("gen_ai.tool.call.id", d.CallID),
+			attribute.String("gen_ai.tool.type", toolType(d.Kind)),
+			attrStep.Int(d.Step), attrEnforcement.String(string(d.Enforcement)),
+		}
+		if e, ok := sp.t.a.tools[d.Tool]; ok {
+			attrs = append(attrs, budgetAttrs(turnToolBudget(e, b).Timeout)...)
+		}
+		_, sp.calls[d.CallID] = sp.tracer.Start(sp.parent, "execute_tool "+d.Tool, trace.WithTimestamp(e.At),
+			trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(attrs...))
+	case *event.ToolProgress:
+		if s := sp.calls[d.CallID]; s != nil {
+			attrs := []attribute.KeyValue{attribute.String("timebox.progress.message", d.Message)}
+			if d.Progress != nil {
+				attrs = append(attrs, attribute.Float64("timebox.progress", *d.Progress))
+			}
+			if d.Total != nil {
+				attrs = append(attrs, attribute.Float64("timebox.progress.total", *d.Total))
+			}
+			s.AddEvent("progress", trace.WithTimestamp(e.At), trace.WithAttributes(attrs...))
+		}
+	case *event.StillWorking:
+		for _, c := range d.Calls {
+			s := sp.chat
+			if c.CallID != "" {
+				s = sp.calls[c.CallID]
+			}
+			if s != nil {
+				s.AddEvent("still_working", trace.WithTimestamp(e.At), trace.WithAttributes(
+					attribute.String("timebox.subject", c.Subject), attribute.Int64("timebox.elapsed_ms", c.ElapsedMS)))
+			}
+		}
+	case *event.ToolFinished:
+		s := sp.calls[d.CallID]
+		if s == nil {
+			return
+		}
+		delete(sp.calls, d.CallID)
+		rec := d.ToolCall
+		attrs := []attribute.KeyValue{attrOutcome.String(string(rec.Outcome)),
+			attrOverran.Bool(rec.Overran), attrAbandoned.Bool(rec.Abandoned)}
+		if rec.Phase != "" {
+			attrs = append(attrs, attrPhase.String(string(rec.Phase)))
+		}
+		if rec.ExitCode != nil {
+			attrs = append(attrs, attribute.Int("process.exit.code", *rec.ExitCode))
+		}
+		endSpan(s, rec.EndedAt, rec.Outcome, rec.Result, attrs)
+	}
+}
+
+// endSpan ends a call's span at end with its outcome: error.type and an
+// error status for every outcome but ok.
+func endSpan(s trace.Span, end time.Time, outcome event.Outcome, msg string, attrs []attribute.KeyValue) {
+	s.SetAttributes(attrs...)
+	if outcome != event.OutcomeOK {
+		s.SetAttributes(attrErrorType.String(string(outcome)))
+		if len(msg) > 500 {
+			msg = msg[:500]
+		}
+		s.SetStatus(codes.Error, msg)
+	}
+	if end.IsZero() {
+		end = time.Now()
+	}
+	s.End(trace.WithTimestamp(end))
+}
+
+// toolType is the GenAI convention's gen_ai.tool.type of a tool kind: a
+// tool run here is a function; an MCP server's, an extension.
+func toolType(kind string) string {
+	if kind == "mcp" {
+		return "extension"
+	}
+	return "function"
+}
+
+// phaseBudget returns the budget of the phase that ended a model call.
+func phaseBudget(b *budget.Budgets, p budget.Phase) (budget.Duration, bool) {
+	switch p {
+	case budget.PhaseLLMFirstChunk:
+		return b.LLMFirstChunk, true
+	case budget.PhaseLLMIdle:
+		return b.LLMIdle, true
+	case budget.PhaseLLMBudget:
+		return b.LLMBudget, true
+	case budget.PhaseStep:
+		return b.Step, true
+	case budget.PhaseTurn:
+		return b.Turn, true
+	}
+	return budget.Duration{}, false
+}

@@ -1,0 +1,5 @@
+package telemetry
+
+import "os"
+
+var osGetenv = os.Getenv
