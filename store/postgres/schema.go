@@ -170,9 +170,14 @@ UPDATE tool_calls SET sample_ms = duration_ms
 	WHERE refused = '' AND outcome IN ('ok', 'error', 'timed_out', 'abandoned') AND phase IN ('', 'tool', 'tool_idle');
 UPDATE tool_calls SET silence_ms = duration_ms WHERE sample_ms IS NOT NULL AND progress_count = 0;
 
-CREATE INDEX tool_calls_stats  ON tool_calls (tool, sample_ms)
-	INCLUDE (started_at, outcome, phase, refused, overran, abandoned, progress_count, silence_ms);
-CREATE INDEX tool_calls_latest ON tool_calls (tool, started_at);
+-- Each tool's sample in order (percentiles and maxima), and the counts of
+-- one pass; the calls that end unusually, which are few, and those that
+-- reported progress, in indexes of their own; the latest call's budget.
+CREATE INDEX tool_calls_stats    ON tool_calls (tool, sample_ms) INCLUDE (started_at, outcome, progress_count);
+CREATE INDEX tool_calls_unusual  ON tool_calls (tool, started_at) INCLUDE (outcome, phase, refused, overran, abandoned, sample_ms)
+	WHERE outcome NOT IN ('ok', 'error') OR overran OR abandoned OR refused <> '';
+CREATE INDEX tool_calls_progress ON tool_calls (tool, started_at) INCLUDE (silence_ms) WHERE progress_count > 0 AND sample_ms IS NOT NULL;
+CREATE INDEX tool_calls_latest   ON tool_calls (tool, started_at);
 
 -- A call's progress events, to measure its silences as its record is
 -- stored: only tool_progress events are in this index.
@@ -199,8 +204,9 @@ UPDATE model_calls m SET
 	FROM (SELECT turn_id, idx, record::json AS j FROM model_calls WHERE strpos(record, '\u0000') = 0) r
 	WHERE m.turn_id = r.turn_id AND m.idx = r.idx;
 
-CREATE INDEX model_calls_stats ON model_calls (provider, model, sample_phase, sample_ms)
-	INCLUDE (started_at, outcome, phase);
+CREATE INDEX model_calls_stats   ON model_calls (provider, model, sample_phase, sample_ms) INCLUDE (started_at, outcome);
+CREATE INDEX model_calls_unusual ON model_calls (provider, model, sample_phase, started_at) INCLUDE (outcome, phase)
+	WHERE outcome NOT IN ('ok', 'insufficient');
 `,
 }
 

@@ -5,16 +5,22 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/store"
 )
 
 var _ store.CallStats = (*Store)(nil)
 
-// Percentiles are PostgreSQL's percentile_disc — nearest-rank, as
-// store.PercentileRank — over each group's sample, all three from one sort
-// (the array form), in the same pass as the counts; the covering indexes
-// of schema version 4 (tool_calls_stats, model_calls_stats) let it read a
-// million calls from the index alone once autovacuum has passed
+// The figures are read as SQLite reads them (store/sqlite/stats.go), from
+// the indexes of schema version 4, in one read-only snapshot: one pass
+// over the main index (tool_calls_stats, model_calls_stats) counts each
+// group and gives its percentiles — percentile_disc, nearest-rank as
+// store.PercentileRank, the four from one sort (the array form); the few
+// calls that end unusually and those that reported progress are counted
+// from partial indexes of their own; the other maxima are read by walking
+// a group's sample from the top. The indexes answer alone (index-only
+// scans) once autovacuum has passed over the tables. Counting every
+// outcome in the one pass took twice as long at a million calls
 // (docs/BENCHMARKS.md).
 
 // ToolStats implements store.CallStats.
@@ -22,40 +28,93 @@ func (s *Store) ToolStats(ctx context.Context, f store.StatsFilter) ([]store.Too
 	if s.isClosed() {
 		return nil, store.ErrClosed
 	}
-	rows, err := s.pool.Query(ctx, `WITH g AS (
-		SELECT tool, count(*) FILTER (WHERE refused = '') AS calls, count(sample_ms) AS sample,
-			COALESCE(max(sample_ms), 0) AS max_ms, COALESCE(max(sample_ms) FILTER (WHERE outcome = 'ok'), 0) AS max_ok,
-			count(*) FILTER (WHERE sample_ms IS NOT NULL AND outcome IN ('timed_out', 'abandoned')) AS cut_off,
-			count(*) FILTER (WHERE outcome = 'timed_out') AS timed_out,
-			count(*) FILTER (WHERE outcome = 'timed_out' AND phase = 'tool_idle') AS idle_timed_out,
-			count(*) FILTER (WHERE overran) AS overran, count(*) FILTER (WHERE abandoned) AS abandoned,
-			count(*) FILTER (WHERE outcome = 'cancelled' AND refused = '') AS cancelled,
-			count(*) FILTER (WHERE outcome = 'interrupted') AS interrupted,
-			count(*) FILTER (WHERE sample_ms IS NOT NULL AND progress_count > 0) AS progressed,
-			COALESCE(max(silence_ms), 0) AS silence,
-			percentile_disc(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY sample_ms) AS pct
-		FROM tool_calls WHERE started_at >= $1 AND ($2 = '' OR tool = $2)
-		GROUP BY tool)
-	SELECT g.tool, g.calls, g.sample, COALESCE(g.pct[1], 0), COALESCE(g.pct[2], 0), COALESCE(g.pct[3], 0), g.max_ms, g.max_ok,
-		g.cut_off, g.timed_out, g.idle_timed_out, g.overran, g.abandoned, g.cancelled, g.interrupted, g.progressed, g.silence,
-		COALESCE(l.timeout_ms, 0), COALESCE(l.idle_timeout_ms, 0)
-	FROM g LEFT JOIN LATERAL (SELECT timeout_ms, idle_timeout_ms FROM tool_calls c
-		WHERE c.tool = g.tool AND c.refused = '' ORDER BY c.started_at DESC LIMIT 1) l ON true
-	ORDER BY g.tool`, nanos(f.Since), f.Tool)
+	var out []store.ToolStat
+	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		since := nanos(f.Since)
+		rows, err := tx.Query(ctx, `SELECT tool, count(*), count(sample_ms),
+				percentile_disc(ARRAY[0.5, 0.95, 0.99, 1]) WITHIN GROUP (ORDER BY sample_ms)
+			FROM tool_calls WHERE started_at >= $1 AND ($2 = '' OR tool = $2) GROUP BY tool ORDER BY tool`, since, f.Tool)
+		if err != nil {
+			return err
+		}
+		out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.ToolStat, error) {
+			var t store.ToolStat
+			var pct []*int64
+			err := r.Scan(&t.Tool, &t.Calls, &t.Sample, &pct)
+			setPercentiles(pct, &t.P50MS, &t.P95MS, &t.P99MS, &t.MaxMS)
+			return t, err
+		})
+		if err != nil {
+			return err
+		}
+		byTool := map[string]*store.ToolStat{}
+		names := make([]string, len(out))
+		for i := range out {
+			byTool[out[i].Tool], names[i] = &out[i], out[i].Tool
+		}
+		rows, err = tx.Query(ctx, `SELECT tool, count(*) FILTER (WHERE refused <> ''),
+				count(*) FILTER (WHERE sample_ms IS NOT NULL AND outcome IN ('timed_out', 'abandoned')),
+				count(*) FILTER (WHERE outcome = 'timed_out'), count(*) FILTER (WHERE outcome = 'timed_out' AND phase = 'tool_idle'),
+				count(*) FILTER (WHERE overran), count(*) FILTER (WHERE abandoned),
+				count(*) FILTER (WHERE outcome = 'cancelled' AND refused = ''), count(*) FILTER (WHERE outcome = 'interrupted')
+			FROM tool_calls WHERE (outcome NOT IN ('ok', 'error') OR overran OR abandoned OR refused <> '')
+				AND started_at >= $1 AND ($2 = '' OR tool = $2) GROUP BY tool`, since, f.Tool)
+		if err != nil {
+			return err
+		}
+		var tool string
+		var refused int64
+		var u store.ToolStat
+		_, err = pgx.ForEachRow(rows, []any{&tool, &refused, &u.CutOff, &u.TimedOut, &u.IdleTimedOut, &u.Overran, &u.Abandoned,
+			&u.Cancelled, &u.Interrupted}, func() error {
+			if t := byTool[tool]; t != nil {
+				t.Calls -= refused
+				t.CutOff, t.TimedOut, t.IdleTimedOut, t.Overran, t.Abandoned, t.Cancelled, t.Interrupted =
+					u.CutOff, u.TimedOut, u.IdleTimedOut, u.Overran, u.Abandoned, u.Cancelled, u.Interrupted
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		// The longest silence of a call that reported nothing is its
+		// duration (quiet).
+		rows, err = tx.Query(ctx, `SELECT t.tool, COALESCE(l.timeout_ms, 0), COALESCE(l.idle_timeout_ms, 0), COALESCE(ok.ms, 0),
+				COALESCE(p.n, 0), GREATEST(COALESCE(p.silence, 0), COALESCE(quiet.ms, 0))
+			FROM unnest($2::text[]) AS t(tool)
+			LEFT JOIN LATERAL (SELECT timeout_ms, idle_timeout_ms FROM tool_calls c
+				WHERE c.tool = t.tool AND c.refused = '' ORDER BY c.started_at DESC LIMIT 1) l ON true
+			LEFT JOIN LATERAL (SELECT sample_ms AS ms FROM tool_calls c
+				WHERE c.tool = t.tool AND c.sample_ms IS NOT NULL AND c.started_at >= $1 AND c.outcome = 'ok'
+				ORDER BY c.sample_ms DESC LIMIT 1) ok ON true
+			LEFT JOIN LATERAL (SELECT sample_ms AS ms FROM tool_calls c
+				WHERE c.tool = t.tool AND c.sample_ms IS NOT NULL AND c.started_at >= $1 AND c.progress_count = 0
+				ORDER BY c.sample_ms DESC LIMIT 1) quiet ON true
+			LEFT JOIN LATERAL (SELECT count(*) AS n, max(silence_ms) AS silence FROM tool_calls c
+				WHERE c.tool = t.tool AND c.progress_count > 0 AND c.sample_ms IS NOT NULL AND c.started_at >= $1) p ON true`,
+			since, names)
+		if err != nil {
+			return err
+		}
+		var x store.ToolStat
+		_, err = pgx.ForEachRow(rows, []any{&tool, &x.TimeoutMS, &x.IdleTimeoutMS, &x.MaxOKMS, &x.Progressed, &x.MaxSilenceMS}, func() error {
+			if t := byTool[tool]; t != nil {
+				t.TimeoutMS, t.IdleTimeoutMS, t.MaxOKMS, t.Progressed, t.MaxSilenceMS = x.TimeoutMS, x.IdleTimeoutMS, x.MaxOKMS, x.Progressed, x.MaxSilenceMS
+			}
+			return nil
+		})
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.ToolStat, error) {
-		var t store.ToolStat
-		err := r.Scan(&t.Tool, &t.Calls, &t.Sample, &t.P50MS, &t.P95MS, &t.P99MS, &t.MaxMS, &t.MaxOKMS, &t.CutOff,
-			&t.TimedOut, &t.IdleTimedOut, &t.Overran, &t.Abandoned, &t.Cancelled, &t.Interrupted, &t.Progressed,
-			&t.MaxSilenceMS, &t.TimeoutMS, &t.IdleTimeoutMS)
-		return t, err
-	})
-	if out == nil && err == nil {
-		out = []store.ToolStat{}
+	kept := []store.ToolStat{}
+	for _, t := range out {
+		if t.Calls > 0 { // else only refused calls: a name the model made up
+			kept = append(kept, t)
+		}
 	}
-	return out, err
+	return kept, nil
 }
 
 // ModelStats implements store.CallStats.
@@ -63,34 +122,90 @@ func (s *Store) ModelStats(ctx context.Context, f store.StatsFilter) ([]store.Mo
 	if s.isClosed() {
 		return nil, store.ErrClosed
 	}
+	out := []store.ModelStat{}
 	if f.Tool != "" {
-		return []store.ModelStat{}, nil
+		return out, nil
 	}
-	rows, err := s.pool.Query(ctx, `SELECT provider || ':' || model, sample_phase, count(*), count(sample_ms),
-			percentile_disc(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY sample_ms),
-			COALESCE(max(sample_ms), 0), COALESCE(max(sample_ms) FILTER (WHERE outcome IN ('ok', 'insufficient')), 0),
-			count(*) FILTER (WHERE outcome = 'timed_out' AND phase = sample_phase),
-			count(*) FILTER (WHERE outcome = 'timed_out' AND phase = 'llm_idle'),
-			count(*) FILTER (WHERE outcome = 'error'), count(*) FILTER (WHERE outcome = 'cancelled')
-		FROM model_calls WHERE started_at >= $1 AND sample_phase <> ''
-		GROUP BY provider, model, sample_phase ORDER BY provider, model, sample_phase`, nanos(f.Since))
+	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		since := nanos(f.Since)
+		type key struct{ provider, model, phase string }
+		var keys []key
+		at := map[key]int{}
+		var k key
+		var m store.ModelStat
+		var pct []*int64
+		rows, err := tx.Query(ctx, `SELECT provider, model, sample_phase, count(*), count(sample_ms),
+				percentile_disc(ARRAY[0.5, 0.95, 0.99, 1]) WITHIN GROUP (ORDER BY sample_ms)
+			FROM model_calls WHERE started_at >= $1 AND sample_phase <> ''
+			GROUP BY provider, model, sample_phase ORDER BY provider, model, sample_phase`, since)
+		if err != nil {
+			return err
+		}
+		_, err = pgx.ForEachRow(rows, []any{&k.provider, &k.model, &k.phase, &m.Calls, &m.Sample, &pct}, func() error {
+			x := store.ModelStat{Endpoint: k.provider + ":" + k.model, Phase: budget.Phase(k.phase), Calls: m.Calls, Sample: m.Sample}
+			setPercentiles(pct, &x.P50MS, &x.P95MS, &x.P99MS, &x.MaxMS)
+			at[k] = len(out)
+			keys, out = append(keys, k), append(out, x)
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		rows, err = tx.Query(ctx, `SELECT provider, model, sample_phase,
+				count(*) FILTER (WHERE outcome = 'timed_out' AND phase = sample_phase),
+				count(*) FILTER (WHERE outcome = 'timed_out' AND phase = 'llm_idle'),
+				count(*) FILTER (WHERE outcome = 'error'), count(*) FILTER (WHERE outcome = 'cancelled')
+			FROM model_calls WHERE outcome NOT IN ('ok', 'insufficient') AND started_at >= $1
+			GROUP BY provider, model, sample_phase`, since)
+		if err != nil {
+			return err
+		}
+		_, err = pgx.ForEachRow(rows, []any{&k.provider, &k.model, &k.phase, &m.TimedOut, &m.IdleTimedOut, &m.Failed, &m.Cancelled}, func() error {
+			if i, ok := at[k]; ok {
+				x := &out[i]
+				x.TimedOut, x.IdleTimedOut, x.Failed, x.Cancelled = m.TimedOut, m.IdleTimedOut, m.Failed, m.Cancelled
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		var providers, models, phases []string
+		for _, k := range keys {
+			providers, models, phases = append(providers, k.provider), append(models, k.model), append(phases, k.phase)
+		}
+		rows, err = tx.Query(ctx, `SELECT COALESCE(ok.ms, 0) FROM unnest($2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS g(provider, model, phase, i)
+			LEFT JOIN LATERAL (SELECT sample_ms AS ms FROM model_calls c
+				WHERE c.provider = g.provider AND c.model = g.model AND c.sample_phase = g.phase
+					AND c.sample_ms IS NOT NULL AND c.started_at >= $1 AND c.outcome IN ('ok', 'insufficient')
+				ORDER BY c.sample_ms DESC LIMIT 1) ok ON true
+			ORDER BY g.i`, since, providers, models, phases)
+		if err != nil {
+			return err
+		}
+		i := 0
+		var okMS int64
+		_, err = pgx.ForEachRow(rows, []any{&okMS}, func() error {
+			if i < len(out) {
+				out[i].MaxOKMS = okMS
+			}
+			i++
+			return nil
+		})
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.ModelStat, error) {
-		var m store.ModelStat
-		var pct []*int64
-		err := r.Scan(&m.Endpoint, &m.Phase, &m.Calls, &m.Sample, &pct, &m.MaxMS, &m.MaxOKMS,
-			&m.TimedOut, &m.IdleTimedOut, &m.Failed, &m.Cancelled)
-		for i, to := range []*int64{&m.P50MS, &m.P95MS, &m.P99MS} {
-			if i < len(pct) && pct[i] != nil {
-				*to = *pct[i]
-			}
+	return out, nil
+}
+
+// setPercentiles copies percentile_disc's array (NULLs when a group has
+// no sample) to the figures.
+func setPercentiles(pct []*int64, to ...*int64) {
+	for i, p := range to {
+		if i < len(pct) && pct[i] != nil {
+			*p = *pct[i]
 		}
-		return m, err
-	})
-	if out == nil && err == nil {
-		out = []store.ModelStat{}
 	}
-	return out, err
 }

@@ -3,21 +3,25 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 
+	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/store"
 )
 
 var _ store.CallStats = (*Store)(nil)
 
-// Percentiles are read from the covering indexes of schema version 2
-// (tool_calls_stats, model_calls_stats), which keep each group's sample in
-// order: a group's count first (one pass over its index entries), then
-// each percentile by its rank, walking the index from the nearer end
-// (ORDER BY … LIMIT 1 OFFSET rank-1, or from the top for p95 and p99).
-// At a million calls this is a pass and a half over small index entries;
-// window functions (ROW_NUMBER() OVER) sort the million rows instead, and
-// took ten times as long (docs/BENCHMARKS.md).
+// The figures are read from the indexes of schema version 2, never from
+// the tables: one pass over each group's entries of the main index
+// (tool_calls_stats, model_calls_stats) counts them; the few calls that
+// end unusually (timed out, cancelled, refused…) and those that reported
+// progress are counted from partial indexes of their own; percentiles and
+// maxima are read by walking a group's sample, kept in order by the main
+// index, from the nearer end (ORDER BY … LIMIT 1 OFFSET rank-1, or from the
+// top for p95 and p99). Counting every outcome in the one pass, or ranking
+// with window functions (ROW_NUMBER() OVER), took several times as long
+// at a million calls (docs/BENCHMARKS.md).
 
 // ToolStats implements store.CallStats.
 func (s *Store) ToolStats(ctx context.Context, f store.StatsFilter) ([]store.ToolStat, error) {
@@ -30,54 +34,95 @@ func (s *Store) ToolStats(ctx context.Context, f store.StatsFilter) ([]store.Too
 	}
 	defer tx.Rollback()
 	since := nanos(f.Since)
-	q := `SELECT tool, SUM(refused = ''), COUNT(sample_ms), COALESCE(MAX(sample_ms), 0),
-		COALESCE(MAX(CASE WHEN outcome = 'ok' THEN sample_ms END), 0),
-		SUM(sample_ms IS NOT NULL AND outcome IN ('timed_out', 'abandoned')),
-		SUM(outcome = 'timed_out'), SUM(outcome = 'timed_out' AND phase = 'tool_idle'),
-		SUM(overran), SUM(abandoned), SUM(outcome = 'cancelled' AND refused = ''), SUM(outcome = 'interrupted'),
-		SUM(sample_ms IS NOT NULL AND progress_count > 0), COALESCE(MAX(silence_ms), 0)
-		FROM tool_calls INDEXED BY tool_calls_stats WHERE started_at >= ?`
-	args := []any{since}
+	where, args := ` AND started_at >= ?`, []any{since}
 	if f.Tool != "" {
-		q += ` AND tool = ?`
-		args = append(args, f.Tool)
+		where, args = where+` AND tool = ?`, append(args, f.Tool)
 	}
-	rows, err := tx.QueryContext(ctx, q+` GROUP BY tool ORDER BY tool`, args...)
+
+	var out []store.ToolStat
+	byTool := map[string]*store.ToolStat{}
+	err = each(ctx, tx, `SELECT tool, COUNT(*), COUNT(sample_ms) FROM tool_calls INDEXED BY tool_calls_stats
+		WHERE 1`+where+` GROUP BY tool ORDER BY tool`, args, func(rows *sql.Rows) error {
+		var t store.ToolStat
+		if err := rows.Scan(&t.Tool, &t.Calls, &t.Sample); err != nil {
+			return err
+		}
+		out = append(out, t)
+		return nil
+	})
 	if err != nil {
 		return nil, s.statsErr(err)
 	}
-	out := []store.ToolStat{}
-	for rows.Next() {
-		var t store.ToolStat
-		if err := rows.Scan(&t.Tool, &t.Calls, &t.Sample, &t.MaxMS, &t.MaxOKMS, &t.CutOff, &t.TimedOut, &t.IdleTimedOut,
-			&t.Overran, &t.Abandoned, &t.Cancelled, &t.Interrupted, &t.Progressed, &t.MaxSilenceMS); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		out = append(out, t)
+	for i := range out {
+		byTool[out[i].Tool] = &out[i]
 	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
+	err = each(ctx, tx, `SELECT tool, SUM(refused <> ''), SUM(sample_ms IS NOT NULL AND outcome IN ('timed_out', 'abandoned')),
+		SUM(outcome = 'timed_out'), SUM(outcome = 'timed_out' AND phase = 'tool_idle'), SUM(overran <> 0), SUM(abandoned <> 0),
+		SUM(outcome = 'cancelled' AND refused = ''), SUM(outcome = 'interrupted')
+		FROM tool_calls INDEXED BY tool_calls_unusual
+		WHERE (outcome NOT IN ('ok', 'error') OR overran OR abandoned OR refused <> '')`+where+` GROUP BY tool`, args,
+		func(rows *sql.Rows) error {
+			var tool string
+			var refused int64
+			var u store.ToolStat
+			if err := rows.Scan(&tool, &refused, &u.CutOff, &u.TimedOut, &u.IdleTimedOut, &u.Overran, &u.Abandoned,
+				&u.Cancelled, &u.Interrupted); err != nil {
+				return err
+			}
+			if t := byTool[tool]; t != nil {
+				u.Tool, u.Calls, u.Sample = tool, t.Calls-refused, t.Sample
+				*t = u
+			}
+			return nil
+		})
+	if err != nil {
 		return nil, err
 	}
-	for i := range out {
-		t := &out[i]
+	err = each(ctx, tx, `SELECT tool, COUNT(*), COALESCE(MAX(silence_ms), 0) FROM tool_calls INDEXED BY tool_calls_progress
+		WHERE progress_count > 0 AND sample_ms IS NOT NULL`+where+` GROUP BY tool`, args, func(rows *sql.Rows) error {
+		var tool string
+		var n, silence int64
+		if err := rows.Scan(&tool, &n, &silence); err != nil {
+			return err
+		}
+		if t := byTool[tool]; t != nil {
+			t.Progressed, t.MaxSilenceMS = n, silence
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	kept := out[:0]
+	for _, t := range out {
+		if t.Calls == 0 {
+			continue // only refused calls: a name the model made up
+		}
 		err := tx.QueryRowContext(ctx, `SELECT timeout_ms, idle_timeout_ms FROM tool_calls INDEXED BY tool_calls_latest
 			WHERE tool = ? AND refused = '' ORDER BY started_at DESC LIMIT 1`, t.Tool).Scan(&t.TimeoutMS, &t.IdleTimeoutMS)
-		if err != nil && err != sql.ErrNoRows {
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			return nil, err
 		}
-		if t.Sample == 0 {
-			continue
+		if t.Sample > 0 {
+			g := group{tx: tx, from: `tool_calls INDEXED BY tool_calls_stats WHERE tool = ?`, args: []any{t.Tool, since}, n: t.Sample}
+			if err := g.percentiles(ctx, &t.P50MS, &t.P95MS, &t.P99MS, &t.MaxMS); err != nil {
+				return nil, err
+			}
+			if t.MaxOKMS, err = g.top(ctx, `outcome = 'ok'`); err != nil {
+				return nil, err
+			}
+			// The longest silence of a call that reported nothing is its
+			// duration.
+			quiet, err := g.top(ctx, `progress_count = 0`)
+			if err != nil {
+				return nil, err
+			}
+			t.MaxSilenceMS = max(t.MaxSilenceMS, quiet)
 		}
-		err = percentiles(ctx, tx, `SELECT sample_ms FROM tool_calls INDEXED BY tool_calls_stats
-			WHERE tool = ? AND sample_ms IS NOT NULL AND started_at >= ?`, []any{t.Tool, since}, t.Sample,
-			&t.P50MS, &t.P95MS, &t.P99MS)
-		if err != nil {
-			return nil, err
-		}
+		kept = append(kept, t)
 	}
-	return out, nil
+	return append([]store.ToolStat{}, kept...), nil
 }
 
 // ModelStats implements store.CallStats.
@@ -94,31 +139,44 @@ func (s *Store) ModelStats(ctx context.Context, f store.StatsFilter) ([]store.Mo
 	}
 	defer tx.Rollback()
 	since := nanos(f.Since)
-	rows, err := tx.QueryContext(ctx, `SELECT provider, model, sample_phase, COUNT(*), COUNT(sample_ms), COALESCE(MAX(sample_ms), 0),
-		COALESCE(MAX(CASE WHEN outcome IN ('ok', 'insufficient') THEN sample_ms END), 0),
-		SUM(outcome = 'timed_out' AND phase = sample_phase), SUM(outcome = 'timed_out' AND phase = 'llm_idle'),
-		SUM(outcome = 'error'), SUM(outcome = 'cancelled')
-		FROM model_calls INDEXED BY model_calls_stats WHERE started_at >= ? AND sample_phase <> ''
-		GROUP BY provider, model, sample_phase ORDER BY provider, model, sample_phase`, since)
+	type key struct{ provider, model, phase string }
+	var keys []key
+	var out []store.ModelStat
+	err = each(ctx, tx, `SELECT provider, model, sample_phase, COUNT(*), COUNT(sample_ms) FROM model_calls INDEXED BY model_calls_stats
+		WHERE started_at >= ? AND sample_phase <> '' GROUP BY provider, model, sample_phase ORDER BY provider, model, sample_phase`,
+		[]any{since}, func(rows *sql.Rows) error {
+			var k key
+			var m store.ModelStat
+			if err := rows.Scan(&k.provider, &k.model, &k.phase, &m.Calls, &m.Sample); err != nil {
+				return err
+			}
+			m.Endpoint, m.Phase = k.provider+":"+k.model, budget.Phase(k.phase)
+			keys, out = append(keys, k), append(out, m)
+			return nil
+		})
 	if err != nil {
 		return nil, s.statsErr(err)
 	}
-	type key struct{ provider, model string }
-	var keys []key
-	out := []store.ModelStat{}
-	for rows.Next() {
-		var m store.ModelStat
-		var k key
-		if err := rows.Scan(&k.provider, &k.model, &m.Phase, &m.Calls, &m.Sample, &m.MaxMS, &m.MaxOKMS,
-			&m.TimedOut, &m.IdleTimedOut, &m.Failed, &m.Cancelled); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		m.Endpoint = k.provider + ":" + k.model
-		out, keys = append(out, m), append(keys, k)
+	at := map[key]*store.ModelStat{}
+	for i := range out {
+		at[keys[i]] = &out[i]
 	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
+	err = each(ctx, tx, `SELECT provider, model, sample_phase, SUM(outcome = 'timed_out' AND phase = sample_phase),
+		SUM(outcome = 'timed_out' AND phase = 'llm_idle'), SUM(outcome = 'error'), SUM(outcome = 'cancelled')
+		FROM model_calls INDEXED BY model_calls_unusual
+		WHERE outcome NOT IN ('ok', 'insufficient') AND started_at >= ? GROUP BY provider, model, sample_phase`,
+		[]any{since}, func(rows *sql.Rows) error {
+			var k key
+			var u store.ModelStat
+			if err := rows.Scan(&k.provider, &k.model, &k.phase, &u.TimedOut, &u.IdleTimedOut, &u.Failed, &u.Cancelled); err != nil {
+				return err
+			}
+			if m := at[k]; m != nil {
+				m.TimedOut, m.IdleTimedOut, m.Failed, m.Cancelled = u.TimedOut, u.IdleTimedOut, u.Failed, u.Cancelled
+			}
+			return nil
+		})
+	if err != nil {
 		return nil, err
 	}
 	for i := range out {
@@ -126,34 +184,78 @@ func (s *Store) ModelStats(ctx context.Context, f store.StatsFilter) ([]store.Mo
 		if m.Sample == 0 {
 			continue
 		}
-		err := percentiles(ctx, tx, `SELECT sample_ms FROM model_calls INDEXED BY model_calls_stats
-			WHERE provider = ? AND model = ? AND sample_phase = ? AND sample_ms IS NOT NULL AND started_at >= ?`,
-			[]any{keys[i].provider, keys[i].model, string(m.Phase), since}, m.Sample, &m.P50MS, &m.P95MS, &m.P99MS)
-		if err != nil {
+		g := group{tx: tx, from: `model_calls INDEXED BY model_calls_stats WHERE provider = ? AND model = ? AND sample_phase = ?`,
+			args: []any{keys[i].provider, keys[i].model, keys[i].phase, since}, n: m.Sample}
+		if err := g.percentiles(ctx, &m.P50MS, &m.P95MS, &m.P99MS, &m.MaxMS); err != nil {
+			return nil, err
+		}
+		if m.MaxOKMS, err = g.top(ctx, `outcome IN ('ok', 'insufficient')`); err != nil {
 			return nil, err
 		}
 	}
-	return out, nil
+	return append([]store.ModelStat{}, out...), nil
 }
 
-// percentiles reads the 50th, 95th and 99th percentiles of the n values
-// sample_ms that query (a SELECT with its WHERE, over an index ordered by
-// sample_ms) selects.
-func percentiles(ctx context.Context, tx *sql.Tx, query string, args []any, n int64, p50, p95, p99 *int64) error {
+// group is the sample of one tool or model endpoint and phase: from (an
+// index ordered by sample_ms within the group, and the group's WHERE)
+// with args, then the since argument; n values.
+type group struct {
+	tx   *sql.Tx
+	from string
+	args []any
+	n    int64
+}
+
+func (g group) query(cond, order string) string {
+	if cond != "" {
+		cond = " AND " + cond
+	}
+	return `SELECT sample_ms FROM ` + g.from + ` AND sample_ms IS NOT NULL AND started_at >= ?` + cond +
+		` ORDER BY sample_ms ` + order + ` LIMIT 1 OFFSET ?`
+}
+
+// percentiles reads the 50th, 95th, 99th and 100th percentiles.
+func (g group) percentiles(ctx context.Context, p50, p95, p99, p100 *int64) error {
 	for _, p := range []struct {
 		pct int64
 		to  *int64
-	}{{50, p50}, {95, p95}, {99, p99}} {
-		rank := store.PercentileRank(p.pct, n)
-		q, offset := query+` ORDER BY sample_ms LIMIT 1 OFFSET ?`, rank-1
-		if rank-1 > n-rank {
-			q, offset = query+` ORDER BY sample_ms DESC LIMIT 1 OFFSET ?`, n-rank
+	}{{50, p50}, {95, p95}, {99, p99}, {100, p100}} {
+		rank := store.PercentileRank(p.pct, g.n)
+		q, offset := g.query("", "ASC"), rank-1
+		if rank-1 > g.n-rank {
+			q, offset = g.query("", "DESC"), g.n-rank
 		}
-		if err := tx.QueryRowContext(ctx, q, append(args, offset)...).Scan(p.to); err != nil {
+		if err := g.tx.QueryRowContext(ctx, q, append(g.args, offset)...).Scan(p.to); err != nil {
 			return fmt.Errorf("reading the %dth percentile: %w", p.pct, err)
 		}
 	}
 	return nil
+}
+
+// top returns the largest value of the sample that meets cond, 0 when none
+// does.
+func (g group) top(ctx context.Context, cond string) (int64, error) {
+	var v int64
+	err := g.tx.QueryRowContext(ctx, g.query(cond, "DESC"), append(g.args, 0)...).Scan(&v)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, nil
+	}
+	return v, err
+}
+
+// each runs query and calls fn for each row.
+func each(ctx context.Context, tx *sql.Tx, query string, args []any, fn func(*sql.Rows) error) error {
+	rows, err := tx.QueryContext(ctx, query, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := fn(rows); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
 }
 
 // statsErr explains a store that predates the columns stats reads: one
