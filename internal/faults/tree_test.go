@@ -92,11 +92,15 @@ func processTrees(t *testing.T) {
 		// to be set up on a loaded machine before its deadline.
 		timeout time.Duration
 		root    bool // needs root (to move a process between cgroups)
+		// enforcement is the tool's, hard unless set: an exec tool is
+		// stopped whole, and waited for, whatever it says.
+		enforcement string
 	}{
 		{name: "double fork", program: doubleFork, roles: []string{"daemon", "root", "ready"}},
 		{name: "setsid escapee", program: setsidEscapee, roles: []string{"escapee", "ready"}},
 		{name: "root cgroup escapee", program: cgroupEscapee, roles: []string{"escapee", "ready"}, ignoresTerm: true, root: true},
 		{name: "TERM-ignoring tree", program: termIgnoringTree, roles: []string{"child", "ready"}, ignoresTerm: true, children: 5},
+		{name: "cooperative TERM-ignoring tree", program: termIgnoringTree, roles: []string{"child", "ready"}, ignoresTerm: true, children: 5, enforcement: "cooperative"},
 		{name: "200-child fork bomb", program: forkBomb, roles: []string{"child", "ready"}, ignoresTerm: true, children: 200, timeout: 10 * time.Second},
 	}
 	const grace = 500 * time.Millisecond
@@ -117,7 +121,7 @@ func processTrees(t *testing.T) {
 				}
 				sc := begin(t, tc.name+" ("+string(s)+")", "timebox run --json")
 				a := newAgent(t, scriptAgent(fmt.Sprintf("kill_grace: %s", grace), "",
-					fmt.Sprintf("{name: tree, description: Hangs., exec: [./tree.sh], timeout: %s}", timeout)),
+					fmt.Sprintf("{name: tree, description: Hangs., exec: [./tree.sh], timeout: %s, enforcement: %s}", timeout, cmp.Or(tc.enforcement, "hard"))),
 					[]string{callTools("tree"), `{"text": "done"}`}, map[string]string{"tree.sh": tc.program})
 				env[0] = "PIDFILE=" + a.pidfile
 				p := startTimebox(t, a.dir, env, nil, "run", "-f", a.file, "--db", a.db, "--json", "go")
@@ -144,6 +148,7 @@ func processTrees(t *testing.T) {
 					t.Fatalf("no tool_finished\n%s", p.stderr.String())
 				}
 				sc.is("outcome", string(rec.Outcome), string(event.OutcomeTimedOut))
+				sc.is("recorded abandoned", fmt.Sprint(rec.Abandoned), "false")
 				past := time.Duration(rec.DurationMS-rec.TimeoutMS) * time.Millisecond
 				bound := 1500 * time.Millisecond
 				if tc.ignoresTerm {
