@@ -55,10 +55,14 @@ type ToolStat struct {
 	// MaxOKMS is the longest call that answered (outcome ok); 0 when none
 	// did.
 	MaxOKMS int64
-	// CutOff counts the calls of the sample that their own budget ended
-	// (timed out, or abandoned after their timeout): their true duration
-	// is unknown, at least what was recorded.
-	CutOff int64
+	// CutOff counts the calls of the sample that their timeout ended
+	// (timed out, or abandoned after it; phase tool): their true duration
+	// is unknown, at least what was recorded. CutOffTimeoutMS is the
+	// largest timeout they were cut off at. IdleCutOff and
+	// IdleCutOffTimeoutMS are the same for the idle timeout (phase
+	// tool_idle).
+	CutOff, CutOffTimeoutMS         int64
+	IdleCutOff, IdleCutOffTimeoutMS int64
 	// TimedOut counts outcome timed_out (phase tool or tool_idle);
 	// IdleTimedOut those of them ended by the idle timeout (tool_idle).
 	TimedOut, IdleTimedOut int64

@@ -174,7 +174,8 @@ UPDATE tool_calls SET silence_ms = duration_ms WHERE sample_ms IS NOT NULL AND p
 -- one pass; the calls that end unusually, which are few, and those that
 -- reported progress, in indexes of their own; the latest call's budget.
 CREATE INDEX tool_calls_stats    ON tool_calls (tool, sample_ms) INCLUDE (started_at, outcome, progress_count);
-CREATE INDEX tool_calls_unusual  ON tool_calls (tool, started_at) INCLUDE (outcome, phase, refused, overran, abandoned, sample_ms)
+CREATE INDEX tool_calls_unusual  ON tool_calls (tool, started_at)
+	INCLUDE (outcome, phase, refused, overran, abandoned, sample_ms, timeout_ms, idle_timeout_ms)
 	WHERE outcome NOT IN ('ok', 'error') OR overran OR abandoned OR refused <> '';
 CREATE INDEX tool_calls_progress ON tool_calls (tool, started_at) INCLUDE (silence_ms) WHERE progress_count > 0 AND sample_ms IS NOT NULL;
 CREATE INDEX tool_calls_latest   ON tool_calls (tool, started_at);

@@ -53,24 +53,29 @@ func (s *Store) ToolStats(ctx context.Context, f store.StatsFilter) ([]store.Too
 			byTool[out[i].Tool], names[i] = &out[i], out[i].Tool
 		}
 		rows, err = tx.Query(ctx, `SELECT tool, count(*) FILTER (WHERE refused <> ''),
-				count(*) FILTER (WHERE sample_ms IS NOT NULL AND outcome IN ('timed_out', 'abandoned')),
+				count(*) FILTER (WHERE cut = 'tool'), COALESCE(max(timeout_ms) FILTER (WHERE cut = 'tool'), 0),
+				count(*) FILTER (WHERE cut = 'tool_idle'), COALESCE(max(idle_timeout_ms) FILTER (WHERE cut = 'tool_idle'), 0),
 				count(*) FILTER (WHERE outcome = 'timed_out'), count(*) FILTER (WHERE outcome = 'timed_out' AND phase = 'tool_idle'),
 				count(*) FILTER (WHERE overran), count(*) FILTER (WHERE abandoned),
 				count(*) FILTER (WHERE outcome = 'cancelled' AND refused = ''), count(*) FILTER (WHERE outcome = 'interrupted')
-			FROM tool_calls WHERE (outcome NOT IN ('ok', 'error') OR overran OR abandoned OR refused <> '')
-				AND started_at >= $1 AND ($2 = '' OR tool = $2) GROUP BY tool`, since, f.Tool)
+			FROM (SELECT tool, refused, outcome, phase, overran, abandoned, timeout_ms, idle_timeout_ms,
+				CASE WHEN sample_ms IS NOT NULL AND outcome IN ('timed_out', 'abandoned') THEN phase END AS cut
+				FROM tool_calls WHERE (outcome NOT IN ('ok', 'error') OR overran OR abandoned OR refused <> '')
+					AND started_at >= $1 AND ($2 = '' OR tool = $2)) u
+			GROUP BY tool`, since, f.Tool)
 		if err != nil {
 			return err
 		}
 		var tool string
 		var refused int64
 		var u store.ToolStat
-		_, err = pgx.ForEachRow(rows, []any{&tool, &refused, &u.CutOff, &u.TimedOut, &u.IdleTimedOut, &u.Overran, &u.Abandoned,
-			&u.Cancelled, &u.Interrupted}, func() error {
+		_, err = pgx.ForEachRow(rows, []any{&tool, &refused, &u.CutOff, &u.CutOffTimeoutMS, &u.IdleCutOff, &u.IdleCutOffTimeoutMS,
+			&u.TimedOut, &u.IdleTimedOut, &u.Overran, &u.Abandoned, &u.Cancelled, &u.Interrupted}, func() error {
 			if t := byTool[tool]; t != nil {
-				t.Calls -= refused
-				t.CutOff, t.TimedOut, t.IdleTimedOut, t.Overran, t.Abandoned, t.Cancelled, t.Interrupted =
-					u.CutOff, u.TimedOut, u.IdleTimedOut, u.Overran, u.Abandoned, u.Cancelled, u.Interrupted
+				calls, sample := t.Calls-refused, t.Sample
+				p50, p95, p99, top := t.P50MS, t.P95MS, t.P99MS, t.MaxMS
+				*t = u
+				t.Tool, t.Calls, t.Sample, t.P50MS, t.P95MS, t.P99MS, t.MaxMS = tool, calls, sample, p50, p95, p99, top
 			}
 			return nil
 		})

@@ -56,17 +56,22 @@ func (s *Store) ToolStats(ctx context.Context, f store.StatsFilter) ([]store.Too
 	for i := range out {
 		byTool[out[i].Tool] = &out[i]
 	}
-	err = each(ctx, tx, `SELECT tool, SUM(refused <> ''), SUM(sample_ms IS NOT NULL AND outcome IN ('timed_out', 'abandoned')),
+	err = each(ctx, tx, `SELECT tool, SUM(refused <> ''),
+		SUM(cut = 'tool'), COALESCE(MAX(CASE WHEN cut = 'tool' THEN timeout_ms END), 0),
+		SUM(cut = 'tool_idle'), COALESCE(MAX(CASE WHEN cut = 'tool_idle' THEN idle_timeout_ms END), 0),
 		SUM(outcome = 'timed_out'), SUM(outcome = 'timed_out' AND phase = 'tool_idle'), SUM(overran <> 0), SUM(abandoned <> 0),
 		SUM(outcome = 'cancelled' AND refused = ''), SUM(outcome = 'interrupted')
-		FROM tool_calls INDEXED BY tool_calls_unusual
-		WHERE (outcome NOT IN ('ok', 'error') OR overran OR abandoned OR refused <> '')`+where+` GROUP BY tool`, args,
+		FROM (SELECT tool, refused, outcome, phase, overran, abandoned, timeout_ms, idle_timeout_ms,
+				CASE WHEN sample_ms IS NOT NULL AND outcome IN ('timed_out', 'abandoned') THEN phase END AS cut
+			FROM tool_calls INDEXED BY tool_calls_unusual
+			WHERE (outcome NOT IN ('ok', 'error') OR overran OR abandoned OR refused <> '')`+where+`)
+		GROUP BY tool`, args,
 		func(rows *sql.Rows) error {
 			var tool string
 			var refused int64
 			var u store.ToolStat
-			if err := rows.Scan(&tool, &refused, &u.CutOff, &u.TimedOut, &u.IdleTimedOut, &u.Overran, &u.Abandoned,
-				&u.Cancelled, &u.Interrupted); err != nil {
+			if err := rows.Scan(&tool, &refused, &u.CutOff, &u.CutOffTimeoutMS, &u.IdleCutOff, &u.IdleCutOffTimeoutMS,
+				&u.TimedOut, &u.IdleTimedOut, &u.Overran, &u.Abandoned, &u.Cancelled, &u.Interrupted); err != nil {
 				return err
 			}
 			if t := byTool[tool]; t != nil {

@@ -43,7 +43,7 @@ func RunStats(t *testing.T, open func(t *testing.T) store.Store) {
 			// interrupted after 9s, one refused; and before since, ten
 			// calls of 99s.
 			Tool: "fetch", Calls: 104, Sample: 101, P50MS: 50, P95MS: 95, P99MS: 99, MaxMS: 100, MaxOKMS: 97,
-			CutOff: 3, TimedOut: 3, Cancelled: 2, Interrupted: 1, TimeoutMS: 200, MaxSilenceMS: 100,
+			CutOff: 3, CutOffTimeoutMS: 100, TimedOut: 3, Cancelled: 2, Interrupted: 1, TimeoutMS: 200, MaxSilenceMS: 100,
 		},
 		{
 			// 20 calls of 1s reporting progress at 100, 300 and 600ms
@@ -52,7 +52,7 @@ func RunStats(t *testing.T, open func(t *testing.T) store.Store) {
 			// after 900ms of silence, and the latest, advisory with a
 			// 500ms budget, that overran.
 			Tool: "crawl", Calls: 22, Sample: 22, P50MS: 1000, P95MS: 1000, P99MS: 1000, MaxMS: 1000, MaxOKMS: 1000,
-			CutOff: 1, TimedOut: 1, IdleTimedOut: 1, Overran: 1, TimeoutMS: 500, IdleTimeoutMS: 900,
+			IdleCutOff: 1, IdleCutOffTimeoutMS: 900, TimedOut: 1, IdleTimedOut: 1, Overran: 1, TimeoutMS: 500, IdleTimeoutMS: 900,
 			Progressed: 22, MaxSilenceMS: 900,
 		},
 	}
@@ -286,7 +286,7 @@ func CheckLegacyStats(t *testing.T, cs store.CallStats) {
 		t.Fatal(err)
 	}
 	want := []store.ToolStat{{Tool: "fetch", Calls: 25, Sample: 25, P50MS: 13, P95MS: 24, P99MS: 25, MaxMS: 25, MaxOKMS: 24,
-		CutOff: 1, TimedOut: 1, TimeoutMS: 25, Progressed: 1, MaxSilenceMS: 25}}
+		CutOff: 1, CutOffTimeoutMS: 25, TimedOut: 1, TimeoutMS: 25, Progressed: 1, MaxSilenceMS: 25}}
 	if d := cmp.Diff(want, tools); d != "" {
 		t.Errorf("ToolStats of migrated records (-want +got):\n%s", d)
 	}
