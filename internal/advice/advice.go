@@ -91,19 +91,23 @@ func (s *Suggestion) note(flag, format string, args ...any) {
 // Figures are what a timeout is suggested from (milliseconds).
 type Figures struct {
 	// Sample counts the calls the percentiles are of; CutOff those of
-	// them their own budget ended.
-	Sample, CutOff int64
-	P99MS          int64
+	// them their timeout ended, and CutOffAtMS the largest timeout they
+	// were cut off at (0 when unknown).
+	Sample, CutOff, CutOffAtMS int64
+	P99MS                      int64
 	// MaxOKMS is the longest call that answered.
 	MaxOKMS int64
 }
 
 // SuggestTimeout applies the rule: the p99 times Headroom, at least the
 // longest call that answered times OKMargin, rounded up to a Human value;
-// at least twice current when more than CutOffShare of the calls were cut
-// off by it; at most ceiling (0: no ceiling). No suggestion from fewer than
-// MinSample calls. current is the budget now, 0 when unknown.
-func SuggestTimeout(f Figures, current, ceiling time.Duration) Suggestion {
+// when more than CutOffShare of the calls were cut off by their timeout,
+// at least twice the timeout they were cut off at (their true durations
+// are unknown); at most ceiling (0: no ceiling). No suggestion from fewer
+// than MinSample calls. The timeout of the calls, not the one now, sets
+// the floor, so that a suggestion once applied is suggested again until
+// new calls say otherwise.
+func SuggestTimeout(f Figures, ceiling time.Duration) Suggestion {
 	var s Suggestion
 	if f.Sample < MinSample {
 		s.note(FlagTooFew, "only %d call%s to go by; a suggestion needs at least %d", f.Sample, plural(f.Sample), MinSample)
@@ -112,10 +116,10 @@ func SuggestTimeout(f Figures, current, ceiling time.Duration) Suggestion {
 	want := max(scale(f.P99MS, Headroom), scale(f.MaxOKMS, OKMargin))
 	if cutOff(f.CutOff, f.Sample) {
 		share := 100 * float64(f.CutOff) / float64(f.Sample)
-		if current > 0 {
-			want = max(want, 2*current)
-			s.note(FlagCutOff, "calls are being cut off: %d of %d (%.1f%%) were stopped by the timeout (%s); how long they would have taken is unknown, so the suggestion is at least twice the timeout",
-				f.CutOff, f.Sample, share, Format(current))
+		if at := time.Duration(f.CutOffAtMS) * time.Millisecond; at > 0 {
+			want = max(want, 2*at)
+			s.note(FlagCutOff, "calls are being cut off: %d of %d (%.1f%%) were stopped by the timeout (%s); how long they would have taken is unknown, so the suggestion is at least twice that",
+				f.CutOff, f.Sample, share, Format(at))
 		} else {
 			s.note(FlagCutOff, "calls are being cut off: %d of %d (%.1f%%) were stopped by their timeout; how long they would have taken is unknown, so the suggestion may still be short",
 				f.CutOff, f.Sample, share)
@@ -133,25 +137,27 @@ func SuggestTimeout(f Figures, current, ceiling time.Duration) Suggestion {
 // IdleFigures are what an idle timeout is suggested from.
 type IdleFigures struct {
 	// Progressed counts the calls that reported progress; Sample all the
-	// calls measured, and IdleCutOff those the idle timeout ended.
-	Progressed, Sample, IdleCutOff int64
+	// calls measured, IdleCutOff those an idle timeout ended, and
+	// IdleCutOffAtMS the largest idle timeout they were cut off at.
+	Progressed, Sample, IdleCutOff, IdleCutOffAtMS int64
 	// MaxSilenceMS is the longest silence of a call (store.ToolStat).
 	MaxSilenceMS int64
 }
 
 // SuggestIdle applies the idle rule: for a tool that reports progress, the
 // longest silence of its calls times IdleHeadroom, rounded up to a Human
-// value; at least twice current when more than CutOffShare of its calls
-// were cut off by it; none when it would not be shorter than timeout (it
-// could never fire), from fewer than MinSample calls that reported
-// progress, or for a tool that never reported any.
-func SuggestIdle(f IdleFigures, current, timeout time.Duration) Suggestion {
+// value; at least twice the idle timeout calls were cut off at when more
+// than CutOffShare of them were; none when it would not be shorter than
+// timeout (it could never fire), from fewer than MinSample calls that
+// reported progress, or for a tool that never reported any.
+func SuggestIdle(f IdleFigures, timeout time.Duration) Suggestion {
 	var s Suggestion
+	at := time.Duration(f.IdleCutOffAtMS) * time.Millisecond
 	switch {
 	case f.Progressed == 0:
 		if f.IdleCutOff > 0 {
 			s.note(FlagIdleCutOff, "%d call%s stopped by the idle timeout (%s) before reporting any progress: the tool reports none, so its idle timeout only cuts it off; remove it",
-				f.IdleCutOff, plural(f.IdleCutOff)+were(f.IdleCutOff), Format(current))
+				f.IdleCutOff, plural(f.IdleCutOff)+were(f.IdleCutOff), Format(at))
 		}
 		return s
 	case f.Progressed < MinSample:
@@ -159,10 +165,10 @@ func SuggestIdle(f IdleFigures, current, timeout time.Duration) Suggestion {
 		return s
 	}
 	want := scale(f.MaxSilenceMS, IdleHeadroom)
-	if cutOff(f.IdleCutOff, f.Sample) && current > 0 {
-		want = max(want, 2*current)
+	if cutOff(f.IdleCutOff, f.Sample) && at > 0 {
+		want = max(want, 2*at)
 		s.note(FlagIdleCutOff, "calls are being cut off for silence: %d of %d were stopped by the idle timeout (%s), so the suggestion is at least twice it",
-			f.IdleCutOff, f.Sample, Format(current))
+			f.IdleCutOff, f.Sample, Format(at))
 	}
 	d := Human(want)
 	if timeout > 0 && d >= timeout {
@@ -344,7 +350,7 @@ func NewTool(st store.ToolStat, b Budgets) Tool {
 		}
 	}
 	current := time.Duration(t.TimeoutMS) * time.Millisecond
-	s := SuggestTimeout(Figures{Sample: st.Sample, CutOff: st.CutOff, P99MS: st.P99MS, MaxOKMS: st.MaxOKMS}, current, b.ToolMax)
+	s := SuggestTimeout(Figures{Sample: st.Sample, CutOff: st.CutOff, CutOffAtMS: st.CutOffTimeoutMS, P99MS: st.P99MS, MaxOKMS: st.MaxOKMS}, b.ToolMax)
 	t.Flags, t.Notes = append(t.Flags, s.Flags...), append(t.Notes, s.Notes...)
 	if s.D > 0 {
 		ms := s.D.Milliseconds()
@@ -354,8 +360,8 @@ func NewTool(st store.ToolStat, b Budgets) Tool {
 	if timeout == 0 {
 		timeout = current
 	}
-	idle := SuggestIdle(IdleFigures{Progressed: st.Progressed, Sample: st.Sample, IdleCutOff: st.IdleTimedOut, MaxSilenceMS: st.MaxSilenceMS},
-		time.Duration(t.IdleTimeoutMS)*time.Millisecond, timeout)
+	idle := SuggestIdle(IdleFigures{Progressed: st.Progressed, Sample: st.Sample, IdleCutOff: st.IdleCutOff,
+		IdleCutOffAtMS: st.IdleCutOffTimeoutMS, MaxSilenceMS: st.MaxSilenceMS}, timeout)
 	t.Flags, t.Notes = append(t.Flags, idle.Flags...), append(t.Notes, idle.Notes...)
 	if idle.D > 0 {
 		ms := idle.D.Milliseconds()
@@ -374,9 +380,11 @@ func NewModel(st store.ModelStat, b Budgets) Model {
 	m := Model{Endpoint: st.Endpoint, Phase: st.Phase, Calls: st.Calls, Sample: st.Sample, P50MS: st.P50MS, P95MS: st.P95MS,
 		P99MS: st.P99MS, MaxMS: st.MaxMS, MaxOKMS: st.MaxOKMS, Knob: phaseKnobs[st.Phase], TimedOut: st.TimedOut,
 		IdleTimedOut: st.IdleTimedOut, Failed: st.Failed, Cancelled: st.Cancelled, Flags: []string{}, Notes: []string{}}
+	// A model call's record does not keep its budget: the one it was cut
+	// off at is taken to be the agent file's.
 	current := b.Phases[st.Phase].D
 	m.TimeoutMS = current.Milliseconds()
-	s := SuggestTimeout(Figures{Sample: st.Sample, CutOff: st.TimedOut, P99MS: st.P99MS, MaxOKMS: st.MaxOKMS}, current, 0)
+	s := SuggestTimeout(Figures{Sample: st.Sample, CutOff: st.TimedOut, CutOffAtMS: m.TimeoutMS, P99MS: st.P99MS, MaxOKMS: st.MaxOKMS}, 0)
 	m.Flags, m.Notes = append(m.Flags, s.Flags...), append(m.Notes, s.Notes...)
 	if s.D > 0 {
 		ms := s.D.Milliseconds()

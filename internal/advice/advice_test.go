@@ -34,26 +34,26 @@ func TestHuman(t *testing.T) {
 // TestSuggestTimeout is the rule of docs/decisions/timeout-advisor.md.
 func TestSuggestTimeout(t *testing.T) {
 	for _, tc := range []struct {
-		name             string
-		f                advice.Figures
-		current, ceiling time.Duration
-		want             time.Duration
-		flags            []string
+		name    string
+		f       advice.Figures
+		ceiling time.Duration
+		want    time.Duration
+		flags   []string
 	}{
-		{"too few calls", advice.Figures{Sample: 19, P99MS: 800, MaxOKMS: 800}, 60 * s, 0, 0, []string{advice.FlagTooFew}},
-		{"p99 × 1.5, rounded up", advice.Figures{Sample: 20, P99MS: 800, MaxOKMS: 700}, 60 * s, 0, 2 * s, nil},
-		{"exactly on the ladder", advice.Figures{Sample: 1000, P99MS: 1000, MaxOKMS: 1000}, 60 * s, 0, 2 * s, nil},
-		{"the longest answer × 1.2 wins", advice.Figures{Sample: 1000, P99MS: 1000, MaxOKMS: 4500}, 60 * s, 0, 10 * s, nil},
-		{"never below 100ms", advice.Figures{Sample: 500, P99MS: 3, MaxOKMS: 4}, 60 * s, 0, 100 * ms, nil},
-		{"1% cut off is still the figures", advice.Figures{Sample: 1000, CutOff: 10, P99MS: 1000, MaxOKMS: 900}, s, 0, 2 * s, nil},
-		{"over 1% cut off: at least twice the timeout", advice.Figures{Sample: 1000, CutOff: 11, P99MS: 1000, MaxOKMS: 900}, 5 * s, 0,
+		{"too few calls", advice.Figures{Sample: 19, P99MS: 800, MaxOKMS: 800}, 0, 0, []string{advice.FlagTooFew}},
+		{"p99 × 1.5, rounded up", advice.Figures{Sample: 20, P99MS: 800, MaxOKMS: 700}, 0, 2 * s, nil},
+		{"exactly on the ladder", advice.Figures{Sample: 1000, P99MS: 1000, MaxOKMS: 1000}, 0, 2 * s, nil},
+		{"the longest answer × 1.2 wins", advice.Figures{Sample: 1000, P99MS: 1000, MaxOKMS: 4500}, 0, 10 * s, nil},
+		{"never below 100ms", advice.Figures{Sample: 500, P99MS: 3, MaxOKMS: 4}, 0, 100 * ms, nil},
+		{"1% cut off is still the figures", advice.Figures{Sample: 1000, CutOff: 10, CutOffAtMS: 1000, P99MS: 1000, MaxOKMS: 900}, 0, 2 * s, nil},
+		{"over 1% cut off: at least twice their timeout", advice.Figures{Sample: 1000, CutOff: 11, CutOffAtMS: 5000, P99MS: 1000, MaxOKMS: 900}, 0,
 			10 * s, []string{advice.FlagCutOff}},
-		{"cut off, timeout unknown", advice.Figures{Sample: 1000, CutOff: 50, P99MS: 1000, MaxOKMS: 900}, 0, 0, 2 * s, []string{advice.FlagCutOff}},
-		{"twice the timeout, rounded up", advice.Figures{Sample: 100, CutOff: 30, P99MS: 3000, MaxOKMS: 2000}, 3 * s, 0, 10 * s, []string{advice.FlagCutOff}},
-		{"capped at tool_max", advice.Figures{Sample: 100, P99MS: 50 * 60 * 1000, MaxOKMS: 1000}, time.Hour, time.Hour, time.Hour, []string{advice.FlagCapped}},
+		{"cut off at an unknown timeout", advice.Figures{Sample: 1000, CutOff: 50, P99MS: 1000, MaxOKMS: 900}, 0, 2 * s, []string{advice.FlagCutOff}},
+		{"twice their timeout, rounded up", advice.Figures{Sample: 100, CutOff: 30, CutOffAtMS: 3000, P99MS: 3000, MaxOKMS: 2000}, 0, 10 * s, []string{advice.FlagCutOff}},
+		{"capped at tool_max", advice.Figures{Sample: 100, P99MS: 50 * 60 * 1000, MaxOKMS: 1000}, time.Hour, time.Hour, []string{advice.FlagCapped}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := advice.SuggestTimeout(tc.f, tc.current, tc.ceiling)
+			got := advice.SuggestTimeout(tc.f, tc.ceiling)
 			if got.D != tc.want || !slices.Equal(got.Flags, tc.flags) {
 				t.Errorf("SuggestTimeout = %s %q, want %s %q (notes %q)", got.D, got.Flags, tc.want, tc.flags, got.Notes)
 			}
@@ -66,22 +66,22 @@ func TestSuggestTimeout(t *testing.T) {
 
 func TestSuggestIdle(t *testing.T) {
 	for _, tc := range []struct {
-		name             string
-		f                advice.IdleFigures
-		current, timeout time.Duration
-		want             time.Duration
-		flags            []string
+		name    string
+		f       advice.IdleFigures
+		timeout time.Duration
+		want    time.Duration
+		flags   []string
 	}{
-		{"reports no progress", advice.IdleFigures{Sample: 500, MaxSilenceMS: 900}, 0, 5 * s, 0, nil},
-		{"reports none, cut off by an idle timeout", advice.IdleFigures{Sample: 500, IdleCutOff: 500}, s, 5 * s, 0, []string{advice.FlagIdleCutOff}},
-		{"too few report", advice.IdleFigures{Progressed: 19, Sample: 500, MaxSilenceMS: 900}, 0, 5 * s, 0, []string{advice.FlagTooFew}},
-		{"longest silence × 2", advice.IdleFigures{Progressed: 20, Sample: 20, MaxSilenceMS: 900}, 0, time.Minute, 2 * s, nil},
-		{"not shorter than the timeout", advice.IdleFigures{Progressed: 20, Sample: 20, MaxSilenceMS: 3000}, 0, 5 * s, 0, nil},
-		{"cut off for silence", advice.IdleFigures{Progressed: 100, Sample: 100, IdleCutOff: 5, MaxSilenceMS: 1000}, 2 * s, time.Minute,
+		{"reports no progress", advice.IdleFigures{Sample: 500, MaxSilenceMS: 900}, 5 * s, 0, nil},
+		{"reports none, cut off by an idle timeout", advice.IdleFigures{Sample: 500, IdleCutOff: 500, IdleCutOffAtMS: 1000}, 5 * s, 0, []string{advice.FlagIdleCutOff}},
+		{"too few report", advice.IdleFigures{Progressed: 19, Sample: 500, MaxSilenceMS: 900}, 5 * s, 0, []string{advice.FlagTooFew}},
+		{"longest silence × 2", advice.IdleFigures{Progressed: 20, Sample: 20, MaxSilenceMS: 900}, time.Minute, 2 * s, nil},
+		{"not shorter than the timeout", advice.IdleFigures{Progressed: 20, Sample: 20, MaxSilenceMS: 3000}, 5 * s, 0, nil},
+		{"cut off for silence", advice.IdleFigures{Progressed: 100, Sample: 100, IdleCutOff: 5, IdleCutOffAtMS: 2000, MaxSilenceMS: 1000}, time.Minute,
 			5 * s, []string{advice.FlagIdleCutOff}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := advice.SuggestIdle(tc.f, tc.current, tc.timeout)
+			got := advice.SuggestIdle(tc.f, tc.timeout)
 			if got.D != tc.want || !slices.Equal(got.Flags, tc.flags) {
 				t.Errorf("SuggestIdle = %s %q, want %s %q (notes %q)", got.D, got.Flags, tc.want, tc.flags, got.Notes)
 			}
@@ -96,7 +96,7 @@ func report() advice.Report {
 		{Tool: "crawl", Calls: 320, Sample: 318, P50MS: 4100, P95MS: 8200, P99MS: 9900, MaxMS: 12000, MaxOKMS: 12000,
 			TimeoutMS: 600000, IdleTimeoutMS: 15000, Cancelled: 2, Progressed: 318, MaxSilenceMS: 3100},
 		{Tool: "web_fetch", Calls: 1240, Sample: 1238, P50MS: 420, P95MS: 1800, P99MS: 2900, MaxMS: 5003, MaxOKMS: 4700,
-			TimeoutMS: 5000, CutOff: 31, TimedOut: 31, Cancelled: 2},
+			TimeoutMS: 5000, CutOff: 31, CutOffTimeoutMS: 5000, TimedOut: 31, Cancelled: 2},
 		{Tool: "word_count", Calls: 12, Sample: 12, P50MS: 3, P95MS: 5, P99MS: 5, MaxMS: 5, MaxOKMS: 5, TimeoutMS: 5000},
 	}
 	models := []store.ModelStat{

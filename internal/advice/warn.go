@@ -65,7 +65,7 @@ func Contradicted(tools []NamedBudget, stats map[string]store.ToolStat, since ti
 		if !ok || st.Sample < MinSample || timeout <= 0 {
 			continue
 		}
-		s := SuggestTimeout(Figures{Sample: st.Sample, CutOff: st.CutOff, P99MS: st.P99MS, MaxOKMS: st.MaxOKMS}, timeout, 0)
+		s := SuggestTimeout(Figures{Sample: st.Sample, CutOff: st.CutOff, CutOffAtMS: st.CutOffTimeoutMS, P99MS: st.P99MS, MaxOKMS: st.MaxOKMS}, 0)
 		suggests := ""
 		if s.D > 0 {
 			suggests = "; timebox stats suggests " + Format(s.D)

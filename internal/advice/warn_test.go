@@ -27,7 +27,7 @@ func TestImpossible(t *testing.T) {
 
 func TestContradicted(t *testing.T) {
 	stats := map[string]store.ToolStat{
-		"short":    {Tool: "short", Sample: 400, P95MS: 1800, P99MS: 2900, MaxMS: 5000, MaxOKMS: 4700, CutOff: 40},
+		"short":    {Tool: "short", Sample: 400, P95MS: 1800, P99MS: 2900, MaxMS: 5000, MaxOKMS: 4700, CutOff: 40, CutOffTimeoutMS: 1000},
 		"advisory": {Tool: "advisory", Sample: 400, P95MS: 1800, P99MS: 2900, MaxMS: 5000, MaxOKMS: 4700},
 		"long":     {Tool: "long", Sample: 400, P95MS: 1800, P99MS: 2900, MaxMS: 5000, MaxOKMS: 4700},
 		"fine":     {Tool: "fine", Sample: 400, P95MS: 1800, P99MS: 2900, MaxMS: 5000, MaxOKMS: 4700},
