@@ -1,6 +1,6 @@
 // Package cli is the timebox command: run, validate, tool call, serve,
-// runs, version. cmd/timebox is a thin main over Run so the whole command is
-// testable in-process.
+// runs, stats, version. cmd/timebox is a thin main over Run so the whole
+// command is testable in-process.
 package cli
 
 import (
@@ -73,6 +73,7 @@ Usage:
   timebox worker -f agent.yaml --db postgres://… [--temporal-address HOST:PORT]
                                                                   run turns on Temporal (run/serve --engine temporal start them)
   timebox runs list|show ID|export ID                             stored turns
+  timebox stats [--since 30d] [--tool NAME] [--json] [--apply]    per tool and model endpoint: durations, outcomes, suggested timeouts
   timebox schema                                                  the agent file's JSON Schema, for editors
   timebox version
 
@@ -111,6 +112,8 @@ func Run(ctx context.Context, args []string, o IO) int {
 		return cmdWorker(ctx, args[1:], o)
 	case "runs":
 		return cmdRuns(ctx, args[1:], o)
+	case "stats":
+		return cmdStats(ctx, args[1:], o)
 	case "schema":
 		return cmdSchema(args[1:], o)
 	case "version", "--version", "-v":

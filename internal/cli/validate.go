@@ -14,6 +14,7 @@ import (
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/config"
 	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/advice"
 	"github.com/timebox-run/timebox/model/script"
 	"github.com/timebox-run/timebox/tool"
 )
@@ -24,10 +25,12 @@ import (
 // every file a regular one), then the agent built as run builds it (each
 // MCP server started and its tools listed, each Go tool's budget checked).
 // Only the model is not called. A call of the script to a tool the agent
-// lacks is a warning.
+// lacks is a warning; so are budgets that cannot be right and, when the
+// store exists, budgets its calls contradict (internal/advice).
 func cmdValidate(args []string, o IO) int {
 	fs, c := newFlags("validate", o)
 	ef := addEngineFlags(fs, true, true)
+	dbFlag := fs.String("db", "", "the store whose calls each tool's timeout is checked against, when it exists: a SQLite file or a postgres:// URL (env TIMEBOX_DB; default "+stateDB(o)+")")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return usageExit(err)
@@ -61,6 +64,14 @@ func cmdValidate(args []string, o IO) int {
 	}
 	defer a.Close()
 	warnUnknownTools(o.Err, cfg, a.Tools())
+	var budgets []advice.NamedBudget
+	for _, t := range a.Tools() {
+		budgets = append(budgets, advice.NamedBudget{Name: t.Tool.Spec().Name, Budget: t.Budget})
+	}
+	for _, w := range advice.Impossible(budgets) {
+		fmt.Fprintln(o.Err, "warning:", w)
+	}
+	warnFromRecords(ctx, setting(fs, "db", *dbFlag, "TIMEBOX_DB", o, stateDB(o)), budgets, o)
 	fmt.Fprintf(o.Out, "%s: ok\n\n", c.file)
 	config.WriteTable(o.Out, cfg)
 	writeMCPTools(o.Out, a.Tools())
