@@ -26,6 +26,7 @@ import (
 const runsUsage = `usage:
   timebox runs list [--status S] [--stop-reason R] [--session ID] [--limit N] [--json] [--db FILE]
   timebox runs show ID [--json] [--db FILE]      a turn's record: status, message, every call against its budget
+  timebox runs show ID --timeline [--db FILE]    the same as a picture: each call a bar on one time axis
   timebox runs export ID [--db FILE]             a turn's events as JSON lines (as run --json wrote them)
 
 The store is --db, else TIMEBOX_DB, else timebox.db in $XDG_STATE_HOME/timebox
@@ -52,6 +53,10 @@ func cmdRuns(ctx context.Context, args []string, o IO) int {
 	asJSON := fs.Bool("json", false, "write JSON instead of a table")
 	var f store.Filter
 	var status, reason string
+	var timeline bool
+	if sub == "show" {
+		fs.BoolVar(&timeline, "timeline", false, "draw the turn's calls on one time axis, each against its deadline (the page's timeline)")
+	}
 	if sub == "list" {
 		fs.StringVar(&status, "status", "", "only turns with this status (running, completed, stopped, failed, cancelled, interrupted)")
 		fs.StringVar(&reason, "stop-reason", "", "only turns with this stop reason (answered, turn_timeout, client_gone, ...)")
@@ -73,6 +78,10 @@ func cmdRuns(ctx context.Context, args []string, o IO) int {
 	}
 	if (sub == "list") != (len(pos) == 0) || len(pos) > 1 {
 		fmt.Fprintln(o.Err, runsUsage)
+		return ExitUsage
+	}
+	if timeline && *asJSON {
+		fmt.Fprintln(o.Err, "timebox runs show: --timeline draws for a person; --json writes the record and its events for a program: choose one")
 		return ExitUsage
 	}
 	db := setting(fs, "db", *dbFlag, "TIMEBOX_DB", o, stateDB(o))
@@ -107,6 +116,9 @@ func cmdRuns(ctx context.Context, args []string, o IO) int {
 		f.Status, f.StopReason = budget.Status(status), budget.StopReason(reason)
 		return r.list(ctx, f, *asJSON, o)
 	case "show":
+		if timeline {
+			return r.timeline(ctx, pos[0], o)
+		}
 		return r.show(ctx, pos[0], *asJSON, o)
 	default:
 		return r.export(ctx, pos[0], o)
