@@ -8,15 +8,22 @@ package cli_test
 // failure the page is saved as a screenshot and its text is logged.
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
+	"math"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -53,7 +60,14 @@ func serveDemo(t *testing.T, env ...string) string {
 // serveAgent is serveDemo for any agent file.
 func serveAgent(t *testing.T, agentFile string, env ...string) string {
 	t.Helper()
-	db := filepath.Join(t.TempDir(), "timebox.db")
+	base, _ := serveAgentDB(t, agentFile, env...)
+	return base
+}
+
+// serveAgentDB is serveAgent, and the store the server keeps its turns in.
+func serveAgentDB(t *testing.T, agentFile string, env ...string) (base, db string) {
+	t.Helper()
+	db = filepath.Join(t.TempDir(), "timebox.db")
 	ctx, stop := context.WithCancel(context.Background())
 	var out, errb syncBuffer
 	exited := make(chan int, 1)
@@ -75,7 +89,7 @@ func serveAgent(t *testing.T, agentFile string, env ...string) string {
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		if m := servingRE.FindStringSubmatch(out.String()); m != nil {
-			return m[1]
+			return m[1], db
 		}
 		select {
 		case code := <-exited:
@@ -753,4 +767,277 @@ func storedEvents(t *testing.T, base, id string, ok func([]map[string]any) bool)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// tlRow is one row of a timeline on the page, as timelineRows reads it.
+type tlRow struct {
+	Label, Kind, Outcome, Num   string
+	Deadline, Later, Over, Tail bool
+	Ticks, Notices              int
+	Mark                        bool
+	Left, Right, Top            float64 // the bar's, in pixels
+	DeadlineX                   float64
+}
+
+// timelineRows reads the rows of the timeline fig (a CSS selector).
+func (p *page) timelineRows(fig string) []tlRow {
+	p.t.Helper()
+	js := `JSON.stringify([...document.querySelectorAll(` + strconv.Quote(fig+" .tl-row") + `)].map((r) => {
+		const bar = (r.querySelector('.tl-bar, .tl-mark') || r).getBoundingClientRect();
+		const dl = r.querySelector('.tl-deadline:not(.later)');
+		return { Label: r.dataset.label, Kind: r.dataset.kind, Outcome: r.dataset.outcome, Num: r.querySelector('.tl-num').textContent,
+			Deadline: !!dl, Later: !!r.querySelector('.tl-deadline.later'), Over: !!r.querySelector('.tl-over'),
+			Tail: !!r.querySelector('.tl-tail'), Ticks: r.querySelectorAll('.tl-tick').length,
+			Notices: r.querySelectorAll('.tl-notice').length, Mark: !!r.querySelector('.tl-mark'),
+			Left: bar.left, Right: bar.right, Top: bar.top, DeadlineX: dl ? dl.getBoundingClientRect().left + 1 : 0 };
+	}))`
+	var rows []tlRow
+	if err := json.Unmarshal([]byte(eval[string](p, js)), &rows); err != nil {
+		p.fail("reading the timeline's rows: %v", err)
+	}
+	return rows
+}
+
+// words is what a row says after its numbers: "timed out", "ok, overran".
+func (r tlRow) words() string {
+	return regexp.MustCompile(`^\S+…?( / \S+)? `).ReplaceAllString(r.Num, "")
+}
+
+// sameAsTerminal checks that the page's rows are the terminal's: lines are
+// what `runs show --timeline` drew of the same turn (its head, its axis,
+// then a row for each): the same calls in the same order, the same outcome
+// characters and words, and the same marks (deadline, deadline after the
+// end, overrun, abandoned tail, progress).
+func (p *page) sameAsTerminal(rows []tlRow, lines []string) {
+	p.t.Helper()
+	chars := map[string]string{"ok": "=", "running": "-", "timed_out": "#", "cancelled": "~", "error": "x",
+		"abandoned": "!", "interrupted": "?", "insufficient": "%", "refused": "/", "failover": "*"}
+	if len(lines) < len(rows)+2 {
+		p.fail("the terminal drew %d lines for %d rows:\n%s", len(lines), len(rows), strings.Join(lines, "\n"))
+	}
+	for i, r := range rows {
+		line := lines[2+i]
+		label, rest, _ := strings.Cut(line, "  ")
+		if strings.TrimSpace(label) != r.Label && !strings.HasPrefix(line, r.Label+" ") {
+			p.fail("row %d: the page has %s, the terminal %q", i+1, r.Label, line)
+		}
+		words := r.words()
+		if r.Kind == "failover" {
+			words, _, _ = strings.Cut(words, " (")
+		}
+		for what, ok := range map[string]bool{
+			"its words " + strconv.Quote(words): strings.Contains(rest, " "+words),
+			"its outcome " + r.Outcome:          strings.Contains(rest, chars[r.Outcome]),
+			"a deadline inside the axis (|)":    strings.Contains(rest, "|") == r.Deadline,
+			"a deadline after the axis (>)":     strings.Contains(rest, ">") == r.Later,
+			"an overrun past its budget (+)":    strings.Contains(rest, "+") == r.Over,
+			"an abandoned call's tail (..)":     strings.Contains(rest, "..") == r.Tail,
+			"progress reports (')":              strings.Contains(rest, "'") == (r.Ticks > 0),
+		} {
+			if !ok {
+				p.fail("row %d, %s: the page and the terminal differ on %s:\npage %+v\nterminal %q", i+1, r.Label, what, r, line)
+			}
+		}
+	}
+}
+
+// TestPageTimeline: the demo turn drawn as a timeline — each call a bar on
+// one time axis, concurrent calls on rows of their own — that grows while
+// the turn runs (bars lengthen, progress ticks appear, a timed-out call
+// turns its colour at its deadline); the same rows as `timebox runs show
+// --timeline` draws of the stored turn; and the turn's records page draws
+// it again from the stored events. With TB_TEST_SCREENSHOT=docs/page.png,
+// the records page's timeline is saved beside it as timeline.png.
+func TestPageTimeline(t *testing.T) {
+	proctest.AfterTest(t)
+	base, db := serveAgentDB(t, demoAgent)
+	p := openPage(t, base)
+	p.send("Tour the budgets")
+	fig := `#timeline .turn figure.tl`
+	row := func(label string) string { return fig + ` .tl-row[data-label="` + label + `"]` }
+
+	// Live: crawl's bar grows with the axis, and its reports tick on it.
+	p.waitFor("crawl's running bar", q(row("crawl")+`[data-outcome="running"] .tl-bar`))
+	if got := eval[string](p, q(fig)+`.dataset.state`); got != "running" {
+		p.fail("the timeline of a running turn is %q", got)
+	}
+	w0 := eval[float64](p, q(row("crawl")+" .tl-bar")+`.getBoundingClientRect().width`)
+	p.waitFor("crawl's bar to grow", fmt.Sprintf(`%s.getBoundingClientRect().width > %f + 30`, q(row("crawl")+" .tl-bar"), w0))
+	p.waitFor("crawl's progress ticks", `document.querySelectorAll(`+strconv.Quote(row("crawl")+" .tl-tick")+`).length >= 2 && `+
+		q(row("crawl"))+`.dataset.outcome === "running"`)
+	p.waitFor("web_fetch to time out on the timeline", q(row("web_fetch")+`[data-outcome="timed_out"]`))
+
+	// The five tool calls started together: side by side, a row each.
+	rows := p.timelineRows(fig)
+	tops := map[float64]bool{}
+	for _, r := range rows {
+		tops[r.Top] = true
+	}
+	if len(tops) != len(rows) {
+		p.fail("%d rows on %d lines: %+v", len(rows), len(tops), rows)
+	}
+	var lefts []float64
+	for _, r := range rows {
+		if r.Kind == "tool" {
+			lefts = append(lefts, r.Left)
+		}
+	}
+	// (They start within a few ms of each other: a few pixels.)
+	if len(lefts) != 5 || slices.Max(lefts)-slices.Min(lefts) > 12 {
+		p.fail("the five tool calls' bars start at %v: not side by side", lefts)
+	}
+
+	p.waitFor("the timeline of the ended turn", q(fig+`[data-state="ended"]`))
+	rows = p.timelineRows(fig)
+	var got []string
+	for _, r := range rows {
+		got = append(got, r.Label+" "+r.Outcome)
+	}
+	want := []string{"model demo ok", "word_count ok", "crawl ok", "web_fetch timed_out", "legacy_sync timed_out", "report ok", "model demo ok"}
+	if !slices.Equal(got, want) {
+		p.fail("the timeline's rows are %q, want %q", got, want)
+	}
+	byLabel := map[string]tlRow{}
+	for _, r := range rows {
+		byLabel[r.Label] = r
+	}
+	for what, ok := range map[string]bool{
+		"crawl has its 8 progress reports":                      byLabel["crawl"].Ticks == 8,
+		"web_fetch's deadline is where its bar ends":            byLabel["web_fetch"].Deadline && math.Abs(byLabel["web_fetch"].DeadlineX-byLabel["web_fetch"].Right) < 6,
+		"legacy_sync's deadline is inside its bar (kill_grace)": byLabel["legacy_sync"].DeadlineX > byLabel["legacy_sync"].Left+20 && byLabel["legacy_sync"].DeadlineX < byLabel["legacy_sync"].Right-20,
+		"report's overrun is drawn past its deadline":           byLabel["report"].Over && byLabel["report"].Deadline && byLabel["report"].words() == "ok, overran",
+		"word_count's 5s deadline is after the end of the turn": byLabel["word_count"].Later && !byLabel["word_count"].Deadline,
+		"the still_working notice is on the calls it named":     byLabel["legacy_sync"].Notices+byLabel["report"].Notices > 0,
+		"web_fetch reads its duration against its budget":       regexp.MustCompile(`^1\.\ds / 1s timed out$`).MatchString(byLabel["web_fetch"].Num),
+	} {
+		if !ok {
+			p.fail("%s: %+v", what, rows)
+		}
+	}
+	legend := p.text(fig + " .tl-legend")
+	for _, w := range []string{"ok", "timed out", "past its budget, let run (advisory)", "progress report", "deadline", "deadline after the end"} {
+		if !strings.Contains(legend, w) {
+			p.fail("the legend reads %q, want %q in it", legend, w)
+		}
+	}
+
+	// The terminal draws the same rows of the stored turn.
+	id := eval[string](p, q(`#timeline .turn`)+`.dataset.turnId`)
+	var out, errb bytes.Buffer
+	if code := cli.Run(t.Context(), []string{"runs", "show", id, "--timeline", "--db", db},
+		cli.IO{In: strings.NewReader(""), Out: &out, Err: &errb}); code != cli.ExitOK {
+		t.Fatalf("runs show --timeline: exit %d: %s", code, errb.String())
+	}
+	p.sameAsTerminal(rows, strings.Split(out.String(), "\n"))
+
+	// Its records page draws it again, from what was stored.
+	p.do("opening the turn's records", chromedp.Click(chromedp.CSS(`.banner .totals a`)))
+	stored := `#turn-view figure.tl`
+	p.waitFor("the records page's timeline", q(`#turn-view[data-state="ended"] `+`figure.tl[data-state="ended"] .tl-row`))
+	again := p.timelineRows(stored)
+	if len(again) != len(rows) {
+		p.fail("the records page draws %d rows, the chat %d", len(again), len(rows))
+	}
+	for i := range rows {
+		a, b := rows[i], again[i]
+		if a.Label != b.Label || a.Outcome != b.Outcome || a.Num != b.Num || a.Ticks != b.Ticks || a.Deadline != b.Deadline || a.Over != b.Over {
+			p.fail("row %d: the chat drew %+v, the records page %+v", i+1, a, b)
+		}
+	}
+	if shot := os.Getenv("TB_TEST_SCREENSHOT"); shot != "" { // docs/timeline.png
+		ctx, cancel := context.WithTimeout(p.ctx, 10*time.Second)
+		if b, err := chromedp.Run(ctx, chromedp.ScreenshotScale(chromedp.CSS(stored), 1.5)); err == nil {
+			_ = os.WriteFile(filepath.Join(filepath.Dir(shot), "timeline.png"), b, 0o644)
+		}
+		cancel()
+	}
+}
+
+// serveFixture puts an HTTP proxy in front of base that answers GET
+// /v1/turns/ID with a turn read from file (a record with its events, as
+// `runs show --json` writes it) and passes everything else on. It returns
+// the proxy's URL and the turn's id.
+func serveFixture(t *testing.T, base, file string) (string, string) {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec struct {
+		TurnID string `json:"turn_id"`
+	}
+	if err := json.Unmarshal(b, &rec); err != nil {
+		t.Fatal(err)
+	}
+	to, err := url.Parse(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp := httputil.NewSingleHostReverseProxy(to)
+	tr := &http.Transport{}
+	rp.Transport = tr
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/turns/"+rec.TurnID {
+			w.Header().Set("Content-Type", "application/json")
+			w.Write(b)
+			return
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(func() {
+		srv.Close()
+		tr.CloseIdleConnections()
+	})
+	return srv.URL, rec.TurnID
+}
+
+// TestPageTimelineOutcomes: a stored turn with every outcome — a compaction,
+// an attempt that timed out and its failover, an error, a timeout, an
+// abandoned call and its late result, an advisory overrun, a refused call,
+// a call cut by the turn's ceiling — drawn on its records page as `timebox
+// runs show --timeline` draws it (internal/cli/testdata/timeline): the same
+// rows, outcomes and marks; the still_working notices on the calls they
+// name, in the form with a list of calls and in the older one.
+func TestPageTimelineOutcomes(t *testing.T) {
+	proctest.AfterTest(t)
+	base, id := serveFixture(t, serveDemo(t), "testdata/timeline/outcomes.json")
+	p := openPage(t, base)
+	eval[string](p, `location.hash = `+strconv.Quote("#/turns/"+id))
+	fig := `#turn-view figure.tl`
+	p.waitFor("the stored turn's timeline", q(`#turn-view[data-state="ended"] figure.tl[data-state="ended"] .tl-row`))
+	rows := p.timelineRows(fig)
+	golden, err := os.ReadFile("testdata/timeline/outcomes.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.sameAsTerminal(rows, strings.Split(string(golden), "\n"))
+	if n := strings.Count(string(golden), "\n") - 2 - 3; n != len(rows) { // head, axis, 3 lines of legend
+		p.fail("the page draws %d rows, the terminal %d", len(rows), n)
+	}
+	notices := map[string]int{}
+	for _, r := range rows {
+		notices[r.Label] = r.Notices
+	}
+	if want := map[string]int{"web_fetch": 1, "lookup": 1, "report": 1, "crawl": 1, "fetch": 0}; !maps.Equal(filter(notices, want), want) {
+		p.fail("still_working notices by row: %v, want %v", notices, want)
+	}
+	for sel, want := range map[string]int{
+		fig + ` .tl-row[data-kind="failover"] .tl-mark`:     1,
+		fig + ` .tl-row[data-outcome="refused"] .tl-mark`:   1,
+		fig + ` .tl-row[data-outcome="abandoned"] .tl-tail`: 1,
+		fig + ` .tl-row[data-kind="compaction"] .tl-bar`:    1,
+	} {
+		if n := p.count(sel); n != want {
+			p.fail("%d of %s, want %d", n, sel, want)
+		}
+	}
+}
+
+// filter is m with only the keys of keep.
+func filter(m, keep map[string]int) map[string]int {
+	out := map[string]int{}
+	for k := range keep {
+		out[k] = m[k]
+	}
+	return out
 }

@@ -287,7 +287,8 @@ class TurnView {
     this.userBubble = el('div', { class: 'bubble user' });
     this.head = el('div', { class: 'turn-head' });
     this.steps = el('div', { class: 'steps' });
-    this.root.append(this.userBubble, this.head, this.steps);
+    this.tl = new Timeline(); // the same calls, as bars on one time axis
+    this.root.append(this.userBubble, this.head, this.tl.node, this.steps);
     parent.append(this.root);
     this.chips = new Map();   // call_id or model attempt → chip state
     this.lastSeq = 0;
@@ -312,6 +313,7 @@ class TurnView {
     this.root.dataset.applied = ++this.applied; // equals lastSeq when none was missed
     const f = this['on_' + ev.type];
     if (f) f.call(this, ev);
+    this.tl.apply(ev);
     if (this.onApplied) this.onApplied(ev);
   }
 
@@ -507,6 +509,8 @@ class TurnView {
 // turn interrupted by a crash has no turn_finished.
 TurnView.prototype.closeFrom = function (rec) {
   if (this.finished || rec.status === 'running') return;
+  this.tl.addRecord(rec);
+  this.tl.finish(tlTime(rec.ended_at));
   this.on_turn_finished({ status: rec.status, stop_reason: rec.stop_reason, message: rec.message,
     answer: '', flags: rec.flags, totals: recordTotals(rec) });
 };
@@ -782,6 +786,7 @@ async function openTurn(id) {
   root.dataset.state = 'ended';
   const finished = (rec.events || []).find((e) => e.type === 'turn_finished');
   const kids = turnFacts(rec);
+  kids.push(el('h2', { text: 'Timeline' }), Timeline.of(rec).node);
   kids.push(banner({ status: rec.status, stop_reason: rec.stop_reason, message: rec.message, flags: rec.flags,
     totals: recordTotals(rec), limit: finished && finished.limit }, ''));
   if (rec.answer) kids.push(el('div', { class: 'bubble said answer', text: rec.answer }));
