@@ -239,8 +239,8 @@ type Tool struct {
 	// read (TimeoutSource and Knob say where it comes from and what sets
 	// it), else the latest call's.
 	TimeoutMS     int64  `json:"timeout_ms"`
-	TimeoutSource string `json:"timeout_source,omitempty"`
-	Knob          string `json:"knob,omitempty"`
+	TimeoutSource string `json:"timeout_source"`
+	Knob          string `json:"knob"`
 	// IdleTimeoutMS is its idle timeout; 0 is off.
 	IdleTimeoutMS int64 `json:"idle_timeout_ms"`
 	TimedOut      int64 `json:"timed_out"`
@@ -259,10 +259,10 @@ type Tool struct {
 	// SuggestedTimeoutMS and SuggestedIdleTimeoutMS are the suggestions,
 	// null when there is none; SuggestedTimeout and SuggestedIdleTimeout
 	// the same as the agent file writes them.
-	SuggestedTimeoutMS     *int64 `json:"suggested_timeout_ms"`
-	SuggestedTimeout       string `json:"suggested_timeout,omitempty"`
-	SuggestedIdleTimeoutMS *int64 `json:"suggested_idle_timeout_ms"`
-	SuggestedIdleTimeout   string `json:"suggested_idle_timeout,omitempty"`
+	SuggestedTimeoutMS     *int64  `json:"suggested_timeout_ms"`
+	SuggestedTimeout       *string `json:"suggested_timeout"`
+	SuggestedIdleTimeoutMS *int64  `json:"suggested_idle_timeout_ms"`
+	SuggestedIdleTimeout   *string `json:"suggested_idle_timeout"`
 	// Flags are the Flag… constants that apply; Notes say why, in
 	// sentences.
 	Flags []string `json:"flags"`
@@ -291,7 +291,7 @@ type Model struct {
 	Failed             int64    `json:"failed"`
 	Cancelled          int64    `json:"cancelled"`
 	SuggestedTimeoutMS *int64   `json:"suggested_timeout_ms"`
-	SuggestedTimeout   string   `json:"suggested_timeout,omitempty"`
+	SuggestedTimeout   *string  `json:"suggested_timeout"`
 	Flags              []string `json:"flags"`
 	Notes              []string `json:"notes"`
 }
@@ -303,7 +303,7 @@ type Report struct {
 	// are compared, empty when none was read.
 	Store  string     `json:"store"`
 	Since  *time.Time `json:"since"`
-	Agent  string     `json:"agent,omitempty"`
+	Agent  string     `json:"agent"`
 	Tools  []Tool     `json:"tools"`
 	Models []Model    `json:"models"`
 }
@@ -352,10 +352,7 @@ func NewTool(st store.ToolStat, b Budgets) Tool {
 	current := time.Duration(t.TimeoutMS) * time.Millisecond
 	s := SuggestTimeout(Figures{Sample: st.Sample, CutOff: st.CutOff, CutOffAtMS: st.CutOffTimeoutMS, P99MS: st.P99MS, MaxOKMS: st.MaxOKMS}, b.ToolMax)
 	t.Flags, t.Notes = append(t.Flags, s.Flags...), append(t.Notes, s.Notes...)
-	if s.D > 0 {
-		ms := s.D.Milliseconds()
-		t.SuggestedTimeoutMS, t.SuggestedTimeout = &ms, Format(s.D)
-	}
+	t.SuggestedTimeoutMS, t.SuggestedTimeout = suggested(s.D)
 	timeout := s.D
 	if timeout == 0 {
 		timeout = current
@@ -363,10 +360,7 @@ func NewTool(st store.ToolStat, b Budgets) Tool {
 	idle := SuggestIdle(IdleFigures{Progressed: st.Progressed, Sample: st.Sample, IdleCutOff: st.IdleCutOff,
 		IdleCutOffAtMS: st.IdleCutOffTimeoutMS, MaxSilenceMS: st.MaxSilenceMS}, timeout)
 	t.Flags, t.Notes = append(t.Flags, idle.Flags...), append(t.Notes, idle.Notes...)
-	if idle.D > 0 {
-		ms := idle.D.Milliseconds()
-		t.SuggestedIdleTimeoutMS, t.SuggestedIdleTimeout = &ms, Format(idle.D)
-	}
+	t.SuggestedIdleTimeoutMS, t.SuggestedIdleTimeout = suggested(idle.D)
 	if profile, ok := strings.CutPrefix(t.TimeoutSource, "profile:"); ok && s.D > 0 && s.D != current {
 		t.Flags = append(t.Flags, FlagProfile)
 		t.Notes = append(t.Notes, fmt.Sprintf("its timeout is the profile %s (%s), which other tools may share: --apply leaves it; change timeouts.profiles.%[1]s, or give the tool a timeout of its own",
@@ -386,15 +380,22 @@ func NewModel(st store.ModelStat, b Budgets) Model {
 	m.TimeoutMS = current.Milliseconds()
 	s := SuggestTimeout(Figures{Sample: st.Sample, CutOff: st.TimedOut, CutOffAtMS: m.TimeoutMS, P99MS: st.P99MS, MaxOKMS: st.MaxOKMS}, 0)
 	m.Flags, m.Notes = append(m.Flags, s.Flags...), append(m.Notes, s.Notes...)
-	if s.D > 0 {
-		ms := s.D.Milliseconds()
-		m.SuggestedTimeoutMS, m.SuggestedTimeout = &ms, Format(s.D)
-	}
+	m.SuggestedTimeoutMS, m.SuggestedTimeout = suggested(s.D)
 	if st.IdleTimedOut > 0 {
 		m.Notes = append(m.Notes, fmt.Sprintf("%d stream%s went silent past timeouts.llm_idle after %s; the silences between chunks are not recorded, so there is no suggestion for it",
 			st.IdleTimedOut, plural(st.IdleTimedOut), map[bool]string{true: "it began", false: "they began"}[st.IdleTimedOut == 1]))
 	}
 	return m
+}
+
+// suggested returns a suggestion as the report gives it: milliseconds and
+// the agent file's form, nil when there is none.
+func suggested(d time.Duration) (*int64, *string) {
+	if d <= 0 {
+		return nil, nil
+	}
+	ms, text := d.Milliseconds(), Format(d)
+	return &ms, &text
 }
 
 // NewReport returns the report of the figures a store gave.

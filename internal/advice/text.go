@@ -121,9 +121,9 @@ func count(n int64) string {
 	return strconv.FormatInt(n, 10)
 }
 
-func orDash(s string) string {
-	if s == "" {
+func orDash(s *string) string {
+	if s == nil {
 		return "-"
 	}
-	return s
+	return *s
 }
