@@ -129,11 +129,13 @@ UPDATE tool_calls SET silence_ms = duration_ms WHERE sample_ms IS NOT NULL AND p
 -- Each tool's sample in order (percentiles and maxima by a walk from
 -- either end), and the counts of one pass; the calls that end unusually,
 -- which are few, and those that reported progress, in indexes of their
--- own; the latest call's budget.
+-- own; the latest call's budget. A partial index holds the columns of its
+-- WHERE too: SQLite reads the table for them otherwise.
 CREATE INDEX tool_calls_stats    ON tool_calls(tool, sample_ms, started_at, outcome, progress_count);
 CREATE INDEX tool_calls_unusual  ON tool_calls(tool, started_at, outcome, phase, refused, overran, abandoned, sample_ms, timeout_ms, idle_timeout_ms)
 	WHERE outcome NOT IN ('ok', 'error') OR overran OR abandoned OR refused <> '';
-CREATE INDEX tool_calls_progress ON tool_calls(tool, started_at, silence_ms) WHERE progress_count > 0 AND sample_ms IS NOT NULL;
+CREATE INDEX tool_calls_progress ON tool_calls(tool, started_at, silence_ms, progress_count, sample_ms)
+	WHERE progress_count > 0 AND sample_ms IS NOT NULL;
 CREATE INDEX tool_calls_latest   ON tool_calls(tool, started_at);
 
 -- A call's progress events, to measure its silences as its record is
