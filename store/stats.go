@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"time"
 
@@ -24,6 +25,14 @@ type CallStats interface {
 	// ModelStats returns one ModelStat per model endpoint and phase that
 	// has attempts matching f, sorted by endpoint, then phase.
 	ModelStats(ctx context.Context, f StatsFilter) ([]ModelStat, error)
+	// ToolHistogram counts the sample (ToolSample) of one tool's calls
+	// matching f (f.Tool is ignored) by duration, in one pass of the
+	// database: bounds are ascending durations in milliseconds, and the
+	// result has len(bounds)+1 counts — calls under bounds[0], then calls
+	// of bounds[i-1] ms or more and under bounds[i], then calls of
+	// bounds[len(bounds)-1] ms or more — summing to the tool's Sample.
+	// No bounds is one count, the whole sample.
+	ToolHistogram(ctx context.Context, f StatsFilter, tool string, bounds []int64) ([]int64, error)
 }
 
 // StatsFilter selects the call records CallStats sums up. The zero value
@@ -52,6 +61,9 @@ type ToolStat struct {
 	// Sample counts the calls the percentiles are of (ToolSample).
 	Sample                     int64
 	P50MS, P95MS, P99MS, MaxMS int64
+	// MinMS is the shortest call of the sample: with MaxMS, the range a
+	// histogram of it spans (ToolHistogram).
+	MinMS int64
 	// MaxOKMS is the longest call that answered (outcome ok); 0 when none
 	// did.
 	MaxOKMS int64
@@ -113,6 +125,17 @@ type ModelStat struct {
 	// refused requests); Cancelled, attempts the turn's end or a client
 	// stopped.
 	Failed, Cancelled int64
+}
+
+// CheckBounds returns an error for histogram bounds (CallStats.ToolHistogram)
+// that are not strictly ascending.
+func CheckBounds(bounds []int64) error {
+	for i := 1; i < len(bounds); i++ {
+		if bounds[i] <= bounds[i-1] {
+			return fmt.Errorf("histogram bounds must ascend: %d after %d", bounds[i], bounds[i-1])
+		}
+	}
+	return nil
 }
 
 // PercentileRank returns the 1-based rank, in ascending order, of the

@@ -32,7 +32,7 @@ func (s *Store) ToolStats(ctx context.Context, f store.StatsFilter) ([]store.Too
 	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		since := nanos(f.Since)
 		rows, err := tx.Query(ctx, `SELECT tool, count(*), count(sample_ms),
-				percentile_disc(ARRAY[0.5, 0.95, 0.99, 1]) WITHIN GROUP (ORDER BY sample_ms)
+				percentile_disc(ARRAY[0.5, 0.95, 0.99, 1]) WITHIN GROUP (ORDER BY sample_ms), COALESCE(min(sample_ms), 0)
 			FROM tool_calls WHERE started_at >= $1 AND ($2 = '' OR tool = $2) GROUP BY tool ORDER BY tool`, since, f.Tool)
 		if err != nil {
 			return err
@@ -40,7 +40,7 @@ func (s *Store) ToolStats(ctx context.Context, f store.StatsFilter) ([]store.Too
 		out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.ToolStat, error) {
 			var t store.ToolStat
 			var pct []*int64
-			err := r.Scan(&t.Tool, &t.Calls, &t.Sample, &pct)
+			err := r.Scan(&t.Tool, &t.Calls, &t.Sample, &pct, &t.MinMS)
 			setPercentiles(pct, &t.P50MS, &t.P95MS, &t.P99MS, &t.MaxMS)
 			return t, err
 		})
@@ -73,9 +73,9 @@ func (s *Store) ToolStats(ctx context.Context, f store.StatsFilter) ([]store.Too
 			&u.TimedOut, &u.IdleTimedOut, &u.Overran, &u.Abandoned, &u.Cancelled, &u.Interrupted}, func() error {
 			if t := byTool[tool]; t != nil {
 				calls, sample := t.Calls-refused, t.Sample
-				p50, p95, p99, top := t.P50MS, t.P95MS, t.P99MS, t.MaxMS
+				p50, p95, p99, top, bottom := t.P50MS, t.P95MS, t.P99MS, t.MaxMS, t.MinMS
 				*t = u
-				t.Tool, t.Calls, t.Sample, t.P50MS, t.P95MS, t.P99MS, t.MaxMS = tool, calls, sample, p50, p95, p99, top
+				t.Tool, t.Calls, t.Sample, t.P50MS, t.P95MS, t.P99MS, t.MaxMS, t.MinMS = tool, calls, sample, p50, p95, p99, top, bottom
 			}
 			return nil
 		})
@@ -120,6 +120,41 @@ func (s *Store) ToolStats(ctx context.Context, f store.StatsFilter) ([]store.Too
 		}
 	}
 	return kept, nil
+}
+
+// ToolHistogram implements store.CallStats: one pass over the tool's
+// sample, each call put in its bucket by width_bucket, whose buckets are
+// those of store.CallStats (0 under the first bound, len(bounds) at or
+// above the last).
+func (s *Store) ToolHistogram(ctx context.Context, f store.StatsFilter, tool string, bounds []int64) ([]int64, error) {
+	if s.isClosed() {
+		return nil, store.ErrClosed
+	}
+	if err := store.CheckBounds(bounds); err != nil {
+		return nil, err
+	}
+	counts := make([]int64, len(bounds)+1)
+	q := `SELECT width_bucket(sample_ms, $3::bigint[]), count(*) FROM tool_calls
+		WHERE tool = $1 AND sample_ms IS NOT NULL AND started_at >= $2 GROUP BY 1`
+	args := []any{tool, nanos(f.Since), bounds}
+	if len(bounds) == 0 {
+		q = `SELECT 0, count(*) FROM tool_calls WHERE tool = $1 AND sample_ms IS NOT NULL AND started_at >= $2`
+		args = args[:2]
+	}
+	rows, err := s.pool.Query(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	var i int
+	var n int64
+	_, err = pgx.ForEachRow(rows, []any{&i, &n}, func() error {
+		counts[i] = n
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return counts, nil
 }
 
 // ModelStats implements store.CallStats.

@@ -114,6 +114,9 @@ func (s *Store) ToolStats(ctx context.Context, f store.StatsFilter) ([]store.Too
 			if err := g.percentiles(ctx, &t.P50MS, &t.P95MS, &t.P99MS, &t.MaxMS); err != nil {
 				return nil, err
 			}
+			if err := tx.QueryRowContext(ctx, g.query("", "ASC"), append(g.args, 0)...).Scan(&t.MinMS); err != nil {
+				return nil, fmt.Errorf("reading the shortest call: %w", err)
+			}
 			if t.MaxOKMS, err = g.top(ctx, `outcome = 'ok'`); err != nil {
 				return nil, err
 			}
@@ -128,6 +131,48 @@ func (s *Store) ToolStats(ctx context.Context, f store.StatsFilter) ([]store.Too
 		kept = append(kept, t)
 	}
 	return append([]store.ToolStat{}, kept...), nil
+}
+
+// ToolHistogram implements store.CallStats: one pass over the tool's
+// sample in the main index, each call put in its bucket by a CASE of the
+// bounds.
+func (s *Store) ToolHistogram(ctx context.Context, f store.StatsFilter, tool string, bounds []int64) ([]int64, error) {
+	if s.isClosed() {
+		return nil, store.ErrClosed
+	}
+	if err := store.CheckBounds(bounds); err != nil {
+		return nil, err
+	}
+	q := `SELECT 0, COUNT(*)`
+	args := []any{}
+	if len(bounds) > 0 {
+		q = `SELECT CASE`
+		for i, b := range bounds {
+			q += fmt.Sprintf(` WHEN sample_ms < ? THEN %d`, i)
+			args = append(args, b)
+		}
+		q += fmt.Sprintf(` ELSE %d END AS bucket, COUNT(*)`, len(bounds))
+	}
+	q += ` FROM tool_calls INDEXED BY tool_calls_stats WHERE tool = ? AND sample_ms IS NOT NULL AND started_at >= ?`
+	if len(bounds) > 0 {
+		q += ` GROUP BY bucket`
+	}
+	args = append(args, tool, nanos(f.Since))
+	counts := make([]int64, len(bounds)+1)
+	rows, err := s.r.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, s.statsErr(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var i int
+		var n int64
+		if err := rows.Scan(&i, &n); err != nil {
+			return nil, err
+		}
+		counts[i] = n
+	}
+	return counts, rows.Err()
 }
 
 // ModelStats implements store.CallStats.

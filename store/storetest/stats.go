@@ -42,7 +42,7 @@ func RunStats(t *testing.T, open func(t *testing.T) store.Store) {
 			// percentiles: two calls cancelled by the turn after 5s, one
 			// interrupted after 9s, one refused; and before since, ten
 			// calls of 99s.
-			Tool: "fetch", Calls: 104, Sample: 101, P50MS: 50, P95MS: 95, P99MS: 99, MaxMS: 100, MaxOKMS: 97,
+			Tool: "fetch", Calls: 104, Sample: 101, P50MS: 50, P95MS: 95, P99MS: 99, MaxMS: 100, MinMS: 1, MaxOKMS: 97,
 			CutOff: 3, CutOffTimeoutMS: 100, TimedOut: 3, Cancelled: 2, Interrupted: 1, TimeoutMS: 200, MaxSilenceMS: 100,
 		},
 		{
@@ -51,7 +51,7 @@ func RunStats(t *testing.T, open func(t *testing.T) store.Store) {
 			// 100 and 800ms (700ms), one stopped by its 900ms idle timeout
 			// after 900ms of silence, and the latest, advisory with a
 			// 500ms budget, that overran.
-			Tool: "crawl", Calls: 22, Sample: 22, P50MS: 1000, P95MS: 1000, P99MS: 1000, MaxMS: 1000, MaxOKMS: 1000,
+			Tool: "crawl", Calls: 22, Sample: 22, P50MS: 1000, P95MS: 1000, P99MS: 1000, MaxMS: 1000, MinMS: 1000, MaxOKMS: 1000,
 			IdleCutOff: 1, IdleCutOffTimeoutMS: 900, TimedOut: 1, IdleTimedOut: 1, Overran: 1, TimeoutMS: 500, IdleTimeoutMS: 900,
 			Progressed: 22, MaxSilenceMS: 900,
 		},
@@ -80,6 +80,7 @@ func RunStats(t *testing.T, open func(t *testing.T) store.Store) {
 	if none, err := cs.ToolStats(ctx, store.StatsFilter{Since: time.Now().Add(time.Hour)}); err != nil || len(none) != 0 || none == nil {
 		t.Errorf("ToolStats of nothing: %#v, %v (want an empty list)", none, err)
 	}
+	checkHistogram(t, cs, since)
 
 	models, err := cs.ModelStats(ctx, store.StatsFilter{Since: since})
 	if err != nil {
@@ -104,6 +105,44 @@ func RunStats(t *testing.T, open func(t *testing.T) store.Store) {
 	}
 	if m, err := cs.ModelStats(ctx, store.StatsFilter{Tool: "fetch"}); err != nil || len(m) != 0 {
 		t.Errorf("ModelStats with a tool filter: %+v, %v", m, err)
+	}
+}
+
+// checkHistogram counts the seeded sample by duration (ToolHistogram):
+// fetch's 1..100ms and 50ms, crawl's 22 calls of 1s; calls outside the
+// sample (cancelled, interrupted, refused) and before since never counted.
+func checkHistogram(t *testing.T, cs store.CallStats, since time.Time) {
+	t.Helper()
+	ctx := context.Background()
+	for _, c := range []struct {
+		tool   string
+		since  time.Time
+		bounds []int64
+		want   []int64
+	}{
+		// Under 10, 10..49, 50..99, 100 and more: 1..9; 10..49; 50..97
+		// and 98, 99 (timed out, in the sample) and the error of 50ms;
+		// 100.
+		{"fetch", since, []int64{10, 50, 100}, []int64{9, 40, 51, 1}},
+		{"fetch", since, []int64{1, 101}, []int64{0, 101, 0}},
+		// At all times, the ten calls of 99s are counted too.
+		{"fetch", time.Time{}, []int64{1000}, []int64{101, 10}},
+		{"fetch", since, nil, []int64{101}},
+		// A bound equal to a duration puts it in the bucket above.
+		{"crawl", since, []int64{999, 1000, 1001}, []int64{0, 0, 22, 0}},
+		{"nothing", since, []int64{10, 20}, []int64{0, 0, 0}},
+	} {
+		got, err := cs.ToolHistogram(ctx, store.StatsFilter{Since: c.since}, c.tool, c.bounds)
+		if err != nil {
+			t.Errorf("ToolHistogram(%s, %v): %v", c.tool, c.bounds, err)
+			continue
+		}
+		if d := cmp.Diff(c.want, got); d != "" {
+			t.Errorf("ToolHistogram(%s, since %v, %v) (-want +got):\n%s", c.tool, c.since.IsZero(), c.bounds, d)
+		}
+	}
+	if _, err := cs.ToolHistogram(ctx, store.StatsFilter{}, "fetch", []int64{10, 10}); err == nil {
+		t.Error("ToolHistogram took bounds that do not ascend")
 	}
 }
 
@@ -285,7 +324,7 @@ func CheckLegacyStats(t *testing.T, cs store.CallStats) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []store.ToolStat{{Tool: "fetch", Calls: 25, Sample: 25, P50MS: 13, P95MS: 24, P99MS: 25, MaxMS: 25, MaxOKMS: 24,
+	want := []store.ToolStat{{Tool: "fetch", Calls: 25, Sample: 25, P50MS: 13, P95MS: 24, P99MS: 25, MaxMS: 25, MinMS: 1, MaxOKMS: 24,
 		CutOff: 1, CutOffTimeoutMS: 25, TimedOut: 1, TimeoutMS: 25, Progressed: 1, MaxSilenceMS: 25}}
 	if d := cmp.Diff(want, tools); d != "" {
 		t.Errorf("ToolStats of migrated records (-want +got):\n%s", d)
