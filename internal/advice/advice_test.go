@@ -170,3 +170,17 @@ func TestText(t *testing.T) {
 	report().WriteText(&buf)
 	golden(t, "report.txt", buf.String())
 }
+
+func TestTextOfNoCalls(t *testing.T) {
+	var buf bytes.Buffer
+	advice.NewReport("timebox.db", time.Time{}, nil, nil, advice.Budgets{}).WriteText(&buf)
+	if got := buf.String(); !strings.Contains(got, "Calls at any time in timebox.db; budgets of the latest calls (no agent file read).") ||
+		!strings.Contains(got, "No calls to go by") {
+		t.Errorf("a report of no calls:\n%s", got)
+	}
+	buf.Reset()
+	advice.NewReport("timebox.db", time.Time{}, nil, nil, advice.Budgets{}).WriteJSON(&buf)
+	if !strings.Contains(buf.String(), `"tools": []`) || !strings.Contains(buf.String(), `"since": null`) {
+		t.Errorf("a report of no calls as JSON:\n%s", buf.String())
+	}
+}
