@@ -34,6 +34,7 @@ func (s *Server) routes() {
 	api("POST /v1/turns/{id}/cancel", s.cancel)
 	api("GET /v1/sessions", s.listSessions)
 	api("GET /v1/sessions/{id}", s.getSession)
+	api("GET /v1/stats", s.getStats)
 	api("GET /v1/openapi.json", s.getOpenAPI)
 	api("/v1/", s.noRoute)
 	mux.Handle("GET /metrics", s.guard(s.auth(s.metrics.ServeHTTP)))
@@ -44,7 +45,7 @@ func (s *Server) routes() {
 
 // apiRoute matches the paths of the API, to tell a wrong method (405) from
 // a wrong path (404).
-var apiRoute = regexp.MustCompile(`^/v1/(turns(/[^/]+(/events|/cancel)?)?|sessions(/[^/]+)?|openapi\.json)$`)
+var apiRoute = regexp.MustCompile(`^/v1/(turns(/[^/]+(/events|/cancel)?)?|sessions(/[^/]+)?|stats|openapi\.json)$`)
 
 func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) {
 	if apiRoute.MatchString(r.URL.Path) {

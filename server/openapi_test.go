@@ -23,6 +23,7 @@ import (
 	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/advice"
 	"github.com/timebox-run/timebox/internal/doctest"
 	"github.com/timebox-run/timebox/server"
 	"github.com/timebox-run/timebox/store"
@@ -189,6 +190,10 @@ func TestOpenAPISchemasMatchTheTypes(t *testing.T) {
 		"Session":        reflect.TypeFor[store.Session](),
 		"Message":        reflect.TypeFor[store.Message](),
 		"Error":          reflect.TypeFor[apiError](),
+		"StatsReport":    reflect.TypeFor[server.StatsReport](),
+		"ToolStats":      reflect.TypeFor[server.ToolStats](),
+		"Histogram":      reflect.TypeFor[server.Histogram](),
+		"ModelStats":     reflect.TypeFor[advice.Model](),
 	}
 	for name, schema := range d.Components.Schemas {
 		typ, ok := types[name]
@@ -364,6 +369,32 @@ func (failingStore) Sessions(context.Context, int) ([]store.SessionSummary, erro
 	return nil, errDisk
 }
 
+// statsStore sums up canned calls (store.CallStats), for GET /v1/stats's
+// 200; with fail, its reads fail, for the 500.
+type statsStore struct {
+	store.Store
+	fail bool
+}
+
+func (s statsStore) ToolStats(context.Context, store.StatsFilter) ([]store.ToolStat, error) {
+	if s.fail {
+		return nil, errDisk
+	}
+	return []store.ToolStat{{Tool: "fetch", Calls: 30, Sample: 30, P50MS: 40, P95MS: 300, P99MS: 900, MaxMS: 900, MinMS: 5,
+		MaxOKMS: 900, TimedOut: 1, TimeoutMS: 1000}}, nil
+}
+
+func (s statsStore) ModelStats(context.Context, store.StatsFilter) ([]store.ModelStat, error) {
+	return []store.ModelStat{{Endpoint: "script:m", Phase: budget.PhaseLLMFirstChunk, Calls: 3, Sample: 3, P50MS: 10, P95MS: 20,
+		P99MS: 20, MaxMS: 20, MaxOKMS: 20}}, nil
+}
+
+func (s statsStore) ToolHistogram(_ context.Context, _ store.StatsFilter, _ string, bounds []int64) ([]int64, error) {
+	counts := make([]int64, len(bounds)+1)
+	counts[0], counts[len(bounds)] = 29, 1
+	return counts, nil
+}
+
 // stubborn is a Runner whose turns ignore their cancellation until
 // released, for the cancel route's 202.
 type stubborn struct{ release chan struct{} }
@@ -445,6 +476,8 @@ func TestOpenAPIStatuses(t *testing.T) {
 		behind := newServer(server.Config{Store: behindStore{store.NewMemory()}})
 		away := newServer(server.Config{Store: awayStore{store.NewMemory()}})
 		withToken := newServer(server.Config{Token: "docs-token-0123456789abcdef"})
+		stats := newServer(server.Config{Store: statsStore{Store: store.NewMemory()}})
+		statsFail := newServer(server.Config{Store: statsStore{Store: store.NewMemory(), fail: true}})
 		draining := newServer(server.Config{})
 		if err := draining.Shutdown(context.Background()); err != nil {
 			t.Fatal(err)
@@ -505,6 +538,11 @@ func TestOpenAPIStatuses(t *testing.T) {
 			{"session", quick, "GET /v1/sessions/{id}", "GET", "/v1/sessions/s1", "", nil, 200},
 			{"no such session", quick, "GET /v1/sessions/{id}", "GET", "/v1/sessions/nope", "", nil, 404},
 			{"session store fails", broken, "GET /v1/sessions/{id}", "GET", "/v1/sessions/s1", "", nil, 500},
+
+			{"stats", stats, "GET /v1/stats", "GET", "/v1/stats?since=7d&tool=fetch", "", nil, 200},
+			{"stats since when", stats, "GET /v1/stats", "GET", "/v1/stats?since=lately", "", nil, 400},
+			{"stats store fails", statsFail, "GET /v1/stats", "GET", "/v1/stats", "", nil, 500},
+			{"no stats in memory", quick, "GET /v1/stats", "GET", "/v1/stats", "", nil, 501},
 
 			{"the document", quick, "GET /v1/openapi.json", "GET", "/v1/openapi.json", "", nil, 200},
 			{"metrics", quick, "GET /metrics", "GET", "/metrics", "", nil, 200},

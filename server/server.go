@@ -102,6 +102,12 @@ type Config struct {
 	// Logger receives one line per turn and every store error; nil
 	// discards them.
 	Logger *slog.Logger
+	// Budgets are the agent's budgets GET /v1/stats compares the stored
+	// calls with. Nil is Agent's own when it tells them (AgentBudgets:
+	// *agent.Agent, *timebox.Agent); a Runner that does not (an engine's,
+	// such as package temporal's) needs it, or each tool's budget in the
+	// report is its latest call's.
+	Budgets AgentBudgets
 }
 
 // Server is the HTTP API over one agent and one store. It is an

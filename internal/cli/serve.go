@@ -149,7 +149,8 @@ func cmdServe(ctx context.Context, args []string, o IO) int {
 		}
 	}
 	s, err := server.New(server.Config{Agent: runner, AgentName: cfg.Name, Store: st, Token: token,
-		ShutdownGrace: cfg.Server.ShutdownGrace.D, Logger: slog.New(slog.NewTextHandler(o.Err, nil))})
+		ShutdownGrace: cfg.Server.ShutdownGrace.D, Logger: slog.New(slog.NewTextHandler(o.Err, nil)),
+		Budgets: a.Agent}) // the budgets GET /v1/stats compares the calls with, whatever engine runs the turns
 	if err != nil {
 		ln.Close()
 		fmt.Fprintln(o.Err, "timebox serve:", err)

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -123,30 +122,9 @@ func cmdStats(ctx context.Context, args []string, o IO) int {
 	return ExitOK
 }
 
-// parseSince reads --since: a duration back from now (Go's syntax, or
-// whole days: 7d), a date or a time (RFC 3339), or 0 for all time (the
-// zero time).
-func parseSince(s string, now time.Time) (time.Time, error) {
-	s = strings.TrimSpace(s)
-	switch {
-	case s == "0" || s == "all":
-		return time.Time{}, nil
-	case strings.HasSuffix(s, "d"):
-		if n, err := strconv.Atoi(strings.TrimSuffix(s, "d")); err == nil && n > 0 {
-			return now.AddDate(0, 0, -n), nil
-		}
-	}
-	if d, err := time.ParseDuration(s); err == nil && d > 0 {
-		return now.Add(-d), nil
-	}
-	if t, err := time.ParseInLocation("2006-01-02", s, time.Local); err == nil {
-		return t, nil
-	}
-	if t, err := time.Parse(time.RFC3339, s); err == nil {
-		return t, nil
-	}
-	return time.Time{}, errors.New("give how far back (7d, 12h, 90m), a date (2026-10-01) or a time (RFC 3339), or 0 for all")
-}
+// parseSince reads --since (advice.ParseSince, which GET /v1/stats
+// shares).
+func parseSince(s string, now time.Time) (time.Time, error) { return advice.ParseSince(s, now) }
 
 // openStatsStore opens the store stats reads — as runs opens it: a store
 // that cannot be written is read without writing — and returns where it
