@@ -13,6 +13,7 @@ import (
 
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/doctest"
 	"github.com/timebox-run/timebox/store"
 )
 
@@ -194,4 +195,18 @@ func TestAxis(t *testing.T) {
 			t.Errorf("axisLabel(%d) = %q, want %q", 3*tc.step, got, tc.label)
 		}
 	}
+}
+
+// TestDocsShowTheTimeline: docs/observability.md shows the demo turn's
+// timeline as the golden file has it (go test ./internal/cli -run
+// TestDocsShowTheTimeline -update rewrites it).
+func TestDocsShowTheTimeline(t *testing.T) {
+	b, err := os.ReadFile("testdata/timeline/demo.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _, _ := strings.Cut(strings.TrimPrefix(string(b), "turn "), " ")
+	doctest.Part(t, "../../docs/observability.md", "timeline",
+		"```console\n$ timebox runs show "+id+" --timeline\n"+string(b)+"```\n", *update,
+		"go test ./internal/cli -run TestDocsShowTheTimeline -update")
 }
