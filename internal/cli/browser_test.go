@@ -32,9 +32,15 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/advice"
 	"github.com/timebox-run/timebox/internal/cli"
 	"github.com/timebox-run/timebox/internal/proctest"
 	"github.com/timebox-run/timebox/internal/testenv"
+	"github.com/timebox-run/timebox/server"
+	"github.com/timebox-run/timebox/store"
+	"github.com/timebox-run/timebox/store/sqlite"
 )
 
 const demoAgent = "../../examples/demo/agent.yaml"
@@ -68,6 +74,12 @@ func serveAgent(t *testing.T, agentFile string, env ...string) string {
 func serveAgentDB(t *testing.T, agentFile string, env ...string) (base, db string) {
 	t.Helper()
 	db = filepath.Join(t.TempDir(), "timebox.db")
+	return serveAgentAt(t, agentFile, db, env...), db
+}
+
+// serveAgentAt is serveAgent on the store db, which may hold turns already.
+func serveAgentAt(t *testing.T, agentFile, db string, env ...string) string {
+	t.Helper()
 	ctx, stop := context.WithCancel(context.Background())
 	var out, errb syncBuffer
 	exited := make(chan int, 1)
@@ -89,7 +101,7 @@ func serveAgentDB(t *testing.T, agentFile string, env ...string) (base, db strin
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		if m := servingRE.FindStringSubmatch(out.String()); m != nil {
-			return m[1], db
+			return m[1]
 		}
 		select {
 		case code := <-exited:
@@ -1040,4 +1052,185 @@ func filter(m, keep map[string]int) map[string]int {
 		out[k] = m[k]
 	}
 	return out
+}
+
+// svgText reads the text of an SVG element (which has no innerText).
+func (p *page) svgText(sel string) string {
+	p.t.Helper()
+	return eval[string](p, `(document.querySelector(`+strconv.Quote(sel)+`) || {textContent: ''}).textContent`)
+}
+
+// seedStats stores tool calls of the demo agent's tools in a new SQLite
+// store at db, through the store's record writers: web_fetch's 60 calls
+// of 40ms to 1s, 3 of them cut off at its 1s timeout, and 6 of 9s forty
+// days ago; crawl's 25 calls of 3 to 6s reporting progress (its 10s
+// timeout and 2s idle timeout); word_count's 4 calls (too few for a
+// suggestion).
+func seedStats(t *testing.T, db string) {
+	t.Helper()
+	st, err := sqlite.Open(db, sqlite.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ctx := context.Background()
+	turn := func(id string, at time.Time, calls []event.ToolCall) {
+		if err := st.BeginTurn(ctx, store.TurnStart{TurnID: id, Agent: "demo", Input: "stats", StartedAt: at}); err != nil {
+			t.Fatal(err)
+		}
+		var seq int64
+		emit := func(at time.Time, d event.Payload) {
+			seq++
+			if err := st.AppendEvent(ctx, event.Event{Seq: seq, TurnID: id, Type: d.Type(), At: at, Data: d}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i := range calls {
+			tc := &calls[i]
+			tc.CallID, tc.TurnID, tc.Kind, tc.Arguments = fmt.Sprintf("call_%d", i), id, "exec", json.RawMessage(`{}`)
+			tc.StartedAt = at.Add(time.Duration(i) * 10 * time.Second)
+			tc.EndedAt = tc.StartedAt.Add(time.Duration(tc.DurationMS) * time.Millisecond)
+			emit(tc.StartedAt, &event.ToolStarted{CallID: tc.CallID, Tool: tc.Tool, Kind: tc.Kind, TimeoutMS: tc.TimeoutMS})
+			for p := range tc.ProgressCount {
+				emit(tc.StartedAt.Add(time.Duration(p+1)*time.Second), &event.ToolProgress{CallID: tc.CallID, Tool: tc.Tool})
+			}
+			emit(tc.EndedAt, &event.ToolFinished{ToolCall: *tc})
+		}
+		rec := &event.Turn{TurnID: id, Agent: "demo", Input: "stats", Status: budget.StatusCompleted, StopReason: budget.Answered,
+			StartedAt: at, EndedAt: at.Add(time.Hour), ToolCalls: calls}
+		if err := st.FinishTurn(ctx, rec, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := time.Now()
+	var fetch, old, crawl, count []event.ToolCall
+	for i := range 60 {
+		// Most calls quick, a slow tail: 40ms and up, roughly log-normal.
+		d := int64(40 * math.Pow(1.055, float64(i)))
+		tc := event.ToolCall{Tool: "web_fetch", DurationMS: min(d, 1000), TimeoutMS: 1000, Outcome: event.OutcomeOK}
+		if i >= 57 {
+			tc.DurationMS, tc.Outcome, tc.Phase = 1000, event.OutcomeTimedOut, budget.PhaseTool
+		}
+		fetch = append(fetch, tc)
+	}
+	fetch = append(fetch, event.ToolCall{Tool: "web_fetch", DurationMS: 300, TimeoutMS: 1000, Outcome: event.OutcomeCancelled, Phase: budget.PhaseTurn})
+	for range 6 {
+		old = append(old, event.ToolCall{Tool: "web_fetch", DurationMS: 9000, TimeoutMS: 10000, Outcome: event.OutcomeOK})
+	}
+	for i := range 25 {
+		d := int64(3000 + 120*i)
+		crawl = append(crawl, event.ToolCall{Tool: "crawl", DurationMS: d, TimeoutMS: 10000, IdleTimeoutMS: 2000,
+			Outcome: event.OutcomeOK, ProgressCount: int(d / 1000)})
+	}
+	for i := range 4 {
+		count = append(count, event.ToolCall{Tool: "word_count", DurationMS: int64(5 + i), TimeoutMS: 5000, Outcome: event.OutcomeOK})
+	}
+	turn("t_fetch", now.Add(-3*time.Hour), fetch)
+	turn("t_old", now.AddDate(0, 0, -40), old)
+	turn("t_crawl", now.Add(-2*time.Hour), crawl)
+	turn("t_count", now.Add(-time.Hour), count)
+}
+
+// TestPageStats: the Stats view draws a card per tool from GET /v1/stats:
+// a bar per bucket of its histogram holding the calls the server counted,
+// the timeout, idle timeout and suggested timeout as labelled lines, its
+// outcomes; the since selector asks again. With TB_TEST_SCREENSHOT set,
+// the view is saved beside it as stats-view.png.
+func TestPageStats(t *testing.T) {
+	proctest.AfterTest(t)
+	db := filepath.Join(t.TempDir(), "timebox.db")
+	seedStats(t, db)
+	base := serveAgentAt(t, demoAgent, db)
+	report := func(since string) map[string]server.ToolStats {
+		resp, err := http.Get(base + "/v1/stats?since=" + since)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var rep server.StatsReport
+		if err := json.NewDecoder(resp.Body).Decode(&rep); err != nil || resp.StatusCode != 200 {
+			t.Fatalf("GET /v1/stats: %d, %v", resp.StatusCode, err)
+		}
+		out := map[string]server.ToolStats{}
+		for _, ts := range rep.Tools {
+			out[ts.Tool.Tool] = ts
+		}
+		return out
+	}
+	week := report("7d")
+
+	p := openPage(t, base)
+	p.do("opening Stats", chromedp.Click(chromedp.CSS("#nav-stats")))
+	p.waitFor("a card per tool", `document.querySelector('#stats-view').dataset.state === 'ready' && document.querySelectorAll('.stat-card').length === 3`)
+	if !eval[bool](p, q("#nav-stats")+`.classList.contains('active')`) {
+		p.fail("the Stats link is not marked as the view")
+	}
+	if got := eval[[]string](p, `[...document.querySelectorAll('.stat-card')].map((c) => c.dataset.tool)`); !slices.Equal(got, []string{"crawl", "web_fetch", "word_count"}) {
+		p.fail("cards %q", got)
+	}
+	card := func(tool string) string { return `.stat-card[data-tool="` + tool + `"]` }
+	for tool, want := range week {
+		c := card(tool)
+		bars := eval[[]int64](p, `[...document.querySelectorAll('`+c+` .hist-bar')].map((b) => +b.dataset.count)`)
+		if !slices.Equal(bars, want.Histogram.Counts) {
+			p.fail("%s: bars %v, the server counted %v", tool, bars, want.Histogram.Counts)
+		}
+		var sum int64
+		for _, n := range bars {
+			sum += n
+		}
+		if sum != want.Sample || len(bars) < 1 {
+			p.fail("%s: the bars hold %d calls, the sample is %d", tool, sum, want.Sample)
+		}
+		label := func(kind string) string { return p.svgText(c + ` .hist-line[data-kind="` + kind + `"] text`) }
+		if got := label("timeout"); got != "timeout "+advice.Format(time.Duration(want.TimeoutMS)*time.Millisecond) {
+			p.fail("%s: the timeout line reads %q (timeout %dms)", tool, got, want.TimeoutMS)
+		}
+		if want.SuggestedTimeout != nil {
+			if got := label("suggested"); got != "suggested "+*want.SuggestedTimeout {
+				p.fail("%s: the suggestion line reads %q, want %s", tool, got, *want.SuggestedTimeout)
+			}
+		} else if n := p.count(c + ` .hist-line[data-kind="suggested"]`); n != 0 {
+			p.fail("%s: a suggestion line without a suggestion", tool)
+		}
+		if got := p.text(c + ` [data-outcome="timed_out"] b`); got != strconv.FormatInt(want.TimedOut, 10) {
+			p.fail("%s: timed out reads %q, want %d", tool, got, want.TimedOut)
+		}
+		if got := p.text(c + ` [data-figure="p95"] dd`); got == "" || got == "–" {
+			p.fail("%s: p95 reads %q", tool, got)
+		}
+	}
+	// The lines stand where their durations are on the log axis: the
+	// timeout right of every bar, for a tool whose calls all fit in it.
+	if right, line := eval[float64](p, `Math.max(...[...document.querySelectorAll('`+card("crawl")+` .hist-bar')].map((b) => +b.getAttribute('x') + +b.getAttribute('width')))`),
+		eval[float64](p, `+`+q(card("crawl")+` .hist-line[data-kind="timeout"] line`)+`.getAttribute('x1')`); line <= right {
+		p.fail("crawl: the 10s timeout line (x %.0f) is not right of its calls (up to x %.0f)", line, right)
+	}
+	if got := p.svgText(card("crawl") + ` .hist-line[data-kind="idle"] text`); got != "idle 2s" {
+		p.fail("crawl: the idle timeout line reads %q", got)
+	}
+	if w := week["web_fetch"]; w.TimedOut != 3 || w.Cancelled != 1 || w.SuggestedTimeout == nil {
+		t.Errorf("web_fetch's report: %+v", w.Tool)
+	}
+	if got := p.text(card("web_fetch") + ` [data-outcome="cancelled"] b`); got != "1" {
+		p.fail("web_fetch: cancelled reads %q", got)
+	}
+
+	if shot := os.Getenv("TB_TEST_SCREENSHOT"); shot != "" { // docs/stats-view.png
+		ctx, cancel := context.WithTimeout(p.ctx, 10*time.Second)
+		if b, err := chromedp.Run(ctx, chromedp.ScreenshotScale(chromedp.CSS("#stats-view"), 1.5)); err == nil {
+			_ = os.WriteFile(filepath.Join(filepath.Dir(shot), "stats-view.png"), b, 0o644)
+		}
+		cancel()
+	}
+
+	// All time counts the old calls too.
+	all := report("all")["web_fetch"]
+	p.do("choosing all time", chromedp.SetValue(chromedp.CSS("#stats-since"), "all"))
+	eval[bool](p, q("#stats-since")+`.dispatchEvent(new Event('change'))`)
+	p.waitFor("the report of all time", `document.querySelector('#stats-view').dataset.state === 'ready' && `+
+		q(card("web_fetch")+` [data-figure="calls"] dd`)+`.textContent === `+strconv.Quote(strconv.FormatInt(all.Calls, 10)))
+	if bars := p.count(card("web_fetch") + ` .hist-bar`); bars != len(all.Histogram.Counts) {
+		p.fail("all time: %d bars, the server counted %d buckets", bars, len(all.Histogram.Counts))
+	}
 }

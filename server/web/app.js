@@ -906,15 +906,19 @@ function recordTables(rec) {
 
 // Routes: #/ a new chat; #/chat/{session} a conversation (its running turn is
 // followed); #/turns past turns; #/turns/{id} one turn's records (followed
-// while it runs).
+// while it runs); #/stats each tool's calls against its budgets (stats.js).
 function route() {
   closeTurnPage(); // a records page left stops following its turn
   const parts = location.hash.replace(/^#\/?/, '').split('/').map(decodeURIComponent);
   const view = parts[0] || 'chat';
-  for (const s of ['chat-view', 'turns-view', 'turn-view']) $('#' + s).hidden = true;
+  for (const s of ['chat-view', 'turns-view', 'turn-view', 'stats-view']) $('#' + s).hidden = true;
   $('#nav-chat').classList.toggle('active', view === 'chat');
   $('#nav-turns').classList.toggle('active', view === 'turns');
-  if (view === 'turns' && parts[1]) {
+  $('#nav-stats').classList.toggle('active', view === 'stats');
+  if (view === 'stats') {
+    $('#stats-view').hidden = false;
+    openStats();
+  } else if (view === 'turns' && parts[1]) {
     $('#turn-view').hidden = false;
     openTurn(parts[1]);
   } else if (view === 'turns') {
@@ -939,6 +943,7 @@ document.addEventListener('DOMContentLoaded', () => {
   $('#filter-status').addEventListener('change', () => openTurns(false));
   $('#filter-reason').addEventListener('change', () => openTurns(false));
   $('#turns-more').addEventListener('click', () => openTurns(true));
+  $('#stats-since').addEventListener('change', () => openStats());
   window.addEventListener('hashchange', route);
   app.session = null; // force the first route to open the chat
   route();
