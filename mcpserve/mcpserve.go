@@ -1,0 +1,271 @@
+// Package mcpserve serves an agent's tools to any MCP client (spec §15,
+// `timebox mcp serve`): each tools/call runs through tool.Run under the
+// tool's resolved budget, exactly as a call the model makes in a turn, so
+// that a timeout answers as a tool result with isError and the text the
+// model would get (never a protocol error), the tool's progress reaches
+// the client as notifications/progress, and a client's
+// notifications/cancelled stops the call's process tree.
+//
+// The package takes built tools (agent.Tool, with their budgets); which
+// tools to serve and how they are built from an agent file is the
+// caller's (internal/cli's `mcp serve` uses timebox.Build).
+package mcpserve
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/timebox-run/timebox/agent"
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/ids"
+	"github.com/timebox-run/timebox/tool"
+)
+
+// Options are a Server's choices. The zero Options serve every call's
+// whole output under the name "timebox".
+type Options struct {
+	// Name and Version are what the server tells a client it is
+	// (serverInfo); "" is "timebox" and no version.
+	Name    string
+	Version string
+	// MaxOutput is the number of bytes of one call's output kept (the
+	// agent file's limits.max_tool_output); 0 keeps all of it.
+	MaxOutput int64
+	// OnFinished, if set, is called once per tools/call the server ran,
+	// after the call ended (its processes gone) and before its answer is
+	// sent. It is called on the call's goroutine, concurrently for
+	// concurrent calls. A call refused before it ran (arguments that fail
+	// the tool's schema) does not reach it.
+	OnFinished func(Finished)
+	// Logger, if set, receives the MCP SDK's log of the sessions.
+	Logger *slog.Logger
+}
+
+// Finished is how one tools/call went.
+type Finished struct {
+	// CallID is the id the call ran under (the call_id an exec tool reads
+	// on stdin).
+	CallID string
+	Tool   string
+	// Budget is the budget the call ran under.
+	Budget budget.ToolBudget
+	// Execution is tool.Run's account of the call.
+	Execution *tool.Execution
+	// Result is the text the client was answered (tool.ModelResult).
+	Result string
+}
+
+// Server serves a fixed set of tools. It is safe for concurrent use;
+// Serve may be called for several transports at once.
+type Server struct {
+	opts  Options
+	tools []*entry
+}
+
+type entry struct {
+	agent.Tool
+	spec   tool.Spec
+	schema *tool.Schema
+	// input is the schema the client is shown: the tool's, an object
+	// schema in every case.
+	input json.RawMessage
+}
+
+// New returns a server of tools, each run under its Budget, which must be
+// resolved (agent.Agent.Tools gives them so). It returns an error for a
+// tool without a name the model APIs accept, two tools of one name, or an
+// input schema that does not compile or does not describe an object.
+func New(tools []agent.Tool, o Options) (*Server, error) {
+	s := &Server{opts: o}
+	if s.opts.Name == "" {
+		s.opts.Name = "timebox"
+	}
+	seen := map[string]bool{}
+	for _, t := range tools {
+		if t.Tool == nil {
+			return nil, errors.New("mcpserve: a tool entry has no tool")
+		}
+		spec := t.Tool.Spec()
+		if !tool.NameRE.MatchString(spec.Name) {
+			return nil, fmt.Errorf("mcpserve: tool name %q: use 1 to 64 letters, digits, _ or -", spec.Name)
+		}
+		if seen[spec.Name] {
+			return nil, fmt.Errorf("mcpserve: two tools are named %q", spec.Name)
+		}
+		seen[spec.Name] = true
+		sc, err := tool.CompileSchema(spec.InputSchema)
+		if err != nil {
+			return nil, fmt.Errorf("mcpserve: tool %s: %w", spec.Name, err)
+		}
+		input, err := objectSchema(spec.InputSchema)
+		if err != nil {
+			return nil, fmt.Errorf("mcpserve: tool %s: %w", spec.Name, err)
+		}
+		s.tools = append(s.tools, &entry{Tool: t, spec: spec, schema: sc, input: input})
+	}
+	return s, nil
+}
+
+// objectSchema returns the input schema a client is shown. MCP requires
+// an object schema: an absent one is {"type": "object"} (any object, as
+// timebox takes it), and one that leaves out its type gets "object", the
+// only input a tool call can have.
+func objectSchema(raw json.RawMessage) (json.RawMessage, error) {
+	if len(bytes.TrimSpace(raw)) == 0 {
+		return json.RawMessage(`{"type":"object"}`), nil
+	}
+	var m map[string]any
+	if err := json.Unmarshal(raw, &m); err != nil || m == nil {
+		return nil, errors.New("input_schema is not a JSON object")
+	}
+	switch typ, ok := m["type"]; {
+	case !ok:
+		m["type"] = "object"
+	case typ != "object":
+		return nil, fmt.Errorf(`input_schema has type %v; MCP needs a tool's input to be an object ("type": "object")`, typ)
+	default:
+		return raw, nil
+	}
+	return json.Marshal(m)
+}
+
+// Serve serves the tools over t until the client closes the connection or
+// ctx is done. When ctx is done, every call still running is stopped (as a
+// shutdown: its process tree is gone within its kill grace) and Serve
+// returns ctx's error once each has answered. A connection the client
+// closed returns nil; the calls it left running were stopped as the client
+// went away.
+func (s *Server) Serve(ctx context.Context, t mcp.Transport) error {
+	srv := mcp.NewServer(&mcp.Implementation{Name: s.opts.Name, Version: s.opts.Version},
+		&mcp.ServerOptions{Logger: s.opts.Logger, Capabilities: &mcp.ServerCapabilities{}})
+	for _, e := range s.tools {
+		srv.AddTool(&mcp.Tool{
+			Name: e.spec.Name, Description: e.spec.Description, InputSchema: e.input,
+			Meta: mcp.Meta{"timebox/budget": budgetMeta(e.Budget)},
+		}, s.handler(ctx, e))
+	}
+	// Run returns once the session's handlers have: each call has
+	// answered and its processes are gone.
+	err := srv.Run(ctx, t)
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if errors.Is(err, mcp.ErrConnectionClosed) || errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+// budgetMeta is the tool's budget as a client is shown it in the tool's
+// _meta, so that what drives the client (a person, a model) can know how
+// long a call may take before it is stopped.
+func budgetMeta(b budget.ToolBudget) map[string]any {
+	m := map[string]any{
+		"timeout_ms":     b.Timeout.MS(),
+		"timeout_source": string(b.Timeout.Source),
+		"knob":           b.Timeout.Knob,
+		"enforcement":    string(b.Enforcement),
+		"kill_grace_ms":  b.KillGrace.MS(),
+	}
+	if b.IdleTimeout.D > 0 {
+		m["idle_timeout_ms"] = b.IdleTimeout.MS()
+	}
+	return m
+}
+
+// handler returns the tools/call handler of e. A call runs under a
+// context of its own: the request's cancellation (the client's
+// notifications/cancelled, or the client going away) and serve's end
+// become a cancellation cause the call's record and result can name.
+func (s *Server) handler(serveCtx context.Context, e *entry) mcp.ToolHandler {
+	name := e.spec.Name
+	return func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		args := req.Params.Arguments
+		if err := e.schema.Check(args); err != nil {
+			var ae *tool.ArgumentError
+			errors.As(err, &ae)
+			return textResult(tool.Refusal(name, ae.Reason, ae.Field, ae.Message+" The tool was not run."), true), nil
+		}
+		if len(bytes.TrimSpace(args)) == 0 {
+			args = json.RawMessage("{}")
+		}
+
+		callCtx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+		defer cancel(nil)
+		stopReq := context.AfterFunc(ctx, func() {
+			if context.Cause(ctx) == context.Canceled {
+				cancel(&budget.CancelError{Reason: budget.Cancelled, By: "the MCP client"})
+			} else { // the connection broke: jsonrpc2 cancels with its error
+				cancel(&budget.CancelError{Reason: budget.ClientGone, By: "the MCP client"})
+			}
+		})
+		defer stopReq()
+		stopServe := context.AfterFunc(serveCtx, func() {
+			cancel(&budget.CancelError{Reason: budget.Shutdown, By: "the server"})
+		})
+		defer stopServe()
+
+		var h tool.Hooks
+		if token := req.Params.GetProgressToken(); token != nil {
+			up := &upstream{token: token}
+			h.OnProgress = func(r tool.Report) {
+				// Run has every OnProgress call return before it does, so no
+				// notification follows the answer. A client that cancelled
+				// gets none: ctx is done.
+				if ctx.Err() == nil {
+					_ = req.Session.NotifyProgress(ctx, up.params(r))
+				}
+			}
+		}
+		callID := ids.New("call_")
+		x := tool.Run(callCtx, e.Tool.Tool, &tool.Call{ID: callID, Tool: name, Input: args, MaxOutput: s.opts.MaxOutput}, e.Budget, h)
+		text := tool.ModelResult(name, e.Budget, x)
+		if s.opts.OnFinished != nil {
+			s.opts.OnFinished(Finished{CallID: callID, Tool: name, Budget: e.Budget, Execution: x, Result: text})
+		}
+		// A timeout, a tool error and a cancellation are all tool results,
+		// never protocol errors: the client's model reads them as the
+		// agent's model would. A cancelled call's answer is sent, as the
+		// SDK sends every handler's; a client that cancelled ignores it.
+		return textResult(text, x.Outcome != event.OutcomeOK), nil
+	}
+}
+
+func textResult(text string, isError bool) *mcp.CallToolResult {
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text}}, IsError: isError}
+}
+
+// upstream turns a call's coalesced progress reports into MCP progress
+// notifications on one token. MCP wants the progress value to increase
+// with every notification; a tool's reports need not (a message alone, a
+// phase that starts again from 0). A report whose progress goes up is sent
+// as it is, with its total; any other is sent as one more than the last
+// value (the first as 0), without a total, which it may no longer be
+// measured against.
+// OnProgress calls it one report at a time, so it needs no lock.
+type upstream struct {
+	token any
+	sent  bool
+	last  float64
+}
+
+func (u *upstream) params(r tool.Report) *mcp.ProgressNotificationParams {
+	p := &mcp.ProgressNotificationParams{ProgressToken: u.token, Message: r.Message}
+	if r.Progress != nil && (!u.sent || *r.Progress > u.last) {
+		p.Progress = *r.Progress
+		if r.Total != nil && *r.Total >= p.Progress {
+			p.Total = *r.Total
+		}
+	} else if u.sent {
+		p.Progress = u.last + 1
+	} // else the first report, without a number: 0
+	u.sent, u.last = true, p.Progress
+	return p
+}
