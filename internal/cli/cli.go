@@ -70,6 +70,7 @@ Usage:
   timebox validate [-f agent.yaml] [budget flags]                check the agent file, print the resolved budgets
   timebox tool call NAME --input '{...}' [-f agent.yaml]          one tool call under its budget; prints its record
   timebox serve [-f agent.yaml] [--addr 127.0.0.1:8080]           HTTP/SSE API and web page
+  timebox mcp serve [-f agent.yaml] [budget flags]                the agent's exec tools as an MCP server on stdio
   timebox worker -f agent.yaml --db postgres://… [--temporal-address HOST:PORT]
                                                                   run turns on Temporal (run/serve --engine temporal start them)
   timebox runs list|show ID|export ID                             stored turns
@@ -108,6 +109,8 @@ func Run(ctx context.Context, args []string, o IO) int {
 		return cmdToolCall(ctx, args[2:], o)
 	case "serve":
 		return cmdServe(ctx, args[1:], o)
+	case "mcp":
+		return cmdMCP(ctx, args[1:], o)
 	case "worker":
 		return cmdWorker(ctx, args[1:], o)
 	case "runs":

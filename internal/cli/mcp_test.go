@@ -1,0 +1,277 @@
+//go:build linux
+
+package cli_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/timebox-run/timebox/internal/proctest"
+	"github.com/timebox-run/timebox/internal/wait"
+)
+
+// mcpAgent is the agent file of the stdio tests; mcpEntry is an mcp entry,
+// which this slice does not serve (and must not start).
+const mcpAgent = `model: {primary: script:m}
+providers: {script: {file: script.jsonl}}
+timeouts: {kill_grace: 500ms}
+tools:
+  - name: fast
+    description: Answers at once.
+    exec: [./fast.sh]
+  - name: progress
+    exec: [./progress.sh]
+  - name: hang
+    exec: [./hang.sh]
+    timeout: 1s
+  - name: slow_hang
+    exec: [./hang.sh]
+    timeout: 5m
+  - name: remote
+    mcp: {command: [./server.sh]}
+`
+
+func writeMCPAgent(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for name, body := range map[string]string{
+		"server.sh":   "#!/bin/sh\ntouch server-started\n",
+		"fast.sh":     "#!/bin/sh\ncat >/dev/null\necho '{\"ok\": true}'\n",
+		"progress.sh": "#!/bin/sh\ncat >/dev/null\nfor i in 1 2 3; do echo \"::progress:: {\\\"progress\\\": $i, \\\"total\\\": 3}\" >&2; sleep 0.15; done\necho done\n",
+		"hang.sh":     "#!/bin/sh\ncat >/dev/null\ntrap '' TERM\nsetsid sleep 300 &\necho $! >> pids\necho $$ >> pids\nwhile true; do sleep 1; done\n",
+	} {
+		os.WriteFile(filepath.Join(dir, name), []byte(body), 0o755)
+	}
+	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"text": "unused"}`+"\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "agent.yaml"), []byte(mcpAgent), 0o644)
+	return dir
+}
+
+// lockedBuffer is the binary's stderr, read while it runs.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func mcpText(r *mcp.CallToolResult) string {
+	if r == nil || len(r.Content) == 0 {
+		return ""
+	}
+	if tc, ok := r.Content[0].(*mcp.TextContent); ok {
+		return tc.Text
+	}
+	return ""
+}
+
+// waitPids waits until the hang script of a call has written its two pids
+// (the pids file has want lines).
+func waitPids(t *testing.T, dir string, want int) {
+	t.Helper()
+	if !wait.Until(10*time.Second, func() bool { return strings.Count(readFile(filepath.Join(dir, "pids")), "\n") >= want }) {
+		t.Fatal("the tool never started")
+	}
+}
+
+func checkPidsGone(t *testing.T, dir string) {
+	t.Helper()
+	for _, p := range strings.Fields(readFile(filepath.Join(dir, "pids"))) {
+		if alive(p) {
+			t.Errorf("process %s of a stopped call is still alive", p)
+		}
+	}
+}
+
+// TestMCPServeStdio drives the built `timebox mcp serve` with the MCP SDK's
+// client over its stdin and stdout, as Claude Desktop would: the tool list
+// (exec tools only), a fast call, a hung call's tool_timeout result,
+// progress on a token, a client's cancel of a hung call (its tree gone),
+// and a clean exit when the client closes stdin. The binary and every
+// process it starts carry this test's marker, so a leftover is a leak.
+func TestMCPServeStdio(t *testing.T) {
+	bin := timeboxBinary(t)
+	proctest.AfterTest(t)
+	dir := writeMCPAgent(t)
+	cmd := exec.Command(bin, "mcp", "serve", "-f", filepath.Join(dir, "agent.yaml"))
+	cmd.Env = proctest.Env(nil)
+	var stderr lockedBuffer
+	cmd.Stderr = &stderr
+	var mu sync.Mutex
+	var notes []*mcp.ProgressNotificationParams
+	client := mcp.NewClient(&mcp.Implementation{Name: "stdio-test", Version: "1"}, &mcp.ClientOptions{
+		ProgressNotificationHandler: func(_ context.Context, r *mcp.ProgressNotificationClientRequest) {
+			mu.Lock()
+			notes = append(notes, r.Params)
+			mu.Unlock()
+		},
+	})
+	ctx := context.Background()
+	cs, err := client.Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, stderr.String())
+	}
+	closed := false
+	defer func() {
+		if !closed {
+			cs.Close()
+		}
+	}()
+
+	res, err := cs.ListTools(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, tl := range res.Tools {
+		names = append(names, tl.Name)
+	}
+	if strings.Join(names, ",") != "fast,hang,progress,slow_hang" {
+		t.Errorf("tools %v: want the exec tools, not the mcp entry's", names)
+	}
+
+	r, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "fast", Arguments: map[string]any{}})
+	if err != nil || r.IsError || strings.TrimSpace(mcpText(r)) != `{"ok": true}` {
+		t.Fatalf("fast: %v %q", err, mcpText(r))
+	}
+
+	began := time.Now()
+	r, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: "hang", Arguments: map[string]any{}})
+	took := time.Since(began)
+	if err != nil {
+		t.Fatalf("hang: a protocol error: %v", err)
+	}
+	var e struct {
+		Error struct{ Type, Tool, Limit, Knob string } `json:"error"`
+	}
+	json.Unmarshal([]byte(mcpText(r)), &e)
+	if !r.IsError || e.Error.Type != "tool_timeout" || e.Error.Tool != "hang" || e.Error.Limit != "1s" ||
+		e.Error.Knob != "tools[hang].timeout in agent.yaml" {
+		t.Fatalf("hang: isError %v: %s", r.IsError, mcpText(r))
+	}
+	if took < time.Second || took > 6*time.Second {
+		t.Errorf("hang answered after %v, want about 1.5s (1s, then kill_grace 500ms)", took)
+	}
+	waitPids(t, dir, 2)
+	checkPidsGone(t, dir)
+
+	p := &mcp.CallToolParams{Name: "progress", Arguments: map[string]any{}}
+	p.SetProgressToken("p1")
+	if r, err := cs.CallTool(ctx, p); err != nil || r.IsError {
+		t.Fatalf("progress: %v %q", err, mcpText(r))
+	}
+	if !wait.Until(5*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(notes) == 3 }) {
+		t.Errorf("%d progress notifications, want 3", len(notes))
+	}
+	mu.Lock()
+	for i, n := range notes {
+		if n.ProgressToken != "p1" || n.Progress != float64(i+1) || n.Total != 3 {
+			t.Errorf("notification %d: %+v", i, n)
+		}
+	}
+	mu.Unlock()
+
+	cctx, cancel := context.WithCancel(ctx)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := cs.CallTool(cctx, &mcp.CallToolParams{Name: "slow_hang", Arguments: map[string]any{}})
+		errc <- err
+	}()
+	waitPids(t, dir, 4)
+	cancel()
+	if err := <-errc; err == nil {
+		t.Error("the cancelled call answered")
+	}
+	// The cancel grace is min(kill_grace, 500ms); the script ignores
+	// SIGTERM, so SIGKILL ends it.
+	if !wait.Until(3*time.Second, func() bool {
+		for _, p := range strings.Fields(readFile(filepath.Join(dir, "pids"))) {
+			if alive(p) {
+				return false
+			}
+		}
+		return true
+	}) {
+		checkPidsGone(t, dir)
+	}
+
+	closed = true
+	if err := cs.Close(); err != nil {
+		t.Errorf("timebox mcp serve did not exit cleanly when the client closed stdin: %v\n%s", err, stderr.String())
+	}
+	if s := stderr.String(); !strings.Contains(s, "not serving tools[remote]") || !strings.Contains(s, "serving 4 tools") {
+		t.Errorf("stderr:\n%s", s)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "server-started")); err == nil {
+		t.Error("the mcp entry's server was started")
+	}
+}
+
+// TestMCPServeSIGTERM: timebox mcp serve stopped by SIGTERM while a call
+// hangs stops the call's tree before it exits. On the way, budget flags
+// and variables resolve as for a turn: a tool without a timeout of its own
+// gets --tool-timeout, and TIMEBOX_KILL_GRACE sets every tool's grace.
+func TestMCPServeSIGTERM(t *testing.T) {
+	bin := timeboxBinary(t)
+	proctest.AfterTest(t)
+	dir := writeMCPAgent(t)
+	cmd := exec.Command(bin, "mcp", "serve", "-f", filepath.Join(dir, "agent.yaml"), "--tool-timeout", "7s")
+	cmd.Env = append(proctest.Env(nil), "TIMEBOX_KILL_GRACE=300ms")
+	var stderr lockedBuffer
+	cmd.Stderr = &stderr
+	client := mcp.NewClient(&mcp.Implementation{Name: "stdio-test", Version: "1"}, nil)
+	cs, err := client.Connect(context.Background(), &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, stderr.String())
+	}
+	res, err := cs.ListTools(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tl := range res.Tools {
+		b, _ := tl.Meta["timebox/budget"].(map[string]any)
+		switch tl.Name {
+		case "fast":
+			if b["timeout_ms"] != float64(7000) || b["timeout_source"] != "flag" || b["kill_grace_ms"] != float64(300) {
+				t.Errorf("fast: budget %v, want --tool-timeout's 7s and TIMEBOX_KILL_GRACE's 300ms", b)
+			}
+		case "slow_hang":
+			if b["timeout_ms"] != float64(300000) || b["timeout_source"] != "tool" {
+				t.Errorf("slow_hang: budget %v, want its own 5m", b)
+			}
+		}
+	}
+	go cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "slow_hang", Arguments: map[string]any{}})
+	waitPids(t, dir, 2)
+	cmd.Process.Signal(syscall.SIGTERM)
+	err = cs.Wait()
+	if !wait.Until(5*time.Second, func() bool { return cmd.ProcessState != nil }) {
+		cs.Close()
+	}
+	cs.Close()
+	if cmd.ProcessState == nil || cmd.ProcessState.ExitCode() != 130 {
+		t.Errorf("exit %v (session: %v), want 130\n%s", cmd.ProcessState, err, stderr.String())
+	}
+	checkPidsGone(t, dir)
+}
