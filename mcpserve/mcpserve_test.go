@@ -60,6 +60,14 @@ tools:
   - name: slow_hang
     exec: [./hang.sh]
     timeout: 5m
+  - name: quiet
+    exec: [./hang.sh]
+    timeout: 10s
+    idle_timeout: 300ms
+  - name: overrun
+    exec: [./overrun.sh]
+    timeout: 200ms
+    enforcement: advisory
 `
 
 // scripts are the tools. hang.sh ignores SIGTERM, leaves a child in a
@@ -71,6 +79,7 @@ var scripts = map[string]string{
 	"fail.sh":     "#!/bin/sh\ncat >/dev/null\necho partial\necho 'boom: connection refused' >&2\nexit 3\n",
 	"progress.sh": "#!/bin/sh\ncat >/dev/null\nfor i in 1 2 3; do echo \"::progress:: {\\\"progress\\\": $i, \\\"total\\\": 3, \\\"message\\\": \\\"step $i\\\"}\" >&2; sleep 0.15; done\necho '::progress:: almost there' >&2\nsleep 0.15\necho done\n",
 	"hang.sh":     "#!/bin/sh\ncat >/dev/null\ntrap '' TERM\nsetsid sleep 300 &\necho $! >> pids\necho $$ >> pids\nwhile true; do sleep 1; done\n",
+	"overrun.sh":  "#!/bin/sh\ncat >/dev/null\nsleep 0.5\necho finished\n",
 	"chatty.sh":   "#!/bin/sh\ncat >/dev/null\ni=0\nwhile true; do i=$((i+1)); echo \"::progress:: {\\\"progress\\\": $i}\" >&2; sleep 0.05; done\n",
 }
 
@@ -207,7 +216,7 @@ func TestListTools(t *testing.T) {
 		got[tl.Name] = tl
 		names = append(names, tl.Name)
 	}
-	if strings.Join(names, ",") != "chatty_hang,echo,fail,fast,hang,progress,slow_hang" {
+	if strings.Join(names, ",") != "chatty_hang,echo,fail,fast,hang,overrun,progress,quiet,slow_hang" {
 		t.Fatalf("tools: %v", names)
 	}
 	schema := func(name string) map[string]any {
@@ -466,4 +475,90 @@ func TestClientCancelStopsTheTree(t *testing.T) {
 		t.Errorf("the call ended %v after the cancel, want within %v and a margin", took, grace)
 	}
 	checkDead(t, h.dir)
+}
+
+// The other budgets of a tool apply as in a turn: idle_timeout stops a
+// silent call (phase tool_idle, naming its knob); an advisory tool is
+// never stopped by its own timeout, and its result is answered.
+func TestIdleAndAdvisoryBudgets(t *testing.T) {
+	h := start(t)
+	r, err := call(t, context.Background(), h.cs, "quiet", `{}`, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := finished(t, h, time.Second)
+	e := parseError(t, text(r))
+	if !r.IsError || f.Execution.Outcome != event.OutcomeTimedOut || e.Error.Type != "tool_timeout" || e.Error.Phase != "tool_idle" ||
+		e.Error.Limit != "300ms" || e.Error.Knob != "tools[quiet].idle_timeout in agent.yaml" || f.Execution.Elapsed() > 5*time.Second {
+		t.Fatalf("quiet: isError %v after %v: %s", r.IsError, f.Execution.Elapsed(), text(r))
+	}
+	checkDead(t, h.dir)
+
+	r, err = call(t, context.Background(), h.cs, "overrun", `{}`, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f = finished(t, h, time.Second)
+	if r.IsError || strings.TrimSpace(text(r)) != "finished" || f.Execution.Outcome != event.OutcomeOK || !f.Execution.Overran {
+		t.Fatalf("overrun: isError %v, outcome %s, overran %v: %s", r.IsError, f.Execution.Outcome, f.Execution.Overran, text(r))
+	}
+}
+
+// When Serve's context ends (timebox mcp serve's SIGTERM), a running call
+// is stopped as a shutdown, its tree gone, before Serve returns.
+func TestServeEndStopsRunningCalls(t *testing.T) {
+	proctest.AfterTest(t)
+	dir := t.TempDir()
+	for name, body := range scripts {
+		os.WriteFile(filepath.Join(dir, name), []byte(body), 0o755)
+	}
+	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"text": "unused"}`+"\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "agent.yaml"), []byte(agentFile), 0o644)
+	a, err := timebox.Open(context.Background(), filepath.Join(dir, "agent.yaml"), timebox.Options{Getenv: func(string) string { return "" }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	fin := make(chan mcpserve.Finished, 1)
+	s, err := mcpserve.New(a.Tools(), mcpserve.Options{OnFinished: func(f mcpserve.Finished) { fin <- f }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, ct := mcp.NewInMemoryTransports()
+	ctx, stop := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ctx, st) }()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test-client", Version: "1"}, nil).Connect(context.Background(), ct, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	go cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "slow_hang", Arguments: map[string]any{}})
+	deadline := time.Now().Add(10 * time.Second)
+	for strings.Count(readPids(dir), "\n") < 2 {
+		if time.Now().After(deadline) {
+			stop()
+			t.Fatal("the tool never started")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	stop()
+	select {
+	case err := <-served:
+		if err != context.Canceled {
+			t.Errorf("Serve: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Serve did not return")
+	}
+	f := <-fin
+	if ce, _ := budget.AsCancel(f.Execution.Cause); f.Execution.Outcome != event.OutcomeCancelled || ce == nil || ce.Reason != budget.Shutdown {
+		t.Errorf("outcome %s, cause %v", f.Execution.Outcome, f.Execution.Cause)
+	}
+	checkDead(t, dir)
+}
+
+func readPids(dir string) string {
+	b, _ := os.ReadFile(filepath.Join(dir, "pids"))
+	return string(b)
 }
