@@ -56,9 +56,11 @@ func (s *Store) ToolStats(ctx context.Context, f store.StatsFilter) ([]store.Too
 	for i := range out {
 		byTool[out[i].Tool] = &out[i]
 	}
+	// cut is NULL for a call its own budget did not end, and SUM over
+	// nothing but NULLs is NULL: hence the COALESCEs.
 	err = each(ctx, tx, `SELECT tool, SUM(refused <> ''),
-		SUM(cut = 'tool'), COALESCE(MAX(CASE WHEN cut = 'tool' THEN timeout_ms END), 0),
-		SUM(cut = 'tool_idle'), COALESCE(MAX(CASE WHEN cut = 'tool_idle' THEN idle_timeout_ms END), 0),
+		COALESCE(SUM(cut = 'tool'), 0), COALESCE(MAX(CASE WHEN cut = 'tool' THEN timeout_ms END), 0),
+		COALESCE(SUM(cut = 'tool_idle'), 0), COALESCE(MAX(CASE WHEN cut = 'tool_idle' THEN idle_timeout_ms END), 0),
 		SUM(outcome = 'timed_out'), SUM(outcome = 'timed_out' AND phase = 'tool_idle'), SUM(overran <> 0), SUM(abandoned <> 0),
 		SUM(outcome = 'cancelled' AND refused = ''), SUM(outcome = 'interrupted')
 		FROM (SELECT tool, refused, outcome, phase, overran, abandoned, timeout_ms, idle_timeout_ms,

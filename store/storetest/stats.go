@@ -55,6 +55,13 @@ func RunStats(t *testing.T, open func(t *testing.T) store.Store) {
 			IdleCutOff: 1, IdleCutOffTimeoutMS: 900, TimedOut: 1, IdleTimedOut: 1, Overran: 1, TimeoutMS: 500, IdleTimeoutMS: 900,
 			Progressed: 22, MaxSilenceMS: 900,
 		},
+		{
+			// One call of 10ms, and one the turn cancelled: no call cut
+			// off by its own budget at all (a sum over none is 0, not
+			// NULL).
+			Tool: "notify", Calls: 2, Sample: 1, P50MS: 10, P95MS: 10, P99MS: 10, MaxMS: 10, MinMS: 10, MaxOKMS: 10,
+			Cancelled: 1, TimeoutMS: 1000, MaxSilenceMS: 10,
+		},
 	}
 	sortByTool := func(ts []store.ToolStat) map[string]store.ToolStat {
 		m := map[string]store.ToolStat{}
@@ -66,7 +73,7 @@ func RunStats(t *testing.T, open func(t *testing.T) store.Store) {
 	if d := cmp.Diff(sortByTool(want), sortByTool(tools)); d != "" {
 		t.Errorf("ToolStats (-want +got):\n%s", d)
 	}
-	if len(tools) == 2 && tools[0].Tool != "crawl" {
+	if len(tools) == 3 && tools[0].Tool != "crawl" {
 		t.Errorf("ToolStats not sorted by tool: %s, %s", tools[0].Tool, tools[1].Tool)
 	}
 
@@ -243,6 +250,12 @@ func seedStats(t *testing.T, s store.Store, since time.Time) {
 	tr.tool(event.ToolCall{Tool: "fetch", Outcome: event.OutcomeError, Refused: "invalid_arguments"}, next())
 	// The latest call that ran sets the current budget.
 	tr.tool(event.ToolCall{Tool: "fetch", DurationMS: 50, TimeoutMS: 200, Outcome: event.OutcomeError}, next())
+	tr.finish()
+
+	// notify: nothing unusual but a cancellation.
+	tr = newStatsTurn(t, s, "t_notify", next())
+	tr.tool(event.ToolCall{Tool: "notify", DurationMS: 10, TimeoutMS: 1000, Outcome: event.OutcomeOK}, next())
+	tr.tool(event.ToolCall{Tool: "notify", DurationMS: 5000, TimeoutMS: 1000, Outcome: event.OutcomeCancelled, Phase: budget.PhaseTurn}, next())
 	tr.finish()
 
 	// crawl: silences measured from the progress events.
