@@ -115,7 +115,7 @@ func TestPlainViewAndExitCodes(t *testing.T) {
 // Every command answers -h and --help with its usage and exit 0.
 func TestHelpExitsZero(t *testing.T) {
 	for _, args := range [][]string{{"run"}, {"validate"}, {"serve"}, {"tool"}, {"tool", "call"}, {"runs"}, {"runs", "list"},
-		{"runs", "show"}, {"runs", "export"}, {"stats"}, {"version"}, {"help"}} {
+		{"runs", "show"}, {"runs", "export"}, {"stats"}, {"mcp"}, {"mcp", "serve"}, {"worker"}, {"schema"}, {"version"}, {"help"}} {
 		for _, h := range []string{"-h", "--help"} {
 			r := run(t, nil, append(args, h)...)
 			if r.code != 0 || r.out+r.err == "" {
