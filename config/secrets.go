@@ -3,6 +3,7 @@ package config
 import (
 	"slices"
 	"sort"
+	"strings"
 )
 
 // OwnSecrets are the variables of timebox's own that hold secrets: the
@@ -15,8 +16,10 @@ var OwnSecrets = []string{"TIMEBOX_TOKEN", "TIMEBOX_DB", "PGPASSWORD"}
 // without env: does not inherit — timebox's own secrets, the default
 // credential variables of the providers timebox knows (OPENAI_API_KEY,
 // ANTHROPIC_API_KEY: set in timebox's environment whether or not this
-// file uses them) and the credential variables of every provider the
-// file configures — sorted.
+// file uses them), the credential variables of every provider the file
+// configures, and what a stdio MCP entry's env: hands its server (but the
+// common variables every program reads, CommonEnv: a server's GITHUB_TOKEN
+// is that server's, its PATH everyone's) — sorted.
 // Every other variable passes; a tool whose entry names one of these in
 // env: gets it.
 func (a *Agent) Withheld() []string {
@@ -33,6 +36,27 @@ func (a *Agent) Withheld() []string {
 			}
 		}
 	}
+	for _, t := range a.Tools {
+		if t.MCP == nil {
+			continue
+		}
+		for _, env := range t.MCP.Env {
+			if !commonEnv(env) && !slices.Contains(out, env) {
+				out = append(out, env)
+			}
+		}
+	}
 	sort.Strings(out)
 	return out
+}
+
+// CommonEnv are the variables of the environment every program reads
+// (locale, paths, terminal, proxies), never taken for an MCP server's
+// credentials; so are those that begin with LC_ or XDG_.
+var CommonEnv = []string{"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TERM", "TZ", "TMPDIR",
+	"PWD", "HOSTNAME", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
+	"SSL_CERT_FILE", "SSL_CERT_DIR", "NODE_OPTIONS", "NODE_PATH", "PYTHONPATH", "VIRTUAL_ENV"}
+
+func commonEnv(name string) bool {
+	return slices.Contains(CommonEnv, name) || strings.HasPrefix(name, "LC_") || strings.HasPrefix(name, "XDG_")
 }
