@@ -25,6 +25,7 @@ import (
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/fakellm"
+	"github.com/timebox-run/timebox/internal/wait"
 	"github.com/timebox-run/timebox/model"
 	"github.com/timebox-run/timebox/model/anthropic"
 	"github.com/timebox-run/timebox/model/openai"
@@ -586,7 +587,9 @@ func TestChaosIdleBreakerResetsOnAReply(t *testing.T) {
 // kill grace when step fires.
 func TestChaosStepWatchdogDuringTool(t *testing.T) {
 	c := newChaos(t, replies{fakellm.ToolCall("call_1", "drift", `{}`, 8), answer("never")}, replies{answer("the fallback must not be asked")})
+	returned := make(chan struct{})
 	c.tools = []agent.Tool{goTool("drift", budget.Cooperative, 50*time.Millisecond, func(ctx context.Context, _ json.RawMessage, _ tool.Progress) (any, error) {
+		defer close(returned)
 		<-ctx.Done()
 		time.Sleep(1500 * time.Millisecond) // ignores its cancellation past its 1s kill grace
 		return nil, context.Cause(ctx)
@@ -607,6 +610,16 @@ func TestChaosStepWatchdogDuringTool(t *testing.T) {
 	if tr := toolRecord(t, o.res, "drift"); tr.Phase != budget.PhaseTool || tr.Outcome != event.OutcomeAbandoned {
 		t.Fatalf("tool record %+v", tr)
 	}
+	// The abandoned call returns on its own, 1.5s after its cancellation:
+	// the test waits for it, so that run alone it leaves no goroutine.
+	wait.For(t, 5*time.Second, "the abandoned call to return", func() bool {
+		select {
+		case <-returned:
+			return true
+		default:
+			return false
+		}
+	})
 }
 
 // An advisory tool that runs silently past its own timeout and past
