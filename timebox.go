@@ -108,7 +108,7 @@ func Build(ctx context.Context, cfg *config.Agent, o Options) (*Agent, error) {
 		Name: cfg.Name, Instructions: cfg.Instructions, Models: models, Tools: tools,
 		Budgets: cfg.Budgets, Limits: cfg.Limits, CompactAt: cfg.Context.CompactAt,
 		CompactAtSource: cfg.Context.Source, CompactAtKnob: cfg.Context.Knob, RequestMax: cfg.Server.RequestMax,
-		Origin: cfg.Path, TracerProvider: o.TracerProvider,
+		TimeNotes: cfg.Context.TimeNotes, Origin: cfg.Path, TracerProvider: o.TracerProvider,
 	})
 	if err != nil {
 		a.Close()

@@ -31,6 +31,7 @@ type Agent struct {
 	limits       budget.Limits
 	compactAt    int
 	compactKnob  budget.Count
+	timeNotes    bool
 	requestMax   map[string]int64
 	origin       string
 	fingerprint  string
@@ -82,6 +83,11 @@ type Config struct {
 	// context.compact_at.
 	CompactAtSource budget.Source
 	CompactAtKnob   string
+	// TimeNotes tells the model its time (context.time_notes): each tool's
+	// budget in its description, the turn's time and tool calls left in
+	// each request, each result's duration against its budget. False, the
+	// zero value, sends none of it; the agent file's default is on.
+	TimeNotes bool
 	// RequestMax is the ceiling up to which one turn's Input.Budgets may
 	// raise a budget, by knob name ("turn": 2h in nanoseconds, "max_steps":
 	// 50): server.request_max in the agent file. A budget it does not name
@@ -116,6 +122,7 @@ func New(cfg Config) (*Agent, error) {
 		tools:        map[string]*entry{},
 		compactAt:    cfg.CompactAt,
 		compactKnob:  budget.Count{N: int64(cfg.CompactAt), Source: cfg.CompactAtSource, Knob: cfg.CompactAtKnob},
+		timeNotes:    cfg.TimeNotes,
 		requestMax:   maps.Clone(cfg.RequestMax),
 		origin:       cfg.Origin,
 	}

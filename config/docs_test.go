@@ -63,6 +63,9 @@ func typeText(n *node) string {
 		return fmt.Sprintf("whole number, %d to %d", n.min, n.max)
 	case kSetting:
 		st, _ := SettingByKey(n.setting)
+		if st.Kind == KindSwitch {
+			return "switch: " + boundsText(st)
+		}
 		what := map[SettingKind]string{KindDuration: "duration", KindCount: "whole number", KindBytes: "size"}[st.Kind]
 		return what + ", " + boundsText(st)
 	case kInputSchema:

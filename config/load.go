@@ -105,6 +105,7 @@ type loader struct {
 	// toolNamePos is where each entry's name is, by entry path.
 	toolNamePos map[string]pos
 	compactAt   budget.Count
+	timeNotes   budget.Count // 1 on, 0 off
 }
 
 // fileValue is a setting's value in the file and where it is.
@@ -134,6 +135,7 @@ func newLoader(path string, o Overrides) *loader {
 		file: map[string]fileValue{}, env: map[string]int64{}, flag: map[string]int64{},
 		profiles: map[string]time.Duration{}, providerAt: map[string]pos{}, toolNamePos: map[string]pos{},
 		compactAt: budget.Count{N: 100000, Source: budget.SourceDefault, Knob: KeyCompactAt},
+		timeNotes: budget.Count{N: 1, Source: budget.SourceDefault, Knob: KeyTimeNotes},
 	}
 }
 
@@ -319,6 +321,8 @@ func kindWhat(k SettingKind) string {
 		return "a duration such as 30s"
 	case KindBytes:
 		return "a size such as 1MiB"
+	case KindSwitch:
+		return "on or off"
 	}
 	return "a whole number"
 }
@@ -504,6 +508,9 @@ func (l *loader) resolveSettings() {
 	l.a.Context.CompactAt = int(l.compactAt.N)
 	l.a.Context.Source = l.compactAt.Source
 	l.a.Context.Knob = l.compactAt.Knob
+	l.a.Context.TimeNotes = l.timeNotes.N != 0
+	l.a.Context.TimeNotesSource = l.timeNotes.Source
+	l.a.Context.TimeNotesKnob = l.timeNotes.Knob
 
 	b := l.a.Budgets
 	if b.Tool.D > b.ToolMax.D {
@@ -558,6 +565,8 @@ func (l *loader) slot(key string) (*budget.Duration, *budget.Count) {
 		return &l.a.Server.ShutdownGrace, nil
 	case KeyCompactAt:
 		return nil, &l.compactAt
+	case KeyTimeNotes:
+		return nil, &l.timeNotes
 	}
 	panic("config: no slot for setting " + key)
 }

@@ -234,7 +234,7 @@ func buildAgentFile() *node {
 				doc:  "Named durations a tool may use as its timeout (timeout: slow). The file's profiles are added to the built-in ones, and may redefine them.",
 				elem: &node{kind: kDuration, min: minDuration, max: maxDuration, doc: "The profile's duration; it cannot be 0."}}))),
 		k("limits", section("limits", "Count and size limits of a turn.")),
-		k("context", section("context", "The conversation's size.")),
+		k("context", section("context", "The conversation's size, and whether the model is told its time.")),
 		k("server", section("server", "Settings of timebox serve.", k("request_max", requestMax()))),
 		k("tools", listOf("The tools the model may call. Go-function tools are added from code (the library); they have no entry here.", tool, 0)),
 	)
@@ -358,6 +358,10 @@ func schemaOf(n *node) map[string]any {
 		case KindBytes:
 			countSchema(s, st.Min, st.Max, st.ZeroOK, sizePattern)
 			s["default"] = st.Default
+		case KindSwitch:
+			s["type"] = "string"
+			s["enum"] = []any{"on", "off"}
+			s["default"] = st.Default
 		default:
 			countSchema(s, st.Min, st.Max, st.ZeroOK, countPattern)
 			var d int64
@@ -423,6 +427,9 @@ func upperFirst(s string) string {
 
 // boundsText words a setting's bounds: "1ms to 24h, or 0 (off)".
 func boundsText(s Setting) string {
+	if s.Kind == KindSwitch {
+		return "on or off"
+	}
 	var r string
 	switch s.Kind {
 	case KindDuration:

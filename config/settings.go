@@ -20,6 +20,10 @@ const (
 	KindCount = budget.KindCount
 	// KindBytes is a size in bytes: 1048576, 512KiB, 1MiB, 1GiB.
 	KindBytes = budget.KindBytes
+	// KindSwitch is on or off, held as 1 or 0. No budget is a switch, so
+	// budget.Knobs never has one: only the settings that are not a
+	// turn's budgets, such as context.time_notes, do.
+	KindSwitch SettingKind = "switch"
 )
 
 // Setting is one process-wide setting: a key of the agent file that a flag
@@ -51,12 +55,14 @@ type Setting struct {
 }
 
 // Settings are the process-wide settings, in the order `timebox validate`
-// lists them: one per entry of budget.Knobs, then the two that are not a
+// lists them: one per entry of budget.Knobs, then the three that are not a
 // turn's budgets. The CLI registers one flag per entry; Load reads one
 // variable per entry. Do not modify it.
 var Settings = append(fromKnobs(),
 	count(KeyCompactAt, "compact-at", "TIMEBOX_COMPACT_AT", "100000", 1, 100_000_000, true,
 		"estimated prompt tokens above which older history is summarised; 0 is off"),
+	Setting{Key: KeyTimeNotes, Flag: "time-notes", Env: "TIMEBOX_TIME_NOTES", Kind: KindSwitch, Default: "on",
+		Min: 0, Max: 1, Doc: "tell the model its time: each tool's budget, the turn's time and tool calls left, each result's duration; on or off"},
 	serveOnly(dur(KeyShutdownGrace, "shutdown-grace", "TIMEBOX_SHUTDOWN_GRACE", "10s", true,
 		"how long running turns may go on after SIGTERM; 0 cancels them at once")),
 )
@@ -89,6 +95,7 @@ func fromKnobs() []Setting {
 // Keys of the process-wide settings that live outside timeouts and limits.
 const (
 	KeyCompactAt     = "context.compact_at"
+	KeyTimeNotes     = "context.time_notes"
 	KeyShutdownGrace = "server.shutdown_grace"
 )
 
@@ -137,6 +144,9 @@ func (s Setting) bounds() bounds { return bounds{min: s.Min, max: s.Max, zeroOK:
 // them: "1ms–24h", "0 (off) or 1ms–24h", "1–100000", "1KiB–1GiB". The
 // tables in README.md are checked against it.
 func (s Setting) Bounds() string {
+	if s.Kind == KindSwitch {
+		return "on or off"
+	}
 	r := s.format(s.Min) + "–" + s.format(s.Max)
 	if d := time.Duration(s.Max); s.Kind == KindDuration && d > 24*time.Hour && d%(24*time.Hour) == 0 {
 		r += fmt.Sprintf(" (%d days)", d/(24*time.Hour))
@@ -154,7 +164,7 @@ func (s Setting) Bounds() string {
 // example is the value a fix suggests for s: its default, or a sensible
 // value when the default is off.
 func (s Setting) example() string {
-	if s.Default != "0" {
+	if s.Default != "0" || s.Kind == KindSwitch {
 		return s.Default
 	}
 	if s.Kind == KindDuration {
@@ -172,6 +182,8 @@ func (s Setting) parse(v value) (int64, string) {
 		return int64(d), p
 	case KindBytes:
 		return checkSize(v, s.bounds())
+	case KindSwitch:
+		return checkSwitch(v)
 	}
 	return checkCount(v, s.bounds())
 }
@@ -189,6 +201,11 @@ func (s Setting) format(n int64) string {
 		return fmtDuration(time.Duration(n))
 	case KindBytes:
 		return budget.FormatBytes(n)
+	case KindSwitch:
+		if n == 0 {
+			return "off"
+		}
+		return "on"
 	}
 	if n == 0 && s.ZeroOK {
 		return "off"

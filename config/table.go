@@ -154,6 +154,13 @@ func settingValue(a *Agent, s Setting) (int64, budget.Source, string) {
 	if s.Key == KeyCompactAt {
 		return int64(a.Context.CompactAt), a.Context.Source, a.Context.Knob
 	}
+	if s.Key == KeyTimeNotes {
+		var n int64
+		if a.Context.TimeNotes {
+			n = 1
+		}
+		return n, a.Context.TimeNotesSource, a.Context.TimeNotesKnob
+	}
 	l := &loader{a: a}
 	d, c := l.slot(s.Key)
 	if d != nil {

@@ -91,7 +91,8 @@ type Credential struct {
 	APIKeyEnv string
 }
 
-// Context holds the history-compaction settings.
+// Context holds the settings of what the model is sent: history
+// compaction and time notes.
 type Context struct {
 	// CompactAt is the estimated prompt size, in tokens, above which older
 	// history is summarised (default 100000; 0 is off).
@@ -100,6 +101,13 @@ type Context struct {
 	// default) and what changes it, as for every other setting.
 	Source budget.Source
 	Knob   string
+	// TimeNotes is context.time_notes: whether the model is told its time
+	// (each tool's budget, the turn's time and tool calls left, each
+	// result's duration against its budget). On by default.
+	TimeNotes bool
+	// TimeNotesSource and TimeNotesKnob say where TimeNotes came from.
+	TimeNotesSource budget.Source
+	TimeNotesKnob   string
 }
 
 // Server holds `timebox serve` settings.

@@ -322,3 +322,16 @@ func checkSize(v value, b bounds) (int64, string) {
 // spec and most files write them (60s, 90s), and a table that printed 1m
 // would look like a different value from the one in the file.
 func fmtDuration(d time.Duration) string { return budget.FormatDuration(d) }
+
+// checkSwitch reads an on/off setting: on is 1, off is 0. Only the two
+// words are taken; YAML's true/false and the like are refused with the
+// word to write, so that a file reads the same everywhere.
+func checkSwitch(v value) (int64, string) {
+	switch strings.ToLower(strings.TrimSpace(v.text)) {
+	case "on":
+		return 1, ""
+	case "off":
+		return 0, ""
+	}
+	return 0, fmt.Sprintf("%s is not on or off (write on or off)", v.show())
+}
