@@ -18,6 +18,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -143,14 +146,7 @@ func objectSchema(raw json.RawMessage) (json.RawMessage, error) {
 // closed returns nil; the calls it left running were stopped as the client
 // went away.
 func (s *Server) Serve(ctx context.Context, t mcp.Transport) error {
-	srv := mcp.NewServer(&mcp.Implementation{Name: s.opts.Name, Version: s.opts.Version},
-		&mcp.ServerOptions{Logger: s.opts.Logger, Capabilities: &mcp.ServerCapabilities{}})
-	for _, e := range s.tools {
-		srv.AddTool(&mcp.Tool{
-			Name: e.spec.Name, Description: e.spec.Description, InputSchema: e.input,
-			Meta: mcp.Meta{"timebox/budget": budgetMeta(e.Budget)},
-		}, s.handler(ctx, e))
-	}
+	srv := s.mcpServer(ctx)
 	// Run returns once the session's handlers have: each call has
 	// answered and its processes are gone.
 	err := srv.Run(ctx, t)
@@ -161,6 +157,85 @@ func (s *Server) Serve(ctx context.Context, t mcp.Transport) error {
 		return nil
 	}
 	return err
+}
+
+// mcpServer returns an SDK server of the tools whose calls are stopped
+// as a shutdown when ctx is done.
+func (s *Server) mcpServer(ctx context.Context) *mcp.Server {
+	srv := mcp.NewServer(&mcp.Implementation{Name: s.opts.Name, Version: s.opts.Version},
+		&mcp.ServerOptions{Logger: s.opts.Logger, Capabilities: &mcp.ServerCapabilities{}})
+	for _, e := range s.tools {
+		srv.AddTool(&mcp.Tool{
+			Name: e.spec.Name, Description: e.spec.Description, InputSchema: e.input,
+			Meta: mcp.Meta{"timebox/budget": budgetMeta(e.Budget)},
+		}, s.handler(ctx, e))
+	}
+	return srv
+}
+
+// ServeStreamableHTTP serves the tools over MCP's streamable HTTP
+// transport on ln (every path) until ctx is done, then stops: ln is
+// closed at once, every call still running is stopped as a shutdown (its
+// process tree gone within its kill grace) and answered, and it returns
+// once every request has ended, with nil, or with the error that stopped
+// the listener. ln is closed when it returns.
+//
+// wrap, if not nil, is put before the MCP handler: the caller's checks of
+// a request (a bearer token, the Host and Origin it may have) run first.
+// A GET, which would open a stream for messages the server starts, is
+// answered 405 Method Not Allowed, as MCP lets a server without such
+// messages answer it: every notification of a call (its progress) goes on
+// the response to the call's POST.
+func (s *Server) ServeStreamableHTTP(ctx context.Context, ln net.Listener, wrap func(http.Handler) http.Handler) error {
+	// A listener that fails stops the calls too.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	srv := s.mcpServer(ctx)
+	mcpHandler := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv },
+		&mcp.StreamableHTTPOptions{Logger: s.opts.Logger})
+	var h http.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet {
+			w.Header().Set("Allow", "POST, DELETE")
+			http.Error(w, "this server sends no messages of its own: there is no stream to GET", http.StatusMethodNotAllowed)
+			return
+		}
+		mcpHandler.ServeHTTP(w, r)
+	})
+	if wrap != nil {
+		h = wrap(h)
+	}
+	hs := &http.Server{
+		Handler: h,
+		// No WriteTimeout: a call's answer takes as long as its budget.
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+	}
+	if s.opts.Logger != nil {
+		hs.ErrorLog = slog.NewLogLogger(s.opts.Logger.Handler(), slog.LevelWarn)
+	}
+	served := make(chan error, 1)
+	go func() { served <- hs.Serve(ln) }()
+	var err error
+	select {
+	case err = <-served:
+	case <-ctx.Done():
+	}
+	cancel()
+	// Shutdown closes ln and waits for the requests being answered: the
+	// calls among them were stopped when ctx was done (handler) and answer
+	// within their kill grace.
+	shut := hs.Shutdown(context.Background())
+	if err == nil {
+		err = <-served
+	}
+	// The sessions outlive their requests; no request can reach them now.
+	for ss := range srv.Sessions() {
+		ss.Close()
+	}
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
+	}
+	return errors.Join(err, shut)
 }
 
 // budgetMeta is the tool's budget as a client is shown it in the tool's

@@ -137,10 +137,23 @@ func (s *Server) failed(w http.ResponseWriter, r *http.Request, status int, code
 // rebinding page would address its own name), and a state-changing request
 // from another origin is refused (CSRF). See
 // docs/decisions/server-security.md.
-func (s *Server) guard(h http.Handler) http.Handler {
+func (s *Server) guard(h http.Handler) http.Handler { return guard(s.cfg.Token, h) }
+
+// Guard returns h behind the checks `timebox serve` makes before its API,
+// for another HTTP server of timebox's (`timebox mcp serve --addr`) to
+// make the same ones: without a token, only requests addressed to a
+// loopback host are answered; a request other than GET or HEAD from
+// another origin is refused; and with a token, every request must carry
+// "Authorization: Bearer <token>". Refusals are answered as the API's
+// errors (403 forbidden_host or cross_origin, 401 unauthorized).
+func Guard(token string, h http.Handler) http.Handler {
+	return guard(token, auth(token, hashToken(token), h.ServeHTTP))
+}
+
+func guard(token string, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Content-Type-Options", "nosniff")
-		if s.cfg.Token == "" && !isLoopback(hostOnly(r.Host)) {
+		if token == "" && !isLoopback(hostOnly(r.Host)) {
 			writeError(w, http.StatusForbidden, "forbidden_host", fmt.Sprintf(
 				"this server answers only requests for localhost (it has no token); %s is not: set --token to serve other names", shown(strconv.Quote(r.Host))))
 			return
@@ -172,12 +185,15 @@ func hashToken(t string) [32]byte { return sha256.Sum256([]byte(t)) }
 // auth checks the bearer token when the server has one. The comparison is
 // of hashes, in constant time, so it reveals neither the token nor its
 // length.
-func (s *Server) auth(h http.HandlerFunc) http.Handler {
+func (s *Server) auth(h http.HandlerFunc) http.Handler { return auth(s.cfg.Token, s.token, h) }
+
+// auth is Server.auth for token, whose hash is want.
+func auth(token string, want [32]byte, h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if s.cfg.Token != "" {
+		if token != "" {
 			scheme, tok, _ := strings.Cut(r.Header.Get("Authorization"), " ")
 			got := hashToken(strings.TrimSpace(tok))
-			if !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare(got[:], s.token[:]) != 1 {
+			if !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare(got[:], want[:]) != 1 {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="timebox"`)
 				writeError(w, http.StatusUnauthorized, "unauthorized",
 					"missing or wrong token: send \"Authorization: Bearer <token>\" with the server's --token (TIMEBOX_TOKEN)")

@@ -4,20 +4,26 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"strings"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/timebox-run/timebox"
 	"github.com/timebox-run/timebox/mcpserve"
+	"github.com/timebox-run/timebox/server"
 )
 
-const mcpUsage = "usage: timebox mcp serve [-f agent.yaml] [budget flags]   (MCP over stdin and stdout)"
+const mcpUsage = "usage: timebox mcp serve [-f agent.yaml] [--addr host:port [--token T]] [budget flags]   (MCP over stdin and stdout, or over streamable HTTP with --addr)"
 
 // cmdMCP is `timebox mcp serve`: the agent file's exec tools as one MCP
 // server over stdio (docs/mcp-server.md). Standard output carries the
 // protocol and nothing else; what timebox has to say goes to standard
-// error.
+// error. With --addr it serves the same tools over MCP's streamable HTTP
+// transport instead, under serve's rules: a non-loopback address needs a
+// token, a token is asked of every request, and another Host or Origin is
+// refused (server.CheckAddr, server.Guard).
 func cmdMCP(ctx context.Context, args []string, o IO) int {
 	if len(args) == 0 || args[0] != "serve" {
 		if len(args) == 1 && isHelp(args[0]) {
@@ -28,12 +34,30 @@ func cmdMCP(ctx context.Context, args []string, o IO) int {
 		return ExitUsage
 	}
 	fs, c := newFlags("mcp serve", o)
+	addr := fs.String("addr", "", "serve MCP's streamable HTTP transport on this address instead of stdio; a non-loopback address needs a token")
+	tokenFlag := fs.String("token", "", "with --addr: require \"Authorization: Bearer TOKEN\" on every request (env TIMEBOX_TOKEN, which ps does not show)")
 	pos, err := parse(fs, args[1:])
 	if err != nil {
 		return usageExit(err)
 	}
 	if len(pos) != 0 {
 		fmt.Fprintln(o.Err, mcpUsage)
+		return ExitUsage
+	}
+	var token string
+	if *addr != "" {
+		// Checked before anything starts: a server anyone can reach must
+		// not run the tools for anyone.
+		var ok bool
+		if token, ok = serveToken(fs, *tokenFlag, o); !ok {
+			return ExitUsage
+		}
+		if err := server.CheckAddr(*addr, token); err != nil {
+			fmt.Fprintln(o.Err, "timebox mcp serve:", err)
+			return ExitUsage
+		}
+	} else if *tokenFlag != "" {
+		fmt.Fprintln(o.Err, "timebox mcp serve: --token is for --addr: over stdio, the client that starts the server is the only one it answers")
 		return ExitUsage
 	}
 	cfg, ok := loadConfig(c, fs, o)
@@ -73,6 +97,9 @@ func cmdMCP(ctx context.Context, args []string, o IO) int {
 		fmt.Fprintln(o.Err, "timebox:", err)
 		return ExitUsage
 	}
+	if *addr != "" {
+		return serveMCPHTTP(ctx, s, *addr, token, len(a.Tools()), cfg.Path, o)
+	}
 	fmt.Fprintf(o.Err, "timebox mcp serve: serving %d tool%s of %s on stdin and stdout\n", len(a.Tools()), plural(len(a.Tools())), cfg.Path)
 	err = s.Serve(ctx, &mcp.IOTransport{Reader: io.NopCloser(o.In), Writer: nopWriteCloser{o.Out}})
 	switch {
@@ -90,3 +117,29 @@ func cmdMCP(ctx context.Context, args []string, o IO) int {
 type nopWriteCloser struct{ io.Writer }
 
 func (nopWriteCloser) Close() error { return nil }
+
+// serveMCPHTTP serves s over MCP's streamable HTTP transport on addr until
+// ctx is done (SIGTERM, Ctrl-C): then the calls still running are stopped,
+// their trees gone, and answered before it returns ExitCancelled, as the
+// stdio mode does.
+func serveMCPHTTP(ctx context.Context, s *mcpserve.Server, addr, token string, tools int, file string, o IO) int {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		fmt.Fprintln(o.Err, "timebox mcp serve:", err)
+		return ExitFailed
+	}
+	fmt.Fprintf(o.Out, "timebox serving %d tool%s of %s over MCP on http://%s/mcp\n", tools, plural(tools), file, ln.Addr())
+	if token == "" {
+		fmt.Fprintln(o.Out, "no token: only this machine can reach it (set --token or TIMEBOX_TOKEN to serve others)")
+	}
+	err = s.ServeStreamableHTTP(ctx, ln, func(h http.Handler) http.Handler { return server.Guard(token, h) })
+	switch {
+	case err != nil:
+		fmt.Fprintln(o.Err, "timebox mcp serve:", err)
+		return ExitFailed
+	case ctx.Err() != nil:
+		fmt.Fprintln(o.Err, "timebox mcp serve: stopped")
+		return ExitCancelled
+	}
+	return ExitOK
+}

@@ -6,9 +6,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -17,8 +19,10 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/timebox-run/timebox/internal/cli"
 	"github.com/timebox-run/timebox/internal/proctest"
 	"github.com/timebox-run/timebox/internal/wait"
+	"github.com/timebox-run/timebox/server"
 )
 
 // mcpAgent is the agent file of the stdio tests; mcpEntry is an mcp entry,
@@ -274,4 +278,158 @@ func TestMCPServeSIGTERM(t *testing.T) {
 		t.Errorf("exit %v (session: %v), want 130\n%s", cmd.ProcessState, err, stderr.String())
 	}
 	checkPidsGone(t, dir)
+}
+
+// TestMCPServeHTTP drives the built `timebox mcp serve --addr` with the MCP
+// SDK's streamable HTTP client on the address it printed, with the bearer
+// token from TIMEBOX_TOKEN: the tool list, a fast call, a hung call's
+// tool_timeout result with its tree gone; a plain request without the
+// token is answered 401, one from another origin 403; SIGTERM while a call
+// hangs stops its tree before timebox exits 130.
+func TestMCPServeHTTP(t *testing.T) {
+	bin := timeboxBinary(t)
+	proctest.AfterTest(t)
+	dir := writeMCPAgent(t)
+	const token = "mcp-http-token-0123456789"
+	cmd := exec.Command(bin, "mcp", "serve", "-f", filepath.Join(dir, "agent.yaml"), "--addr", "127.0.0.1:0")
+	cmd.Env = append(proctest.Env(nil), "TIMEBOX_TOKEN="+token)
+	var stdout, stderr lockedBuffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	defer func() {
+		select {
+		case <-exited:
+		default:
+			cmd.Process.Kill()
+			<-exited
+		}
+	}()
+	servingRE := regexp.MustCompile(`timebox serving 4 tools of \S+ over MCP on (http://127\.0\.0\.1:\d+/mcp)`)
+	var url string
+	if !wait.Until(10*time.Second, func() bool {
+		m := servingRE.FindStringSubmatch(stdout.String())
+		if m != nil {
+			url = m[1]
+		}
+		return m != nil
+	}) {
+		t.Fatalf("no address printed; stdout %q stderr %q", stdout.String(), stderr.String())
+	}
+
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	plain := func(header map[string]string) int {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"x","version":"1"}}}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		for k, v := range header {
+			req.Header.Set(k, v)
+		}
+		resp, err := (&http.Client{Transport: tr}).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := plain(nil); code != http.StatusUnauthorized {
+		t.Errorf("without the token: %d, want 401", code)
+	}
+	if code := plain(map[string]string{"Authorization": "Bearer " + token, "Origin": "https://evil.example"}); code != http.StatusForbidden {
+		t.Errorf("from another origin: %d, want 403", code)
+	}
+
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "http-test", Version: "1"}, nil).Connect(context.Background(),
+		&mcp.StreamableClientTransport{Endpoint: url, MaxRetries: -1,
+			HTTPClient: &http.Client{Transport: bearerTransport{token, tr}}}, nil)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, stderr.String())
+	}
+	defer cs.Close()
+	res, err := cs.ListTools(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, tl := range res.Tools {
+		names = append(names, tl.Name)
+	}
+	if strings.Join(names, ",") != "fast,hang,progress,slow_hang" {
+		t.Errorf("tools %v", names)
+	}
+	r, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "fast", Arguments: map[string]any{}})
+	if err != nil || r.IsError || strings.TrimSpace(mcpText(r)) != `{"ok": true}` {
+		t.Fatalf("fast: %v %q", err, mcpText(r))
+	}
+	began := time.Now()
+	r, err = cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "hang", Arguments: map[string]any{}})
+	took := time.Since(began)
+	if err != nil {
+		t.Fatalf("hang: a protocol error: %v", err)
+	}
+	var e struct {
+		Error struct{ Type, Tool, Limit string } `json:"error"`
+	}
+	json.Unmarshal([]byte(mcpText(r)), &e)
+	if !r.IsError || e.Error.Type != "tool_timeout" || e.Error.Tool != "hang" || e.Error.Limit != "1s" {
+		t.Fatalf("hang: isError %v: %s", r.IsError, mcpText(r))
+	}
+	if took < time.Second || took > 6*time.Second {
+		t.Errorf("hang answered after %v, want about 1.5s", took)
+	}
+	waitPids(t, dir, 2)
+	checkPidsGone(t, dir)
+
+	go cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "slow_hang", Arguments: map[string]any{}})
+	waitPids(t, dir, 4)
+	cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-exited:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("timebox did not exit after SIGTERM\n%s", stderr.String())
+	}
+	if code := cmd.ProcessState.ExitCode(); code != 130 {
+		t.Errorf("exit %d, want 130\n%s", code, stderr.String())
+	}
+	checkPidsGone(t, dir)
+}
+
+// bearerTransport sends a bearer token with every request.
+type bearerTransport struct {
+	token string
+	base  http.RoundTripper
+}
+
+func (b bearerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.token)
+	return b.base.RoundTrip(r)
+}
+
+// TestMCPServeHTTPRefusesAPublicAddressWithoutAToken: as serve does, and
+// with its message, before anything starts.
+func TestMCPServeHTTPRefusesAPublicAddressWithoutAToken(t *testing.T) {
+	dir := writeMCPAgent(t)
+	file := filepath.Join(dir, "agent.yaml")
+	for _, addr := range []string{"0.0.0.0:0", ":8080"} {
+		var out, errb bytes.Buffer
+		code := cli.Run(t.Context(), []string{"mcp", "serve", "-f", file, "--addr", addr},
+			cli.IO{In: strings.NewReader(""), Out: &out, Err: &errb})
+		want := "timebox mcp serve: " + server.CheckAddr(addr, "").Error()
+		if code != cli.ExitUsage || !strings.Contains(errb.String(), want) || !strings.Contains(errb.String(), "TIMEBOX_TOKEN") || out.Len() != 0 {
+			t.Errorf("--addr %s: %d %q", addr, code, errb.String())
+		}
+	}
+	// --token without --addr is a mistake, not a stdio server with a token.
+	var errb bytes.Buffer
+	code := cli.Run(t.Context(), []string{"mcp", "serve", "-f", file, "--token", "abcdefghijklmnopqrstuvwxyz"},
+		cli.IO{In: strings.NewReader(""), Out: &bytes.Buffer{}, Err: &errb})
+	if code != cli.ExitUsage || !strings.Contains(errb.String(), "--token is for --addr") {
+		t.Errorf("--token without --addr: %d %q", code, errb.String())
+	}
 }
