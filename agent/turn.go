@@ -250,7 +250,11 @@ func (t *turn) request() model.Request {
 	defs := make([]model.ToolDef, 0, len(t.a.order))
 	for _, n := range t.a.order {
 		e := t.a.tools[n]
-		defs = append(defs, model.ToolDef{Name: e.spec.Name, Description: e.spec.Description, Parameters: e.spec.InputSchema})
+		desc := e.spec.Description
+		if t.a.timeNotes {
+			desc = withNote(desc, toolBudgetNote(t.toolBudget(e)))
+		}
+		defs = append(defs, model.ToolDef{Name: e.spec.Name, Description: desc, Parameters: e.spec.InputSchema})
 	}
 	msgs := t.sendable(t.conversation()[t.s.CompactedUpTo:])
 	system := t.a.instructions

@@ -1,0 +1,114 @@
+package agent_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/timebox-run/timebox/agent"
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/internal/fakellm"
+	"github.com/timebox-run/timebox/model"
+	"github.com/timebox-run/timebox/model/anthropic"
+	"github.com/timebox-run/timebox/model/openai"
+	"github.com/timebox-run/timebox/tool"
+)
+
+// notesTurn runs one turn against a fake provider of format whose model
+// calls the tool "look" once, then answers, and returns the request
+// bodies the provider received.
+func notesTurn(t *testing.T, format fakellm.Format, notes bool, tools ...agent.Tool) []fakellm.Request {
+	t.Helper()
+	srv := fakellm.New(format, fakellm.ToolCall("call_1", "look", `{}`, 64), fakellm.Text("done", 0))
+	t.Cleanup(srv.Close)
+	var p model.Provider
+	if format == fakellm.OpenAI {
+		p = openai.New(openai.Options{BaseURL: srv.BaseURL(), APIKey: "sk-test"})
+	} else {
+		p = anthropic.New(anthropic.Options{BaseURL: srv.BaseURL(), APIKey: "sk-test"})
+	}
+	if len(tools) == 0 {
+		tools = []agent.Tool{lookTool(budget.ToolBudget{
+			Timeout:     budget.Duration{D: 10 * time.Second, Source: budget.SourceTool},
+			IdleTimeout: budget.Duration{D: 2 * time.Second, Source: budget.SourceTool},
+		})}
+	}
+	a, err := agent.New(agent.Config{Instructions: "Be brief.", TimeNotes: notes,
+		Models: []model.Endpoint{{Provider: p, ProviderName: string(format), Model: "m"}}, Tools: tools})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := a.Run(t.Context(), agent.Input{Text: "look"})
+	if res.Record.StopReason != budget.Answered {
+		t.Fatalf("turn ended %s: %s", res.Record.StopReason, res.Record.Message)
+	}
+	return srv.Requests()
+}
+
+func lookTool(b budget.ToolBudget) agent.Tool {
+	return agent.Tool{Tool: tool.NewFunc("look", "Looks around.", nil, func(context.Context, json.RawMessage, tool.Progress) (any, error) {
+		return "all quiet", nil
+	}), Budget: b}
+}
+
+// toolDescription returns the description a request body gave the tool
+// name, in either wire format.
+func toolDescription(t *testing.T, body map[string]any, name string) string {
+	t.Helper()
+	tools, _ := body["tools"].([]any)
+	for _, x := range tools {
+		m, _ := x.(map[string]any)
+		if f, ok := m["function"].(map[string]any); ok { // OpenAI
+			m = f
+		}
+		if m["name"] == name {
+			d, _ := m["description"].(string)
+			return d
+		}
+	}
+	t.Fatalf("no tool %s in %v", name, body["tools"])
+	return ""
+}
+
+// TestToolsSayTheirBudget: with time notes on, the description each
+// request gives a tool ends with its budget in plain words, on both wire
+// formats; with them off, it is the description as written.
+func TestToolsSayTheirBudget(t *testing.T) {
+	for _, format := range []fakellm.Format{fakellm.OpenAI, fakellm.Anthropic} {
+		t.Run(string(format), func(t *testing.T) {
+			reqs := notesTurn(t, format, true)
+			for i, r := range reqs {
+				if got, want := toolDescription(t, r.Body, "look"), "Looks around. Times out after 10s; stopped if silent for 2s."; got != want {
+					t.Errorf("request %d: description %q, want %q", i, got, want)
+				}
+			}
+			reqs = notesTurn(t, format, false)
+			if got := toolDescription(t, reqs[0].Body, "look"); got != "Looks around." {
+				t.Errorf("notes off: description %q, want it as written", got)
+			}
+		})
+	}
+}
+
+// TestToolBudgetWording: what each kind of budget says.
+func TestToolBudgetWording(t *testing.T) {
+	d := func(x time.Duration) budget.Duration { return budget.Duration{D: x, Source: budget.SourceTool} }
+	for _, tc := range []struct {
+		b    budget.ToolBudget
+		want string
+	}{
+		{budget.ToolBudget{Timeout: d(10 * time.Second), Enforcement: budget.Hard}, "Looks around. Times out after 10s."},
+		{budget.ToolBudget{Timeout: d(5 * time.Minute), Enforcement: budget.Cooperative}, "Looks around. Times out after 5m."},
+		{budget.ToolBudget{Timeout: d(time.Second), Enforcement: budget.Advisory}, "Looks around. Advisory budget 1s: may run longer."},
+		{budget.ToolBudget{Timeout: d(time.Second), IdleTimeout: d(500 * time.Millisecond), Enforcement: budget.Advisory},
+			"Looks around. Advisory budget 1s, 500ms of silence: may run longer."},
+	} {
+		t.Run(tc.want, func(t *testing.T) {
+			reqs := notesTurn(t, fakellm.OpenAI, true, lookTool(tc.b))
+			if got := toolDescription(t, reqs[0].Body, "look"); got != tc.want {
+				t.Errorf("description %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
