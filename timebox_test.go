@@ -139,6 +139,7 @@ tools:
     description: Touches a file.
     input_schema: {type: object, properties: {path: {type: string}}, required: [path]}
     exec: [%s]
+context: {time_notes: off}  # this test is about the wire, not the notes
 `, an.BaseURL(), filepath.Join(dir, "touch.sh"))), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package agent_test
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -108,6 +109,28 @@ func TestToolBudgetWording(t *testing.T) {
 			reqs := notesTurn(t, fakellm.OpenAI, true, lookTool(tc.b))
 			if got := toolDescription(t, reqs[0].Body, "look"); got != tc.want {
 				t.Errorf("description %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestResultsSayTheirTime: with time notes on, the result the model gets
+// for a call ends with its time against its budget, on both wire formats;
+// with them off, it is the tool's output alone.
+func TestResultsSayTheirTime(t *testing.T) {
+	for _, format := range []fakellm.Format{fakellm.OpenAI, fakellm.Anthropic} {
+		t.Run(string(format), func(t *testing.T) {
+			for _, notes := range []bool{true, false} {
+				reqs := notesTurn(t, format, notes)
+				if len(reqs) != 2 {
+					t.Fatalf("%d requests, want 2", len(reqs))
+				}
+				b, _ := json.Marshal(reqs[1].Body["messages"])
+				msgs := string(b)
+				has := strings.Contains(msgs, `all quiet\n[timebox: took `) && strings.Contains(msgs, ` of 10s]`)
+				if has != notes || !strings.Contains(msgs, "all quiet") {
+					t.Errorf("notes %v: the result the model got: %s", notes, msgs)
+				}
 			}
 		})
 	}

@@ -133,6 +133,9 @@ func (t *turn) runTool(ctx context.Context, step int, callID string, c model.Too
 	t.live.end(act, true)
 
 	result := tool.ModelResult(c.Name, b, x)
+	if t.a.timeNotes {
+		result = tool.TimedResult(c.Name, b, x)
+	}
 	rec := event.ToolCall{CallID: callID, TurnID: t.s.TurnID, Step: step, Tool: c.Name, Kind: string(e.Tool.Tool.Kind()),
 		Arguments: args, StartedAt: x.Started, EndedAt: x.Ended, DurationMS: x.Elapsed().Milliseconds(),
 		TimeoutMS: b.Timeout.MS(), TimeoutSource: b.Timeout.Source, IdleTimeoutMS: b.IdleTimeout.MS(),

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
@@ -31,6 +32,9 @@ type ErrorInfo struct {
 	StderrTail    string `json:"stderr_tail,omitempty"`
 	PartialOutput string `json:"partial_output,omitempty"`
 	Field         string `json:"field,omitempty"`
+	// Overran is set, with time notes on, on the error of an advisory
+	// call that ran past its budget.
+	Overran bool `json:"overran,omitempty"`
 }
 
 // String returns the JSON the model receives.
@@ -59,36 +63,94 @@ func ModelResult(name string, b budget.ToolBudget, x *Execution) string {
 		}
 		return out
 	case event.OutcomeError:
-		info := ErrorInfo{Type: "tool_error", Tool: name, Message: validText(x.Err.Error())}
-		var te *Error
-		if errors.As(x.Err, &te) {
-			info.ExitCode = te.ExitCode
-			info.StderrTail = validText(te.StderrTail)
-			info.Message = validText(te.Message)
-		}
-		if x.Result != nil {
-			if info.StderrTail == "" {
-				info.StderrTail = validText(x.Result.StderrTail)
-			}
-			if info.ExitCode == nil {
-				info.ExitCode = x.Result.ExitCode
-			}
-			info.PartialOutput = validText(tail(x.Result.outputString(), maxPartial))
-		}
-		info.Message = fmt.Sprintf("Tool %q failed: %s", name, strings.TrimSpace(info.Message))
-		return info.String()
+		return errorInfo(name, x).String()
 	case event.OutcomeTimedOut, event.OutcomeAbandoned:
 		return timeoutInfo(name, b, x).String()
 	default: // cancelled
-		info := ErrorInfo{Type: "tool_cancelled", Tool: name, Phase: string(x.Phase),
-			Elapsed: budget.Round(x.Elapsed()).String(),
-			Message: "Tool " + strconv.Quote(name) + " was stopped after " + budget.Round(x.Elapsed()).String() +
-				" because the turn was stopped (" + causeText(x.Cause) + ")."}
-		if x.Result != nil {
-			info.PartialOutput = validText(tail(x.Result.outputString(), maxPartial))
+		return cancelledInfo(name, x).String()
+	}
+}
+
+// TimedResult is ModelResult with the call's time against its budget, for
+// time notes (context.time_notes, docs/decisions/time-notes.md). The
+// tool's own output stays as it was and is followed by one line,
+// "[timebox: took 1.2s of 10s]" (of an advisory call past its budget,
+// "[timebox: took 12s of 10s: overran its advisory budget]"), as a cut
+// output is followed by "[output truncated: ...]". A result that is
+// already an error object says it in its fields: elapsed and limit, and
+// overran for an advisory call; a tool_timeout has them already.
+func TimedResult(name string, b budget.ToolBudget, x *Execution) string {
+	if b.Timeout.Off() {
+		return ModelResult(name, b, x)
+	}
+	limit := budget.FormatDuration(b.Timeout.D)
+	switch x.Outcome {
+	case event.OutcomeOK:
+		note := "[timebox: took " + noteDuration(x.Elapsed()) + " of " + limit
+		if x.Overran {
+			note += ": overran its advisory budget"
 		}
+		out := ModelResult(name, b, x)
+		if out != "" && !strings.HasSuffix(out, "\n") {
+			out += "\n"
+		}
+		return out + note + "]"
+	case event.OutcomeError:
+		info := errorInfo(name, x)
+		info.Elapsed, info.Limit, info.Overran = noteDuration(x.Elapsed()), limit, x.Overran
+		return info.String()
+	case event.OutcomeTimedOut, event.OutcomeAbandoned:
+		return ModelResult(name, b, x)
+	default:
+		info := cancelledInfo(name, x)
+		info.Limit = limit
 		return info.String()
 	}
+}
+
+// noteDuration renders a call's time for the model: whole milliseconds
+// under a second, tenths of a second under a minute, whole seconds above,
+// so that the note stays short.
+func noteDuration(d time.Duration) string {
+	switch {
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	case d < time.Minute:
+		return d.Round(100 * time.Millisecond).String()
+	}
+	return d.Round(time.Second).String()
+}
+
+func errorInfo(name string, x *Execution) ErrorInfo {
+	info := ErrorInfo{Type: "tool_error", Tool: name, Message: validText(x.Err.Error())}
+	var te *Error
+	if errors.As(x.Err, &te) {
+		info.ExitCode = te.ExitCode
+		info.StderrTail = validText(te.StderrTail)
+		info.Message = validText(te.Message)
+	}
+	if x.Result != nil {
+		if info.StderrTail == "" {
+			info.StderrTail = validText(x.Result.StderrTail)
+		}
+		if info.ExitCode == nil {
+			info.ExitCode = x.Result.ExitCode
+		}
+		info.PartialOutput = validText(tail(x.Result.outputString(), maxPartial))
+	}
+	info.Message = fmt.Sprintf("Tool %q failed: %s", name, strings.TrimSpace(info.Message))
+	return info
+}
+
+func cancelledInfo(name string, x *Execution) ErrorInfo {
+	info := ErrorInfo{Type: "tool_cancelled", Tool: name, Phase: string(x.Phase),
+		Elapsed: budget.Round(x.Elapsed()).String(),
+		Message: "Tool " + strconv.Quote(name) + " was stopped after " + budget.Round(x.Elapsed()).String() +
+			" because the turn was stopped (" + causeText(x.Cause) + ")."}
+	if x.Result != nil {
+		info.PartialOutput = validText(tail(x.Result.outputString(), maxPartial))
+	}
+	return info
 }
 
 func timeoutInfo(name string, b budget.ToolBudget, x *Execution) ErrorInfo {
