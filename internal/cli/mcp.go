@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"strings"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -17,9 +16,10 @@ import (
 
 const mcpUsage = "usage: timebox mcp serve [-f agent.yaml] [--addr host:port [--token T]] [budget flags]   (MCP over stdin and stdout, or over streamable HTTP with --addr)"
 
-// cmdMCP is `timebox mcp serve`: the agent file's exec tools as one MCP
-// server over stdio (docs/mcp-server.md). Standard output carries the
-// protocol and nothing else; what timebox has to say goes to standard
+// cmdMCP is `timebox mcp serve`: the agent file's tools (its exec tools
+// and the tools of its mcp entries) as one MCP server over stdio
+// (docs/mcp-server.md). Standard output carries the protocol and nothing
+// else; what timebox has to say goes to standard
 // error. With --addr it serves the same tools over MCP's streamable HTTP
 // transport instead, under serve's rules: a non-loopback address needs a
 // token, a token is asked of every request, and another Host or Origin is
@@ -64,29 +64,16 @@ func cmdMCP(ctx context.Context, args []string, o IO) int {
 	if !ok {
 		return ExitUsage
 	}
-	// This slice serves exec tools only: an mcp entry's server is left
-	// alone (not even started), and the operator is told.
-	served := *cfg
-	served.Tools = nil
-	var skipped []string
-	for _, t := range cfg.Tools {
-		if t.MCP != nil {
-			skipped = append(skipped, t.Name)
-			continue
-		}
-		served.Tools = append(served.Tools, t)
-	}
-	if len(skipped) > 0 {
-		fmt.Fprintf(o.Err, "timebox mcp serve: not serving tools[%s]: the tools of mcp entries are not served yet, only exec tools\n",
-			strings.Join(skipped, "], tools["))
-	}
 	reapOrphans(o)
 	ctx, stop := interrupts(ctx, o)
 	defer stop()
 	// The same build as a turn's: each tool with the budget the loader
 	// resolved (its timeout and source, idle timeout, enforcement,
-	// kill_grace, flags and environment applied).
-	a, err := timebox.Build(ctx, &served, timebox.Options{Getenv: o.getenv})
+	// kill_grace, flags and environment applied). An mcp entry's server is
+	// started, and its tools are served under the names a turn's model
+	// sees (entry__tool, docs/decisions/mcp-tool-names.md), each with its
+	// entry's budget or its override; a.Close stops the servers.
+	a, err := timebox.Build(ctx, cfg, timebox.Options{Getenv: o.getenv})
 	if err != nil {
 		fmt.Fprintln(o.Err, "timebox:", err)
 		return ExitUsage

@@ -25,8 +25,8 @@ import (
 	"github.com/timebox-run/timebox/server"
 )
 
-// mcpAgent is the agent file of the stdio tests; mcpEntry is an mcp entry,
-// which this slice does not serve (and must not start).
+// mcpAgent is the agent file of the stdio and HTTP tests: exec tools
+// only (TestMCPServeProxiesAnMCPEntry serves an mcp entry's).
 const mcpAgent = `model: {primary: script:m}
 providers: {script: {file: script.jsonl}}
 timeouts: {kill_grace: 500ms}
@@ -42,15 +42,12 @@ tools:
   - name: slow_hang
     exec: [./hang.sh]
     timeout: 5m
-  - name: remote
-    mcp: {command: [./server.sh]}
 `
 
 func writeMCPAgent(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
 	for name, body := range map[string]string{
-		"server.sh":   "#!/bin/sh\ntouch server-started\n",
 		"fast.sh":     "#!/bin/sh\ncat >/dev/null\necho '{\"ok\": true}'\n",
 		"progress.sh": "#!/bin/sh\ncat >/dev/null\nfor i in 1 2 3; do echo \"::progress:: {\\\"progress\\\": $i, \\\"total\\\": 3}\" >&2; sleep 0.15; done\necho done\n",
 		"hang.sh":     "#!/bin/sh\ncat >/dev/null\ntrap '' TERM\nsetsid sleep 300 &\necho $! >> pids\necho $$ >> pids\nwhile true; do sleep 1; done\n",
@@ -110,7 +107,7 @@ func checkPidsGone(t *testing.T, dir string) {
 
 // TestMCPServeStdio drives the built `timebox mcp serve` with the MCP SDK's
 // client over its stdin and stdout, as Claude Desktop would: the tool list
-// (exec tools only), a fast call, a hung call's tool_timeout result,
+// (its exec tools), a fast call, a hung call's tool_timeout result,
 // progress on a token, a client's cancel of a hung call (its tree gone),
 // and a clean exit when the client closes stdin. The binary and every
 // process it starts carry this test's marker, so a leftover is a leak.
@@ -152,7 +149,7 @@ func TestMCPServeStdio(t *testing.T) {
 		names = append(names, tl.Name)
 	}
 	if strings.Join(names, ",") != "fast,hang,progress,slow_hang" {
-		t.Errorf("tools %v: want the exec tools, not the mcp entry's", names)
+		t.Errorf("tools %v: want the exec tools", names)
 	}
 
 	r, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "fast", Arguments: map[string]any{}})
@@ -224,11 +221,8 @@ func TestMCPServeStdio(t *testing.T) {
 	if err := cs.Close(); err != nil {
 		t.Errorf("timebox mcp serve did not exit cleanly when the client closed stdin: %v\n%s", err, stderr.String())
 	}
-	if s := stderr.String(); !strings.Contains(s, "not serving tools[remote]") || !strings.Contains(s, "serving 4 tools") {
+	if s := stderr.String(); !strings.Contains(s, "serving 4 tools") {
 		t.Errorf("stderr:\n%s", s)
-	}
-	if _, err := os.Stat(filepath.Join(dir, "server-started")); err == nil {
-		t.Error("the mcp entry's server was started")
 	}
 }
 
