@@ -98,7 +98,7 @@ func checkSDKClient(t *testing.T, r sdkClientResult) {
 		t.Errorf("server %+v", r.Server)
 	}
 	if strings.Join(r.Tools, ",") != "fast,hang,progress,slow_hang" {
-		t.Errorf("tools %v: want the exec tools, not the mcp entry's", r.Tools)
+		t.Errorf("tools %v: want the exec tools", r.Tools)
 	}
 	if r.Budget.TimeoutMS != 1000 || r.Budget.TimeoutSource != "tool" {
 		t.Errorf("hang's _meta budget %+v", r.Budget)
