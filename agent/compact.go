@@ -49,7 +49,7 @@ func (t *turn) conversation() []model.Message {
 // bytes a token, which is close for English text and JSON and errs on the
 // side of compacting early for other scripts.
 func estimateTokens(req model.Request) int {
-	n := len(req.System)
+	n := len(req.System) + len(req.TimeNote)
 	for _, m := range req.Messages {
 		n += len(m.Content) + 4
 		for _, c := range m.ToolCalls {

@@ -1,7 +1,9 @@
 package agent
 
 import (
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/timebox-run/timebox/budget"
 )
@@ -45,4 +47,37 @@ func withNote(desc, note string) string {
 		return desc + " " + note
 	}
 	return desc + ". " + note
+}
+
+// timeNote is the note each model request of the turn ends with: the
+// turn's time left, the step's no-progress window, llm_budget left when it
+// is set, and the tool calls left. It is built for each request and never
+// stored, so that it does not pile up in the history.
+func (t *turn) timeNote(now time.Time) string {
+	b, l := t.s.Budgets, t.s.Limits
+	var sb strings.Builder
+	sb.WriteString("[timebox] Time left in this turn: ")
+	sb.WriteString(noteLeft(b.Turn.D-now.Sub(t.s.Start)) + " of " + budget.FormatDuration(b.Turn.D) + ".")
+	if !b.Step.Off() {
+		sb.WriteString(" A step with no progress for " + budget.FormatDuration(b.Step.D) + " is stopped.")
+	}
+	if !b.LLMBudget.Off() {
+		sb.WriteString(" Model time left: " + noteLeft(b.LLMBudget.D-t.s.LLMUsed) + " of " + budget.FormatDuration(b.LLMBudget.D) + ".")
+	}
+	if n := l.MaxToolCalls.N; n > 0 {
+		sb.WriteString(" Tool calls left: " + strconv.FormatInt(max(n-int64(t.s.ToolCalls), 0), 10) + " of " + strconv.FormatInt(n, 10) + ".")
+	}
+	return sb.String()
+}
+
+// noteLeft renders time left for the model: whole seconds, or whole
+// milliseconds under a second; never below 0.
+func noteLeft(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return "0s"
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	}
+	return budget.FormatDuration(d.Round(time.Second))
 }

@@ -135,3 +135,81 @@ func TestResultsSayTheirTime(t *testing.T) {
 		})
 	}
 }
+
+// TestTurnSaysItsTime: with time notes on, each request ends with the
+// turn's note (time left, the step window, tool calls left), after the
+// whole conversation; the rest of a request is the previous one's byte
+// for byte, which is what keeps the provider's prompt cache. With them
+// off, there is no note.
+func TestTurnSaysItsTime(t *testing.T) {
+	for _, format := range []fakellm.Format{fakellm.OpenAI, fakellm.Anthropic} {
+		t.Run(string(format), func(t *testing.T) {
+			reqs := notesTurn(t, format, true)
+			if len(reqs) != 2 {
+				t.Fatalf("%d requests, want 2", len(reqs))
+			}
+			var rest [2][]any
+			for i, r := range reqs {
+				msgs, _ := r.Body["messages"].([]any)
+				note, others := splitNote(t, format, msgs)
+				calls := []string{"50 of 50", "49 of 50"}[i]
+				if !strings.HasPrefix(note, "[timebox] Time left in this turn: ") || !strings.Contains(note, " of 30m. A step with no progress for 5m is stopped.") ||
+					!strings.HasSuffix(note, " Tool calls left: "+calls+".") || strings.Contains(note, "Model time") {
+					t.Errorf("request %d: note %q", i, note)
+				}
+				rest[i] = others
+			}
+			before, _ := json.Marshal(rest[0])
+			after, _ := json.Marshal(rest[1][:len(rest[0])])
+			if string(before) != string(after) {
+				t.Errorf("the second request changed what the first sent:\n first %s\nsecond %s", before, after)
+			}
+			tools0, _ := json.Marshal(reqs[0].Body["tools"])
+			tools1, _ := json.Marshal(reqs[1].Body["tools"])
+			sys0, _ := json.Marshal(reqs[0].Body["system"])
+			sys1, _ := json.Marshal(reqs[1].Body["system"])
+			if string(tools0) != string(tools1) || string(sys0) != string(sys1) {
+				t.Errorf("tools or system changed between requests")
+			}
+
+			for _, r := range notesTurn(t, format, false) {
+				if b, _ := json.Marshal(r.Body); strings.Contains(string(b), "[timebox]") {
+					t.Errorf("notes off: %s", b)
+				}
+			}
+		})
+	}
+}
+
+// splitNote returns the note a request's messages end with and the
+// messages without it: OpenAI's last message, a system message; Anthropic's
+// last block of the last user message.
+func splitNote(t *testing.T, format fakellm.Format, msgs []any) (string, []any) {
+	t.Helper()
+	if len(msgs) == 0 {
+		t.Fatal("no messages")
+	}
+	last, _ := msgs[len(msgs)-1].(map[string]any)
+	if format == fakellm.OpenAI {
+		if last["role"] != "system" {
+			t.Fatalf("the last message is %v, want the system note", last)
+		}
+		note, _ := last["content"].(string)
+		return note, msgs[:len(msgs)-1]
+	}
+	blocks, _ := last["content"].([]any)
+	if last["role"] != "user" || len(blocks) == 0 {
+		t.Fatalf("the last message is %v, want a user turn ending with the note", last)
+	}
+	b, _ := blocks[len(blocks)-1].(map[string]any)
+	if b["type"] != "text" {
+		t.Fatalf("the last block is %v, want the note", b)
+	}
+	note, _ := b["text"].(string)
+	others := append([]any(nil), msgs[:len(msgs)-1]...)
+	if len(blocks) > 1 {
+		m := map[string]any{"role": "user", "content": blocks[:len(blocks)-1]}
+		others = append(others, m)
+	}
+	return note, others
+}

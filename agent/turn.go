@@ -261,7 +261,11 @@ func (t *turn) request() model.Request {
 	if t.s.Summarised {
 		system += "\n\n" + summaryHeading + "\n" + t.tr.Summary()
 	}
-	return model.Request{System: system, Messages: msgs, Tools: defs, Conversation: t.conversationID()}
+	req := model.Request{System: system, Messages: msgs, Tools: defs, Conversation: t.conversationID()}
+	if t.a.timeNotes {
+		req.TimeNote = t.timeNote(time.Now())
+	}
+	return req
 }
 
 // conversationID is the conversation the turn's model requests name.

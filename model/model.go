@@ -68,6 +68,14 @@ type Request struct {
 	// conversation as one transcript and the reply is its summary. The
 	// script provider answers it apart from the turn's own replies.
 	Compaction bool
+	// TimeNote, when set, is a short note of the turn's time and tool
+	// calls left (context.time_notes). It is sent after the whole
+	// conversation, so that the prefix the provider caches (system prompt,
+	// tools, earlier messages) stays the same from one request of a turn to
+	// the next: OpenAI as a system message after the last message,
+	// Anthropic as a text block ending the last user turn. It is not a
+	// message of the conversation and is never stored in it.
+	TimeNote string
 	// TraceParent is the W3C traceparent of the call's span, when the turn
 	// is traced: the providers send it as the traceparent header, so that
 	// a traced model server joins the turn's trace.

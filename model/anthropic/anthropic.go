@@ -140,6 +140,12 @@ func (p *Provider) toParams(req model.Request) (sdk.MessageNewParams, error) {
 	if len(msgs) == 0 || msgs[0].Role != sdk.MessageParamRoleUser {
 		msgs = append([]sdk.MessageParam{sdk.NewUserMessage(sdk.NewTextBlock(continuePrompt))}, msgs...)
 	}
+	if req.TimeNote != "" {
+		// The Messages API has no system role mid-conversation: the note
+		// ends the last user turn, after everything the cache holds
+		// (docs/decisions/time-notes.md).
+		add(sdk.MessageParamRoleUser, sdk.NewTextBlock(req.TimeNote))
+	}
 	params := sdk.MessageNewParams{Model: sdk.Model(req.Model), MaxTokens: p.maxTokens, Messages: msgs}
 	if req.System != "" {
 		params.System = []sdk.TextBlockParam{{Text: req.System}}

@@ -129,6 +129,11 @@ func toParams(req model.Request) (sdk.ChatCompletionNewParams, error) {
 			return sdk.ChatCompletionNewParams{}, fmt.Errorf("message role %q is not supported", m.Role)
 		}
 	}
+	if req.TimeNote != "" {
+		// After the conversation, so that the cached prefix is the same
+		// from one request to the next (docs/decisions/time-notes.md).
+		msgs = append(msgs, sdk.SystemMessage(req.TimeNote))
+	}
 	params := sdk.ChatCompletionNewParams{Model: shared.ChatModel(req.Model), Messages: msgs}
 	for _, t := range req.Tools {
 		fp := shared.FunctionParameters{"type": "object", "properties": map[string]any{}}
