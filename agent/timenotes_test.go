@@ -213,3 +213,30 @@ func splitNote(t *testing.T, format fakellm.Format, msgs []any) (string, []any) 
 	}
 	return note, others
 }
+
+// TestScriptChecksTheNotes: the script model's expect_in_request sees the
+// notes a turn sends, and stops the turn model_rejected when one is not
+// there (notes off).
+func TestScriptChecksTheNotes(t *testing.T) {
+	for _, notes := range []bool{true, false} {
+		p := lines(t,
+			`{"tool_calls": [{"name": "look"}], "expect_in_request": ["Looks around. Times out after 10s.", "Tool calls left: 50 of 50."]}`,
+			`{"text": "done", "expect_in_request": ["all quiet\n[timebox: took ", "Tool calls left: 49 of 50."]}`)
+		a, err := agent.New(agent.Config{TimeNotes: notes, Models: []model.Endpoint{endpoint(p, "m")},
+			Tools: []agent.Tool{lookTool(budget.ToolBudget{Timeout: budget.Duration{D: 10 * time.Second, Source: budget.SourceTool}})}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res := a.Run(t.Context(), agent.Input{Text: "look"})
+		want := budget.Answered
+		if !notes {
+			want = budget.ModelRejected
+		}
+		if res.Record.StopReason != want {
+			t.Errorf("notes %v: stopped %s (%s), want %s", notes, res.Record.StopReason, res.Record.Message, want)
+		}
+		if !notes && !strings.Contains(res.Record.Message, `expect_in_request: the request does not contain "Looks around. Times out after 10s."`) {
+			t.Errorf("notes off: message %q", res.Record.Message)
+		}
+	}
+}

@@ -598,6 +598,11 @@ func (l Line) check() []lineProblem {
 	if l.StallAfter != nil && *l.StallAfter < 0 {
 		out = append(out, lineProblem{"stall_after", fmt.Sprintf("%d is negative (give a number of chunks, 0 or more)", *l.StallAfter)})
 	}
+	for i, e := range l.ExpectInRequest {
+		if e == "" {
+			out = append(out, lineProblem{fmt.Sprintf("expect_in_request[%d]", i), "an empty text is in every request (give the text the request must contain)"})
+		}
+	}
 	for i, c := range l.ToolCalls {
 		if c.Name == "" {
 			out = append(out, lineProblem{fmt.Sprintf("tool_calls[%d].name", i), `a call needs the name of its tool (such as "name": "search")`})

@@ -44,6 +44,13 @@ type Line struct {
 	// them; a script without any is answered with a short deterministic
 	// summary, so compaction never takes a reply meant for the turn.
 	Compaction bool `json:"compaction,omitempty"`
+	// ExpectInRequest are texts the request the line answers must
+	// contain, anywhere in what the model is sent (system prompt, tool
+	// names and descriptions, messages, tool call arguments, the time
+	// note). A text that is absent fails the call as a provider's 400
+	// naming it, so that the turn stops model_rejected: a test or an
+	// incident replay checks what the model was told.
+	ExpectInRequest []string `json:"expect_in_request,omitempty"`
 }
 
 // Call is a scripted tool call. Arguments is any JSON value; a JSON string
@@ -199,6 +206,10 @@ func (p *Provider) Stream(ctx context.Context, req model.Request) (model.Stream,
 	p.mu.Unlock()
 	i := order[k]
 	l := p.lines[i]
+	if missing := absent(l.ExpectInRequest, req); missing != "" {
+		return nil, &model.Error{Provider: "script", Status: 400, Message: fmt.Sprintf(
+			"script line %d: expect_in_request: the request does not contain %q", i+1, missing)}
+	}
 	if l.Error != nil {
 		if err := sleep(ctx, time.Duration(l.FirstChunkDelay)); err != nil {
 			return nil, err
@@ -357,4 +368,30 @@ func words(text string) []string {
 		}
 	}
 	return append(out, text[start:])
+}
+
+// absent returns the first of texts that req does not contain, or "".
+func absent(texts []string, req model.Request) string {
+	if len(texts) == 0 {
+		return ""
+	}
+	var sb strings.Builder
+	sb.WriteString(req.System)
+	for _, d := range req.Tools {
+		sb.WriteString("\n" + d.Name + "\n" + d.Description)
+	}
+	for _, m := range req.Messages {
+		sb.WriteString("\n" + m.Content)
+		for _, c := range m.ToolCalls {
+			sb.WriteString("\n" + c.Name + "\n" + c.Arguments)
+		}
+	}
+	sb.WriteString("\n" + req.TimeNote)
+	all := sb.String()
+	for _, t := range texts {
+		if !strings.Contains(all, t) {
+			return t
+		}
+	}
+	return ""
 }

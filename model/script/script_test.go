@@ -20,14 +20,15 @@ func TestParseErrorsNameTheLine(t *testing.T) {
 	cases := map[string]string{
 		"{\"text\": \"a\"}\n{\"txt\": \"b\"}":         `test:2:2: txt: unknown field (did you mean text?)`,
 		`{"text": "a", "tool_calls": [{"nme": "x"}]}`: `test:1:31: tool_calls[0].nme: unknown field (did you mean name?)`,
-		`{"zzzzzz": 1}`:                       `test:1:2: zzzzzz: unknown field (the fields of the line are chunk_delay, chunks, compaction, error, first_chunk_delay, stall_after, text, tool_calls)`,
-		`{"text": "a", "chunks": ["b"]}`:      "test:1:25: chunks: give text or chunks, not both",
-		`{"chunk_delay": "10 ms"}`:            `test:1:17: chunk_delay: "10 ms" is not a duration (use Go syntax like "50ms" or "2s")`,
-		`{"tool_calls": [{"arguments": {}}]}`: `test:1:17: tool_calls[0].name: a call needs the name of its tool (such as "name": "search")`,
-		`{"text": 5}`:                         `test:1:10: text: 5 is not a string (put it in quotes: "5")`,
-		`{"text": "a",}`:                      "test:1:14: invalid character '}' looking for beginning of object key string (remove the comma before it: JSON allows none after the last item)",
-		`{"stall_after": -1}`:                 "test:1:17: stall_after: -1 is negative (give a number of chunks, 0 or more)",
-		`{"error": {"status": 99}}`:           "test:1:22: error.status: 99 is not an HTTP status (give 100 to 599, or 0 for a connection failure)",
+		`{"zzzzzz": 1}`:                                            `test:1:2: zzzzzz: unknown field (the fields of the line are chunk_delay, chunks, compaction, error, expect_in_request, first_chunk_delay, stall_after, text, tool_calls)`,
+		`{"text": "a", "chunks": ["b"]}`:                           "test:1:25: chunks: give text or chunks, not both",
+		`{"chunk_delay": "10 ms"}`:                                 `test:1:17: chunk_delay: "10 ms" is not a duration (use Go syntax like "50ms" or "2s")`,
+		`{"tool_calls": [{"arguments": {}}]}`:                      `test:1:17: tool_calls[0].name: a call needs the name of its tool (such as "name": "search")`,
+		`{"text": 5}`:                                              `test:1:10: text: 5 is not a string (put it in quotes: "5")`,
+		`{"text": "a",}`:                                           "test:1:14: invalid character '}' looking for beginning of object key string (remove the comma before it: JSON allows none after the last item)",
+		`{"stall_after": -1}`:                                      "test:1:17: stall_after: -1 is negative (give a number of chunks, 0 or more)",
+		`{"error": {"status": 99}}`:                                "test:1:22: error.status: 99 is not an HTTP status (give 100 to 599, or 0 for a connection failure)",
+		`{"text": "a", "expect_in_request": ["x", ""]}`:            "test:1:42: expect_in_request[1]: an empty text is in every request (give the text the request must contain)",
 		"// a comment\n\n{\"text\": \"ok\"}\n{\"text\": \"ok\"} x": "test:4:16: one JSON object per line, found more after it",
 	}
 	for in, want := range cases {
@@ -384,5 +385,34 @@ s.jsonl:3:75: tool_calls[1].name: "report" is not a tool of this agent (its tool
 	}
 	if got := script.UnknownTools(ls, []string{"search", "fetch", "serch", "report"}); len(got) != 0 {
 		t.Errorf("got %v", got)
+	}
+}
+
+// TestExpectInRequest: a line's expect_in_request fails the call it
+// answers, as a provider's 400 naming the text, when the request does not
+// contain every text, wherever it is in what the model is sent.
+func TestExpectInRequest(t *testing.T) {
+	lines, err := script.Parse(strings.NewReader(`{"text": "ok", "expect_in_request": ["Times out after 10s", "Tool calls left: 50 of 50"]}`), "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := script.New(lines)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := model.Request{Messages: []model.Message{{Role: model.RoleUser, Content: "hi"}},
+		Tools:    []model.ToolDef{{Name: "look", Description: "Looks. Times out after 10s."}},
+		TimeNote: "[timebox] Tool calls left: 50 of 50."}
+	s, err := p.Stream(t.Context(), req)
+	if err != nil {
+		t.Fatalf("every text is there: %v", err)
+	}
+	s.Close()
+	req.TimeNote = ""
+	_, err = p.Stream(t.Context(), req)
+	var me *model.Error
+	if !errors.As(err, &me) || me.Status != 400 ||
+		me.Message != `script line 1: expect_in_request: the request does not contain "Tool calls left: 50 of 50"` {
+		t.Fatalf("err = %v, want a 400 naming the missing text", err)
 	}
 }
