@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -149,5 +150,61 @@ func TestMCPServeProxiesAnMCPEntry(t *testing.T) {
 	closed = true
 	if err := cs.Close(); err != nil {
 		t.Errorf("timebox mcp serve did not exit cleanly when the client closed stdin: %v\n%s", err, stderr.String())
+	}
+}
+
+// TestMCPServeSDKClientProxy: the official MCP TypeScript SDK's client
+// (testdata/mcpclient/proxy.mjs) calls server-everything's tools through
+// `timebox mcp serve` over stdio: echo answers, and the long operation,
+// 30 s of work under a 1s override while the client would wait 20 s
+// (reset on progress), is answered as an isError tool_timeout result in
+// about a second, its progress reaching the client's onprogress.
+func TestMCPServeSDKClientProxy(t *testing.T) {
+	bin := timeboxBinary(t)
+	everything := filepath.Join(testenv.NPM(t, filepath.Join("..", "..", "tool", "mcptool", "testdata")), "node_modules", ".bin", "mcp-server-everything")
+	proctest.AfterTest(t)
+	dir := writeMCPAgent(t)
+	file := filepath.Join(dir, "proxy.yaml")
+	os.WriteFile(file, []byte(strings.Replace(everythingAgent, "EVERYTHING", everything, 1)), 0o644)
+	var r struct {
+		Tools []string `json:"tools"`
+		Echo  struct {
+			IsError bool   `json:"isError"`
+			Text    string `json:"text"`
+		} `json:"echo"`
+		Long struct {
+			MS      float64 `json:"ms"`
+			IsError bool    `json:"isError"`
+			Text    string  `json:"text"`
+			Error   string  `json:"error"`
+			Notes   []struct {
+				Progress float64 `json:"progress"`
+			} `json:"notes"`
+		} `json:"long"`
+	}
+	runNodeScript(t, "proxy.mjs", &r, "TB_BIN="+bin, "TB_AGENT="+file)
+	if !slices.Contains(r.Tools, "everything__echo") || !slices.Contains(r.Tools, "fast") {
+		t.Errorf("tools %v", r.Tools)
+	}
+	if r.Echo.IsError || !strings.Contains(r.Echo.Text, "héllo through timebox") {
+		t.Errorf("echo: %+v", r.Echo)
+	}
+	var e struct {
+		Error struct{ Type, Limit string } `json:"error"`
+	}
+	json.Unmarshal([]byte(r.Long.Text), &e)
+	if r.Long.Error != "" || !r.Long.IsError || e.Error.Type != "tool_timeout" || e.Error.Limit != "1s" {
+		t.Errorf("the long operation: want an isError tool_timeout result, got %+v", r.Long)
+	}
+	if r.Long.MS < 1000 || r.Long.MS > 5000 {
+		t.Errorf("the long operation answered after %vms, want about 1 s, far from the client's 20 s", r.Long.MS)
+	}
+	if len(r.Long.Notes) == 0 {
+		t.Error("no progress reached the client's onprogress")
+	}
+	for i := 1; i < len(r.Long.Notes); i++ {
+		if r.Long.Notes[i].Progress <= r.Long.Notes[i-1].Progress {
+			t.Errorf("progress went from %v to %v", r.Long.Notes[i-1].Progress, r.Long.Notes[i].Progress)
+		}
 	}
 }

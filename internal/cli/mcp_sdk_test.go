@@ -62,8 +62,17 @@ type sdkClientResult struct {
 // timebox it starts over stdio, so what either leaves running is a leak.
 func runSDKClient(t *testing.T, env ...string) sdkClientResult {
 	t.Helper()
+	var r sdkClientResult
+	runNodeScript(t, "client.mjs", &r, env...)
+	return r
+}
+
+// runNodeScript runs a script of testdata/mcpclient with env and decodes
+// the JSON it prints into v.
+func runNodeScript(t *testing.T, script string, v any, env ...string) {
+	t.Helper()
 	dir := testenv.NPM(t, filepath.Join("testdata", "mcpclient"))
-	cmd := exec.Command("node", filepath.Join(dir, "client.mjs"))
+	cmd := exec.Command("node", filepath.Join(dir, script))
 	cmd.Env = append(proctest.Env(nil), env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -75,19 +84,17 @@ func runSDKClient(t *testing.T, env ...string) sdkClientResult {
 	select {
 	case err := <-done:
 		if err != nil {
-			t.Fatalf("client.mjs: %v\nstdout %s\nstderr %s", err, stdout.String(), stderr.String())
+			t.Fatalf("%s: %v\nstdout %s\nstderr %s", script, err, stdout.String(), stderr.String())
 		}
 	case <-time.After(90 * time.Second):
 		cmd.Process.Kill()
 		<-done
-		t.Fatalf("client.mjs did not finish\nstdout %s\nstderr %s", stdout.String(), stderr.String())
+		t.Fatalf("%s did not finish\nstdout %s\nstderr %s", script, stdout.String(), stderr.String())
 	}
-	var r sdkClientResult
-	if err := json.Unmarshal(stdout.Bytes(), &r); err != nil {
-		t.Fatalf("client.mjs printed %q: %v\nstderr %s", stdout.String(), err, stderr.String())
+	if err := json.Unmarshal(stdout.Bytes(), v); err != nil {
+		t.Fatalf("%s printed %q: %v\nstderr %s", script, stdout.String(), err, stderr.String())
 	}
-	t.Logf("client.mjs: %s", stdout.String())
-	return r
+	t.Logf("%s: %s", script, stdout.String())
 }
 
 // checkSDKClient asserts what a real MCP client saw of the agent file of
