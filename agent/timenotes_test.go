@@ -240,3 +240,19 @@ func TestScriptChecksTheNotes(t *testing.T) {
 		}
 	}
 }
+
+// TestTurnNoteNamesTheModelBudget: the note says the model time left when
+// timeouts.llm_budget is set, and the tool calls left of the turn's
+// limits.max_tool_calls.
+func TestTurnNoteNamesTheModelBudget(t *testing.T) {
+	p := lines(t, `{"text": "done", "expect_in_request": ["Model time left: 30s of 30s. Tool calls left: 3 of 3."]}`)
+	a, err := agent.New(agent.Config{TimeNotes: true, Models: []model.Endpoint{endpoint(p, "m")},
+		Budgets: budget.Budgets{LLMBudget: budget.Duration{D: 30 * time.Second, Source: budget.SourceCode}},
+		Limits:  budget.Limits{MaxToolCalls: budget.Count{N: 3, Source: budget.SourceCode}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res := a.Run(t.Context(), agent.Input{Text: "hi"}); res.Record.StopReason != budget.Answered {
+		t.Fatalf("stopped %s: %s", res.Record.StopReason, res.Record.Message)
+	}
+}
