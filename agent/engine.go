@@ -187,8 +187,10 @@ func describeRef(r machine.AgentRef) string {
 }
 
 // fingerprint digests what makes the agent, for AgentRef: its name,
-// instructions, model chain, compaction threshold, and each tool's spec,
-// kind, retries and own budget. Budgets a tool takes from the turn's
+// instructions, model chain, compaction threshold, whether the model is
+// told its time (context.time_notes: a worker that tells it and a runner
+// that does not make different requests), and each tool's spec, kind,
+// retries and own budget. Budgets a tool takes from the turn's
 // defaults are left out (they travel with the turn), and so are
 // credentials.
 func fingerprint(a *Agent) string {
@@ -210,7 +212,10 @@ func fingerprint(a *Agent) string {
 		Models             []string
 		CompactAt          int
 		Tools              []toolPrint
-	}{Name: a.name, Instructions: a.instructions, CompactAt: a.compactAt}
+		// omitempty: an agent without notes keeps the fingerprint it
+		// had before they existed.
+		TimeNotes bool `json:",omitempty"`
+	}{Name: a.name, Instructions: a.instructions, CompactAt: a.compactAt, TimeNotes: a.timeNotes}
 	for _, m := range a.models {
 		p.Models = append(p.Models, m.ProviderName+":"+m.Model+" "+m.Profile)
 	}
