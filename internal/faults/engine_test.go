@@ -405,8 +405,8 @@ func largeToolResult(t *testing.T) {
 	sc.within("turn", took, 20*time.Second)
 	sc.integrity(evs, run.log.snapshot())
 	if c := rec.ToolCalls; len(c) == 1 {
-		sc.truth("its record", "one, ok, 3 MB", fmt.Sprintf("%s, %s", c[0].Outcome, megabytes(int64(len(c[0].Result)))),
-			c[0].Outcome == event.OutcomeOK && len(c[0].Result) == 3<<20)
+		sc.truth("its record", "one, ok, 3 MB", fmt.Sprintf("%s, %s", c[0].Outcome, megabytes(int64(len(toolOutput(c[0].Result))))),
+			c[0].Outcome == event.OutcomeOK && len(toolOutput(c[0].Result)) == 3<<20)
 	} else {
 		sc.count("tool call records", len(c), 1)
 	}

@@ -61,6 +61,16 @@ func newAgent(t *testing.T, yaml string, script []string, tools map[string]strin
 
 // scriptAgent is the YAML of an agent on the script model with the given
 // timeouts, limits and tools (each a YAML flow mapping).
+// toolOutput returns what the tool itself returned of a call's result:
+// the result without timebox's notes after it (the output truncated, the
+// time the call took: context.time_notes).
+func toolOutput(result string) string {
+	for _, note := range []string{"\n[output truncated", "\n[timebox: took "} {
+		result, _, _ = strings.Cut(result, note)
+	}
+	return result
+}
+
 func scriptAgent(timeouts, limits string, tools ...string) string {
 	y := "name: faults\nmodel: {primary: 'script:m'}\nproviders: {script: {file: script.jsonl}}\n"
 	if timeouts != "" {

@@ -90,7 +90,7 @@ func outputFloods(t *testing.T) {
 			check: func(t *testing.T, sc *scenario, rec *event.ToolFinished) {
 				// Each run of invalid bytes becomes one U+FFFD; a NUL is a
 				// character, kept.
-				sc.truth("result", "invalid bytes replaced, NUL kept", fmt.Sprintf("%q", rec.Result), rec.Result == "ok \uFFFD\x00 nul \uFFFD( end")
+				sc.truth("result", "invalid bytes replaced, NUL kept", fmt.Sprintf("%q", toolOutput(rec.Result)), toolOutput(rec.Result) == "ok \uFFFD\x00 nul \uFFFD( end")
 				sc.truth("stderr tail", "the same", fmt.Sprintf("%q", rec.StderrTail),
 					utf8.ValidString(rec.StderrTail) && rec.StderrTail == "log \uFFFD\x00 bad \uFFFD\nlast \uFFFD\n")
 			}},
@@ -120,7 +120,7 @@ func outputFloods(t *testing.T) {
 				sc.ratio(fmt.Sprintf("call against the program piped to cat (%s)", ms(floor)), float64(call)/float64(floor), 3)
 			}
 			if tc.result >= 0 {
-				kept, _, _ := strings.Cut(rec.Result, "\n[output truncated")
+				kept := toolOutput(rec.Result)
 				sc.truth("result kept", byteCount(tc.result)+truncatedNote(tc.truncated), byteCount(len(kept))+truncatedNote(rec.Truncated),
 					len(kept) == tc.result && rec.Truncated == tc.truncated)
 			}
