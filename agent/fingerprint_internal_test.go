@@ -19,10 +19,11 @@ func TestFingerprintSaysTimeNotes(t *testing.T) {
 		}
 		return a.Ref().Fingerprint
 	}
-	if mk(true) == mk(false) {
+	on, off := mk(true), mk(false)
+	if on == off {
 		t.Error("an agent that tells the model its time has the fingerprint of one that does not")
 	}
-	if mk(false) != mk(false) {
+	if again := mk(false); again != off {
 		t.Error("the fingerprint is not stable")
 	}
 }
