@@ -8,11 +8,11 @@ import (
 	"github.com/timebox-run/timebox/store/postgres"
 )
 
-// TestFirstConnectionErrorsSayWhatToDo: the errors a newcomer meets when
+// TestFirstConnectionErrorsSayTheFix: the errors a newcomer meets when
 // pointing timebox at a new database, against a real server: TLS asked of
 // a server without it, a database or a role that does not exist. Each
 // says what to do, and never the password.
-func TestFirstConnectionErrorsSayWhatToDo(t *testing.T) {
+func TestFirstConnectionErrorsSayTheFix(t *testing.T) {
 	dsn := testenv.Postgres(t)
 	base, _, _ := strings.Cut(dsn, "?")
 	for _, c := range []struct{ name, dsn, want string }{
