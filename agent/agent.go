@@ -8,6 +8,7 @@
 package agent
 
 import (
+	"encoding/json"
 	"fmt"
 	"maps"
 
@@ -49,6 +50,15 @@ type Tool struct {
 	// tools whose calls are safe to run twice. The embedded engine never
 	// retries a call.
 	Retries int
+	// NeedsApproval, when set, decides from a call's arguments whether it
+	// waits for a person's decision before it runs (ApprovalRequired: every
+	// call). The call waits without a slot of parallel_tools, the tool's
+	// timeout starts when it runs, and the turn's ceiling stops while the
+	// turn waits for nothing but people.
+	NeedsApproval func(arguments json.RawMessage) bool
+	// ApprovalTimeout is how long a call waits for the decision before it
+	// expires, not run; unset follows timeouts.approval.
+	ApprovalTimeout budget.Duration
 }
 
 type entry struct {

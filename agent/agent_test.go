@@ -106,6 +106,8 @@ type fixture struct {
 	budgets budget.Budgets
 	limits  budget.Limits
 	late    func(event.ToolCall)
+	// approver decides the calls that need a person.
+	approver agent.Approver
 }
 
 func (f fixture) run(t *testing.T, ctx context.Context, text string) (*agent.Result, *recorder) {
@@ -120,7 +122,7 @@ func (f fixture) run(t *testing.T, ctx context.Context, text string) (*agent.Res
 	if f.late != nil {
 		sinks = append(sinks, lateSink(f.late))
 	}
-	res := a.Run(ctx, agent.Input{SessionID: "s1", Text: text}, sinks...)
+	res := a.Run(ctx, agent.Input{SessionID: "s1", Text: text, Approver: f.approver}, sinks...)
 	checkEvents(t, res, rec)
 	return res, rec
 }

@@ -51,7 +51,7 @@ func (u engineUnits) ToolBudget(s *machine.State, name string) (budget.ToolBudge
 }
 
 func (u engineUnits) Advance(ctx context.Context, s *machine.State, tr machine.Transcript, sinks ...event.Sink) *machine.Ended {
-	t := u.a.resume(s, tr, sinks)
+	t := u.a.resume(s, tr, nil, sinks)
 	var next machine.Unit
 	t.under(ctx, func(ctx context.Context) {
 		next = machine.Advance(&inProcess{t: t, ctx: ctx}, s)
@@ -70,7 +70,7 @@ func (u engineUnits) Advance(ctx context.Context, s *machine.State, tr machine.T
 
 func (u engineUnits) Call(ctx context.Context, s *machine.State, step int, c machine.Call, tr machine.Transcript, sinks ...event.Sink) machine.Called {
 	view := *s
-	t := u.a.resume(&view, tr, sinks)
+	t := u.a.resume(&view, tr, nil, sinks)
 	var out machine.Called
 	t.under(ctx, func(ctx context.Context) {
 		t.callUnit(ctx, &view, step, c)
@@ -83,14 +83,14 @@ func (u engineUnits) Call(ctx context.Context, s *machine.State, step int, c mac
 }
 
 func (u engineUnits) Refuse(s *machine.State, step int, c machine.Call, reason string, tr machine.Transcript, sinks ...event.Sink) machine.Called {
-	t := u.a.resume(s, tr, sinks)
+	t := u.a.resume(s, tr, nil, sinks)
 	t.refuseUnit(s, step, c, reason)
 	t.em.Close()
 	return machine.Called{}
 }
 
 func (u engineUnits) Lost(s *machine.State, step int, c machine.Call, l machine.Loss, tr machine.Transcript, sinks ...event.Sink) machine.Called {
-	t := u.a.resume(s, tr, sinks)
+	t := u.a.resume(s, tr, nil, sinks)
 	defer t.em.Close()
 	mc := t.askedFor(s, c)
 	if l.Recorded != nil {
@@ -105,7 +105,7 @@ func (u engineUnits) Lost(s *machine.State, step int, c machine.Call, l machine.
 }
 
 func (u engineUnits) LostAttempts(s *machine.State, step int, lost []machine.LostAttempt, why string, sinks ...event.Sink) {
-	t := u.a.resume(s, &memTranscript{}, sinks)
+	t := u.a.resume(s, &memTranscript{}, nil, sinks)
 	defer t.em.Close()
 	now := time.Now()
 	for _, at := range lost {
@@ -121,7 +121,7 @@ func (u engineUnits) LostAttempts(s *machine.State, step int, lost []machine.Los
 }
 
 func (u engineUnits) End(s *machine.State, e machine.Ending, tr machine.Transcript, sinks ...event.Sink) *machine.Ended {
-	t := u.a.resume(s, tr, sinks)
+	t := u.a.resume(s, tr, nil, sinks)
 	res := t.finish(e)
 	return &machine.Ended{Record: res.Record, Messages: res.Messages}
 }

@@ -32,6 +32,10 @@ type activity struct {
 	streaming bool
 	// compaction marks a history-compaction call.
 	compaction bool
+	// approvalOf, for a call waiting for a person's decision, names its
+	// tool: the step watchdog does not fire while one waits (a person's
+	// time is not the turn's), and notices do not name it.
+	approvalOf string
 	// lastReport is when the call last reported progress (a tool's
 	// report, a model's stream chunk), as time since the watchdog's base
 	// plus one; zero when it has not. Stored without the lock: a flooding
@@ -339,7 +343,7 @@ func (l *liveness) noticeLocked(now time.Time) *event.StillWorking {
 // just before a beat is named at the next one if it stays silent. l.mu is
 // held.
 func (l *liveness) silentFor(a *activity, now time.Time) (time.Duration, bool) {
-	if now.Sub(a.started) < l.notice/2 {
+	if a.approvalOf != "" || now.Sub(a.started) < l.notice/2 {
 		return 0, false
 	}
 	since := a.started
@@ -361,7 +365,7 @@ func (l *liveness) silentFor(a *activity, now time.Time) (time.Duration, bool) {
 // held.
 func (l *liveness) advisoryRunningLocked() bool {
 	for _, a := range l.running {
-		if a.advisory {
+		if a.advisory || a.approvalOf != "" {
 			return true
 		}
 	}
@@ -387,7 +391,14 @@ func (l *liveness) describe(now time.Time) (desc string, tools []string) {
 	defer l.mu.Unlock()
 	// It runs once per stopped turn, on the goroutine that stops it, often
 	// thousands at once (a burst of ceilings): plain concatenation, no fmt.
-	acts := l.running // in the order they started
+	var acts, waits []*activity // in the order they started
+	for _, a := range l.running {
+		if a.approvalOf != "" {
+			waits = append(waits, a)
+		} else {
+			acts = append(acts, a)
+		}
+	}
 	var toolActs []*activity
 	for _, a := range acts {
 		if a.tool != "" {
@@ -411,6 +422,9 @@ func (l *liveness) describe(now time.Time) (desc string, tools []string) {
 			return a.subject + ", streaming its reply (" + roundHuman(now.Sub(a.started)).String() + ")", nil
 		}
 		return a.subject + ", waiting for its reply (" + roundHuman(now.Sub(a.started)).String() + ")", nil
+	case len(waits) > 0:
+		a := waits[0]
+		return "tool " + a.approvalOf + ", waiting for a person's decision (" + roundHuman(now.Sub(a.started)).String() + ")", nil
 	case l.last != nil:
 		return l.last.subject + ", finished " + roundHuman(now.Sub(l.lastEnded)).String() + " ago", nil
 	}

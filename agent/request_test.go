@@ -157,7 +157,7 @@ func TestTurnStartedDurations(t *testing.T) {
 	want := map[string]string{
 		budget.KeyTool: "60s", budget.KeyToolMax: "1h", budget.KeyLLMFirstChunk: "60s", budget.KeyLLMIdle: "2m",
 		budget.KeyLLMBudget: "off", budget.KeyStep: "5m", budget.KeyTurn: "30m", budget.KeyProgressNotice: "30s",
-		budget.KeyKillGrace: "2s", budget.KeyCompaction: "60s", budget.KeyMaxSteps: "25", budget.KeyMaxToolCalls: "50",
+		budget.KeyKillGrace: "2s", budget.KeyCompaction: "60s", budget.KeyApproval: "24h", budget.KeyMaxSteps: "25", budget.KeyMaxToolCalls: "50",
 		budget.KeyParallelTools: "4", budget.KeyMaxToolOutput: "1MiB", budget.KeyIdleBreaker: "3", budget.KeyMaxReply: "1MiB",
 	}
 	if diff := cmp.Diff(want, got); diff != "" {

@@ -37,7 +37,7 @@ func (t *turn) refuseUnit(view *machine.State, step int, c machine.Call, reason 
 	default:
 		reason, msg = machine.RefusedCancelled, "Not run: the turn was stopped before this call could start."
 	}
-	result := t.refuse(step, machine.CallID(step, c.Index), mc, reason, "", msg)
+	result := t.refuse(step, machine.CallID(step, c.Index), mc, reason, "", msg, nil)
 	t.tr.Put(view.Messages+c.Index, toolMessage(mc, result))
 }
 
@@ -70,7 +70,8 @@ func arguments(raw string) json.RawMessage {
 
 // refuse records a call that was not run and returns what the model is
 // told.
-func (t *turn) refuse(step int, callID string, c model.ToolCall, reason, field, msg string) string {
+// a, when the call waited for a person first, is that wait.
+func (t *turn) refuse(step int, callID string, c model.ToolCall, reason, field, msg string, a *approval) string {
 	now := time.Now()
 	res := tool.Refusal(c.Name, reason, field, msg)
 	rec := event.ToolCall{CallID: callID, TurnID: t.s.TurnID, Step: step, Tool: c.Name, Arguments: arguments(c.Arguments),
@@ -84,6 +85,7 @@ func (t *turn) refuse(step int, callID string, c model.ToolCall, reason, field, 
 	if reason == "cancelled" {
 		rec.Outcome, rec.Phase = event.OutcomeCancelled, budget.PhaseCancel
 	}
+	a.apply(&rec)
 	rec = t.addToolRecord(rec)
 	t.em.Emit(&event.ToolFinished{ToolCall: rec})
 	return res
@@ -95,13 +97,13 @@ func (t *turn) runTool(ctx context.Context, step int, callID string, c model.Too
 	e, ok := t.a.tools[c.Name]
 	if !ok {
 		return t.refuse(step, callID, c, "unknown_tool", "", fmt.Sprintf("There is no tool named %q. Available tools: %s.",
-			c.Name, strings.Join(t.a.order, ", ")))
+			c.Name, strings.Join(t.a.order, ", ")), nil)
 	}
 	args := json.RawMessage(c.Arguments)
 	if err := e.schema.Check(args); err != nil {
 		var ae *tool.ArgumentError
 		errors.As(err, &ae)
-		return t.refuse(step, callID, c, ae.Reason, ae.Field, ae.Message+" The tool was not run.")
+		return t.refuse(step, callID, c, ae.Reason, ae.Field, ae.Message+" The tool was not run.", nil)
 	}
 	if len(strings.TrimSpace(c.Arguments)) == 0 {
 		args = json.RawMessage("{}")
@@ -153,6 +155,11 @@ func (t *turn) runTool(ctx context.Context, step int, callID string, c model.Too
 			rec.StderrTail = te.StderrTail
 		}
 	}
+	t.mu.Lock()
+	if a, ok := t.approvals[callID]; ok {
+		a.apply(&rec)
+	}
+	t.mu.Unlock()
 	rec = t.addToolRecord(rec)
 	t.em.Emit(&event.ToolFinished{ToolCall: rec})
 	return result
@@ -233,7 +240,7 @@ func (t *turn) applyLate(rec *event.ToolCall, lr lateResult) {
 // stops the call as a cancelled turn would.
 func (a *Agent) CallTool(ctx context.Context, name string, input json.RawMessage, sinks ...event.Sink) event.ToolCall {
 	s := &machine.State{TurnID: "tool-call", Start: time.Now(), Budgets: a.budgets, Limits: a.limits}
-	t := a.resume(s, &memTranscript{}, sinks)
+	t := a.resume(s, &memTranscript{}, nil, sinks)
 	t.live = newLiveness(budget.Duration{}, s.Budgets.ProgressNotice.D, time.Time{}, func(v event.Payload) { t.em.Emit(v) }, func(*budget.TimeoutError) {})
 	defer t.live.close()
 	t.runTool(ctx, 1, "call_1_1", model.ToolCall{ID: "call_1_1", Name: name, Arguments: string(input)})

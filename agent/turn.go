@@ -22,6 +22,10 @@ type Input struct {
 	History []model.Message
 	// Text is the user's message.
 	Text string
+	// Approver decides on the calls of tools that need a person's
+	// decision (Tool.NeedsApproval); nil denies them, saying that nobody
+	// can decide.
+	Approver Approver
 	// Budgets are this turn's own budgets, by knob name ("turn", "tool",
 	// "step", "llm_budget", "max_steps", "max_tool_calls"); their source
 	// is "request". Each may lower the agent's value, and raise it only up
@@ -55,7 +59,7 @@ type Result struct {
 func (a *Agent) Run(ctx context.Context, in Input, sinks ...event.Sink) *Result {
 	s, tr := a.newState(in)
 	traced := a.traceTurn(ctx, s)
-	t := a.resume(s, tr, sinks)
+	t := a.resume(s, tr, in.Approver, sinks)
 	var end machine.Unit
 	t.under(ctx, func(ctx context.Context) {
 		end = machine.Drive(&inProcess{t: t, ctx: ctx}, t.s)
@@ -84,8 +88,8 @@ func (a *Agent) newState(in Input) (*machine.State, *memTranscript) {
 
 // resume makes the in-process turn of s: the one for a whole Run, or for
 // the units an engine runs here one at a time.
-func (a *Agent) resume(s *machine.State, tr machine.Transcript, sinks []event.Sink) *turn {
-	t := &turn{a: a, s: s, tr: tr, sinks: sinks}
+func (a *Agent) resume(s *machine.State, tr machine.Transcript, approver Approver, sinks []event.Sink) *turn {
+	t := &turn{a: a, s: s, tr: tr, sinks: sinks, approver: approver}
 	if a.tracer != nil {
 		t.spans = newSpans(t, a.tracer)
 		sinks = append([]event.Sink{t.spans}, sinks...)
@@ -107,14 +111,14 @@ func (t *turn) under(ctx context.Context, work func(context.Context)) {
 	t.live = newLiveness(b.Step, b.ProgressNotice.D, t.s.LastProgress,
 		func(v event.Payload) { t.em.Emit(v) },
 		func(te *budget.TimeoutError) { t.stopWith(cancel, te) })
-	ceiling := time.AfterFunc(b.Turn.D-time.Since(t.s.Start), func() {
-		t.stopWith(cancel, b.Turn.Expired(budget.PhaseTurn, "the turn", time.Since(t.s.Start)))
+	t.ceiling = newCeiling(t.s.Ceiling(), func(waited time.Duration) {
+		t.stopWith(cancel, b.Turn.Expired(budget.PhaseTurn, "the turn", time.Since(t.s.Start)-waited))
 	})
 	stopWatch := context.AfterFunc(ctx, func() { t.stopWith(cancel, budget.Cause(ctx)) })
 
 	work(turnCtx)
 
-	ceiling.Stop()
+	t.ceiling.stop()
 	stopWatch()
 	t.live.close()
 	t.s.LastProgress = t.live.lastProgressed()
@@ -136,6 +140,11 @@ type turn struct {
 	// sinks are the run's sinks; those that are event.LateSinks get the
 	// late results that arrive after the turn ended.
 	sinks []event.Sink
+	// approver decides on calls that need a person (Input.Approver).
+	approver Approver
+	// ceiling is the timer of the turn's ceiling, which waits for people
+	// stop (under, Paused).
+	ceiling *ceiling
 
 	stopNote // written once, by capture, under its sync.Once
 	records  // shared with the tool calls' goroutines, under records.mu
@@ -162,6 +171,9 @@ type records struct {
 	// pendingLate holds late results that arrived before their call's
 	// record was written.
 	pendingLate map[string]lateResult
+	// approvals are the waits of approved calls, by call id, for their
+	// records.
+	approvals map[string]approval
 }
 
 // stopWith cancels the turn for cause, first noting what was running.
@@ -323,7 +335,7 @@ func (t *turn) finish(end machine.Ending) *Result {
 		TurnID: s.TurnID, SessionID: s.SessionID, Agent: t.a.name, Input: t.tr.Input(),
 		Status: end.Reason.Status(), StopReason: end.Reason, Message: msg, Answer: answer, Flags: flags,
 		StartedAt: s.Start, EndedAt: now, Steps: s.Steps, LLMMS: s.LLMUsed.Milliseconds(), ToolMS: s.ToolTime.Milliseconds(),
-		WallMS: now.Sub(s.Start).Milliseconds(), Failovers: s.Failovers,
+		WallMS: now.Sub(s.Start).Milliseconds(), ApprovalMS: s.ApprovalWait.Milliseconds(), Failovers: s.Failovers,
 		ToolCalls:  append([]event.ToolCall(nil), t.toolRecs...),
 		ModelCalls: append([]event.ModelCall(nil), t.modelRecs...),
 	}

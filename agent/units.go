@@ -41,6 +41,14 @@ func (d *inProcess) Refuse(view *machine.State, step int, c machine.Call, reason
 	return machine.Called{}
 }
 
+func (d *inProcess) Asks(view *machine.State, c machine.Call) bool { return d.t.asks(view, c) }
+
+func (d *inProcess) Approve(view *machine.State, step int, c machine.Call) (bool, machine.Called) {
+	return d.t.approveUnit(d.ctx, view, step, c)
+}
+
+func (d *inProcess) Paused(paused bool, at time.Time) { d.t.ceiling.pause(paused, at) }
+
 func (d *inProcess) Group(slots int) machine.Group {
 	return &group{d: d, sem: make(chan struct{}, slots)}
 }

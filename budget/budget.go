@@ -116,6 +116,7 @@ type Budgets struct {
 	ProgressNotice Duration `json:"progress_notice"` // still_working interval (30s)
 	KillGrace      Duration `json:"kill_grace"`      // polite stop → forced stop (2s)
 	Compaction     Duration `json:"compaction"`      // one compaction model call (60s)
+	Approval       Duration `json:"approval"`        // how long a call waits for a person's decision (24h)
 }
 
 // Limits are the count and size limits of a turn, resolved (spec §2).
@@ -140,6 +141,7 @@ const (
 	KeyProgressNotice = "timeouts.progress_notice"
 	KeyKillGrace      = "timeouts.kill_grace"
 	KeyCompaction     = "timeouts.compaction"
+	KeyApproval       = "timeouts.approval"
 	KeyMaxSteps       = "limits.max_steps"
 	KeyMaxToolCalls   = "limits.max_tool_calls"
 	KeyParallelTools  = "limits.parallel_tools"

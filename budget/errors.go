@@ -30,6 +30,10 @@ const (
 	PhaseTurn        Phase = "turn"
 	PhaseCompaction  Phase = "compaction"
 	PhaseCancel      Phase = "cancel"
+	// PhaseApproval is the wait for a person's decision on a call that
+	// needs one (timeouts.approval): a call that expired in it was never
+	// run.
+	PhaseApproval Phase = "approval"
 	// PhaseWorkerLost is a call, or a model call attempt, that was running
 	// on an engine's worker that died or stopped answering (package
 	// temporal): nobody's budget, and not the model's failure.

@@ -127,6 +127,11 @@ var Knobs = []Knob{
 	durKnob(KeyCompaction, "compaction-timeout", "TIMEBOX_COMPACTION_TIMEOUT", 60*time.Second, false, false,
 		"one history-compaction model call",
 		func(b *Budgets) *Duration { return &b.Compaction }),
+	// A person's decision may take a weekend: up to a week, like the
+	// turn (docs/decisions/approvals.md).
+	upTo(MaxTurn, durKnob(KeyApproval, "approval-timeout", "TIMEBOX_APPROVAL_TIMEOUT", 24*time.Hour, false, false,
+		"how long a tool call that needs approval waits for a person's decision; the turn's ceiling does not count the wait",
+		func(b *Budgets) *Duration { return &b.Approval })),
 	stops(MaxSteps, countKnob(KeyMaxSteps, "max-steps", "TIMEBOX_MAX_STEPS", 25, 1, 100_000, true,
 		"model calls per turn",
 		func(l *Limits) *Count { return &l.MaxSteps })),

@@ -33,6 +33,8 @@ const (
 	TypeCompactionStarted  Type = "compaction_started"
 	TypeCompactionFinished Type = "compaction_finished"
 	TypeTurnFinished       Type = "turn_finished"
+	TypeApprovalRequested  Type = "approval_requested"
+	TypeApprovalDecided    Type = "approval_decided"
 	// TypeLateResult reports that an abandoned call returned while its turn
 	// was still running. The result was not given to the model.
 	TypeLateResult Type = "late_result"
@@ -182,14 +184,60 @@ type SilentCall struct {
 }
 
 // ToolFinished closes a tool call with its record; Outcome says how it
-// ended (ok, error, timed_out, cancelled, abandoned, or interrupted when
-// the next start writes it for a call its dead process left running).
+// ended (ok, error, timed_out, cancelled, abandoned, interrupted when
+// the next start writes it for a call its dead process left running, or,
+// for a call that waited for a person, denied or approval_expired).
 type ToolFinished struct {
 	ToolCall
 	// TurnID shadows the record's own turn_id so the flat JSON form has the
 	// header's only; it is always empty.
 	TurnID string `json:"turn_id,omitempty"`
 }
+
+// ApprovalRequested is sent when a tool call needs a person's decision
+// before it runs: the call waits, without a slot of parallel_tools, until
+// ExpiresAt (timeouts.approval or the tool's approval_timeout). Round
+// counts the requests for the call: a decision that could not be used at
+// once (its turn was not running) is asked for again.
+type ApprovalRequested struct {
+	Step      int             `json:"step"`
+	CallID    string          `json:"call_id"`
+	Tool      string          `json:"tool"`
+	Arguments json.RawMessage `json:"arguments,omitempty"`
+	ExpiresAt time.Time       `json:"expires_at"`
+	TimeoutMS int64           `json:"timeout_ms"`
+	Source    budget.Source   `json:"source"`
+	Knob      string          `json:"knob,omitempty"`
+	Round     int             `json:"round,omitempty"`
+}
+
+// ApprovalDecided closes the wait of ApprovalRequested: Decision is
+// approve, deny or expired (no decision before expires_at); By says who
+// decided, WaitedMS how long the call waited.
+type ApprovalDecided struct {
+	CallID   string   `json:"call_id"`
+	Tool     string   `json:"tool"`
+	Decision Decision `json:"decision"`
+	By       string   `json:"by,omitempty"`
+	Reason   string   `json:"reason,omitempty"`
+	WaitedMS int64    `json:"waited_ms"`
+	Round    int      `json:"round,omitempty"`
+	// Stale marks an approval made too long before its call could start
+	// (agent.ApprovalFresh): it is not acted on, and the call is asked
+	// for again (approval_requested with the next round).
+	Stale bool `json:"stale,omitempty"`
+}
+
+// Decision is a person's decision on a call that waits for one.
+type Decision string
+
+// The decisions on a call (approval_decided).
+const (
+	Approve Decision = "approve"
+	Deny    Decision = "deny"
+	// Expired: no decision came before the call's approval timeout.
+	Expired Decision = "expired"
+)
 
 // LateResult reports what an abandoned tool call returned after it was
 // abandoned. It was recorded, never given to the model.
@@ -263,6 +311,8 @@ func (*LateResult) Type() Type         { return TypeLateResult }
 func (*CompactionStarted) Type() Type  { return TypeCompactionStarted }
 func (*CompactionFinished) Type() Type { return TypeCompactionFinished }
 func (*TurnFinished) Type() Type       { return TypeTurnFinished }
+func (*ApprovalRequested) Type() Type  { return TypeApprovalRequested }
+func (*ApprovalDecided) Type() Type    { return TypeApprovalDecided }
 
 func (*TurnStarted) payload()        {}
 func (*LLMStarted) payload()         {}
@@ -277,6 +327,8 @@ func (*LateResult) payload()         {}
 func (*CompactionStarted) payload()  {}
 func (*CompactionFinished) payload() {}
 func (*TurnFinished) payload()       {}
+func (*ApprovalRequested) payload()  {}
+func (*ApprovalDecided) payload()    {}
 
 // payloads makes a zero payload of each type, for reading events back.
 var payloads = func() map[Type]func() Payload {
@@ -295,6 +347,8 @@ var payloads = func() map[Type]func() Payload {
 		func() Payload { return &CompactionStarted{} },
 		func() Payload { return &CompactionFinished{} },
 		func() Payload { return &TurnFinished{} },
+		func() Payload { return &ApprovalRequested{} },
+		func() Payload { return &ApprovalDecided{} },
 	} {
 		m[f().Type()] = f
 	}

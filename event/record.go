@@ -26,6 +26,12 @@ const (
 	// process to open the store, from the call's events; its duration is
 	// a lower bound.
 	OutcomeInterrupted Outcome = "interrupted"
+	// OutcomeDenied is a call a person denied: it was not run, and the
+	// model was told (tool_denied).
+	OutcomeDenied Outcome = "denied"
+	// OutcomeApprovalExpired is a call that got no decision within its
+	// approval timeout: it was not run (phase approval).
+	OutcomeApprovalExpired Outcome = "approval_expired"
 )
 
 // ToolCall is the durable record of one tool call (spec §8).
@@ -71,6 +77,19 @@ type ToolCall struct {
 	// EndedAt and DurationMS say what is known it ran: until its last
 	// heartbeat.
 	NoticedAt time.Time `json:"noticed_at,omitzero"`
+	// ApprovalMS is how long the call waited for a person's decision
+	// before it ran (or was denied, or expired): apart from DurationMS,
+	// which counts from the tool's start. Approval is the decision.
+	ApprovalMS int64     `json:"approval_ms,omitempty"`
+	Approval   *Approval `json:"approval,omitempty"`
+}
+
+// Approval is the decision on a call that waited for one, as its record
+// keeps it.
+type Approval struct {
+	Decision Decision `json:"decision"`
+	By       string   `json:"by,omitempty"`
+	Reason   string   `json:"reason,omitempty"`
 }
 
 // ModelCall is the durable record of one model call attempt (spec §8).
@@ -115,6 +134,9 @@ type Totals struct {
 	ToolMS           int64 `json:"tool_ms"`
 	WallMS           int64 `json:"wall_ms"`
 	Failovers        int   `json:"failovers"`
+	// ApprovalMS is the time the turn waited for nothing but people's
+	// decisions: part of WallMS, not of the turn's ceiling.
+	ApprovalMS int64 `json:"approval_ms,omitempty"`
 }
 
 // Turn is the durable record of one turn (spec §8).
@@ -134,15 +156,18 @@ type Turn struct {
 	LLMMS      int64             `json:"llm_ms"`
 	ToolMS     int64             `json:"tool_ms"`
 	WallMS     int64             `json:"wall_ms"`
-	Failovers  int               `json:"failovers"`
-	ToolCalls  []ToolCall        `json:"tool_calls"`
-	ModelCalls []ModelCall       `json:"model_calls"`
-	Events     []Event           `json:"events,omitempty"`
+	// ApprovalMS is the part of WallMS the turn waited for nothing but
+	// people's decisions (Totals.ApprovalMS).
+	ApprovalMS int64       `json:"approval_ms,omitempty"`
+	Failovers  int         `json:"failovers"`
+	ToolCalls  []ToolCall  `json:"tool_calls"`
+	ModelCalls []ModelCall `json:"model_calls"`
+	Events     []Event     `json:"events,omitempty"`
 }
 
 // Totals returns the turn's counters as turn_finished carries them.
 func (t *Turn) Totals() Totals {
-	tot := Totals{Steps: t.Steps, LLMMS: t.LLMMS, ToolMS: t.ToolMS, WallMS: t.WallMS, Failovers: t.Failovers}
+	tot := Totals{Steps: t.Steps, LLMMS: t.LLMMS, ToolMS: t.ToolMS, WallMS: t.WallMS, Failovers: t.Failovers, ApprovalMS: t.ApprovalMS}
 	for _, c := range t.ToolCalls {
 		if c.Refused != "" {
 			tot.ToolCallsRefused++

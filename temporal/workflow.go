@@ -377,3 +377,11 @@ func lostWhy(err error) string {
 	}
 	return fmt.Sprintf("%s failed: %v", worker, errors.Unwrap(err))
 }
+
+func (d *driver) Asks(s *machine.State, c machine.Call) bool { return false }
+
+func (d *driver) Approve(s *machine.State, step int, c machine.Call) (bool, machine.Called) {
+	return true, machine.Called{}
+}
+
+func (d *driver) Paused(paused bool, at time.Time) {}

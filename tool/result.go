@@ -209,3 +209,26 @@ func validText(s string) string { return strings.ToValidUTF8(s, "\uFFFD") }
 func Refusal(name, reason, field, message string) string {
 	return ErrorInfo{Type: "tool_error", Tool: name, Reason: reason, Field: field, Message: message}.String()
 }
+
+// Denied returns the tool_denied result of a call a person denied: it was
+// not run. by says who, reason why, when they said.
+func Denied(name, by, reason string) string {
+	msg := "A person denied this call"
+	if by != "" {
+		msg += " (" + by + ")"
+	}
+	if reason != "" {
+		msg += ": " + reason
+	}
+	msg += ". It was not run. Do not ask for it again as it is; go on without it, or ask the user what they want instead."
+	return ErrorInfo{Type: "tool_denied", Tool: name, Message: msg}.String()
+}
+
+// ApprovalExpired returns the approval_expired result of a call that got
+// no decision within its approval timeout d: it was not run.
+func ApprovalExpired(name string, d budget.Duration, waited time.Duration) string {
+	return ErrorInfo{Type: "approval_expired", Tool: name, Phase: string(budget.PhaseApproval), Limit: d.D.String(),
+		Elapsed: budget.Round(waited).String(), Source: string(d.Source), Knob: d.Knob,
+		Message: "Tool " + strconv.Quote(name) + " needs a person's approval and got no decision within " + budget.FormatDuration(d.D) +
+			", so it was not run. Tell the user what you wanted to do and why; an operator can raise " + d.Knob + "."}.String()
+}

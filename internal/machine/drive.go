@@ -1,6 +1,9 @@
 package machine
 
-import "time"
+import (
+	"sync"
+	"time"
+)
 
 // Driver runs a turn's units of work for Drive: in this process (package
 // agent) or as Temporal activities (package temporal).
@@ -24,6 +27,23 @@ type Driver interface {
 	// Group returns what runs the calls of one batch, at most slots at
 	// once.
 	Group(slots int) Group
+	// Asks reports whether call c of the batch of s may need a person's
+	// decision before it runs (the tool's approval): RunBatch then has
+	// it wait for one (Approve) before it takes a slot.
+	Asks(s *State, c Call) bool
+	// Approve has call c of step's batch wait for a person's decision,
+	// when it needs one, and reports whether the call runs. When it does
+	// not — denied, expired, the turn stopped meanwhile — the call is
+	// recorded as not run, and out says how the wait went. Like Call, it
+	// may run concurrently with the batch's other calls and must not
+	// change s.
+	Approve(s *State, step int, c Call) (run bool, out Called)
+	// Paused tells the engine that the turn's ceiling stopped (paused)
+	// or runs again: the turn waits for nothing but people, or no longer
+	// does. Ceiling is where the ceiling now falls (zero while paused).
+	// RunBatch calls it under a lock of its own, in the order of the
+	// changes.
+	Paused(paused bool, ceiling time.Time)
 }
 
 // Group runs the calls of a batch concurrently: goroutines and a
@@ -103,12 +123,43 @@ func Advance(d Driver, s *State) Unit {
 // and notes how it went in s: max_tool_calls refuses the calls past it,
 // a stop refuses the calls not yet started, the turn's tool time grows by
 // the batch's, and what the calls met of a turn-level stop is kept.
+//
+// A call that needs a person's decision waits for it (Driver.Approve)
+// without a slot, so that the batch's other calls run on; while the turn
+// waits for nothing but people its ceiling stops (Pauses).
 func RunBatch(d Driver, s *State, u Unit) {
 	start := d.Now()
 	outs := make([]Called, len(u.Calls))
 	g := d.Group(int(max(1, s.Limits.ParallelTools.N)))
 	// The calls read the state the batch began with; the loop counts on.
 	view := *s
+	waitedBefore := s.ApprovalWait
+	p := &Pauses{Total: s.ApprovalWait}
+	var pmu sync.Mutex
+	change := func(waiting, working int) {
+		pmu.Lock()
+		defer pmu.Unlock()
+		was := p.Paused()
+		p.Change(d.Now(), waiting, working)
+		if p.Paused() != was {
+			var ceiling time.Time
+			if !p.Paused() {
+				ceiling = s.Start.Add(s.Budgets.Turn.D + p.Total)
+			}
+			d.Paused(p.Paused(), ceiling)
+		}
+	}
+	// call runs call i with the state it starts with: the batch's, with
+	// the ceiling as far as waits for people have moved it.
+	call := func(d Driver, i int, c Call) {
+		v := view
+		pmu.Lock()
+		v.ApprovalWait = p.Total
+		pmu.Unlock()
+		change(0, 1)
+		outs[i] = d.Call(&v, u.Step, c)
+		change(0, -1)
+	}
 	refused := 0
 	for i, c := range u.Calls {
 		if int64(s.ToolCalls) >= s.Limits.MaxToolCalls.N {
@@ -117,6 +168,27 @@ func RunBatch(d Driver, s *State, u Unit) {
 			continue
 		}
 		s.ToolCalls++
+		if s.Stop == nil && d.Asks(&view, c) {
+			g.Go(func(d Driver) {
+				change(1, 0)
+				run, out := d.Approve(&view, u.Step, c)
+				change(-1, 0)
+				if !run {
+					outs[i] = out
+					return
+				}
+				if !g.Acquire() {
+					outs[i] = d.Refuse(&view, u.Step, c, RefusedCancelled)
+					return
+				}
+				defer g.Release()
+				call(d, i, c)
+				if out.LastProgress.After(outs[i].LastProgress) {
+					outs[i].LastProgress = out.LastProgress
+				}
+			})
+			continue
+		}
 		if s.Stop != nil || !g.Acquire() {
 			outs[i] = d.Refuse(&view, u.Step, c, RefusedCancelled)
 			continue
@@ -124,20 +196,22 @@ func RunBatch(d Driver, s *State, u Unit) {
 		if len(u.Calls) == 1 {
 			// One call (the common case) runs where the batch does: a
 			// parked turn then costs one goroutine less.
-			outs[i] = d.Call(&view, u.Step, c)
+			call(d, i, c)
 			g.Release()
 			continue
 		}
 		g.Go(func(d Driver) {
 			defer g.Release()
-			outs[i] = d.Call(&view, u.Step, c)
+			call(d, i, c)
 		})
 	}
 	g.Wait()
 	s.Batch = nil
 	s.Messages += len(u.Calls)
 	s.Refused = refused
-	s.ToolTime += d.Now().Sub(start)
+	s.ApprovalWait = p.Total
+	// The batch's time, less what it waited for nothing but people.
+	s.ToolTime += d.Now().Sub(start) - (p.Total - waitedBefore)
 	for _, o := range outs {
 		if o.LastProgress.After(s.LastProgress) {
 			s.LastProgress = o.LastProgress
@@ -146,5 +220,33 @@ func RunBatch(d Driver, s *State, u Unit) {
 		if s.Stop == nil && o.Cause != nil {
 			s.Stop = o.Cause
 		}
+	}
+}
+
+// Pauses is the clock of a turn's waits for people: the turn waits for
+// nothing but people while a call waits for a decision and none works,
+// and that time is not the turn's own — its ceiling stops
+// (docs/decisions/approvals.md). Total is the time paused so far. The
+// zero Pauses counts from nothing.
+type Pauses struct {
+	Total            time.Duration
+	waiting, working int
+	since            time.Time
+}
+
+// Paused reports whether the turn waits for nothing but people.
+func (p *Pauses) Paused() bool { return p.waiting > 0 && p.working == 0 }
+
+// Change counts calls that begin (1) or end (-1) waiting for a decision,
+// and calls that begin or end working, at now.
+func (p *Pauses) Change(now time.Time, waiting, working int) {
+	was := p.Paused()
+	p.waiting += waiting
+	p.working += working
+	switch is := p.Paused(); {
+	case is && !was:
+		p.since = now
+	case was && !is:
+		p.Total += now.Sub(p.since)
 	}
 }

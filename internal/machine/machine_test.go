@@ -77,9 +77,51 @@ type fake struct {
 	most    int // and at most
 	started chan struct{}
 	release chan struct{}
+
+	// approve decides the calls that need a person, by name; each waits
+	// wait for the decision.
+	approve map[string]bool
+	wait    time.Duration
+	pauses  []string // what Paused was told
+	clock   sync.Mutex
 }
 
-func (f *fake) Now() time.Time { return f.now }
+func (f *fake) Now() time.Time {
+	f.clock.Lock()
+	defer f.clock.Unlock()
+	return f.now
+}
+
+func (f *fake) Asks(s *State, c Call) bool {
+	_, ok := f.approve[c.Name]
+	return ok
+}
+
+func (f *fake) Approve(s *State, step int, c Call) (bool, Called) {
+	f.clock.Lock()
+	f.now = f.now.Add(f.wait)
+	f.clock.Unlock()
+	if f.approve[c.Name] {
+		return true, Called{}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.refused == nil {
+		f.refused = map[string]string{}
+	}
+	f.refused[c.Name] = "denied"
+	return false, Called{}
+}
+
+func (f *fake) Paused(paused bool, ceiling time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if paused {
+		f.pauses = append(f.pauses, "paused")
+		return
+	}
+	f.pauses = append(f.pauses, "ceiling "+ceiling.Format(time.TimeOnly))
+}
 
 func (f *fake) Check(s *State) bool {
 	f.checks++
@@ -129,7 +171,9 @@ func (f *fake) Refuse(s *State, step int, c Call, reason string) Called {
 }
 
 func (f *fake) Group(slots int) Group {
+	f.clock.Lock()
 	f.now = f.now.Add(3 * time.Second) // the batch takes 3s
+	f.clock.Unlock()
 	return &fakeGroup{f: f, sem: make(chan struct{}, slots)}
 }
 
@@ -320,5 +364,76 @@ func TestMerge(t *testing.T) {
 	}
 	if CallID(3, 0) != "call_3_1" {
 		t.Errorf("CallID(3, 0) = %s", CallID(3, 0))
+	}
+}
+
+// A call that waits for a person waits without a slot, and the turn's
+// ceiling stops only while nothing else works: its time is not the
+// turn's, nor the batch's tool time.
+func TestRunBatchApprovals(t *testing.T) {
+	start := time.Date(2026, 11, 26, 10, 0, 0, 0, time.UTC)
+	turn := budget.Budgets{Turn: budget.Duration{D: time.Minute}}
+	t.Run("alone", func(t *testing.T) {
+		f := &fake{now: start, approve: map[string]bool{"a": true}, wait: 10 * time.Second}
+		s := &State{Begun: true, Start: start, Budgets: turn, Limits: limits(10, 10, 1)}
+		RunBatch(f, s, Unit{Kind: Tools, Step: 1, Calls: []Call{{0, "a"}}})
+		if !cmp.Equal(f.called, []string{"a"}) || s.ApprovalWait != 10*time.Second {
+			t.Errorf("called %v, waited %s; want [a], 10s", f.called, s.ApprovalWait)
+		}
+		// The batch began at 10:00:03; the wait moved the ceiling from
+		// 10:01:00 to 10:01:10.
+		if want := []string{"paused", "ceiling 10:01:10"}; !cmp.Equal(f.pauses, want) {
+			t.Errorf("pauses %v, want %v", f.pauses, want)
+		}
+		if s.ToolTime != 3*time.Second {
+			t.Errorf("tool time %s, want the batch's own 3s, without the wait", s.ToolTime)
+		}
+		if s.Ceiling() != start.Add(70*time.Second) {
+			t.Errorf("ceiling %s", s.Ceiling())
+		}
+	})
+	t.Run("denied", func(t *testing.T) {
+		f := &fake{now: start, approve: map[string]bool{"a": false}, wait: time.Second}
+		s := &State{Begun: true, Start: start, Budgets: turn, Limits: limits(10, 10, 1)}
+		RunBatch(f, s, Unit{Kind: Tools, Step: 1, Calls: []Call{{0, "a"}, {1, "b"}}})
+		if !cmp.Equal(f.called, []string{"b"}) || f.refused["a"] != "denied" || s.ToolCalls != 2 {
+			t.Errorf("called %v, refused %v, counted %d", f.called, f.refused, s.ToolCalls)
+		}
+	})
+	t.Run("beside a working call", func(t *testing.T) {
+		// b works while a waits: the turn is working, its ceiling runs
+		// on, and a does not hold b's only slot.
+		f := &fake{now: start, approve: map[string]bool{"a": true}, started: make(chan struct{}), release: make(chan struct{})}
+		s := &State{Begun: true, Start: start, Budgets: turn, Limits: limits(10, 10, 1)}
+		done := make(chan struct{})
+		go func() {
+			RunBatch(f, s, Unit{Kind: Tools, Step: 1, Calls: []Call{{0, "a"}, {1, "b"}}})
+			close(done)
+		}()
+		<-f.started
+		f.release <- struct{}{}
+		<-f.started
+		f.release <- struct{}{}
+		<-done
+		if len(f.called) != 2 || s.ApprovalWait != 0 {
+			t.Errorf("called %v, waited %s", f.called, s.ApprovalWait)
+		}
+	})
+}
+
+func TestPauses(t *testing.T) {
+	at := func(s int) time.Time { return time.Unix(int64(s), 0) }
+	var p Pauses
+	p.Change(at(0), 0, 1) // a call works
+	p.Change(at(1), 1, 0) // another waits for a person: still working
+	if p.Paused() {
+		t.Fatal("paused while a call works")
+	}
+	p.Change(at(3), 0, -1) // the work ends: only a person is awaited
+	p.Change(at(10), -1, 0)
+	p.Change(at(11), 1, 0)
+	p.Change(at(12), -1, 0)
+	if p.Paused() || p.Total != 8*time.Second {
+		t.Errorf("paused %v, total %s; want false, 8s", p.Paused(), p.Total)
 	}
 }

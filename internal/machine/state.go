@@ -58,6 +58,10 @@ type State struct {
 	Attempts int           `json:"attempts,omitempty"`
 	LLMUsed  time.Duration `json:"llm_used"`
 	ToolTime time.Duration `json:"tool_time"`
+	// ApprovalWait is the time the turn has waited for nothing but
+	// people's decisions on its calls: its ceiling is
+	// Start+Budgets.Turn+ApprovalWait (Ceiling).
+	ApprovalWait time.Duration `json:"approval_wait,omitempty"`
 	// IdleStreak counts consecutive llm_idle and llm_first_chunk timeouts.
 	IdleStreak int    `json:"idle_streak,omitempty"`
 	Failovers  int    `json:"failovers,omitempty"`
@@ -118,6 +122,13 @@ type State struct {
 	// that keep one (model.Resumable), by the index of the provider's
 	// first endpoint in the chain.
 	Providers map[int]json.RawMessage `json:"providers,omitempty"`
+}
+
+// Ceiling returns when the turn's ceiling falls: its start plus
+// timeouts.turn, plus the time it waited for nothing but people
+// (docs/decisions/approvals.md).
+func (s *State) Ceiling() time.Time {
+	return s.Start.Add(s.Budgets.Turn.D + s.ApprovalWait)
 }
 
 // Call is one tool call of a batch: the Index-th of the calls the step's

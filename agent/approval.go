@@ -1,0 +1,294 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/machine"
+	"github.com/timebox-run/timebox/model"
+	"github.com/timebox-run/timebox/tool"
+)
+
+// Approver decides on the calls of tools that need a person's decision
+// before they run (Tool.NeedsApproval): a prompt on a terminal, the
+// server's route and page, a program's own.
+type Approver interface {
+	// Approve waits for the decision on req and returns it. ctx ends at
+	// req.ExpiresAt (then the call expires: return ctx's error, or an
+	// Expired decision) or when the turn is stopped. An Approver that
+	// keeps decisions elsewhere (a store) records the expiry there before
+	// it returns, so that a decision made at the last moment is either
+	// used or refused, never lost. Any other error denies the call, saying
+	// why.
+	Approve(ctx context.Context, req ApprovalRequest) (Decision, error)
+}
+
+// ApproverFunc is a function that is an Approver.
+type ApproverFunc func(ctx context.Context, req ApprovalRequest) (Decision, error)
+
+// Approve calls f.
+func (f ApproverFunc) Approve(ctx context.Context, req ApprovalRequest) (Decision, error) { return f(ctx, req) }
+
+// ApprovalRequest is a call waiting for a person's decision: what
+// approval_requested says.
+type ApprovalRequest struct {
+	TurnID, SessionID string
+	Step              int
+	CallID, Tool      string
+	Arguments         json.RawMessage
+	RequestedAt       time.Time
+	ExpiresAt         time.Time
+	// Round counts the requests for the call, from 1: a decision that
+	// could not be used at once is asked for again (ApprovalFresh).
+	Round int
+}
+
+// Decision is a person's decision on a call.
+type Decision struct {
+	// Decision is event.Approve, event.Deny or event.Expired.
+	Decision event.Decision
+	// By says who decided ("alice", "the terminal", "a client of the
+	// server"); Reason why, in their words.
+	By, Reason string
+	// At is when the decision was made; zero is when Approve returned.
+	At time.Time
+}
+
+// ApprovalRequired is a Tool.NeedsApproval that asks for every call:
+// `approval: required` in the agent file.
+func ApprovalRequired(json.RawMessage) bool { return true }
+
+// ApprovalFresh is how old an approval may be when the call would start:
+// one made while its turn could not act on it (its process was down, the
+// turn was moved) is asked for again rather than acted on late.
+const ApprovalFresh = 30 * time.Second
+
+// PendingApproval is a request handed to a program by ApprovalChannel:
+// Decide answers it.
+type PendingApproval struct {
+	ApprovalRequest
+	mu      sync.Mutex
+	done    bool
+	decided chan Decision // holds the one decision
+}
+
+// Decide answers the request. It reports false when the call no longer
+// waits for it (it expired, its turn stopped, it was already decided).
+func (p *PendingApproval) Decide(d Decision) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.done {
+		return false
+	}
+	p.done = true
+	p.decided <- d
+	return true
+}
+
+// end ends the wait: the decision that raced it, if one did.
+func (p *PendingApproval) end() (Decision, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.done {
+		return <-p.decided, true
+	}
+	p.done = true
+	return Decision{}, false
+}
+
+// ApprovalChannel returns an Approver that sends each request on ch and
+// waits for the program's Decide, or for the request to expire.
+func ApprovalChannel(ch chan<- *PendingApproval) Approver {
+	return ApproverFunc(func(ctx context.Context, req ApprovalRequest) (Decision, error) {
+		p := &PendingApproval{ApprovalRequest: req, decided: make(chan Decision, 1)}
+		select {
+		case ch <- p:
+		case <-ctx.Done():
+			return Decision{}, ctx.Err()
+		}
+		select {
+		case d := <-p.decided:
+			return d, nil
+		case <-ctx.Done():
+			// A decision that raced the end is used, not lost.
+			if d, ok := p.end(); ok {
+				return d, nil
+			}
+			return Decision{}, ctx.Err()
+		}
+	})
+}
+
+// approvalBudget is how long a call of e waits for a decision: the tool's
+// approval_timeout, else the turn's timeouts.approval.
+func (t *turn) approvalBudget(e *entry) budget.Duration {
+	if !e.ApprovalTimeout.Unset() && !followsDefault(e.ApprovalTimeout.Source) {
+		return e.ApprovalTimeout
+	}
+	return t.s.Budgets.Approval
+}
+
+// asks reports whether call c of the batch of view needs a person's
+// decision: its tool says so for its arguments. A call that will be
+// refused anyway (an unknown tool, arguments the schema refuses) is not
+// put to anyone.
+func (t *turn) asks(view *machine.State, c machine.Call) (needs bool) {
+	e, ok := t.a.tools[c.Name]
+	if !ok || e.NeedsApproval == nil {
+		return false
+	}
+	mc := t.askedFor(view, c)
+	args := arguments(mc.Arguments)
+	if e.schema.Check(json.RawMessage(mc.Arguments)) != nil {
+		return false
+	}
+	defer func() {
+		if recover() != nil {
+			needs = true // a deciding function that panics asks a person
+		}
+	}()
+	return e.NeedsApproval(args)
+}
+
+// approval is what a call that waited for a person keeps for its record.
+type approval struct {
+	waited time.Duration
+	note   event.Approval
+}
+
+// approveUnit has call c of step's batch wait for a person's decision
+// (approval_requested, approval_decided) and reports whether it runs. A
+// call that does not — denied, expired, its turn stopped meanwhile — is
+// recorded, and the model is told.
+func (t *turn) approveUnit(ctx context.Context, view *machine.State, step int, c machine.Call) (bool, machine.Called) {
+	mc := t.askedFor(view, c)
+	callID := machine.CallID(step, c.Index)
+	e := t.a.tools[c.Name]
+	limit := t.approvalBudget(e)
+	args := arguments(mc.Arguments)
+	act := &activity{step: step, subject: "tool " + c.Name, callID: callID, approvalOf: c.Name}
+	t.live.begin(act)
+	began := time.Now()
+	var dec Decision
+	var err error
+	for round := 1; ; round++ {
+		requested := time.Now()
+		expires := requested.Add(limit.D)
+		ev := &event.ApprovalRequested{Step: step, CallID: callID, Tool: c.Name, Arguments: args, ExpiresAt: expires.UTC(),
+			TimeoutMS: limit.MS(), Source: limit.Source, Knob: limit.Knob}
+		if round > 1 {
+			ev.Round = round
+		}
+		t.em.Emit(ev)
+		req := ApprovalRequest{TurnID: t.s.TurnID, SessionID: t.s.SessionID, Step: step, CallID: callID, Tool: c.Name,
+			Arguments: args, RequestedAt: requested, ExpiresAt: expires, Round: round}
+		dec, err = t.ask(ctx, req)
+		now := time.Now()
+		if dec.At.IsZero() || dec.At.After(now) {
+			dec.At = now
+		}
+		stale := dec.Decision == event.Approve && now.Sub(dec.At) > ApprovalFresh
+		if err == nil {
+			d := &event.ApprovalDecided{CallID: callID, Tool: c.Name, Decision: dec.Decision, By: dec.By, Reason: dec.Reason,
+				WaitedMS: now.Sub(requested).Milliseconds()}
+			if round > 1 {
+				d.Round = round
+			}
+			if stale {
+				d.Stale = true
+			}
+			t.em.Emit(d)
+		}
+		if !stale || err != nil {
+			break
+		}
+	}
+	waited := time.Since(began)
+	t.live.end(act, err == nil)
+	note := &approval{waited: waited, note: event.Approval{Decision: dec.Decision, By: dec.By, Reason: dec.Reason}}
+	var rec event.ToolCall
+	switch {
+	case err != nil:
+		// The turn was stopped while the call waited.
+		res := t.refuse(step, callID, mc, machine.RefusedCancelled, "", "Not run: the turn was stopped while the call waited for a person's decision.", note)
+		t.tr.Put(view.Messages+c.Index, toolMessage(mc, res))
+		return false, machine.Called{}
+	case dec.Decision == event.Approve:
+		t.mu.Lock()
+		if t.approvals == nil {
+			t.approvals = map[string]approval{}
+		}
+		t.approvals[callID] = *note
+		t.mu.Unlock()
+		return true, machine.Called{LastProgress: time.Now()}
+	case dec.Decision == event.Expired:
+		rec = t.unrun(step, callID, mc, event.OutcomeApprovalExpired, tool.ApprovalExpired(c.Name, limit, waited), note)
+		rec.Phase = budget.PhaseApproval
+	default:
+		rec = t.unrun(step, callID, mc, event.OutcomeDenied, tool.Denied(c.Name, dec.By, dec.Reason), note)
+	}
+	rec = t.addToolRecord(rec)
+	t.em.Emit(&event.ToolFinished{ToolCall: rec})
+	t.tr.Put(view.Messages+c.Index, toolMessage(mc, rec.Result))
+	return false, machine.Called{LastProgress: time.Now()}
+}
+
+// ask asks the turn's Approver for the decision on req. The error is the
+// turn's stop; anything else becomes a decision: none in time is
+// Expired, an Approver that fails denies the call, saying why.
+func (t *turn) ask(ctx context.Context, req ApprovalRequest) (Decision, error) {
+	if t.approver == nil {
+		return Decision{Decision: event.Deny, By: "timebox",
+			Reason: "nobody can decide: the program running this turn gave it no way to ask a person (agent.Input.Approver)"}, nil
+	}
+	actx, cancel := context.WithDeadline(ctx, req.ExpiresAt)
+	defer cancel()
+	dec, err := t.approver.Approve(actx, req)
+	switch {
+	case ctx.Err() != nil && (err != nil || dec.Decision == ""):
+		return Decision{}, ctx.Err()
+	case err == nil && validDecision(dec.Decision):
+		return dec, nil
+	case errors.Is(err, context.DeadlineExceeded) || err == nil && dec.Decision == "" && actx.Err() != nil:
+		return Decision{Decision: event.Expired}, nil
+	case err == nil:
+		return Decision{Decision: event.Deny, By: "timebox", Reason: fmt.Sprintf("the approver answered %q, which is not a decision", dec.Decision)}, nil
+	}
+	return Decision{Decision: event.Deny, By: "timebox", Reason: "the decision could not be read: " + err.Error()}, nil
+}
+
+func validDecision(d event.Decision) bool {
+	return d == event.Approve || d == event.Deny || d == event.Expired
+}
+
+// unrun returns the record of a call a person's decision kept from
+// running.
+func (t *turn) unrun(step int, callID string, c model.ToolCall, outcome event.Outcome, result string, a *approval) event.ToolCall {
+	now := time.Now()
+	rec := event.ToolCall{CallID: callID, TurnID: t.s.TurnID, Step: step, Tool: c.Name, Arguments: arguments(c.Arguments),
+		StartedAt: now, EndedAt: now, Outcome: outcome, Refused: string(outcome), Result: result}
+	if e, ok := t.a.tools[c.Name]; ok {
+		rec.Kind = string(e.Tool.Tool.Kind())
+		tb := t.toolBudget(e)
+		rec.TimeoutMS, rec.TimeoutSource = tb.Timeout.MS(), tb.Timeout.Source
+		rec.IdleTimeoutMS, rec.Enforcement = tb.IdleTimeout.MS(), tb.Enforcement
+	}
+	a.apply(&rec)
+	return rec
+}
+
+// apply puts the wait for a person into a call's record.
+func (a *approval) apply(rec *event.ToolCall) {
+	if a == nil {
+		return
+	}
+	rec.ApprovalMS = a.waited.Milliseconds()
+	n := a.note
+	rec.Approval = &n
+}
