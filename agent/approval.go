@@ -33,7 +33,9 @@ type Approver interface {
 type ApproverFunc func(ctx context.Context, req ApprovalRequest) (Decision, error)
 
 // Approve calls f.
-func (f ApproverFunc) Approve(ctx context.Context, req ApprovalRequest) (Decision, error) { return f(ctx, req) }
+func (f ApproverFunc) Approve(ctx context.Context, req ApprovalRequest) (Decision, error) {
+	return f(ctx, req)
+}
 
 // ApprovalRequest is a call waiting for a person's decision: what
 // approval_requested says.
