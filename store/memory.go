@@ -30,6 +30,8 @@ type Memory struct {
 	requested map[string]bool // turns a cancel was requested for
 
 	payloads map[string]map[string][]byte // by turn, by key (Payloads)
+
+	approvals map[string][]*Approval // by turn, in the order requested
 }
 
 type memTurn struct {
@@ -57,6 +59,7 @@ var (
 	_ Store       = (*Memory)(nil)
 	_ Payloads    = (*Memory)(nil)
 	_ Interrupter = (*Memory)(nil)
+	_ Approvals   = (*Memory)(nil)
 )
 
 func (m *Memory) check() error {
@@ -490,4 +493,84 @@ func (m *Memory) Close() error {
 	}
 	m.closed = true
 	return nil
+}
+
+// RequestApproval implements Approvals.
+func (m *Memory) RequestApproval(_ context.Context, a Approval) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.check(); err != nil {
+		return err
+	}
+	if m.turns[a.TurnID] == nil {
+		return fmt.Errorf("turn %s: %w", a.TurnID, ErrNotFound)
+	}
+	for _, o := range m.approvals[a.TurnID] {
+		if o.CallID == a.CallID && o.Round == a.Round {
+			return nil
+		}
+	}
+	if m.approvals == nil {
+		m.approvals = map[string][]*Approval{}
+	}
+	a.Decision, a.By, a.Reason, a.DecidedAt = "", "", "", time.Time{}
+	m.approvals[a.TurnID] = append(m.approvals[a.TurnID], &a)
+	return nil
+}
+
+// last returns the last round of a call; m.mu is held.
+func (m *Memory) last(turnID, callID string) *Approval {
+	var last *Approval
+	for _, a := range m.approvals[turnID] {
+		if a.CallID == callID && (last == nil || a.Round > last.Round) {
+			last = a
+		}
+	}
+	return last
+}
+
+// Decide implements Approvals.
+func (m *Memory) Decide(_ context.Context, turnID, callID string, d Approval) (Approval, error) {
+	defer m.watch.Wake(turnID)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.check(); err != nil {
+		return Approval{}, err
+	}
+	a := m.last(turnID, callID)
+	if a == nil {
+		return Approval{}, fmt.Errorf("call %s of turn %s: %w", callID, turnID, ErrNotFound)
+	}
+	err := decide(a, d)
+	return *a, err
+}
+
+// Approval implements Approvals.
+func (m *Memory) Approval(_ context.Context, turnID, callID string) (Approval, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.check(); err != nil {
+		return Approval{}, err
+	}
+	a := m.last(turnID, callID)
+	if a == nil {
+		return Approval{}, fmt.Errorf("call %s of turn %s: %w", callID, turnID, ErrNotFound)
+	}
+	return *a, nil
+}
+
+// Approvals implements Approvals.
+func (m *Memory) Approvals(_ context.Context, turnID string) ([]Approval, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.check(); err != nil {
+		return nil, err
+	}
+	var out []Approval
+	for _, a := range m.approvals[turnID] {
+		if m.last(turnID, a.CallID) == a {
+			out = append(out, *a)
+		}
+	}
+	return out, nil
 }

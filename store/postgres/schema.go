@@ -209,11 +209,32 @@ CREATE INDEX model_calls_stats   ON model_calls (provider, model, sample_phase, 
 CREATE INDEX model_calls_unusual ON model_calls (provider, model, sample_phase, started_at) INCLUDE (outcome, phase)
 	WHERE outcome NOT IN ('ok', 'insufficient');
 `,
+	// 5: the requests for people's decisions on tool calls, and the
+	// decisions (store.Approvals), as SQLite's. decision is '' while the
+	// call waits; a decision locks the call's row, so of two gateways
+	// deciding at once the first wins.
+	`
+CREATE TABLE approvals (
+	turn_id      text NOT NULL REFERENCES turns (turn_id),
+	call_id      text NOT NULL,
+	round        integer NOT NULL,
+	n            bigint GENERATED ALWAYS AS IDENTITY,
+	tool         text NOT NULL,
+	arguments    text NOT NULL DEFAULT '',
+	requested_at bigint NOT NULL,
+	expires_at   bigint NOT NULL,
+	decision     text NOT NULL DEFAULT '',
+	by_whom      text NOT NULL DEFAULT '',
+	reason       text NOT NULL DEFAULT '',
+	decided_at   bigint,
+	PRIMARY KEY (turn_id, call_id, round)
+);
+`,
 }
 
 // SchemaVersion is the schema version this package writes: the number of
 // migrations.
-const SchemaVersion = 4
+const SchemaVersion = 5
 
 // migrationLock is the advisory lock that serialises migrations: "timebox"
 // in ASCII.

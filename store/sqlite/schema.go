@@ -164,11 +164,30 @@ CREATE INDEX model_calls_stats   ON model_calls(provider, model, sample_phase, s
 CREATE INDEX model_calls_unusual ON model_calls(provider, model, sample_phase, started_at, outcome, phase)
 	WHERE outcome NOT IN ('ok', 'insufficient');
 `,
+	// 3: the requests for people's decisions on tool calls, and the
+	// decisions (store.Approvals). decision is '' while the call waits.
+	`
+CREATE TABLE approvals (
+	turn_id      TEXT    NOT NULL REFERENCES turns(turn_id),
+	call_id      TEXT    NOT NULL,
+	round        INTEGER NOT NULL,
+	n            INTEGER NOT NULL,
+	tool         TEXT    NOT NULL,
+	arguments    TEXT    NOT NULL DEFAULT '',
+	requested_at INTEGER NOT NULL,
+	expires_at   INTEGER NOT NULL,
+	decision     TEXT    NOT NULL DEFAULT '',
+	by_whom      TEXT    NOT NULL DEFAULT '',
+	reason       TEXT    NOT NULL DEFAULT '',
+	decided_at   INTEGER,
+	PRIMARY KEY (turn_id, call_id, round)
+) WITHOUT ROWID;
+`,
 }
 
 // SchemaVersion is the schema version this package writes: the number of
 // migrations.
-const SchemaVersion = 2
+const SchemaVersion = 3
 
 // migrate brings the database to SchemaVersion, one version per
 // transaction. The version is read again inside each (immediate)

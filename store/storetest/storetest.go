@@ -48,6 +48,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"CancelRequests", testCancel},
 		{"Payloads", testPayloads},
 		{"NumberedEventsEndEachThingOnce", testNumberedEnds},
+		{"Approvals", testApprovals},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -747,5 +748,82 @@ func testNumberedEnds(t *testing.T, s store.Store) {
 	}
 	if len(rec.ToolCalls) != 1 || rec.ToolCalls[0].Outcome != event.OutcomeOK {
 		t.Errorf("tool call records: %+v, want the first one only", rec.ToolCalls)
+	}
+}
+
+// testApprovals: the first decision on a call wins, whoever makes it (a
+// person, the turn's expiry); a decision after the wait's end is an
+// expiry; rounds ask again; the turn's watchers hear of a decision.
+func testApprovals(t *testing.T, s store.Store) {
+	as, ok := s.(store.Approvals)
+	if !ok {
+		t.Fatal("the store keeps no approvals")
+	}
+	ctx := t.Context()
+	begin(t, s, "t_appr", "", "deploy")
+	at := clock.Add(time.Minute)
+	req := store.Approval{TurnID: "t_appr", CallID: "call_1_1", Round: 1, Tool: "deploy", Arguments: []byte(`{"env":"prod"}`),
+		RequestedAt: at, ExpiresAt: at.Add(time.Hour)}
+	if err := as.RequestApproval(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if err := as.RequestApproval(ctx, req); err != nil {
+		t.Fatalf("asking twice: %v", err)
+	}
+	two := req
+	two.CallID = "call_1_2"
+	if err := as.RequestApproval(ctx, two); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := as.Decide(ctx, "t_appr", "call_9_9", store.Approval{Decision: event.Approve, DecidedAt: at}); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("deciding an unknown call: %v", err)
+	}
+	changed, unwatch := s.Watch("t_appr")
+	defer unwatch()
+	// An expiry before the wait's end is refused.
+	if a, err := as.Decide(ctx, "t_appr", "call_1_1", store.Approval{Decision: event.Expired, DecidedAt: at.Add(time.Minute)}); err == nil || a.Decision != "" {
+		t.Fatalf("early expiry: %+v, %v", a, err)
+	}
+	a, err := as.Decide(ctx, "t_appr", "call_1_1", store.Approval{Decision: event.Approve, By: "alice", Reason: "ok", DecidedAt: at.Add(2 * time.Minute)})
+	if err != nil || a.Decision != event.Approve || a.By != "alice" || !a.DecidedAt.Equal(at.Add(2*time.Minute)) {
+		t.Fatalf("decide: %+v, %v", a, err)
+	}
+	select {
+	case <-changed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the turn's watchers did not hear of the decision")
+	}
+	// The second decision, and the turn's expiry after it, find the first.
+	a, err = as.Decide(ctx, "t_appr", "call_1_1", store.Approval{Decision: event.Deny, By: "bob", DecidedAt: at.Add(3 * time.Minute)})
+	if !errors.Is(err, store.ErrDecided) || a.Decision != event.Approve || a.By != "alice" {
+		t.Fatalf("second decision: %+v, %v", a, err)
+	}
+	if a, err = as.Decide(ctx, "t_appr", "call_1_1", store.Approval{Decision: event.Expired, DecidedAt: at.Add(2 * time.Hour)}); !errors.Is(err, store.ErrDecided) || a.Decision != event.Approve {
+		t.Fatalf("expiry after a decision: %+v, %v", a, err)
+	}
+	// A decision after the wait's end finds it expired, and stores that.
+	a, err = as.Decide(ctx, "t_appr", "call_1_2", store.Approval{Decision: event.Approve, By: "carol", DecidedAt: at.Add(2 * time.Hour)})
+	if !errors.Is(err, store.ErrDecided) || a.Decision != event.Expired {
+		t.Fatalf("late decision: %+v, %v", a, err)
+	}
+	if a, err = as.Approval(ctx, "t_appr", "call_1_2"); err != nil || a.Decision != event.Expired || !a.DecidedAt.Equal(req.ExpiresAt) {
+		t.Fatalf("after a late decision: %+v, %v", a, err)
+	}
+	// A second round asks again; the route decides the last.
+	again := req
+	again.Round, again.RequestedAt, again.ExpiresAt = 2, at.Add(time.Hour), at.Add(3*time.Hour)
+	if err := as.RequestApproval(ctx, again); err != nil {
+		t.Fatal(err)
+	}
+	if a, err = as.Decide(ctx, "t_appr", "call_1_1", store.Approval{Decision: event.Deny, By: "dave", Reason: "no", DecidedAt: at.Add(90 * time.Minute)}); err != nil || a.Round != 2 {
+		t.Fatalf("second round: %+v, %v", a, err)
+	}
+	list, err := as.Approvals(ctx, "t_appr")
+	if err != nil || len(list) != 2 || list[1].CallID != "call_1_1" || list[1].Round != 2 || list[1].Decision != event.Deny ||
+		list[0].CallID != "call_1_2" || string(list[0].Arguments) != `{"env":"prod"}` || list[0].Tool != "deploy" {
+		t.Fatalf("approvals: %+v, %v", list, err)
+	}
+	if _, err := as.Approval(ctx, "t_appr", "call_7_7"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("unknown call: %v", err)
 	}
 }
