@@ -29,6 +29,15 @@ type Approver interface {
 	Approve(ctx context.Context, req ApprovalRequest) (Decision, error)
 }
 
+// ApprovalAsker is an Approver that records each request before the turn
+// announces it (approval_requested), so that a decision that follows the
+// event finds it: a store shared with those who decide. A request that
+// cannot be recorded is denied, saying why.
+type ApprovalAsker interface {
+	Approver
+	Asked(ctx context.Context, req ApprovalRequest) error
+}
+
 // ApproverFunc is a function that is an Approver.
 type ApproverFunc func(ctx context.Context, req ApprovalRequest) (Decision, error)
 
@@ -182,14 +191,23 @@ func (t *turn) approveUnit(ctx context.Context, view *machine.State, step int, c
 	for round := 1; ; round++ {
 		requested := time.Now()
 		expires := requested.Add(limit.D)
+		req := ApprovalRequest{TurnID: t.s.TurnID, SessionID: t.s.SessionID, Step: step, CallID: callID, Tool: c.Name,
+			Arguments: args, RequestedAt: requested, ExpiresAt: expires, Round: round}
+		if asker, ok := t.approver.(ApprovalAsker); ok {
+			if aerr := asker.Asked(ctx, req); aerr != nil {
+				dec, err = Decision{Decision: event.Deny, By: "timebox", Reason: "the request for a decision could not be recorded: " + aerr.Error()}, nil
+				if ctx.Err() != nil {
+					err = ctx.Err()
+				}
+				break
+			}
+		}
 		ev := &event.ApprovalRequested{Step: step, CallID: callID, Tool: c.Name, Arguments: args, ExpiresAt: expires.UTC(),
 			TimeoutMS: limit.MS(), Source: limit.Source, Knob: limit.Knob}
 		if round > 1 {
 			ev.Round = round
 		}
 		t.em.Emit(ev)
-		req := ApprovalRequest{TurnID: t.s.TurnID, SessionID: t.s.SessionID, Step: step, CallID: callID, Tool: c.Name,
-			Arguments: args, RequestedAt: requested, ExpiresAt: expires, Round: round}
 		dec, err = t.ask(ctx, req)
 		now := time.Now()
 		if dec.At.IsZero() || dec.At.After(now) {

@@ -32,6 +32,8 @@ func (s *Server) routes() {
 	api("GET /v1/turns/{id}", s.getTurn)
 	api("GET /v1/turns/{id}/events", s.getEvents)
 	api("POST /v1/turns/{id}/cancel", s.cancel)
+	api("GET /v1/turns/{id}/approvals", s.listApprovals)
+	api("POST /v1/turns/{id}/approvals/{call_id}", s.decide)
 	api("GET /v1/sessions", s.listSessions)
 	api("GET /v1/sessions/{id}", s.getSession)
 	api("GET /v1/stats", s.getStats)

@@ -29,6 +29,8 @@ type metrics struct {
 	reaped         prometheus.CounterFunc
 	unkilled       prometheus.GaugeFunc
 	escaped        prometheus.CounterFunc
+	approvals      *prometheus.CounterVec
+	approvalWait   prometheus.Histogram
 }
 
 func newMetrics(reg *prometheus.Registry, running func() float64) (*metrics, error) {
@@ -88,9 +90,20 @@ func newMetrics(reg *prometheus.Registry, running func() float64) (*metrics, err
 			Name: "timebox_escaped_processes_total",
 			Help: "Tool processes found outside their call's cgroup (a privileged process moved itself out) by their call's marker, and stopped with the call (proctree.EscapedTotal).",
 		}, func() float64 { return float64(proctree.EscapedTotal()) }),
+		approvals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "timebox_approvals_total",
+			Help: "Decisions on tool calls that waited for a person, by decision (approve, deny, expired).",
+		}, []string{"decision"}),
+		approvalWait: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "timebox_approval_wait_seconds",
+			Help: "How long tool calls waited for a person's decision (timeouts.approval; not counted by the turn's ceiling).",
+			// From a click on the page to a weekend.
+			Buckets: []float64{1, 5, 15, 30, 60, 300, 900, 3600, 4 * 3600, 24 * 3600, 3 * 24 * 3600, 7 * 24 * 3600},
+		}),
 	}
 	for _, c := range []prometheus.Collector{m.toolDuration, m.timeouts, m.overruns, m.turns, m.failovers,
-		m.delivered, m.deliveryDelay, m.storeErrors, m.turnsRunning, m.abandonedCalls, m.reaped, m.unkilled, m.escaped} {
+		m.delivered, m.deliveryDelay, m.storeErrors, m.turnsRunning, m.abandonedCalls, m.reaped, m.unkilled, m.escaped,
+		m.approvals, m.approvalWait} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -131,6 +144,11 @@ func (m *metrics) observe(e event.Event) {
 		}
 	case *event.Failover:
 		m.failovers.WithLabelValues(string(d.Phase)).Inc()
+	case *event.ApprovalDecided:
+		if !d.Stale {
+			m.approvals.WithLabelValues(string(d.Decision)).Inc()
+			m.approvalWait.Observe(float64(d.WaitedMS) / 1000)
+		}
 	case *event.TurnFinished:
 		m.turns.WithLabelValues(string(d.Status), string(d.StopReason)).Inc()
 		switch d.StopReason {

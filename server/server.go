@@ -324,7 +324,7 @@ func (s *Server) start(ctx context.Context, session, input string, budgets budge
 	sb, _, _ := lt.hub.subscribe()
 	s.log.Info("turn started", "turn_id", id, "session_id", session)
 	go s.cancelled(lt, cancelled, unwatch)
-	go s.run(turnCtx, lt, agent.Input{TurnID: id, SessionID: session, History: history, Text: input, Budgets: budgets})
+	go s.run(turnCtx, lt, agent.Input{TurnID: id, SessionID: session, History: history, Text: input, Budgets: budgets, Approver: s.approver()})
 	return lt, sb, nil
 }
 

@@ -1,0 +1,193 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/timebox-run/timebox/agent"
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/store"
+)
+
+// ApprovalSignaler is an EngineRunner whose turns wait for decisions
+// where the store cannot wake them (package temporal's workflows): the
+// server tells it of each decision it stored.
+type ApprovalSignaler interface {
+	SignalApproval(ctx context.Context, turnID, callID string) error
+}
+
+// approvalPoll is how often a call waiting for a decision reads the store
+// again when nothing woke it: a store that cannot signal a decision made
+// through another process (SQLite) is heard within it.
+const approvalPoll = 2 * time.Second
+
+// storeApprover is the server's agent.Approver: a call's request is
+// stored before its turn announces it, and the decision is whichever the
+// store took first — a client's, through any gateway sharing the store,
+// or the turn's own expiry.
+type storeApprover struct {
+	st store.Approvals
+	s  store.Store
+}
+
+var _ agent.ApprovalAsker = storeApprover{}
+
+// Asked implements agent.ApprovalAsker: the request is stored before
+// approval_requested reaches anyone, so a decision that follows the event
+// finds it.
+func (a storeApprover) Asked(ctx context.Context, req agent.ApprovalRequest) error {
+	return a.st.RequestApproval(ctx, store.Approval{TurnID: req.TurnID, CallID: req.CallID, Round: req.Round, Tool: req.Tool,
+		Arguments: req.Arguments, RequestedAt: req.RequestedAt, ExpiresAt: req.ExpiresAt})
+}
+
+// Approve implements agent.Approver.
+func (a storeApprover) Approve(ctx context.Context, req agent.ApprovalRequest) (agent.Decision, error) {
+	changed, unwatch := a.s.Watch(req.TurnID)
+	defer unwatch()
+	tick := time.NewTicker(approvalPoll)
+	defer tick.Stop()
+	for {
+		ap, err := a.st.Approval(ctx, req.TurnID, req.CallID)
+		if err == nil && ap.Round == req.Round && ap.Decision != "" {
+			return decisionOf(ap), nil
+		}
+		select {
+		case <-changed:
+		case <-tick.C:
+		case <-ctx.Done():
+			if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return agent.Decision{}, ctx.Err()
+			}
+			// The wait is over: the expiry is stored unless a decision
+			// came first, which is then used.
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			defer cancel()
+			ap, err := a.st.Decide(dctx, req.TurnID, req.CallID, store.Approval{Decision: event.Expired, DecidedAt: req.ExpiresAt})
+			if err != nil && !errors.Is(err, store.ErrDecided) {
+				return agent.Decision{}, err
+			}
+			return decisionOf(ap), nil
+		}
+	}
+}
+
+func decisionOf(ap store.Approval) agent.Decision {
+	return agent.Decision{Decision: ap.Decision, By: ap.By, Reason: ap.Reason, At: ap.DecidedAt}
+}
+
+// approver returns the Approver of the server's turns.
+func (s *Server) approver() agent.Approver {
+	if st, ok := s.cfg.Store.(store.Approvals); ok {
+		return storeApprover{st: st, s: s.cfg.Store}
+	}
+	return nil
+}
+
+// DecisionRequest is the body of POST /v1/turns/{id}/approvals/{call_id}.
+type DecisionRequest struct {
+	// Decision is "approve" or "deny".
+	Decision event.Decision `json:"decision"`
+	// Reason is told to the model with a denial, and kept in the record.
+	Reason string `json:"reason,omitempty"`
+	// By names who decides; empty is "a client of the server".
+	By string `json:"by,omitempty"`
+}
+
+// ApprovalList is the response of GET /v1/turns/{id}/approvals.
+type ApprovalList struct {
+	Approvals []store.Approval `json:"approvals"`
+}
+
+// maxReason bounds a decision's reason and by.
+const maxReason = 4096
+
+func (s *Server) listApprovals(w http.ResponseWriter, r *http.Request) {
+	st, ok := s.cfg.Store.(store.Approvals)
+	if !ok {
+		writeJSON(w, http.StatusOK, ApprovalList{Approvals: []store.Approval{}})
+		return
+	}
+	id := r.PathValue("id")
+	if _, err := s.cfg.Store.Turn(r.Context(), id); err != nil {
+		s.storeFailed(w, r, err, "turn "+shown(id))
+		return
+	}
+	list, err := st.Approvals(r.Context(), id)
+	if err != nil {
+		s.storeFailed(w, r, err, "the approvals of turn "+shown(id))
+		return
+	}
+	if list == nil {
+		list = []store.Approval{}
+	}
+	writeJSON(w, http.StatusOK, ApprovalList{Approvals: list})
+}
+
+// decide is POST /v1/turns/{id}/approvals/{call_id}: the decision is
+// stored — the first one wins, on any gateway — and the waiting call
+// takes it from there. 200 when the call waits in this server (it goes
+// on at once), 202 when it waits elsewhere (another gateway, an engine's
+// worker), 404 for a call that never waited, 409 once decided or
+// expired.
+func (s *Server) decide(w http.ResponseWriter, r *http.Request) {
+	id, callID := r.PathValue("id"), r.PathValue("call_id")
+	var req DecisionRequest
+	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	if err == nil {
+		dec := json.NewDecoder(strings.NewReader(string(raw)))
+		dec.DisallowUnknownFields()
+		err = dec.Decode(&req)
+	}
+	switch {
+	case err != nil:
+		writeError(w, http.StatusBadRequest, "bad_request", `the body must be one JSON object {"decision": "approve" or "deny", "reason": "..."}: `+shown(err.Error()))
+		return
+	case req.Decision != event.Approve && req.Decision != event.Deny:
+		writeError(w, http.StatusBadRequest, "bad_request", fmt.Sprintf(`"decision" is %q: it must be "approve" or "deny"`, shown(string(req.Decision))))
+		return
+	case len(req.Reason) > maxReason || len(req.By) > maxReason:
+		writeError(w, http.StatusBadRequest, "bad_request", fmt.Sprintf(`"reason" and "by" are at most %d bytes`, maxReason))
+		return
+	}
+	if req.By == "" {
+		req.By = "a client of the server"
+	}
+	st, ok := s.cfg.Store.(store.Approvals)
+	if !ok {
+		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("call %s of turn %s does not wait for a decision: this server's store keeps none", shown(callID), shown(id)))
+		return
+	}
+	ap, err := st.Decide(r.Context(), id, callID, store.Approval{Decision: req.Decision, By: req.By, Reason: req.Reason, DecidedAt: time.Now()})
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("call %s of turn %s never waited for a decision", shown(callID), shown(id)))
+		return
+	case errors.Is(err, store.ErrDecided):
+		code, msg := "already_decided", fmt.Sprintf("call %s of turn %s was already decided: %s by %s", shown(callID), shown(id), ap.Decision, ap.By)
+		if ap.Decision == event.Expired {
+			code, msg = "expired", fmt.Sprintf("call %s of turn %s expired at %s without a decision; it was not run", shown(callID), shown(id), ap.ExpiresAt.Format(time.RFC3339))
+		}
+		writeError(w, http.StatusConflict, code, msg)
+		return
+	case err != nil:
+		s.failed(w, r, http.StatusInternalServerError, "store_error", "storing the decision failed", err)
+		return
+	}
+	status := http.StatusAccepted
+	if s.live(id) != nil {
+		status = http.StatusOK
+	}
+	if sg, ok := s.cfg.Agent.(ApprovalSignaler); ok {
+		if err := sg.SignalApproval(r.Context(), id, callID); err != nil {
+			// Stored: the workflow reads it at its expiry at the latest.
+			s.log.Warn("signalling a decision to the engine failed", "turn_id", id, "call_id", callID, "err", err)
+		}
+	}
+	writeJSON(w, status, ap)
+}

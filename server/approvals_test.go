@@ -1,0 +1,199 @@
+package server_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/timebox-run/timebox/agent"
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/testenv"
+	"github.com/timebox-run/timebox/server"
+	"github.com/timebox-run/timebox/store"
+	"github.com/timebox-run/timebox/store/postgres"
+	"github.com/timebox-run/timebox/tool"
+)
+
+// deployTool needs approval and takes d.
+func deployTool(d time.Duration) agent.Tool {
+	tl := goTool("deploy", budget.Cooperative, time.Second, func(ctx context.Context, _ json.RawMessage, _ tool.Progress) (any, error) {
+		select {
+		case <-time.After(d):
+			return "deployed", nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	})
+	tl.NeedsApproval = agent.ApprovalRequired
+	return tl
+}
+
+var deployThenAnswer = []string{`{"tool_calls": [{"name": "deploy", "arguments": {"env": "prod"}}]}`, `{"text": "done"}`}
+
+// waitFor reads sse until an event of type typ and returns its data.
+func waitFor(t *testing.T, sse *sseReader, typ string) string {
+	t.Helper()
+	evs := sse.until(t, typ)
+	return evs[len(evs)-1].data
+}
+
+// A call approved through the route after a 2s wait runs on its own 1s
+// timeout; a second decision is refused (409), an unknown call is 404.
+func TestApproveThroughTheRoute(t *testing.T) {
+	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, deployThenAnswer...), deployTool(500*time.Millisecond))})
+	resp, sse := e.stream(context.Background(), map[string]any{"input": "deploy"})
+	defer resp.Body.Close()
+	data := waitFor(t, sse, "approval_requested")
+	var req event.ApprovalRequested
+	var hdr struct {
+		TurnID string `json:"turn_id"`
+	}
+	if err := json.Unmarshal([]byte(data), &req); err != nil {
+		t.Fatal(err)
+	}
+	_ = json.Unmarshal([]byte(data), &hdr)
+	turnID := hdr.TurnID
+	list := decode[server.ApprovalList](t, e.do("GET", "/v1/turns/"+turnID+"/approvals", nil), http.StatusOK)
+	if len(list.Approvals) != 1 || list.Approvals[0].CallID != req.CallID || list.Approvals[0].Decision != "" {
+		t.Fatalf("pending approvals: %+v", list)
+	}
+	time.Sleep(2 * time.Second) // a person thinking: longer than the tool's timeout
+	er := decode[apiError](t, e.do("POST", "/v1/turns/"+turnID+"/approvals/call_9_9", map[string]any{"decision": "approve"}), http.StatusNotFound)
+	if er.Error.Code != "not_found" {
+		t.Fatalf("unknown call: %+v", er)
+	}
+	decode[apiError](t, e.do("POST", "/v1/turns/"+turnID+"/approvals/"+req.CallID, map[string]any{"decision": "maybe"}), http.StatusBadRequest)
+	ap := decode[store.Approval](t, e.do("POST", "/v1/turns/"+turnID+"/approvals/"+req.CallID,
+		map[string]any{"decision": "approve", "reason": "ship it", "by": "alice"}), http.StatusOK)
+	if ap.Decision != event.Approve || ap.By != "alice" {
+		t.Fatalf("decision %+v", ap)
+	}
+	er = decode[apiError](t, e.do("POST", "/v1/turns/"+turnID+"/approvals/"+req.CallID, map[string]any{"decision": "deny"}), http.StatusConflict)
+	if er.Error.Code != "already_decided" {
+		t.Fatalf("second decision: %+v", er)
+	}
+	var dec event.ApprovalDecided
+	if err := json.Unmarshal([]byte(waitFor(t, sse, "approval_decided")), &dec); err != nil || dec.By != "alice" || dec.WaitedMS < 2000 {
+		t.Fatalf("approval_decided %+v, %v", dec, err)
+	}
+	waitFor(t, sse, "turn_finished")
+	rec := e.waitEnded(turnID)
+	if len(rec.ToolCalls) != 1 {
+		t.Fatalf("records %+v", rec.ToolCalls)
+	}
+	c := rec.ToolCalls[0]
+	if c.Outcome != event.OutcomeOK || c.ApprovalMS < 2000 || c.DurationMS > 1000 || rec.ApprovalMS < 2000 {
+		t.Fatalf("call %s in %dms after %dms waiting; turn approval_ms %d", c.Outcome, c.DurationMS, c.ApprovalMS, rec.ApprovalMS)
+	}
+	metrics := e.do("GET", "/metrics", nil)
+	b, _ := io.ReadAll(metrics.Body)
+	metrics.Body.Close()
+	for _, want := range []string{`timebox_approvals_total{decision="approve"} 1`, "timebox_approval_wait_seconds_count 1"} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+}
+
+// A call that expires is 409 expired afterwards; its record says
+// approval_expired.
+func TestApprovalExpiresThroughTheServer(t *testing.T) {
+	dep := deployTool(0)
+	dep.ApprovalTimeout = budget.Duration{D: 300 * time.Millisecond, Source: budget.SourceTool, Knob: "tools[deploy].approval_timeout"}
+	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, deployThenAnswer...), dep)})
+	acc := decode[server.TurnAccepted](t, e.do("POST", "/v1/turns", map[string]any{"input": "deploy", "detach": true}), http.StatusAccepted)
+	rec := e.waitEnded(acc.TurnID)
+	if c := rec.ToolCalls[0]; c.Outcome != event.OutcomeApprovalExpired || c.Phase != budget.PhaseApproval {
+		t.Fatalf("record %s %s", c.Outcome, c.Phase)
+	}
+	er := decode[apiError](t, e.do("POST", "/v1/turns/"+acc.TurnID+"/approvals/call_1_1", map[string]any{"decision": "approve"}), http.StatusConflict)
+	if er.Error.Code != "expired" {
+		t.Fatalf("a decision after the expiry: %+v", er)
+	}
+}
+
+// waitEnded polls a turn's record until it has ended.
+func (e *env) waitEnded(id string) rawRecord {
+	e.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		rec := e.record(id)
+		if rec.Status != budget.StatusRunning {
+			return rec
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	e.t.Fatalf("turn %s did not end", id)
+	return rawRecord{}
+}
+
+// waitPending polls until call id of turn waits for a decision.
+func (e *env) waitPending(id string) store.Approval {
+	e.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		resp := e.do("GET", "/v1/turns/"+id+"/approvals", nil)
+		if resp.StatusCode == http.StatusOK {
+			list := decode[server.ApprovalList](e.t, resp, http.StatusOK)
+			if len(list.Approvals) > 0 && list.Approvals[0].Decision == "" {
+				return list.Approvals[0]
+			}
+		} else {
+			resp.Body.Close()
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	e.t.Fatalf("turn %s has no call waiting for a decision", id)
+	return store.Approval{}
+}
+
+// Two gateways on one PostgreSQL: a call waiting in A is denied through
+// B; A hears of it at once, the call is not run, and the model is told.
+func TestDecideOnAnotherGateway(t *testing.T) {
+	dsn := testenv.Postgres(t)
+	open := func() store.Store {
+		st, err := postgres.Open(context.Background(), dsn, postgres.Options{Poll: time.Hour}) // notifications only
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	ran := make(chan struct{}, 1)
+	dep := goTool("deploy", budget.Cooperative, time.Second, func(context.Context, json.RawMessage, tool.Progress) (any, error) {
+		ran <- struct{}{}
+		return "deployed", nil
+	})
+	dep.NeedsApproval = agent.ApprovalRequired
+	a := newEnv(t, server.Config{Store: open(), Agent: newAgent(t, scripted(t, deployThenAnswer...), dep)})
+	b := newEnv(t, server.Config{Store: open(), Agent: newAgent(t, scripted(t, `{"text": "never asked"}`))})
+	acc := decode[server.TurnAccepted](t, a.do("POST", "/v1/turns", map[string]any{"input": "deploy", "detach": true}), http.StatusAccepted)
+	p := b.waitPending(acc.TurnID)
+	start := time.Now()
+	ap := decode[store.Approval](t, b.do("POST", "/v1/turns/"+acc.TurnID+"/approvals/"+p.CallID,
+		map[string]any{"decision": "deny", "reason": "not today", "by": "bob"}), http.StatusAccepted)
+	if ap.Decision != event.Deny {
+		t.Fatalf("decision %+v", ap)
+	}
+	rec := b.waitEnded(acc.TurnID)
+	if took := time.Since(start); took > approvalHeard {
+		t.Errorf("the turn took %s to hear of the decision, want under %s", took, approvalHeard)
+	}
+	c := rec.ToolCalls[0]
+	if c.Outcome != event.OutcomeDenied || c.Approval == nil || c.Approval.By != "bob" || !strings.Contains(c.Result, "not today") {
+		t.Fatalf("record %+v", c)
+	}
+	select {
+	case <-ran:
+		t.Fatal("a denied call ran")
+	default:
+	}
+}
+
+// approvalHeard bounds how long a gateway takes to hear of a decision
+// made through another, with notifications: far less than the poll.
+const approvalHeard = 1500 * time.Millisecond
