@@ -168,12 +168,11 @@ func (s *Server) decide(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, store.ErrNotFound):
 		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("call %s of turn %s never waited for a decision", shown(callID), shown(id)))
 		return
+	case errors.Is(err, store.ErrDecided) && ap.Decision == event.Expired:
+		writeError(w, http.StatusConflict, "expired", fmt.Sprintf("call %s of turn %s expired at %s without a decision; it was not run", shown(callID), shown(id), ap.ExpiresAt.Format(time.RFC3339)))
+		return
 	case errors.Is(err, store.ErrDecided):
-		code, msg := "already_decided", fmt.Sprintf("call %s of turn %s was already decided: %s by %s", shown(callID), shown(id), ap.Decision, ap.By)
-		if ap.Decision == event.Expired {
-			code, msg = "expired", fmt.Sprintf("call %s of turn %s expired at %s without a decision; it was not run", shown(callID), shown(id), ap.ExpiresAt.Format(time.RFC3339))
-		}
-		writeError(w, http.StatusConflict, code, msg)
+		writeError(w, http.StatusConflict, "already_decided", fmt.Sprintf("call %s of turn %s was already decided: %s by %s", shown(callID), shown(id), ap.Decision, ap.By))
 		return
 	case err != nil:
 		s.failed(w, r, http.StatusInternalServerError, "store_error", "storing the decision failed", err)

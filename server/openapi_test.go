@@ -177,23 +177,27 @@ func jsonFields(t reflect.Type) []string {
 func TestOpenAPISchemasMatchTheTypes(t *testing.T) {
 	d := loadAPIDoc(t)
 	types := map[string]reflect.Type{
-		"TurnRequest":    reflect.TypeFor[server.TurnRequest](),
-		"TurnAccepted":   reflect.TypeFor[server.TurnAccepted](),
-		"TurnList":       reflect.TypeFor[server.TurnList](),
-		"SessionList":    reflect.TypeFor[server.SessionList](),
-		"Turn":           reflect.TypeFor[event.Turn](),
-		"ToolCall":       reflect.TypeFor[event.ToolCall](),
-		"ModelCall":      reflect.TypeFor[event.ModelCall](),
-		"Flags":          reflect.TypeFor[event.Flags](),
-		"TurnSummary":    reflect.TypeFor[store.TurnSummary](),
-		"SessionSummary": reflect.TypeFor[store.SessionSummary](),
-		"Session":        reflect.TypeFor[store.Session](),
-		"Message":        reflect.TypeFor[store.Message](),
-		"Error":          reflect.TypeFor[apiError](),
-		"StatsReport":    reflect.TypeFor[server.StatsReport](),
-		"ToolStats":      reflect.TypeFor[server.ToolStats](),
-		"Histogram":      reflect.TypeFor[server.Histogram](),
-		"ModelStats":     reflect.TypeFor[advice.Model](),
+		"TurnRequest":     reflect.TypeFor[server.TurnRequest](),
+		"TurnAccepted":    reflect.TypeFor[server.TurnAccepted](),
+		"TurnList":        reflect.TypeFor[server.TurnList](),
+		"SessionList":     reflect.TypeFor[server.SessionList](),
+		"Turn":            reflect.TypeFor[event.Turn](),
+		"ToolCall":        reflect.TypeFor[event.ToolCall](),
+		"ModelCall":       reflect.TypeFor[event.ModelCall](),
+		"Flags":           reflect.TypeFor[event.Flags](),
+		"TurnSummary":     reflect.TypeFor[store.TurnSummary](),
+		"SessionSummary":  reflect.TypeFor[store.SessionSummary](),
+		"Session":         reflect.TypeFor[store.Session](),
+		"Message":         reflect.TypeFor[store.Message](),
+		"Error":           reflect.TypeFor[apiError](),
+		"StatsReport":     reflect.TypeFor[server.StatsReport](),
+		"ToolStats":       reflect.TypeFor[server.ToolStats](),
+		"Histogram":       reflect.TypeFor[server.Histogram](),
+		"ModelStats":      reflect.TypeFor[advice.Model](),
+		"Approval":        reflect.TypeFor[store.Approval](),
+		"ApprovalNote":    reflect.TypeFor[event.Approval](),
+		"ApprovalList":    reflect.TypeFor[server.ApprovalList](),
+		"DecisionRequest": reflect.TypeFor[server.DecisionRequest](),
 	}
 	for name, schema := range d.Components.Schemas {
 		typ, ok := types[name]
@@ -369,6 +373,15 @@ func (failingStore) Sessions(context.Context, int) ([]store.SessionSummary, erro
 	return nil, errDisk
 }
 
+func (failingStore) RequestApproval(context.Context, store.Approval) error { return errDisk }
+func (failingStore) Decide(context.Context, string, string, store.Approval) (store.Approval, error) {
+	return store.Approval{}, errDisk
+}
+func (failingStore) Approval(context.Context, string, string) (store.Approval, error) {
+	return store.Approval{}, errDisk
+}
+func (failingStore) Approvals(context.Context, string) ([]store.Approval, error) { return nil, errDisk }
+
 // statsStore sums up canned calls (store.CallStats), for GET /v1/stats's
 // 200; with fail, its reads fail, for the 500.
 type statsStore struct {
@@ -495,6 +508,15 @@ func TestOpenAPIStatuses(t *testing.T) {
 		if err := quickStore.BeginTurn(context.Background(), store.TurnStart{TurnID: "t_elsewhere", Input: "x", StartedAt: time.Now()}); err != nil {
 			t.Fatal(err)
 		}
+		// A call waiting for a decision here, and one waiting in another
+		// process (only in the store).
+		asking := newServer(server.Config{Agent: newAgent(t, scripted(t, deployThenAnswer...), deployTool(0))})
+		waiting := serve(asking, "POST", "/v1/turns", `{"input": "deploy", "detach": true}`).Header().Get(server.HeaderTurnID)
+		synctest.Wait()
+		if err := quickStore.RequestApproval(context.Background(), store.Approval{TurnID: "t_elsewhere", CallID: "call_1_1", Round: 1,
+			Tool: "deploy", RequestedAt: time.Now(), ExpiresAt: time.Now().Add(time.Hour)}); err != nil {
+			t.Fatal(err)
+		}
 
 		const sse = "text/event-stream"
 		cases := []exchange{
@@ -531,6 +553,16 @@ func TestOpenAPIStatuses(t *testing.T) {
 			{"cancel no turn", quick, "POST /v1/turns/{id}/cancel", "POST", "/v1/turns/t_nope/cancel", "", nil, 404},
 			{"cancel store fails", broken, "POST /v1/turns/{id}/cancel", "POST", "/v1/turns/t_x/cancel", "", nil, 500},
 
+			{"approvals", quick, "GET /v1/turns/{id}/approvals", "GET", "/v1/turns/t_elsewhere/approvals", "", nil, 200},
+			{"approvals of no turn", quick, "GET /v1/turns/{id}/approvals", "GET", "/v1/turns/t_nope/approvals", "", nil, 404},
+			{"approvals store fails", broken, "GET /v1/turns/{id}/approvals", "GET", "/v1/turns/t_x/approvals", "", nil, 500},
+			{"approve here", asking, "POST /v1/turns/{id}/approvals/{call_id}", "POST", "/v1/turns/" + waiting + "/approvals/call_1_1", `{"decision": "approve"}`, nil, 200},
+			{"decided twice", asking, "POST /v1/turns/{id}/approvals/{call_id}", "POST", "/v1/turns/" + waiting + "/approvals/call_1_1", `{"decision": "deny"}`, nil, 409},
+			{"deny elsewhere", quick, "POST /v1/turns/{id}/approvals/{call_id}", "POST", "/v1/turns/t_elsewhere/approvals/call_1_1", `{"decision": "deny", "reason": "no"}`, nil, 202},
+			{"not a decision", quick, "POST /v1/turns/{id}/approvals/{call_id}", "POST", "/v1/turns/t_elsewhere/approvals/call_1_1", `{"decision": "perhaps"}`, nil, 400},
+			{"no such call", quick, "POST /v1/turns/{id}/approvals/{call_id}", "POST", "/v1/turns/t_elsewhere/approvals/call_9_9", `{"decision": "approve"}`, nil, 404},
+			{"decide store fails", broken, "POST /v1/turns/{id}/approvals/{call_id}", "POST", "/v1/turns/t_x/approvals/call_1_1", `{"decision": "approve"}`, nil, 500},
+
 			{"sessions", quick, "GET /v1/sessions", "GET", "/v1/sessions?limit=10", "", nil, 200},
 			{"bad limit", quick, "GET /v1/sessions", "GET", "/v1/sessions?limit=0", "", nil, 400},
 			{"sessions store fails", broken, "GET /v1/sessions", "GET", "/v1/sessions", "", nil, 500},
@@ -562,7 +594,7 @@ func TestOpenAPIStatuses(t *testing.T) {
 		// without the token when it has one.
 		for op := range doc.operations() {
 			method, path, _ := strings.Cut(string(op), " ")
-			path = strings.NewReplacer("{id}", "t_x").Replace(path)
+			path = strings.NewReplacer("{id}", "t_x", "{call_id}", "call_1_1").Replace(path)
 			cases = append(cases, exchange{"other host " + string(op), quick, op, method, path, "", []string{"Host", "timebox.example.org"}, 403})
 			if strings.HasPrefix(path, "/v1/") || path == "/metrics" {
 				cases = append(cases, exchange{"no token " + string(op), withToken, op, method, path, "", nil, 401})
