@@ -162,6 +162,7 @@ var recordSections = map[reflect.Type]string{
 	reflect.TypeFor[event.BudgetValue]():       "### Budget values",
 	reflect.TypeFor[event.ToolBudgetSummary](): "### Tool budgets",
 	reflect.TypeFor[event.SilentCall]():        "### Silent calls",
+	reflect.TypeFor[event.Approval]():          "### Approval",
 	reflect.TypeFor[event.Event]():             "## Every event",
 }
 
@@ -405,6 +406,33 @@ func scriptedTurns(t *testing.T) (evs []event.Event, stopped *event.Turn) {
 			t.Fatalf("the stopped turn ended %s: %s", res2.Record.StopReason, res2.Record.Message)
 		}
 		stopped = res2.Record
+
+		// A call that waits 40s for a person, who approves it.
+		p3, _ := script.New([]script.Line{
+			{ToolCalls: []script.Call{{Name: "deploy", Arguments: json.RawMessage(`{"env": "production"}`)}}},
+			{Text: "Deployed."}})
+		deploy := agent.Tool{
+			Tool: tool.NewFunc("deploy", "Deploys the service.", nil, func(context.Context, json.RawMessage, tool.Progress) (any, error) {
+				return "deployed v42", nil
+			}),
+			Budget:        budget.ToolBudget{Timeout: secs(time.Minute, "deploy"), Enforcement: budget.Cooperative, KillGrace: budget.Duration{D: time.Second}},
+			NeedsApproval: agent.ApprovalRequired,
+		}
+		a3, err := agent.New(agent.Config{Name: "docs", Models: []model.Endpoint{{Provider: p3, ProviderName: "script", Model: "primary"}},
+			Tools: []agent.Tool{deploy}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		approve := agent.ApproverFunc(func(ctx context.Context, req agent.ApprovalRequest) (agent.Decision, error) {
+			time.Sleep(40 * time.Second)
+			return agent.Decision{Decision: event.Approve, By: "alice", Reason: "release window is open"}, nil
+		})
+		var c3 collector
+		res3 := a3.Run(t.Context(), agent.Input{TurnID: "t_docs_approval", Text: "Deploy to production.", Approver: approve}, &c3)
+		if res3.Record.StopReason != budget.Answered {
+			t.Fatalf("the approval turn ended %s: %s", res3.Record.StopReason, res3.Record.Message)
+		}
+		evs = append(evs, c3.l...)
 	})
 	return evs, stopped
 }
