@@ -74,9 +74,6 @@ func (l *loader) approvalTimeout(e entry, path string) *rawDuration {
 		return nil
 	}
 	d, problem := checkDuration(v, approvalBounds, "24h")
-	if problem == "" && d == 0 {
-		problem = "0 is not allowed: a call that needs approval needs time for a person to decide (use a duration such as 24h)"
-	}
 	if problem != "" {
 		l.errAt(at, path, problem)
 		return nil
