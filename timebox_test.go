@@ -204,3 +204,43 @@ tools:
 		t.Fatalf("Open: %v", err)
 	}
 }
+
+// TestBuildAsksForApproval: a tool with approval: required is built to ask
+// for every call, waiting its own approval_timeout; one without it asks
+// for none, and one that takes timeouts.approval keeps its source, so the
+// agent lets it follow the turn's.
+func TestBuildAsksForApproval(t *testing.T) {
+	dir := t.TempDir()
+	script := filepath.Join(dir, "script.jsonl")
+	if err := os.WriteFile(script, []byte(`{"text": "hi"}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	path := writeAgent(t, fmt.Sprintf(`model: {primary: "script:m"}
+providers: {script: {file: %q}}
+tools:
+  - {name: plain, exec: [/bin/true]}
+  - {name: asks, exec: [/bin/true], approval: required}
+  - {name: own, exec: [/bin/true], approval: required, approval_timeout: 2h}
+`, script))
+	a, err := timebox.Open(context.Background(), path, timebox.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	got := map[string]string{}
+	for _, tl := range a.Tools() {
+		s := "never"
+		if tl.NeedsApproval != nil && tl.NeedsApproval(json.RawMessage(`{}`)) {
+			s = fmt.Sprintf("required %s %s %s", tl.ApprovalTimeout.D, tl.ApprovalTimeout.Source, tl.ApprovalTimeout.Knob)
+		}
+		got[tl.Tool.Spec().Name] = s
+	}
+	want := map[string]string{
+		"plain": "never",
+		"asks":  "required 24h0m0s default timeouts.approval",
+		"own":   "required 2h0m0s tool tools[own].approval_timeout in agent.yaml",
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("approvals (-want +got):\n%s", diff)
+	}
+}
