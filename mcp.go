@@ -49,7 +49,7 @@ func openMCP(ctx context.Context, t config.Tool, withhold []string, user *runas.
 	}
 	var out []agent.Tool
 	for _, tl := range s.Tools() {
-		out = append(out, agent.Tool{Tool: tl, Budget: tl.Budget(), Retries: t.Retries})
+		out = append(out, withApproval(agent.Tool{Tool: tl, Budget: tl.Budget(), Retries: t.Retries}, t, tl.RemoteName()))
 	}
 	return out, s.Close, nil
 }

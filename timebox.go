@@ -187,6 +187,19 @@ func toolUser(t config.Tool) (*runas.Identity, error) {
 	return id, err
 }
 
+// withApproval gives at what the agent file says of its approvals
+// (approval, approval_timeout): remote is the server's name of one tool of
+// an mcp entry, whose override beats the entry. A timeout that came from
+// timeouts.approval is kept with its source, so that the agent lets it
+// follow the turn's.
+func withApproval(at agent.Tool, t config.Tool, remote string) agent.Tool {
+	if required, timeout := t.ApprovalFor(remote); required {
+		at.NeedsApproval = agent.ApprovalRequired
+		at.ApprovalTimeout = timeout
+	}
+	return at
+}
+
 // buildTools builds every tool of the file. It goes on past a tool that
 // fails (an MCP server that will not start, say) so that the error lists
 // every one; the caller closes what was started.
@@ -209,7 +222,7 @@ func buildTools(ctx context.Context, cfg *config.Agent, a *Agent) ([]agent.Tool,
 				errs = append(errs, fmt.Errorf("tools[%s]: %w", t.Name, err))
 				continue
 			}
-			out = append(out, agent.Tool{Tool: et, Budget: t.Budget, Retries: t.Retries})
+			out = append(out, withApproval(agent.Tool{Tool: et, Budget: t.Budget, Retries: t.Retries}, t, ""))
 		case t.MCP != nil:
 			ts, closer, err := openMCP(ctx, t, cfg.Withheld(), user)
 			if err != nil {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +14,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/timebox-run/timebox"
 	"github.com/timebox-run/timebox/agent"
@@ -202,5 +205,97 @@ tools:
 	_, err := timebox.Open(context.Background(), path, timebox.Options{})
 	if err == nil || !strings.Contains(err.Error(), `tools[t].user: no user "no-such-user-tb"`) {
 		t.Fatalf("Open: %v", err)
+	}
+}
+
+// TestBuildAsksForApproval: a tool with approval: required is built to ask
+// for every call, waiting its own approval_timeout; one without it asks
+// for none, and one that takes timeouts.approval keeps its source, so the
+// agent lets it follow the turn's.
+func TestBuildAsksForApproval(t *testing.T) {
+	dir := t.TempDir()
+	script := filepath.Join(dir, "script.jsonl")
+	if err := os.WriteFile(script, []byte(`{"text": "hi"}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	path := writeAgent(t, fmt.Sprintf(`model: {primary: "script:m"}
+providers: {script: {file: %q}}
+tools:
+  - {name: plain, exec: [/bin/true]}
+  - {name: asks, exec: [/bin/true], approval: required}
+  - {name: own, exec: [/bin/true], approval: required, approval_timeout: 2h}
+`, script))
+	a, err := timebox.Open(context.Background(), path, timebox.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	got := map[string]string{}
+	for _, tl := range a.Tools() {
+		s := "never"
+		if tl.NeedsApproval != nil && tl.NeedsApproval(json.RawMessage(`{}`)) {
+			s = fmt.Sprintf("required %s %s %s", tl.ApprovalTimeout.D, tl.ApprovalTimeout.Source, tl.ApprovalTimeout.Knob)
+		}
+		got[tl.Tool.Spec().Name] = s
+	}
+	want := map[string]string{
+		"plain": "never",
+		"asks":  "required 24h0m0s default timeouts.approval",
+		"own":   "required 2h0m0s tool tools[own].approval_timeout in agent.yaml",
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("approvals (-want +got):\n%s", diff)
+	}
+}
+
+// TestBuildAsksForApprovalOfMCPTools: an mcp entry's approval applies to
+// every tool its server lists but those whose override says otherwise,
+// each with the approval_timeout of its override or else of its entry.
+func TestBuildAsksForApprovalOfMCPTools(t *testing.T) {
+	srv := mcp.NewServer(&mcp.Implementation{Name: "fake", Version: "1"}, nil)
+	for _, name := range []string{"read", "write", "delete"} {
+		srv.AddTool(&mcp.Tool{Name: name, InputSchema: json.RawMessage(`{"type":"object"}`)},
+			func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+				return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "ok"}}}, nil
+			})
+	}
+	ts := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil))
+	defer ts.Close()
+	dir := t.TempDir()
+	script := filepath.Join(dir, "script.jsonl")
+	if err := os.WriteFile(script, []byte(`{"text": "hi"}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	path := writeAgent(t, fmt.Sprintf(`model: {primary: "script:m"}
+providers: {script: {file: %q}}
+tools:
+  - name: files
+    mcp: {url: %q}
+    approval: required
+    approval_timeout: 4h
+    overrides:
+      read: {approval: never}
+      delete: {approval_timeout: 10m}
+`, script, ts.URL))
+	a, err := timebox.Open(context.Background(), path, timebox.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	got := map[string]string{}
+	for _, tl := range a.Tools() {
+		s := "never"
+		if tl.NeedsApproval != nil {
+			s = fmt.Sprintf("required %s %s %s", tl.ApprovalTimeout.D, tl.ApprovalTimeout.Source, tl.ApprovalTimeout.Knob)
+		}
+		got[tl.Tool.Spec().Name] = s
+	}
+	want := map[string]string{
+		"files__read":   "never",
+		"files__write":  "required 4h0m0s tool tools[files].approval_timeout in agent.yaml",
+		"files__delete": "required 10m0s tool tools[files].overrides[delete].approval_timeout in agent.yaml",
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("approvals (-want +got):\n%s", diff)
 	}
 }

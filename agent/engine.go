@@ -190,9 +190,11 @@ func describeRef(r machine.AgentRef) string {
 // instructions, model chain, compaction threshold, whether the model is
 // told its time (context.time_notes: a worker that tells it and a runner
 // that does not make different requests), and each tool's spec, kind,
-// retries and own budget. Budgets a tool takes from the turn's
-// defaults are left out (they travel with the turn), and so are
-// credentials.
+// retries, own budget and whether it may ask for approval, with its own
+// approval timeout. Budgets a tool takes from the turn's defaults are
+// left out (they travel with the turn), and so are credentials. Of
+// NeedsApproval only whether it is set is known: a function cannot be
+// digested.
 func fingerprint(a *Agent) string {
 	type toolPrint struct {
 		Name, Description, Kind string
@@ -200,6 +202,10 @@ func fingerprint(a *Agent) string {
 		Timeout, Idle           string
 		Enforcement             budget.Enforcement
 		Retries                 int
+		// omitempty: an agent without approvals keeps the fingerprint
+		// it had before they existed.
+		Approval        bool   `json:",omitempty"`
+		ApprovalTimeout string `json:",omitempty"`
 	}
 	own := func(d budget.Duration) string {
 		if followsDefault(d.Source) {
@@ -221,9 +227,18 @@ func fingerprint(a *Agent) string {
 	}
 	for _, n := range a.order {
 		e := a.tools[n]
-		p.Tools = append(p.Tools, toolPrint{Name: e.spec.Name, Description: e.spec.Description, Kind: string(e.Tool.Tool.Kind()),
+		tp := toolPrint{Name: e.spec.Name, Description: e.spec.Description, Kind: string(e.Tool.Tool.Kind()),
 			Schema: compactJSON(e.spec.InputSchema), Timeout: own(e.Budget.Timeout), Idle: own(e.Budget.IdleTimeout),
-			Enforcement: e.Budget.Enforcement, Retries: e.Retries})
+			Enforcement: e.Budget.Enforcement, Retries: e.Retries}
+		// A tool that never asks waits for no one: its approval timeout,
+		// if any, changes nothing.
+		if e.NeedsApproval != nil {
+			tp.Approval = true
+			if !e.ApprovalTimeout.Unset() && !followsDefault(e.ApprovalTimeout.Source) {
+				tp.ApprovalTimeout = e.ApprovalTimeout.D.String() + " " + string(e.ApprovalTimeout.Source)
+			}
+		}
+		p.Tools = append(p.Tools, tp)
 	}
 	b, _ := json.Marshal(p)
 	sum := sha256.Sum256(b)

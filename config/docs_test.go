@@ -51,6 +51,8 @@ func typeText(n *node) string {
 		return "tool name"
 	case kEnforcement:
 		return "`" + strings.Join(enforcementNames, "`, `") + "`"
+	case kApproval:
+		return "`" + strings.Join(approvalNames, "`, `") + "`"
 	case kToolTimeout:
 		return "duration (" + fmtDuration(time.Duration(minDuration)) + " to timeouts.tool_max) or profile name"
 	case kDuration:

@@ -228,6 +228,7 @@ func TestReference(t *testing.T) {
 		LLMIdle: fromFile(def.LLMIdle), LLMBudget: fromFile(def.LLMBudget), Step: fromFile(def.Step),
 		Turn: fromFile(def.Turn), ProgressNotice: fromFile(def.ProgressNotice), KillGrace: fromFile(def.KillGrace),
 		Compaction: fromFile(def.Compaction),
+		Approval:   def.Approval, // the spec's file predates approvals
 	}
 	if a.Budgets != wantBudgets {
 		t.Errorf("budgets\n got %+v\nwant %+v", a.Budgets, wantBudgets)
@@ -264,6 +265,7 @@ func TestReference(t *testing.T) {
 			IdleTimeout: budget.Duration{Source: budget.SourceDefault, Knob: "tools[word_count].idle_timeout in agent.yaml"},
 			Enforcement: budget.Hard, KillGrace: fromFile(def.KillGrace),
 		},
+		Approval: ApprovalNever, ApprovalTimeout: def.Approval,
 		Exec:    []string{filepath.Join(dir, "tools", "word_count.sh")},
 		Workdir: dir,
 	}
@@ -277,6 +279,7 @@ func TestReference(t *testing.T) {
 			IdleTimeout: budget.Duration{D: 15 * time.Second, Source: budget.SourceTool, Knob: "tools[crawl].idle_timeout in agent.yaml"},
 			Enforcement: budget.Hard, KillGrace: fromFile(def.KillGrace),
 		},
+		Approval: ApprovalNever, ApprovalTimeout: def.Approval,
 		Exec:    []string{filepath.Join(dir, "tools", "crawl.sh"), "--depth", "2"},
 		Env:     []string{"HOME", "PATH"},
 		Workdir: filepath.Join(dir, "data"),
@@ -291,6 +294,7 @@ func TestReference(t *testing.T) {
 			IdleTimeout: budget.Duration{Source: budget.SourceDefault, Knob: "tools[everything].idle_timeout in agent.yaml"},
 			Enforcement: budget.Hard, KillGrace: fromFile(def.KillGrace),
 		},
+		Approval: ApprovalNever, ApprovalTimeout: def.Approval,
 		MCP: &MCP{
 			Command: []string{"npx", "-y", "@modelcontextprotocol/server-everything"},
 			Overrides: map[string]Override{"trigger-long-running-operation": {
@@ -537,6 +541,7 @@ func TestSettingsTable(t *testing.T) {
 		"timeouts.progress_notice": {"progress-notice", "TIMEBOX_PROGRESS_NOTICE"},
 		"timeouts.kill_grace":      {"kill-grace", "TIMEBOX_KILL_GRACE"},
 		"timeouts.compaction":      {"compaction-timeout", "TIMEBOX_COMPACTION_TIMEOUT"},
+		"timeouts.approval":        {"approval-timeout", "TIMEBOX_APPROVAL_TIMEOUT"},
 		"limits.max_steps":         {"max-steps", "TIMEBOX_MAX_STEPS"},
 		"limits.max_tool_calls":    {"max-tool-calls", "TIMEBOX_MAX_TOOL_CALLS"},
 		"limits.parallel_tools":    {"parallel-tools", "TIMEBOX_PARALLEL_TOOLS"},

@@ -39,6 +39,7 @@ const (
 	kToolName                    // a tool's name
 	kArg                         // an argv item: text, or a number taken as written
 	kEnforcement                 // hard, cooperative or advisory
+	kApproval                    // required or never
 	kToolTimeout                 // a duration (not 0) or a profile name
 	kDuration                    // a duration, bounded by min/max, 0 allowed when zeroOK
 	kCount                       // a whole number, bounded by min/max
@@ -152,7 +153,7 @@ func apiProvider(name, doc, baseURL string) *node {
 // toolBudgetKeys are the budget keys of a tool entry (owner "the tool")
 // and of an mcp override (owner "that tool", whose defaults are the
 // entry's).
-func toolBudgetKeys(owner, timeoutDef, idleDef, enfDef string) []key {
+func toolBudgetKeys(owner, timeoutDef, idleDef, enfDef, approvalDef, approvalTimeoutDef string) []key {
 	return []key{
 		k("timeout", &node{kind: kToolTimeout, def: timeoutDef,
 			doc: "The absolute limit of one call of " + owner + ": a duration, or the name of a profile (timeouts.profiles). It beats timeouts.tool and its flag and variable; progress never extends it. It cannot be 0 (to never interrupt a tool, keep a timeout and set enforcement: advisory) nor above timeouts.tool_max."}),
@@ -160,6 +161,10 @@ func toolBudgetKeys(owner, timeoutDef, idleDef, enfDef string) []key {
 			doc: "The longest silence between two progress reports of one call of " + owner + " (phase tool_idle); 0 is off."}),
 		k("enforcement", &node{kind: kEnforcement, def: enfDef,
 			doc: "How the timeout is enforced: hard (stopped at the deadline, its whole process tree killed), cooperative (its context is cancelled; abandoned after timeouts.kill_grace — an exec tool is stopped whole either way, so for it cooperative acts as hard) or advisory (never interrupted by its own budget; an overrun is recorded and the result used)."}),
+		k("approval", &node{kind: kApproval, def: approvalDef,
+			doc: "Whether each call of " + owner + " waits for a person's decision before it runs (docs/approvals.md): required, or never. The wait has its own budget (approval_timeout); the tool's timeout starts when it runs, and the turn's ceiling does not count the wait. A denied call is not run (tool_denied)."}),
+		k("approval_timeout", &node{kind: kDuration, min: minDuration, max: budget.MaxTurn, def: approvalTimeoutDef,
+			doc: "How long a call of " + owner + " waits for a person's decision before it expires, not run (approval_expired). It beats timeouts.approval and its flag and variable; it cannot be 0, and needs approval: required."}),
 	}
 }
 
@@ -190,7 +195,7 @@ func buildAgentFile() *node {
 					"if":   map[string]any{"required": []string{"command"}},
 					"then": map[string]any{"properties": map[string]any{"headers": false}},
 				}}),
-		}, append(toolBudgetKeys("the tool", budget.KeyTool, "0", string(budget.Hard)),
+		}, append(toolBudgetKeys("the tool", budget.KeyTool, "0", string(budget.Hard), string(ApprovalNever), budget.KeyApproval),
 			k("env", listOf("The only environment variables the program (or a stdio MCP server) inherits, by name; an empty list passes none. Without this key it inherits timebox's environment but timebox's own secrets (TIMEBOX_TOKEN, TIMEBOX_DB, PGPASSWORD) and the providers' credential variables: name one here to pass it.",
 				leaf(kVarName, "A variable's name."), 0)),
 			k("user", leaf(kText, "Run the program (or a stdio MCP server) as this user, as systemd's User= does: NAME, NAME:GROUP, UID or UID:GID. The group is the user's primary group unless given, with the user's supplementary groups; HOME, USER and LOGNAME are the user's. Needs timebox to run as root (Linux and macOS); refused otherwise.")),
@@ -199,7 +204,7 @@ func buildAgentFile() *node {
 				doc: "How many more times the Temporal engine may run a call whose worker was lost (died or stopped heartbeating) before it is reported lost. Only for tools whose calls are safe to run twice; the embedded engine never runs a call again."}),
 			k("overrides", &node{kind: kMap, name: "TOOL", namePattern: ".", doc: "Budgets of single tools of an mcp entry, by the server's name for the tool (mcp entries only).",
 				elem: mapping("The budget of one of the server's tools; what it does not set comes from the entry.", nil,
-					toolBudgetKeys("that tool", "the entry's", "the entry's", "the entry's")...)}),
+					toolBudgetKeys("that tool", "the entry's", "the entry's", "the entry's", "the entry's", "the entry's")...)}),
 		)...)...)
 	tool.rules = map[string]any{
 		"oneOf": []any{
@@ -333,6 +338,8 @@ func schemaOf(n *node) map[string]any {
 		s["pattern"] = tool.NameRE.String()
 	case kEnforcement:
 		s["enum"] = enforcementNames
+	case kApproval:
+		s["enum"] = approvalNames
 	case kToolTimeout:
 		s["anyOf"] = []any{
 			map[string]any{"type": "string", "pattern": durationPattern},

@@ -55,6 +55,9 @@ func WriteTable(w io.Writer, a *Agent) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if err := writeApprovals(w, a); err != nil {
+		return err
+	}
 	if err := writeEnvironments(w, a); err != nil {
 		return err
 	}
@@ -74,6 +77,55 @@ func WriteTable(w io.Writer, a *Agent) error {
 	}
 	_, err := fmt.Fprintf(w, "request budgets (POST /v1/turns \"budgets\"): %s\n", requestCeilings(a))
 	return err
+}
+
+// writeApprovals lists the tools whose calls wait for a person's decision
+// (approval: required), each with how long a call waits, where that came
+// from and the knob that changes it; an mcp entry's overrides are listed
+// as entry[tool]. It writes nothing when no tool needs approval.
+func writeApprovals(w io.Writer, a *Agent) error {
+	type row struct {
+		name     string
+		required bool
+		timeout  budget.Duration
+	}
+	var rows []row
+	asks := false
+	for _, t := range a.Tools {
+		req, d := t.ApprovalFor("")
+		rows = append(rows, row{t.Name, req, d})
+		asks = asks || req
+		if t.MCP == nil {
+			continue
+		}
+		names := make([]string, 0, len(t.MCP.Overrides))
+		for n := range t.MCP.Overrides {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		for _, n := range names {
+			o := t.MCP.Overrides[n]
+			if o.Approval == "" && o.ApprovalTimeout.Source == "" {
+				continue // the entry's, shown on its row
+			}
+			req, d := t.ApprovalFor(n)
+			rows = append(rows, row{fmt.Sprintf("%s[%s]", t.Name, n), req, d})
+			asks = asks || req
+		}
+	}
+	if !asks {
+		return nil
+	}
+	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "\nTOOL\tAPPROVAL\tWAITS UP TO\tSOURCE\tKNOB")
+	for _, r := range rows {
+		if !r.required {
+			fmt.Fprintf(tw, "%s\tnever\t-\t-\t-\n", r.name)
+			continue
+		}
+		fmt.Fprintf(tw, "%s\trequired\t%s\t%s\t%s\n", r.name, fmtDuration(r.timeout.D), r.timeout.Source, r.timeout.Knob)
+	}
+	return tw.Flush()
 }
 
 // writeEnvironments says, by name only, what each exec tool and stdio MCP

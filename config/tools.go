@@ -27,7 +27,7 @@ var (
 	plainArgRE = regexp.MustCompile(`^[A-Za-z0-9_./=+-][A-Za-z0-9_./=+@:-]*$`)
 )
 
-var toolKeys = []string{"name", "description", "input_schema", "exec", "mcp", "timeout", "idle_timeout", "enforcement", "env", "workdir", "user", "overrides", "retries"}
+var toolKeys = []string{"name", "description", "input_schema", "exec", "mcp", "timeout", "idle_timeout", "enforcement", "approval", "approval_timeout", "env", "workdir", "user", "overrides", "retries"}
 
 // MaxRetries is the most retries a tool may declare (Tool.Retries).
 const MaxRetries = 5
@@ -43,6 +43,16 @@ func toolHint(key string) string {
 	case "timeout_ms", "timeout_seconds", "timeoutSeconds", "default_timeout":
 		return " (did you mean timeout? it takes a Go duration, such as 30s)"
 	}
+	return approvalHint(key)
+}
+
+// approvalHint catches the ways other runtimes ask for a person's
+// decision.
+func approvalHint(key string) string {
+	switch key {
+	case "requires_approval", "require_approval", "needs_approval", "confirm", "human_approval":
+		return " (did you mean approval? such as approval: required)"
+	}
 	return ""
 }
 
@@ -57,7 +67,18 @@ type rawTool struct {
 	timeout   *rawTimeout
 	idle      *rawDuration
 	enf       budget.Enforcement
+	approval  rawApproval
 	overrides []rawOverride
+}
+
+// rawApproval is what an entry or an override says of approvals: its
+// approval ("" when it does not say) and its approval_timeout.
+type rawApproval struct {
+	approval Approval
+	timeout  *rawDuration
+	// timeoutKeyAt is where approval_timeout is written, for the error of
+	// one that no call would wait by.
+	timeoutKeyAt pos
 }
 
 // rawTimeout is a tool's own timeout: a duration or a profile name, which
@@ -74,11 +95,12 @@ type rawDuration struct {
 }
 
 type rawOverride struct {
-	name    string
-	path    string
-	timeout *rawTimeout
-	idle    *rawDuration
-	enf     budget.Enforcement
+	name     string
+	path     string
+	timeout  *rawTimeout
+	idle     *rawDuration
+	enf      budget.Enforcement
+	approval rawApproval
 }
 
 func (l *loader) decodeTools(e entry) {
@@ -200,6 +222,7 @@ func (l *loader) decodeTool(rt *rawTool, item ast.Node) {
 	if ee, ok := fs["enforcement"]; ok {
 		rt.enf = l.enforcement(ee, key("enforcement"))
 	}
+	rt.approval = l.decodeApproval(fs, rt.path)
 	if ee, ok := fs["env"]; ok {
 		env := l.envList(ee, key("env"))
 		if rt.t.MCP != nil {
@@ -409,7 +432,7 @@ func (l *loader) decodeMCP(e entry, path string) (*MCP, bool) {
 	}
 	fs := l.t.fields(es, path, mcpKeys, func(k string) string {
 		switch k {
-		case "env", "overrides", "timeout", "idle_timeout", "enforcement", "workdir", "user":
+		case "env", "overrides", "timeout", "idle_timeout", "enforcement", "approval", "approval_timeout", "workdir", "user":
 			return fmt.Sprintf(" (%s belongs to the tool entry, beside mcp:)", k)
 		case "args":
 			return " (put the arguments in command: [program, arg, ...])"
@@ -461,7 +484,7 @@ func (l *loader) decodeMCP(e entry, path string) (*MCP, bool) {
 	return m, ok
 }
 
-var overrideKeys = []string{"timeout", "idle_timeout", "enforcement"}
+var overrideKeys = []string{"timeout", "idle_timeout", "enforcement", "approval", "approval_timeout"}
 
 func (l *loader) decodeOverrides(e entry, path string) []rawOverride {
 	es, ok := l.t.mapping(e.val, path, "a mapping of the server's tool names to budgets")
@@ -475,11 +498,11 @@ func (l *loader) decodeOverrides(e entry, path string) []rawOverride {
 			l.errAt(oe.keyAt, opath, "names no tool")
 			continue
 		}
-		ofs, ok := l.t.mapping(oe.val, opath, "a mapping with timeout, idle_timeout or enforcement")
+		ofs, ok := l.t.mapping(oe.val, opath, "a mapping with timeout, idle_timeout, enforcement, approval or approval_timeout")
 		if !ok {
 			continue
 		}
-		fs := l.t.fields(ofs, opath, overrideKeys, nil)
+		fs := l.t.fields(ofs, opath, overrideKeys, approvalHint)
 		ro := rawOverride{name: oe.key, path: opath}
 		if te, ok := fs["timeout"]; ok {
 			if v, at, ok := l.t.scalar(te.val, opath+".timeout", "a duration or a profile name"); ok {
@@ -492,6 +515,7 @@ func (l *loader) decodeOverrides(e entry, path string) []rawOverride {
 		if ee, ok := fs["enforcement"]; ok {
 			ro.enf = l.enforcement(ee, opath+".enforcement")
 		}
+		ro.approval = l.decodeApproval(fs, opath)
 		out = append(out, ro)
 	}
 	return out
@@ -631,12 +655,13 @@ func (l *loader) resolveTools() {
 		if t.Kind == tool.KindExec && t.Workdir == "" {
 			t.Workdir = l.dir
 		}
+		overrideKnob := func(o, k string) string {
+			return fmt.Sprintf("tools[%s].overrides[%s].%s in %s", name, o, k, l.base)
+		}
+		overrides := map[string]Override{}
 		if len(rt.overrides) > 0 {
-			overrides := map[string]Override{}
 			for _, ro := range rt.overrides {
-				oknob := func(k string) string {
-					return fmt.Sprintf("tools[%s].overrides[%s].%s in %s", name, ro.name, k, l.base)
-				}
+				oknob := func(k string) string { return overrideKnob(ro.name, k) }
 				var o Override
 				if ro.timeout != nil {
 					if d, ok := l.toolTimeout(ro.timeout, oknob("timeout")); ok {
@@ -654,9 +679,10 @@ func (l *loader) resolveTools() {
 				o.Enforcement = ro.enf
 				overrides[ro.name] = o
 			}
-			if t.MCP != nil {
-				t.MCP.Overrides = overrides
-			}
+		}
+		l.resolveApproval(rt, &t, knob, overrides, overrideKnob)
+		if len(overrides) > 0 && t.MCP != nil {
+			t.MCP.Overrides = overrides
 		}
 		if rt.ok {
 			l.a.Tools = append(l.a.Tools, t)

@@ -133,6 +133,15 @@ type Tool struct {
 	// (tool, profile:NAME, flag, env, file, default), idle timeout,
 	// enforcement and the kill grace.
 	Budget budget.ToolBudget
+	// Approval is the entry's approval (Load fills in ApprovalNever when
+	// it has none): whether each call waits for a person's decision before
+	// it runs. An mcp entry's overrides may say otherwise for single tools
+	// (ApprovalFor).
+	Approval Approval
+	// ApprovalTimeout is how long a call waits for that decision before
+	// it expires, not run: the entry's approval_timeout (source tool), or
+	// timeouts.approval with its source when it has none.
+	ApprovalTimeout budget.Duration
 	// Retries is how many more times the Temporal engine may run a call
 	// whose worker was lost (retries:, 0 to MaxRetries; default 0): only
 	// for tools whose calls are safe to run twice.
@@ -176,4 +185,8 @@ type Override struct {
 	Timeout     budget.Duration
 	IdleTimeout budget.Duration
 	Enforcement budget.Enforcement
+	// Approval is "" when the override does not set it (the entry's
+	// applies); ApprovalTimeout's Source is empty likewise.
+	Approval        Approval
+	ApprovalTimeout budget.Duration
 }

@@ -484,3 +484,35 @@ func TestMissingAgentFileMentionsF(t *testing.T) {
 		t.Errorf("validate -f missing.yaml: exit %d\n%s", r.code, r.err)
 	}
 }
+
+// TestValidateShowsApprovals: validate lists the tools whose calls wait
+// for a person's decision, with how long, the source and the knob, and
+// timeouts.approval with its own; a bad approval stops it at its line.
+func TestValidateShowsApprovals(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "tool.sh"), []byte("#!/bin/sh\necho ok\n"), 0o755)
+	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"text": "ok"}`+"\n"), 0o644)
+	agent := filepath.Join(dir, "agent.yaml")
+	os.WriteFile(agent, []byte("model: {primary: 'script:m'}\nproviders: {script: {file: script.jsonl}}\ntools:\n"+
+		"  - {name: plain, exec: [./tool.sh]}\n"+
+		"  - {name: asks, exec: [./tool.sh], approval: required}\n"+
+		"  - {name: own, exec: [./tool.sh], approval: required, approval_timeout: 30m}\n"), 0o644)
+	r := run(t, []string{"TIMEBOX_APPROVAL_TIMEOUT=2h"}, "validate", "-f", agent, "--approval-timeout", "3h")
+	if r.code != 0 {
+		t.Fatalf("exit %d\n%s", r.code, r.err)
+	}
+	for _, re := range []string{`TOOL\s+APPROVAL\s+WAITS UP TO\s+SOURCE\s+KNOB`, `plain\s+never\s+-`,
+		`asks\s+required\s+3h\s+flag\s+--approval-timeout`, `own\s+required\s+30m\s+tool\s+tools\[own\]\.approval_timeout in agent\.yaml`,
+		`timeouts\.approval\s+3h\s+flag\s+--approval-timeout`} {
+		if !regexpMatch(re, r.out) {
+			t.Errorf("validate output lacks /%s/:\n%s", re, r.out)
+		}
+	}
+
+	os.WriteFile(agent, []byte("model: {primary: 'script:m'}\nproviders: {script: {file: script.jsonl}}\ntools:\n"+
+		"  - {name: asks, exec: [./tool.sh], approval: requird}\n"), 0o644)
+	r = run(t, nil, "validate", "-f", agent)
+	if want := `agent.yaml:4:47: tools[0].approval: "requird" is not an approval (did you mean required?)`; r.code != 2 || !strings.Contains(r.err, want) {
+		t.Errorf("exit %d, want 2 with %s\n%s", r.code, want, r.err)
+	}
+}

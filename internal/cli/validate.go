@@ -102,7 +102,8 @@ func warnUnknownTools(w io.Writer, cfg *config.Agent, tools []agent.Tool) {
 }
 
 // writeMCPTools lists the tools the MCP servers gave, with their resolved
-// budgets, in the columns of the tool table.
+// budgets, in the columns of the tool table, and for each how long a call
+// waits for a person's decision and from where ("-": it never asks).
 func writeMCPTools(w io.Writer, tools []agent.Tool) {
 	var mcp []agent.Tool
 	for _, t := range tools {
@@ -115,11 +116,15 @@ func writeMCPTools(w io.Writer, tools []agent.Tool) {
 	}
 	fmt.Fprintln(w, "\nMCP tools (listed by their servers):")
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
-	fmt.Fprintln(tw, "TOOL\tKIND\tTIMEOUT\tSOURCE\tIDLE\tENFORCEMENT\tKNOB")
+	fmt.Fprintln(tw, "TOOL\tKIND\tTIMEOUT\tSOURCE\tIDLE\tENFORCEMENT\tAPPROVAL\tKNOB")
 	for _, t := range mcp {
 		b := t.Budget
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.Tool.Spec().Name, t.Tool.Kind(), shortDuration(b.Timeout), b.Timeout.Source,
-			shortDuration(b.IdleTimeout), b.Enforcement, b.Timeout.Knob)
+		approval := "-"
+		if t.NeedsApproval != nil {
+			approval = shortDuration(t.ApprovalTimeout) + " (" + string(t.ApprovalTimeout.Source) + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.Tool.Spec().Name, t.Tool.Kind(), shortDuration(b.Timeout), b.Timeout.Source,
+			shortDuration(b.IdleTimeout), b.Enforcement, approval, b.Timeout.Knob)
 	}
 	tw.Flush()
 }
