@@ -39,12 +39,15 @@ type IO struct {
 	Env []string
 	// Terminal reports whether Out is a terminal (live view and colour).
 	Terminal bool
+	// InTerminal reports whether In is a terminal: `timebox run` asks its
+	// approvals there.
+	InTerminal bool
 }
 
 // Std returns the process's own IO.
 func Std() IO {
 	return IO{In: os.Stdin, Out: os.Stdout, Err: os.Stderr, Env: os.Environ(),
-		Terminal: term.IsTerminal(int(os.Stdout.Fd())) && os.Getenv("TERM") != "dumb"}
+		Terminal: term.IsTerminal(int(os.Stdout.Fd())) && os.Getenv("TERM") != "dumb", InTerminal: term.IsTerminal(int(os.Stdin.Fd()))}
 }
 
 func (o IO) getenv(k string) string {

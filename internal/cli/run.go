@@ -150,6 +150,8 @@ func cmdRun(ctx context.Context, args []string, o IO) int {
 	db := fs.String("db", "", `store the turn in this file, for timebox runs (env TIMEBOX_DB; default `+stateDB(o)+`; "" stores nothing)`)
 	noStore := fs.Bool("no-store", false, "do not store the turn")
 	recordTo := fs.String("record", "", "write the model's replies, with timings, to this file as a script (model/script) for offline replay")
+	var approve approveFlags
+	fs.Var(&approve, "approve", "approve the calls of this tool without asking (repeat, or a list; \"all\" for every tool); others are asked on the terminal, or denied without one")
 	ef := addEngineFlags(fs, true, false)
 	pos, err := parse(fs, args)
 	if err != nil {
@@ -233,6 +235,11 @@ func cmdRun(ctx context.Context, args []string, o IO) int {
 		sink = v
 	}
 	in := agent.Input{SessionID: *session, Text: prompt}
+	ca := &cliApprover{auto: approve}
+	if v != nil && o.Terminal && o.InTerminal {
+		ca.ask = newPrompter(o.In, o.Out, v)
+	}
+	in.Approver = ca
 	rs := openRunStore(fs, *db, *noStore, o)
 	var runner interface {
 		Run(context.Context, agent.Input, ...event.Sink) *agent.Result

@@ -33,6 +33,9 @@ type view struct {
 	text     strings.Builder
 	spin     int
 	finished bool
+	// held keeps the live block off the screen while a question is asked
+	// (prompter).
+	held bool
 
 	quit chan struct{}
 	done chan struct{}
@@ -163,6 +166,11 @@ func (v *view) Emit(e event.Event) {
 	case *event.ToolFinished:
 		v.remove(d.CallID)
 		v.println(v.finishedLine(&d.ToolCall))
+	case *event.ApprovalRequested:
+		v.println(fmt.Sprintf("%s %s waits for a decision: %s (%s, until %s)", v.c(yellow, "?"), d.Tool, tail(string(d.Arguments), 200),
+			msDuration(d.TimeoutMS), d.ExpiresAt.Local().Format(time.DateTime)))
+	case *event.ApprovalDecided:
+		v.println(v.decidedLine(d))
 	case *event.LateResult:
 		v.println(fmt.Sprintf("%s %s returned late, after %s; recorded, not given to the model", v.c(dim, "↩"), d.Tool, ms(d.DurationMS)))
 	case *event.CompactionStarted:
@@ -176,6 +184,27 @@ func (v *view) Emit(e event.Event) {
 		v.println(v.banner(d))
 	}
 	v.redraw()
+}
+
+// decidedLine says how a call's wait for a person ended.
+func (v *view) decidedLine(d *event.ApprovalDecided) string {
+	by := ""
+	if d.By != "" {
+		by = " by " + d.By
+	}
+	reason := ""
+	if d.Reason != "" {
+		reason = ": " + d.Reason
+	}
+	switch {
+	case d.Stale:
+		return fmt.Sprintf("%s %s: the approval%s is too old to act on; asking again", v.c(yellow, "?"), d.Tool, by)
+	case d.Decision == event.Approve:
+		return fmt.Sprintf("%s %s approved%s after %s%s", v.c(green, "✓"), d.Tool, by, ms(d.WaitedMS), reason)
+	case d.Decision == event.Deny:
+		return fmt.Sprintf("%s %s denied%s after %s%s; not run", v.c(red, "✗"), d.Tool, by, ms(d.WaitedMS), reason)
+	}
+	return fmt.Sprintf("%s %s: no decision within %s; not run", v.c(red, "✗"), d.Tool, ms(d.WaitedMS))
 }
 
 // stillWorkingText says what a still_working notice names: each silent
@@ -304,9 +333,19 @@ func (v *view) clear() {
 
 var spinner = []string{"⠋", "⠙", "⠹", "⠸", "⠼", "⠴", "⠦", "⠧", "⠇", "⠏"}
 
+// hold takes the live block off the screen (on), for a question, or puts
+// it back.
+func (v *view) hold(on bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.clear()
+	v.held = on
+	v.redraw()
+}
+
 // redraw draws the live block: one line per running call.
 func (v *view) redraw() {
-	if !v.live || v.finished {
+	if !v.live || v.finished || v.held {
 		return
 	}
 	v.clear()

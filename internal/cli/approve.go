@@ -1,0 +1,122 @@
+package cli
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os/user"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/timebox-run/timebox/agent"
+	"github.com/timebox-run/timebox/event"
+)
+
+// approveFlags are the tools whose calls `timebox run --approve NAME`
+// approves without asking; "all" approves every call.
+type approveFlags []string
+
+func (a *approveFlags) String() string { return strings.Join(*a, ",") }
+
+func (a *approveFlags) Set(v string) error {
+	for _, n := range strings.Split(v, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			*a = append(*a, n)
+		}
+	}
+	return nil
+}
+
+func (a approveFlags) approves(tool string) bool {
+	return slices.Contains(a, tool) || slices.Contains(a, "all")
+}
+
+// cliApprover is `timebox run`'s agent.Approver: calls of the tools
+// named by --approve are approved at once; the others are put to the
+// person at the terminal, one question at a time, or — with --json or
+// without a terminal — denied, saying how to approve them.
+type cliApprover struct {
+	auto approveFlags
+	// ask is nil when nobody can be asked.
+	ask *prompter
+}
+
+func (a *cliApprover) Approve(ctx context.Context, req agent.ApprovalRequest) (agent.Decision, error) {
+	if a.auto.approves(req.Tool) {
+		return agent.Decision{Decision: event.Approve, By: "timebox run --approve " + req.Tool}, nil
+	}
+	if a.ask == nil {
+		return agent.Decision{Decision: event.Deny, By: "timebox run",
+			Reason: fmt.Sprintf("nobody could be asked (no terminal, or --json); run again with --approve %s to approve its calls", req.Tool)}, nil
+	}
+	return a.ask.ask(ctx, req)
+}
+
+// prompter asks the person at the terminal, holding the live view while
+// it does.
+type prompter struct {
+	in  io.Reader
+	out io.Writer
+	v   *view
+	who string
+
+	mu    sync.Mutex // one question at a time
+	once  sync.Once
+	lines chan string
+}
+
+func newPrompter(in io.Reader, out io.Writer, v *view) *prompter {
+	who := "the terminal"
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		who = u.Username + " at the terminal"
+	}
+	return &prompter{in: in, out: out, v: v, who: who}
+}
+
+// read starts reading the terminal's lines, once: a question that
+// expires leaves the read under way for the next one.
+func (p *prompter) read() {
+	p.lines = make(chan string)
+	go func() {
+		sc := bufio.NewScanner(p.in)
+		for sc.Scan() {
+			p.lines <- sc.Text()
+		}
+		close(p.lines)
+	}()
+}
+
+func (p *prompter) ask(ctx context.Context, req agent.ApprovalRequest) (agent.Decision, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.once.Do(p.read)
+	if p.v != nil {
+		p.v.hold(true)
+		defer p.v.hold(false)
+	}
+	args := string(req.Arguments)
+	if len(args) > 300 {
+		args = args[:300] + "…"
+	}
+	fmt.Fprintf(p.out, "? %s %s wants to run. Approve it? [y/N, or n and a reason] (waits until %s) ",
+		req.Tool, args, req.ExpiresAt.Local().Format(time.Kitchen))
+	select {
+	case line, ok := <-p.lines:
+		if !ok {
+			fmt.Fprintln(p.out)
+			return agent.Decision{Decision: event.Deny, By: p.who, Reason: "the terminal closed before an answer"}, nil
+		}
+		answer, reason, _ := strings.Cut(strings.TrimSpace(line), " ")
+		switch strings.ToLower(answer) {
+		case "y", "yes":
+			return agent.Decision{Decision: event.Approve, By: p.who, Reason: strings.TrimSpace(reason)}, nil
+		}
+		return agent.Decision{Decision: event.Deny, By: p.who, Reason: strings.TrimSpace(reason)}, nil
+	case <-ctx.Done():
+		fmt.Fprintln(p.out)
+		return agent.Decision{}, ctx.Err()
+	}
+}
