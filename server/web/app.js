@@ -269,9 +269,22 @@ function outcomeText(r) {
       return `stopped by the ${r.phase} budget`;
     case 'abandoned': return 'abandoned: it did not stop when asked';
     case 'interrupted': return 'interrupted: timebox stopped before it ended';
+    case 'denied': return 'denied' + (r.approval && r.approval.by ? ' by ' + r.approval.by : '') + ': not run';
+    case 'approval_expired': return `no decision within ${fmtMS(r.approval_ms || 0)}: not run`;
     case 'cancelled': return r.phase === 'turn' ? 'stopped with the turn' : 'cancelled';
     case 'error': return 'error' + (r.exit_code !== null && r.exit_code !== undefined ? ` (exit ${r.exit_code})` : '');
     default: return r.outcome || '';
+  }
+}
+
+// decidedText says how a call's wait for a person ended.
+function decidedText(ev) {
+  const by = ev.by ? ' by ' + ev.by : '';
+  const why = ev.reason ? ': ' + ev.reason : '';
+  switch (ev.decision) {
+    case 'approve': return `approved${by} after ${fmtMS(ev.waited_ms)}${why}`;
+    case 'deny': return `denied${by} after ${fmtMS(ev.waited_ms)}${why}`;
+    default: return `no decision within ${fmtMS(ev.waited_ms)}: not run`;
   }
 }
 
@@ -302,7 +315,10 @@ class TurnView {
 
   dispose() {
     this.ctrl.abort();
-    for (const c of this.chips.values()) clocks.delete(c.clock);
+    for (const c of this.chips.values()) {
+      clocks.delete(c.clock);
+      clearInterval(c.tick);
+    }
     clocks.delete(this.turnClock);
     app.views.delete(this);
   }
@@ -400,6 +416,72 @@ class TurnView {
     c.node.title = `${ev.kind} tool, ${ev.enforcement} enforcement, deadline ${new Date(ev.deadline).toLocaleTimeString()}`;
   }
 
+  // on_approval_requested shows a call waiting for a person: its
+  // arguments, the time left to decide, and Approve and Deny, which post
+  // the decision (the first one, through any gateway, wins).
+  on_approval_requested(ev) {
+    const key = 'approval-' + ev.call_id;
+    let c = this.chips.get(key);
+    if (c) c.node.remove();
+    const badges = [];
+    if (ev.arguments && JSON.stringify(ev.arguments) !== '{}') badges.push(el('span', { class: 'args', text: JSON.stringify(ev.arguments) }));
+    badges.push(el('span', { class: 'badge', text: 'needs approval' + (ev.round > 1 ? ' · asked again' : '') }));
+    c = this.chip(key, 'approval', ev.tool, badges);
+    c.node.classList.add('waiting');
+    c.node.dataset.outcome = 'waiting';
+    c.node.dataset.callId = ev.call_id;
+    c.outcome.textContent = 'waiting for a decision';
+    c.budget.hidden = true;
+    c.left = el('span', { class: 'left' });
+    const expires = Date.parse(ev.expires_at);
+    const tick = () => {
+      const ms = Math.max(0, expires - (Date.now() - app.skew));
+      c.left.textContent = `${fmtMS(ms)} left to decide (${ev.knob || 'timeouts.approval'})`;
+    };
+    tick();
+    c.tick = setInterval(tick, 500);
+    c.reason = el('input', { type: 'text', class: 'reason', placeholder: 'reason (told to the model with a denial)', 'aria-label': 'reason' });
+    c.approve = el('button', { type: 'button', class: 'approve', text: 'Approve' });
+    c.deny = el('button', { type: 'button', class: 'deny', text: 'Deny' });
+    c.said = el('span', { class: 'said' });
+    const decide = async (decision) => {
+      c.approve.disabled = c.deny.disabled = true;
+      const res = await api(`/v1/turns/${encodeURIComponent(this.id)}/approvals/${encodeURIComponent(ev.call_id)}`, {
+        method: 'POST', headers: { 'Content-Type': 'application/json' },
+        body: JSON.stringify({ decision, reason: c.reason.value, by: 'the page' }),
+      });
+      if (!res.ok) {
+        const b = await res.json().catch(() => ({}));
+        c.said.textContent = (b.error && b.error.message) || `refused (${res.status})`;
+        if (res.status !== 409) c.approve.disabled = c.deny.disabled = false;
+        return;
+      }
+      c.said.textContent = decision === 'approve' ? 'approved: the call starts' : 'denied';
+    };
+    c.approve.addEventListener('click', () => decide('approve'));
+    c.deny.addEventListener('click', () => decide('deny'));
+    c.actions = el('div', { class: 'actions' }, c.approve, c.deny, c.reason, c.left, c.said);
+    c.node.append(c.actions);
+  }
+
+  // on_approval_decided closes the wait: the decision, who made it, and
+  // how long the call waited (never charged to its timeout nor the turn).
+  on_approval_decided(ev) {
+    const c = this.chips.get('approval-' + ev.call_id);
+    if (!c) return;
+    this.closeApproval(c, ev.decision, ev.stale
+      ? `approved by ${ev.by || 'someone'}, too long ago to act on: asked again`
+      : decidedText(ev));
+  }
+
+  closeApproval(c, decision, text) {
+    clearInterval(c.tick);
+    c.node.classList.remove('running', 'waiting');
+    c.node.dataset.outcome = decision === 'approve' ? 'approved' : decision === 'deny' ? 'denied' : decision;
+    c.outcome.textContent = text;
+    if (c.actions) c.actions.remove();
+  }
+
   on_tool_progress(ev) {
     const c = this.chips.get(ev.call_id);
     if (!c) return;
@@ -451,6 +533,13 @@ class TurnView {
 
   on_tool_finished(ev) {
     const c = this.chips.get(ev.call_id);
+    const waited = this.chips.get('approval-' + ev.call_id);
+    if (!c && waited) {
+      // The call never ran: denied, expired, or its turn stopped.
+      if (waited.node.classList.contains('waiting')) this.closeApproval(waited, ev.outcome, outcomeText(ev));
+      if (ev.result) waited.node.append(el('details', {}, el('summary', { text: 'what the model was given' }), el('pre', { text: ev.result })));
+      return;
+    }
     if (!c) return;
     c.node.classList.remove('running');
     c.node.dataset.outcome = ev.outcome;
@@ -489,6 +578,7 @@ class TurnView {
   on_turn_finished(ev) {
     this.finished = true;
     for (const c of this.chips.values()) {
+      if (c.node.classList.contains('waiting')) this.closeApproval(c, 'cancelled', 'ended with the turn');
       if (c.node.classList.contains('running')) {
         c.node.classList.remove('running');
         c.node.dataset.outcome = 'cancelled';
