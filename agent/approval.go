@@ -167,96 +167,140 @@ func (t *turn) asks(view *machine.State, c machine.Call) (needs bool) {
 	return e.NeedsApproval(args)
 }
 
-// approval is what a call that waited for a person keeps for its record.
-type approval struct {
-	waited time.Duration
-	note   event.Approval
-}
-
 // approveUnit has call c of step's batch wait for a person's decision
 // (approval_requested, approval_decided) and reports whether it runs. A
 // call that does not — denied, expired, its turn stopped meanwhile — is
-// recorded, and the model is told.
+// recorded, and the model is told. It is askUnit, the turn's Approver,
+// then decidedUnit, round after round while an approval is too old to act
+// on; an engine whose calls wait elsewhere runs the same two units around
+// its own wait.
 func (t *turn) approveUnit(ctx context.Context, view *machine.State, step int, c machine.Call) (bool, machine.Called) {
-	mc := t.askedFor(view, c)
-	callID := machine.CallID(step, c.Index)
-	e := t.a.tools[c.Name]
-	limit := t.approvalBudget(e)
-	args := arguments(mc.Arguments)
-	act := &activity{step: step, subject: "tool " + c.Name, callID: callID, approvalOf: c.Name}
-	t.live.begin(act)
-	began := time.Now()
-	var dec Decision
-	var err error
+	var began time.Time
+	var record func(context.Context, machine.Asked) error
+	if asker, ok := t.approver.(ApprovalAsker); ok {
+		record = func(ctx context.Context, a machine.Asked) error { return asker.Asked(ctx, t.approvalRequest(step, a)) }
+	}
 	for round := 1; ; round++ {
-		requested := time.Now()
-		expires := requested.Add(limit.D)
-		req := ApprovalRequest{TurnID: t.s.TurnID, SessionID: t.s.SessionID, Step: step, CallID: callID, Tool: c.Name,
-			Arguments: args, RequestedAt: requested, ExpiresAt: expires, Round: round}
-		if asker, ok := t.approver.(ApprovalAsker); ok {
-			if aerr := asker.Asked(ctx, req); aerr != nil {
-				dec, err = Decision{Decision: event.Deny, By: "timebox", Reason: "the request for a decision could not be recorded: " + aerr.Error()}, nil
-				if ctx.Err() != nil {
-					err = ctx.Err()
-				}
-				break
-			}
+		a, d := t.askUnit(ctx, view, step, c, round, began, record)
+		began = a.Began
+		if d == nil {
+			dec, err := t.ask(ctx, t.approvalRequest(step, a))
+			d = &machine.Decision{Decision: dec.Decision, By: dec.By, Reason: dec.Reason, At: dec.At, Stopped: err != nil}
 		}
-		ev := &event.ApprovalRequested{Step: step, CallID: callID, Tool: c.Name, Arguments: args, ExpiresAt: expires.UTC(),
-			TimeoutMS: limit.MS(), Source: limit.Source, Knob: limit.Knob}
-		if round > 1 {
-			ev.Round = round
-		}
-		t.em.Emit(ev)
-		dec, err = t.ask(ctx, req)
-		now := time.Now()
-		if dec.At.IsZero() || dec.At.After(now) {
-			dec.At = now
-		}
-		stale := dec.Decision == event.Approve && now.Sub(dec.At) > ApprovalFresh
-		if err == nil {
-			d := &event.ApprovalDecided{CallID: callID, Tool: c.Name, Decision: dec.Decision, By: dec.By, Reason: dec.Reason,
-				WaitedMS: now.Sub(requested).Milliseconds()}
-			if round > 1 {
-				d.Round = round
-			}
-			if stale {
-				d.Stale = true
-			}
-			t.em.Emit(d)
-		}
-		if !stale || err != nil {
-			break
+		run, again, out := t.decidedUnit(view, step, c, a, *d)
+		if !again {
+			return run, out
 		}
 	}
-	waited := time.Since(began)
-	t.live.end(act, err == nil)
-	note := &approval{waited: waited, note: event.Approval{Decision: dec.Decision, By: dec.By, Reason: dec.Reason}}
+}
+
+// approvalRequest is the ApprovalRequest of a.
+func (t *turn) approvalRequest(step int, a machine.Asked) ApprovalRequest {
+	return ApprovalRequest{TurnID: t.s.TurnID, SessionID: t.s.SessionID, Step: step, CallID: a.CallID, Tool: a.Tool,
+		Arguments: a.Arguments, RequestedAt: a.RequestedAt, ExpiresAt: a.ExpiresAt, Round: a.Round}
+}
+
+// askUnit asks for a person's decision on call c, when its tool needs
+// one: record keeps the request first, then approval_requested. A
+// request record refuses is denied at once.
+func (t *turn) askUnit(ctx context.Context, view *machine.State, step int, c machine.Call, round int, began time.Time,
+	record func(context.Context, machine.Asked) error) (machine.Asked, *machine.Decision) {
+	if !t.asks(view, c) {
+		return machine.Asked{}, nil
+	}
+	mc := t.askedFor(view, c)
+	limit := t.approvalBudget(t.a.tools[c.Name])
+	now := time.Now()
+	if began.IsZero() {
+		began = now
+	}
+	a := machine.Asked{Needed: true, CallID: machine.CallID(step, c.Index), Tool: c.Name, Arguments: arguments(mc.Arguments),
+		Round: round, RequestedAt: now, ExpiresAt: now.Add(limit.D), Began: began}
+	if record != nil {
+		if err := record(ctx, a); err != nil {
+			return a, &machine.Decision{Decision: event.Deny, By: "timebox", Reason: "the request for a decision could not be recorded: " + err.Error(),
+				Stopped: ctx.Err() != nil}
+		}
+	}
+	ev := &event.ApprovalRequested{Step: step, CallID: a.CallID, Tool: c.Name, Arguments: a.Arguments, ExpiresAt: a.ExpiresAt.UTC(),
+		TimeoutMS: limit.MS(), Source: limit.Source, Knob: limit.Knob}
+	if round > 1 {
+		ev.Round = round
+	}
+	t.em.Emit(ev)
+	if t.live != nil {
+		t.live.begin(t.waiting(step, a))
+	}
+	return a, nil
+}
+
+// waiting is the liveness activity of a call waiting for a person: the
+// step watchdog does not fire while it waits, and notices do not name it.
+func (t *turn) waiting(step int, a machine.Asked) *activity {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.waits == nil {
+		t.waits = map[string]*activity{}
+	}
+	act := &activity{step: step, subject: "tool " + a.Tool, callID: a.CallID, approvalOf: a.Tool}
+	t.waits[a.CallID] = act
+	return act
+}
+
+// decidedUnit ends the wait of a with d: approval_decided, and, for a call
+// that does not run, its record and what the model is told. again: an
+// approval made too long before the call could start (ApprovalFresh) is
+// not acted on, and the call is to be asked again.
+func (t *turn) decidedUnit(view *machine.State, step int, c machine.Call, a machine.Asked, d machine.Decision) (run, again bool, out machine.Called) {
+	now := time.Now()
+	t.mu.Lock()
+	act := t.waits[a.CallID]
+	delete(t.waits, a.CallID)
+	t.mu.Unlock()
+	if act != nil && t.live != nil {
+		t.live.end(act, !d.Stopped)
+	}
+	if d.At.IsZero() || d.At.After(now) {
+		d.At = now
+	}
+	stale := d.Decision == event.Approve && now.Sub(d.At) > ApprovalFresh
+	if !d.Stopped && !a.RequestedAt.IsZero() {
+		ev := &event.ApprovalDecided{CallID: a.CallID, Tool: c.Name, Decision: d.Decision, By: d.By, Reason: d.Reason,
+			WaitedMS: now.Sub(a.RequestedAt).Milliseconds(), Stale: stale}
+		if a.Round > 1 {
+			ev.Round = a.Round
+		}
+		t.em.Emit(ev)
+	}
+	if stale {
+		return false, true, machine.Called{}
+	}
+	began := a.Began
+	if began.IsZero() {
+		began = now
+	}
+	w := &machine.Approved{Approval: event.Approval{Decision: d.Decision, By: d.By, Reason: d.Reason}, Waited: now.Sub(began)}
+	mc := t.askedFor(view, c)
+	callID := machine.CallID(step, c.Index)
 	var rec event.ToolCall
 	switch {
-	case err != nil:
+	case d.Stopped:
 		// The turn was stopped while the call waited.
-		res := t.refuse(step, callID, mc, machine.RefusedCancelled, "", "Not run: the turn was stopped while the call waited for a person's decision.", note)
+		res := t.refuse(step, callID, mc, machine.RefusedCancelled, "", "Not run: the turn was stopped while the call waited for a person's decision.", w)
 		t.tr.Put(view.Messages+c.Index, toolMessage(mc, res))
-		return false, machine.Called{}
-	case dec.Decision == event.Approve:
-		t.mu.Lock()
-		if t.approvals == nil {
-			t.approvals = map[string]approval{}
-		}
-		t.approvals[callID] = *note
-		t.mu.Unlock()
-		return true, machine.Called{LastProgress: time.Now()}
-	case dec.Decision == event.Expired:
-		rec = t.unrun(step, callID, mc, event.OutcomeApprovalExpired, tool.ApprovalExpired(c.Name, limit, waited), note)
+		return false, false, machine.Called{}
+	case d.Decision == event.Approve:
+		return true, false, machine.Called{LastProgress: now, Approval: w}
+	case d.Decision == event.Expired:
+		rec = t.unrun(step, callID, mc, event.OutcomeApprovalExpired, tool.ApprovalExpired(c.Name, t.approvalBudget(t.a.tools[c.Name]), w.Waited), w)
 		rec.Phase = budget.PhaseApproval
 	default:
-		rec = t.unrun(step, callID, mc, event.OutcomeDenied, tool.Denied(c.Name, dec.By, dec.Reason), note)
+		rec = t.unrun(step, callID, mc, event.OutcomeDenied, tool.Denied(c.Name, d.By, d.Reason), w)
 	}
 	rec = t.addToolRecord(rec)
 	t.em.Emit(&event.ToolFinished{ToolCall: rec})
 	t.tr.Put(view.Messages+c.Index, toolMessage(mc, rec.Result))
-	return false, machine.Called{LastProgress: time.Now()}
+	return false, false, machine.Called{LastProgress: now}
 }
 
 // ask asks the turn's Approver for the decision on req. The error is the
@@ -289,7 +333,7 @@ func validDecision(d event.Decision) bool {
 
 // unrun returns the record of a call a person's decision kept from
 // running.
-func (t *turn) unrun(step int, callID string, c model.ToolCall, outcome event.Outcome, result string, a *approval) event.ToolCall {
+func (t *turn) unrun(step int, callID string, c model.ToolCall, outcome event.Outcome, result string, a *machine.Approved) event.ToolCall {
 	now := time.Now()
 	rec := event.ToolCall{CallID: callID, TurnID: t.s.TurnID, Step: step, Tool: c.Name, Arguments: arguments(c.Arguments),
 		StartedAt: now, EndedAt: now, Outcome: outcome, Refused: string(outcome), Result: result}
@@ -299,16 +343,17 @@ func (t *turn) unrun(step int, callID string, c model.ToolCall, outcome event.Ou
 		rec.TimeoutMS, rec.TimeoutSource = tb.Timeout.MS(), tb.Timeout.Source
 		rec.IdleTimeoutMS, rec.Enforcement = tb.IdleTimeout.MS(), tb.Enforcement
 	}
-	a.apply(&rec)
+	applyApproval(&rec, a)
 	return rec
 }
 
-// apply puts the wait for a person into a call's record.
-func (a *approval) apply(rec *event.ToolCall) {
+// applyApproval puts a call's wait for a person, if it waited, into its
+// record.
+func applyApproval(rec *event.ToolCall, a *machine.Approved) {
 	if a == nil {
 		return
 	}
-	rec.ApprovalMS = a.waited.Milliseconds()
-	n := a.note
+	rec.ApprovalMS = a.Waited.Milliseconds()
+	n := a.Approval
 	rec.Approval = &n
 }

@@ -120,6 +120,25 @@ func (u engineUnits) LostAttempts(s *machine.State, step int, lost []machine.Los
 	}
 }
 
+func (u engineUnits) AsksApproval(name string) bool {
+	e, ok := u.a.tools[name]
+	return ok && e.NeedsApproval != nil
+}
+
+func (u engineUnits) Ask(ctx context.Context, s *machine.State, step int, c machine.Call, round int, began time.Time,
+	record func(context.Context, machine.Asked) error, tr machine.Transcript, sinks ...event.Sink) (machine.Asked, *machine.Decision) {
+	t := u.a.resume(s, tr, nil, sinks)
+	defer t.em.Close()
+	return t.askUnit(ctx, s, step, c, round, began, record)
+}
+
+func (u engineUnits) Decided(s *machine.State, step int, c machine.Call, a machine.Asked, d machine.Decision, tr machine.Transcript,
+	sinks ...event.Sink) (bool, bool, machine.Called) {
+	t := u.a.resume(s, tr, nil, sinks)
+	defer t.em.Close()
+	return t.decidedUnit(s, step, c, a, d)
+}
+
 func (u engineUnits) End(s *machine.State, e machine.Ending, tr machine.Transcript, sinks ...event.Sink) *machine.Ended {
 	t := u.a.resume(s, tr, nil, sinks)
 	res := t.finish(e)

@@ -20,7 +20,7 @@ import (
 // view is the state the batch began with.
 func (t *turn) callUnit(ctx context.Context, view *machine.State, step int, c machine.Call) {
 	mc := t.askedFor(view, c)
-	result := t.runTool(ctx, step, machine.CallID(step, c.Index), mc)
+	result := t.runTool(ctx, step, machine.CallID(step, c.Index), mc, c.Approval)
 	t.tr.Put(view.Messages+c.Index, toolMessage(mc, result))
 }
 
@@ -71,7 +71,7 @@ func arguments(raw string) json.RawMessage {
 // refuse records a call that was not run and returns what the model is
 // told.
 // a, when the call waited for a person first, is that wait.
-func (t *turn) refuse(step int, callID string, c model.ToolCall, reason, field, msg string, a *approval) string {
+func (t *turn) refuse(step int, callID string, c model.ToolCall, reason, field, msg string, a *machine.Approved) string {
 	now := time.Now()
 	res := tool.Refusal(c.Name, reason, field, msg)
 	rec := event.ToolCall{CallID: callID, TurnID: t.s.TurnID, Step: step, Tool: c.Name, Arguments: arguments(c.Arguments),
@@ -85,15 +85,15 @@ func (t *turn) refuse(step int, callID string, c model.ToolCall, reason, field, 
 	if reason == "cancelled" {
 		rec.Outcome, rec.Phase = event.OutcomeCancelled, budget.PhaseCancel
 	}
-	a.apply(&rec)
+	applyApproval(&rec, a)
 	rec = t.addToolRecord(rec)
 	t.em.Emit(&event.ToolFinished{ToolCall: rec})
 	return res
 }
 
 // runTool runs one tool call under its budget and returns what the model is
-// told.
-func (t *turn) runTool(ctx context.Context, step int, callID string, c model.ToolCall) string {
+// told; approved, for a call that waited for a person, is that wait.
+func (t *turn) runTool(ctx context.Context, step int, callID string, c model.ToolCall, approved *machine.Approved) string {
 	e, ok := t.a.tools[c.Name]
 	if !ok {
 		return t.refuse(step, callID, c, "unknown_tool", "", fmt.Sprintf("There is no tool named %q. Available tools: %s.",
@@ -155,11 +155,7 @@ func (t *turn) runTool(ctx context.Context, step int, callID string, c model.Too
 			rec.StderrTail = te.StderrTail
 		}
 	}
-	t.mu.Lock()
-	if a, ok := t.approvals[callID]; ok {
-		a.apply(&rec)
-	}
-	t.mu.Unlock()
+	applyApproval(&rec, approved)
 	rec = t.addToolRecord(rec)
 	t.em.Emit(&event.ToolFinished{ToolCall: rec})
 	return result
@@ -243,7 +239,7 @@ func (a *Agent) CallTool(ctx context.Context, name string, input json.RawMessage
 	t := a.resume(s, &memTranscript{}, nil, sinks)
 	t.live = newLiveness(budget.Duration{}, s.Budgets.ProgressNotice.D, time.Time{}, func(v event.Payload) { t.em.Emit(v) }, func(*budget.TimeoutError) {})
 	defer t.live.close()
-	t.runTool(ctx, 1, "call_1_1", model.ToolCall{ID: "call_1_1", Name: name, Arguments: string(input)})
+	t.runTool(ctx, 1, "call_1_1", model.ToolCall{ID: "call_1_1", Name: name, Arguments: string(input)}, nil)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.ended = true

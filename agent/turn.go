@@ -171,9 +171,9 @@ type records struct {
 	// pendingLate holds late results that arrived before their call's
 	// record was written.
 	pendingLate map[string]lateResult
-	// approvals are the waits of approved calls, by call id, for their
-	// records.
-	approvals map[string]approval
+	// waits are the liveness activities of the calls waiting for a
+	// person, by call id.
+	waits map[string]*activity
 }
 
 // stopWith cancels the turn for cause, first noting what was running.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/approve"
 	"github.com/timebox-run/timebox/store"
 )
 
@@ -22,72 +23,9 @@ type ApprovalSignaler interface {
 	SignalApproval(ctx context.Context, turnID, callID string) error
 }
 
-// approvalPoll is how often a call waiting for a decision reads the store
-// again when nothing woke it: a store that cannot signal a decision made
-// through another process (SQLite) is heard within it.
-const approvalPoll = 2 * time.Second
-
-// storeApprover is the server's agent.Approver: a call's request is
-// stored before its turn announces it, and the decision is whichever the
-// store took first — a client's, through any gateway sharing the store,
-// or the turn's own expiry.
-type storeApprover struct {
-	st store.Approvals
-	s  store.Store
-}
-
-var _ agent.ApprovalAsker = storeApprover{}
-
-// Asked implements agent.ApprovalAsker: the request is stored before
-// approval_requested reaches anyone, so a decision that follows the event
-// finds it.
-func (a storeApprover) Asked(ctx context.Context, req agent.ApprovalRequest) error {
-	return a.st.RequestApproval(ctx, store.Approval{TurnID: req.TurnID, CallID: req.CallID, Round: req.Round, Tool: req.Tool,
-		Arguments: req.Arguments, RequestedAt: req.RequestedAt, ExpiresAt: req.ExpiresAt})
-}
-
-// Approve implements agent.Approver.
-func (a storeApprover) Approve(ctx context.Context, req agent.ApprovalRequest) (agent.Decision, error) {
-	changed, unwatch := a.s.Watch(req.TurnID)
-	defer unwatch()
-	tick := time.NewTicker(approvalPoll)
-	defer tick.Stop()
-	for {
-		ap, err := a.st.Approval(ctx, req.TurnID, req.CallID)
-		if err == nil && ap.Round == req.Round && ap.Decision != "" {
-			return decisionOf(ap), nil
-		}
-		select {
-		case <-changed:
-		case <-tick.C:
-		case <-ctx.Done():
-			if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				return agent.Decision{}, ctx.Err()
-			}
-			// The wait is over: the expiry is stored unless a decision
-			// came first, which is then used.
-			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-			defer cancel()
-			ap, err := a.st.Decide(dctx, req.TurnID, req.CallID, store.Approval{Decision: event.Expired, DecidedAt: req.ExpiresAt})
-			if err != nil && !errors.Is(err, store.ErrDecided) {
-				return agent.Decision{}, err
-			}
-			return decisionOf(ap), nil
-		}
-	}
-}
-
-func decisionOf(ap store.Approval) agent.Decision {
-	return agent.Decision{Decision: ap.Decision, By: ap.By, Reason: ap.Reason, At: ap.DecidedAt}
-}
-
-// approver returns the Approver of the server's turns.
-func (s *Server) approver() agent.Approver {
-	if st, ok := s.cfg.Store.(store.Approvals); ok {
-		return storeApprover{st: st, s: s.cfg.Store}
-	}
-	return nil
-}
+// approver returns the Approver of the server's turns: decisions are
+// made through the store (internal/approve).
+func (s *Server) approver() agent.Approver { return approve.New(s.cfg.Store) }
 
 // DecisionRequest is the body of POST /v1/turns/{id}/approvals/{call_id}.
 type DecisionRequest struct {

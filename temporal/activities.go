@@ -17,6 +17,7 @@ import (
 
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/approve"
 	"github.com/timebox-run/timebox/internal/machine"
 	"github.com/timebox-run/timebox/store"
 )
@@ -54,6 +55,32 @@ type unitIn struct {
 	Noticed time.Time `json:"noticed,omitzero"`
 	// End is End's.
 	End *machine.Ending `json:"end,omitempty"`
+	// Round, Began, Asked, Expired and Stopped are Ask's and Decided's:
+	// the request's round and when the call began waiting; the request;
+	// whether its wait expired, or the turn was stopped meanwhile.
+	Round    int               `json:"round,omitempty"`
+	Began    time.Time         `json:"began,omitzero"`
+	Asked    *machine.Asked    `json:"asked,omitempty"`
+	Decision *machine.Decision `json:"decision,omitempty"`
+	Expired  bool              `json:"expired,omitempty"`
+	Stopped  bool              `json:"stopped,omitempty"`
+}
+
+// asked is what Ask returns: the request, and a decision made at once (a
+// request the store refused).
+type asked struct {
+	Asked    machine.Asked     `json:"asked"`
+	Decision *machine.Decision `json:"decision,omitempty"`
+}
+
+// decided is what Decided returns: whether the call runs, is to be asked
+// again, or still waits (no decision in the store yet: a signal of another
+// round).
+type decided struct {
+	Waits bool           `json:"waits,omitempty"`
+	Run   bool           `json:"run,omitempty"`
+	Again bool           `json:"again,omitempty"`
+	Out   machine.Called `json:"out"`
 }
 
 // advanced is what Advance returns: the state after its units, and how
@@ -262,6 +289,73 @@ func (x *activities) Lost(ctx context.Context, in *unitIn) (*machine.Called, err
 		return nil, err
 	}
 	return &out, tr.flush(ctx, "", nil)
+}
+
+// Ask has a call ask for a person's decision, when its tool needs one
+// (machine.Units.Ask): the request is stored before approval_requested.
+func (x *activities) Ask(ctx context.Context, in *unitIn) (*asked, error) {
+	ap, ok := x.store.(store.Approvals)
+	if !ok {
+		return nil, errors.New("the store keeps no approvals")
+	}
+	s := &in.State
+	tr, err := loadCall(ctx, x.payloads, s)
+	if err != nil {
+		return nil, err
+	}
+	record := func(ctx context.Context, a machine.Asked) error {
+		return ap.RequestApproval(ctx, store.Approval{TurnID: s.TurnID, CallID: a.CallID, Round: a.Round, Tool: a.Tool,
+			Arguments: a.Arguments, RequestedAt: a.RequestedAt, ExpiresAt: a.ExpiresAt})
+	}
+	sink := x.sink(ctx, nil)
+	a, d := x.units.Ask(ctx, s, in.Step, in.Call, in.Round, in.Began, record, tr, sink)
+	if err := sink.flush(ctx); err != nil {
+		return nil, err
+	}
+	return &asked{Asked: a, Decision: d}, tr.flush(ctx, "", nil)
+}
+
+// Decided ends a call's wait for a person (machine.Units.Decided) with
+// the decision the store holds — the expiry, when the wait expired and no
+// decision came first — or says it still waits.
+func (x *activities) Decided(ctx context.Context, in *unitIn) (*decided, error) {
+	ap, ok := x.store.(store.Approvals)
+	if !ok {
+		return nil, errors.New("the store keeps no approvals")
+	}
+	s := &in.State
+	a := *in.Asked
+	d := in.Decision
+	switch {
+	case d != nil:
+	case in.Stopped:
+		d = &machine.Decision{Stopped: true}
+	case in.Expired:
+		got, err := approve.Expire(ctx, ap, s.TurnID, a.CallID, a.ExpiresAt)
+		if err != nil {
+			return nil, err
+		}
+		d = &machine.Decision{Decision: got.Decision, By: got.By, Reason: got.Reason, At: got.At}
+	default:
+		got, ok, err := approve.Decided(ctx, ap, s.TurnID, a.CallID, a.Round)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			return &decided{Waits: true}, nil
+		}
+		d = &machine.Decision{Decision: got.Decision, By: got.By, Reason: got.Reason, At: got.At}
+	}
+	tr, err := loadCall(ctx, x.payloads, s)
+	if err != nil {
+		return nil, err
+	}
+	sink := x.sink(ctx, nil)
+	run, again, out := x.units.Decided(s, in.Step, in.Call, a, *d, tr, sink)
+	if err := sink.flush(ctx); err != nil {
+		return nil, err
+	}
+	return &decided{Run: run, Again: again, Out: out}, tr.flush(ctx, "", nil)
 }
 
 // End ends a turn stopped between units of work (machine.Units.End).

@@ -330,6 +330,12 @@ const workflowTaskTimeout = 5 * time.Second
 // without a worker a turn would never end.
 var CancelWait = 30 * time.Second
 
+// SignalApproval wakes the call of turn turnID waiting for a person's
+// decision: the decision is in the store already (server.ApprovalSignaler).
+func (r *Runner) SignalApproval(ctx context.Context, turnID, callID string) error {
+	return r.client.SignalWorkflow(ctx, WorkflowID(turnID), "", SignalApproval+":"+callID, nil)
+}
+
 // cancel asks the turn's workflow to stop for cause: a signal carrying it,
 // and a cancel request in the store for the units running now.
 func (r *Runner) cancel(ctx context.Context, turnID string, cause error) {

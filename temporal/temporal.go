@@ -31,6 +31,10 @@ const (
 	// SignalCancel asks a turn's workflow to stop; its value is a
 	// budget.CancelError saying why and by whom.
 	SignalCancel = "timebox.cancel"
+	// SignalApproval, with ":" and a call id, wakes a call of the turn's
+	// workflow waiting for a person's decision: the decision is in the
+	// store (store.Approvals), which the call reads.
+	SignalApproval = "timebox.approval"
 	// DefaultTaskQueue is the task queue of workers and runners that name
 	// none.
 	DefaultTaskQueue = "timebox"
@@ -46,6 +50,8 @@ const (
 	actCall    = "timebox.Call"
 	actRefuse  = "timebox.Refuse"
 	actLost    = "timebox.Lost"
+	actAsk     = "timebox.Ask"
+	actDecided = "timebox.Decided"
 	actRecover = "timebox.Recover"
 	actEnd     = "timebox.End"
 )

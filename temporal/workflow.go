@@ -12,6 +12,7 @@ import (
 	"go.temporal.io/sdk/workflow"
 
 	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/machine"
 )
 
@@ -54,7 +55,8 @@ const thinkLosses = 3
 // run is the workflow function. s is the turn's state: as its runner
 // began it, or as the run before this one left it (continue-as-new).
 func (w *turnWorkflow) run(ctx workflow.Context, s machine.State) (*Outcome, error) {
-	r := &turnRun{w: w, s: &s, root: ctx, signals: workflow.GetSignalChannel(ctx, SignalCancel)}
+	r := &turnRun{w: w, s: &s, root: ctx, signals: workflow.GetSignalChannel(ctx, SignalCancel), ceiling: s.Ceiling(),
+		rearm: workflow.NewBufferedChannel(ctx, 1)}
 	r.work, r.cancelWork = workflow.WithCancel(ctx)
 	workflow.Go(ctx, r.watch)
 	d := &driver{r: r, ctx: r.work}
@@ -88,6 +90,12 @@ type turnRun struct {
 	losses int
 	// seq numbers the units, for their keys.
 	seq int
+	// ceiling is when the turn's ceiling falls: its start plus
+	// timeouts.turn plus its waits for nothing but people; paused while it
+	// waits for them (Paused). rearm tells watch of a change.
+	ceiling time.Time
+	paused  bool
+	rearm   workflow.Channel
 }
 
 // watch waits for the turn's ceiling, a cancel signal or the workflow's
@@ -98,29 +106,46 @@ type turnRun struct {
 // the turn's kill grace and cancelGrace more — a dead worker's, one not
 // yet started — are cancelled through Temporal.
 func (r *turnRun) watch(ctx workflow.Context) {
-	deadline := r.s.Start.Add(r.s.Budgets.Turn.D)
-	timer := workflow.NewTimer(ctx, max(deadline.Sub(workflow.Now(ctx)), time.Millisecond))
 	graceful := false
-	sel := workflow.NewSelector(ctx)
-	sel.AddFuture(timer, func(f workflow.Future) {
-		if f.Get(ctx, nil) == nil {
-			r.stop(&machine.Cause{Timeout: r.s.Budgets.Turn.Expired(budget.PhaseTurn, "the turn", workflow.Now(ctx).Sub(r.s.Start))})
+	for {
+		// The ceiling's timer; set anew when a wait for people moved it
+		// (only then is one cancelled: a workflow's histories replay
+		// the same commands).
+		tctx, cancelTimer := workflow.WithCancel(ctx)
+		sel := workflow.NewSelector(ctx)
+		if !r.paused {
+			timer := workflow.NewTimer(tctx, max(r.ceiling.Sub(workflow.Now(ctx)), time.Millisecond))
+			sel.AddFuture(timer, func(f workflow.Future) {
+				if f.Get(ctx, nil) == nil {
+					waited := r.ceiling.Sub(r.s.Start) - r.s.Budgets.Turn.D
+					r.stop(&machine.Cause{Timeout: r.s.Budgets.Turn.Expired(budget.PhaseTurn, "the turn", workflow.Now(ctx).Sub(r.s.Start)-waited)})
+				}
+			})
 		}
-	})
-	sel.AddReceive(r.signals, func(c workflow.ReceiveChannel, _ bool) {
-		var ce budget.CancelError
-		c.Receive(ctx, &ce)
-		graceful = r.note(cancelCause(&ce))
-	})
-	sel.AddReceive(ctx.Done(), func(workflow.ReceiveChannel, bool) {
-		r.stop(&machine.Cause{Cancel: &budget.CancelError{Reason: budget.Cancelled, By: "Temporal (the workflow was cancelled)"}})
-	})
-	sel.Select(ctx)
+		rearm := false
+		sel.AddReceive(r.rearm, func(c workflow.ReceiveChannel, _ bool) {
+			c.Receive(ctx, nil)
+			rearm = true
+		})
+		sel.AddReceive(r.signals, func(c workflow.ReceiveChannel, _ bool) {
+			var ce budget.CancelError
+			c.Receive(ctx, &ce)
+			graceful = r.note(cancelCause(&ce))
+		})
+		sel.AddReceive(ctx.Done(), func(workflow.ReceiveChannel, bool) {
+			r.stop(&machine.Cause{Cancel: &budget.CancelError{Reason: budget.Cancelled, By: "Temporal (the workflow was cancelled)"}})
+		})
+		sel.Select(ctx)
+		if !rearm {
+			break
+		}
+		cancelTimer()
+	}
 	if !graceful {
 		return
 	}
 	grace := workflow.NewTimer(ctx, r.s.Budgets.KillGrace.D+cancelGrace)
-	sel = workflow.NewSelector(ctx)
+	sel := workflow.NewSelector(ctx)
 	sel.AddFuture(grace, func(workflow.Future) { r.cancelWork() })
 	sel.AddReceive(ctx.Done(), func(workflow.ReceiveChannel, bool) { r.cancelWork() })
 	sel.Select(ctx)
@@ -332,7 +357,7 @@ func (r *turnRun) local(ctx workflow.Context, name string, in *unitIn, out any) 
 
 // untilCeiling is the time left before the turn's ceiling.
 func (r *turnRun) untilCeiling(ctx workflow.Context) time.Duration {
-	return max(r.s.Start.Add(r.s.Budgets.Turn.D).Sub(workflow.Now(ctx)), 0)
+	return max(r.ceiling.Sub(workflow.Now(ctx)), 0)
 }
 
 // options returns ctx with the options of a unit of work that its own
@@ -378,10 +403,75 @@ func lostWhy(err error) string {
 	return fmt.Sprintf("%s failed: %v", worker, errors.Unwrap(err))
 }
 
-func (d *driver) Asks(s *machine.State, c machine.Call) bool { return false }
+func (d *driver) Asks(_ *machine.State, c machine.Call) bool { return d.r.w.units.AsksApproval(c.Name) }
 
+// Approve has a call wait for a person's decision in the workflow: a
+// local activity asks (stores the request, approval_requested), then the
+// call waits for a signal (SignalApproval:call_id, sent by whoever stored
+// a decision), its expiry (a timer) or the turn's stop, and a local
+// activity ends the wait with the decision the store holds
+// (approval_decided; the record of a call that does not run).
 func (d *driver) Approve(s *machine.State, step int, c machine.Call) (bool, machine.Called) {
-	return true, machine.Called{}
+	r := d.r
+	sig := workflow.GetSignalChannel(r.root, SignalApproval+":"+machine.CallID(step, c.Index))
+	var began time.Time
+	for round := 1; ; round++ {
+		var ask asked
+		if err := r.local(d.ctx, actAsk, &unitIn{State: *s, Step: step, Call: c, Round: round, Began: began}, &ask); err != nil {
+			ask.Asked = machine.Asked{Needed: true, CallID: machine.CallID(step, c.Index), Tool: c.Name, Round: round, Began: began}
+			ask.Decision = &machine.Decision{Decision: event.Deny, By: "timebox", Reason: "the request for a decision could not be made: " + lostWhy(err)}
+		}
+		if !ask.Asked.Needed {
+			return true, machine.Called{}
+		}
+		began = ask.Asked.Began
+		in := &unitIn{State: *s, Step: step, Call: c, Asked: &ask.Asked, Decision: ask.Decision}
+		var out decided
+		for {
+			if in.Decision == nil {
+				d.wait(sig, ask.Asked.ExpiresAt, in)
+			}
+			if err := r.local(d.ctx, actDecided, in, &out); err != nil {
+				in.Decision = &machine.Decision{Decision: event.Deny, By: "timebox", Reason: "the decision could not be read: " + lostWhy(err)}
+				continue
+			}
+			if !out.Waits {
+				break
+			}
+		}
+		if !out.Again {
+			return out.Run, out.Out
+		}
+	}
 }
 
-func (d *driver) Paused(paused bool, at time.Time) {}
+// wait waits for a signal that a decision was stored, the wait's expiry at
+// expires, or the turn's stop, and notes which in in.
+func (d *driver) wait(sig workflow.ReceiveChannel, expires time.Time, in *unitIn) {
+	if d.ctx.Err() != nil {
+		in.Stopped = true
+		return
+	}
+	tctx, cancel := workflow.WithCancel(d.ctx)
+	timer := workflow.NewTimer(tctx, max(expires.Sub(workflow.Now(d.ctx)), time.Millisecond))
+	sel := workflow.NewSelector(d.ctx)
+	sel.AddReceive(sig, func(c workflow.ReceiveChannel, _ bool) { c.Receive(d.ctx, nil) })
+	sel.AddFuture(timer, func(f workflow.Future) { in.Expired = f.Get(d.ctx, nil) == nil })
+	sel.AddReceive(d.ctx.Done(), func(workflow.ReceiveChannel, bool) { in.Stopped = true })
+	sel.Select(d.ctx)
+	if !in.Expired {
+		cancel()
+	}
+}
+
+// Paused moves the turn's ceiling: stopped while the turn waits for
+// nothing but people, and where the wait moved it once it works again
+// (the watch coroutine sets its timer anew).
+func (d *driver) Paused(paused bool, at time.Time) {
+	r := d.r
+	r.paused = paused
+	if !paused {
+		r.ceiling = at
+	}
+	r.rearm.SendAsync(struct{}{})
+}

@@ -72,6 +72,8 @@ type Called struct {
 	// LastProgress is the last progress signal the call saw, where its
 	// engine keeps watchdogs per unit.
 	LastProgress time.Time `json:"last_progress,omitzero"`
+	// Approval is, from Approve, the wait of a call a person approved.
+	Approval *Approved `json:"approval,omitempty"`
 }
 
 // Refusal reasons: the turn reached max_tool_calls, or was stopped before
@@ -151,8 +153,12 @@ func RunBatch(d Driver, s *State, u Unit) {
 	}
 	// call runs call i with the state it starts with: the batch's, with
 	// the ceiling as far as waits for people have moved it.
-	call := func(d Driver, i int, c Call) {
+	call := func(d Driver, i int, c Call, progressed time.Time) {
 		v := view
+		if progressed.After(v.LastProgress) {
+			// A decision is progress: the call's step window starts there.
+			v.LastProgress = progressed
+		}
 		pmu.Lock()
 		v.ApprovalWait = p.Total
 		pmu.Unlock()
@@ -182,7 +188,8 @@ func RunBatch(d Driver, s *State, u Unit) {
 					return
 				}
 				defer g.Release()
-				call(d, i, c)
+				c.Approval = out.Approval
+				call(d, i, c, out.LastProgress)
 				if out.LastProgress.After(outs[i].LastProgress) {
 					outs[i].LastProgress = out.LastProgress
 				}
@@ -196,13 +203,13 @@ func RunBatch(d Driver, s *State, u Unit) {
 		if len(u.Calls) == 1 {
 			// One call (the common case) runs where the batch does: a
 			// parked turn then costs one goroutine less.
-			call(d, i, c)
+			call(d, i, c, time.Time{})
 			g.Release()
 			continue
 		}
 		g.Go(func(d Driver) {
 			defer g.Release()
-			call(d, i, c)
+			call(d, i, c, time.Time{})
 		})
 	}
 	g.Wait()

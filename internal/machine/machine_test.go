@@ -231,7 +231,7 @@ func TestRunBatchLimits(t *testing.T) {
 	t.Run("max_tool_calls", func(t *testing.T) {
 		f := &fake{}
 		s := &State{Begun: true, Limits: limits(10, 3, 4), ToolCalls: 1, Messages: 2}
-		RunBatch(f, s, Unit{Kind: Tools, Step: 2, Calls: []Call{{0, "a"}, {1, "b"}, {2, "c"}, {3, "d"}}})
+		RunBatch(f, s, Unit{Kind: Tools, Step: 2, Calls: []Call{{Index: 0, Name: "a"}, {Index: 1, Name: "b"}, {Index: 2, Name: "c"}, {Index: 3, Name: "d"}}})
 		if !cmp.Equal(f.refused, map[string]string{"c": RefusedLimit, "d": RefusedLimit}) || s.Refused != 2 || s.ToolCalls != 3 {
 			t.Errorf("refused %v; state refused %d, calls %d", f.refused, s.Refused, s.ToolCalls)
 		}
@@ -244,7 +244,7 @@ func TestRunBatchLimits(t *testing.T) {
 		s := &State{Begun: true, Limits: limits(10, 10, 2)}
 		done := make(chan struct{})
 		go func() {
-			RunBatch(f, s, Unit{Kind: Tools, Step: 1, Calls: []Call{{0, "a"}, {1, "b"}, {2, "c"}}})
+			RunBatch(f, s, Unit{Kind: Tools, Step: 1, Calls: []Call{{Index: 0, Name: "a"}, {Index: 1, Name: "b"}, {Index: 2, Name: "c"}}})
 			close(done)
 		}()
 		<-f.started
@@ -265,7 +265,7 @@ func TestRunBatchLimits(t *testing.T) {
 		f := &fake{}
 		ce := &Cause{Cancel: &budget.CancelError{Reason: budget.Cancelled}}
 		s := &State{Begun: true, Limits: limits(10, 10, 4), Stop: ce}
-		RunBatch(f, s, Unit{Kind: Tools, Step: 1, Calls: []Call{{0, "a"}, {1, "b"}}})
+		RunBatch(f, s, Unit{Kind: Tools, Step: 1, Calls: []Call{{Index: 0, Name: "a"}, {Index: 1, Name: "b"}}})
 		if len(f.called) != 0 || !cmp.Equal(f.refused, map[string]string{"a": RefusedCancelled, "b": RefusedCancelled}) {
 			t.Errorf("called %v, refused %v", f.called, f.refused)
 		}
@@ -376,7 +376,7 @@ func TestRunBatchApprovals(t *testing.T) {
 	t.Run("alone", func(t *testing.T) {
 		f := &fake{now: start, approve: map[string]bool{"a": true}, wait: 10 * time.Second}
 		s := &State{Begun: true, Start: start, Budgets: turn, Limits: limits(10, 10, 1)}
-		RunBatch(f, s, Unit{Kind: Tools, Step: 1, Calls: []Call{{0, "a"}}})
+		RunBatch(f, s, Unit{Kind: Tools, Step: 1, Calls: []Call{{Index: 0, Name: "a"}}})
 		if !cmp.Equal(f.called, []string{"a"}) || s.ApprovalWait != 10*time.Second {
 			t.Errorf("called %v, waited %s; want [a], 10s", f.called, s.ApprovalWait)
 		}
@@ -395,7 +395,7 @@ func TestRunBatchApprovals(t *testing.T) {
 	t.Run("denied", func(t *testing.T) {
 		f := &fake{now: start, approve: map[string]bool{"a": false}, wait: time.Second}
 		s := &State{Begun: true, Start: start, Budgets: turn, Limits: limits(10, 10, 1)}
-		RunBatch(f, s, Unit{Kind: Tools, Step: 1, Calls: []Call{{0, "a"}, {1, "b"}}})
+		RunBatch(f, s, Unit{Kind: Tools, Step: 1, Calls: []Call{{Index: 0, Name: "a"}, {Index: 1, Name: "b"}}})
 		if !cmp.Equal(f.called, []string{"b"}) || f.refused["a"] != "denied" || s.ToolCalls != 2 {
 			t.Errorf("called %v, refused %v, counted %d", f.called, f.refused, s.ToolCalls)
 		}
@@ -407,7 +407,7 @@ func TestRunBatchApprovals(t *testing.T) {
 		s := &State{Begun: true, Start: start, Budgets: turn, Limits: limits(10, 10, 1)}
 		done := make(chan struct{})
 		go func() {
-			RunBatch(f, s, Unit{Kind: Tools, Step: 1, Calls: []Call{{0, "a"}, {1, "b"}}})
+			RunBatch(f, s, Unit{Kind: Tools, Step: 1, Calls: []Call{{Index: 0, Name: "a"}, {Index: 1, Name: "b"}}})
 			close(done)
 		}()
 		<-f.started

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
 )
 
 // State is a turn between two of its units of work, in a form that can be
@@ -136,6 +137,41 @@ func (s *State) Ceiling() time.Time {
 type Call struct {
 	Index int    `json:"index"`
 	Name  string `json:"name"`
+	// Approval, for a call a person approved before it ran, is that wait:
+	// its record keeps it.
+	Approval *Approved `json:"approval,omitempty"`
+}
+
+// Approved is the wait of a call for a person's decision, as its record
+// keeps it.
+type Approved struct {
+	event.Approval
+	Waited time.Duration `json:"waited"`
+}
+
+// Asked is a call's request for a person's decision (Units.Ask): what
+// approval_requested said, and when the wait ends.
+type Asked struct {
+	Needed      bool            `json:"needed"`
+	CallID      string          `json:"call_id,omitempty"`
+	Tool        string          `json:"tool,omitempty"`
+	Arguments   json.RawMessage `json:"arguments,omitempty"`
+	Round       int             `json:"round,omitempty"`
+	RequestedAt time.Time       `json:"requested_at,omitzero"`
+	ExpiresAt   time.Time       `json:"expires_at,omitzero"`
+	// Began is when the call began waiting, its first round's request.
+	Began time.Time `json:"began,omitzero"`
+}
+
+// Decision is a decision on an Asked call: event.Approve, event.Deny or
+// event.Expired, who made it and when; Stopped when the turn was stopped
+// while the call waited.
+type Decision struct {
+	Decision event.Decision `json:"decision,omitempty"`
+	By       string         `json:"by,omitempty"`
+	Reason   string         `json:"reason,omitempty"`
+	At       time.Time      `json:"at,omitzero"`
+	Stopped  bool           `json:"stopped,omitempty"`
 }
 
 // CallID names the call in events and records: "call_<step>_<n>", n from 1.

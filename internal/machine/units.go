@@ -56,6 +56,22 @@ type Units interface {
 	LostAttempts(s *State, step int, lost []LostAttempt, why string, sinks ...event.Sink)
 	// End ends the turn as e says.
 	End(s *State, e Ending, tr Transcript, sinks ...event.Sink) *Ended
+	// AsksApproval reports whether the named tool's calls may need a
+	// person's decision (Ask decides for each call).
+	AsksApproval(name string) bool
+	// Ask has call c of step's batch ask for a person's decision (round
+	// from 1), when its tool needs one for its arguments: record, when
+	// not nil, keeps the request (a store shared with those who decide)
+	// before approval_requested is emitted. began is when the call began
+	// waiting (its first round), zero for the first. A request that
+	// record refuses is denied at once (Asked.Needed with a Decision).
+	Ask(ctx context.Context, s *State, step int, c Call, round int, began time.Time, record func(context.Context, Asked) error,
+		tr Transcript, sinks ...event.Sink) (Asked, *Decision)
+	// Decided ends the wait of a with d (approval_decided) and reports
+	// whether the call runs, or whether it is to be asked again (an
+	// approval too old to act on). A call that does not run is recorded
+	// and the model told; out carries an approved call's wait.
+	Decided(s *State, step int, c Call, a Asked, d Decision, tr Transcript, sinks ...event.Sink) (run, again bool, out Called)
 }
 
 // Ended is a turn that ended.

@@ -1,0 +1,114 @@
+package temporal_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/timebox-run/timebox"
+	"github.com/timebox-run/timebox/agent"
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/proctest"
+	"github.com/timebox-run/timebox/store"
+	"github.com/timebox-run/timebox/temporal"
+)
+
+// approvalAgent writes an agent whose deploy tool needs approval, under a
+// 2s turn ceiling and a 1s step.
+func approvalAgent(t *testing.T, dir string, approvalTimeout string) string {
+	t.Helper()
+	yaml := fmt.Sprintf(`name: temporal-approvals
+model: {primary: 'script:test'}
+providers: {script: {file: script.jsonl}}
+timeouts: {turn: 2s, step: 1s, kill_grace: 500ms}
+tools:
+  - name: deploy
+    description: Deploys.
+    exec: [sh, -c, 'cat >/dev/null; sleep 0.5; echo deployed']
+    timeout: 1s
+    approval: required
+    approval_timeout: %s
+`, approvalTimeout)
+	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"tool_calls": [{"name": "deploy", "arguments": {"env": "prod"}}]}`+"\n"+`{"text": "done"}`+"\n"), 0o644)
+	p := filepath.Join(dir, "agent.yaml")
+	os.WriteFile(p, []byte(yaml), 0o644)
+	return p
+}
+
+// On Temporal a call waits for a person in its workflow: a 3s wait under
+// a 2s turn ceiling and a 1s step, then an approval stored and signalled
+// (as the server's route does), and the call runs on its own 1s timeout.
+// A second turn's call expires by the workflow's timer.
+func TestApprovalsOnTemporal(t *testing.T) {
+	defer proctest.CheckNoLeaks(t)
+	c, s, queue := setup(t)
+	for _, tc := range []struct {
+		name, timeout string
+		decide        bool
+		want          event.Outcome
+	}{
+		{"approved", "1h", true, event.OutcomeOK},
+		{"expired", "1500ms", false, event.OutcomeApprovalExpired},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, err := timebox.Open(context.Background(), approvalAgent(t, t.TempDir(), tc.timeout), timebox.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a.Close()
+			q := queue + "-" + tc.name
+			startWorker(t, c, s, q, a.Agent)
+			r, err := temporal.NewRunner(c, s, q, a.Agent)
+			if err != nil {
+				t.Fatal(err)
+			}
+			asked := make(chan event.Event, 1)
+			done := make(chan *agent.Result, 1)
+			go func() {
+				done <- r.Run(context.Background(), agent.Input{Text: "deploy"}, event.SinkFunc(func(e event.Event) {
+					if e.Type == event.TypeApprovalRequested {
+						asked <- e
+					}
+				}))
+			}()
+			var req event.Event
+			select {
+			case req = <-asked:
+			case <-time.After(60 * time.Second):
+				t.Fatal("no approval_requested")
+			}
+			if tc.decide {
+				time.Sleep(3 * time.Second) // a person thinking: past the turn's ceiling and its step
+				ap := s.(store.Approvals)
+				callID := req.Data.(*event.ApprovalRequested).CallID
+				if _, err := ap.Decide(context.Background(), req.TurnID, callID, store.Approval{Decision: event.Approve, By: "alice", DecidedAt: time.Now()}); err != nil {
+					t.Fatal(err)
+				}
+				if err := r.SignalApproval(context.Background(), req.TurnID, callID); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var res *agent.Result
+			select {
+			case res = <-done:
+			case <-time.After(60 * time.Second):
+				t.Fatal("the turn did not end")
+			}
+			rec := res.Record
+			if rec.Status != budget.StatusCompleted {
+				t.Fatalf("turn ended %s (%s): %s", rec.Status, rec.StopReason, rec.Message)
+			}
+			call := callNamed(t, rec, "deploy")
+			if call.Outcome != tc.want || call.Approval == nil {
+				t.Fatalf("call %s, approval %+v; want %s", call.Outcome, call.Approval, tc.want)
+			}
+			if tc.decide && (call.ApprovalMS < 3000 || call.DurationMS > 1000 || call.Approval.By != "alice" || rec.ApprovalMS < 3000) {
+				t.Errorf("waited %dms (turn %dms), ran %dms, by %q", call.ApprovalMS, rec.ApprovalMS, call.DurationMS, call.Approval.By)
+			}
+		})
+	}
+}
