@@ -30,6 +30,8 @@ type Memory struct {
 	requested map[string]bool // turns a cancel was requested for
 
 	payloads map[string]map[string][]byte // by turn, by key (Payloads)
+
+	deliveries map[string]*memDelivery // webhook deliveries by id (Deliveries)
 }
 
 type memTurn struct {

@@ -48,6 +48,8 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"CancelRequests", testCancel},
 		{"Payloads", testPayloads},
 		{"NumberedEventsEndEachThingOnce", testNumberedEnds},
+		{"WebhookDeliveries", testDeliveries},
+		{"WebhookDeliveryClaimsAreExclusive", testDeliveryClaimsAreExclusive},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
