@@ -29,6 +29,7 @@ type metrics struct {
 	reaped         prometheus.CounterFunc
 	unkilled       prometheus.GaugeFunc
 	escaped        prometheus.CounterFunc
+	webhooks       *prometheus.CounterVec
 }
 
 func newMetrics(reg *prometheus.Registry, running func() float64) (*metrics, error) {
@@ -88,8 +89,12 @@ func newMetrics(reg *prometheus.Registry, running func() float64) (*metrics, err
 			Name: "timebox_escaped_processes_total",
 			Help: "Tool processes found outside their call's cgroup (a privileged process moved itself out) by their call's marker, and stopped with the call (proctree.EscapedTotal).",
 		}, func() float64 { return float64(proctree.EscapedTotal()) }),
+		webhooks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "timebox_webhook_deliveries_total",
+			Help: "Webhook delivery attempts by outcome: delivered (2xx), retry (failed, due again later), failed (given up); not_stored counts deliveries the store refused.",
+		}, []string{"outcome"}),
 	}
-	for _, c := range []prometheus.Collector{m.toolDuration, m.timeouts, m.overruns, m.turns, m.failovers,
+	for _, c := range []prometheus.Collector{m.webhooks, m.toolDuration, m.timeouts, m.overruns, m.turns, m.failovers,
 		m.delivered, m.deliveryDelay, m.storeErrors, m.turnsRunning, m.abandonedCalls, m.reaped, m.unkilled, m.escaped} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
