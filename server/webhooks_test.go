@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -111,7 +113,7 @@ func hook(url string, types ...event.Type) server.Webhook {
 
 // verify checks a request's signature with the Standard Webhooks library,
 // timestamp tolerance included.
-func verify(t *testing.T, h hit) {
+func verifyHit(t *testing.T, h hit) {
 	t.Helper()
 	wh, err := standardwebhooks.NewWebhook(whsec)
 	if err != nil {
@@ -123,6 +125,10 @@ func verify(t *testing.T, h hit) {
 	// And a signature over anything else does not verify.
 	if err := wh.Verify(append(h.body, ' '), h.hdr); err == nil {
 		t.Errorf("a changed body verifies")
+	}
+	// docs/webhooks.md's verifier by hand agrees.
+	if !verify(whsec, h.hdr, h.body) || verify(whsec, h.hdr, append(h.body, ' ')) {
+		t.Errorf("docs/webhooks.md's Go verifier disagrees with the library on %s", h.id)
 	}
 }
 
@@ -162,7 +168,7 @@ func TestWebhookSignedRetriedDeliveredOnce(t *testing.T) {
 		if h.hdr.Get("Content-Type") != "application/json" {
 			t.Errorf("Content-Type %q", h.hdr.Get("Content-Type"))
 		}
-		verify(t, h)
+		verifyHit(t, h)
 		var ev struct {
 			Type   string `json:"type"`
 			TurnID string `json:"turn_id"`
@@ -373,7 +379,7 @@ func TestWebhookTwoGatewaysDeliverOnce(t *testing.T) {
 	seen := map[string]int{}
 	for _, h := range rc.got() {
 		seen[h.id]++
-		verify(t, h)
+		verifyHit(t, h)
 	}
 	if len(seen) != 2*turns {
 		t.Errorf("%d distinct deliveries received, want %d", len(seen), 2*turns)
@@ -426,5 +432,53 @@ func TestWebhookURLPointsAtServer(t *testing.T) {
 	if _, err := server.New(server.Config{Agent: newAgent(t, scripted(t, `{"text": "x"}`)), Store: store.NewMemory(),
 		Webhooks: []server.Webhook{hook("file:///etc/passwd", event.TypeTurnFinished)}}); err == nil {
 		t.Fatal("New took a file: webhook")
+	}
+}
+
+// TestDocsWebhooks: the verifiers docs/webhooks.md gives in Python and
+// JavaScript accept a signature of the server's and refuse a changed body.
+func TestDocsWebhooks(t *testing.T) {
+	doc, err := os.ReadFile("../docs/webhooks.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	block := func(lang string) string {
+		_, rest, ok := strings.Cut(string(doc), "```"+lang+"\n")
+		if !ok {
+			t.Fatalf("docs/webhooks.md has no %s block", lang)
+		}
+		code, _, _ := strings.Cut(rest, "```")
+		return code
+	}
+	// The Go verifier is verify, in webhooks_doc_test.go, word for word.
+	src, err := os.ReadFile("webhooks_doc_test.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(src), block("go")) {
+		t.Errorf("docs/webhooks.md's Go verifier is not webhooks_doc_test.go's verify: copy one to the other")
+	}
+	id, ts := "msg_docs", strconv.FormatInt(time.Now().Unix(), 10)
+	body := `{"type":"turn_finished","answer":"ünïcode"}`
+	sig := server.Sign(whKey, id, ts, []byte(body))
+	hdrs, _ := json.Marshal(map[string]string{"webhook-id": id, "webhook-timestamp": ts, "webhook-signature": "v1,bm9wZQ== " + sig})
+	for _, tc := range []struct{ lang, prog, harness string }{
+		{"python", "python3", "\nimport json, sys\nh = json.loads(sys.argv[1])\nprint(verify(sys.argv[3], h, sys.argv[2].encode()), verify(sys.argv[3], h, sys.argv[2].encode() + b' '))\n"},
+		{"js", "node", "\nconst [h, b, s] = process.argv.slice(-3);\nconsole.log(verify(s, JSON.parse(h), Buffer.from(b)), verify(s, JSON.parse(h), Buffer.from(b + ' ')));\n"},
+	} {
+		t.Run(tc.lang, func(t *testing.T) {
+			path, err := exec.LookPath(tc.prog)
+			if err != nil {
+				t.Skipf("no %s to run the %s verifier", tc.prog, tc.lang)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			flag := map[string]string{"python": "-c", "js": "-e"}[tc.lang]
+			out, err := exec.CommandContext(ctx, path, flag, block(tc.lang)+tc.harness, string(hdrs), body, whsec).CombinedOutput()
+			got := strings.ToLower(strings.TrimSpace(string(out)))
+			if err != nil || got != "true false" {
+				t.Fatalf("the %s verifier said %q (%v), want true for the signed body and false for a changed one", tc.lang, out, err)
+			}
+		})
 	}
 }
