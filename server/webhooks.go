@@ -216,6 +216,15 @@ func (w *webhooks) offer(e event.Event, data []byte) {
 		d := store.Delivery{ID: messageID(h.URL, e), URL: h.URL, EventType: string(e.Type), TurnID: e.TurnID, Seq: e.Seq,
 			Body: data, CreatedAt: now, NextAttemptAt: now}
 		select {
+		case <-w.stopIn:
+			// A turn that outlived the shutdown's wait (Shutdown's error
+			// says so): the writer has stopped.
+			w.m.webhooks.WithLabelValues(webhookNotStored).Inc()
+			w.log.Error("webhook delivery not stored: the server has stopped", "id", d.ID, "turn_id", d.TurnID, "type", d.EventType)
+			continue
+		default:
+		}
+		select {
 		case w.in <- d:
 		case <-w.stopIn:
 			w.m.webhooks.WithLabelValues(webhookNotStored).Inc()
