@@ -136,12 +136,14 @@ type webhooks struct {
 	in   chan store.Delivery
 	kick chan struct{}
 	// stop ends the claims and the attempts in flight; stopIn the writer
-	// once it has stored what is queued.
-	ctx      context.Context
-	stop     context.CancelFunc
-	stopIn   chan struct{}
-	wg       sync.WaitGroup
-	stopOnce sync.Once
+	// once it has stored what is queued; stopStore the writer's wait for a
+	// store that is away, storeGrace after stopIn.
+	stop      context.CancelFunc
+	stopIn    chan struct{}
+	stopStore context.CancelFunc
+	transport *http.Transport // nil when Client was given
+	wg        sync.WaitGroup
+	stopOnce  sync.Once
 }
 
 func newWebhooks(hooks []Webhook, st store.Store, o WebhookOptions, m *metrics, log *slog.Logger) (*webhooks, error) {
@@ -176,8 +178,10 @@ func newWebhooks(hooks []Webhook, st store.Store, o WebhookOptions, m *metrics, 
 	if o.Now == nil {
 		o.Now = time.Now
 	}
+	var transport *http.Transport
 	if o.Client == nil {
-		o.Client = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+		transport = http.DefaultTransport.(*http.Transport).Clone()
+		o.Client = &http.Client{Transport: transport, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	}
 	owner := ids.New("gw_")
 	if ow, ok := st.(store.Owned); ok {
@@ -188,11 +192,13 @@ func newWebhooks(hooks []Webhook, st store.Store, o WebhookOptions, m *metrics, 
 		// record it: another gateway takes the delivery only once the
 		// holder is surely done with it (or gone).
 		lease: o.Timeout + 30*time.Second,
-		in:    make(chan store.Delivery, webhookQueue), kick: make(chan struct{}, 1), stopIn: make(chan struct{})}
-	w.ctx, w.stop = context.WithCancel(context.Background())
+		in:    make(chan store.Delivery, webhookQueue), kick: make(chan struct{}, 1), stopIn: make(chan struct{}), transport: transport}
+	var sendCtx, storeCtx context.Context
+	sendCtx, w.stop = context.WithCancel(context.Background())
+	storeCtx, w.stopStore = context.WithCancel(context.Background())
 	w.wg.Add(2)
-	go w.write()
-	go w.send()
+	go w.write(storeCtx)
+	go w.send(sendCtx)
 	return w, nil
 }
 
@@ -233,15 +239,15 @@ func (w *webhooks) offer(e event.Event, data []byte) {
 	}
 }
 
-// write stores the queued deliveries, in batches, and wakes the senders.
-func (w *webhooks) write() {
+// write stores the queued deliveries, in batches, and wakes the senders;
+// ctx ends its wait for a store that is away.
+func (w *webhooks) write(ctx context.Context) {
 	defer w.wg.Done()
 	batch := make([]store.Delivery, 0, 256)
 	store1 := func() {
-		// The stores try again while their database is away; the context
-		// bounds the wait at a shutdown.
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
+		// SQLite and PostgreSQL try again while their database is away,
+		// until it is back or the shutdown's grace for it ends
+		// (ctx); an error that does not pass fails at once.
 		if err := w.q.EnqueueDeliveries(ctx, batch); err != nil {
 			w.m.webhooks.WithLabelValues(webhookNotStored).Add(float64(len(batch)))
 			w.m.storeErrors.WithLabelValues("enqueue_deliveries").Inc()
@@ -290,7 +296,7 @@ func (w *webhooks) write() {
 }
 
 // send claims due deliveries and runs their attempts, Senders at a time.
-func (w *webhooks) send() {
+func (w *webhooks) send(ctx context.Context) {
 	defer w.wg.Done()
 	var flight sync.WaitGroup
 	defer flight.Wait()
@@ -299,19 +305,19 @@ func (w *webhooks) send() {
 	defer t.Stop()
 	for {
 		select {
-		case <-w.ctx.Done():
+		case <-ctx.Done():
 			return
 		case <-w.kick:
 		case <-t.C:
 		}
-		for w.ctx.Err() == nil {
+		for ctx.Err() == nil {
 			free := cap(slots) - len(slots)
 			if free == 0 {
 				break // a sender that ends kicks
 			}
-			ds, err := w.q.ClaimDeliveries(w.ctx, w.owner, w.o.Now(), w.lease, free)
+			ds, err := w.q.ClaimDeliveries(ctx, w.owner, w.o.Now(), w.lease, free)
 			if err != nil {
-				if w.ctx.Err() == nil {
+				if ctx.Err() == nil {
 					w.m.storeErrors.WithLabelValues("claim_deliveries").Inc()
 					w.log.Warn("claiming webhook deliveries", "err", err)
 				}
@@ -322,7 +328,7 @@ func (w *webhooks) send() {
 				flight.Add(1)
 				go func() {
 					defer flight.Done()
-					w.attempt(d)
+					w.attempt(ctx, d)
 					<-slots
 					select {
 					case w.kick <- struct{}{}:
@@ -338,7 +344,7 @@ func (w *webhooks) send() {
 }
 
 // attempt POSTs d once and records how it went.
-func (w *webhooks) attempt(d store.Delivery) {
+func (w *webhooks) attempt(ctx context.Context, d store.Delivery) {
 	now := w.o.Now()
 	a := store.DeliveryAttempt{At: now, By: w.owner}
 	state, next := store.DeliveryPending, time.Time{}
@@ -351,12 +357,12 @@ func (w *webhooks) attempt(d store.Delivery) {
 		a.Error = fmt.Sprintf("older than %s; given up", w.o.MaxAge)
 		state = store.DeliveryFailed
 	default:
-		a.Status, a.Error = w.post(hook, d, now)
+		a.Status, a.Error = w.post(ctx, hook, d, now)
 		a.DurationMS = w.o.Now().Sub(now).Milliseconds()
 		switch {
 		case a.Status >= 200 && a.Status < 300:
 			state = store.DeliveryDelivered
-		case w.ctx.Err() != nil:
+		case ctx.Err() != nil:
 			// Cut by a shutdown: due again at once, wherever it is claimed.
 			a.Error = "the gateway stopped during the attempt"
 			next = w.o.Now()
@@ -370,9 +376,9 @@ func (w *webhooks) attempt(d store.Delivery) {
 	}
 	outcome := map[store.DeliveryState]string{store.DeliveryDelivered: webhookDelivered, store.DeliveryFailed: webhookFailed, store.DeliveryPending: webhookRetry}[state]
 	w.m.webhooks.WithLabelValues(outcome).Inc()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	rctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := w.q.RecordAttempt(ctx, d.ID, w.owner, a, state, next); err != nil {
+	if err := w.q.RecordAttempt(rctx, d.ID, w.owner, a, state, next); err != nil {
 		if errors.Is(err, store.ErrLeaseLost) {
 			w.log.Warn("webhook attempt not recorded: another gateway took the delivery (the attempt outlived its lease)", "id", d.ID, "status", a.Status)
 			return
@@ -396,8 +402,9 @@ func (w *webhooks) hook(url string) (Webhook, bool) {
 
 // post sends one attempt: its status, or 0 and why there is none; for a
 // status that is not 2xx, the error says so.
-func (w *webhooks) post(h Webhook, d store.Delivery, now time.Time) (int, string) {
-	ctx, cancel := context.WithTimeout(w.ctx, w.o.Timeout)
+func (w *webhooks) post(ctx context.Context, h Webhook, d store.Delivery, now time.Time) (int, string) {
+	stopping := ctx
+	ctx, cancel := context.WithTimeout(ctx, w.o.Timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.URL, strings.NewReader(string(d.Body)))
 	if err != nil {
@@ -411,7 +418,7 @@ func (w *webhooks) post(h Webhook, d store.Delivery, now time.Time) (int, string
 	req.Header.Set(HeaderWebhookSignature, Sign(h.Secret, d.ID, ts, d.Body))
 	resp, err := w.o.Client.Do(req)
 	if err != nil {
-		if errors.Is(ctx.Err(), context.DeadlineExceeded) && w.ctx.Err() == nil {
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) && stopping.Err() == nil {
 			return 0, fmt.Sprintf("no answer within %s", w.o.Timeout)
 		}
 		var ue *url.Error
@@ -436,9 +443,21 @@ func (w *webhooks) shutdown() {
 	w.stopOnce.Do(func() {
 		close(w.stopIn)
 		w.stop()
+		// A store that is away gets as long as it gets to store a turn's
+		// end at Close (docs/decisions/store-outages.md).
+		t := time.AfterFunc(storeGrace, w.stopStore)
 		w.wg.Wait()
+		t.Stop()
+		w.stopStore()
+		if w.transport != nil {
+			w.transport.CloseIdleConnections()
+		}
 	})
 }
+
+// storeGrace bounds how long a shutdown waits for a store that is away to
+// take the deliveries still queued.
+const storeGrace = 30 * time.Second
 
 // The Standard Webhooks headers.
 const (
