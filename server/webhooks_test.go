@@ -482,3 +482,74 @@ func TestDocsWebhooks(t *testing.T) {
 		})
 	}
 }
+
+// fakeClock is a clock the test moves.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// TestWebhookScheduleOnAFakeClock: each retry is due its wait after the
+// attempt before it, by the schedule's clock — an hour, then two, pass in
+// no time — and the delivery is given up after the last; one older than
+// MaxAge is given up without an attempt.
+func TestWebhookScheduleOnAFakeClock(t *testing.T) {
+	rc := newReceiver(t, func(*http.Request, int) int { return http.StatusBadGateway })
+	clock := &fakeClock{now: time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)}
+	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, `{"text": "one"}`, `{"text": "two"}`)),
+		Webhooks: []server.Webhook{hook(rc.URL, event.TypeTurnFinished)},
+		WebhookOptions: server.WebhookOptions{Retries: []time.Duration{time.Hour, 2 * time.Hour}, MaxAge: 24 * time.Hour,
+			Poll: 5 * time.Millisecond, Now: clock.Now}})
+	first := decode[rawRecord](t, e.do("POST", "/v1/turns", map[string]any{"input": "hi"}), http.StatusOK)
+	attempts := func(turn string) []store.DeliveryAttempt {
+		ds := deliveries(t, e, "?turn_id="+turn)
+		if len(ds) != 1 {
+			return nil
+		}
+		return ds[0].Attempts
+	}
+	start := clock.Now()
+	eventually(t, "the first attempt", func() bool { return len(attempts(first.TurnID)) == 1 })
+	if a := attempts(first.TurnID)[0]; a.Status != 502 || !a.NextRetryAt.Equal(start.Add(time.Hour)) {
+		t.Fatalf("first attempt %+v, want 502 and a retry an hour on", a)
+	}
+	clock.advance(59 * time.Minute)
+	time.Sleep(30 * time.Millisecond) // six polls: nothing is due
+	if n := len(rc.got()); n != 1 {
+		t.Fatalf("%d requests before the retry was due", n)
+	}
+	clock.advance(time.Minute)
+	eventually(t, "the second attempt", func() bool { return len(attempts(first.TurnID)) == 2 })
+	if a := attempts(first.TurnID)[1]; !a.NextRetryAt.Equal(start.Add(3 * time.Hour)) {
+		t.Fatalf("second attempt %+v, want a retry two hours on", a)
+	}
+	clock.advance(2 * time.Hour)
+	eventually(t, "the last attempt", func() bool { return len(deliveries(t, e, "?state=failed")) == 1 })
+	if a := attempts(first.TurnID)[2]; !a.NextRetryAt.IsZero() || !strings.Contains(a.Error, "given up after 3 attempts") {
+		t.Fatalf("last attempt %+v", a)
+	}
+
+	// A delivery that waits past MaxAge is given up at its next attempt.
+	second := decode[rawRecord](t, e.do("POST", "/v1/turns", map[string]any{"input": "again"}), http.StatusOK)
+	eventually(t, "its first attempt", func() bool { return len(attempts(second.TurnID)) == 1 })
+	clock.advance(25 * time.Hour)
+	eventually(t, "given up as too old", func() bool { return len(deliveries(t, e, "?state=failed")) == 2 })
+	if a := attempts(second.TurnID); len(a) != 2 || a[1].Status != 0 || !strings.Contains(a[1].Error, "older than 24h0m0s") {
+		t.Fatalf("attempts %+v", a)
+	}
+	if n := len(rc.got()); n != 4 {
+		t.Errorf("the receiver got %d requests, want 4 (three of the first, one of the second)", n)
+	}
+}
