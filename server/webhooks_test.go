@@ -393,7 +393,42 @@ func TestWebhookTwoGatewaysDeliverOnce(t *testing.T) {
 	for _, d := range deliveries(t, a, "") {
 		by[d.Attempts[0].By]++
 	}
-	t.Logf("deliveries by gateway: %v", by)
+	t.Logf("deliveries of the turns by gateway: %v", by)
+
+	// Deliveries neither gateway stored, so neither was woken for them:
+	// both find them by polling, at once, and each is sent once.
+	third := open()
+	defer third.Close()
+	const more = 60
+	var ds []store.Delivery
+	now := time.Now()
+	for i := range more {
+		ds = append(ds, store.Delivery{ID: "msg_polled" + strconv.Itoa(i), URL: rc.URL, EventType: "turn_finished",
+			Body: []byte(`{"type":"turn_finished"}`), CreatedAt: now, NextAttemptAt: now})
+	}
+	if err := third.(store.Deliveries).EnqueueDeliveries(context.Background(), ds); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the polled deliveries delivered", func() bool {
+		return len(deliveries(t, b, "?state=delivered&limit=1000")) == 2*turns+more
+	})
+	time.Sleep(50 * time.Millisecond)
+	seen = map[string]int{}
+	for _, h := range rc.got() {
+		seen[h.id]++
+	}
+	for i := range more {
+		if n := seen["msg_polled"+strconv.Itoa(i)]; n != 1 {
+			t.Errorf("msg_polled%d received %d times", i, n)
+		}
+	}
+	by = map[string]int{}
+	for _, d := range deliveries(t, a, "?limit=1000") {
+		if strings.HasPrefix(d.ID, "msg_polled") {
+			by[d.Attempts[0].By]++
+		}
+	}
+	t.Logf("polled deliveries by gateway: %v", by)
 }
 
 func TestWebhookURLPointsAtServer(t *testing.T) {
