@@ -65,6 +65,7 @@ const (
 	DefaultWebhookMaxAge  = 3 * 24 * time.Hour
 	DefaultWebhookPoll    = time.Second
 	DefaultWebhookSenders = 4
+	DefaultWebhookKeep    = 7 * 24 * time.Hour
 )
 
 // DefaultWebhookRetries is the Standard Webhooks schedule: after the
@@ -94,6 +95,10 @@ type WebhookOptions struct {
 	// slow receivers cost: at most Senders bodies are held. Zero is
 	// DefaultWebhookSenders (4).
 	Senders int
+	// Keep is how long a delivery that is no longer pending (delivered or
+	// given up) is kept, for GET /v1/webhooks/deliveries; older ones are
+	// deleted, once an hour. Zero is DefaultWebhookKeep (7 days).
+	Keep time.Duration
 	// Now is the clock of the retry schedule and of the signatures' time
 	// stamps; nil is time.Now.
 	Now func() time.Time
@@ -174,6 +179,9 @@ func newWebhooks(hooks []Webhook, st store.Store, o WebhookOptions, m *metrics, 
 	}
 	if o.Senders <= 0 {
 		o.Senders = DefaultWebhookSenders
+	}
+	if o.Keep <= 0 {
+		o.Keep = DefaultWebhookKeep
 	}
 	if o.Now == nil {
 		o.Now = time.Now
@@ -303,12 +311,21 @@ func (w *webhooks) send(ctx context.Context) {
 	slots := make(chan struct{}, w.o.Senders)
 	t := time.NewTicker(w.o.Poll)
 	defer t.Stop()
+	var pruned time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-w.kick:
 		case <-t.C:
+		}
+		if now := w.o.Now(); now.Sub(pruned) >= pruneEvery {
+			pruned = now
+			if n, err := w.q.PruneDeliveries(ctx, now.Add(-w.o.Keep)); err != nil && ctx.Err() == nil {
+				w.log.Warn("deleting old webhook deliveries", "err", err)
+			} else if n > 0 {
+				w.log.Info("deleted old webhook deliveries", "deliveries", n, "older_than", w.o.Keep)
+			}
 		}
 		for ctx.Err() == nil {
 			free := cap(slots) - len(slots)
@@ -454,6 +471,10 @@ func (w *webhooks) shutdown() {
 		}
 	})
 }
+
+// pruneEvery is how often a gateway deletes the deliveries older than
+// WebhookOptions.Keep.
+const pruneEvery = time.Hour
 
 // storeGrace bounds how long a shutdown waits for a store that is away to
 // take the deliveries still queued.

@@ -587,4 +587,8 @@ func TestWebhookScheduleOnAFakeClock(t *testing.T) {
 	if n := len(rc.got()); n != 4 {
 		t.Errorf("the receiver got %d requests, want 4 (three of the first, one of the second)", n)
 	}
+
+	// A week on, the next hourly pruning deletes them both.
+	clock.advance(7 * 24 * time.Hour)
+	eventually(t, "old deliveries deleted", func() bool { return len(deliveries(t, e, "")) == 0 })
 }

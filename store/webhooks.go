@@ -34,6 +34,10 @@ type Deliveries interface {
 	RecordAttempt(ctx context.Context, id, owner string, a DeliveryAttempt, state DeliveryState, next time.Time) error
 	// ListDeliveries lists deliveries, newest first, without their bodies.
 	ListDeliveries(ctx context.Context, f DeliveryFilter) ([]Delivery, error)
+	// PruneDeliveries deletes the deliveries that are no longer pending
+	// (delivered or failed) and were created before before, and returns
+	// how many it deleted. Pending ones are never deleted.
+	PruneDeliveries(ctx context.Context, before time.Time) (int, error)
 }
 
 // ErrLeaseLost is returned (wrapped) by RecordAttempt when the caller's
@@ -209,4 +213,21 @@ func (m *Memory) ListDeliveries(_ context.Context, f DeliveryFilter) ([]Delivery
 		out = append(out, d)
 	}
 	return out, nil
+}
+
+// PruneDeliveries implements Deliveries.
+func (m *Memory) PruneDeliveries(_ context.Context, before time.Time) (int, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.check(); err != nil {
+		return 0, err
+	}
+	n := 0
+	for id, md := range m.deliveries {
+		if md.d.State != DeliveryPending && md.d.CreatedAt.Before(before) {
+			delete(m.deliveries, id)
+			n++
+		}
+	}
+	return n, nil
 }

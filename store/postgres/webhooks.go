@@ -160,3 +160,15 @@ func (s *Store) ListDeliveries(ctx context.Context, f store.DeliveryFilter) ([]s
 	}
 	return out, err
 }
+
+// PruneDeliveries implements store.Deliveries.
+func (s *Store) PruneDeliveries(ctx context.Context, before time.Time) (int, error) {
+	if s.isClosed() {
+		return 0, store.ErrClosed
+	}
+	tag, err := s.pool.Exec(ctx, `DELETE FROM webhook_deliveries WHERE state <> 'pending' AND created_at < $1`, nanos(before))
+	if err != nil {
+		return 0, err
+	}
+	return int(tag.RowsAffected()), nil
+}

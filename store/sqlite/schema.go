@@ -187,6 +187,7 @@ CREATE TABLE webhook_deliveries (
 CREATE INDEX webhook_deliveries_due     ON webhook_deliveries(next_attempt_at, n) WHERE state = 'pending';
 CREATE INDEX webhook_deliveries_by_turn ON webhook_deliveries(turn_id, n);
 CREATE INDEX webhook_deliveries_by_state ON webhook_deliveries(state, n);
+CREATE INDEX webhook_deliveries_done     ON webhook_deliveries(created_at) WHERE state <> 'pending';
 `,
 }
 

@@ -49,6 +49,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"Payloads", testPayloads},
 		{"NumberedEventsEndEachThingOnce", testNumberedEnds},
 		{"WebhookDeliveries", testDeliveries},
+		{"WebhookDeliveryFilters", testDeliveryFilters},
 		{"WebhookDeliveryClaimsAreExclusive", testDeliveryClaimsAreExclusive},
 	}
 	for _, tc := range tests {

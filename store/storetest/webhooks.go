@@ -104,6 +104,40 @@ func testDeliveries(t *testing.T, s store.Store) {
 	if l := list[0]; l.State != store.DeliveryDelivered || len(l.Attempts) != 1 || l.Attempts[0].Status != 204 {
 		t.Errorf("msg_b listed as %+v", l)
 	}
+	// Pruning keeps what is pending and what is newer than its bound.
+	c := delivery("msg_c", now.Add(-time.Hour))
+	if err := q.EnqueueDeliveries(ctx, []store.Delivery{c}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := q.PruneDeliveries(ctx, now.Add(30*time.Second)); err != nil || n != 1 {
+		t.Fatalf("PruneDeliveries before msg_b = %d (%v), want 1 (msg_a; msg_c is pending, msg_b newer)", n, err)
+	}
+	if l, err := q.ListDeliveries(ctx, store.DeliveryFilter{}); err != nil || len(l) != 2 || l[0].ID != "msg_c" || l[1].ID != "msg_b" {
+		t.Fatalf("after pruning: %+v (%v), want msg_c and msg_b", l, err)
+	}
+	if n, err := q.PruneDeliveries(ctx, now.Add(time.Hour)); err != nil || n != 1 {
+		t.Fatalf("PruneDeliveries of the rest = %d (%v), want 1 (msg_b)", n, err)
+	}
+}
+
+// testDeliveryFilters: ListDeliveries' filters and limit.
+func testDeliveryFilters(t *testing.T, s store.Store) {
+	q := deliveriesOf(t, s)
+	ctx := context.Background()
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	a, b := delivery("msg_a", now), delivery("msg_b", now)
+	if err := q.EnqueueDeliveries(ctx, []store.Delivery{a, b}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.ClaimDeliveries(ctx, "g", now, time.Minute, 10); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.RecordAttempt(ctx, "msg_a", "g", store.DeliveryAttempt{At: now}, store.DeliveryFailed, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.RecordAttempt(ctx, "msg_b", "g", store.DeliveryAttempt{At: now, Status: 200}, store.DeliveryDelivered, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
 	for _, f := range []struct {
 		f    store.DeliveryFilter
 		want int
