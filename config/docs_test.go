@@ -49,6 +49,8 @@ func typeText(n *node) string {
 		return "variable name"
 	case kToolName:
 		return "tool name"
+	case kWebhookEvent:
+		return "event type, or {type, outcomes}"
 	case kEnforcement:
 		return "`" + strings.Join(enforcementNames, "`, `") + "`"
 	case kApproval:

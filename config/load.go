@@ -281,7 +281,7 @@ func (l *loader) decodeSection(e entry, section string) {
 	case "timeouts":
 		known = append(known, "profiles")
 	case "server":
-		known = append(known, "request_max")
+		known = append(known, "request_max", "webhooks")
 	}
 	es, ok := l.t.mapping(e.val, section, "a mapping of "+section)
 	if !ok {
@@ -299,6 +299,9 @@ func (l *loader) decodeSection(e entry, section string) {
 			continue
 		case "request_max":
 			l.decodeRequestMax(fe)
+			continue
+		case "webhooks":
+			l.decodeWebhooks(fe)
 			continue
 		}
 		s, _ := SettingByKey(section + "." + k)

@@ -28,23 +28,24 @@ import (
 type nodeKind int
 
 const (
-	kMapping     nodeKind = iota // fixed keys (keys)
-	kMap                         // names chosen by the author (name) → elem
-	kList                        // a list of elem
-	kText                        // any text
-	kModelRef                    // provider:model
-	kURL                         // an http(s) URL
-	kFile                        // a path, relative to the agent file
-	kVarName                     // an environment variable's name
-	kToolName                    // a tool's name
-	kArg                         // an argv item: text, or a number taken as written
-	kEnforcement                 // hard, cooperative or advisory
-	kApproval                    // required or never
-	kToolTimeout                 // a duration (not 0) or a profile name
-	kDuration                    // a duration, bounded by min/max, 0 allowed when zeroOK
-	kCount                       // a whole number, bounded by min/max
-	kSetting                     // a process-wide setting: setting names it
-	kInputSchema                 // a JSON Schema of a tool's arguments
+	kMapping      nodeKind = iota // fixed keys (keys)
+	kMap                          // names chosen by the author (name) → elem
+	kList                         // a list of elem
+	kText                         // any text
+	kModelRef                     // provider:model
+	kURL                          // an http(s) URL
+	kFile                         // a path, relative to the agent file
+	kVarName                      // an environment variable's name
+	kToolName                     // a tool's name
+	kArg                          // an argv item: text, or a number taken as written
+	kEnforcement                  // hard, cooperative or advisory
+	kApproval                     // required or never
+	kToolTimeout                  // a duration (not 0) or a profile name
+	kDuration                     // a duration, bounded by min/max, 0 allowed when zeroOK
+	kCount                        // a whole number, bounded by min/max
+	kSetting                      // a process-wide setting: setting names it
+	kInputSchema                  // a JSON Schema of a tool's arguments
+	kWebhookEvent                 // an event type, or {type, outcomes}
 )
 
 // node is one value of the agent file.
@@ -107,6 +108,17 @@ func section(name, doc string, extra ...key) *node {
 	}
 	n.keys = append(n.keys, extra...)
 	return n
+}
+
+// webhooks is server.webhooks: a list of receivers.
+func webhooks() *node {
+	return listOf("Receivers of webhooks: timebox serve POSTs each event they subscribe to, signed the Standard Webhooks way, at least once (docs/webhooks.md).",
+		mapping("One receiver.", []string{"url", "events", "secret_env"},
+			k("url", leaf(kURL, "The receiver's URL (http or https). A URL that points at this timebox server is refused when it starts.")),
+			k("events", listOf("The event types sent: "+strings.Join(WebhookEventTypes, ", ")+". A tool_finished entry may keep only some outcomes: {type: tool_finished, outcomes: [timed_out, error]}.",
+				leaf(kWebhookEvent, "An event type, or {type: tool_finished, outcomes: [...]}."), 1)),
+			k("secret_env", leaf(kVarName, "The environment variable that holds the receiver's signing secret, a whsec_ secret (base64 after the prefix). The secret itself never goes in the file, and tools never inherit the variable.")),
+		), 0)
 }
 
 // requestMax is server.request_max: one key per budget a request may set.
@@ -240,7 +252,7 @@ func buildAgentFile() *node {
 				elem: &node{kind: kDuration, min: minDuration, max: maxDuration, doc: "The profile's duration; it cannot be 0."}}))),
 		k("limits", section("limits", "Count and size limits of a turn.")),
 		k("context", section("context", "The conversation's size, and whether the model is told its time.")),
-		k("server", section("server", "Settings of timebox serve.", k("request_max", requestMax()))),
+		k("server", section("server", "Settings of timebox serve.", k("request_max", requestMax()), k("webhooks", webhooks()))),
 		k("tools", listOf("The tools the model may call. Go-function tools are added from code (the library); they have no entry here.", tool, 0)),
 	)
 }
@@ -374,6 +386,15 @@ func schemaOf(n *node) map[string]any {
 			var d int64
 			fmt.Sscan(st.Default, &d)
 			s["default"] = d
+		}
+	case kWebhookEvent:
+		s["anyOf"] = []any{
+			map[string]any{"type": "string", "enum": WebhookEventTypes},
+			map[string]any{"type": "object", "additionalProperties": false, "required": []string{"type"},
+				"properties": map[string]any{
+					"type":     map[string]any{"type": "string", "enum": WebhookEventTypes},
+					"outcomes": map[string]any{"type": "array", "minItems": 1, "items": map[string]any{"type": "string", "enum": WebhookOutcomes}},
+				}},
 		}
 	case kInputSchema:
 		s["type"] = "object"

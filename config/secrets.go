@@ -17,7 +17,8 @@ var OwnSecrets = []string{"TIMEBOX_TOKEN", "TIMEBOX_DB", "PGPASSWORD"}
 // credential variables of the providers timebox knows (OPENAI_API_KEY,
 // ANTHROPIC_API_KEY: set in timebox's environment whether or not this
 // file uses them), the credential variables of every provider the file
-// configures, and what a stdio MCP entry's env: hands its server (but the
+// configures, the variables that hold webhook secrets (server.webhooks),
+// and what a stdio MCP entry's env: hands its server (but the
 // common variables every program reads, CommonEnv: a server's GITHUB_TOKEN
 // is that server's, its PATH everyone's) — sorted.
 // Every other variable passes; a tool whose entry names one of these in
@@ -34,6 +35,11 @@ func (a *Agent) Withheld() []string {
 			if c.APIKeyEnv != "" && !slices.Contains(out, c.APIKeyEnv) {
 				out = append(out, c.APIKeyEnv)
 			}
+		}
+	}
+	for _, w := range a.Server.Webhooks {
+		if !slices.Contains(out, w.SecretEnv) {
+			out = append(out, w.SecretEnv)
 		}
 	}
 	for _, t := range a.Tools {

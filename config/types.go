@@ -120,6 +120,10 @@ type Server struct {
 	// "max_steps"), in nanoseconds or a count. A budget it does not name
 	// may only be lowered by a request.
 	RequestMax map[string]int64
+	// Webhooks are server.webhooks: the receivers `timebox serve` POSTs
+	// the events they subscribe to (docs/webhooks.md). Their secrets are
+	// read from the environment (Agent.WebhookSecrets).
+	Webhooks []Webhook
 }
 
 // Tool is one resolved tool entry.

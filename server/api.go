@@ -37,6 +37,7 @@ func (s *Server) routes() {
 	api("GET /v1/sessions", s.listSessions)
 	api("GET /v1/sessions/{id}", s.getSession)
 	api("GET /v1/stats", s.getStats)
+	api("GET /v1/webhooks/deliveries", s.listDeliveries)
 	api("GET /v1/openapi.json", s.getOpenAPI)
 	api("/v1/", s.noRoute)
 	mux.Handle("GET /metrics", s.guard(s.auth(s.metrics.ServeHTTP)))
@@ -47,7 +48,7 @@ func (s *Server) routes() {
 
 // apiRoute matches the paths of the API, to tell a wrong method (405) from
 // a wrong path (404).
-var apiRoute = regexp.MustCompile(`^/v1/(turns(/[^/]+(/events|/cancel)?)?|sessions(/[^/]+)?|stats|openapi\.json)$`)
+var apiRoute = regexp.MustCompile(`^/v1/(turns(/[^/]+(/events|/cancel)?)?|sessions(/[^/]+)?|stats|openapi\.json|webhooks/deliveries)$`)
 
 func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) {
 	if apiRoute.MatchString(r.URL.Path) {

@@ -31,6 +31,7 @@ type metrics struct {
 	escaped        prometheus.CounterFunc
 	approvals      *prometheus.CounterVec
 	approvalWait   prometheus.Histogram
+	webhooks       *prometheus.CounterVec
 }
 
 func newMetrics(reg *prometheus.Registry, running func() float64) (*metrics, error) {
@@ -100,10 +101,14 @@ func newMetrics(reg *prometheus.Registry, running func() float64) (*metrics, err
 			// From a click on the page to a weekend.
 			Buckets: []float64{1, 5, 15, 30, 60, 300, 900, 3600, 4 * 3600, 24 * 3600, 3 * 24 * 3600, 7 * 24 * 3600},
 		}),
+		webhooks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "timebox_webhook_deliveries_total",
+			Help: "Webhook delivery attempts by outcome: delivered (2xx), retry (failed, due again later), failed (given up); not_stored counts deliveries the store refused.",
+		}, []string{"outcome"}),
 	}
 	for _, c := range []prometheus.Collector{m.toolDuration, m.timeouts, m.overruns, m.turns, m.failovers,
 		m.delivered, m.deliveryDelay, m.storeErrors, m.turnsRunning, m.abandonedCalls, m.reaped, m.unkilled, m.escaped,
-		m.approvals, m.approvalWait} {
+		m.approvals, m.approvalWait, m.webhooks} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

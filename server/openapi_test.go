@@ -198,6 +198,9 @@ func TestOpenAPISchemasMatchTheTypes(t *testing.T) {
 		"ApprovalNote":    reflect.TypeFor[event.Approval](),
 		"ApprovalList":    reflect.TypeFor[server.ApprovalList](),
 		"DecisionRequest": reflect.TypeFor[server.DecisionRequest](),
+		"DeliveryList":    reflect.TypeFor[server.DeliveryList](),
+		"Delivery":        reflect.TypeFor[store.Delivery](),
+		"DeliveryAttempt": reflect.TypeFor[store.DeliveryAttempt](),
 	}
 	for name, schema := range d.Components.Schemas {
 		typ, ok := types[name]
@@ -286,6 +289,7 @@ func TestOpenAPIEnums(t *testing.T) {
 		{"ToolCall.enforcement", enumOf(t, s["ToolCall"], "properties", "enforcement", "enum"), consts(t, "../budget", "Enforcement")},
 		{"the status filter", paramEnum(t, d, "status"), consts(t, "../budget", "Status")},
 		{"the stop_reason filter", paramEnum(t, d, "stop_reason"), consts(t, "../budget", "StopReason")},
+		{"Delivery.state", enumOf(t, s["Delivery"], "properties", "state", "enum"), consts(t, "../store", "DeliveryState")},
 	} {
 		if !slices.Equal(c.got, c.want) {
 			t.Errorf("openapi.json's %s lists %q; the code has %q", c.what, c.got, c.want)
@@ -381,6 +385,13 @@ func (failingStore) Approval(context.Context, string, string) (store.Approval, e
 	return store.Approval{}, errDisk
 }
 func (failingStore) Approvals(context.Context, string) ([]store.Approval, error) { return nil, errDisk }
+
+// failingDeliveries keeps deliveries it cannot list.
+type failingDeliveries struct{ *store.Memory }
+
+func (failingDeliveries) ListDeliveries(context.Context, store.DeliveryFilter) ([]store.Delivery, error) {
+	return nil, errDisk
+}
 
 // statsStore sums up canned calls (store.CallStats), for GET /v1/stats's
 // 200; with fail, its reads fail, for the 500.
@@ -491,6 +502,13 @@ func TestOpenAPIStatuses(t *testing.T) {
 		withToken := newServer(server.Config{Token: "docs-token-0123456789abcdef"})
 		stats := newServer(server.Config{Store: statsStore{Store: store.NewMemory()}})
 		statsFail := newServer(server.Config{Store: statsStore{Store: store.NewMemory(), fail: true}})
+		hooked := store.NewMemory()
+		if err := hooked.EnqueueDeliveries(context.Background(), []store.Delivery{{ID: "msg_1", URL: "https://hooks.example/x",
+			EventType: "turn_finished", TurnID: "t_1", Seq: 9, Body: []byte("{}"), CreatedAt: time.Now(), NextAttemptAt: time.Now()}}); err != nil {
+			t.Fatal(err)
+		}
+		withDeliveries := newServer(server.Config{Store: hooked})
+		deliveriesFail := newServer(server.Config{Store: failingDeliveries{store.NewMemory()}})
 		draining := newServer(server.Config{})
 		if err := draining.Shutdown(context.Background()); err != nil {
 			t.Fatal(err)
@@ -575,6 +593,10 @@ func TestOpenAPIStatuses(t *testing.T) {
 			{"stats since when", stats, "GET /v1/stats", "GET", "/v1/stats?since=lately", "", nil, 400},
 			{"stats store fails", statsFail, "GET /v1/stats", "GET", "/v1/stats", "", nil, 500},
 			{"no stats in memory", quick, "GET /v1/stats", "GET", "/v1/stats", "", nil, 501},
+
+			{"deliveries", withDeliveries, "GET /v1/webhooks/deliveries", "GET", "/v1/webhooks/deliveries?state=pending&turn_id=t_1&limit=5", "", nil, 200},
+			{"bad delivery state", withDeliveries, "GET /v1/webhooks/deliveries", "GET", "/v1/webhooks/deliveries?state=lost", "", nil, 400},
+			{"deliveries store fails", deliveriesFail, "GET /v1/webhooks/deliveries", "GET", "/v1/webhooks/deliveries", "", nil, 500},
 
 			{"the document", quick, "GET /v1/openapi.json", "GET", "/v1/openapi.json", "", nil, 200},
 			{"metrics", quick, "GET /metrics", "GET", "/metrics", "", nil, 200},

@@ -108,6 +108,13 @@ type Config struct {
 	// such as package temporal's) needs it, or each tool's budget in the
 	// report is its latest call's.
 	Budgets AgentBudgets
+	// Webhooks are the receivers the server POSTs events to
+	// (server.webhooks, docs/webhooks.md); Store must then keep deliveries
+	// (store.Deliveries). New refuses a URL that is not http(s) and a
+	// webhook without a secret; Serve one that points at the server.
+	Webhooks []Webhook
+	// WebhookOptions tune their delivery; the zero value is the default.
+	WebhookOptions WebhookOptions
 }
 
 // Server is the HTTP API over one agent and one store. It is an
@@ -121,6 +128,7 @@ type Server struct {
 	log     *slog.Logger
 	token   [32]byte // sha256 of cfg.Token
 	metrics http.Handler
+	hooks   *webhooks // nil without webhooks
 
 	mu       sync.Mutex
 	turns    map[string]*liveTurn
@@ -195,6 +203,11 @@ func New(cfg Config) (*Server, error) {
 	var err error
 	if s.m, err = newMetrics(s.reg, func() float64 { return float64(s.Running()) }); err != nil {
 		return nil, fmt.Errorf("server: registering metrics: %w", err)
+	}
+	if len(cfg.Webhooks) > 0 {
+		if s.hooks, err = newWebhooks(cfg.Webhooks, cfg.Store, cfg.WebhookOptions, s.m, s.log); err != nil {
+			return nil, err
+		}
 	}
 	s.token = hashToken(cfg.Token)
 	s.metrics = promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{})
@@ -408,6 +421,9 @@ func (t *turnSink) Emit(e event.Event) {
 		t.lt.hub.publish(frame{seq: e.Seq, typ: e.Type, at: e.At, data: data})
 		t.s.m.observe(e)
 	}
+	if merr == nil && t.s.hooks != nil {
+		t.s.hooks.offer(e, data)
+	}
 	if t.stored {
 		t.lt.hub.storedUpTo(e.Seq)
 		return
@@ -488,6 +504,10 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			s.shutdownErr = fmt.Errorf("server: %d turn(s) did not end within %s of their cancellation; their records may be incomplete", s.Running(), turnsEndWithin)
 		}
 		t.Stop()
+		if s.hooks != nil {
+			// Every turn has ended: no event is offered any more.
+			s.hooks.shutdown()
+		}
 		close(s.closing)
 	})
 	<-s.closing
@@ -504,6 +524,13 @@ func (s *Server) Shutdown(ctx context.Context) error {
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	if err := CheckAddr(ln.Addr().String(), s.cfg.Token); err != nil {
 		ln.Close()
+		return err
+	}
+	if err := CheckWebhooks(s.cfg.Webhooks, ln.Addr().String()); err != nil {
+		ln.Close()
+		if s.hooks != nil {
+			s.hooks.shutdown()
+		}
 		return err
 	}
 	hs := &http.Server{

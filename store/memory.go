@@ -31,7 +31,8 @@ type Memory struct {
 
 	payloads map[string]map[string][]byte // by turn, by key (Payloads)
 
-	approvals map[string][]*Approval // by turn, in the order requested
+	approvals  map[string][]*Approval  // by turn, in the order requested
+	deliveries map[string]*memDelivery // webhook deliveries by id (Deliveries)
 }
 
 type memTurn struct {

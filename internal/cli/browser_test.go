@@ -1234,3 +1234,38 @@ func TestPageStats(t *testing.T) {
 		p.fail("all time: %d bars, the server counted %d buckets", bars, len(all.Histogram.Counts))
 	}
 }
+
+// TestPageWebhooks: the Webhooks view lists each delivery of the server's
+// webhooks with its state and last attempt: one a receiver took, one whose
+// receiver is down, pending its retry.
+func TestPageWebhooks(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.Copy(io.Discard, r.Body) }))
+	defer up.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := "http://" + ln.Addr().String() + "/hook"
+	ln.Close() // nothing listens there: connection refused
+	path := agentFile(t, `{"text": "hi"}`)
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(f, "server:\n  webhooks:\n    - {url: %s/up, events: [turn_finished], secret_env: HOOK_SECRET}\n    - {url: %s, events: [turn_finished], secret_env: HOOK_SECRET}\n", up.URL, down)
+	f.Close()
+	base := serveAgent(t, path, "HOOK_SECRET="+cliWhsec)
+	postTurn(t, base, `{"input": "hi"}`)
+	p := openPage(t, base)
+	p.do("opening Webhooks", chromedp.Click(chromedp.CSS("#nav-webhooks")))
+	p.waitFor("a delivered and a pending delivery", `(() => {
+		const rows = [...document.querySelectorAll('#deliveries-table tbody tr')].map(r => r.innerText);
+		const ok = rows.length === 2 && rows.some(r => r.includes('delivered') && r.includes('200')) &&
+			rows.some(r => r.includes('pending') && r.includes('no answer') && r.includes('refused'));
+		if (!ok) document.querySelector('#filter-delivery').dispatchEvent(new Event('change')); // read the list again
+		return ok;
+	})()`)
+	if !eval[bool](p, q("#nav-webhooks")+`.classList.contains('active')`) {
+		p.fail("the Webhooks link is not marked active")
+	}
+}

@@ -106,6 +106,16 @@ func cmdServe(ctx context.Context, args []string, o IO) int {
 	if !ok {
 		return ExitUsage
 	}
+	hooks, err := serverWebhooks(cfg, o)
+	if err != nil {
+		fmt.Fprintln(o.Err, err)
+		fmt.Fprintln(o.Err, "timebox serve: the webhooks need their secrets; nothing was started.")
+		return ExitUsage
+	}
+	if err := server.CheckWebhooks(hooks, addr); err != nil {
+		fmt.Fprintln(o.Err, "timebox serve:", err)
+		return ExitUsage
+	}
 	reapOrphans(o)
 
 	st, err := openStore(db, true, o)
@@ -150,7 +160,8 @@ func cmdServe(ctx context.Context, args []string, o IO) int {
 	}
 	s, err := server.New(server.Config{Agent: runner, AgentName: cfg.Name, Store: st, Token: token,
 		ShutdownGrace: cfg.Server.ShutdownGrace.D, Logger: slog.New(slog.NewTextHandler(o.Err, nil)),
-		Budgets: a.Agent}) // the budgets GET /v1/stats compares the calls with, whatever engine runs the turns
+		Webhooks: hooks,
+		Budgets:  a.Agent}) // the budgets GET /v1/stats compares the calls with, whatever engine runs the turns
 	if err != nil {
 		ln.Close()
 		fmt.Fprintln(o.Err, "timebox serve:", err)

@@ -55,6 +55,11 @@ func cmdValidate(args []string, o IO) int {
 			}
 		}
 	}
+	if _, err := cfg.WebhookSecrets(o.getenv); err != nil {
+		for _, line := range strings.Split(err.Error(), "\n") {
+			fmt.Fprintf(o.Err, "warning: %s; timebox serve will not start without it\n", line)
+		}
+	}
 	ctx, stop := interrupts(context.Background(), o)
 	defer stop()
 	a, err := timebox.Build(ctx, cfg, timebox.Options{Getenv: o.getenv})
@@ -75,6 +80,7 @@ func cmdValidate(args []string, o IO) int {
 	fmt.Fprintf(o.Out, "%s: ok\n\n", c.file)
 	config.WriteTable(o.Out, cfg)
 	writeMCPTools(o.Out, a.Tools())
+	writeWebhooks(o.Out, cfg, o.getenv)
 	es.describe(o.Out)
 	return ExitOK
 }

@@ -827,6 +827,39 @@ async function openTurns(more) {
   $('#turns-empty').hidden = tbody.children.length > 0;
 }
 
+// ---- webhook deliveries -------------------------------------------------------
+
+// openDeliveries lists GET /v1/webhooks/deliveries: each delivery's event,
+// receiver and state, its attempts, the last one's status, time and error,
+// and when it is tried again.
+async function openDeliveries() {
+  const tbody = $('#deliveries-table tbody');
+  tbody.replaceChildren();
+  const q = new URLSearchParams({ limit: '100' });
+  if ($('#filter-delivery').value) q.set('state', $('#filter-delivery').value);
+  let list;
+  try {
+    list = await getJSON('/v1/webhooks/deliveries?' + q);
+  } catch (e) {
+    tbody.append(el('tr', {}, el('td', { colspan: '7', class: 'error', text: e.message })));
+    return;
+  }
+  for (const d of list.deliveries) {
+    const last = d.attempts.length ? d.attempts[d.attempts.length - 1] : null;
+    const lastText = last ? (last.status ? String(last.status) : 'no answer') + ' in ' + fmtMS(last.duration_ms) + (last.error ? ': ' + last.error : '') : '';
+    const turn = d.turn_id ? el('a', { href: '#/turns/' + encodeURIComponent(d.turn_id), text: d.event_type }) : d.event_type;
+    tbody.append(el('tr', { 'data-delivery-id': d.id, title: d.id },
+      el('td', { text: when(d.created_at) }),
+      el('td', {}, turn),
+      el('td', { text: short(d.url, 60) }),
+      el('td', {}, el('span', { class: 'status ' + d.state, text: d.state })),
+      el('td', { class: 'num', text: String(d.attempts.length) }),
+      el('td', { text: lastText }),
+      el('td', { text: d.state === 'pending' && d.next_attempt_at ? when(d.next_attempt_at) : '' })));
+  }
+  $('#deliveries-empty').hidden = tbody.children.length > 0;
+}
+
 // against draws a duration against its budget.
 function against(ms, limit) {
   const over = limit && ms > limit;
@@ -996,16 +1029,21 @@ function recordTables(rec) {
 
 // Routes: #/ a new chat; #/chat/{session} a conversation (its running turn is
 // followed); #/turns past turns; #/turns/{id} one turn's records (followed
-// while it runs); #/stats each tool's calls against its budgets (stats.js).
+// while it runs); #/stats each tool's calls against its budgets (stats.js);
+// #/webhooks the webhook deliveries.
 function route() {
   closeTurnPage(); // a records page left stops following its turn
   const parts = location.hash.replace(/^#\/?/, '').split('/').map(decodeURIComponent);
   const view = parts[0] || 'chat';
-  for (const s of ['chat-view', 'turns-view', 'turn-view', 'stats-view']) $('#' + s).hidden = true;
+  for (const s of ['chat-view', 'turns-view', 'turn-view', 'stats-view', 'webhooks-view']) $('#' + s).hidden = true;
   $('#nav-chat').classList.toggle('active', view === 'chat');
   $('#nav-turns').classList.toggle('active', view === 'turns');
   $('#nav-stats').classList.toggle('active', view === 'stats');
-  if (view === 'stats') {
+  $('#nav-webhooks').classList.toggle('active', view === 'webhooks');
+  if (view === 'webhooks') {
+    $('#webhooks-view').hidden = false;
+    openDeliveries();
+  } else if (view === 'stats') {
     $('#stats-view').hidden = false;
     openStats();
   } else if (view === 'turns' && parts[1]) {
@@ -1034,6 +1072,7 @@ document.addEventListener('DOMContentLoaded', () => {
   $('#filter-reason').addEventListener('change', () => openTurns(false));
   $('#turns-more').addEventListener('click', () => openTurns(true));
   $('#stats-since').addEventListener('change', () => openStats());
+  $('#filter-delivery').addEventListener('change', () => openDeliveries());
   window.addEventListener('hashchange', route);
   app.session = null; // force the first route to open the chat
   route();

@@ -230,11 +230,35 @@ CREATE TABLE approvals (
 	PRIMARY KEY (turn_id, call_id, round)
 );
 `,
+	// 6: the queue of webhook deliveries (store.Deliveries), as SQLite's
+	// version 4: one row per event and receiver, its body as sent (bytea),
+	// the lease of the gateway sending it, and its attempts as JSON text.
+	`
+CREATE TABLE webhook_deliveries (
+	n               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	id              text   NOT NULL UNIQUE,
+	url             text   NOT NULL,
+	event_type      text   NOT NULL,
+	turn_id         text   NOT NULL DEFAULT '',
+	seq             bigint NOT NULL DEFAULT 0,
+	body            bytea  NOT NULL,
+	created_at      bigint NOT NULL,
+	state           text   NOT NULL,
+	next_attempt_at bigint NOT NULL DEFAULT 0,
+	lease_owner     text   NOT NULL DEFAULT '',
+	lease_until     bigint NOT NULL DEFAULT 0,
+	attempts        text   NOT NULL DEFAULT '[]'
+);
+CREATE INDEX webhook_deliveries_due      ON webhook_deliveries (next_attempt_at, n) WHERE state = 'pending';
+CREATE INDEX webhook_deliveries_by_turn  ON webhook_deliveries (turn_id, n);
+CREATE INDEX webhook_deliveries_by_state ON webhook_deliveries (state, n);
+CREATE INDEX webhook_deliveries_done     ON webhook_deliveries (created_at) WHERE state <> 'pending';
+`,
 }
 
 // SchemaVersion is the schema version this package writes: the number of
 // migrations.
-const SchemaVersion = 5
+const SchemaVersion = 6
 
 // migrationLock is the advisory lock that serialises migrations: "timebox"
 // in ASCII.

@@ -183,11 +183,36 @@ CREATE TABLE approvals (
 	PRIMARY KEY (turn_id, call_id, round)
 ) WITHOUT ROWID;
 `,
+	// 4: the queue of webhook deliveries (store.Deliveries): one row per
+	// event and receiver, its body as sent, its lease, and its attempts as
+	// a JSON list. No reference to turns: a delivery may be stored before
+	// its turn's events are.
+	`
+CREATE TABLE webhook_deliveries (
+	n               INTEGER PRIMARY KEY AUTOINCREMENT,
+	id              TEXT    NOT NULL UNIQUE,
+	url             TEXT    NOT NULL,
+	event_type      TEXT    NOT NULL,
+	turn_id         TEXT    NOT NULL DEFAULT '',
+	seq             INTEGER NOT NULL DEFAULT 0,
+	body            BLOB    NOT NULL,
+	created_at      INTEGER NOT NULL,
+	state           TEXT    NOT NULL,
+	next_attempt_at INTEGER NOT NULL DEFAULT 0,
+	lease_owner     TEXT    NOT NULL DEFAULT '',
+	lease_until     INTEGER NOT NULL DEFAULT 0,
+	attempts        TEXT    NOT NULL DEFAULT '[]'
+);
+CREATE INDEX webhook_deliveries_due     ON webhook_deliveries(next_attempt_at, n) WHERE state = 'pending';
+CREATE INDEX webhook_deliveries_by_turn ON webhook_deliveries(turn_id, n);
+CREATE INDEX webhook_deliveries_by_state ON webhook_deliveries(state, n);
+CREATE INDEX webhook_deliveries_done     ON webhook_deliveries(created_at) WHERE state <> 'pending';
+`,
 }
 
 // SchemaVersion is the schema version this package writes: the number of
 // migrations.
-const SchemaVersion = 3
+const SchemaVersion = 4
 
 // migrate brings the database to SchemaVersion, one version per
 // transaction. The version is read again inside each (immediate)

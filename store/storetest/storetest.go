@@ -49,6 +49,9 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"Payloads", testPayloads},
 		{"NumberedEventsEndEachThingOnce", testNumberedEnds},
 		{"Approvals", testApprovals},
+		{"WebhookDeliveries", testDeliveries},
+		{"WebhookDeliveryFilters", testDeliveryFilters},
+		{"WebhookDeliveryClaimsAreExclusive", testDeliveryClaimsAreExclusive},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
