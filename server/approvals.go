@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/timebox-run/timebox/agent"
+	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/approve"
 	"github.com/timebox-run/timebox/store"
@@ -101,7 +102,23 @@ func (s *Server) decide(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("call %s of turn %s does not wait for a decision: this server's store keeps none", shown(callID), shown(id)))
 		return
 	}
-	ap, err := st.Decide(r.Context(), id, callID, store.Approval{Decision: req.Decision, By: req.By, Reason: req.Reason, DecidedAt: time.Now()})
+	rec, err := s.cfg.Store.Turn(r.Context(), id)
+	if err != nil {
+		s.storeFailed(w, r, err, "turn "+shown(id))
+		return
+	}
+	var ap store.Approval
+	if rec.Status == budget.StatusRunning {
+		ap, err = st.Decide(r.Context(), id, callID, store.Approval{Decision: req.Decision, By: req.By, Reason: req.Reason, DecidedAt: time.Now()})
+	} else if ap, err = st.Approval(r.Context(), id, callID); err == nil {
+		// Its calls were recorded when it ended: a decision now would be
+		// acted on by nobody.
+		if ap.Decision == "" {
+			writeError(w, http.StatusConflict, "already_ended", fmt.Sprintf("turn %s already ended: %s (%s); call %s was not run", shown(id), rec.Status, rec.StopReason, shown(callID)))
+			return
+		}
+		err = store.ErrDecided
+	}
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("call %s of turn %s never waited for a decision", shown(callID), shown(id)))

@@ -197,3 +197,20 @@ func TestDecideOnAnotherGateway(t *testing.T) {
 // approvalHeard bounds how long a gateway takes to hear of a decision
 // made through another, with notifications: far less than the poll.
 const approvalHeard = 1500 * time.Millisecond
+
+// A turn cancelled while a call waits records the call as not run; a
+// decision after that is refused (409 already_ended), not stored for
+// nobody to act on.
+func TestDecisionAfterTheTurnEnded(t *testing.T) {
+	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, deployThenAnswer...), deployTool(0))})
+	acc := decode[server.TurnAccepted](t, e.do("POST", "/v1/turns", map[string]any{"input": "deploy", "detach": true}), http.StatusAccepted)
+	p := e.waitPending(acc.TurnID)
+	rec := decode[rawRecord](t, e.do("POST", "/v1/turns/"+acc.TurnID+"/cancel", nil), http.StatusOK)
+	if c := rec.ToolCalls[0]; c.Outcome != event.OutcomeCancelled || c.Refused != "cancelled" || !strings.Contains(c.Result, "waited for a person's decision") {
+		t.Fatalf("the waiting call: %s %q: %s", c.Outcome, c.Refused, c.Result)
+	}
+	er := decode[apiError](t, e.do("POST", "/v1/turns/"+acc.TurnID+"/approvals/"+p.CallID, map[string]any{"decision": "approve"}), http.StatusConflict)
+	if er.Error.Code != "already_ended" {
+		t.Fatalf("a decision after the turn ended: %+v", er)
+	}
+}
