@@ -181,10 +181,29 @@ func (t *turn) approveUnit(ctx context.Context, view *machine.State, step int, c
 		record = func(ctx context.Context, a machine.Asked) error { return asker.Asked(ctx, t.approvalRequest(step, a)) }
 	}
 	for round := 1; ; round++ {
-		a, d := t.askUnit(ctx, view, step, c, round, began, record)
+		var a machine.Asked
+		var d *machine.Decision
+		if round == 1 && c.Waited != nil {
+			// Resumed: the call waits again, without asking again.
+			a = *c.Waited
+			if t.live != nil {
+				t.live.begin(t.waiting(step, a))
+			}
+		} else {
+			a, d = t.askUnit(ctx, view, step, c, round, began, record)
+		}
 		began = a.Began
+		if !a.Needed {
+			return true, machine.Called{}
+		}
 		if d == nil {
-			dec, err := t.ask(ctx, t.approvalRequest(step, a))
+			wctx, stop := t.susp.watch(ctx)
+			dec, err := t.ask(wctx, t.approvalRequest(step, a))
+			stop()
+			if err != nil && ctx.Err() == nil && errors.Is(context.Cause(wctx), errSuspended) {
+				t.endWait(a.CallID, false)
+				return false, machine.Called{Suspended: &a}
+			}
 			d = &machine.Decision{Decision: dec.Decision, By: dec.By, Reason: dec.Reason, At: dec.At, Stopped: err != nil}
 		}
 		run, again, out := t.decidedUnit(view, step, c, a, *d)
@@ -247,19 +266,25 @@ func (t *turn) waiting(step int, a machine.Asked) *activity {
 	return act
 }
 
+// endWait ends the liveness activity of a call's wait; a decision is
+// progress.
+func (t *turn) endWait(callID string, progressed bool) {
+	t.mu.Lock()
+	act := t.waits[callID]
+	delete(t.waits, callID)
+	t.mu.Unlock()
+	if act != nil && t.live != nil {
+		t.live.end(act, progressed)
+	}
+}
+
 // decidedUnit ends the wait of a with d: approval_decided, and, for a call
 // that does not run, its record and what the model is told. again: an
 // approval made too long before the call could start (ApprovalFresh) is
 // not acted on, and the call is to be asked again.
 func (t *turn) decidedUnit(view *machine.State, step int, c machine.Call, a machine.Asked, d machine.Decision) (run, again bool, out machine.Called) {
 	now := time.Now()
-	t.mu.Lock()
-	act := t.waits[a.CallID]
-	delete(t.waits, a.CallID)
-	t.mu.Unlock()
-	if act != nil && t.live != nil {
-		t.live.end(act, !d.Stopped)
-	}
+	t.endWait(a.CallID, !d.Stopped)
 	if d.At.IsZero() || d.At.After(now) {
 		d.At = now
 	}

@@ -285,3 +285,73 @@ func TestNeedsApprovalDecidesPerCall(t *testing.T) {
 		}
 	})
 }
+
+// A turn waiting for nothing but a person suspends when asked to; resumed
+// from its checkpoint (through JSON, as a server stores it), its call waits
+// again, runs once approved, and the turn ends as if never suspended: its
+// seqs go on, its other call is not run again, and the suspended time is a
+// wait for people.
+func TestSuspendAndResume(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := lines(t, `{"tool_calls": [{"name": "echo", "arguments": {}}, {"name": "deploy", "arguments": {}}]}`, `{"text": "deployed"}`)
+		echoes := 0
+		echo := goTool("echo", budget.Cooperative, time.Second, func(context.Context, json.RawMessage, tool.Progress) (any, error) {
+			echoes++
+			return "hi", nil
+		})
+		a, err := agent.New(agent.Config{Name: "test", Models: []model.Endpoint{endpoint(p, "m")},
+			Tools: []agent.Tool{echo, sleepy("deploy", time.Second, 100*time.Millisecond)}, Budgets: approvalBudgets()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		suspend := make(chan struct{})
+		waiting := agent.ApproverFunc(func(ctx context.Context, req agent.ApprovalRequest) (agent.Decision, error) {
+			close(suspend) // the server stops while the call waits
+			<-ctx.Done()
+			return agent.Decision{}, ctx.Err()
+		})
+		rec1 := &recorder{}
+		res := a.Run(t.Context(), agent.Input{TurnID: "t_s", Text: "deploy", Approver: waiting, Suspend: suspend}, rec1)
+		if res.Suspended == nil || res.Record != nil {
+			t.Fatalf("not suspended: %+v", res.Record)
+		}
+		if n := len(rec1.ofType(event.TypeTurnFinished)); n != 0 {
+			t.Fatalf("%d turn_finished before the suspension", n)
+		}
+		b, err := json.Marshal(res.Suspended)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var cp agent.Checkpoint
+		if err := json.Unmarshal(b, &cp); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Second) // the server is down
+		rec2 := &recorder{}
+		res, err = a.Resume(t.Context(), &cp, agent.Input{Approver: after(time.Second, event.Approve, "alice", "")}, rec2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := res.Record
+		if r.StopReason != budget.Answered || r.Answer != "deployed" {
+			t.Fatalf("resumed turn: %s %s", r.StopReason, r.Message)
+		}
+		if echoes != 1 || len(r.ToolCalls) != 2 {
+			t.Fatalf("echo ran %d times; %d records", echoes, len(r.ToolCalls))
+		}
+		d := toolRecord(t, res, "deploy")
+		if d.Outcome != event.OutcomeOK || d.ApprovalMS < 11000 || d.Approval.By != "alice" {
+			t.Errorf("deploy: %s after %dms by %+v", d.Outcome, d.ApprovalMS, d.Approval)
+		}
+		if r.ApprovalMS < 11000 {
+			t.Errorf("the turn's approval_ms %d: the suspended time is a wait for people", r.ApprovalMS)
+		}
+		first := rec2.events[0]
+		if last := rec1.events[len(rec1.events)-1]; first.Seq != last.Seq+1 {
+			t.Errorf("resumed at seq %d after %d", first.Seq, last.Seq)
+		}
+		if n := len(rec2.ofType(event.TypeApprovalRequested)); n != 0 {
+			t.Errorf("the call was asked again (%d) though its request still waited", n)
+		}
+	})
+}

@@ -26,6 +26,11 @@ type Input struct {
 	// decision (Tool.NeedsApproval); nil denies them, saying that nobody
 	// can decide.
 	Approver Approver
+	// Suspend, when closed, suspends the turn as soon as it waits for
+	// nothing but people's decisions (a server stopping): Run returns
+	// with Result.Suspended, from which Resume goes on later. A turn that
+	// ends first ends as usual.
+	Suspend <-chan struct{}
 	// Budgets are this turn's own budgets, by knob name ("turn", "tool",
 	// "step", "llm_budget", "max_steps", "max_tool_calls"); their source
 	// is "request". Each may lower the agent's value, and raise it only up
@@ -43,11 +48,16 @@ type Result struct {
 	// message, the model's replies and the tool results — to be passed as
 	// History to the next turn of the session.
 	Messages []model.Message
+	// Suspended, for a turn suspended while it waited for people
+	// (Input.Suspend), is where Resume goes on from; Record and Messages
+	// are then empty: the turn has not ended.
+	Suspended *Checkpoint
 }
 
-// Run runs one turn and returns when it has ended. It never returns nil and
-// never panics on bad model output; how the turn ended is in the record's
-// Status, StopReason and Message.
+// Run runs one turn and returns when it has ended (or was suspended,
+// Input.Suspend). It never returns nil and never panics on bad model
+// output; how the turn ended is in the record's Status, StopReason and
+// Message.
 //
 // Cancelling ctx cancels the turn: give it a *budget.CancelError cause
 // (context.WithCancelCause) to say why — cancelled, client_gone, shutdown;
@@ -60,13 +70,35 @@ func (a *Agent) Run(ctx context.Context, in Input, sinks ...event.Sink) *Result 
 	s, tr := a.newState(in)
 	traced := a.traceTurn(ctx, s)
 	t := a.resume(s, tr, in.Approver, sinks)
+	res := a.drive(ctx, t, in)
+	if res.Record != nil {
+		traced(res)
+	}
+	return res
+}
+
+// drive drives the turn t until it ends, or is suspended (Input.Suspend).
+func (a *Agent) drive(ctx context.Context, t *turn, in Input) *Result {
+	if in.Suspend != nil {
+		t.susp = newSuspender()
+		done := make(chan struct{})
+		defer close(done)
+		go func() {
+			select {
+			case <-in.Suspend:
+				t.susp.request()
+			case <-done:
+			}
+		}()
+	}
 	var end machine.Unit
 	t.under(ctx, func(ctx context.Context) {
 		end = machine.Drive(&inProcess{t: t, ctx: ctx}, t.s)
 	})
-	res := t.finish(*end.End)
-	traced(res)
-	return res
+	if end.Kind == machine.Suspend {
+		return &Result{Suspended: t.checkpoint()}
+	}
+	return t.finish(*end.End)
 }
 
 // newState makes the state of a turn that begins now, and its transcript:
@@ -94,6 +126,7 @@ func (a *Agent) resume(s *machine.State, tr machine.Transcript, approver Approve
 		t.spans = newSpans(t, a.tracer)
 		sinks = append([]event.Sink{t.spans}, sinks...)
 	}
+	t.emSinks = sinks
 	t.em = event.NewEmitter(s.TurnID, sinks...)
 	a.resumeProviders(t.conversationID(), s.Providers)
 	return t
@@ -145,6 +178,11 @@ type turn struct {
 	// ceiling is the timer of the turn's ceiling, which waits for people
 	// stop (under, Paused).
 	ceiling *ceiling
+	// susp suspends the turn when it waits for nothing but people and
+	// Input.Suspend is closed; nil when it cannot be suspended.
+	susp *suspender
+	// emSinks are the emitter's sinks, for a resumed turn's emitter.
+	emSinks []event.Sink
 
 	stopNote // written once, by capture, under its sync.Once
 	records  // shared with the tool calls' goroutines, under records.mu

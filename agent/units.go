@@ -47,7 +47,12 @@ func (d *inProcess) Approve(view *machine.State, step int, c machine.Call) (bool
 	return d.t.approveUnit(d.ctx, view, step, c)
 }
 
-func (d *inProcess) Paused(paused bool, at time.Time) { d.t.ceiling.pause(paused, at) }
+func (d *inProcess) Paused(paused bool, at time.Time) {
+	d.t.ceiling.pause(paused, at)
+	if d.t.susp != nil {
+		d.t.susp.pause(paused)
+	}
+}
 
 func (d *inProcess) Group(slots int) machine.Group {
 	return &group{d: d, sem: make(chan struct{}, slots)}

@@ -50,6 +50,20 @@ func NewEmitter(turnID string, sinks ...Sink) *Emitter {
 	return &Emitter{turnID: turnID, now: time.Now, sinks: sinks}
 }
 
+// NewEmitterAfter returns an emitter for a turn that emitted seq events
+// before (a turn resumed after a restart): its next event is seq+1. Its
+// Log holds only what it emits.
+func NewEmitterAfter(turnID string, seq int64, sinks ...Sink) *Emitter {
+	return &Emitter{turnID: turnID, now: time.Now, sinks: sinks, seq: seq}
+}
+
+// Seq returns the seq of the last event emitted.
+func (m *Emitter) Seq() int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.seq
+}
+
 // Emit sends the payload v as the turn's next event and returns it. After
 // Close, Emit drops v and returns the zero Event.
 func (m *Emitter) Emit(v Payload) Event {

@@ -1,6 +1,7 @@
 package machine
 
 import (
+	"slices"
 	"sync"
 	"time"
 )
@@ -74,6 +75,9 @@ type Called struct {
 	LastProgress time.Time `json:"last_progress,omitzero"`
 	// Approval is, from Approve, the wait of a call a person approved.
 	Approval *Approved `json:"approval,omitempty"`
+	// Suspended, from Approve, is a call whose wait was suspended with
+	// its turn (Asked is its request): the batch is suspended.
+	Suspended *Asked `json:"suspended,omitempty"`
 }
 
 // Refusal reasons: the turn reached max_tool_calls, or was stopped before
@@ -94,7 +98,7 @@ func Drive(d Driver, s *State) Unit {
 		}
 		u := Next(s)
 		switch u.Kind {
-		case End:
+		case End, Suspend:
 			return u
 		case Tools:
 			RunBatch(d, s, u)
@@ -167,14 +171,29 @@ func RunBatch(d Driver, s *State, u Unit) {
 		change(0, -1)
 	}
 	refused := 0
+	resumed := s.Resumed
+	s.Resumed = nil
+	done := map[int]bool{}
 	for i, c := range u.Calls {
+		if resumed != nil && slices.Contains(resumed.Done, c.Index) {
+			// Ended before the turn was suspended: its result is in the
+			// transcript.
+			s.ToolCalls++
+			done[i] = true
+			continue
+		}
+		if resumed != nil {
+			if a, ok := resumed.Waiting[c.Index]; ok {
+				c.Waited = &a
+			}
+		}
 		if int64(s.ToolCalls) >= s.Limits.MaxToolCalls.N {
 			refused++
 			outs[i] = d.Refuse(&view, u.Step, c, RefusedLimit)
 			continue
 		}
 		s.ToolCalls++
-		if s.Stop == nil && d.Asks(&view, c) {
+		if s.Stop == nil && (c.Waited != nil || d.Asks(&view, c)) {
 			g.Go(func(d Driver) {
 				change(1, 0)
 				run, out := d.Approve(&view, u.Step, c)
@@ -213,6 +232,16 @@ func RunBatch(d Driver, s *State, u Unit) {
 		})
 	}
 	g.Wait()
+	if sp := suspension(d, u, outs, done); sp != nil {
+		// Suspended while it waited for nothing but people: the batch
+		// goes on from sp when the turn is resumed, counting its calls
+		// again.
+		s.ToolCalls = view.ToolCalls
+		s.ApprovalWait = p.Total
+		s.ToolTime += d.Now().Sub(start) - (p.Total - waitedBefore)
+		s.Suspended = sp
+		return
+	}
 	s.Batch = nil
 	s.Messages += len(u.Calls)
 	s.Refused = refused
@@ -228,6 +257,29 @@ func RunBatch(d Driver, s *State, u Unit) {
 			s.Stop = o.Cause
 		}
 	}
+}
+
+// suspension returns the suspension of a batch one of whose calls was
+// suspended (Called.Suspended), nil if none was.
+func suspension(d Driver, u Unit, outs []Called, done map[int]bool) *Suspension {
+	var sp *Suspension
+	for i, o := range outs {
+		if o.Suspended != nil {
+			if sp == nil {
+				sp = &Suspension{At: d.Now(), Waiting: map[int]Asked{}}
+			}
+			sp.Waiting[u.Calls[i].Index] = *o.Suspended
+		}
+	}
+	if sp == nil {
+		return nil
+	}
+	for i, c := range u.Calls {
+		if _, waits := sp.Waiting[c.Index]; !waits || done[i] {
+			sp.Done = append(sp.Done, c.Index)
+		}
+	}
+	return sp
 }
 
 // Pauses is the clock of a turn's waits for people: the turn waits for

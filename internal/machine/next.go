@@ -19,6 +19,9 @@ const (
 	Tools
 	// End ends the turn (Unit.End says how): turn_finished and the record.
 	End
+	// Suspend stops driving a turn suspended while it waited for nothing
+	// but people (State.Suspended): it goes on later from its state.
+	Suspend
 )
 
 func (k Kind) String() string {
@@ -33,6 +36,8 @@ func (k Kind) String() string {
 		return "tools"
 	case End:
 		return "end"
+	case Suspend:
+		return "suspend"
 	}
 	return "unknown"
 }
@@ -81,6 +86,8 @@ func Next(s *State) Unit {
 	switch {
 	case s.End != nil:
 		return Unit{Kind: End, End: s.End}
+	case s.Suspended != nil:
+		return Unit{Kind: Suspend}
 	case len(s.Batch) > 0:
 		return Unit{Kind: Tools, Step: s.Steps, Calls: s.Batch}
 	case s.Stop != nil:

@@ -115,6 +115,13 @@ type State struct {
 	Stopped *StopNote `json:"stopped,omitempty"`
 	// End is how the turn ends, once a unit decided it.
 	End *Ending `json:"end,omitempty"`
+	// Suspended is set when the turn was suspended during a batch while
+	// it waited for nothing but people (its process stopping): it goes on
+	// later, elsewhere perhaps, from Resumed.
+	Suspended *Suspension `json:"suspended,omitempty"`
+	// Resumed is the suspension a resumed turn's batch goes on from: its
+	// calls that ended are not run again, those that waited wait again.
+	Resumed *Suspension `json:"resumed,omitempty"`
 	// Finished is set once the turn ended: turn_finished emitted, the
 	// record made.
 	Finished bool `json:"finished,omitempty"`
@@ -140,6 +147,10 @@ type Call struct {
 	// Approval, for a call a person approved before it ran, is that wait:
 	// its record keeps it.
 	Approval *Approved `json:"approval,omitempty"`
+	// Waited, for a call of a resumed batch that waited for a person
+	// when the batch was suspended, is its request: it waits again
+	// without asking again.
+	Waited *Asked `json:"waited,omitempty"`
 }
 
 // Approved is the wait of a call for a person's decision, as its record
@@ -147,6 +158,15 @@ type Call struct {
 type Approved struct {
 	event.Approval
 	Waited time.Duration `json:"waited"`
+}
+
+// Suspension is a batch suspended while it waited for nothing but
+// people: when, the calls that waited (by index in the batch) and the
+// calls that had ended (their results are in the transcript).
+type Suspension struct {
+	At      time.Time     `json:"at"`
+	Waiting map[int]Asked `json:"waiting"`
+	Done    []int         `json:"done,omitempty"`
 }
 
 // Asked is a call's request for a person's decision (Units.Ask): what
