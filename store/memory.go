@@ -33,6 +33,9 @@ type Memory struct {
 
 	approvals  map[string][]*Approval  // by turn, in the order requested
 	deliveries map[string]*memDelivery // webhook deliveries by id (Deliveries)
+
+	suspended  map[string][]byte // checkpoints of suspended turns (Suspender)
+	sorderSusp []string
 }
 
 type memTurn struct {

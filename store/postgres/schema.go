@@ -254,11 +254,21 @@ CREATE INDEX webhook_deliveries_by_turn  ON webhook_deliveries (turn_id, n);
 CREATE INDEX webhook_deliveries_by_state ON webhook_deliveries (state, n);
 CREATE INDEX webhook_deliveries_done     ON webhook_deliveries (created_at) WHERE state <> 'pending';
 `,
+	// 7: suspended turns (store.Suspender), as SQLite's version 5. Their
+	// owner_id is 'engine:suspended' meanwhile: no gateway owns them, and
+	// none takes them for orphans.
+	`
+CREATE TABLE suspended_turns (
+	turn_id      text PRIMARY KEY REFERENCES turns (turn_id),
+	checkpoint   bytea NOT NULL,
+	suspended_at bigint NOT NULL
+);
+`,
 }
 
 // SchemaVersion is the schema version this package writes: the number of
 // migrations.
-const SchemaVersion = 6
+const SchemaVersion = 7
 
 // migrationLock is the advisory lock that serialises migrations: "timebox"
 // in ASCII.

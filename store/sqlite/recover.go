@@ -55,7 +55,7 @@ func (s *Store) recover(ctx context.Context) ([]string, error) {
 		SELECT o.owner_id, o.pid, o.pid_start, o.machine, o.heartbeat_at, 1 FROM owners o WHERE o.owner_id != ?1
 		UNION
 		SELECT DISTINCT t.owner_id, 0, '', '', 0, 0 FROM turns t
-			WHERE t.status = 'running' AND t.owner_id != ?1
+			WHERE t.status = 'running' AND t.owner_id != ?1 AND t.owner_id != 'suspended'
 			AND NOT EXISTS (SELECT 1 FROM owners o WHERE o.owner_id = t.owner_id)`, s.owner)
 	if err != nil {
 		return nil, err

@@ -208,11 +208,21 @@ CREATE INDEX webhook_deliveries_by_turn ON webhook_deliveries(turn_id, n);
 CREATE INDEX webhook_deliveries_by_state ON webhook_deliveries(state, n);
 CREATE INDEX webhook_deliveries_done     ON webhook_deliveries(created_at) WHERE state <> 'pending';
 `,
+	// 5: suspended turns (store.Suspender): a turn whose process stopped
+	// while it waited for nothing but people, with its checkpoint. Its
+	// owner_id is 'suspended' meanwhile: no process owns it.
+	`
+CREATE TABLE suspended_turns (
+	turn_id      TEXT    PRIMARY KEY REFERENCES turns(turn_id),
+	checkpoint   BLOB    NOT NULL,
+	suspended_at INTEGER NOT NULL
+);
+`,
 }
 
 // SchemaVersion is the schema version this package writes: the number of
 // migrations.
-const SchemaVersion = 4
+const SchemaVersion = 5
 
 // migrate brings the database to SchemaVersion, one version per
 // transaction. The version is read again inside each (immediate)

@@ -49,6 +49,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"Payloads", testPayloads},
 		{"NumberedEventsEndEachThingOnce", testNumberedEnds},
 		{"Approvals", testApprovals},
+		{"SuspendedTurns", testSuspended},
 		{"WebhookDeliveries", testDeliveries},
 		{"WebhookDeliveryFilters", testDeliveryFilters},
 		{"WebhookDeliveryClaimsAreExclusive", testDeliveryClaimsAreExclusive},
@@ -828,5 +829,45 @@ func testApprovals(t *testing.T, s store.Store) {
 	}
 	if _, err := as.Approval(ctx, "t_appr", "call_7_7"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("unknown call: %v", err)
+	}
+}
+
+// testSuspended: a suspended turn stays running, owned by nobody, with its
+// checkpoint, until one store resumes it; then it ends as any turn.
+func testSuspended(t *testing.T, s store.Store) {
+	sp, ok := s.(store.Suspender)
+	if !ok {
+		t.Fatal("the store keeps no suspended turns")
+	}
+	ctx := t.Context()
+	tr := begin(t, s, "t_susp", "s_susp", "deploy")
+	tr.model(1, "asking")
+	if err := sp.SuspendTurn(ctx, "t_susp", []byte(`{"state": 1}`)); err != nil {
+		t.Fatal(err)
+	}
+	if ids, err := sp.SuspendedTurns(ctx); err != nil || len(ids) != 1 || ids[0] != "t_susp" {
+		t.Fatalf("suspended turns: %v, %v", ids, err)
+	}
+	if rec, err := s.Turn(ctx, "t_susp"); err != nil || rec.Status != budget.StatusRunning {
+		t.Fatalf("a suspended turn: %+v, %v", rec, err)
+	}
+	if err := s.BeginTurn(ctx, store.TurnStart{TurnID: "t_other", SessionID: "s_susp", Input: "x", StartedAt: clock}); !errors.Is(err, store.ErrSessionBusy) {
+		t.Fatalf("a second turn in the suspended turn's session: %v", err)
+	}
+	cp, err := sp.ResumeTurn(ctx, "t_susp")
+	if err != nil || string(cp) != `{"state": 1}` {
+		t.Fatalf("resume: %q, %v", cp, err)
+	}
+	if _, err := sp.ResumeTurn(ctx, "t_susp"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("resumed twice: %v", err)
+	}
+	if ids, _ := sp.SuspendedTurns(ctx); len(ids) != 0 {
+		t.Fatalf("still suspended: %v", ids)
+	}
+	if rec := tr.finish(t, budget.Answered); rec.Status != budget.StatusCompleted {
+		t.Fatalf("the resumed turn ended %s", rec.Status)
+	}
+	if err := sp.SuspendTurn(ctx, "t_susp", []byte(`{}`)); !errors.Is(err, store.ErrNotRunning) {
+		t.Fatalf("suspending an ended turn: %v", err)
 	}
 }
