@@ -200,7 +200,7 @@ func (t *turn) approveUnit(ctx context.Context, view *machine.State, step int, c
 			wctx, stop := t.susp.watch(ctx)
 			dec, err := t.ask(wctx, t.approvalRequest(step, a))
 			stop()
-			if err != nil && ctx.Err() == nil && errors.Is(context.Cause(wctx), errSuspended) {
+			if err != nil && t.susp.suspends(ctx, wctx) {
 				t.endWait(a.CallID, false)
 				return false, machine.Called{Suspended: &a}
 			}

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/machine"
 	"github.com/timebox-run/timebox/model"
@@ -37,6 +38,7 @@ var errSuspended = errors.New("the turn was suspended")
 // suspender suspends a turn once it waits for nothing but people, after
 // its Input.Suspend was closed.
 type suspender struct {
+	in        <-chan struct{} // Input.Suspend
 	mu        sync.Mutex
 	requested bool
 	paused    bool
@@ -44,7 +46,7 @@ type suspender struct {
 	once      sync.Once
 }
 
-func newSuspender() *suspender { return &suspender{now: make(chan struct{})} }
+func newSuspender(in <-chan struct{}) *suspender { return &suspender{in: in, now: make(chan struct{})} }
 
 // request notes that the turn is to suspend, at once if it waits for
 // nothing but people.
@@ -65,6 +67,28 @@ func (s *suspender) pause(paused bool) {
 	if paused && s.requested {
 		s.once.Do(func() { close(s.now) })
 	}
+}
+
+// suspends reports whether a wait that ended under wctx (watch, of ctx)
+// ended because the turn suspends: it did (errSuspended), or its process
+// is shutting down after asking it to (a shutdown that did not wait for
+// the suspension).
+func (s *suspender) suspends(ctx, wctx context.Context) bool {
+	if s == nil {
+		return false
+	}
+	if ctx.Err() == nil {
+		return errors.Is(context.Cause(wctx), errSuspended)
+	}
+	// Input.Suspend is closed before the shutdown that follows it, which
+	// may reach the wait before the turn heard of the request.
+	select {
+	case <-s.in:
+	default:
+		return false
+	}
+	ce, ok := budget.AsCancel(budget.Cause(ctx))
+	return ok && ce.Reason == budget.Shutdown
 }
 
 // watch makes ctx end with errSuspended when the turn suspends.
@@ -88,6 +112,9 @@ func (t *turn) checkpoint() *Checkpoint {
 	mt, _ := t.tr.(*memTranscript)
 	t.em.Close()
 	cp := &Checkpoint{State: *t.s, Seq: t.em.Seq()}
+	// A shutdown that reached the turn as it suspended is not the
+	// resumed turn's.
+	cp.State.Stop, cp.State.Stopped = nil, nil
 	if mt != nil {
 		cp.Text, cp.History, cp.Summary, cp.Partial = mt.text, mt.history, mt.summary, mt.partial
 		cp.Added = append([]model.Message(nil), mt.Messages()...)

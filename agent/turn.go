@@ -80,7 +80,7 @@ func (a *Agent) Run(ctx context.Context, in Input, sinks ...event.Sink) *Result 
 // drive drives the turn t until it ends, or is suspended (Input.Suspend).
 func (a *Agent) drive(ctx context.Context, t *turn, in Input) *Result {
 	if in.Suspend != nil {
-		t.susp = newSuspender()
+		t.susp = newSuspender(in.Suspend)
 		done := make(chan struct{})
 		defer close(done)
 		go func() {

@@ -455,7 +455,7 @@ func (s *Server) postTurn(w http.ResponseWriter, r *http.Request) {
 	select {
 	case <-lt.ended:
 		lt.storedOrLater()
-		_ = json.NewEncoder(w).Encode(lt.res.Record)
+		_ = json.NewEncoder(w).Encode(lt.record(s))
 	case <-r.Context().Done():
 		s.cancelTurn(lt, &budget.CancelError{Reason: budget.ClientGone, By: "the client"})
 	}
@@ -586,7 +586,7 @@ func (s *Server) cancel(w http.ResponseWriter, r *http.Request) {
 	select {
 	case <-lt.ended:
 		lt.storedOrLater()
-		writeJSON(w, http.StatusOK, lt.res.Record)
+		writeJSON(w, http.StatusOK, lt.record(s))
 	case <-t.C:
 		writeJSON(w, http.StatusAccepted, TurnAccepted{TurnID: id, SessionID: lt.session, Status: budget.StatusRunning,
 			Events: "/v1/turns/" + id + "/events"})

@@ -136,6 +136,10 @@ func (s *Server) decide(w http.ResponseWriter, r *http.Request) {
 	status := http.StatusAccepted
 	if s.live(id) != nil {
 		status = http.StatusOK
+	} else if err := s.resume(r.Context(), id); err == nil {
+		// Suspended when its server stopped: it goes on here, and takes
+		// the decision at once.
+		status = http.StatusOK
 	}
 	if sg, ok := s.cfg.Agent.(ApprovalSignaler); ok {
 		if err := sg.SignalApproval(r.Context(), id, callID); err != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/timebox-run/timebox/server"
 	"github.com/timebox-run/timebox/store"
 	"github.com/timebox-run/timebox/store/postgres"
+	"github.com/timebox-run/timebox/store/sqlite"
 	"github.com/timebox-run/timebox/tool"
 )
 
@@ -213,4 +215,80 @@ func TestDecisionAfterTheTurnEnded(t *testing.T) {
 	if er.Error.Code != "already_ended" {
 		t.Fatalf("a decision after the turn ended: %+v", er)
 	}
+}
+
+// A restart of serve while a call waits for a person: the stopping server
+// suspends the turn (it waits for nothing but people), the next one on the
+// same store resumes it, and a decision through it runs the call once. The
+// turn ends as if never interrupted: one record per call, its events
+// numbered without a gap, the time it was down counted as a wait for
+// people.
+func TestRestartWhileWaitingForApproval(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "timebox.db")
+	open := func() store.Store {
+		st, err := sqlite.Open(path, sqlite.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	ran := make(chan struct{}, 2)
+	newDeploy := func() agent.Tool {
+		dep := goTool("deploy", budget.Cooperative, time.Second, func(context.Context, json.RawMessage, tool.Progress) (any, error) {
+			ran <- struct{}{}
+			return "deployed", nil
+		})
+		dep.NeedsApproval = agent.ApprovalRequired
+		return dep
+	}
+	stA := open()
+	a := newEnv(t, server.Config{Store: stA, Agent: newAgent(t, scripted(t, deployThenAnswer...), newDeploy())})
+	acc := decode[server.TurnAccepted](t, a.do("POST", "/v1/turns", map[string]any{"input": "deploy", "detach": true, "session_id": "s_restart"}), http.StatusAccepted)
+	p := a.waitPending(acc.TurnID)
+	if err := a.stop(); err != nil {
+		t.Fatal(err)
+	}
+	stA.Close()
+
+	stB := open()
+	if rec, err := stB.Turn(context.Background(), acc.TurnID); err != nil || rec.Status != budget.StatusRunning {
+		t.Fatalf("after the first server stopped: %+v, %v", rec, err)
+	}
+	time.Sleep(time.Second) // the server is down a while
+	b := newEnv(t, server.Config{Store: stB, Agent: newAgent(t, scripted(t, `{"text": "done"}`), newDeploy())})
+	ap := decode[store.Approval](t, b.do("POST", "/v1/turns/"+acc.TurnID+"/approvals/"+p.CallID,
+		map[string]any{"decision": "approve", "by": "alice"}), http.StatusOK)
+	if ap.Decision != event.Approve {
+		t.Fatalf("decision %+v", ap)
+	}
+	rec := b.waitEnded(acc.TurnID)
+	if rec.Status != budget.StatusCompleted || rec.Answer != "done" {
+		t.Fatalf("the resumed turn ended %s (%s): %s", rec.Status, rec.StopReason, rec.Message)
+	}
+	if len(ran) != 1 || len(rec.ToolCalls) != 1 {
+		t.Fatalf("the call ran %d times; %d records", len(ran), len(rec.ToolCalls))
+	}
+	c := rec.ToolCalls[0]
+	if c.Outcome != event.OutcomeOK || c.ApprovalMS < 1000 || rec.ApprovalMS < 1000 || c.Approval.By != "alice" {
+		t.Fatalf("call %s after %dms (turn %dms) by %+v", c.Outcome, c.ApprovalMS, rec.ApprovalMS, c.Approval)
+	}
+	asked := 0
+	for i, raw := range rec.Events {
+		var e struct {
+			Seq  int64  `json:"seq"`
+			Type string `json:"type"`
+		}
+		json.Unmarshal(raw, &e)
+		if e.Seq != int64(i+1) {
+			t.Fatalf("event %d has seq %d: a gap across the restart", i, e.Seq)
+		}
+		if e.Type == "approval_requested" {
+			asked++
+		}
+	}
+	if asked != 1 {
+		t.Errorf("asked %d times, want once", asked)
+	}
+	// The session is free again.
+	decode[server.TurnAccepted](t, b.do("POST", "/v1/turns", map[string]any{"input": "again", "detach": true, "session_id": "s_restart"}), http.StatusAccepted)
 }

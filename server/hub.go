@@ -50,6 +50,12 @@ type sub struct {
 
 func newHub() *hub { return &hub{subs: map[*sub]struct{}{}} }
 
+// newHubAfter is the hub of a turn resumed after its event seq: the store
+// has every event up to it.
+func newHubAfter(seq int64) *hub {
+	return &hub{subs: map[*sub]struct{}{}, last: seq, stored: seq}
+}
+
 // subscribe returns a subscription to the frames published after it, the
 // seq up to which the store has every event, and the frames published
 // after that one (a copy). If the turn has already ended, sub is nil: the

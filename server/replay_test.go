@@ -93,7 +93,9 @@ func TestFollowersGetEveryEventOnce(t *testing.T) {
 	// (docs/decisions/streams-and-the-turn-ceiling.md), so the record is
 	// checked for every chunk's text, and for more events than a follower
 	// reads before it drops and resumes.
-	rec := e.record(acc.TurnID)
+	// The followers had turn_finished live; the store may still be
+	// writing the last events.
+	rec := e.waitEnded(acc.TurnID)
 	n := len(rec.Events)
 	var text strings.Builder
 	for _, raw := range rec.Events {

@@ -152,6 +152,22 @@ type liveTurn struct {
 	// its record is stored too (or the store gave up on it).
 	ended, done chan struct{}
 	res         *agent.Result
+	// suspend, closed when the server shuts down, suspends the turn if it
+	// waits for nothing but people (agent.Input.Suspend).
+	suspend     chan struct{}
+	suspendOnce sync.Once
+}
+
+// record returns the ended turn's record; for a turn that was suspended,
+// the stored one (running).
+func (lt *liveTurn) record(s *Server) *event.Turn {
+	if lt.res.Record != nil {
+		return lt.res.Record
+	}
+	if rec, err := s.cfg.Store.Turn(context.Background(), lt.id); err == nil {
+		return rec
+	}
+	return &event.Turn{TurnID: lt.id, SessionID: lt.session, Status: budget.StatusRunning}
 }
 
 // storedOrLater waits, briefly, for an ended turn's record to be stored,
@@ -271,7 +287,8 @@ func (s *Server) start(ctx context.Context, session, input string, budgets budge
 	// The turn outlives the request, but is traced under the request's
 	// parent, if it has one.
 	turnCtx, cancel := context.WithCancelCause(agent.WithTraceParent(context.Background(), agent.TraceParent(ctx)))
-	lt := &liveTurn{id: id, session: session, cancel: cancel, hub: newHub(), ended: make(chan struct{}), done: make(chan struct{})}
+	lt := &liveTurn{id: id, session: session, cancel: cancel, hub: newHub(), ended: make(chan struct{}), done: make(chan struct{}),
+		suspend: make(chan struct{})}
 	s.mu.Lock()
 	if s.draining {
 		s.mu.Unlock()
@@ -337,7 +354,11 @@ func (s *Server) start(ctx context.Context, session, input string, budgets budge
 	sb, _, _ := lt.hub.subscribe()
 	s.log.Info("turn started", "turn_id", id, "session_id", session)
 	go s.cancelled(lt, cancelled, unwatch)
-	go s.run(turnCtx, lt, agent.Input{TurnID: id, SessionID: session, History: history, Text: input, Budgets: budgets, Approver: s.approver()})
+	in := agent.Input{TurnID: id, SessionID: session, History: history, Text: input, Budgets: budgets, Approver: s.approver()}
+	if s.suspender() != nil {
+		in.Suspend = lt.suspend
+	}
+	go s.run(turnCtx, lt, func(sinks ...event.Sink) *agent.Result { return s.cfg.Agent.Run(turnCtx, in, sinks...) })
 	return lt, sb, nil
 }
 
@@ -364,13 +385,18 @@ func (s *Server) forget(lt *liveTurn) {
 	}
 }
 
-// run runs the turn and stores its record.
-func (s *Server) run(ctx context.Context, lt *liveTurn, in agent.Input) {
+// run runs the turn (Run, or Resume) and stores its record, or, for a
+// turn suspended as the server stops, its checkpoint.
+func (s *Server) run(_ context.Context, lt *liveTurn, turn func(...event.Sink) *agent.Result) {
 	defer s.running.Done()
 	defer lt.cancel(nil)
 	engine := engineOf(s.cfg.Agent)
-	res := s.cfg.Agent.Run(ctx, in, &turnSink{s: s, lt: lt, stored: engine != ""})
+	res := turn(&turnSink{s: s, lt: lt, stored: engine != ""})
 	lt.res = res
+	if res.Suspended != nil {
+		s.suspended(lt, res.Suspended)
+		return
+	}
 	// Its followers have had its turn_finished; a client waiting for its
 	// record gets it now, whether or not the store has it yet.
 	close(lt.ended)
@@ -468,6 +494,11 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.mu.Lock()
 		s.draining = true
 		n := len(s.turns)
+		for _, lt := range s.turns {
+			// A turn waiting for nothing but people is suspended at once,
+			// to be resumed by the next server (docs/approvals.md).
+			lt.suspendOnce.Do(func() { close(lt.suspend) })
+		}
 		s.mu.Unlock()
 		all := make(chan struct{})
 		go func() {
@@ -543,6 +574,9 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
 	served := make(chan error, 1)
+	// The turns the last server suspended while they waited for people
+	// go on here.
+	s.resumeSuspended(ctx)
 	go func() { served <- hs.Serve(ln) }()
 	var serveErr error
 	select {
