@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -51,12 +52,24 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// Finished is how one tools/call went.
+// Finished is how one tools/call went. Record and Turn give it as the
+// store keeps it.
 type Finished struct {
 	// CallID is the id the call ran under (the call_id an exec tool reads
 	// on stdin).
 	CallID string
 	Tool   string
+	// Kind is the tool's kind: exec, mcp or go.
+	Kind string
+	// SessionID names the client's connection the call came on:
+	// "mcp_" and a random text, one per connection (a stdio client's
+	// whole life; a streamable HTTP client's MCP session).
+	SessionID string
+	// Arguments are the call's arguments as the tool got them.
+	Arguments json.RawMessage
+	// Progress are the call's progress reports, coalesced as they were
+	// sent upstream, in order.
+	Progress []Progress
 	// Budget is the budget the call ran under.
 	Budget budget.ToolBudget
 	// Execution is tool.Run's account of the call.
@@ -70,6 +83,9 @@ type Finished struct {
 type Server struct {
 	opts  Options
 	tools []*entry
+	// ids names the connections that have no MCP session id (stdio):
+	// *mcp.ServerSession to "mcp_…".
+	ids sync.Map
 }
 
 type entry struct {
@@ -288,22 +304,27 @@ func (s *Server) handler(serveCtx context.Context, e *entry) mcp.ToolHandler {
 		defer stopServe()
 
 		var h tool.Hooks
+		var reports []Progress
+		var up *upstream
 		if token := req.Params.GetProgressToken(); token != nil {
-			up := &upstream{token: token}
-			h.OnProgress = func(r tool.Report) {
-				// Run has every OnProgress call return before it does, so no
-				// notification follows the answer. A client that cancelled
-				// gets none: ctx is done.
-				if ctx.Err() == nil {
-					_ = req.Session.NotifyProgress(ctx, up.params(r))
-				}
+			up = &upstream{token: token}
+		}
+		h.OnProgress = func(r tool.Report) {
+			// Run calls OnProgress one report at a time and has every call
+			// return before it does, so reports needs no lock and no
+			// notification follows the answer.
+			reports = append(reports, Progress{At: time.Now(), Report: r})
+			// A client that cancelled gets none: ctx is done.
+			if up != nil && ctx.Err() == nil {
+				_ = req.Session.NotifyProgress(ctx, up.params(r))
 			}
 		}
 		callID := ids.New("call_")
 		x := tool.Run(callCtx, e.Tool.Tool, &tool.Call{ID: callID, Tool: name, Input: args, MaxOutput: s.opts.MaxOutput}, e.Budget, h)
 		text := tool.ModelResult(name, e.Budget, x)
 		if s.opts.OnFinished != nil {
-			s.opts.OnFinished(Finished{CallID: callID, Tool: name, Budget: e.Budget, Execution: x, Result: text})
+			s.opts.OnFinished(Finished{CallID: callID, Tool: name, Kind: string(e.Tool.Tool.Kind()), SessionID: s.session(req.Session),
+				Arguments: args, Progress: reports, Budget: e.Budget, Execution: x, Result: text})
 		}
 		// A timeout, a tool error and a cancellation are all tool results,
 		// never protocol errors: the client's model reads them as the
@@ -311,6 +332,20 @@ func (s *Server) handler(serveCtx context.Context, e *entry) mcp.ToolHandler {
 		// SDK sends every handler's; a client that cancelled ignores it.
 		return textResult(text, x.Outcome != event.OutcomeOK), nil
 	}
+}
+
+// session returns the id the calls of ss are recorded under: "mcp_" and
+// the MCP session id a streamable HTTP connection has, or, for a
+// connection without one (stdio), a random one of its own.
+func (s *Server) session(ss *mcp.ServerSession) string {
+	if ss == nil {
+		return ""
+	}
+	if id := ss.ID(); id != "" {
+		return "mcp_" + id
+	}
+	id, _ := s.ids.LoadOrStore(ss, ids.New("mcp_"))
+	return id.(string)
 }
 
 func textResult(text string, isError bool) *mcp.CallToolResult {
