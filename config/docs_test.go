@@ -49,6 +49,8 @@ func typeText(n *node) string {
 		return "variable name"
 	case kToolName:
 		return "tool name"
+	case kChoice:
+		return "`" + strings.Join(n.choices, "`, `") + "`"
 	case kEnforcement:
 		return "`" + strings.Join(enforcementNames, "`, `") + "`"
 	case kToolTimeout:

@@ -32,6 +32,7 @@ func (f *Finished) Record(turnID string) event.ToolCall {
 		Abandoned: x.Abandoned, ProgressCount: x.Progress, Result: f.Result}
 	if x.Result != nil {
 		rec.ExitCode, rec.StderrTail, rec.Truncated = x.Result.ExitCode, strings.ToValidUTF8(x.Result.StderrTail, "\uFFFD"), x.Result.Truncated
+		rec.ServerRestarted = x.Result.ServerRestarted
 	}
 	var te *tool.Error
 	if errors.As(x.Err, &te) {

@@ -29,6 +29,7 @@ type metrics struct {
 	reaped         prometheus.CounterFunc
 	unkilled       prometheus.GaugeFunc
 	escaped        prometheus.CounterFunc
+	mcpRestarts    prometheus.CounterFunc
 }
 
 func newMetrics(reg *prometheus.Registry, running func() float64) (*metrics, error) {
@@ -88,9 +89,13 @@ func newMetrics(reg *prometheus.Registry, running func() float64) (*metrics, err
 			Name: "timebox_escaped_processes_total",
 			Help: "Tool processes found outside their call's cgroup (a privileged process moved itself out) by their call's marker, and stopped with the call (proctree.EscapedTotal).",
 		}, func() float64 { return float64(proctree.EscapedTotal()) }),
+		mcpRestarts: prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "timebox_mcp_ignored_cancel_restarts_total",
+			Help: "Stdio MCP servers killed and restarted because they had not answered a cancelled call within its kill grace (mcp.on_ignored_cancel: restart; tool.ServerRestarts).",
+		}, func() float64 { return float64(tool.ServerRestarts()) }),
 	}
 	for _, c := range []prometheus.Collector{m.toolDuration, m.timeouts, m.overruns, m.turns, m.failovers,
-		m.delivered, m.deliveryDelay, m.storeErrors, m.turnsRunning, m.abandonedCalls, m.reaped, m.unkilled, m.escaped} {
+		m.delivered, m.deliveryDelay, m.storeErrors, m.turnsRunning, m.abandonedCalls, m.reaped, m.unkilled, m.escaped, m.mcpRestarts} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
