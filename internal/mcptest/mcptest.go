@@ -27,11 +27,11 @@ import (
 
 // EnvServe, set to "1" in a re-executed test binary's environment, makes
 // Serving true.
-const EnvServe = "TIMEBOX_MCPTEST_SERVE"
+const EnvServe = "MCPTEST_SERVE"
 
 // EnvPids names the file stubborn appends its pids to (the server's, then
 // its child's), one a line.
-const EnvPids = "TIMEBOX_MCPTEST_PIDS"
+const EnvPids = "MCPTEST_PIDS"
 
 // Serving reports whether this process was started to be the server: a
 // TestMain calls Serve, and nothing else, when it is.
