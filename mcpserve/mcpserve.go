@@ -42,6 +42,13 @@ type Options struct {
 	// MaxOutput is the number of bytes of one call's output kept (the
 	// agent file's limits.max_tool_output); 0 keeps all of it.
 	MaxOutput int64
+	// Parallel is the number of calls of one client connection that run
+	// at once (the agent file's limits.parallel_tools); 0 is no limit. A
+	// call beyond it waits for a slot before it starts, and its budget
+	// starts when it does: waiting counts against nothing. A call the
+	// client cancels while it waits is answered without running
+	// (tool_cancelled, not recorded).
+	Parallel int
 	// OnFinished, if set, is called once per tools/call the server ran,
 	// after the call ended (its processes gone) and before its answer is
 	// sent. It is called on the call's goroutine, concurrently for
@@ -83,9 +90,16 @@ type Finished struct {
 type Server struct {
 	opts  Options
 	tools []*entry
-	// ids names the connections that have no MCP session id (stdio):
-	// *mcp.ServerSession to "mcp_…".
-	ids sync.Map
+	// conns holds what the server keeps of each client connection:
+	// *mcp.ServerSession to *conn.
+	conns sync.Map
+}
+
+// conn is one client connection's: the id its calls are recorded under
+// and its slots (Options.Parallel).
+type conn struct {
+	id    string
+	slots chan struct{} // nil: no limit
 }
 
 type entry struct {
@@ -287,6 +301,13 @@ func (s *Server) handler(serveCtx context.Context, e *entry) mcp.ToolHandler {
 		if len(bytes.TrimSpace(args)) == 0 {
 			args = json.RawMessage("{}")
 		}
+		cn := s.conn(req.Session)
+		release, why := cn.acquire(ctx, serveCtx)
+		if release == nil {
+			return textResult(tool.Refusal(name, "cancelled", "", fmt.Sprintf(
+				"Not run: %s while it waited for one of the %d calls a client may run at once (limits.parallel_tools).", why, s.opts.Parallel)), true), nil
+		}
+		defer release()
 
 		callCtx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 		defer cancel(nil)
@@ -323,7 +344,7 @@ func (s *Server) handler(serveCtx context.Context, e *entry) mcp.ToolHandler {
 		x := tool.Run(callCtx, e.Tool.Tool, &tool.Call{ID: callID, Tool: name, Input: args, MaxOutput: s.opts.MaxOutput}, e.Budget, h)
 		text := tool.ModelResult(name, e.Budget, x)
 		if s.opts.OnFinished != nil {
-			s.opts.OnFinished(Finished{CallID: callID, Tool: name, Kind: string(e.Tool.Tool.Kind()), SessionID: s.session(req.Session),
+			s.opts.OnFinished(Finished{CallID: callID, Tool: name, Kind: string(e.Tool.Tool.Kind()), SessionID: cn.id,
 				Arguments: args, Progress: reports, Budget: e.Budget, Execution: x, Result: text})
 		}
 		// A timeout, a tool error and a cancellation are all tool results,
@@ -334,18 +355,40 @@ func (s *Server) handler(serveCtx context.Context, e *entry) mcp.ToolHandler {
 	}
 }
 
-// session returns the id the calls of ss are recorded under: "mcp_" and
-// the MCP session id a streamable HTTP connection has, or, for a
-// connection without one (stdio), a random one of its own.
-func (s *Server) session(ss *mcp.ServerSession) string {
-	if ss == nil {
-		return ""
+// conn returns what the server keeps of connection ss. Its id, the id
+// its calls are recorded under, is "mcp_" and the MCP session id a
+// streamable HTTP connection has, or, for a connection without one
+// (stdio), a random one of its own.
+func (s *Server) conn(ss *mcp.ServerSession) *conn {
+	if c, ok := s.conns.Load(ss); ok {
+		return c.(*conn)
 	}
+	c := &conn{id: ids.New("mcp_")}
 	if id := ss.ID(); id != "" {
-		return "mcp_" + id
+		c.id = "mcp_" + id
 	}
-	id, _ := s.ids.LoadOrStore(ss, ids.New("mcp_"))
-	return id.(string)
+	if s.opts.Parallel > 0 {
+		c.slots = make(chan struct{}, s.opts.Parallel)
+	}
+	got, _ := s.conns.LoadOrStore(ss, c)
+	return got.(*conn)
+}
+
+// acquire waits for one of c's slots; it returns the function that frees
+// it, or the reason the call is not run: the client cancelled it, or the
+// server is stopping.
+func (c *conn) acquire(ctx, serveCtx context.Context) (release func(), cancelled string) {
+	if c.slots == nil {
+		return func() {}, ""
+	}
+	select {
+	case c.slots <- struct{}{}:
+		return func() { <-c.slots }, ""
+	case <-ctx.Done():
+		return nil, "the MCP client cancelled it"
+	case <-serveCtx.Done():
+		return nil, "the server is stopping"
+	}
 }
 
 func textResult(text string, isError bool) *mcp.CallToolResult {

@@ -87,7 +87,7 @@ func cmdMCP(ctx context.Context, args []string, o IO) int {
 		return ExitUsage
 	}
 	defer a.Close()
-	opts := mcpserve.Options{Version: timebox.Version, MaxOutput: a.Limits().MaxToolOutput.N}
+	opts := mcpserve.Options{Version: timebox.Version, MaxOutput: a.Limits().MaxToolOutput.N, Parallel: int(a.Limits().ParallelTools.N)}
 	if rec := openMCPRecords(fs, *db, *noStore, cfg.Name, o); rec != nil {
 		defer rec.close(o)
 		opts.OnFinished = rec.finished
