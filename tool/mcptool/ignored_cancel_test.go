@@ -16,6 +16,7 @@ import (
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/mcptest"
+	"github.com/timebox-run/timebox/internal/wait"
 	"github.com/timebox-run/timebox/tool"
 )
 
@@ -135,6 +136,10 @@ func TestRestartOnIgnoredCancel(t *testing.T) {
 				}
 			case <-time.After(5 * time.Second):
 				t.Fatal("the call in flight was not failed")
+			}
+			// A fresh server is started at once, not by the next call.
+			if !wait.Until(10*time.Second, func() bool { return s.Stats().Starts == 2 }) {
+				t.Fatalf("no fresh server started: %+v", s.Stats())
 			}
 			x, _ = call(ctx, t, s, "echo", `{}`, budget.ToolBudget{})
 			wantOutcome(t, x, event.OutcomeOK, "")

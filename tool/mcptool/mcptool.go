@@ -97,8 +97,8 @@ type Config struct {
 	// a client's cancel) and the server has not answered the call the
 	// call's kill grace after the cancellation (GraceFor): its whole
 	// process tree is killed, the other calls in flight on it fail with a
-	// tool error saying why, and the next call starts a fresh server
-	// (mcp.on_ignored_cancel: restart). The stopped call waits for that
+	// tool error saying why, and a fresh server is started at once for
+	// the next call (mcp.on_ignored_cancel: restart). The stopped call waits for that
 	// before it returns, and what it returns says so
 	// (tool.Result.ServerRestarted). False leaves the server running, the
 	// call's work perhaps going on in it. It is ignored for a URL server.

@@ -331,8 +331,8 @@ wait:
 }
 
 // restartIgnored takes the link down at once because its server went on
-// with a cancelled call: the next call gets a fresh server, without the
-// backoff of a failure. It happens once per link, whichever of its
+// with a cancelled call, and starts a fresh one for the next call, without
+// the backoff of a failure. It happens once per link, whichever of its
 // cancelled calls finds it first.
 func (l *link) restartIgnored(why string) {
 	l.ignoredOnce.Do(func() {
@@ -348,7 +348,22 @@ func (l *link) restartIgnored(why string) {
 		tool.CountServerRestart()
 		s.log.Info("mcp server went on with a cancelled call; restarting it", "entry", s.cfg.Name, "why", why)
 		l.kill()
+		s.startNow()
 	})
+}
+
+// startNow starts the server again in the background, unless it is up,
+// starting or closed: after a restart for an ignored cancel, the next
+// call should find a fresh server ready rather than spend its own budget
+// starting one.
+func (s *Server) startNow() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed || s.cur != nil || s.starting != nil {
+		return
+	}
+	s.starting = make(chan struct{})
+	go s.restart(s.starting)
 }
 
 // backoff is the wait before restart n+1 after n consecutive failures: the
