@@ -370,7 +370,15 @@ func (s *Server) conn(ss *mcp.ServerSession) *conn {
 	if s.opts.Parallel > 0 {
 		c.slots = make(chan struct{}, s.opts.Parallel)
 	}
-	got, _ := s.conns.LoadOrStore(ss, c)
+	got, loaded := s.conns.LoadOrStore(ss, c)
+	if !loaded {
+		// Forgotten when the connection ends (Serve ends every one), so
+		// that a long-lived HTTP server does not keep every client's.
+		go func() {
+			_ = ss.Wait()
+			s.conns.Delete(ss)
+		}()
+	}
 	return got.(*conn)
 }
 
