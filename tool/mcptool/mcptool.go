@@ -100,8 +100,11 @@ type Config struct {
 	// tool error saying why, and a fresh server is started at once for
 	// the next call (mcp.on_ignored_cancel: restart). The stopped call waits for that
 	// before it returns, and what it returns says so
-	// (tool.Result.ServerRestarted). False leaves the server running, the
-	// call's work perhaps going on in it. It is ignored for a URL server.
+	// (tool.Result.ServerRestarted); under hard enforcement tool.Run waits
+	// for it (the grace plus tool.ReapMargin), under cooperative it may
+	// abandon the call first, and the server is restarted all the same.
+	// False leaves the server running, the call's work perhaps going on
+	// in it. It is ignored for a URL server.
 	RestartOnIgnoredCancel bool
 
 	// StartTimeout bounds each start of the server; zero means
