@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/budget"
@@ -57,6 +58,10 @@ type Options struct {
 	OnFinished func(Finished)
 	// Logger, if set, receives the MCP SDK's log of the sessions.
 	Logger *slog.Logger
+	// TracerProvider, if set, traces each call that runs: an execute_tool
+	// span, the child of the traceparent the client sent in the request's
+	// _meta, whose traceparent the tool is given (docs/mcp-server.md).
+	TracerProvider trace.TracerProvider
 }
 
 // Finished is how one tools/call went. Record and Turn give it as the
@@ -88,8 +93,9 @@ type Finished struct {
 // Server serves a fixed set of tools. It is safe for concurrent use;
 // Serve may be called for several transports at once.
 type Server struct {
-	opts  Options
-	tools []*entry
+	opts   Options
+	tools  []*entry
+	tracer trace.Tracer // nil: not traced
 	// conns holds what the server keeps of each client connection:
 	// *mcp.ServerSession to *conn.
 	conns sync.Map
@@ -119,6 +125,9 @@ func New(tools []agent.Tool, o Options) (*Server, error) {
 	s := &Server{opts: o}
 	if s.opts.Name == "" {
 		s.opts.Name = "timebox"
+	}
+	if s.opts.TracerProvider != nil {
+		s.tracer = s.opts.TracerProvider.Tracer(instrumentation)
 	}
 	seen := map[string]bool{}
 	for _, t := range tools {
@@ -324,6 +333,8 @@ func (s *Server) handler(serveCtx context.Context, e *entry) mcp.ToolHandler {
 		})
 		defer stopServe()
 
+		callID := ids.New("call_")
+		span, traceparent := s.startSpan(req.Params.Meta, e, callID, cn.id)
 		var h tool.Hooks
 		var reports []Progress
 		var up *upstream
@@ -335,17 +346,20 @@ func (s *Server) handler(serveCtx context.Context, e *entry) mcp.ToolHandler {
 			// return before it does, so reports needs no lock and no
 			// notification follows the answer.
 			reports = append(reports, Progress{At: time.Now(), Report: r})
+			progressEvent(span, r)
 			// A client that cancelled gets none: ctx is done.
 			if up != nil && ctx.Err() == nil {
 				_ = req.Session.NotifyProgress(ctx, up.params(r))
 			}
 		}
-		callID := ids.New("call_")
-		x := tool.Run(callCtx, e.Tool.Tool, &tool.Call{ID: callID, Tool: name, Input: args, MaxOutput: s.opts.MaxOutput}, e.Budget, h)
+		x := tool.Run(callCtx, e.Tool.Tool, &tool.Call{ID: callID, Tool: name, Input: args, MaxOutput: s.opts.MaxOutput,
+			TraceParent: traceparent}, e.Budget, h)
 		text := tool.ModelResult(name, e.Budget, x)
+		f := Finished{CallID: callID, Tool: name, Kind: string(e.Tool.Tool.Kind()), SessionID: cn.id,
+			Arguments: args, Progress: reports, Budget: e.Budget, Execution: x, Result: text}
+		endSpan(span, f.Record(""))
 		if s.opts.OnFinished != nil {
-			s.opts.OnFinished(Finished{CallID: callID, Tool: name, Kind: string(e.Tool.Tool.Kind()), SessionID: cn.id,
-				Arguments: args, Progress: reports, Budget: e.Budget, Execution: x, Result: text})
+			s.opts.OnFinished(f)
 		}
 		// A timeout, a tool error and a cancellation are all tool results,
 		// never protocol errors: the client's model reads them as the

@@ -87,7 +87,15 @@ func cmdMCP(ctx context.Context, args []string, o IO) int {
 		return ExitUsage
 	}
 	defer a.Close()
-	opts := mcpserve.Options{Version: timebox.Version, MaxOutput: a.Limits().MaxToolOutput.N, Parallel: int(a.Limits().ParallelTools.N)}
+	// Traced as a turn's calls are, when the OTEL_EXPORTER_OTLP_*
+	// variables are set.
+	tracing, ok := startTracing(ctx, o)
+	if !ok {
+		return ExitUsage
+	}
+	defer stopTracing(tracing, o)
+	opts := mcpserve.Options{Version: timebox.Version, MaxOutput: a.Limits().MaxToolOutput.N, Parallel: int(a.Limits().ParallelTools.N),
+		TracerProvider: tracing.Provider}
 	if rec := openMCPRecords(fs, *db, *noStore, cfg.Name, o); rec != nil {
 		defer rec.close(o)
 		opts.OnFinished = rec.finished
