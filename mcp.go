@@ -37,6 +37,10 @@ func OpenMCP(ctx context.Context, t config.Tool, withhold []string, user *runas.
 		Headers:   m.Headers,
 		Budget:    t.Budget,
 		Overrides: overrides,
+		// A server that goes on with a cancelled call is restarted
+		// (mcp.on_ignored_cancel: restart; config allows it for stdio
+		// servers only).
+		RestartOnIgnoredCancel: m.OnIgnoredCancel == config.OnIgnoredCancelRestart,
 	})
 }
 

@@ -145,6 +145,7 @@ func (t *turn) runTool(ctx context.Context, step int, callID string, c model.Too
 		Abandoned: x.Abandoned, ProgressCount: x.Progress, Result: result}
 	if x.Result != nil {
 		rec.ExitCode, rec.StderrTail, rec.Truncated = x.Result.ExitCode, strings.ToValidUTF8(x.Result.StderrTail, "\uFFFD"), x.Result.Truncated
+		rec.ServerRestarted = x.Result.ServerRestarted
 	}
 	var te *tool.Error
 	if errors.As(x.Err, &te) {

@@ -51,6 +51,8 @@ func typeText(n *node) string {
 		return "tool name"
 	case kWebhookEvent:
 		return "event type, or {type, outcomes}"
+	case kChoice:
+		return "`" + strings.Join(n.choices, "`, `") + "`"
 	case kEnforcement:
 		return "`" + strings.Join(enforcementNames, "`, `") + "`"
 	case kApproval:

@@ -46,6 +46,7 @@ const (
 	kSetting                      // a process-wide setting: setting names it
 	kInputSchema                  // a JSON Schema of a tool's arguments
 	kWebhookEvent                 // an event type, or {type, outcomes}
+	kChoice                       // one of choices
 )
 
 // node is one value of the agent file.
@@ -76,6 +77,8 @@ type node struct {
 	rules map[string]any
 	// minItems is a kList's least length.
 	minItems int
+	// choices are a kChoice's values.
+	choices []string
 }
 
 // key is one key of a kMapping.
@@ -198,6 +201,8 @@ func buildAgentFile() *node {
 					k("command", listOf("The argv that starts a stdio server.", leaf(kArg, "A program or an argument."), 1)),
 					k("url", leaf(kURL, "The URL of a streamable HTTP server.")),
 					k("headers", &node{kind: kMap, name: "HEADER", doc: "HTTP headers sent to a url server.", elem: leaf(kArg, "The header's value.")}),
+					k("on_ignored_cancel", &node{kind: kChoice, choices: OnIgnoredCancelNames, def: OnIgnoredCancelKeep,
+						doc: "What timebox does when a call of a stdio server is cancelled (its timeout, idle timeout, the turn's end or a client's cancel) and the server has not answered it timeouts.kill_grace later: keep (the server runs on; the call's work may go on in it) or restart (its whole process tree is stopped, the other calls in flight on it fail with a tool_error saying why, and the next call starts a fresh server). A server that honours a cancel by going silent, as MCP allows, is restarted too: use restart for servers whose cancelled work runs on."}),
 				},
 				rules: map[string]any{
 					"oneOf": []any{
@@ -206,6 +211,7 @@ func buildAgentFile() *node {
 					},
 					"if":   map[string]any{"required": []string{"command"}},
 					"then": map[string]any{"properties": map[string]any{"headers": false}},
+					"else": map[string]any{"properties": map[string]any{"on_ignored_cancel": map[string]any{"const": OnIgnoredCancelKeep}}},
 				}}),
 		}, append(toolBudgetKeys("the tool", budget.KeyTool, "0", string(budget.Hard), string(ApprovalNever), budget.KeyApproval),
 			k("env", listOf("The only environment variables the program (or a stdio MCP server) inherits, by name; an empty list passes none. Without this key it inherits timebox's environment but timebox's own secrets (TIMEBOX_TOKEN, TIMEBOX_DB, PGPASSWORD) and the providers' credential variables: name one here to pass it.",
@@ -352,6 +358,8 @@ func schemaOf(n *node) map[string]any {
 		s["enum"] = enforcementNames
 	case kApproval:
 		s["enum"] = approvalNames
+	case kChoice:
+		s["enum"] = n.choices
 	case kToolTimeout:
 		s["anyOf"] = []any{
 			map[string]any{"type": "string", "pattern": durationPattern},

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -423,7 +424,7 @@ func isNumeric(s string) bool {
 	return err == nil
 }
 
-var mcpKeys = []string{"command", "url", "headers"}
+var mcpKeys = []string{"command", "url", "headers", "on_ignored_cancel"}
 
 func (l *loader) decodeMCP(e entry, path string) (*MCP, bool) {
 	es, ok := l.t.mapping(e.val, path, "a mapping with command or url")
@@ -479,6 +480,25 @@ func (l *loader) decodeMCP(e entry, path string) (*MCP, bool) {
 			if vok {
 				m.Headers[h.key] = v
 			}
+		}
+	}
+	if oe, has := fs["on_ignored_cancel"]; has {
+		v, at, vok := l.t.str(oe.val, path+".on_ignored_cancel", "keep or restart")
+		switch {
+		case !vok:
+			ok = false
+		case !slices.Contains(OnIgnoredCancelNames, v):
+			hint := didYouMean(v, OnIgnoredCancelNames)
+			if hint == "" {
+				hint = " (use keep, the default, or restart)"
+			}
+			l.errAt(at, path+".on_ignored_cancel", fmt.Sprintf("%q is not what to do with a server that ignores a cancel%s", v, hint))
+			ok = false
+		case v == OnIgnoredCancelRestart && !hasCmd:
+			l.errAt(at, path+".on_ignored_cancel", "restart applies to stdio servers (command) only: a url server's process is not timebox's to restart (remove the key, or use keep)")
+			ok = false
+		default:
+			m.OnIgnoredCancel = v
 		}
 	}
 	return m, ok

@@ -181,7 +181,20 @@ type MCP struct {
 	Env []string
 	// Overrides are per-tool budgets by the server's tool name.
 	Overrides map[string]Override
+	// OnIgnoredCancel is what to do with a stdio server that has not
+	// answered a cancelled call kill_grace after its cancellation:
+	// OnIgnoredCancelKeep (the default, "") or OnIgnoredCancelRestart.
+	OnIgnoredCancel string
 }
+
+// The values of mcp.on_ignored_cancel.
+const (
+	OnIgnoredCancelKeep    = "keep"
+	OnIgnoredCancelRestart = "restart"
+)
+
+// OnIgnoredCancelNames are the values mcp.on_ignored_cancel takes.
+var OnIgnoredCancelNames = []string{OnIgnoredCancelKeep, OnIgnoredCancelRestart}
 
 // Override is a per-tool budget override inside an mcp entry. Each field's
 // Source is empty when the override does not set it.

@@ -72,6 +72,11 @@ type ToolCall struct {
 	// LateOutput is what an abandoned call returned after it was
 	// abandoned; it was never given to the model.
 	LateOutput string `json:"late_output,omitempty"`
+	// ServerRestarted is set for a stopped call of an MCP server that had
+	// not answered the call's cancellation within timeouts.kill_grace and
+	// was restarted for it (mcp.on_ignored_cancel: restart); StderrTail
+	// says so.
+	ServerRestarted bool `json:"server_restarted,omitempty"`
 	// NoticedAt is set for a call lost with its worker (outcome
 	// interrupted, phase worker_lost): when the loss was noticed. Its
 	// EndedAt and DurationMS say what is known it ran: until its last

@@ -20,9 +20,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/budget"
@@ -41,6 +43,13 @@ type Options struct {
 	// MaxOutput is the number of bytes of one call's output kept (the
 	// agent file's limits.max_tool_output); 0 keeps all of it.
 	MaxOutput int64
+	// Parallel is the number of calls of one client connection that run
+	// at once (the agent file's limits.parallel_tools); 0 is no limit. A
+	// call beyond it waits for a slot before it starts, and its budget
+	// starts when it does: waiting counts against nothing. A call the
+	// client cancels while it waits is answered without running
+	// (tool_cancelled, not recorded).
+	Parallel int
 	// OnFinished, if set, is called once per tools/call the server ran,
 	// after the call ended (its processes gone) and before its answer is
 	// sent. It is called on the call's goroutine, concurrently for
@@ -49,14 +58,30 @@ type Options struct {
 	OnFinished func(Finished)
 	// Logger, if set, receives the MCP SDK's log of the sessions.
 	Logger *slog.Logger
+	// TracerProvider, if set, traces each call that runs: an execute_tool
+	// span, the child of the traceparent the client sent in the request's
+	// _meta, whose traceparent the tool is given (docs/mcp-server.md).
+	TracerProvider trace.TracerProvider
 }
 
-// Finished is how one tools/call went.
+// Finished is how one tools/call went. Record and Turn give it as the
+// store keeps it.
 type Finished struct {
 	// CallID is the id the call ran under (the call_id an exec tool reads
 	// on stdin).
 	CallID string
 	Tool   string
+	// Kind is the tool's kind: exec, mcp or go.
+	Kind string
+	// SessionID names the client's connection the call came on:
+	// "mcp_" and a random text, one per connection (a stdio client's
+	// whole life; a streamable HTTP client's MCP session).
+	SessionID string
+	// Arguments are the call's arguments as the tool got them.
+	Arguments json.RawMessage
+	// Progress are the call's progress reports, coalesced as they were
+	// sent upstream, in order.
+	Progress []Progress
 	// Budget is the budget the call ran under.
 	Budget budget.ToolBudget
 	// Execution is tool.Run's account of the call.
@@ -68,8 +93,19 @@ type Finished struct {
 // Server serves a fixed set of tools. It is safe for concurrent use;
 // Serve may be called for several transports at once.
 type Server struct {
-	opts  Options
-	tools []*entry
+	opts   Options
+	tools  []*entry
+	tracer trace.Tracer // nil: not traced
+	// conns holds what the server keeps of each client connection:
+	// *mcp.ServerSession to *conn.
+	conns sync.Map
+}
+
+// conn is one client connection's: the id its calls are recorded under
+// and its slots (Options.Parallel).
+type conn struct {
+	id    string
+	slots chan struct{} // nil: no limit
 }
 
 type entry struct {
@@ -89,6 +125,9 @@ func New(tools []agent.Tool, o Options) (*Server, error) {
 	s := &Server{opts: o}
 	if s.opts.Name == "" {
 		s.opts.Name = "timebox"
+	}
+	if s.opts.TracerProvider != nil {
+		s.tracer = s.opts.TracerProvider.Tracer(instrumentation)
 	}
 	seen := map[string]bool{}
 	for _, t := range tools {
@@ -271,6 +310,13 @@ func (s *Server) handler(serveCtx context.Context, e *entry) mcp.ToolHandler {
 		if len(bytes.TrimSpace(args)) == 0 {
 			args = json.RawMessage("{}")
 		}
+		cn := s.conn(req.Session)
+		release, why := cn.acquire(ctx, serveCtx)
+		if release == nil {
+			return textResult(tool.Refusal(name, "cancelled", "", fmt.Sprintf(
+				"Not run: %s while it waited for one of the %d calls a client may run at once (limits.parallel_tools).", why, s.opts.Parallel)), true), nil
+		}
+		defer release()
 
 		callCtx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 		defer cancel(nil)
@@ -287,29 +333,83 @@ func (s *Server) handler(serveCtx context.Context, e *entry) mcp.ToolHandler {
 		})
 		defer stopServe()
 
+		callID := ids.New("call_")
+		span, traceparent := s.startSpan(req.Params.Meta, e, callID, cn.id)
 		var h tool.Hooks
+		var reports []Progress
+		var up *upstream
 		if token := req.Params.GetProgressToken(); token != nil {
-			up := &upstream{token: token}
-			h.OnProgress = func(r tool.Report) {
-				// Run has every OnProgress call return before it does, so no
-				// notification follows the answer. A client that cancelled
-				// gets none: ctx is done.
-				if ctx.Err() == nil {
-					_ = req.Session.NotifyProgress(ctx, up.params(r))
-				}
+			up = &upstream{token: token}
+		}
+		h.OnProgress = func(r tool.Report) {
+			// Run calls OnProgress one report at a time and has every call
+			// return before it does, so reports needs no lock and no
+			// notification follows the answer.
+			reports = append(reports, Progress{At: time.Now(), Report: r})
+			progressEvent(span, r)
+			// A client that cancelled gets none: ctx is done.
+			if up != nil && ctx.Err() == nil {
+				_ = req.Session.NotifyProgress(ctx, up.params(r))
 			}
 		}
-		callID := ids.New("call_")
-		x := tool.Run(callCtx, e.Tool.Tool, &tool.Call{ID: callID, Tool: name, Input: args, MaxOutput: s.opts.MaxOutput}, e.Budget, h)
+		x := tool.Run(callCtx, e.Tool.Tool, &tool.Call{ID: callID, Tool: name, Input: args, MaxOutput: s.opts.MaxOutput,
+			TraceParent: traceparent}, e.Budget, h)
 		text := tool.ModelResult(name, e.Budget, x)
+		f := Finished{CallID: callID, Tool: name, Kind: string(e.Tool.Tool.Kind()), SessionID: cn.id,
+			Arguments: args, Progress: reports, Budget: e.Budget, Execution: x, Result: text}
+		endSpan(span, f.Record(""))
 		if s.opts.OnFinished != nil {
-			s.opts.OnFinished(Finished{CallID: callID, Tool: name, Budget: e.Budget, Execution: x, Result: text})
+			s.opts.OnFinished(f)
 		}
 		// A timeout, a tool error and a cancellation are all tool results,
 		// never protocol errors: the client's model reads them as the
 		// agent's model would. A cancelled call's answer is sent, as the
 		// SDK sends every handler's; a client that cancelled ignores it.
 		return textResult(text, x.Outcome != event.OutcomeOK), nil
+	}
+}
+
+// conn returns what the server keeps of connection ss. Its id, the id
+// its calls are recorded under, is "mcp_" and the MCP session id a
+// streamable HTTP connection has, or, for a connection without one
+// (stdio), a random one of its own.
+func (s *Server) conn(ss *mcp.ServerSession) *conn {
+	if c, ok := s.conns.Load(ss); ok {
+		return c.(*conn)
+	}
+	c := &conn{id: ids.New("mcp_")}
+	if id := ss.ID(); id != "" {
+		c.id = "mcp_" + id
+	}
+	if s.opts.Parallel > 0 {
+		c.slots = make(chan struct{}, s.opts.Parallel)
+	}
+	got, loaded := s.conns.LoadOrStore(ss, c)
+	if !loaded {
+		// Forgotten when the connection ends (Serve ends every one), so
+		// that a long-lived HTTP server does not keep every client's.
+		go func() {
+			_ = ss.Wait()
+			s.conns.Delete(ss)
+		}()
+	}
+	return got.(*conn)
+}
+
+// acquire waits for one of c's slots; it returns the function that frees
+// it, or the reason the call is not run: the client cancelled it, or the
+// server is stopping.
+func (c *conn) acquire(ctx, serveCtx context.Context) (release func(), cancelled string) {
+	if c.slots == nil {
+		return func() {}, ""
+	}
+	select {
+	case c.slots <- struct{}{}:
+		return func() { <-c.slots }, ""
+	case <-ctx.Done():
+		return nil, "the MCP client cancelled it"
+	case <-serveCtx.Done():
+		return nil, "the server is stopping"
 	}
 }
 

@@ -32,6 +32,7 @@ type metrics struct {
 	approvals      *prometheus.CounterVec
 	approvalWait   prometheus.Histogram
 	webhooks       *prometheus.CounterVec
+	mcpRestarts    prometheus.CounterFunc
 }
 
 func newMetrics(reg *prometheus.Registry, running func() float64) (*metrics, error) {
@@ -105,10 +106,14 @@ func newMetrics(reg *prometheus.Registry, running func() float64) (*metrics, err
 			Name: "timebox_webhook_deliveries_total",
 			Help: "Webhook delivery attempts by outcome: delivered (2xx), retry (failed, due again later), failed (given up); not_stored counts deliveries the store refused.",
 		}, []string{"outcome"}),
+		mcpRestarts: prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "timebox_mcp_ignored_cancel_restarts_total",
+			Help: "Stdio MCP servers killed and restarted because they had not answered a cancelled call within its kill grace (mcp.on_ignored_cancel: restart; tool.ServerRestarts).",
+		}, func() float64 { return float64(tool.ServerRestarts()) }),
 	}
 	for _, c := range []prometheus.Collector{m.toolDuration, m.timeouts, m.overruns, m.turns, m.failovers,
 		m.delivered, m.deliveryDelay, m.storeErrors, m.turnsRunning, m.abandonedCalls, m.reaped, m.unkilled, m.escaped,
-		m.approvals, m.approvalWait, m.webhooks} {
+		m.approvals, m.approvalWait, m.webhooks, m.mcpRestarts} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -146,7 +146,7 @@ func cancelledInfo(name string, x *Execution) ErrorInfo {
 	info := ErrorInfo{Type: "tool_cancelled", Tool: name, Phase: string(x.Phase),
 		Elapsed: budget.Round(x.Elapsed()).String(),
 		Message: "Tool " + strconv.Quote(name) + " was stopped after " + budget.Round(x.Elapsed()).String() +
-			" because the turn was stopped (" + causeText(x.Cause) + ")."}
+			" because the turn was stopped (" + causeText(x.Cause) + ")." + restartedText(x)}
 	if x.Result != nil {
 		info.PartialOutput = validText(tail(x.Result.outputString(), maxPartial))
 	}
@@ -176,11 +176,20 @@ func timeoutInfo(name string, b budget.ToolBudget, x *Execution) ErrorInfo {
 	}
 	// Plain concatenation, here and above: a burst of deadlines builds
 	// thousands of these at once.
-	info.Message = what + " It may be hung (for example on an unreachable service). Try a narrower request or a different tool; an operator can raise " + te.Knob + "."
+	info.Message = what + " It may be hung (for example on an unreachable service). Try a narrower request or a different tool; an operator can raise " + te.Knob + "." + restartedText(x)
 	if x.Result != nil {
 		info.PartialOutput = validText(tail(x.Result.outputString(), maxPartial))
 	}
 	return info
+}
+
+// restartedText says that the call's server was restarted because it went
+// on with the call after its cancellation; "" otherwise.
+func restartedText(x *Execution) string {
+	if x.Result == nil || !x.Result.ServerRestarted {
+		return ""
+	}
+	return " Its server went on with the call after it was cancelled, so timebox restarted the server."
 }
 
 func causeText(cause error) string {

@@ -26,6 +26,17 @@ var abandonedRunning atomic.Int64
 // their context was cancelled. Each is counted until it returns.
 func AbandonedRunning() int64 { return abandonedRunning.Load() }
 
+var serverRestarts atomic.Int64
+
+// ServerRestarts returns the number of tool servers this process
+// restarted because they had not answered a cancelled call within its kill
+// grace (mcp.on_ignored_cancel: restart), for the metric
+// timebox_mcp_ignored_cancel_restarts_total.
+func ServerRestarts() int64 { return serverRestarts.Load() }
+
+// CountServerRestart counts one such restart (package mcptool calls it).
+func CountServerRestart() { serverRestarts.Add(1) }
+
 // Execution is how one call went.
 type Execution struct {
 	// Result is what the tool returned, possibly partial; nil when the call

@@ -125,6 +125,11 @@ type Result struct {
 	// StderrTail is the end of a subprocess's log (stderr, without its
 	// progress lines).
 	StderrTail string
+	// ServerRestarted is set on what a stopped MCP call returns when its
+	// server had not answered the call's cancellation within the kill
+	// grace and was restarted for it (mcp.on_ignored_cancel: restart);
+	// StderrTail then says so.
+	ServerRestarted bool
 }
 
 // Error is a tool's own failure: a non-zero exit, an MCP error result, a Go

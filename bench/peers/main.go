@@ -1,7 +1,9 @@
 // Command peers runs the same tool-budget scenarios through timebox (an
 // exec tool, and an MCP tool) and through its peers — @openai/agents, the
-// Vercel ai package and the MCP TypeScript SDK (peers.mjs) — in one run,
-// and prints the table of docs/BENCHMARKS.md (## Peers side by side):
+// Vercel ai package and the MCP TypeScript SDK (peers.mjs) — and the MCP
+// TypeScript SDK's client calling the same MCP tools through `timebox mcp
+// serve` (as is, and with on_ignored_cancel: restart) in one run, and
+// prints the table of docs/BENCHMARKS.md (## Peers side by side):
 //
 //	go run ./bench/peers            # runs npm ci in bench/peers first if needed
 //
@@ -68,7 +70,12 @@ tools:
     timeout: 10s
     idle_timeout: 1s
   - name: mcp
-    mcp: {command: [node, %q]}
+    mcp: {command: [node, %[1]q]}
+    timeout: 1s
+    overrides:
+      silent: {timeout: 10s, idle_timeout: 1s}
+  - name: mcpr
+    mcp: {command: [node, %[1]q], on_ignored_cancel: restart}
     timeout: 1s
     overrides:
       silent: {timeout: 10s, idle_timeout: 1s}
@@ -101,6 +108,8 @@ func main() {
 		}
 	}
 	cmd := exec.Command("node", filepath.Join(here, "peers.mjs"), strconv.Itoa(*rounds))
+	// The MCP client's rows through timebox mcp serve (peers.mjs).
+	cmd.Env = append(os.Environ(), "TB_BIN="+bin, "TB_AGENT="+filepath.Join(dir, "agent.yaml"))
 	cmd.Stderr = os.Stderr
 	out, err := cmd.Output()
 	check(err)

@@ -2,7 +2,11 @@
 // scenario of work.mjs through @openai/agents (a function tool's
 // timeoutMs), the Vercel ai package (generateText's abortSignal; there is
 // no per-tool budget) and the MCP TypeScript SDK's client (timeout,
-// resetTimeoutOnProgress, maxTotalTimeout) against server.mjs. Each round
+// resetTimeoutOnProgress, maxTotalTimeout) against server.mjs, and the
+// same client calling server.mjs's tools through `timebox mcp serve` (the
+// built binary TB_BIN serving TB_AGENT, main.go's agent file: its mcp
+// entry, and mcpr, the same server with on_ignored_cancel: restart),
+// where timebox's budgets act and the client waits 30s. Each round
 // prints one JSON line: when the caller got control back, measured from
 // when the tool's work began, what it was told, and whether the work's
 // process was still running then and 500ms later.
@@ -33,10 +37,18 @@ const scenarios = ['hung', 'ignore', 'silent'];
 // idle budget would fire).
 const budgetMS = { hung: 1000, ignore: 1000, silent: 2000 };
 
+// alive: the process exists and is not a zombie. A killed tree's orphans
+// are reparented to PID 1, which in a container may never reap them;
+// kill(pid, 0) would still find them.
 function alive(pid) {
   try {
     process.kill(pid, 0);
-    return true;
+  } catch {
+    return false;
+  }
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    return stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3) !== 'Z';
   } catch {
     return false;
   }
@@ -159,7 +171,49 @@ async function mcpSDK(scenario, round) {
   await observe('MCP TS SDK', scenario, round, t0, told, pidfile);
 }
 
-for (const [name, fn] of [['agents', openaiAgents], ['ai', vercelAI], ['mcp', mcpSDK]]) {
+// --- the same client calling the same server's tools through timebox mcp
+// serve: the tools' budgets are timebox's (1s; silent: 1s idle within
+// 10s), the client's own timeout a generous 30s, reset on progress.
+async function viaTimebox(entry, label) {
+  const client = new Client({ name: 'peers', version: '1.0.0' });
+  await client.connect(new StdioClientTransport({ command: process.env.TB_BIN,
+    args: ['mcp', 'serve', '-f', process.env.TB_AGENT, '--no-store'],
+    env: { ...process.env, PEERS_DIR: dir }, stderr: 'ignore' }));
+  return [label, async (scenario, round) => {
+    const pidfile = join(dir, `${scenario}.pid`);
+    const t0 = performance.now();
+    let told;
+    try {
+      const r = await client.callTool({ name: `${entry}__${scenario}`, arguments: {} }, undefined,
+        { timeout: 30000, resetTimeoutOnProgress: true, onprogress: () => {} });
+      const text = r.content?.[0]?.text ?? '';
+      told = r.isError ? 'isError: ' + errorText(text) : 'result: ' + text;
+    } catch (e) {
+      told = `${e.constructor.name}: ${e.message}`;
+    }
+    await observe(label, scenario, round, t0, told, pidfile);
+  }, () => client.close()];
+}
+
+// errorText shortens timebox's error object to its type and message.
+function errorText(text) {
+  try {
+    const e = JSON.parse(text).error;
+    if (e?.type) return `${e.type}: ${e.message}`;
+  } catch {}
+  return text;
+}
+
+const systems = [['agents', openaiAgents], ['ai', vercelAI], ['mcp', mcpSDK]];
+const closers = [];
+if (process.env.TB_BIN) {
+  for (const [entry, label] of [['mcp', 'MCP TS SDK → timebox mcp serve'], ['mcpr', 'MCP TS SDK → timebox mcp serve, on_ignored_cancel: restart']]) {
+    const [name, fn, close] = await viaTimebox(entry, label);
+    systems.push([name, fn]);
+    closers.push(close);
+  }
+}
+for (const [name, fn] of systems) {
   for (const scenario of scenarios) {
     for (let round = 1; round <= rounds; round++) {
       await fn(scenario, round);
@@ -167,5 +221,6 @@ for (const [name, fn] of [['agents', openaiAgents], ['ai', vercelAI], ['mcp', mc
   }
 }
 await mcp.close();
+for (const close of closers) await close();
 fake.close();
 rmSync(dir, { recursive: true, force: true });

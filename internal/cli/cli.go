@@ -73,7 +73,8 @@ Usage:
   timebox validate [-f agent.yaml] [budget flags]                check the agent file, print the resolved budgets
   timebox tool call NAME --input '{...}' [-f agent.yaml]          one tool call under its budget; prints its record
   timebox serve [-f agent.yaml] [--addr 127.0.0.1:8080]           HTTP/SSE API and web page
-  timebox mcp serve [-f agent.yaml] [budget flags]                the agent's exec tools as an MCP server on stdio
+  timebox mcp serve [-f agent.yaml] [--addr HOST:PORT] [budget flags]
+                                                                  the agent's tools as an MCP server (stdio, or streamable HTTP with --addr)
   timebox worker -f agent.yaml --db postgres://… [--temporal-address HOST:PORT]
                                                                   run turns on Temporal (run/serve --engine temporal start them)
   timebox runs list|show ID|export ID                             stored turns

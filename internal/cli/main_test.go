@@ -7,6 +7,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/timebox-run/timebox/internal/mcptest"
 	"github.com/timebox-run/timebox/internal/testenv"
 )
 
@@ -14,6 +15,9 @@ import (
 // then checks that no goroutine outlived the tests (the servers' own
 // readers are gone by then).
 func TestMain(m *testing.M) {
+	if mcptest.Serving() { // the MCP server of TestMCPServeHTTPCancelsAProxiedCall
+		mcptest.Serve()
+	}
 	code := m.Run()
 	testenv.StopTemporal()
 	testenv.StopPostgres()

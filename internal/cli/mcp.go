@@ -2,19 +2,24 @@ package cli
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/timebox-run/timebox"
 	"github.com/timebox-run/timebox/mcpserve"
 	"github.com/timebox-run/timebox/server"
+	"github.com/timebox-run/timebox/store"
 )
 
-const mcpUsage = "usage: timebox mcp serve [-f agent.yaml] [--addr host:port [--token T]] [budget flags]   (MCP over stdin and stdout, or over streamable HTTP with --addr)"
+const mcpUsage = "usage: timebox mcp serve [-f agent.yaml] [--addr host:port [--token T]] [--db STORE | --no-store] [budget flags]   (MCP over stdin and stdout, or over streamable HTTP with --addr)"
 
 // cmdMCP is `timebox mcp serve`: the agent file's tools (its exec tools
 // and the tools of its mcp entries) as one MCP server over stdio
@@ -36,6 +41,9 @@ func cmdMCP(ctx context.Context, args []string, o IO) int {
 	fs, c := newFlags("mcp serve", o)
 	addr := fs.String("addr", "", "serve MCP's streamable HTTP transport on this address instead of stdio; a non-loopback address needs a token")
 	tokenFlag := fs.String("token", "", "with --addr: require \"Authorization: Bearer TOKEN\" on every request (env TIMEBOX_TOKEN, which ps does not show)")
+	// Recording the calls: docs/decisions/mcp-server-records.md.
+	db := fs.String("db", "", `store each call, for timebox runs and stats: a SQLite file or a postgres:// URL (env TIMEBOX_DB; default `+stateDB(o)+`; "" stores nothing)`)
+	noStore := fs.Bool("no-store", false, "do not store the calls")
 	pos, err := parse(fs, args[1:])
 	if err != nil {
 		return usageExit(err)
@@ -79,7 +87,20 @@ func cmdMCP(ctx context.Context, args []string, o IO) int {
 		return ExitUsage
 	}
 	defer a.Close()
-	s, err := mcpserve.New(a.Tools(), mcpserve.Options{Version: timebox.Version, MaxOutput: a.Limits().MaxToolOutput.N})
+	// Traced as a turn's calls are, when the OTEL_EXPORTER_OTLP_*
+	// variables are set.
+	tracing, ok := startTracing(ctx, o)
+	if !ok {
+		return ExitUsage
+	}
+	defer stopTracing(tracing, o)
+	opts := mcpserve.Options{Version: timebox.Version, MaxOutput: a.Limits().MaxToolOutput.N, Parallel: int(a.Limits().ParallelTools.N),
+		TracerProvider: tracing.Provider}
+	if rec := openMCPRecords(fs, *db, *noStore, cfg.Name, o); rec != nil {
+		defer rec.close(o)
+		opts.OnFinished = rec.finished
+	}
+	s, err := mcpserve.New(a.Tools(), opts)
 	if err != nil {
 		fmt.Fprintln(o.Err, "timebox:", err)
 		return ExitUsage
@@ -129,4 +150,66 @@ func serveMCPHTTP(ctx context.Context, s *mcpserve.Server, addr, token string, t
 		return ExitCancelled
 	}
 	return ExitOK
+}
+
+// mcpRecords stores each call `timebox mcp serve` answers as a turn of
+// its own in the session of the client's connection
+// (docs/decisions/mcp-server-records.md), written after the call ended
+// and without holding its answer: the client never waits for the disk.
+type mcpRecords struct {
+	st    store.Store
+	agent string
+	o     IO
+
+	wg     sync.WaitGroup
+	warned atomic.Bool
+}
+
+// openMCPRecords opens the store `timebox mcp serve` writes to, as
+// `timebox run` does: --db, else TIMEBOX_DB, else the default store;
+// nothing with --no-store or --db "". A store that cannot be opened is a
+// warning: serving the tools is what the user asked for.
+func openMCPRecords(fs *flag.FlagSet, db string, noStore bool, agentName string, o IO) *mcpRecords {
+	path := setting(fs, "db", db, "TIMEBOX_DB", o, stateDB(o))
+	if noStore || path == "" {
+		return nil
+	}
+	st, err := openStore(path, false, o)
+	if err != nil {
+		fmt.Fprintf(o.Err, "warning: %v; the calls will not be stored (--no-store silences this)\n", err)
+		return nil
+	}
+	return &mcpRecords{st: st, agent: agentName, o: o}
+}
+
+// finished is the server's OnFinished: it stores the call's turn on a
+// goroutine of its own.
+func (r *mcpRecords) finished(f mcpserve.Finished) {
+	t := f.Turn(r.agent)
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		if err := r.st.FinishTurn(context.Background(), t, nil); err != nil && !r.warned.Swap(true) {
+			fmt.Fprintf(r.o.Err, "warning: storing the call %s of %s: %v (further failures are not shown)\n", f.CallID, f.Tool, err)
+		}
+	}()
+}
+
+// mcpRecordsWait is how long close waits for the calls' records before it
+// closes the store, which ends the writes still retrying.
+const mcpRecordsWait = 10 * time.Second
+
+// close waits for the records being written, then closes the store.
+func (r *mcpRecords) close(o IO) {
+	done := make(chan struct{})
+	go func() { r.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(mcpRecordsWait):
+		fmt.Fprintf(o.Err, "warning: the store has not taken every call's record after %s; closing it\n", mcpRecordsWait)
+	}
+	if err := r.st.Close(); err != nil {
+		fmt.Fprintf(o.Err, "warning: closing the store: %v\n", err)
+	}
+	<-done
 }

@@ -108,11 +108,11 @@ func TestMCPServeInspectorCLI(t *testing.T) {
 	dir := writeMCPAgent(t)
 	file := filepath.Join(dir, "agent.yaml")
 	t.Run("stdio", func(t *testing.T) {
-		checkInspectorCalls(t, dir, bin, "mcp", "serve", "-f", file)
+		checkInspectorCalls(t, dir, bin, "mcp", "serve", "-f", file, "--no-store")
 	})
 	t.Run("http", func(t *testing.T) {
 		const token = "mcp-inspector-token-0123456789"
-		cmd := exec.Command(bin, "mcp", "serve", "-f", file, "--addr", "127.0.0.1:0")
+		cmd := exec.Command(bin, "mcp", "serve", "-f", file, "--no-store", "--addr", "127.0.0.1:0")
 		cmd.Env = append(proctest.Env(nil), "TIMEBOX_TOKEN="+token)
 		var stdout, stderr lockedBuffer
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr

@@ -54,7 +54,7 @@ func TestMCPServeProxiesAnMCPEntry(t *testing.T) {
 	dir := writeMCPAgent(t)
 	file := filepath.Join(dir, "proxy.yaml")
 	os.WriteFile(file, []byte(strings.Replace(everythingAgent, "EVERYTHING", everything, 1)), 0o644)
-	cmd := exec.Command(bin, "mcp", "serve", "-f", file)
+	cmd := exec.Command(bin, "mcp", "serve", "-f", file, "--no-store")
 	cmd.Env = proctest.Env(nil)
 	var stderr lockedBuffer
 	cmd.Stderr = &stderr

@@ -172,7 +172,7 @@ func TestMCPServeSDKClientHTTP(t *testing.T) {
 	proctest.AfterTest(t)
 	dir := writeMCPAgent(t)
 	const token = "mcp-sdk-http-token-0123456789"
-	cmd := exec.Command(bin, "mcp", "serve", "-f", filepath.Join(dir, "agent.yaml"), "--addr", "127.0.0.1:0")
+	cmd := exec.Command(bin, "mcp", "serve", "-f", filepath.Join(dir, "agent.yaml"), "--no-store", "--addr", "127.0.0.1:0")
 	cmd.Env = append(proctest.Env(nil), "TIMEBOX_TOKEN="+token)
 	var stdout, stderr lockedBuffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr

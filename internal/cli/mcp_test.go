@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
@@ -111,11 +112,15 @@ func checkPidsGone(t *testing.T, dir string) {
 // progress on a token, a client's cancel of a hung call (its tree gone),
 // and a clean exit when the client closes stdin. The binary and every
 // process it starts carry this test's marker, so a leftover is a leak.
+// Then the store (--db) holds each call as a turn of the connection's
+// session, which `timebox runs` and `timebox stats` read
+// (checkMCPRecords).
 func TestMCPServeStdio(t *testing.T) {
 	bin := timeboxBinary(t)
 	proctest.AfterTest(t)
 	dir := writeMCPAgent(t)
-	cmd := exec.Command(bin, "mcp", "serve", "-f", filepath.Join(dir, "agent.yaml"))
+	db := filepath.Join(dir, "timebox.db")
+	cmd := exec.Command(bin, "mcp", "serve", "-f", filepath.Join(dir, "agent.yaml"), "--db", db)
 	cmd.Env = proctest.Env(nil)
 	var stderr lockedBuffer
 	cmd.Stderr = &stderr
@@ -224,6 +229,130 @@ func TestMCPServeStdio(t *testing.T) {
 	if s := stderr.String(); !strings.Contains(s, "serving 4 tools") {
 		t.Errorf("stderr:\n%s", s)
 	}
+	checkMCPRecords(t, db)
+}
+
+// checkMCPRecords reads the store TestMCPServeStdio's calls were recorded
+// in: four turns (fast ok, hang timed out, progress ok with its 3
+// reports, slow_hang cancelled by the client), all in one mcp_ session,
+// each with its call's record under its budget; and stats counts them.
+func checkMCPRecords(t *testing.T, db string) {
+	t.Helper()
+	r := run(t, nil, "runs", "list", "--db", db, "--json")
+	if r.code != 0 {
+		t.Fatalf("runs list: %d %s", r.code, r.err)
+	}
+	var turns []struct {
+		TurnID, SessionID, Input, Status, StopReason string
+		ToolCalls                                    int
+	}
+	dec := json.NewDecoder(strings.NewReader(r.out))
+	for dec.More() {
+		var x struct {
+			TurnID     string `json:"turn_id"`
+			SessionID  string `json:"session_id"`
+			Input      string `json:"input"`
+			Status     string `json:"status"`
+			StopReason string `json:"stop_reason"`
+			ToolCalls  int    `json:"tool_calls"`
+		}
+		if err := dec.Decode(&x); err != nil {
+			t.Fatal(err)
+		}
+		turns = append(turns, struct {
+			TurnID, SessionID, Input, Status, StopReason string
+			ToolCalls                                    int
+		}{x.TurnID, x.SessionID, x.Input, x.Status, x.StopReason, x.ToolCalls})
+	}
+	if len(turns) != 4 {
+		t.Fatalf("%d turns stored, want one per call (4):\n%s", len(turns), r.out)
+	}
+	want := map[string]string{ // tool: status/stop_reason outcome phase
+		"fast":      "completed/answered ok ",
+		"hang":      "completed/answered timed_out tool",
+		"progress":  "completed/answered ok ",
+		"slow_hang": "cancelled/cancelled cancelled cancel",
+	}
+	for _, tu := range turns {
+		if !strings.HasPrefix(tu.SessionID, "mcp_") || tu.SessionID != turns[0].SessionID {
+			t.Errorf("turn %s: session %q, want the connection's mcp_ session, the same for every call", tu.TurnID, tu.SessionID)
+		}
+		if tu.ToolCalls != 1 {
+			t.Errorf("turn %s: %d tool calls, want 1", tu.TurnID, tu.ToolCalls)
+		}
+		r := run(t, nil, "runs", "show", "--db", db, "--json", tu.TurnID)
+		var rec struct {
+			ToolCalls []struct {
+				Tool          string `json:"tool"`
+				Kind          string `json:"kind"`
+				Outcome       string `json:"outcome"`
+				Phase         string `json:"phase"`
+				DurationMS    int64  `json:"duration_ms"`
+				TimeoutMS     int64  `json:"timeout_ms"`
+				TimeoutSource string `json:"timeout_source"`
+				ProgressCount int    `json:"progress_count"`
+			} `json:"tool_calls"`
+			Events []struct {
+				Type string `json:"type"`
+			} `json:"events"`
+		}
+		if err := json.Unmarshal([]byte(r.out), &rec); err != nil || len(rec.ToolCalls) != 1 {
+			t.Fatalf("runs show %s: %v %d\n%s%s", tu.TurnID, err, r.code, r.out, r.err)
+		}
+		c := rec.ToolCalls[0]
+		if got := tu.Status + "/" + tu.StopReason + " " + c.Outcome + " " + c.Phase; got != want[c.Tool] || c.Kind != "exec" ||
+			tu.Input != "tools/call "+c.Tool+" {}" {
+			t.Errorf("turn %s (%q): %s, kind %s; want %s", tu.TurnID, tu.Input, got, c.Kind, want[c.Tool])
+		}
+		var types []string
+		for _, e := range rec.Events {
+			types = append(types, e.Type)
+		}
+		wantTypes := "turn_started tool_started tool_finished turn_finished"
+		switch c.Tool {
+		case "hang":
+			if c.TimeoutMS != 1000 || c.TimeoutSource != "tool" || c.DurationMS < 1000 || c.DurationMS > 6000 {
+				t.Errorf("hang's record: timeout %dms (%s), took %dms; want 1000ms (tool), about 1500ms", c.TimeoutMS, c.TimeoutSource, c.DurationMS)
+			}
+		case "progress":
+			wantTypes = "turn_started tool_started tool_progress tool_progress tool_progress tool_finished turn_finished"
+			if c.ProgressCount != 3 {
+				t.Errorf("progress's record: progress_count %d, want 3", c.ProgressCount)
+			}
+		case "fast":
+			if c.TimeoutMS != 60000 || c.TimeoutSource != "default" {
+				t.Errorf("fast's record: timeout %dms (%s), want the default 60000ms", c.TimeoutMS, c.TimeoutSource)
+			}
+		}
+		if got := strings.Join(types, " "); got != wantTypes {
+			t.Errorf("turn %s (%s): events %s, want %s", tu.TurnID, c.Tool, got, wantTypes)
+		}
+	}
+
+	r = run(t, nil, "stats", "--db", db, "--json")
+	var st struct {
+		Tools []struct {
+			Tool      string `json:"tool"`
+			Calls     int64  `json:"calls"`
+			TimedOut  int64  `json:"timed_out"`
+			Cancelled int64  `json:"cancelled"`
+		} `json:"tools"`
+	}
+	if err := json.Unmarshal([]byte(r.out), &st); err != nil {
+		t.Fatalf("stats: %v %d\n%s%s", err, r.code, r.out, r.err)
+	}
+	got := map[string]string{}
+	for _, x := range st.Tools {
+		got[x.Tool] = fmt.Sprintf("%d calls, %d timed out, %d cancelled", x.Calls, x.TimedOut, x.Cancelled)
+	}
+	for tool, w := range map[string]string{
+		"fast": "1 calls, 0 timed out, 0 cancelled", "hang": "1 calls, 1 timed out, 0 cancelled",
+		"progress": "1 calls, 0 timed out, 0 cancelled", "slow_hang": "1 calls, 0 timed out, 1 cancelled",
+	} {
+		if got[tool] != w {
+			t.Errorf("stats for %s: %q, want %q", tool, got[tool], w)
+		}
+	}
 }
 
 // TestMCPServeSIGTERM: timebox mcp serve stopped by SIGTERM while a call
@@ -234,7 +363,7 @@ func TestMCPServeSIGTERM(t *testing.T) {
 	bin := timeboxBinary(t)
 	proctest.AfterTest(t)
 	dir := writeMCPAgent(t)
-	cmd := exec.Command(bin, "mcp", "serve", "-f", filepath.Join(dir, "agent.yaml"), "--tool-timeout", "7s")
+	cmd := exec.Command(bin, "mcp", "serve", "-f", filepath.Join(dir, "agent.yaml"), "--no-store", "--tool-timeout", "7s")
 	cmd.Env = append(proctest.Env(nil), "TIMEBOX_KILL_GRACE=300ms")
 	var stderr lockedBuffer
 	cmd.Stderr = &stderr
@@ -285,7 +414,7 @@ func TestMCPServeHTTP(t *testing.T) {
 	proctest.AfterTest(t)
 	dir := writeMCPAgent(t)
 	const token = "mcp-http-token-0123456789"
-	cmd := exec.Command(bin, "mcp", "serve", "-f", filepath.Join(dir, "agent.yaml"), "--addr", "127.0.0.1:0")
+	cmd := exec.Command(bin, "mcp", "serve", "-f", filepath.Join(dir, "agent.yaml"), "--no-store", "--addr", "127.0.0.1:0")
 	cmd.Env = append(proctest.Env(nil), "TIMEBOX_TOKEN="+token)
 	var stdout, stderr lockedBuffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/timebox-run/timebox/internal/floodtest"
+	"github.com/timebox-run/timebox/internal/mcptest"
 	"github.com/timebox-run/timebox/internal/proctree"
 	"github.com/timebox-run/timebox/internal/testenv"
 )
@@ -27,6 +28,9 @@ var reportFile = flag.String("faults.report", "", "write the measured figures, a
 var started = time.Now()
 
 func TestMain(m *testing.M) {
+	if mcptest.Serving() { // the MCP server of mcpIgnoredCancel is this binary
+		mcptest.Serve()
+	}
 	floodtest.Main() // the flooding program of the progress flood is this binary
 	load := loadAverage()
 	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
@@ -67,6 +71,7 @@ func TestFaults(t *testing.T) {
 		{"SIGTERM run", sigtermRun},
 		{"kill -9 then restart", kill9ThenRestart},
 		{"reader of stdout gone", readerGoesAway},
+		{"MCP server ignoring a cancel", mcpIgnoredCancel},
 	} {
 		t.Run(s.name, s.run)
 	}

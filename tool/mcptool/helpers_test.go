@@ -17,6 +17,7 @@ import (
 
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/mcptest"
 	"github.com/timebox-run/timebox/internal/proctest"
 	"github.com/timebox-run/timebox/tool"
 )
@@ -26,6 +27,9 @@ import (
 const markerVar = "TIMEBOX_MCPTOOL_TEST"
 
 func TestMain(m *testing.M) {
+	if mcptest.Serving() { // re-executed as a test server
+		mcptest.Serve()
+	}
 	os.Setenv(markerVar, strconv.Itoa(os.Getpid()))
 	goleak.VerifyTestMain(m)
 }

@@ -92,6 +92,21 @@ type Config struct {
 	// typo must not silently leave a tool on the entry's budget.
 	Overrides map[string]Override
 
+	// RestartOnIgnoredCancel, for a stdio server (Command), restarts the
+	// server when a call of it was cancelled (its budget, the turn's end,
+	// a client's cancel) and the server has not answered the call the
+	// call's kill grace after the cancellation (GraceFor): its whole
+	// process tree is killed, the other calls in flight on it fail with a
+	// tool error saying why, and a fresh server is started at once for
+	// the next call (mcp.on_ignored_cancel: restart). The stopped call waits for that
+	// before it returns, and what it returns says so
+	// (tool.Result.ServerRestarted); under hard enforcement tool.Run waits
+	// for it (the grace plus tool.ReapMargin), under cooperative it may
+	// abandon the call first, and the server is restarted all the same.
+	// False leaves the server running, the call's work perhaps going on
+	// in it. It is ignored for a URL server.
+	RestartOnIgnoredCancel bool
+
 	// StartTimeout bounds each start of the server; zero means
 	// DefaultStartTimeout.
 	StartTimeout time.Duration
@@ -134,6 +149,9 @@ type Stats struct {
 	// cancelled. Both are dropped quietly.
 	LateProgress int64
 	LateReplies  int64
+	// IgnoredCancelRestarts counts the restarts RestartOnIgnoredCancel
+	// made: servers killed for not answering a cancelled call in time.
+	IgnoredCancelRestarts int64
 }
 
 // Server is a running MCP server entry and its tools. Its methods are safe
@@ -163,7 +181,7 @@ type Server struct {
 }
 
 type counters struct {
-	starts, cancels, lateProgress, lateReplies atomic.Int64
+	starts, cancels, lateProgress, lateReplies, ignoredCancels atomic.Int64
 }
 
 // Stats returns the server's counters.
@@ -173,6 +191,8 @@ func (s *Server) Stats() Stats {
 		CancelsSent:  s.stats.cancels.Load(),
 		LateProgress: s.stats.lateProgress.Load(),
 		LateReplies:  s.stats.lateReplies.Load(),
+
+		IgnoredCancelRestarts: s.stats.ignoredCancels.Load(),
 	}
 }
 
@@ -359,7 +379,15 @@ func (t *Tool) Call(ctx context.Context, c *tool.Call) (*tool.Result, error) {
 		// The budget or the turn ended the call: say so with its cause, never
 		// as the tool's failure, whatever the SDK made of it.
 		if ctx.Err() != nil {
-			return nil, context.Cause(ctx)
+			cause := context.Cause(ctx)
+			if s.cfg.RestartOnIgnoredCancel && l.proc != nil {
+				grace := c.KillGrace
+				if grace <= 0 {
+					grace = s.grace()
+				}
+				return s.awaitCancel(l, a, t.remote, budget.GraceFor(cause, grace)), cause
+			}
+			return nil, cause
 		}
 		return nil, s.callError(ctx, l, t.remote, err)
 	}
@@ -402,6 +430,9 @@ type active struct {
 	// cause says why the call's context ended, for the cancellation's
 	// reason; it is only read once the context is done.
 	cause func() error
+	// cancelSent receives, once the call's cancellation is written, the
+	// channel closed when the server answers the call after all.
+	cancelSent chan chan struct{}
 }
 
 type activeKey struct{}
@@ -416,7 +447,7 @@ func (s *Server) begin(ctx context.Context, c *tool.Call) *active {
 		p = discard{}
 	}
 	a := &active{token: fmt.Sprintf("%s#%d", id, s.seq.Add(1)), progress: p,
-		cause: func() error { return context.Cause(ctx) }}
+		cause: func() error { return context.Cause(ctx) }, cancelSent: make(chan chan struct{}, 1)}
 	s.calls.Store(a.token, a)
 	return a
 }

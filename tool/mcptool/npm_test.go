@@ -462,3 +462,24 @@ func TestHTTPHeaders(t *testing.T) {
 		}
 	}
 }
+
+// TestEverythingRestartOnIgnoredCancel: server-everything's long operation
+// ignores its cancellation (and, as MCP's TypeScript SDK has it, a
+// cancelled request is never answered): with RestartOnIgnoredCancel its
+// server is killed kill_grace after the timeout, the call's result says
+// so, and the next call gets a fresh server.
+func TestEverythingRestartOnIgnoredCancel(t *testing.T) {
+	s := openEverything(t, func(c *Config) { c.RestartOnIgnoredCancel = true })
+	old := s.pid(t)
+	x, _ := call(context.Background(), t, s, longOp, longArgs(10, 10), tb(time.Second, 0))
+	wantOutcome(t, x, event.OutcomeTimedOut, budget.PhaseTool)
+	near(t, "answered after", x.Elapsed(), 1500*time.Millisecond, time.Second)
+	if x.Result == nil || !x.Result.ServerRestarted {
+		t.Fatalf("result %+v: want the server restarted", x.Result)
+	}
+	x, _ = call(context.Background(), t, s, "echo", `{"message": "fresh"}`, budget.ToolBudget{})
+	wantOutcome(t, x, event.OutcomeOK, "")
+	if st := s.Stats(); st.Starts != 2 || st.IgnoredCancelRestarts != 1 || s.pid(t) == old {
+		t.Errorf("stats %+v, pid %d (old %d): want one restart, a new server", st, s.pid(t), old)
+	}
+}

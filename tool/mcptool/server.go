@@ -28,6 +28,11 @@ type link struct {
 	// server, its process group is gone.
 	done chan struct{}
 
+	// ignored is set when the link was killed because the server had not
+	// answered a cancelled call in time (RestartOnIgnoredCancel).
+	ignored     atomic.Bool
+	ignoredOnce sync.Once
+
 	mu  sync.Mutex
 	why string // why the link ended, set before done is closed
 	// version is the protocol version the server chose, once known.
@@ -279,6 +284,88 @@ func (l *link) stop(grace time.Duration) {
 	<-l.done
 }
 
+// awaitCancel waits, once call a's context is done, for the server to
+// answer the call after its cancellation, for at most grace from now. A
+// server that has not (it went on with the call, or stopped reading) is
+// restarted (restartIgnored), and awaitCancel returns, once its process
+// tree is gone, the result that says so; nil when the server answered, or
+// its link ended for another reason first.
+func (s *Server) awaitCancel(l *link, a *active, remote string, grace time.Duration) *tool.Result {
+	timer := time.NewTimer(grace)
+	defer timer.Stop()
+	var answered chan struct{} // nil until the cancellation is written
+	sent := a.cancelSent
+wait:
+	for {
+		select {
+		case answered = <-sent:
+			sent = nil
+		case <-answered:
+			return nil
+		case <-l.done:
+			if !l.ignored.Load() {
+				return nil
+			}
+			break wait // another call's restart took this one's server down too
+		case <-s.closing:
+			return nil
+		case <-timer.C:
+			l.restartIgnored(fmt.Sprintf("had not answered a cancelled call to %q %s after its cancellation", remote, budget.Round(grace)))
+			break wait
+		}
+	}
+	// The tree is SIGKILLed: it is gone in moments; bounded all the same,
+	// as Run waits only so long (ReapMargin).
+	reaped := time.NewTimer(tool.ReapMargin / 2)
+	defer reaped.Stop()
+	select {
+	case <-l.done:
+	case <-reaped.C:
+	}
+	note := fmt.Sprintf("[timebox] MCP server %q %s (mcp.on_ignored_cancel: restart): its process tree was killed and the next call starts a fresh server.",
+		s.cfg.Name, l.reason())
+	if t := strings.TrimSpace(l.proc.stderrTail()); t != "" {
+		note = t + "\n" + note
+	}
+	return &tool.Result{StderrTail: note, ServerRestarted: true}
+}
+
+// restartIgnored takes the link down at once because its server went on
+// with a cancelled call, and starts a fresh one for the next call, without
+// the backoff of a failure. It happens once per link, whichever of its
+// cancelled calls finds it first.
+func (l *link) restartIgnored(why string) {
+	l.ignoredOnce.Do(func() {
+		s := l.s
+		l.ignored.Store(true)
+		l.setWhy(why)
+		s.mu.Lock()
+		if s.cur == l {
+			s.cur = nil
+		}
+		s.mu.Unlock()
+		s.stats.ignoredCancels.Add(1)
+		tool.CountServerRestart()
+		s.log.Info("mcp server went on with a cancelled call; restarting it", "entry", s.cfg.Name, "why", why)
+		l.kill()
+		s.startNow()
+	})
+}
+
+// startNow starts the server again in the background, unless it is up,
+// starting or closed: after a restart for an ignored cancel, the next
+// call should find a fresh server ready rather than spend its own budget
+// starting one.
+func (s *Server) startNow() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed || s.cur != nil || s.starting != nil {
+		return
+	}
+	s.starting = make(chan struct{})
+	go s.restart(s.starting)
+}
+
 // backoff is the wait before restart n+1 after n consecutive failures: the
 // first restart is immediate, then 1s, 2s, 4s … up to 30s.
 func backoff(failures int) time.Duration {
@@ -422,6 +509,14 @@ func (s *Server) callError(ctx context.Context, l *link, name string, err error)
 		return &tool.Error{Message: fmt.Sprintf("MCP server %q was shut down during the call to %q (timebox is closing)", s.cfg.Name, name)}
 	}
 	why := l.reason()
+	if l.ignored.Load() {
+		te := &tool.Error{Message: fmt.Sprintf("MCP server %q was restarted during the call to %q: it %s (mcp.on_ignored_cancel: restart), so timebox killed its process tree, and this call with it. The next call starts a fresh server; this one may be tried again.",
+			s.cfg.Name, name, why)}
+		if l.proc != nil {
+			te.StderrTail = l.proc.stderrTail()
+		}
+		return te
+	}
 	if why == "" {
 		why = fmt.Sprintf("failed (%v)", err)
 	}

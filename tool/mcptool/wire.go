@@ -56,9 +56,10 @@ type wireConn struct {
 
 	mu sync.Mutex
 	// cancelled holds the IDs of calls cancelled and not yet answered, to
-	// recognise a late reply. It is bounded: a server that never answers
-	// cancelled calls must not grow it forever.
-	cancelled map[jsonrpc.ID]struct{}
+	// recognise a late reply, each with the channel closed when it comes.
+	// It is bounded: a server that never answers cancelled calls must not
+	// grow it forever.
+	cancelled map[jsonrpc.ID]chan struct{}
 	closeOnce sync.Once
 	// broken is closed when a read fails: the connection is over.
 	broken    chan struct{}
@@ -103,10 +104,11 @@ func (c *wireConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 		}
 		if m.ID.IsValid() {
 			c.mu.Lock()
-			_, late := c.cancelled[m.ID]
+			answered, late := c.cancelled[m.ID]
 			delete(c.cancelled, m.ID)
 			c.mu.Unlock()
 			if late {
+				close(answered)
 				c.s.stats.lateReplies.Add(1)
 				c.s.log.Debug("mcp reply after cancellation dropped", "entry", c.s.cfg.Name, "id", m.ID.Raw())
 			}
@@ -140,15 +142,20 @@ func (c *wireConn) cancelling(ctx context.Context, m *jsonrpc.Request) jsonrpc.M
 		return m
 	}
 	if id, err := jsonrpc.MakeID(p.RequestID); err == nil {
+		answered := make(chan struct{})
 		c.mu.Lock()
 		if len(c.cancelled) >= maxCancelled {
 			clear(c.cancelled)
 		}
 		if c.cancelled == nil {
-			c.cancelled = map[jsonrpc.ID]struct{}{}
+			c.cancelled = map[jsonrpc.ID]chan struct{}{}
 		}
-		c.cancelled[id] = struct{}{}
+		c.cancelled[id] = answered
 		c.mu.Unlock()
+		select {
+		case a.cancelSent <- answered:
+		default: // the SDK cancels a request once
+		}
 	}
 	now := time.Now()
 	c.s.stats.cancels.Add(1)

@@ -60,7 +60,7 @@ let transport;
 if (env.TB_TRANSPORT === "stdio") {
   transport = new StdioClientTransport({
     command: env.TB_BIN,
-    args: ["mcp", "serve", "-f", env.TB_AGENT],
+    args: ["mcp", "serve", "-f", env.TB_AGENT, "--no-store"],
     env: { ...process.env },
     stderr: "inherit",
   });

@@ -14,7 +14,7 @@ const text = (r) => (r?.content?.[0]?.type === "text" ? r.content[0].text : "");
 
 const transport = new StdioClientTransport({
   command: env.TB_BIN,
-  args: ["mcp", "serve", "-f", env.TB_AGENT],
+  args: ["mcp", "serve", "-f", env.TB_AGENT, "--no-store"],
   env: { ...process.env },
   stderr: "inherit",
 });

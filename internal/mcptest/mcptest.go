@@ -1,0 +1,96 @@
+// Package mcptest is a stdio MCP server for tests, built with the official
+// Go SDK: a test binary re-executes itself as the server (Serving, Serve),
+// so that tests talk to a real process over the real wire format without
+// npm. Its tools are the kinds of server behaviour timebox must cope with:
+//
+//   - echo answers at once with the server's pid, so that a test can tell
+//     a fresh server from the old one;
+//   - polite reports progress once ("started"), runs until it is
+//     cancelled, then answers (as the Go SDK answers every request);
+//   - stubborn ignores its cancellation: it goes on reporting progress
+//     every 100ms for 5 minutes, with a child process (sleep 300) in a
+//     session of its own, whose pid and its own it appends to the file
+//     named by EnvPids.
+package mcptest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// EnvServe, set to "1" in a re-executed test binary's environment, makes
+// Serving true.
+const EnvServe = "MCPTEST_SERVE"
+
+// EnvPids names the file stubborn appends its pids to (the server's, then
+// its child's), one a line.
+const EnvPids = "MCPTEST_PIDS"
+
+// Serving reports whether this process was started to be the server: a
+// TestMain calls Serve, and nothing else, when it is.
+func Serving() bool { return os.Getenv(EnvServe) == "1" }
+
+// Command returns the argv that starts the server: the running test
+// binary, which serves when its environment has EnvServe=1 (and EnvPids
+// for stubborn): set them in the environment the server inherits.
+func Command() []string {
+	exe, err := os.Executable()
+	if err != nil {
+		panic(err)
+	}
+	return []string{exe}
+}
+
+// Serve serves the tools on stdin and stdout until the client closes
+// stdin, then exits the process.
+func Serve() {
+	s := mcp.NewServer(&mcp.Implementation{Name: "mcptest", Version: "1"}, nil)
+	type none struct{}
+	mcp.AddTool(s, &mcp.Tool{Name: "echo", Description: "Answers with the server's pid."},
+		func(context.Context, *mcp.CallToolRequest, none) (*mcp.CallToolResult, any, error) {
+			return text(strconv.Itoa(os.Getpid())), nil, nil
+		})
+	mcp.AddTool(s, &mcp.Tool{Name: "polite", Description: "Runs until cancelled, then answers."},
+		func(ctx context.Context, req *mcp.CallToolRequest, _ none) (*mcp.CallToolResult, any, error) {
+			if token := req.Params.GetProgressToken(); token != nil {
+				_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: token, Message: "started"})
+			}
+			<-ctx.Done()
+			return text("stopped"), nil, nil
+		})
+	mcp.AddTool(s, &mcp.Tool{Name: "stubborn", Description: "Ignores its cancellation and works on for 5 minutes."},
+		func(ctx context.Context, req *mcp.CallToolRequest, _ none) (*mcp.CallToolResult, any, error) {
+			child := exec.Command("sleep", "300")
+			child.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+			if err := child.Start(); err == nil {
+				if f, err := os.OpenFile(os.Getenv(EnvPids), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644); err == nil {
+					fmt.Fprintf(f, "%d\n%d\n", os.Getpid(), child.Process.Pid)
+					f.Close()
+				}
+			}
+			token := req.Params.GetProgressToken()
+			for i := range 3000 {
+				time.Sleep(100 * time.Millisecond)
+				if token != nil {
+					// On a context of its own: the call's is cancelled, and
+					// this server goes on regardless.
+					_ = req.Session.NotifyProgress(context.Background(), &mcp.ProgressNotificationParams{
+						ProgressToken: token, Progress: float64(i + 1), Message: "still working"})
+				}
+			}
+			return text("done"), nil, nil
+		})
+	_ = s.Run(context.Background(), &mcp.StdioTransport{})
+	os.Exit(0)
+}
+
+func text(s string) *mcp.CallToolResult {
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: s}}}
+}
