@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/timebox-run/timebox"
+	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/mcpserve"
 	"github.com/timebox-run/timebox/server"
 	"github.com/timebox-run/timebox/store"
@@ -100,15 +102,16 @@ func cmdMCP(ctx context.Context, args []string, o IO) int {
 		defer rec.close(o)
 		opts.OnFinished = rec.finished
 	}
-	s, err := mcpserve.New(a.Tools(), opts)
+	tools := servedTools(a.Tools(), o)
+	s, err := mcpserve.New(tools, opts)
 	if err != nil {
 		fmt.Fprintln(o.Err, "timebox:", err)
 		return ExitUsage
 	}
 	if *addr != "" {
-		return serveMCPHTTP(ctx, s, *addr, token, len(a.Tools()), cfg.Path, o)
+		return serveMCPHTTP(ctx, s, *addr, token, len(tools), cfg.Path, o)
 	}
-	fmt.Fprintf(o.Err, "timebox mcp serve: serving %d tool%s of %s on stdin and stdout\n", len(a.Tools()), plural(len(a.Tools())), cfg.Path)
+	fmt.Fprintf(o.Err, "timebox mcp serve: serving %d tool%s of %s on stdin and stdout\n", len(tools), plural(len(tools)), cfg.Path)
 	err = s.Serve(ctx, &mcp.IOTransport{Reader: io.NopCloser(o.In), Writer: nopWriteCloser{o.Out}})
 	switch {
 	case ctx.Err() != nil:
@@ -212,4 +215,24 @@ func (r *mcpRecords) close(o IO) {
 		fmt.Fprintf(o.Err, "warning: closing the store: %v\n", err)
 	}
 	<-done
+}
+
+// servedTools leaves out the tools whose calls need a person's approval
+// (docs/approvals.md), saying so: an MCP client has no way to route
+// timebox's question to a person, and such a tool must not run unasked.
+func servedTools(all []agent.Tool, o IO) []agent.Tool {
+	var out []agent.Tool
+	var left []string
+	for _, t := range all {
+		if t.NeedsApproval != nil {
+			left = append(left, t.Tool.Spec().Name)
+			continue
+		}
+		out = append(out, t)
+	}
+	if len(left) > 0 {
+		fmt.Fprintf(o.Err, "timebox mcp serve: not serving %s: %s approval (approval: required), which an MCP client cannot ask a person for\n",
+			strings.Join(left, ", "), map[bool]string{true: "its calls need", false: "their calls need"}[len(left) == 1])
+	}
+	return out
 }
