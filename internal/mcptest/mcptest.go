@@ -19,7 +19,6 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
-	"syscall"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -68,7 +67,7 @@ func Serve() {
 	mcp.AddTool(s, &mcp.Tool{Name: "stubborn", Description: "Ignores its cancellation and works on for 5 minutes."},
 		func(ctx context.Context, req *mcp.CallToolRequest, _ none) (*mcp.CallToolResult, any, error) {
 			child := exec.Command("sleep", "300")
-			child.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+			escape(child)
 			if err := child.Start(); err == nil {
 				if f, err := os.OpenFile(os.Getenv(EnvPids), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644); err == nil {
 					fmt.Fprintf(f, "%d\n%d\n", os.Getpid(), child.Process.Pid)

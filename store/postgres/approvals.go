@@ -6,13 +6,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/store"
 )
 
 var _ store.Approvals = (*Store)(nil)
-
-const approvalColumns = `turn_id, call_id, round, tool, arguments, requested_at, expires_at, decision, by_whom, reason, decided_at`
 
 // RequestApproval implements store.Approvals.
 func (s *Store) RequestApproval(ctx context.Context, a store.Approval) error {
@@ -32,7 +29,7 @@ func (s *Store) Decide(ctx context.Context, turnID, callID string, d store.Appro
 	var out store.Approval
 	var refused error
 	err := s.durable(ctx, "a decision on call "+callID+" of turn "+turnID, func(tx pgx.Tx) error {
-		a, err := scanApproval(tx.QueryRow(ctx, `SELECT `+approvalColumns+` FROM approvals
+		a, err := store.ScanApproval(tx.QueryRow(ctx, `SELECT `+store.ApprovalColumns+` FROM approvals
 			WHERE turn_id = $1 AND call_id = $2 ORDER BY round DESC LIMIT 1 FOR UPDATE`, turnID, callID))
 		if isNoRows(err) {
 			return fmt.Errorf("call %s of turn %s: %w", callID, turnID, store.ErrNotFound)
@@ -65,7 +62,7 @@ func (s *Store) Approval(ctx context.Context, turnID, callID string) (store.Appr
 	if s.isClosed() {
 		return store.Approval{}, store.ErrClosed
 	}
-	a, err := scanApproval(s.pool.QueryRow(ctx, `SELECT `+approvalColumns+` FROM approvals
+	a, err := store.ScanApproval(s.pool.QueryRow(ctx, `SELECT `+store.ApprovalColumns+` FROM approvals
 		WHERE turn_id = $1 AND call_id = $2 ORDER BY round DESC LIMIT 1`, turnID, callID))
 	if isNoRows(err) {
 		return a, fmt.Errorf("call %s of turn %s: %w", callID, turnID, store.ErrNotFound)
@@ -78,7 +75,7 @@ func (s *Store) Approvals(ctx context.Context, turnID string) ([]store.Approval,
 	if s.isClosed() {
 		return nil, store.ErrClosed
 	}
-	rows, err := s.pool.Query(ctx, `SELECT `+approvalColumns+` FROM (SELECT DISTINCT ON (call_id) * FROM approvals
+	rows, err := s.pool.Query(ctx, `SELECT `+store.ApprovalColumns+` FROM (SELECT DISTINCT ON (call_id) * FROM approvals
 		WHERE turn_id = $1 ORDER BY call_id, round DESC) last ORDER BY n`, turnID)
 	if err != nil {
 		return nil, err
@@ -86,30 +83,11 @@ func (s *Store) Approvals(ctx context.Context, turnID string) ([]store.Approval,
 	defer rows.Close()
 	var out []store.Approval
 	for rows.Next() {
-		a, err := scanApproval(rows)
+		a, err := store.ScanApproval(rows)
 		if err != nil {
 			return nil, err
 		}
 		out = append(out, a)
 	}
 	return out, rows.Err()
-}
-
-func scanApproval(r pgx.Row) (store.Approval, error) {
-	var a store.Approval
-	var args, decision string
-	var requested, expires int64
-	var decided *int64
-	if err := r.Scan(&a.TurnID, &a.CallID, &a.Round, &a.Tool, &args, &requested, &expires, &decision, &a.By, &a.Reason, &decided); err != nil {
-		return a, err
-	}
-	if args != "" {
-		a.Arguments = []byte(args)
-	}
-	a.Decision = event.Decision(decision)
-	a.RequestedAt, a.ExpiresAt = fromNanos(requested), fromNanos(expires)
-	if decided != nil {
-		a.DecidedAt = fromNanos(*decided)
-	}
-	return a, nil
 }

@@ -36,33 +36,6 @@ func (s *Store) EnqueueDeliveries(ctx context.Context, ds []store.Delivery) erro
 	})
 }
 
-const deliveryColumns = `id, url, event_type, turn_id, seq, created_at, state, next_attempt_at, attempts`
-
-func scanDelivery(r pgx.Row, body *[]byte) (store.Delivery, error) {
-	var d store.Delivery
-	var created, next int64
-	var attempts, state string
-	dest := []any{&d.ID, &d.URL, &d.EventType, &d.TurnID, &d.Seq, &created, &state, &next, &attempts}
-	if body != nil {
-		dest = append(dest, body)
-	}
-	if err := r.Scan(dest...); err != nil {
-		return d, err
-	}
-	d.State = store.DeliveryState(state)
-	d.CreatedAt = fromNanos(created)
-	if d.State == store.DeliveryPending && next != 0 {
-		d.NextAttemptAt = fromNanos(next)
-	}
-	if err := json.Unmarshal([]byte(attempts), &d.Attempts); err != nil {
-		return d, fmt.Errorf("delivery %s: its attempts: %w", d.ID, err)
-	}
-	if d.Attempts == nil {
-		d.Attempts = []store.DeliveryAttempt{}
-	}
-	return d, nil
-}
-
 // ClaimDeliveries implements store.Deliveries: FOR UPDATE SKIP LOCKED
 // lets gateways claiming at once each take other rows, none waiting for
 // another's.
@@ -74,13 +47,13 @@ func (s *Store) ClaimDeliveries(ctx context.Context, owner string, now time.Time
 		WHERE n IN (SELECT n FROM webhook_deliveries
 			WHERE state = 'pending' AND next_attempt_at <= $3 AND lease_until <= $3
 			ORDER BY next_attempt_at, n LIMIT $4 FOR UPDATE SKIP LOCKED)
-		RETURNING `+deliveryColumns+`, body`, owner, nanos(now.Add(lease)), nanos(now), limit)
+		RETURNING `+store.DeliveryColumns+`, body`, owner, nanos(now.Add(lease)), nanos(now), limit)
 	if err != nil {
 		return nil, err
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.Delivery, error) {
 		var body []byte
-		d, err := scanDelivery(r, &body)
+		d, err := store.ScanDelivery(r, &body)
 		d.Body = body
 		return d, err
 	})
@@ -144,7 +117,7 @@ func (s *Store) ListDeliveries(ctx context.Context, f store.DeliveryFilter) ([]s
 		args = append(args, f.TurnID)
 		where = append(where, "turn_id = $"+strconv.Itoa(len(args)))
 	}
-	q := `SELECT ` + deliveryColumns + ` FROM webhook_deliveries`
+	q := `SELECT ` + store.DeliveryColumns + ` FROM webhook_deliveries`
 	if len(where) > 0 {
 		q += " WHERE " + strings.Join(where, " AND ")
 	}
@@ -154,7 +127,7 @@ func (s *Store) ListDeliveries(ctx context.Context, f store.DeliveryFilter) ([]s
 	if err != nil {
 		return nil, err
 	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.Delivery, error) { return scanDelivery(r, nil) })
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.Delivery, error) { return store.ScanDelivery(r, nil) })
 	if out == nil && err == nil {
 		out = []store.Delivery{}
 	}

@@ -5,15 +5,11 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"time"
 
-	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/store"
 )
 
 var _ store.Approvals = (*Store)(nil)
-
-const approvalColumns = `turn_id, call_id, round, tool, arguments, requested_at, expires_at, decision, by_whom, reason, decided_at`
 
 // RequestApproval implements store.Approvals.
 func (s *Store) RequestApproval(ctx context.Context, a store.Approval) error {
@@ -72,7 +68,7 @@ func (s *Store) Approvals(ctx context.Context, turnID string) ([]store.Approval,
 	if s.isClosed() {
 		return nil, store.ErrClosed
 	}
-	rows, err := s.r.QueryContext(ctx, `SELECT `+approvalColumns+` FROM approvals a WHERE turn_id = ?
+	rows, err := s.r.QueryContext(ctx, `SELECT `+store.ApprovalColumns+` FROM approvals a WHERE turn_id = ?
 		AND round = (SELECT MAX(round) FROM approvals b WHERE b.turn_id = a.turn_id AND b.call_id = a.call_id)
 		ORDER BY n`, turnID)
 	if err != nil {
@@ -81,7 +77,7 @@ func (s *Store) Approvals(ctx context.Context, turnID string) ([]store.Approval,
 	defer rows.Close()
 	var out []store.Approval
 	for rows.Next() {
-		a, err := scanApproval(rows)
+		a, err := store.ScanApproval(rows)
 		if err != nil {
 			return nil, err
 		}
@@ -91,29 +87,10 @@ func (s *Store) Approvals(ctx context.Context, turnID string) ([]store.Approval,
 }
 
 func lastApproval(ctx context.Context, tx *sql.Tx, turnID, callID string) (store.Approval, error) {
-	a, err := scanApproval(tx.QueryRowContext(ctx, `SELECT `+approvalColumns+` FROM approvals
+	a, err := store.ScanApproval(tx.QueryRowContext(ctx, `SELECT `+store.ApprovalColumns+` FROM approvals
 		WHERE turn_id = ? AND call_id = ? ORDER BY round DESC LIMIT 1`, turnID, callID))
 	if errors.Is(err, sql.ErrNoRows) {
 		return a, fmt.Errorf("call %s of turn %s: %w", callID, turnID, store.ErrNotFound)
 	}
 	return a, err
-}
-
-func scanApproval(r interface{ Scan(...any) error }) (store.Approval, error) {
-	var a store.Approval
-	var args, decision string
-	var requested, expires int64
-	var decided sql.NullInt64
-	if err := r.Scan(&a.TurnID, &a.CallID, &a.Round, &a.Tool, &args, &requested, &expires, &decision, &a.By, &a.Reason, &decided); err != nil {
-		return a, err
-	}
-	if args != "" {
-		a.Arguments = []byte(args)
-	}
-	a.Decision = event.Decision(decision)
-	a.RequestedAt, a.ExpiresAt = time.Unix(0, requested).UTC(), time.Unix(0, expires).UTC()
-	if decided.Valid {
-		a.DecidedAt = time.Unix(0, decided.Int64).UTC()
-	}
-	return a, nil
 }

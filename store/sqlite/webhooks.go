@@ -33,32 +33,6 @@ func (s *Store) EnqueueDeliveries(ctx context.Context, ds []store.Delivery) erro
 	})
 }
 
-const deliveryColumns = `id, url, event_type, turn_id, seq, created_at, state, next_attempt_at, attempts`
-
-func scanDelivery(sc interface{ Scan(...any) error }, body *[]byte) (store.Delivery, error) {
-	var d store.Delivery
-	var created, next int64
-	var attempts string
-	dest := []any{&d.ID, &d.URL, &d.EventType, &d.TurnID, &d.Seq, &created, &d.State, &next, &attempts}
-	if body != nil {
-		dest = append(dest, body)
-	}
-	if err := sc.Scan(dest...); err != nil {
-		return d, err
-	}
-	d.CreatedAt = fromNanos(created)
-	if d.State == store.DeliveryPending && next != 0 {
-		d.NextAttemptAt = fromNanos(next)
-	}
-	if err := json.Unmarshal([]byte(attempts), &d.Attempts); err != nil {
-		return d, fmt.Errorf("delivery %s: its attempts: %w", d.ID, err)
-	}
-	if d.Attempts == nil {
-		d.Attempts = []store.DeliveryAttempt{}
-	}
-	return d, nil
-}
-
 // ClaimDeliveries implements store.Deliveries. One writer holds the file
 // at a time, so the UPDATE that takes the leases is atomic among every
 // process sharing it.
@@ -70,14 +44,14 @@ func (s *Store) ClaimDeliveries(ctx context.Context, owner string, now time.Time
 			WHERE n IN (SELECT n FROM webhook_deliveries
 				WHERE state = 'pending' AND next_attempt_at <= ? AND lease_until <= ?
 				ORDER BY next_attempt_at, n LIMIT ?)
-			RETURNING `+deliveryColumns+`, body`, owner, nanos(now.Add(lease)), nanos(now), nanos(now), limit)
+			RETURNING `+store.DeliveryColumns+`, body`, owner, nanos(now.Add(lease)), nanos(now), nanos(now), limit)
 		if err != nil {
 			return err
 		}
 		defer rows.Close()
 		for rows.Next() {
 			var body []byte
-			d, err := scanDelivery(rows, &body)
+			d, err := store.ScanDelivery(rows, &body)
 			if err != nil {
 				return err
 			}
@@ -138,7 +112,7 @@ func (s *Store) ListDeliveries(ctx context.Context, f store.DeliveryFilter) ([]s
 	if f.TurnID != "" {
 		where, args = append(where, "turn_id = ?"), append(args, f.TurnID)
 	}
-	q := `SELECT ` + deliveryColumns + ` FROM webhook_deliveries`
+	q := `SELECT ` + store.DeliveryColumns + ` FROM webhook_deliveries`
 	if len(where) > 0 {
 		q += " WHERE " + strings.Join(where, " AND ")
 	}
@@ -150,7 +124,7 @@ func (s *Store) ListDeliveries(ctx context.Context, f store.DeliveryFilter) ([]s
 	defer rows.Close()
 	out := []store.Delivery{}
 	for rows.Next() {
-		d, err := scanDelivery(rows, nil)
+		d, err := store.ScanDelivery(rows, nil)
 		if err != nil {
 			return nil, err
 		}
