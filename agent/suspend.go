@@ -115,6 +115,9 @@ func (t *turn) checkpoint() *Checkpoint {
 	// A shutdown that reached the turn as it suspended is not the
 	// resumed turn's.
 	cp.State.Stop, cp.State.Stopped = nil, nil
+	// Providers that keep a conversation's state (the script model's
+	// place in its script) go on where they were.
+	cp.State.Providers = t.a.suspend(t.conversationID())
 	if mt != nil {
 		cp.Text, cp.History, cp.Summary, cp.Partial = mt.text, mt.history, mt.summary, mt.partial
 		cp.Added = append([]model.Message(nil), mt.Messages()...)

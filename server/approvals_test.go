@@ -255,7 +255,10 @@ func TestRestartWhileWaitingForApproval(t *testing.T) {
 		t.Fatalf("after the first server stopped: %+v, %v", rec, err)
 	}
 	time.Sleep(time.Second) // the server is down a while
-	b := newEnv(t, server.Config{Store: stB, Agent: newAgent(t, scripted(t, `{"text": "done"}`), newDeploy())})
+	// The same agent file: its script model goes on from where the first
+	// server left it (the conversation's provider state is in the
+	// checkpoint), not from its first line.
+	b := newEnv(t, server.Config{Store: stB, Agent: newAgent(t, scripted(t, deployThenAnswer...), newDeploy())})
 	ap := decode[store.Approval](t, b.do("POST", "/v1/turns/"+acc.TurnID+"/approvals/"+p.CallID,
 		map[string]any{"decision": "approve", "by": "alice"}), http.StatusOK)
 	if ap.Decision != event.Approve {
