@@ -242,7 +242,9 @@ func TestRestartWhileWaitingForApproval(t *testing.T) {
 		return dep
 	}
 	stA := open()
-	a := newEnv(t, server.Config{Store: stA, Agent: newAgent(t, scripted(t, deployThenAnswer...), newDeploy())})
+	// The bare script provider (not wrapped): it keeps each conversation's
+	// place in its script (model.Resumable).
+	a := newEnv(t, server.Config{Store: stA, Agent: newAgent(t, scripted(t, deployThenAnswer...).Provider, newDeploy())})
 	acc := decode[server.TurnAccepted](t, a.do("POST", "/v1/turns", map[string]any{"input": "deploy", "detach": true, "session_id": "s_restart"}), http.StatusAccepted)
 	p := a.waitPending(acc.TurnID)
 	if err := a.stop(); err != nil {
@@ -258,7 +260,7 @@ func TestRestartWhileWaitingForApproval(t *testing.T) {
 	// The same agent file: its script model goes on from where the first
 	// server left it (the conversation's provider state is in the
 	// checkpoint), not from its first line.
-	b := newEnv(t, server.Config{Store: stB, Agent: newAgent(t, scripted(t, deployThenAnswer...), newDeploy())})
+	b := newEnv(t, server.Config{Store: stB, Agent: newAgent(t, scripted(t, deployThenAnswer...).Provider, newDeploy())})
 	ap := decode[store.Approval](t, b.do("POST", "/v1/turns/"+acc.TurnID+"/approvals/"+p.CallID,
 		map[string]any{"decision": "approve", "by": "alice"}), http.StatusOK)
 	if ap.Decision != event.Approve {
