@@ -58,6 +58,8 @@ func TestFaults(t *testing.T) {
 	}{
 		{"endless stream", endlessStream},
 		{"endless stream, library", endlessStreamLibrary},
+		{"long reply", longReply},
+		{"many calls", manyCalls},
 		{"progress flood", progressFlood},
 		{"output", outputFloods},
 		{"process trees", processTrees},
