@@ -59,6 +59,7 @@ func TestFaults(t *testing.T) {
 		{"endless stream", endlessStream},
 		{"endless stream, library", endlessStreamLibrary},
 		{"long reply", longReply},
+		{"long reply, idle followers", longReplyIdleFollowers},
 		{"many calls", manyCalls},
 		{"progress flood", progressFlood},
 		{"output", outputFloods},
