@@ -181,3 +181,44 @@ func vmRSS() int64 {
 	}
 	return 0
 }
+
+// BenchmarkManyCalls measures a reply asking for TB_BENCH_CALLS (10,000)
+// Go-function tool calls under the default max_tool_calls (50): the
+// excess is refused, and what that costs is the time and memory of the
+// turn.
+func BenchmarkManyCalls(b *testing.B) {
+	n := 10000
+	if v := os.Getenv("TB_BENCH_CALLS"); v != "" {
+		n, _ = strconv.Atoi(v)
+	}
+	var sb strings.Builder
+	sb.WriteString(`{"tool_calls": [`)
+	for i := range n {
+		if i > 0 {
+			sb.WriteString(",")
+		}
+		sb.WriteString(`{"name": "noop", "arguments": {"i": ` + strconv.Itoa(i) + `}}`)
+	}
+	sb.WriteString("]}\n{\"text\": \"done\"}\n")
+	ls, err := script.Parse(strings.NewReader(sb.String()), "bench")
+	if err != nil {
+		b.Fatal(err)
+	}
+	p, _ := script.New(ls)
+	noop := tool.NewFunc("noop", "does nothing", nil, func(context.Context, json.RawMessage, tool.Progress) (any, error) {
+		return "ok", nil
+	})
+	a, err := agent.New(agent.Config{Models: []model.Endpoint{{Provider: p, ProviderName: "script", Model: "m"}},
+		Tools: []agent.Tool{{Tool: noop}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		var events int
+		res := a.Run(context.Background(), agent.Input{SessionID: "s", Text: "hi"}, event.SinkFunc(func(event.Event) { events++ }))
+		if res.Record.StopReason != "answered" && res.Record.StopReason != budget.MaxToolCalls {
+			b.Fatalf("stopped: %s", res.Record.StopReason)
+		}
+		b.ReportMetric(float64(events), "events")
+	}
+}

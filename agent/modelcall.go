@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"io"
-	"strings"
 	"time"
 
 	"github.com/timebox-run/timebox/event"
@@ -51,21 +50,32 @@ func (t *turn) callModel(ctx context.Context, mc modelCall) modelCalled {
 		defer timer.Stop()
 	}
 	w := model.Open(callCtx, mc.ep.Provider, mc.req, t.watchdog(), "model "+mc.ep.Model)
-	var text strings.Builder
+	// The text as chunk returned it, joined only when the provider's reply
+	// is not already the same text: a builder beside the provider's own
+	// held up to 2.25 more copies of a long reply (issue 29).
+	var text model.Text
 	var err error
 	for {
 		var c model.Chunk
 		if c, err = w.Recv(); err != nil {
 			break
 		}
-		text.WriteString(mc.chunk(w, c))
+		text.Add(mc.chunk(w, c))
 	}
 	w.Close()
-	out := modelCalled{text: text.String(), elapsed: time.Since(w.Started())}
+	out := modelCalled{elapsed: time.Since(w.Started())}
 	if err == io.EOF {
 		err = nil
 		out.resp = w.Response()
-		if out.resp.Text == "" {
+	}
+	switch {
+	case out.resp.Text != "" && len(out.resp.Text) == text.Len():
+		// The provider's text is what streamed (the pieces add up to it):
+		// one copy.
+		out.text = out.resp.Text
+	default:
+		out.text = text.String()
+		if err == nil && out.resp.Text == "" {
 			out.resp.Text = out.text
 		}
 	}

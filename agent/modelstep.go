@@ -252,18 +252,28 @@ func (t *turn) attempt(ctx context.Context, step, attempt int, ep model.Endpoint
 		// the provider, what has arrived meanwhile goes as one llm_delta,
 		// so that the number of events follows the sinks' pace, not the
 		// provider's, and a flood of tiny chunks is not a flood of events.
-		delta = append(delta[:0], c.Text...)
-		for len(delta) < maxDelta {
-			more, ok := w.Ready()
-			if !ok {
-				break
-			}
-			delta = append(delta, more.Text...)
+		// A chunk that goes alone goes as it came: the provider keeps the
+		// same string for its reply (model.Text), so a long reply is held
+		// once, not once more for the events.
+		d := c.Text
+		var more model.Chunk
+		ok := false
+		if len(c.Text) < maxDelta {
+			more, ok = w.Ready()
 		}
-		if len(delta) == 0 {
+		if ok {
+			delta = append(append(delta[:0], c.Text...), more.Text...)
+			for len(delta) < maxDelta {
+				if more, ok = w.Ready(); !ok {
+					break
+				}
+				delta = append(delta, more.Text...)
+			}
+			d = string(delta)
+		}
+		if d == "" {
 			return ""
 		}
-		d := string(delta)
 		t.em.Emit(&event.LLMDelta{Step: step, Text: d})
 		return d
 	}

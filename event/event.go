@@ -410,6 +410,17 @@ func (e Event) MarshalJSON() ([]byte, error) {
 	return out, nil
 }
 
+// Marshal returns e as JSON: the bytes json.Marshal(e) returns, without
+// json.Marshal's check and copy of what MarshalJSON made. An event with a
+// long text — a turn_finished's answer of megabytes — is then held as JSON
+// once, not three times over (issue 29).
+func Marshal(e Event) ([]byte, error) {
+	if _, ok := e.Data.(json.RawMessage); ok {
+		return json.Marshal(e) // as read: json.Marshal compacts it
+	}
+	return e.MarshalJSON()
+}
+
 // UnmarshalJSON reads the flat form written by MarshalJSON. The payload of
 // an unknown type is kept as a json.RawMessage.
 func (e *Event) UnmarshalJSON(b []byte) error {

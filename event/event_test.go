@@ -124,3 +124,19 @@ func TestTotalsCountRefusedCallsApart(t *testing.T) {
 		t.Fatalf("JSON %s", b)
 	}
 }
+
+// TestMarshalIsJSONMarshal: event.Marshal returns what json.Marshal does.
+func TestMarshalIsJSONMarshal(t *testing.T) {
+	for _, e := range []event.Event{
+		{Seq: 3, TurnID: "t", Type: event.TypeLLMDelta, Data: &event.LLMDelta{Step: 1, Text: "<b>&\u2028 \"x\"</b>"}},
+		{Seq: 4, TurnID: "t", Type: event.TypeTurnFinished, Data: &event.TurnFinished{Answer: "a < b"}},
+		{Seq: 5, Type: "future", Data: json.RawMessage(`{"seq": 5, "type": "future"}`)},
+		{Seq: 6, TurnID: "t", Type: event.TypeLLMDelta},
+	} {
+		want, werr := json.Marshal(e)
+		got, err := event.Marshal(e)
+		if string(got) != string(want) || (err == nil) != (werr == nil) {
+			t.Errorf("%s: Marshal %s (%v), json.Marshal %s (%v)", e.Type, got, err, want, werr)
+		}
+	}
+}

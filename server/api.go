@@ -455,7 +455,7 @@ func (s *Server) postTurn(w http.ResponseWriter, r *http.Request) {
 	select {
 	case <-lt.ended:
 		lt.storedOrLater()
-		_ = json.NewEncoder(w).Encode(lt.record(s))
+		_ = writeRecord(w, lt.record(s))
 	case <-r.Context().Done():
 		s.cancelTurn(lt, &budget.CancelError{Reason: budget.ClientGone, By: "the client"})
 	}
@@ -494,7 +494,7 @@ func (s *Server) getTurn(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	writeJSON(w, http.StatusOK, rec)
+	writeRecordJSON(w, http.StatusOK, rec)
 }
 
 // TurnList is the response of GET /v1/turns.
@@ -586,7 +586,7 @@ func (s *Server) cancel(w http.ResponseWriter, r *http.Request) {
 	select {
 	case <-lt.ended:
 		lt.storedOrLater()
-		writeJSON(w, http.StatusOK, lt.record(s))
+		writeRecordJSON(w, http.StatusOK, lt.record(s))
 	case <-t.C:
 		writeJSON(w, http.StatusAccepted, TurnAccepted{TurnID: id, SessionID: lt.session, Status: budget.StatusRunning,
 			Events: "/v1/turns/" + id + "/events"})

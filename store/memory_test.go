@@ -78,3 +78,24 @@ func TestMemoryNumbersEvents(t *testing.T) {
 		t.Fatalf("seqs %v, want [1 2 3]", seqs)
 	}
 }
+
+// queued is a store whose queue never commits: what it was handed.
+type queued struct {
+	store.Store
+	cbs []func(error)
+}
+
+func (q *queued) QueueEvent(_ event.Event, committed func(error)) { q.cbs = append(q.cbs, committed) }
+
+// TestEnqueueRefusedDoesNotWait: the record of a call refused before it ran
+// is queued, not waited for (a reply asking for 10,000 calls past
+// max_tool_calls would wait for 10,000 commits); that of a call that ran
+// is waited for.
+func TestEnqueueRefusedDoesNotWait(t *testing.T) {
+	q := &queued{Store: store.NewMemory()}
+	store.Enqueue(q, event.Event{Type: event.TypeToolFinished, Data: &event.ToolFinished{ToolCall: event.ToolCall{CallID: "c1", Refused: "limit"}}}, nil)
+	store.Enqueue(q, event.Event{Type: event.TypeToolFinished, Data: &event.ToolFinished{ToolCall: event.ToolCall{CallID: "c2"}}}, nil)
+	if len(q.cbs) != 2 || q.cbs[0] != nil || q.cbs[1] == nil {
+		t.Fatalf("callbacks %v: want the refused call's queued as given (nil), the run call's waited for", q.cbs)
+	}
+}

@@ -359,8 +359,15 @@ const RecordWait = 250 * time.Millisecond
 // record, waits for its commit for at most RecordWait; committed is
 // QueueEvent's. The turn's sinks (the server's, Recorder) store events
 // through it.
+//
+// A tool call refused before it ran (max_tool_calls, a stop, an unknown
+// tool, bad arguments) is not waited for: nothing ran that a crash could
+// leave unaccounted for, and a reply asking for 10,000 calls past the
+// limit would otherwise wait for 10,000 commits one after the other
+// (docs/decisions/refused-calls.md). Its record is committed with the
+// group it is queued in, and before the turn's own (FinishTurn).
 func Enqueue(s Store, e event.Event, committed func(error)) {
-	if !WaitForStore(e) {
+	if !WaitForStore(e) || refused(e) {
 		s.QueueEvent(e, committed)
 		return
 	}
@@ -377,6 +384,12 @@ func Enqueue(s Store, e event.Event, committed func(error)) {
 	case <-stored:
 	case <-t.C:
 	}
+}
+
+// refused reports whether e ends a tool call that was refused, not run.
+func refused(e event.Event) bool {
+	tf, ok := e.Data.(*event.ToolFinished)
+	return ok && tf.Refused != ""
 }
 
 // WhyCancelled says why s signalled a cancel of turn id (WatchCancel),

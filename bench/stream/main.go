@@ -60,11 +60,23 @@ func scenarios() []scenario {
 				{Tool: &fakellm.ToolFragment{Arguments: big[:4<<10]}}}}},
 		{name: "flood: 1-byte chunks, endless (openai)", format: fakellm.OpenAI,
 			reply: fakellm.Reply{Repeat: true, Chunks: []fakellm.Chunk{{Text: "x"}}}},
+		{name: "long: a 15 MB reply in 1 KiB chunks, --max-reply 16MiB (openai)", format: fakellm.OpenAI, maxReply: "16MiB",
+			reply: fakellm.Reply{Chunks: longReply(15<<20/1024, big[:1024])}},
 		{name: "trickle: a 1-byte chunk every 10ms, endless (openai)", format: fakellm.OpenAI,
 			reply: fakellm.Reply{Repeat: true, Chunks: []fakellm.Chunk{{Text: "x", Delay: 10 * time.Millisecond}}}},
 		{name: "trickle: one event, a byte every 5ms (openai)", format: fakellm.OpenAI,
 			reply: fakellm.Reply{ByteDelay: 5 * time.Millisecond, Chunks: []fakellm.Chunk{{Text: big}}}},
 	}
+}
+
+// longReply is a reply of n chunks of text c: one that ends, under
+// max_reply, but long (issue 29: what a long reply costs in memory).
+func longReply(n int, c string) []fakellm.Chunk {
+	chunks := make([]fakellm.Chunk, n)
+	for i := range chunks {
+		chunks[i] = fakellm.Chunk{Text: c}
+	}
+	return chunks
 }
 
 // mode is how timebox is run.

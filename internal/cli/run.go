@@ -3,7 +3,6 @@ package cli
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -33,7 +32,7 @@ type jsonLines struct {
 func (j *jsonLines) Emit(e event.Event) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	b, err := json.Marshal(e)
+	b, err := event.Marshal(e)
 	if err != nil {
 		j.err = err
 		return

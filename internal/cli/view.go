@@ -11,6 +11,7 @@ import (
 
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/model"
 )
 
 // view renders a turn's events for a person. On a terminal it keeps a live
@@ -26,11 +27,15 @@ type view struct {
 	// the caller of `timebox tool call`.
 	told string
 
-	mu       sync.Mutex
-	running  map[string]*chip // by call_id, or "model"
-	order    []string
-	drawn    int // lines of the live block on screen
-	text     strings.Builder
+	mu      sync.Mutex
+	running map[string]*chip // by call_id, or "model"
+	order   []string
+	drawn   int // lines of the live block on screen
+	// text is the model's reply so far, its deltas' own strings (joined
+	// once, at its end: a builder would hold another copy of a long
+	// reply, issue 29); recent its last few KiB, for the preview.
+	text     model.Text
+	recent   []byte
 	spin     int
 	finished bool
 	// held keeps the live block off the screen while a question is asked
@@ -127,16 +132,20 @@ func (v *view) Emit(e event.Event) {
 			v.println(fmt.Sprintf("%s model %s (attempt %d) thinking…", v.c(blue, "◆"), d.Model, d.Attempt))
 		}
 	case *event.LLMDelta:
-		v.text.WriteString(d.Text)
+		v.text.Add(d.Text)
+		v.recent = append(v.recent, tail(d.Text, 4<<10)...)
+		if len(v.recent) > 8<<10 {
+			v.recent = append(v.recent[:0], tail(string(v.recent), 4<<10)...)
+		}
 		if c := v.running["model"]; c != nil {
 			// From the end of the reply only: a preview that looked at the
 			// whole reply would cost more with every delta of a long one.
-			c.preview = lastLine(tail(v.text.String(), 4<<10), 60)
+			c.preview = lastLine(tail(string(v.recent), 4<<10), 60)
 		}
 	case *event.LLMFinished:
 		v.remove("model")
 		txt := strings.TrimSpace(v.text.String())
-		v.text.Reset()
+		v.text, v.recent = model.Text{}, v.recent[:0]
 		switch {
 		case d.Outcome != event.OutcomeOK:
 			v.println(fmt.Sprintf("%s model %s %s after %s: %s", v.c(red, "✗"), d.Model, d.Outcome, ms(d.StreamMS), d.Error))
@@ -270,8 +279,10 @@ func (v *view) banner(d *event.TurnFinished) string {
 		if n := d.Totals.ToolCallsRefused; n > 0 {
 			refused = fmt.Sprintf(" (%d more refused)", n)
 		}
-		return fmt.Sprintf("%s in %s · %d step%s · %d tool call%s%s\n\n%s", v.c(green+bold, "✔ answered"), took,
-			d.Totals.Steps, plural(d.Totals.Steps), d.Totals.ToolCalls, plural(d.Totals.ToolCalls), refused, d.Answer)
+		// The answer is added, not formatted: fmt would hold two more
+		// copies of a long one (issue 29).
+		return fmt.Sprintf("%s in %s · %d step%s · %d tool call%s%s\n\n", v.c(green+bold, "✔ answered"), took,
+			d.Totals.Steps, plural(d.Totals.Steps), d.Totals.ToolCalls, plural(d.Totals.ToolCalls), refused) + d.Answer
 	case budget.StatusCancelled:
 		return fmt.Sprintf("%s (%s)\n%s", v.c(yellow+bold, "⊘ cancelled"), d.StopReason, d.Message)
 	case budget.StatusFailed:

@@ -62,6 +62,9 @@ func TestFaults(t *testing.T) {
 	}{
 		{"endless stream", endlessStream},
 		{"endless stream, library", endlessStreamLibrary},
+		{"long reply", longReply},
+		{"long reply, idle followers", longReplyIdleFollowers},
+		{"many calls", manyCalls},
 		{"progress flood", progressFlood},
 		{"output", outputFloods},
 		{"process trees", processTrees},

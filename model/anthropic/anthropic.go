@@ -220,7 +220,7 @@ type block struct {
 type stream struct {
 	ctx     context.Context
 	s       *ssestream.Stream[sdk.MessageStreamEventUnion]
-	text    strings.Builder
+	text    model.Text
 	blocks  map[int64]*block
 	order   []int64
 	stop    string
@@ -298,7 +298,7 @@ func (s *stream) Recv() (model.Chunk, error) {
 	case "message_stop":
 		s.stopped = true
 	}
-	s.text.WriteString(out.Text)
+	s.text.Add(out.Text)
 	return out, nil
 }
 

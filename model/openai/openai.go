@@ -157,7 +157,7 @@ func toParams(req model.Request) (sdk.ChatCompletionNewParams, error) {
 type stream struct {
 	ctx    context.Context
 	s      *ssestream.Stream[sdk.ChatCompletionChunk]
-	text   strings.Builder
+	text   model.Text
 	calls  map[int64]*call
 	finish string
 	usage  model.Usage
@@ -221,7 +221,7 @@ func (s *stream) Recv() (model.Chunk, error) {
 			s.finish = ch.FinishReason
 		}
 	}
-	s.text.WriteString(out.Text)
+	s.text.Add(out.Text)
 	return out, nil
 }
 

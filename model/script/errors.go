@@ -61,6 +61,10 @@ type lineParser struct {
 	// the problems found once the line has decoded.
 	at       map[string]int
 	problems []*ParseError
+	// colOff and colN are the last column counted (byte colOff of text is
+	// column colN), so that the columns of a line's many tool calls are
+	// counted on from the previous one, not from the line's start.
+	colOff, colN int
 }
 
 // parseLine reads line n of the script: text is the whole line, raw the
@@ -220,7 +224,12 @@ func (p *lineParser) report(off int, key, msg string) {
 func (p *lineParser) col(off int) int {
 	lead := len(p.text) - len(bytes.TrimLeftFunc(p.text, unicode.IsSpace))
 	off = min(max(lead+off, 0), len(p.text))
-	return 1 + utf8.RuneCount(p.text[:off])
+	if off < p.colOff {
+		p.colOff, p.colN = 0, 0
+	}
+	p.colN += utf8.RuneCount(p.text[p.colOff:off])
+	p.colOff = off
+	return 1 + p.colN
 }
 
 // place is where the value of the field at path starts, or that of the

@@ -660,18 +660,6 @@ func (s *Store) FinishTurn(ctx context.Context, rec *event.Turn, msgs []model.Me
 	if err != nil {
 		return err
 	}
-	type ev struct {
-		e    event.Event
-		data []byte
-	}
-	evs := make([]ev, 0, len(rec.Events))
-	for _, e := range rec.Events {
-		d, err := json.Marshal(e)
-		if err != nil {
-			return err
-		}
-		evs = append(evs, ev{e, d})
-	}
 	defer s.watch.Wake(rec.TurnID)
 	err = s.durable(ctx, "the record of turn "+rec.TurnID, func(tx *sql.Tx) error {
 		var one int
@@ -687,11 +675,18 @@ func (s *Store) FinishTurn(ctx context.Context, rec *event.Turn, msgs []model.Me
 		if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(seq), 0) FROM events WHERE turn_id = ?`, rec.TurnID).Scan(&last); err != nil {
 			return err
 		}
-		for _, x := range evs {
-			if x.e.Seq <= last {
+		// Only the events the queue has not stored are marshalled: as a
+		// rule none, and a turn's log may hold a long reply's every delta
+		// (issue 29).
+		for _, e := range rec.Events {
+			if e.Seq <= last {
 				continue
 			}
-			if _, err := insertEvent(ctx, tx, rec.TurnID, x.e.Seq, x.e.Type, x.e.At, x.data); err != nil {
+			data, err := json.Marshal(e)
+			if err != nil {
+				return err
+			}
+			if _, err := insertEvent(ctx, tx, rec.TurnID, e.Seq, e.Type, e.At, data); err != nil {
 				return err
 			}
 		}

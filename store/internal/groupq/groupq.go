@@ -14,7 +14,6 @@ package groupq
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -143,7 +142,7 @@ func New(commit Commit, o Options) *Queue {
 // with the error that kept it from being stored (store.ErrClosed after
 // Close). It waits for room when the queue is full.
 func (q *Queue) Add(e event.Event, committed func(error)) {
-	data, err := json.Marshal(e)
+	data, err := event.Marshal(e)
 	if err == nil {
 		err = q.enqueue(&Item{Event: e, Data: data, committed: committed})
 	}

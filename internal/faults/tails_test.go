@@ -1,0 +1,183 @@
+//go:build faults && linux
+
+package faults
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/fakellm"
+	"github.com/timebox-run/timebox/internal/procmem"
+)
+
+// longReplyBytes is the reply of the long-reply scenario: 15 MiB, in
+// 1 KiB chunks, under a max_reply of 16 MiB (issue 29).
+const longReplyBytes = 15 << 20
+
+// longReply: a model whose reply is long but ends — 15 MiB of text in
+// 1 KiB chunks — through `timebox run --json` with the store on, and
+// through `timebox serve` to an SSE client. The turn answers whole, and
+// the peak memory of timebox stays under its bound: what the reply costs
+// must not grow again (docs/decisions/reply-text.md). The goal of issue
+// 29, 3 × the reply plus a fixed base (about 80 MB), is not reached yet:
+// on 2026-11-26 run peaked at 533 MB before the issue's changes and
+// 423–477 MB after (bound 500), serve at 596 and 477–549 MB (bound 620: it
+// keeps serve from growing further, it does not tell before from after).
+func longReply(t *testing.T) {
+	chunks := make([]fakellm.Chunk, longReplyBytes/1024)
+	c := text(1024)
+	for i := range chunks {
+		chunks[i] = fakellm.Chunk{Text: c}
+	}
+	reply := fakellm.Reply{Chunks: chunks}
+	for _, serve := range []bool{false, true} {
+		via, boundMB := "timebox run --json", 500
+		if serve {
+			via, boundMB = "timebox serve, an SSE client", 620
+		}
+		t.Run(via, func(t *testing.T) {
+			sc := begin(t, "a 15 MiB reply in 1 KiB chunks, --max-reply 16MiB", via)
+			srv := fakellm.New(fakellm.OpenAI, reply)
+			defer srv.Close()
+			a := openAIAgent(t, srv)
+			env := []string{"FAKE_KEY=k"}
+			flags := []string{"--turn-timeout", "2m", "--max-reply", "16MiB"}
+			var seen []event.Event
+			var peak int64
+			var tb *proc
+			if serve {
+				var url string
+				tb, url = startServe(t, a, env, flags...)
+				f := postTurn(t, url, `{"input": "Write a lot."}`)
+				if _, ok := f.log.waitFor(event.TypeTurnFinished, 2*time.Minute); !ok {
+					t.Fatalf("the stream ended without turn_finished\n%s", tb.stderr.String())
+				}
+				peak = procmem.Peak(tb.pid())
+				f.leave()
+				seen = f.log.snapshot()
+				tb.cmd.Process.Signal(syscall.SIGTERM)
+				if code := tb.wait(30 * time.Second); code != 0 {
+					t.Errorf("serve exited %d after SIGTERM\n%s", code, tb.stderr.String())
+				}
+			} else {
+				tb = startTimebox(t, a.dir, env, nil, append(append([]string{"run", "-f", a.file, "--db", a.db, "--json"}, flags...), "Write a lot.")...)
+				if code := tb.wait(2 * time.Minute); code != 0 {
+					t.Errorf("exit %d, want 0\n%s", code, tb.stderr.String())
+				}
+				peak = tb.peak()
+				seen = tb.log.snapshot()
+			}
+			fin := finished(seen)
+			if fin == nil {
+				t.Fatalf("no turn_finished\n%s", tb.stderr.String())
+			}
+			sc.is("stop reason", string(fin.StopReason), string(budget.Answered))
+			sc.count("bytes of answer", len(fin.Answer), longReplyBytes)
+			sc.memory(fmt.Sprintf("peak memory of timebox (the reply: %.1f MB)", float64(longReplyBytes)/1e6), peak, boundMB)
+			sc.nothingLeft(tb.pid())
+		})
+	}
+}
+
+// longReplyIdleFollowers: the 15 MiB reply through `timebox serve`,
+// posted by a client that waits for the turn's record as JSON (with its
+// events), while 20 followers of the turn's events never read. A follower
+// that does not read is cut loose from the live fan-out; the record is
+// written an event at a time (docs/decisions/follower-memory.md). Before
+// issue 29 serve peaked here at 692 MB, after it at 483 MB (2026-11-26).
+func longReplyIdleFollowers(t *testing.T) {
+	const followers = 20
+	sc := begin(t, "a 15 MiB reply in 1 KiB chunks, 20 followers that do not read", "timebox serve, the record as JSON")
+	chunks := make([]fakellm.Chunk, longReplyBytes/1024)
+	for i := range chunks {
+		chunks[i] = fakellm.Chunk{Text: text(1024)}
+	}
+	srv := fakellm.New(fakellm.OpenAI, fakellm.Reply{Chunks: chunks})
+	defer srv.Close()
+	a := openAIAgent(t, srv)
+	tb, url := startServe(t, a, []string{"FAKE_KEY=k"}, "--turn-timeout", "2m", "--max-reply", "16MiB")
+	resp, err := http.Post(url+"/v1/turns", "application/json", strings.NewReader(`{"input": "Write a lot."}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.Header.Get("Timebox-Turn-Id")
+	var idle []*http.Response
+	for range followers {
+		r, err := http.Get(url + "/v1/turns/" + id + "/events?after=0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		idle = append(idle, r) // never read
+	}
+	var rec event.Turn
+	err = json.NewDecoder(resp.Body).Decode(&rec)
+	resp.Body.Close()
+	peak := procmem.Peak(tb.pid())
+	for _, r := range idle {
+		r.Body.Close()
+	}
+	if err != nil {
+		t.Fatalf("reading the record: %v\n%s", err, tb.stderr.String())
+	}
+	sc.is("stop reason", string(rec.StopReason), string(budget.Answered))
+	sc.count("bytes of answer", len(rec.Answer), longReplyBytes)
+	sc.memory(fmt.Sprintf("peak memory of timebox (the reply: %.1f MB)", float64(longReplyBytes)/1e6), peak, 600)
+	tb.cmd.Process.Signal(syscall.SIGTERM)
+	if code := tb.wait(30 * time.Second); code != 0 {
+		t.Errorf("serve exited %d after SIGTERM\n%s", code, tb.stderr.String())
+	}
+	sc.nothingLeft(tb.pid())
+}
+
+// manyCalls: a reply asking for 10,000 tool calls under the default
+// limits.max_tool_calls (50), through `timebox run --json` with the store
+// on: 50 run, the other 9,950 are refused at once, each with its record,
+// and the turn stops max_tool_calls saying so — in seconds, not the
+// 6–14 s of 9,950 commits waited for one by one
+// (docs/decisions/refused-calls.md).
+func manyCalls(t *testing.T) {
+	const n = 10000
+	sc := begin(t, fmt.Sprintf("a reply asking for %d tool calls, max_tool_calls 50", n), "timebox run --json")
+	calls := make([]map[string]any, n)
+	for i := range calls {
+		calls[i] = map[string]any{"name": "noop", "arguments": map[string]int{"i": i}}
+	}
+	line, _ := json.Marshal(map[string]any{"tool_calls": calls})
+	a := newAgent(t, "name: faults\nmodel: {primary: 'script:m'}\nproviders: {script: {file: script.jsonl}}\n"+
+		"tools:\n  - {name: noop, description: Does nothing., exec: [\"true\"]}\n",
+		[]string{string(line), `{"text": "done"}`}, nil)
+	tb := startTimebox(t, a.dir, nil, nil, "run", "-f", a.file, "--db", a.db, "--json", "Call them all.")
+	if code := tb.wait(2 * time.Minute); code != 3 {
+		t.Errorf("exit %d, want 3 (stopped by a limit)\n%s", code, tb.stderr.String())
+	}
+	seen := tb.log.snapshot()
+	fin := finished(seen)
+	if fin == nil {
+		t.Fatalf("no turn_finished\n%s", tb.stderr.String())
+	}
+	sc.is("stop reason", string(fin.StopReason), string(budget.MaxToolCalls))
+	refused, ran := 0, 0
+	for _, e := range seen {
+		if tf, ok := e.Data.(*event.ToolFinished); ok {
+			if tf.Refused == "limit" && strings.Contains(tf.Result, "limits.max_tool_calls") {
+				refused++
+			} else if tf.Refused == "" {
+				ran++
+			}
+		}
+	}
+	sc.count("calls run", ran, 50)
+	sc.count("calls refused, the knob in their result", refused, n-50)
+	sc.within("timebox run, start to exit", tb.took, 5*time.Second)
+	sc.memory("peak memory of timebox", tb.peak(), 200)
+	rec, _ := stored(t, a.db, "")
+	sc.count("tool call records stored", len(rec.ToolCalls), n)
+	sc.nothingLeft(tb.pid())
+}
