@@ -46,13 +46,25 @@ tools:
 func TestApprovalsOnTemporal(t *testing.T) {
 	defer proctest.CheckNoLeaks(t)
 	c, s, queue := setup(t)
+	// The Run's own Approver (timebox run's terminal prompt): asked when
+	// the call waits, its decision stored and signalled.
+	denier := agent.ApproverFunc(func(ctx context.Context, req agent.ApprovalRequest) (agent.Decision, error) {
+		select {
+		case <-time.After(500 * time.Millisecond):
+			return agent.Decision{Decision: event.Deny, By: "bob at the terminal", Reason: "not now"}, nil
+		case <-ctx.Done():
+			return agent.Decision{}, ctx.Err()
+		}
+	})
 	for _, tc := range []struct {
 		name, timeout string
 		decide        bool
+		approver      agent.Approver
 		want          event.Outcome
 	}{
-		{"approved", "1h", true, event.OutcomeOK},
-		{"expired", "1500ms", false, event.OutcomeApprovalExpired},
+		{"approved", "1h", true, nil, event.OutcomeOK},
+		{"expired", "1500ms", false, nil, event.OutcomeApprovalExpired},
+		{"the Run's approver", "1h", false, denier, event.OutcomeDenied},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a, err := timebox.Open(context.Background(), approvalAgent(t, t.TempDir(), tc.timeout), timebox.Options{})
@@ -69,7 +81,7 @@ func TestApprovalsOnTemporal(t *testing.T) {
 			asked := make(chan event.Event, 1)
 			done := make(chan *agent.Result, 1)
 			go func() {
-				done <- r.Run(context.Background(), agent.Input{Text: "deploy"}, event.SinkFunc(func(e event.Event) {
+				done <- r.Run(context.Background(), agent.Input{Text: "deploy", Approver: tc.approver}, event.SinkFunc(func(e event.Event) {
 					if e.Type == event.TypeApprovalRequested {
 						asked <- e
 					}
@@ -105,6 +117,9 @@ func TestApprovalsOnTemporal(t *testing.T) {
 			call := callNamed(t, rec, "deploy")
 			if call.Outcome != tc.want || call.Approval == nil {
 				t.Fatalf("call %s, approval %+v; want %s", call.Outcome, call.Approval, tc.want)
+			}
+			if tc.approver != nil && (call.Approval.By != "bob at the terminal" || call.Approval.Reason != "not now") {
+				t.Errorf("decided %+v", call.Approval)
 			}
 			if tc.decide && (call.ApprovalMS < 3000 || call.DurationMS > 1000 || call.Approval.By != "alice" || rec.ApprovalMS < 3000) {
 				t.Errorf("waited %dms (turn %dms), ran %dms, by %q", call.ApprovalMS, rec.ApprovalMS, call.DurationMS, call.Approval.By)

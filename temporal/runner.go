@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
+	"sync"
 	"time"
 
 	"go.temporal.io/api/enums/v1"
@@ -139,6 +141,62 @@ type follow struct {
 	after   int64
 	// finished is set once turn_finished was read.
 	finished bool
+	// The questions put to in.Approver (ask), by call and round, and
+	// what ends them with the Run.
+	asked     map[string]bool
+	asks      sync.WaitGroup
+	askCtx    context.Context
+	askCancel context.CancelFunc
+}
+
+// ask puts a call waiting for a person's decision (approval_requested) to
+// the Run's Approver — a terminal's prompt, a program's — and stores its
+// decision and signals the workflow, as the server's route does. Without
+// an answer the workflow's own timer expires the call.
+func (f *follow) ask(e event.Event, d *event.ApprovalRequested) {
+	if f.in.Approver == nil {
+		return
+	}
+	round := max(1, d.Round)
+	key := d.CallID + "#" + strconv.Itoa(round)
+	if f.asked[key] {
+		return
+	}
+	if f.asked == nil {
+		f.asked = map[string]bool{}
+		f.askCtx, f.askCancel = context.WithCancel(context.Background())
+	}
+	f.asked[key] = true
+	req := agent.ApprovalRequest{TurnID: f.in.TurnID, SessionID: f.in.SessionID, Step: d.Step, CallID: d.CallID, Tool: d.Tool,
+		Arguments: d.Arguments, RequestedAt: e.At, ExpiresAt: d.ExpiresAt, Round: round}
+	f.asks.Add(1)
+	go func() {
+		defer f.asks.Done()
+		ctx, cancel := context.WithDeadline(f.askCtx, d.ExpiresAt)
+		defer cancel()
+		dec, err := f.in.Approver.Approve(ctx, req)
+		ap, ok := f.r.store.(store.Approvals)
+		if err != nil || !ok || (dec.Decision != event.Approve && dec.Decision != event.Deny) {
+			return
+		}
+		if dec.At.IsZero() {
+			dec.At = time.Now()
+		}
+		sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer scancel()
+		if _, err := ap.Decide(sctx, req.TurnID, req.CallID, store.Approval{Decision: dec.Decision, By: dec.By, Reason: dec.Reason,
+			DecidedAt: dec.At}); err == nil || errors.Is(err, store.ErrDecided) {
+			_ = f.r.SignalApproval(sctx, req.TurnID, req.CallID)
+		}
+	}()
+}
+
+// stopAsking ends the questions still put to the Approver.
+func (f *follow) stopAsking() {
+	if f.askCancel != nil {
+		f.askCancel()
+	}
+	f.asks.Wait()
 }
 
 func (f *follow) run(ctx context.Context, run client.WorkflowRun) *agent.Result {
@@ -150,6 +208,7 @@ func (f *follow) run(ctx context.Context, run client.WorkflowRun) *agent.Result 
 		var out Outcome
 		ended <- run.Get(bg, &out)
 	}()
+	defer f.stopAsking()
 	changed, unwatch := r.store.Watch(id)
 	defer unwatch()
 	check := time.NewTicker(EngineCheck)
@@ -255,6 +314,9 @@ func (f *follow) read(ctx context.Context) error {
 			s.Emit(e)
 		}
 		f.finished = f.finished || e.Type == event.TypeTurnFinished
+		if d, ok := e.Data.(*event.ApprovalRequested); ok {
+			f.ask(e, d)
+		}
 	}
 	return nil
 }
