@@ -355,3 +355,24 @@ func TestSuspendAndResume(t *testing.T) {
 		}
 	})
 }
+
+// The model is told the turn's own time left: a wait for a person is not
+// taken from it.
+func TestTimeNoteLeavesOutTheWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := lines(t, `{"tool_calls": [{"name": "deploy", "arguments": {}}]}`,
+			`{"text": "done", "expect_in_request": ["Time left in this turn: 10m of 10m."]}`)
+		b := approvalBudgets()
+		b.Approval = secs(time.Hour, budget.SourceFile, budget.KeyApproval)
+		b.Turn = secs(10*time.Minute, budget.SourceFile, budget.KeyTurn)
+		a, err := agent.New(agent.Config{TimeNotes: true, Models: []model.Endpoint{endpoint(p, "m")},
+			Tools: []agent.Tool{sleepy("deploy", time.Second, 0)}, Budgets: b})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res := a.Run(t.Context(), agent.Input{Text: "deploy", Approver: after(5*time.Minute, event.Approve, "alice", "")})
+		if res.Record.StopReason != budget.Answered {
+			t.Fatalf("stopped %s: %s", res.Record.StopReason, res.Record.Message)
+		}
+	})
+}

@@ -50,14 +50,16 @@ func withNote(desc, note string) string {
 }
 
 // timeNote is the note each model request of the turn ends with: the
-// turn's time left, the step's no-progress window, llm_budget left when it
+// turn's time left (its waits for people left out), the step's no-progress window, llm_budget left when it
 // is set, and the tool calls left. It is built for each request and never
 // stored, so that it does not pile up in the history.
 func (t *turn) timeNote(now time.Time) string {
 	b, l := t.s.Budgets, t.s.Limits
 	var sb strings.Builder
 	sb.WriteString("[timebox] Time left in this turn: ")
-	sb.WriteString(noteLeft(b.Turn.D-now.Sub(t.s.Start)) + " of " + budget.FormatDuration(b.Turn.D) + ".")
+	// The ceiling, as far as waits for people have moved it: their time
+	// is not taken from the turn's.
+	sb.WriteString(noteLeft(t.s.Ceiling().Sub(now)) + " of " + budget.FormatDuration(b.Turn.D) + ".")
 	if !b.Step.Off() {
 		sb.WriteString(" A step with no progress for " + budget.FormatDuration(b.Step.D) + " is stopped.")
 	}
