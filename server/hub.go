@@ -42,12 +42,101 @@ type hub struct {
 
 // sub is one follower's subscription.
 type sub struct {
-	// ch carries the frames after the subscription's start. It is closed
-	// when the turn has ended or the follower fell behind (lagged). Each
-	// frame is shared by every follower: a buffer of pointers costs an idle
-	// follower 2 KiB, where one of frames cost 18 KiB (issue 29).
-	ch     chan *frame
-	lagged bool
+	lagged bool // under the hub's lock
+
+	// mu guards the rest, which it is its own lock, not the hub's, so
+	// that a follower taking its frames or parking does not contend with
+	// the fan-out.
+	mu sync.Mutex
+	// q holds the frames published after the subscription's start that the
+	// follower has not taken, subBuffer at most. Each frame is shared by
+	// every follower, and an idle follower's q is empty: a buffer of 256
+	// frames by value cost each follower 18 KiB, a channel of pointers 2
+	// KiB (issue 29).
+	q []*frame
+	// closed: no frame comes after q's, because the turn has ended or the
+	// follower fell behind (lagged).
+	closed bool
+	// ready has a token when q has grown or s closed, for a follower's
+	// goroutine to wait on; wake, when set, is called once instead, for a
+	// parked follower (park.go), which has no goroutine waiting.
+	ready chan struct{}
+	wake  func()
+}
+
+// send hands f to s if its buffer has room; it returns s's wake, once, if
+// s parked.
+func (s *sub) send(f *frame) (sent bool, wake func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.q) >= subBuffer {
+		return false, nil
+	}
+	s.q = append(s.q, f)
+	return true, s.signal()
+}
+
+// shut closes s; it returns s's wake, once, if s parked.
+func (s *sub) shut() (wake func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	return s.signal()
+}
+
+// signal tells s's follower it has something to take, under s.mu.
+func (s *sub) signal() (wake func()) {
+	select {
+	case s.ready <- struct{}{}:
+	default:
+	}
+	wake, s.wake = s.wake, nil
+	return wake
+}
+
+// take returns the frames s has; open is false once s is closed and its
+// last frames are taken (with them).
+func (s *sub) take() (fs []*frame, open bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fs, s.q = s.q, nil
+	return fs, !s.closed
+}
+
+// recycle gives s back a small slice take returned, emptied, for its next
+// frames: an event that reaches ten thousand followers does not allocate
+// for each.
+func (s *sub) recycle(fs []*frame) {
+	if cap(fs) > 16 {
+		return
+	}
+	clear(fs)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.q == nil {
+		s.q = fs[:0]
+	}
+}
+
+// park arranges for wake to be called when s has a frame or is closed. It
+// returns false, and arranges nothing, if s has one or is closed already.
+func (s *sub) park(wake func()) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed || len(s.q) > 0 {
+		return false
+	}
+	s.wake = wake
+	return true
+}
+
+// wakeAll calls the wakes the hub collected, once it let go of its lock:
+// a parked follower's goroutine starts at once, and parks without
+// waiting for the fan-out to end.
+func wakeAll(wakes []func()) {
+	for _, w := range wakes {
+		w()
+	}
 }
 
 func newHub() *hub { return &hub{subs: map[*sub]struct{}{}} }
@@ -69,7 +158,7 @@ func (h *hub) subscribe() (s *sub, stored int64, pending []frame) {
 	if h.ended {
 		return nil, h.stored, pending
 	}
-	s = &sub{ch: make(chan *frame, subBuffer)}
+	s = &sub{ready: make(chan struct{}, 1)}
 	h.subs[s] = struct{}{}
 	return s, h.stored, pending
 }
@@ -77,10 +166,13 @@ func (h *hub) subscribe() (s *sub, stored int64, pending []frame) {
 // unsubscribe removes s; it is safe after the hub closed s.
 func (h *hub) unsubscribe(s *sub) {
 	h.mu.Lock()
-	defer h.mu.Unlock()
-	if _, ok := h.subs[s]; ok {
-		delete(h.subs, s)
-		close(s.ch)
+	_, ok := h.subs[s]
+	delete(h.subs, s)
+	h.mu.Unlock()
+	if ok {
+		if w := s.shut(); w != nil {
+			w()
+		}
 	}
 }
 
@@ -88,21 +180,25 @@ func (h *hub) unsubscribe(s *sub) {
 // full is cut loose (lagged) and catches up (subscribe). f is pending until
 // stored says the store has it.
 func (h *hub) publish(f frame) {
+	var wakes []func()
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	h.last = f.seq
 	h.pend = append(h.pend, f)
 	fp := &f
 	for s := range h.subs {
-		select {
-		case s.ch <- fp:
-		default:
+		sent, w := s.send(fp)
+		if !sent {
 			s.lagged = true
 			h.lags++
 			delete(h.subs, s)
-			close(s.ch)
+			w = s.shut()
+		}
+		if w != nil {
+			wakes = append(wakes, w)
 		}
 	}
+	h.mu.Unlock()
+	wakeAll(wakes)
 }
 
 // storedUpTo notes that the store has every event up to seq (or has given
@@ -131,17 +227,21 @@ func (h *hub) behind() int {
 // end marks the turn over and closes every subscription; followers drain
 // what is buffered. Its pending frames stay until stored.
 func (h *hub) end() {
+	var wakes []func()
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	h.ended = true
 	for s := range h.subs {
 		delete(h.subs, s)
-		close(s.ch)
+		if w := s.shut(); w != nil {
+			wakes = append(wakes, w)
+		}
 	}
+	h.mu.Unlock()
+	wakeAll(wakes)
 }
 
 // isLagged reports whether s was cut loose for falling behind. Read it
-// after s.ch is closed.
+// once s is closed.
 func (h *hub) isLagged(s *sub) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -33,21 +33,18 @@ func TestHub(t *testing.T) {
 		t.Fatalf("stored %d, pending %v", stored, pending)
 	}
 	h.publish(frame{seq: subBuffer + 1}) // a's buffer is full: a is cut loose
-	n := 0
-	for range a.ch {
-		n++
+	fs, open := a.take()
+	if len(fs) != subBuffer || open || !h.isLagged(a) {
+		t.Fatalf("a got %d, open %v, lagged %v", len(fs), open, h.isLagged(a))
 	}
-	if n != subBuffer || !h.isLagged(a) {
-		t.Fatalf("a got %d, lagged %v", n, h.isLagged(a))
-	}
-	if f := <-b.ch; f.seq != subBuffer+1 {
-		t.Fatalf("b got %d", f.seq)
+	if fs, open := b.take(); len(fs) != 1 || fs[0].seq != subBuffer+1 || !open {
+		t.Fatalf("b got %v, open %v", fs, open)
 	}
 	if h.behind() != 3 {
 		t.Fatalf("%d pending, want 3", h.behind())
 	}
 	h.end()
-	if _, ok := <-b.ch; ok || h.isLagged(b) {
+	if fs, open := b.take(); len(fs) != 0 || open || h.isLagged(b) {
 		t.Fatal("end did not close b, or called it lagged")
 	}
 	h.unsubscribe(b) // after end: no double close

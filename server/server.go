@@ -137,6 +137,7 @@ type Server struct {
 	running  sync.WaitGroup
 
 	closing      chan struct{} // closed when Shutdown ends every stream
+	streams      streams       // the streams that took their connections (park.go)
 	hurry        chan struct{} // closed by EndGrace
 	hurryOnce    sync.Once
 	shutdownOnce sync.Once
@@ -540,6 +541,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			s.hooks.shutdown()
 		}
 		close(s.closing)
+		s.streams.wakeAll(false)
 	})
 	<-s.closing
 	return s.shutdownErr
@@ -593,6 +595,9 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		hs.Close()
 		<-closed
 	}
+	// http.Server does not wait for the streams that took their
+	// connections: they send what is stored, then end.
+	s.streams.wait(5 * time.Second)
 	if serveErr == nil {
 		serveErr = <-served
 	}

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"net"
 	"net/http"
 	"strconv"
 	"time"
@@ -18,6 +19,7 @@ const (
 	endFinished   streamEnd = iota // the turn ended and all its events were sent
 	endClientGone                  // the client went away, or stopped reading
 	endShutdown                    // the server is shutting down
+	endParked                      // the stream is idle, with no goroutine (park.go)
 )
 
 // replayPage is how many stored events a replay reads at a time.
@@ -27,35 +29,52 @@ const replayPage = 500
 // that stopped reading (a dead peer, a full TCP window) ends its stream
 // instead of holding a goroutine forever.
 type sse struct {
-	w        http.ResponseWriter
-	rc       *http.ResponseController
+	w  http.ResponseWriter
+	rc *http.ResponseController
+	// conn, once set, is the stream's own connection (park.go): w and rc
+	// are nil then.
+	conn     net.Conn
 	deadline time.Duration
-	buf      []byte
+	wrote    time.Time // the last write
+	hdr      []byte
 	err      error
 }
 
-func (x *sse) write(b []byte) {
+var sseEnd = []byte("\n\n")
+
+// write writes bs, one after the other, at once.
+func (x *sse) write(bs ...[]byte) {
 	if x.err != nil {
 		return
 	}
-	_ = x.rc.SetWriteDeadline(time.Now().Add(x.deadline))
-	if _, x.err = x.w.Write(b); x.err == nil {
-		x.err = x.rc.Flush()
+	x.wrote = time.Now()
+	if x.conn != nil {
+		_ = x.conn.SetWriteDeadline(x.wrote.Add(x.deadline))
+		v := net.Buffers(bs) // one writev
+		_, x.err = v.WriteTo(x.conn)
+		return
 	}
+	_ = x.rc.SetWriteDeadline(x.wrote.Add(x.deadline))
+	for _, b := range bs {
+		if _, x.err = x.w.Write(b); x.err != nil {
+			return
+		}
+	}
+	x.err = x.rc.Flush()
 }
 
 // event writes one event: `id:` is its seq, `event:` its type, `data:` its
-// flat JSON (one line: JSON escapes newlines).
+// flat JSON (one line: JSON escapes newlines). data is written as it is,
+// never copied: a long reply's turn_finished is not held again for each
+// follower.
 func (x *sse) event(seq int64, typ event.Type, data []byte) {
-	b := append(x.buf[:0], "id: "...)
-	b = strconv.AppendInt(b, seq, 10)
-	b = append(b, "\nevent: "...)
-	b = append(b, typ...)
-	b = append(b, "\ndata: "...)
-	b = append(b, data...)
-	b = append(b, "\n\n"...)
-	x.buf = b
-	x.write(b)
+	h := append(x.hdr[:0], "id: "...)
+	h = strconv.AppendInt(h, seq, 10)
+	h = append(h, "\nevent: "...)
+	h = append(h, typ...)
+	h = append(h, "\ndata: "...)
+	x.hdr = h
+	x.write(h, data, sseEnd)
 }
 
 func (x *sse) comment(text string) { x.write([]byte(": " + text + "\n\n")) }
@@ -70,21 +89,32 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, lt *liveTurn, af
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-store")
 	h.Set("X-Accel-Buffering", "no") // nginx: do not buffer the stream
-	w.WriteHeader(http.StatusOK)
-	x := &sse{w: w, rc: http.NewResponseController(w), deadline: max(2*s.cfg.KeepAlive, 10*time.Second)}
-	// retry: how soon an EventSource reconnects. Writing it also sends the
-	// headers (Timebox-Turn-Id) before the first event.
-	x.write([]byte("retry: 2000\n\n"))
-
-	st := &streamState{s: s, x: x, ctx: r.Context(), id: r.PathValue("id"), last: after,
+	st := &streamState{s: s, ctx: r.Context(), id: r.PathValue("id"), last: after,
 		keepAlive: time.NewTicker(s.cfg.KeepAlive)}
-	defer st.keepAlive.Stop()
+	deadline := max(2*s.cfg.KeepAlive, 10*time.Second)
+	if lt != nil && sb == nil && r.Method == http.MethodGet {
+		// A follower of a turn running here: its stream parks while idle.
+		st.p = s.hijack(w, st, deadline)
+	}
+	if st.p == nil {
+		defer st.keepAlive.Stop()
+		w.WriteHeader(http.StatusOK)
+		st.x = &sse{w: w, rc: http.NewResponseController(w), deadline: deadline}
+		// retry: how soon an EventSource reconnects. Writing it also sends
+		// the headers (Timebox-Turn-Id) before the first event.
+		st.x.write(sseRetry)
+	}
 	if lt == nil {
 		return st.poll()
 	}
 	st.id = lt.id
+	if st.p != nil {
+		return st.p.follow(lt, sb)
+	}
 	return st.follow(lt, sb)
 }
+
+var sseRetry = []byte("retry: 2000\n\n")
 
 type streamState struct {
 	s         *Server
@@ -94,6 +124,7 @@ type streamState struct {
 	last      int64 // seq of the last event sent
 	finished  bool  // turn_finished was sent
 	keepAlive *time.Ticker
+	p         *parked // set for a stream that parks while idle
 }
 
 // send writes one event unless it was already sent.
@@ -242,41 +273,62 @@ func (st *streamState) follow(lt *liveTurn, sb *sub) streamEnd {
 			st.waitStored(lt)
 			return st.end(endFinished)
 		}
-		lagged := false
-		for !lagged {
-			select {
-			case f, ok := <-sb.ch:
-				if !ok {
-					if lt.hub.isLagged(sb) {
-						lagged = true // catch up, then live again
-						sb = nil
-						continue
-					}
-					// Ended without our having seen turn_finished:
-					// subscribing again gives the rest.
-					sb = nil
-					lagged = true
-					continue
-				}
+		for open := true; open; {
+			fs, ok, end, stop := st.next(lt, sb)
+			if stop {
+				return end
+			}
+			for _, f := range fs {
 				st.send(f.seq, f.typ, f.at, f.data, true)
 				if st.finished {
 					lt.hub.unsubscribe(sb)
 					st.waitStored(lt)
 					return st.end(endFinished)
 				}
-			case <-st.keepAlive.C:
-				st.x.comment("keep-alive")
-			case <-st.ctx.Done():
-				lt.hub.unsubscribe(sb)
-				return endClientGone
-			case <-st.s.closing:
-				lt.hub.unsubscribe(sb)
-				return st.shutdown(lt)
+				if st.x.err != nil {
+					lt.hub.unsubscribe(sb)
+					return endClientGone
+				}
 			}
-			if st.x.err != nil {
-				lt.hub.unsubscribe(sb)
-				return endClientGone
+			sb.recycle(fs)
+			// Once sb is closed — cut loose for falling behind (lagged),
+			// or the turn ended before we saw turn_finished — subscribing
+			// again catches up from the store, then goes on live.
+			open = ok
+		}
+		sb = nil
+	}
+}
+
+// next waits for sb's next frames; open is false once sb is closed (and
+// these are its last). Meanwhile it keeps the client's connection alive;
+// stop says the stream ended (end says why, sb is unsubscribed) or parked.
+func (st *streamState) next(lt *liveTurn, sb *sub) (fs []*frame, open bool, end streamEnd, stop bool) {
+	for {
+		if fs, open = sb.take(); len(fs) > 0 || !open {
+			return fs, open, 0, false
+		}
+		if st.p != nil {
+			if end, stop = st.p.idle(lt, sb); stop {
+				return nil, false, end, true
 			}
+			continue // something came as it parked
+		}
+		select {
+		case <-sb.ready:
+			continue
+		case <-st.keepAlive.C:
+			st.x.comment("keep-alive")
+		case <-st.ctx.Done():
+			lt.hub.unsubscribe(sb)
+			return nil, false, endClientGone, true
+		case <-st.s.closing:
+			lt.hub.unsubscribe(sb)
+			return nil, false, st.shutdown(lt), true
+		}
+		if st.x.err != nil {
+			lt.hub.unsubscribe(sb)
+			return nil, false, endClientGone, true
 		}
 	}
 }

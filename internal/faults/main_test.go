@@ -64,6 +64,7 @@ func TestFaults(t *testing.T) {
 		{"endless stream, library", endlessStreamLibrary},
 		{"long reply", longReply},
 		{"long reply, idle followers", longReplyIdleFollowers},
+		{"idle followers", idleFollowers},
 		{"many calls", manyCalls},
 		{"progress flood", progressFlood},
 		{"output", outputFloods},

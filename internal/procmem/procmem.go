@@ -23,13 +23,20 @@ const Interval = 10 * time.Millisecond
 // Peak returns the VmHWM of a live process, in bytes, or 0 when the
 // process is gone (or is a zombie, which has no memory left) or /proc
 // cannot tell.
-func Peak(pid int) int64 {
+func Peak(pid int) int64 { return status(pid, "VmHWM:") }
+
+// Resident returns the VmRSS of a live process, its resident set now, in
+// bytes, or 0 as Peak does.
+func Resident(pid int) int64 { return status(pid, "VmRSS:") }
+
+// status reads a field in kB of /proc/pid/status, in bytes.
+func status(pid int, field string) int64 {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
 	if err != nil {
 		return 0
 	}
 	for line := range bytes.Lines(b) {
-		if v, ok := bytes.CutPrefix(line, []byte("VmHWM:")); ok {
+		if v, ok := bytes.CutPrefix(line, []byte(field)); ok {
 			kb, err := strconv.ParseInt(string(bytes.TrimSuffix(bytes.TrimSpace(v), []byte(" kB"))), 10, 64)
 			if err != nil {
 				return 0

@@ -1,0 +1,302 @@
+package server
+
+import (
+	"bufio"
+	"context"
+	"net"
+	"net/http/httptest"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/store"
+)
+
+// parkEnv is a server with one live turn, t1, whose events the test emits,
+// behind a real HTTP server (hijacking needs a real connection).
+type parkEnv struct {
+	s    *Server
+	lt   *liveTurn
+	em   *event.Emitter
+	addr string
+}
+
+func newParkEnv(t *testing.T, keepAlive time.Duration) *parkEnv {
+	t.Helper()
+	st := store.NewMemory()
+	t.Cleanup(func() { st.Close() })
+	s, err := New(Config{Agent: nopRunner{}, Store: st, KeepAlive: keepAlive})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.BeginTurn(context.Background(), store.TurnStart{TurnID: "t1", Input: "x", StartedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	lt := &liveTurn{id: "t1", session: "s1", hub: newHub(), ended: make(chan struct{}), done: make(chan struct{}),
+		suspend: make(chan struct{}), cancel: func(error) {}}
+	s.mu.Lock()
+	s.turns["t1"] = lt
+	s.mu.Unlock()
+	hs := httptest.NewServer(s)
+	t.Cleanup(func() {
+		hs.Close()
+		s.streams.wait(5 * time.Second)
+	})
+	e := &parkEnv{s: s, lt: lt, em: event.NewEmitter("t1", &turnSink{s: s, lt: lt}), addr: hs.Listener.Addr().String()}
+	e.em.Emit(&event.TurnStarted{Input: "x"})
+	return e
+}
+
+// follow opens a follower's stream on a raw connection and reads its
+// head and events up to the first one.
+func (e *parkEnv) follow(t *testing.T) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	c, err := net.Dial("tcp", e.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.SetReadDeadline(time.Now().Add(time.Minute))
+	c.Write([]byte("GET /v1/turns/t1/events HTTP/1.1\r\nHost: " + e.addr + "\r\nAccept: text/event-stream\r\n\r\n"))
+	r := bufio.NewReader(c)
+	status, _ := r.ReadString('\n')
+	if status != "HTTP/1.1 200 OK\r\n" {
+		t.Fatalf("status line %q", status)
+	}
+	head := map[string]string{}
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if line == "\r\n" {
+			break
+		}
+		k, v, _ := strings.Cut(strings.TrimSpace(line), ": ")
+		head[k] = v
+	}
+	for _, k := range []string{"Content-Type", "Timebox-Turn-Id", "Timebox-Request-Id", "Date", "Connection"} {
+		if head[k] == "" {
+			t.Fatalf("the stream's head lacks %s: %v", k, head)
+		}
+	}
+	if head["Connection"] != "close" || head["Content-Type"] != "text/event-stream" {
+		t.Fatalf("head %v", head)
+	}
+	ids := readIDs(t, r, 1)
+	if ids[0] != 1 {
+		t.Fatalf("first event %d", ids[0])
+	}
+	return c, r
+}
+
+// readIDs reads n events' ids from a stream.
+func readIDs(t *testing.T, r *bufio.Reader, n int) []int64 {
+	t.Helper()
+	var ids []int64
+	for len(ids) < n {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatalf("after %d of %d events: %v", len(ids), n, err)
+		}
+		if v, ok := strings.CutPrefix(line, "id: "); ok {
+			id, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// asleep waits until n streams are parked, with no goroutine.
+func (e *parkEnv) asleep(t *testing.T, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		k := 0
+		e.s.streams.mu.Lock()
+		for p := range e.s.streams.set {
+			if p.state.Load() == asleep {
+				k++
+			}
+		}
+		e.s.streams.mu.Unlock()
+		if k == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d streams asleep, want %d", k, n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func (e *parkEnv) streamsLeft() int {
+	e.s.streams.mu.Lock()
+	defer e.s.streams.mu.Unlock()
+	return len(e.s.streams.set)
+}
+
+// waitStreams waits until n streams are left.
+func (e *parkEnv) waitStreams(t *testing.T, n int, when string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for e.streamsLeft() != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d streams %s, want %d", e.streamsLeft(), when, n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestIdleFollowersHoldNoGoroutine: followers of a live turn that is quiet
+// hold no goroutine, server side; each event wakes them, and every
+// follower gets every event once, in order, then the end of its stream.
+func TestIdleFollowersHoldNoGoroutine(t *testing.T) {
+	e := newParkEnv(t, time.Hour)
+	runtime.GC()
+	before := runtime.NumGoroutine()
+	const n = 40
+	type follower struct {
+		c net.Conn
+		r *bufio.Reader
+	}
+	fs := make([]follower, n)
+	for i := range fs {
+		fs[i].c, fs[i].r = e.follow(t)
+	}
+	e.asleep(t, n)
+	// The followers' connections hold no goroutine here, net/http's
+	// included (two a connection without parking).
+	if d := runtime.NumGoroutine() - before; d > n/4 {
+		t.Fatalf("%d goroutines for %d idle followers", d, n)
+	}
+	for i := range 3 {
+		e.em.Emit(&event.LLMDelta{Text: strconv.Itoa(i)})
+		for _, f := range fs {
+			if id := readIDs(t, f.r, 1)[0]; id != int64(i+2) {
+				t.Fatalf("event %d, want %d", id, i+2)
+			}
+		}
+		e.asleep(t, n)
+	}
+	e.em.Emit(&event.TurnFinished{Status: budget.StatusCompleted, StopReason: budget.Answered})
+	e.lt.hub.end()
+	close(e.lt.done)
+	for _, f := range fs {
+		if id := readIDs(t, f.r, 1)[0]; id != 5 {
+			t.Fatalf("event %d, want turn_finished's, 5", id)
+		}
+		for {
+			line, err := f.r.ReadString('\n')
+			if err != nil {
+				break // the stream ended: its connection closed
+			}
+			if strings.HasPrefix(line, "id: ") {
+				t.Fatalf("after turn_finished the stream went on: %q", line)
+			}
+		}
+	}
+	e.waitStreams(t, 0, "once their turn ended")
+}
+
+// TestParkedFollowersUnderAFlood: followers that park and wake while a
+// turn emits as fast as it can, some reading slowly enough to be cut
+// loose and catch up from the store, each get every event once, in order
+// — no wake-up lost between a follower's last look and its parking.
+func TestParkedFollowersUnderAFlood(t *testing.T) {
+	e := newParkEnv(t, time.Hour)
+	const n, events = 8, 3000
+	var wg sync.WaitGroup
+	errs := make(chan string, n)
+	for i := range n {
+		c, r := e.follow(t)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer c.Close()
+			want := int64(2)
+			for want <= events+1 {
+				line, err := r.ReadString('\n')
+				if err != nil {
+					errs <- "follower " + strconv.Itoa(i) + ": " + err.Error() + " before event " + strconv.FormatInt(want, 10)
+					return
+				}
+				if v, ok := strings.CutPrefix(line, "id: "); ok {
+					if id, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64); id != want {
+						errs <- "follower " + strconv.Itoa(i) + ": event " + strconv.FormatInt(id, 10) + ", want " + strconv.FormatInt(want, 10)
+						return
+					}
+					want++
+					if i%2 == 1 && want%500 == 0 {
+						time.Sleep(20 * time.Millisecond) // falls behind
+					}
+				}
+			}
+		}()
+	}
+	e.asleep(t, n)
+	for i := range events - 1 {
+		e.em.Emit(&event.LLMDelta{Text: strconv.Itoa(i)})
+		if i%700 == 0 {
+			time.Sleep(time.Millisecond) // let some park between bursts
+		}
+	}
+	e.em.Emit(&event.TurnFinished{Status: budget.StatusCompleted, StopReason: budget.Answered})
+	e.lt.hub.end()
+	close(e.lt.done)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	e.lt.hub.mu.Lock()
+	t.Logf("followers cut loose and caught up: %d", e.lt.hub.lags)
+	e.lt.hub.mu.Unlock()
+}
+
+// TestParkedFollowerKeepAlive: a parked follower gets keep-alives while
+// its turn is quiet, and one whose client went away is found out by the
+// next one and ends; Shutdown wakes and ends the rest.
+func TestParkedFollowerKeepAlive(t *testing.T) {
+	e := newParkEnv(t, 50*time.Millisecond)
+	gone, _ := e.follow(t)
+	_, r := e.follow(t)
+	for n := 0; n < 3; {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatalf("want keep-alives: %v", err)
+		}
+		if strings.HasPrefix(line, "id: ") {
+			t.Fatalf("read %q; want keep-alives", line)
+		}
+		if line == ": keep-alive\n" {
+			n++
+		}
+	}
+	gone.Close()
+	e.waitStreams(t, 1, "once a client went away")
+	e.lt.hub.mu.Lock()
+	subs := len(e.lt.hub.subs)
+	e.lt.hub.mu.Unlock()
+	if subs != 1 {
+		t.Fatalf("%d subscriptions, want 1", subs)
+	}
+	// Shutdown (no turn runs in the server's own count) closes streams.
+	if err := e.s.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := r.ReadString('\n'); err != nil {
+			break // the stream ended
+		}
+	}
+	e.s.streams.wait(5 * time.Second)
+	if k := e.streamsLeft(); k != 0 {
+		t.Fatalf("%d streams left after Shutdown", k)
+	}
+}
