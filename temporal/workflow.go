@@ -273,6 +273,10 @@ func (d *driver) Call(s *machine.State, step int, c machine.Call) machine.Called
 	}
 	key := r.key("call")
 	in := &unitIn{State: *s, Key: key, Step: step, Call: c}
+	// A call needs none of its batch's calls (the step's message has
+	// them): a reply of 10,000 would put them in every call's input, in
+	// the workflow's history — 300 KB each.
+	in.State.Batch = nil
 	var out machine.Called
 	err := workflow.ExecuteActivity(r.options(d.ctx, limit, attempts, key), actCall, in).Get(d.ctx, &out)
 	if err == nil || r.recover(d.ctx, s, key, &out) {
