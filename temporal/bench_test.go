@@ -216,20 +216,7 @@ func BenchmarkManyCalls(b *testing.B) {
 	if v := os.Getenv("TB_BENCH_CALLS"); v != "" {
 		n, _ = strconv.Atoi(v)
 	}
-	dir := b.TempDir()
-	var sb strings.Builder
-	sb.WriteString(`{"tool_calls": [`)
-	for i := range n {
-		if i > 0 {
-			sb.WriteString(",")
-		}
-		sb.WriteString(`{"name": "noop", "arguments": {"i": ` + strconv.Itoa(i) + `}}`)
-	}
-	sb.WriteString("]}\n{\"text\": \"done\"}\n")
-	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(sb.String()), 0o644)
-	file := filepath.Join(dir, "agent.yaml")
-	os.WriteFile(file, []byte("name: many\nmodel: {primary: script:m}\nproviders: {script: {file: script.jsonl}}\ntimeouts: {turn: 1h}\n"+
-		"tools:\n  - name: noop\n    exec: [\"true\"]\n    timeout: 5s\n"), 0o644)
+	file := manyCallsAgent(b.TempDir(), n, "")
 	a, err := timebox.Open(context.Background(), file, timebox.Options{})
 	if err != nil {
 		b.Fatal(err)
@@ -295,26 +282,17 @@ func BenchmarkManyCalls(b *testing.B) {
 			res := r.Run(context.Background(), agent.Input{Text: "hi"})
 			b.ReportMetric(ms(time.Since(t0)), "wall-ms")
 			check(b, res.Record)
-			var locals, activities, events int
-			it := c.GetWorkflowHistory(context.Background(), temporal.WorkflowID(res.Record.TurnID), "", false, enums.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
-			for it.HasNext() {
-				e, err := it.Next()
-				if err != nil {
-					b.Fatal(err)
-				}
-				events++
-				switch e.EventType {
-				case enums.EVENT_TYPE_MARKER_RECORDED:
-					if e.GetMarkerRecordedEventAttributes().GetMarkerName() == "LocalActivity" {
-						locals++
-					}
-				case enums.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
-					activities++
-				}
+			h := readHistory(b, c, temporal.WorkflowID(res.Record.TurnID))
+			locals := 0
+			for _, n := range h.Locals {
+				locals += n
 			}
+			b.ReportMetric(float64(h.Locals["timebox.Refuse"]+h.Locals["timebox.RefuseCalls"]), "refusing-local-activities")
 			b.ReportMetric(float64(locals), "local-activities")
-			b.ReportMetric(float64(activities), "activities")
-			b.ReportMetric(float64(events), "history-events")
+			b.ReportMetric(float64(h.Activities), "activities")
+			b.ReportMetric(float64(h.Runs), "runs")
+			b.ReportMetric(float64(h.Events), "history-events")
+			b.ReportMetric(float64(h.Bytes)/1e6, "history-MB")
 		}
 	})
 }

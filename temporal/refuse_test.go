@@ -44,30 +44,59 @@ func manyCallsAgent(dir string, n int, limits string) string {
 	return file
 }
 
-// localActivities counts the local activities of a workflow's history (its
-// last run's) by activity type, and returns the number of its events.
-func localActivities(t testing.TB, c client.Client, id string) (map[string]int, int) {
+// workflowHistory is what a workflow's history holds, over all its runs
+// (continue-as-new).
+type workflowHistory struct {
+	// Locals counts the local activities by type; Activities the
+	// activities scheduled.
+	Locals     map[string]int
+	Activities int
+	Events     int
+	Runs       int
+	// Bytes is the histories' size, as the server counts it.
+	Bytes int64
+}
+
+// readHistory reads the history of workflow id, every run's.
+func readHistory(t testing.TB, c client.Client, id string) workflowHistory {
 	t.Helper()
-	n := map[string]int{}
-	events := 0
-	it := c.GetWorkflowHistory(context.Background(), id, "", false, enums.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
-	for it.HasNext() {
-		e, err := it.Next()
+	h := workflowHistory{Locals: map[string]int{}}
+	for run := ""; ; h.Runs++ {
+		// The last run first, then the run each continued.
+		d, err := c.DescribeWorkflowExecution(context.Background(), id, run)
 		if err != nil {
 			t.Fatal(err)
 		}
-		events++
-		m := e.GetMarkerRecordedEventAttributes()
-		if e.EventType != enums.EVENT_TYPE_MARKER_RECORDED || m.GetMarkerName() != "LocalActivity" {
-			continue
+		h.Bytes += d.GetWorkflowExecutionInfo().GetHistorySizeBytes()
+		it := c.GetWorkflowHistory(context.Background(), id, run, false, enums.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
+		run = ""
+		for it.HasNext() {
+			e, err := it.Next()
+			if err != nil {
+				t.Fatal(err)
+			}
+			h.Events++
+			if a := e.GetWorkflowExecutionStartedEventAttributes(); a != nil {
+				run = a.GetContinuedExecutionRunId()
+			}
+			if e.EventType == enums.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED {
+				h.Activities++
+			}
+			m := e.GetMarkerRecordedEventAttributes()
+			if e.EventType != enums.EVENT_TYPE_MARKER_RECORDED || m.GetMarkerName() != "LocalActivity" {
+				continue
+			}
+			var data struct{ ActivityType string }
+			if p := m.GetDetails()["data"].GetPayloads(); len(p) > 0 {
+				json.Unmarshal(p[0].GetData(), &data)
+			}
+			h.Locals[data.ActivityType]++
 		}
-		var data struct{ ActivityType string }
-		if p := m.GetDetails()["data"].GetPayloads(); len(p) > 0 {
-			json.Unmarshal(p[0].GetData(), &data)
+		if run == "" {
+			h.Runs++
+			return h
 		}
-		n[data.ActivityType]++
 	}
-	return n, events
 }
 
 // TestManyRefusedOnTemporal: a reply of 2,500 calls under max_tool_calls
@@ -131,8 +160,7 @@ func TestManyRefusedOnTemporal(t *testing.T) {
 	if refused != n-limit {
 		t.Errorf("%d calls refused, want %d", refused, n-limit)
 	}
-	locals, _ := localActivities(t, c, temporal.WorkflowID(rec.TurnID))
-	if locals["timebox.RefuseCalls"] != 3 || locals["timebox.Refuse"] != 0 {
-		t.Errorf("local activities %v: want the refusals in 3 RefuseCalls", locals)
+	if h := readHistory(t, c, temporal.WorkflowID(rec.TurnID)); h.Locals["timebox.RefuseCalls"] != 3 || h.Locals["timebox.Refuse"] != 0 {
+		t.Errorf("local activities %v: want the refusals in 3 RefuseCalls", h.Locals)
 	}
 }
