@@ -82,11 +82,11 @@ func (u engineUnits) Call(ctx context.Context, s *machine.State, step int, c mac
 	return out
 }
 
-func (u engineUnits) Refuse(s *machine.State, step int, c machine.Call, reason string, tr machine.Transcript, sinks ...event.Sink) machine.Called {
+func (u engineUnits) Refuse(s *machine.State, step int, cs []machine.Call, reason string, tr machine.Transcript, sinks ...event.Sink) []machine.Called {
 	t := u.a.resume(s, tr, nil, sinks)
-	t.refuseUnit(s, step, c, reason)
+	t.refuseUnit(s, step, cs, reason)
 	t.em.Close()
-	return machine.Called{}
+	return make([]machine.Called, len(cs))
 }
 
 func (u engineUnits) Lost(s *machine.State, step int, c machine.Call, l machine.Loss, tr machine.Transcript, sinks ...event.Sink) machine.Called {

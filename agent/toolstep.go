@@ -24,11 +24,10 @@ func (t *turn) callUnit(ctx context.Context, view *machine.State, step int, c ma
 	t.tr.Put(view.Messages+c.Index, toolMessage(mc, result))
 }
 
-// refuseUnit records call c of step's batch as not run — reason is
+// refuseUnit records calls cs of step's batch as not run — reason is
 // machine.RefusedLimit or machine.RefusedCancelled — and puts what the
-// model is told into the transcript.
-func (t *turn) refuseUnit(view *machine.State, step int, c machine.Call, reason string) {
-	mc := t.askedFor(view, c)
+// model is told into the transcript, each call's in its place.
+func (t *turn) refuseUnit(view *machine.State, step int, cs []machine.Call, reason string) {
 	var msg string
 	switch reason {
 	case machine.RefusedLimit:
@@ -37,8 +36,11 @@ func (t *turn) refuseUnit(view *machine.State, step int, c machine.Call, reason 
 	default:
 		reason, msg = machine.RefusedCancelled, "Not run: the turn was stopped before this call could start."
 	}
-	result := t.refuse(step, machine.CallID(step, c.Index), mc, reason, "", msg, nil)
-	t.tr.Put(view.Messages+c.Index, toolMessage(mc, result))
+	for _, c := range cs {
+		mc := t.askedFor(view, c)
+		result := t.refuse(step, machine.CallID(step, c.Index), mc, reason, "", msg, nil)
+		t.tr.Put(view.Messages+c.Index, toolMessage(mc, result))
+	}
 }
 
 // askedFor returns call c as the model asked for it: in the step's

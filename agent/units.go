@@ -36,9 +36,9 @@ func (d *inProcess) Call(view *machine.State, step int, c machine.Call) machine.
 	return machine.Called{}
 }
 
-func (d *inProcess) Refuse(view *machine.State, step int, c machine.Call, reason string) machine.Called {
-	d.t.refuseUnit(view, step, c, reason)
-	return machine.Called{}
+func (d *inProcess) Refuse(view *machine.State, step int, cs []machine.Call, reason string) []machine.Called {
+	d.t.refuseUnit(view, step, cs, reason)
+	return make([]machine.Called, len(cs))
 }
 
 func (d *inProcess) Asks(view *machine.State, c machine.Call) bool { return d.t.asks(view, c) }

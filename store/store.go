@@ -367,7 +367,7 @@ const RecordWait = 250 * time.Millisecond
 // (docs/decisions/refused-calls.md). Its record is committed with the
 // group it is queued in, and before the turn's own (FinishTurn).
 func Enqueue(s Store, e event.Event, committed func(error)) {
-	if !WaitForStore(e) || refused(e) {
+	if !WaitForStore(e) || Refused(e) {
 		s.QueueEvent(e, committed)
 		return
 	}
@@ -386,8 +386,9 @@ func Enqueue(s Store, e event.Event, committed func(error)) {
 	}
 }
 
-// refused reports whether e ends a tool call that was refused, not run.
-func refused(e event.Event) bool {
+// Refused reports whether e ends a tool call that was refused, not run: a
+// record no sink need wait for (Enqueue).
+func Refused(e event.Event) bool {
 	tf, ok := e.Data.(*event.ToolFinished)
 	return ok && tf.Refused != ""
 }

@@ -46,8 +46,10 @@ type unitIn struct {
 	Key  string       `json:"key,omitempty"`
 	Step int          `json:"step,omitempty"`
 	Call machine.Call `json:"call"`
-	// Reason is Refuse's.
-	Reason string `json:"reason,omitempty"`
+	// Calls and Reason are RefuseCalls' (Reason and Call Refuse's): the
+	// calls refused, and why.
+	Calls  []machine.Call `json:"calls,omitempty"`
+	Reason string         `json:"reason,omitempty"`
 	// Why, Beat and Noticed are Lost's: what was lost, the lost call's
 	// last heartbeat, and when the loss was noticed.
 	Why     string    `json:"why,omitempty"`
@@ -242,23 +244,56 @@ func (x *activities) Call(ctx context.Context, in *unitIn) (*machine.Called, err
 	return &out, tr.flush(ctx, doneKey(in.Key), &out)
 }
 
-// Refuse records a call that is not run (machine.Units.Refuse).
+// Refuse records a call that is not run (machine.Units.Refuse): the
+// workflows recorded before RefuseCalls refused each call alone, and
+// replay so.
 func (x *activities) Refuse(ctx context.Context, in *unitIn) (*machine.Called, error) {
-	s := &in.State
-	tr, rec, err := x.recorded(ctx, in)
+	out, err := x.refuse(ctx, &in.State, in.Step, []machine.Call{in.Call}, in.Reason)
 	if err != nil {
 		return nil, err
 	}
-	if rec != nil { // refused before, and asked again
-		x.units.Lost(s, in.Step, in.Call, machine.Loss{Recorded: rec}, tr)
-		return &machine.Called{}, tr.flush(ctx, "", nil)
-	}
-	sink := x.sink(ctx, nil)
-	out := x.units.Refuse(s, in.Step, in.Call, in.Reason, tr, sink)
-	if err := sink.flush(ctx); err != nil {
+	return &out[0], nil
+}
+
+// RefuseCalls records calls of one batch that are not run
+// (machine.Units.Refuse): up to refuseShare of them, in one transaction
+// of their messages, their records queued and committed in groups.
+func (x *activities) RefuseCalls(ctx context.Context, in *unitIn) ([]machine.Called, error) {
+	return x.refuse(ctx, &in.State, in.Step, in.Calls, in.Reason)
+}
+
+// refuse records calls cs of step's batch as not run. A call refused
+// before — the local activity asked again — keeps its record, and the
+// model is told what it says.
+func (x *activities) refuse(ctx context.Context, s *machine.State, step int, cs []machine.Call, reason string) ([]machine.Called, error) {
+	tr, err := loadCall(ctx, x.payloads, s)
+	if err != nil {
 		return nil, err
 	}
-	return &out, tr.flush(ctx, "", nil)
+	recs, err := x.records(ctx, s.TurnID)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]machine.Called, len(cs))
+	var fresh []machine.Call
+	var at []int
+	for i, c := range cs {
+		if rec, ok := recs[machine.CallID(step, c.Index)]; ok {
+			x.units.Lost(s, step, c, machine.Loss{Recorded: &rec}, tr)
+			continue
+		}
+		fresh, at = append(fresh, c), append(at, i)
+	}
+	if len(fresh) > 0 {
+		sink := x.sink(ctx, nil)
+		for j, o := range x.units.Refuse(s, step, fresh, reason, tr, sink) {
+			out[at[j]] = o
+		}
+		if err := sink.flush(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return out, tr.flush(ctx, "", nil)
 }
 
 // Lost records a call whose activity failed — its worker died or stopped
@@ -461,16 +496,24 @@ func (x *activities) recorded(ctx context.Context, in *unitIn) (*transcript, *ev
 
 // record returns the stored record of a call, nil if there is none.
 func (x *activities) record(ctx context.Context, turnID, callID string) (*event.ToolCall, error) {
+	recs, err := x.records(ctx, turnID)
+	if rec, ok := recs[callID]; ok {
+		return &rec, nil
+	}
+	return nil, err
+}
+
+// records returns the stored records of a turn's calls, by call id.
+func (x *activities) records(ctx context.Context, turnID string) (map[string]event.ToolCall, error) {
 	rec, err := x.store.Turn(ctx, turnID)
 	if err != nil {
 		return nil, fmt.Errorf("reading turn %s: %w", turnID, err)
 	}
+	out := make(map[string]event.ToolCall, len(rec.ToolCalls))
 	for _, tc := range rec.ToolCalls {
-		if tc.CallID == callID {
-			return &tc, nil
-		}
+		out[tc.CallID] = tc
 	}
-	return nil, nil
+	return out, nil
 }
 
 // toolStarted returns when a call's tool_started was emitted, zero if it
@@ -661,7 +704,9 @@ func (k *storeSink) Emit(e event.Event) {
 		k.unit.progress(p)
 	}
 	e.Seq = 0
-	if store.WaitForStore(e) || e.Type == event.TypeTurnFinished {
+	// A refused call's record is queued like the rest (store.Enqueue):
+	// nothing ran, and the unit's flush stores it before the unit ends.
+	if store.WaitForStore(e) && !store.Refused(e) || e.Type == event.TypeTurnFinished {
 		k.fail(k.s.AppendEvent(context.WithoutCancel(k.ctx), e))
 		return
 	}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -18,6 +19,8 @@ import (
 	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/machine"
+	"github.com/timebox-run/timebox/store"
 	"github.com/timebox-run/timebox/temporal"
 )
 
@@ -197,4 +200,99 @@ func breakdown(b *testing.B, c client.Client, ids []string, walls []time.Duratio
 	b.ReportMetric(per(actWait), "act-wait-ms")
 	b.ReportMetric(per(actRun), "act-run-ms")
 	b.ReportMetric(per(wall-span), "outside-ms")
+}
+
+// BenchmarkManyCalls runs a turn whose model replies once with
+// TB_BENCH_CALLS (10,000) calls of an exec tool (`true`) under the default
+// max_tool_calls (50), on the embedded engine and through Temporal (one
+// worker), both with the PostgreSQL store: 50 calls run, the rest are
+// refused at once. It reports the turn's wall time, and for Temporal the
+// local activities (markers) and events of the workflow's history, and
+// the refusals' share of them (issue 29).
+//
+//	go test ./temporal -run '^$' -bench ManyCalls -benchtime 1x
+func BenchmarkManyCalls(b *testing.B) {
+	n := 10000
+	if v := os.Getenv("TB_BENCH_CALLS"); v != "" {
+		n, _ = strconv.Atoi(v)
+	}
+	file := manyCallsAgent(b.TempDir(), n, "")
+	a, err := timebox.Open(context.Background(), file, timebox.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { a.Close() })
+	c, s, queue := setup(b)
+	check := func(b *testing.B, rec *event.Turn) {
+		b.Helper()
+		if rec.StopReason != budget.MaxToolCalls {
+			b.Fatalf("stopped %s: %s", rec.StopReason, rec.Message)
+		}
+		stored, err := s.Turn(context.Background(), rec.TurnID)
+		if err != nil {
+			b.Fatal(err)
+		}
+		refused := 0
+		for _, tc := range stored.ToolCalls {
+			if tc.Refused == machine.RefusedLimit {
+				refused++
+			}
+		}
+		if len(stored.ToolCalls) != n || refused != n-50 {
+			b.Fatalf("%d records, %d refused; want %d, %d", len(stored.ToolCalls), refused, n, n-50)
+		}
+		evs, err := s.Events(context.Background(), rec.TurnID, 0, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		finished := 0
+		for _, e := range evs {
+			if _, ok := e.Data.(*event.ToolFinished); ok {
+				finished++
+			}
+		}
+		if finished != n {
+			b.Fatalf("%d tool_finished events, want %d", finished, n)
+		}
+	}
+	b.Run("embedded", func(b *testing.B) {
+		for b.Loop() {
+			id := fmt.Sprintf("t_many_%d", time.Now().UnixNano())
+			rec := store.NewRecorder(s)
+			t0 := time.Now()
+			if err := rec.Begin(context.Background(), store.TurnStart{TurnID: id, Engine: "embedded", StartedAt: t0}); err != nil {
+				b.Fatal(err)
+			}
+			res := a.Run(context.Background(), agent.Input{TurnID: id, Text: "hi"}, rec)
+			if err := rec.Finish(context.Background(), res.Record, res.Messages); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(ms(time.Since(t0)), "wall-ms")
+			check(b, res.Record)
+		}
+	})
+	b.Run("temporal", func(b *testing.B) {
+		startWorker(b, c, s, queue, a.Agent)
+		r, err := temporal.NewRunner(c, s, queue, a.Agent)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for b.Loop() {
+			t0 := time.Now()
+			res := r.Run(context.Background(), agent.Input{Text: "hi"})
+			b.ReportMetric(ms(time.Since(t0)), "wall-ms")
+			check(b, res.Record)
+			h := readHistory(b, c, temporal.WorkflowID(res.Record.TurnID))
+			locals := 0
+			for _, n := range h.Locals {
+				locals += n
+			}
+			b.ReportMetric(float64(h.Locals["timebox.Refuse"]+h.Locals["timebox.RefuseCalls"]), "refusing-local-activities")
+			b.ReportMetric(float64(locals), "local-activities")
+			b.ReportMetric(float64(h.Activities), "activities")
+			b.ReportMetric(float64(h.Runs), "runs")
+			b.ReportMetric(float64(h.Events), "history-events")
+			b.ReportMetric(float64(h.Bytes)/1e6, "history-MB")
+		}
+	})
 }

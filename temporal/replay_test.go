@@ -27,7 +27,10 @@ import (
 	"github.com/timebox-run/timebox/store"
 )
 
-var record = flag.Bool("record", false, "record the workflow histories of testdata/replay anew (needs the Temporal dev server)")
+var (
+	record     = flag.Bool("record", false, "record the workflow histories of testdata/replay anew (needs the Temporal dev server)")
+	recordOnly = flag.String("record-only", "", "with -record, record only the scenario of this name: a new one, the others kept")
+)
 
 // replayScenarios are the turns whose workflow histories testdata/replay
 // keeps: each a turn of the agent there, with request budgets, cancelled
@@ -43,6 +46,9 @@ var replayScenarios = []struct {
 	{name: "cancel", cancel: 500 * time.Millisecond},
 	{name: "ceiling", budgets: budget.Request{"turn": "1s"}},
 	{name: "continue_as_new", budgets: budget.Request{"tool": "1s"}, history: 20},
+	// The calls past max_tool_calls refused in one local activity
+	// (refuseBatch): recorded with it; max_tool_calls, before it.
+	{name: "refuse_batch", budgets: budget.Request{"tool": "1s", "max_tool_calls": "1"}},
 }
 
 // TestReplay replays the workflow histories recorded in testdata/replay
@@ -112,6 +118,9 @@ func recordHistories(t *testing.T, units machine.Units) {
 	}
 	defer a.Close()
 	for _, sc := range replayScenarios {
+		if *recordOnly != "" && sc.name != *recordOnly {
+			continue
+		}
 		func() {
 			st := store.NewMemory()
 			defer st.Close()

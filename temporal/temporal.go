@@ -49,6 +49,7 @@ const (
 	actAdvance = "timebox.Advance"
 	actCall    = "timebox.Call"
 	actRefuse  = "timebox.Refuse"
+	actRefuses = "timebox.RefuseCalls"
 	actLost    = "timebox.Lost"
 	actAsk     = "timebox.Ask"
 	actDecided = "timebox.Decided"

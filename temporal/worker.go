@@ -86,7 +86,7 @@ func register(r registry, units machine.Units, st store.Store, p store.Payloads,
 	r.RegisterWorkflowWithOptions(wf.run, workflow.RegisterOptions{Name: WorkflowName})
 	x := &activities{units: units, store: st, payloads: p, heartbeat: heartbeat, log: log}
 	for name, fn := range map[string]any{
-		actAdvance: x.Advance, actCall: x.Call, actRefuse: x.Refuse, actLost: x.Lost, actAsk: x.Ask, actDecided: x.Decided,
+		actAdvance: x.Advance, actCall: x.Call, actRefuse: x.Refuse, actRefuses: x.RefuseCalls, actLost: x.Lost, actAsk: x.Ask, actDecided: x.Decided,
 		actRecover: x.Recover, actEnd: x.End,
 	} {
 		r.RegisterActivityWithOptions(fn, activity.RegisterOptions{Name: name})

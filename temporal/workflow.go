@@ -21,9 +21,9 @@ import (
 // decisions of the embedded engine — running each unit of work as an
 // activity: Advance, a local activity, for the model steps (and the
 // beginning, compactions, and the end a step decides), Call for each tool
-// call, and local
-// activities for the quick ones (Refuse, Lost, Recover, End). The stops that reach a turn from outside its units are the
-// workflow's: the turn's ceiling (a timer), a cancel signal, the
+// call, and local activities for the quick ones (RefuseCalls, Lost,
+// Recover, End). The stops that reach a turn from outside its units are
+// the workflow's: the turn's ceiling (a timer), a cancel signal, the
 // workflow's cancellation. Each unit enforces the turn's budgets itself as
 // well, so a turn stopped by them ends as on the embedded engine; the
 // workflow's own timer is what stops a turn whose worker can no longer.
@@ -273,6 +273,10 @@ func (d *driver) Call(s *machine.State, step int, c machine.Call) machine.Called
 	}
 	key := r.key("call")
 	in := &unitIn{State: *s, Key: key, Step: step, Call: c}
+	// A call needs none of its batch's calls (the step's message has
+	// them): a reply of 10,000 would put them in every call's input, in
+	// the workflow's history — 300 KB each.
+	in.State.Batch = nil
 	var out machine.Called
 	err := workflow.ExecuteActivity(r.options(d.ctx, limit, attempts, key), actCall, in).Get(d.ctx, &out)
 	if err == nil || r.recover(d.ctx, s, key, &out) {
@@ -295,11 +299,37 @@ func (d *driver) Call(s *machine.State, step int, c machine.Call) machine.Called
 	return out
 }
 
-func (d *driver) Refuse(s *machine.State, step int, c machine.Call, reason string) machine.Called {
-	var out machine.Called
-	_ = d.r.local(d.ctx, actRefuse, &unitIn{State: *s, Step: step, Call: c, Reason: reason}, &out)
+// Refuse records calls that are not run in local activities: up to
+// refuseShare calls in each (RefuseCalls), however many the model asked
+// for past max_tool_calls. Workflows recorded before (no refuseBatch
+// marker) ran one local activity a call (Refuse), and replay so.
+func (d *driver) Refuse(s *machine.State, step int, cs []machine.Call, reason string) []machine.Called {
+	out := make([]machine.Called, len(cs))
+	if workflow.GetVersion(d.ctx, refuseBatch, workflow.DefaultVersion, 1) == workflow.DefaultVersion {
+		for i, c := range cs {
+			_ = d.r.local(d.ctx, actRefuse, &unitIn{State: *s, Step: step, Call: c, Reason: reason}, &out[i])
+		}
+		return out
+	}
+	for i := 0; i < len(cs); i += refuseShare {
+		share := cs[i:min(len(cs), i+refuseShare)]
+		var got []machine.Called
+		if d.r.local(d.ctx, actRefuses, &unitIn{State: *s, Step: step, Calls: share, Reason: reason}, &got) == nil {
+			copy(out[i:], got[:min(len(got), len(share))])
+		}
+	}
 	return out
 }
+
+// refuseBatch is the change of Refuse to a local activity for many
+// calls (workflow.GetVersion).
+const refuseBatch = "refuse-batch"
+
+// refuseShare is how many calls one RefuseCalls refuses: its local
+// activity writes their records and messages well within its
+// StartToClose, and its result (a Called each, in the workflow's history)
+// stays far below Temporal's payload limits.
+const refuseShare = 1000
 
 func (d *driver) Group(slots int) machine.Group {
 	return &group{d: d, sem: workflow.NewSemaphore(d.ctx, int64(slots)), wg: workflow.NewWaitGroup(d.ctx)}

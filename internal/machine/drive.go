@@ -22,9 +22,11 @@ type Driver interface {
 	// Call runs one tool call of a batch of step and returns how it went.
 	// The calls of a batch may run concurrently: Call must not change s.
 	Call(s *State, step int, c Call) Called
-	// Refuse records a call of step's batch that is not run: Refused*
-	// says why.
-	Refuse(s *State, step int, c Call, reason string) Called
+	// Refuse records calls of step's batch that are not run, in their
+	// order — Refused* says why — and returns how each went: the calls
+	// past max_tool_calls of a batch are refused at once, however many
+	// the model asked for.
+	Refuse(s *State, step int, cs []Call, reason string) []Called
 	// Group returns what runs the calls of one batch, at most slots at
 	// once.
 	Group(slots int) Group
@@ -170,7 +172,10 @@ func RunBatch(d Driver, s *State, u Unit) {
 		outs[i] = d.Call(&v, u.Step, c)
 		change(0, -1)
 	}
-	refused := 0
+	// The calls past max_tool_calls (the batch's last: the count only
+	// grows) are refused together once the others are under way.
+	var limited []Call
+	var limitedAt []int
 	resumed := s.Resumed
 	s.Resumed = nil
 	done := map[int]bool{}
@@ -188,8 +193,8 @@ func RunBatch(d Driver, s *State, u Unit) {
 			}
 		}
 		if int64(s.ToolCalls) >= s.Limits.MaxToolCalls.N {
-			refused++
-			outs[i] = d.Refuse(&view, u.Step, c, RefusedLimit)
+			limited = append(limited, c)
+			limitedAt = append(limitedAt, i)
 			continue
 		}
 		s.ToolCalls++
@@ -203,7 +208,7 @@ func RunBatch(d Driver, s *State, u Unit) {
 					return
 				}
 				if !g.Acquire() {
-					outs[i] = d.Refuse(&view, u.Step, c, RefusedCancelled)
+					outs[i] = refuseOne(d, &view, u.Step, c, RefusedCancelled)
 					return
 				}
 				defer g.Release()
@@ -216,7 +221,7 @@ func RunBatch(d Driver, s *State, u Unit) {
 			continue
 		}
 		if s.Stop != nil || !g.Acquire() {
-			outs[i] = d.Refuse(&view, u.Step, c, RefusedCancelled)
+			outs[i] = refuseOne(d, &view, u.Step, c, RefusedCancelled)
 			continue
 		}
 		if len(u.Calls) == 1 {
@@ -231,6 +236,11 @@ func RunBatch(d Driver, s *State, u Unit) {
 			call(d, i, c, time.Time{})
 		})
 	}
+	if len(limited) > 0 {
+		for j, o := range d.Refuse(&view, u.Step, limited, RefusedLimit) {
+			outs[limitedAt[j]] = o
+		}
+	}
 	g.Wait()
 	if sp := suspension(d, u, outs, done); sp != nil {
 		// Suspended while it waited for nothing but people: the batch
@@ -244,7 +254,7 @@ func RunBatch(d Driver, s *State, u Unit) {
 	}
 	s.Batch = nil
 	s.Messages += len(u.Calls)
-	s.Refused = refused
+	s.Refused = len(limited)
 	s.ApprovalWait = p.Total
 	// The batch's time, less what it waited for nothing but people.
 	s.ToolTime += d.Now().Sub(start) - (p.Total - waitedBefore)
@@ -257,6 +267,14 @@ func RunBatch(d Driver, s *State, u Unit) {
 			s.Stop = o.Cause
 		}
 	}
+}
+
+// refuseOne refuses call c alone.
+func refuseOne(d Driver, s *State, step int, c Call, reason string) Called {
+	if out := d.Refuse(s, step, []Call{c}, reason); len(out) > 0 {
+		return out[0]
+	}
+	return Called{}
 }
 
 // suspension returns the suspension of a batch one of whose calls was

@@ -73,10 +73,12 @@ type fake struct {
 	units   []Kind
 	called  []string
 	refused map[string]string
-	running int // calls running at once now
-	most    int // and at most
-	started chan struct{}
-	release chan struct{}
+	// refusals counts the Refuse calls.
+	refusals int
+	running  int // calls running at once now
+	most     int // and at most
+	started  chan struct{}
+	release  chan struct{}
 
 	// approve decides the calls that need a person, by name; each waits
 	// wait for the decision.
@@ -160,14 +162,17 @@ func (f *fake) Call(s *State, step int, c Call) Called {
 	return Called{}
 }
 
-func (f *fake) Refuse(s *State, step int, c Call, reason string) Called {
+func (f *fake) Refuse(s *State, step int, cs []Call, reason string) []Called {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.refused == nil {
 		f.refused = map[string]string{}
 	}
-	f.refused[c.Name] = reason
-	return Called{}
+	for _, c := range cs {
+		f.refused[c.Name] = reason
+	}
+	f.refusals++
+	return make([]Called, len(cs))
 }
 
 func (f *fake) Group(slots int) Group {
@@ -234,6 +239,9 @@ func TestRunBatchLimits(t *testing.T) {
 		RunBatch(f, s, Unit{Kind: Tools, Step: 2, Calls: []Call{{Index: 0, Name: "a"}, {Index: 1, Name: "b"}, {Index: 2, Name: "c"}, {Index: 3, Name: "d"}}})
 		if !cmp.Equal(f.refused, map[string]string{"c": RefusedLimit, "d": RefusedLimit}) || s.Refused != 2 || s.ToolCalls != 3 {
 			t.Errorf("refused %v; state refused %d, calls %d", f.refused, s.Refused, s.ToolCalls)
+		}
+		if f.refusals != 1 {
+			t.Errorf("the calls past max_tool_calls were refused in %d Refuse calls, want 1", f.refusals)
 		}
 		if u := Next(s); u.Kind != End || u.End.Reason != budget.MaxToolCalls {
 			t.Errorf("next: %+v", u)

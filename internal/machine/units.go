@@ -45,8 +45,9 @@ type Units interface {
 	// Call runs call c of step's batch; s is the state the batch began
 	// with, and is not changed.
 	Call(ctx context.Context, s *State, step int, c Call, tr Transcript, sinks ...event.Sink) Called
-	// Refuse records call c as not run (Refused*).
-	Refuse(s *State, step int, c Call, reason string, tr Transcript, sinks ...event.Sink) Called
+	// Refuse records calls cs of step's batch as not run (Refused*), in
+	// their order, and returns how each went.
+	Refuse(s *State, step int, cs []Call, reason string, tr Transcript, sinks ...event.Sink) []Called
 	// Lost records call c, which ran where it was lost (a worker that
 	// died), unless its record reached the store (Loss.Recorded).
 	Lost(s *State, step int, c Call, l Loss, tr Transcript, sinks ...event.Sink) Called
