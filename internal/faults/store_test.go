@@ -46,6 +46,7 @@ func TestStoreFaults(t *testing.T) {
 		{"SQLite file locked 20 s", fileLocked},
 		{"pg_terminate_backend loop", connectionsKilled},
 		{"two writers number one turn while commits fail", twoWritersNumber},
+		{"pg_ctl restart while a call waits for a person", approvalAcrossRestart},
 	} {
 		t.Run(s.name, s.run)
 	}
