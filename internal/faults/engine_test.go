@@ -43,6 +43,7 @@ func TestEngineFaults(t *testing.T) {
 		{"50 MB conversation", largeConversation},
 		{"agent file mismatch", agentMismatch},
 		{"1,000 steps", thousandSteps},
+		{"worker kill -9 while a call waits for a person", workerKilledWhileApproving},
 	} {
 		t.Run(s.name, s.run)
 	}
