@@ -20,33 +20,16 @@ import (
 // every record and no event missing (docs/approvals.md).
 func serveRestartWhileApproving(t *testing.T) {
 	sc := begin(t, "serve restarted while a call waits for a person", "timebox serve ×2 in turn on one SQLite file, a tool with approval: required, SIGTERM while it waits")
-	y := scriptAgent("", "", `{name: deploy, exec: [./deploy.sh], approval: required, timeout: 5s}`)
-	a := newAgent(t, y, []string{`{"tool_calls": [{"name": "deploy", "arguments": {"env": "prod"}}]}`, `{"text": "deployed"}`},
-		map[string]string{"deploy.sh": "#!/bin/sh\ncat >/dev/null\necho run >> runs\necho deployed\n"})
+	a := deployAgent(t)
 	gw, url := startServe(t, a, nil)
-	resp, err := http.Post(url+"/v1/turns", "application/json", strings.NewReader(`{"input": "deploy", "detach": true}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var acc struct {
-		TurnID string `json:"turn_id"`
-	}
-	json.NewDecoder(resp.Body).Decode(&acc)
-	resp.Body.Close()
-	callID := ""
-	for deadline := time.Now().Add(20 * time.Second); callID == "" && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		callID = pendingCall(url, acc.TurnID)
-	}
-	if callID == "" {
-		t.Fatal("the call never waited for a decision")
-	}
+	turnID, callID := waitingCall(t, url, `{"input": "deploy", "detach": true}`)
 	stopped := time.Now()
 	stopGateways(t, gw)
 	sc.within("serve stopped after SIGTERM", time.Since(stopped), 10*time.Second)
 
 	gw2, url2 := startServe(t, a, nil)
 	decided := time.Now()
-	resp, err = http.Post(url2+"/v1/turns/"+acc.TurnID+"/approvals/"+callID, "application/json", strings.NewReader(`{"decision": "approve", "by": "faults"}`))
+	resp, err := http.Post(url2+"/v1/turns/"+turnID+"/approvals/"+callID, "application/json", strings.NewReader(`{"decision": "approve", "by": "faults"}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +42,7 @@ func serveRestartWhileApproving(t *testing.T) {
 		ApprovalMS int64             `json:"approval_ms"`
 	}
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		r, err := http.Get(url2 + "/v1/turns/" + acc.TurnID)
+		r, err := http.Get(url2 + "/v1/turns/" + turnID)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -71,8 +54,7 @@ func serveRestartWhileApproving(t *testing.T) {
 	}
 	sc.within("  turn ended after the decision", time.Since(decided), 10*time.Second)
 	sc.is("turn status", rec.Status, "completed")
-	runs, _ := os.ReadFile(filepath.Join(a.dir, "runs"))
-	sc.count("times the approved call ran", strings.Count(string(runs), "run"), 1)
+	sc.count("times the approved call ran", ranTimes(a), 1)
 	sc.count("tool call records", len(rec.ToolCalls), 1)
 	gaps, asked := 0, 0
 	for i, raw := range rec.Events {
@@ -93,6 +75,43 @@ func serveRestartWhileApproving(t *testing.T) {
 	sc.truth("turn's approval_ms covers the restart", "> 0", fmt.Sprint(rec.ApprovalMS), rec.ApprovalMS > 0)
 	stopGateways(t, gw2)
 	sc.nothingLeft(gw.pid(), gw2.pid())
+}
+
+// deployAgent is an agent whose model calls deploy, a tool that needs
+// approval and notes each run in the file runs, then answers.
+func deployAgent(t *testing.T) agentDir {
+	t.Helper()
+	y := scriptAgent("", "", `{name: deploy, exec: [./deploy.sh], approval: required, timeout: 5s}`)
+	return newAgent(t, y, []string{`{"tool_calls": [{"name": "deploy", "arguments": {"env": "prod"}}]}`, `{"text": "deployed"}`},
+		map[string]string{"deploy.sh": "#!/bin/sh\ncat >/dev/null\necho run >> runs\necho deployed\n"})
+}
+
+// ranTimes counts the runs of deployAgent's tool.
+func ranTimes(a agentDir) int {
+	runs, _ := os.ReadFile(filepath.Join(a.dir, "runs"))
+	return strings.Count(string(runs), "run")
+}
+
+// waitingCall posts a detached turn to serve and waits until its call
+// waits for a decision: it returns the turn's and the call's ids.
+func waitingCall(t *testing.T, url, body string) (turnID, callID string) {
+	t.Helper()
+	resp, err := http.Post(url+"/v1/turns", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var acc struct {
+		TurnID string `json:"turn_id"`
+	}
+	json.NewDecoder(resp.Body).Decode(&acc)
+	resp.Body.Close()
+	for deadline := time.Now().Add(60 * time.Second); callID == "" && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		callID = pendingCall(url, acc.TurnID)
+	}
+	if callID == "" {
+		t.Fatal("the call never waited for a decision")
+	}
+	return acc.TurnID, callID
 }
 
 // pendingCall returns the id of a call of the turn that waits for a

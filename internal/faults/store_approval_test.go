@@ -5,8 +5,6 @@ package faults
 import (
 	"fmt"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -22,9 +20,7 @@ import (
 func approvalAcrossRestart(t *testing.T) {
 	sc := begin(t, "pg_ctl restart while a call waits for a person, decided through the other gateway", "timebox serve ×2, --db postgres://, an SSE client")
 	d := newSharedDB(t)
-	y := scriptAgent("", "", `{name: deploy, exec: [./deploy.sh], approval: required, timeout: 5s}`)
-	a := newAgent(t, y, []string{`{"tool_calls": [{"name": "deploy", "arguments": {"env": "prod"}}]}`, `{"text": "deployed"}`},
-		map[string]string{"deploy.sh": "#!/bin/sh\ncat >/dev/null\necho run >> runs\necho deployed\n"})
+	a := deployAgent(t)
 	gwA, urlA := d.gateway(a, 0)
 	gwB, urlB := d.gateway(a, 0)
 	f := postTurn(t, urlA, `{"input": "deploy"}`)
@@ -58,8 +54,7 @@ func approvalAcrossRestart(t *testing.T) {
 	}
 	rec, evs, _ := d.ended(f.turnID, 30*time.Second)
 	sc.count("healthy turns interrupted", interrupted(rec), 0)
-	runs, _ := os.ReadFile(filepath.Join(a.dir, "runs"))
-	sc.count("times the approved call ran", strings.Count(string(runs), "run"), 1)
+	sc.count("times the approved call ran", ranTimes(a), 1)
 	if rec != nil {
 		sc.records(f.log.snapshot(), rec, evs)
 	}
