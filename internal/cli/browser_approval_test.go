@@ -31,9 +31,13 @@ func TestPageApprovesAndDenies(t *testing.T) {
 	if left := p.text(waiting + " .left"); !regexpMatch(`^(59m|1h)\S* left to decide \(tools\[deploy\]\.approval_timeout in agent\.yaml\)$`, left) {
 		p.fail("the time left reads %q", left)
 	}
+	// The turn waits for nothing but a person: its clock, like its
+	// ceiling, stops.
+	p.waitFor("the turn's clock to stop while it waits", q(`.turn-head .timer[data-paused="true"]`))
 	eval[bool](p, q(waiting)+`.scrollIntoView({block: "center"}) === undefined`)
 	p.do("clicking Approve", chromedp.Click(chromedp.CSS(waiting+" button.approve")))
 	p.waitFor("the approved call to run and answer", q(`.chip.tool[data-tool="deploy"][data-outcome="ok"]`))
+	p.waitFor("the turn's clock to show its wait for people apart", q(`.turn-head .timer[data-paused="false"][title*="waiting for people"]`))
 	if got := p.text(`.chip.approval[data-tool="deploy"] .outcome`); !regexpMatch(`^approved by the page after `, got) {
 		p.fail("the approval chip reads %q", got)
 	}

@@ -162,8 +162,22 @@ function startClock(node, startISO, limitMS, bar, onOver) {
   return c;
 }
 
+// pauseClock stops c at at (ms since the epoch, server time) until
+// resumeClock: the turn's clock while the turn waits for nothing but
+// people, which its timeouts.turn does not count.
+function pauseClock(c, at) {
+  if (c && c.pausedAt == null) c.pausedAt = at;
+}
+
+function resumeClock(c, at) {
+  if (!c || c.pausedAt == null) return;
+  c.paused = (c.paused || 0) + Math.max(0, at - c.pausedAt);
+  c.pausedAt = null;
+}
+
 function tickClock(c, now) {
-  const ms = now - app.skew - c.start;
+  const t = now - app.skew;
+  const ms = (c.pausedAt != null ? c.pausedAt : t) - c.start - (c.paused || 0);
   c.node.textContent = fmtMS(ms) + (c.limit ? ' / ' + fmtLimit(c.limit) : '');
   if (c.bar && c.limit) {
     c.bar.firstChild.style.width = Math.min(100, (100 * ms) / c.limit) + '%';
@@ -309,6 +323,8 @@ class TurnView {
     this.finished = false;
     this.budgets = {};
     this.said = null;         // the bubble the current model call streams into
+    this.working = new Set(); // model attempts and tool calls under way
+    this.asking = new Set();  // calls waiting for a person
     this.ctrl = new AbortController();
     app.views.add(this);
   }
@@ -329,6 +345,7 @@ class TurnView {
     this.root.dataset.applied = ++this.applied; // equals lastSeq when none was missed
     const f = this['on_' + ev.type];
     if (f) f.call(this, ev);
+    this.people(ev);
     this.tl.apply(ev);
     if (this.onApplied) this.onApplied(ev);
   }
@@ -343,6 +360,28 @@ class TurnView {
       el('span', {}, 'turn ', this.turnTimer),
       el('span', { class: 'mono', text: this.id }));
     this.turnClock = startClock(this.turnTimer, ev.at, turn ? turn.ms : 0);
+  }
+
+  // people stops the turn's clock while the turn waits for nothing but
+  // people's decisions, as its ceiling does (timeouts.turn counts none of
+  // that wait: docs/approvals.md), and starts it again when work goes on.
+  people(ev) {
+    switch (ev.type) {
+      case 'llm_started': this.working.add(`llm-${ev.step}-${ev.attempt}`); break;
+      case 'llm_finished': this.working.delete(`llm-${ev.step}-${ev.attempt}`); break;
+      case 'tool_started': this.working.add(ev.call_id); break;
+      case 'tool_finished': this.working.delete(ev.call_id); this.asking.delete(ev.call_id); break;
+      case 'approval_requested': this.asking.add(ev.call_id); break;
+      case 'approval_decided': if (!ev.stale) this.asking.delete(ev.call_id); break;
+      default: return;
+    }
+    if (!this.turnClock || this.finished) return;
+    const at = Date.parse(ev.at);
+    const paused = this.asking.size > 0 && this.working.size === 0;
+    if (paused) pauseClock(this.turnClock, at);
+    else resumeClock(this.turnClock, at);
+    this.turnTimer.dataset.paused = paused;
+    this.turnTimer.title = paused ? "waiting for a person: the turn's time (timeouts.turn) does not run" : '';
   }
 
   chip(key, kind, name, extra) {
@@ -586,7 +625,14 @@ class TurnView {
         clocks.delete(c.clock);
       }
     }
-    if (this.turnClock) stopClock(this.turnClock, (ev.totals || {}).wall_ms);
+    // The turn's time against its ceiling: its wall time less its waits
+    // for nothing but people.
+    const tot = ev.totals || {};
+    if (this.turnClock) stopClock(this.turnClock, tot.wall_ms == null ? undefined : tot.wall_ms - (tot.approval_ms || 0));
+    if (this.turnTimer && tot.approval_ms) {
+      this.turnTimer.dataset.paused = false;
+      this.turnTimer.title = `and ${fmtMS(tot.approval_ms)} waiting for people, which timeouts.turn does not count`;
+    }
     if (ev.answer) {
       if (this.said && this.said.textContent === ev.answer) this.said.classList.add('answer');
       else this.steps.append(el('div', { class: 'bubble said answer', text: ev.answer }));
