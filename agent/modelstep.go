@@ -228,7 +228,7 @@ func endpointLabel(ep model.Endpoint) string {
 // llm_budget.
 func (t *turn) attempt(ctx context.Context, step, attempt int, ep model.Endpoint, req model.Request) (model.Response, error) {
 	b := t.s.Budgets
-	t.em.Emit(&event.LLMStarted{Step: step, Model: ep.Model, Provider: ep.ProviderName, Profile: ep.Profile, Attempt: attempt})
+	started := t.em.Emit(&event.LLMStarted{Step: step, Model: ep.Model, Provider: ep.ProviderName, Profile: ep.Profile, Attempt: attempt})
 	act := &activity{step: step, subject: "model " + ep.Model}
 	t.s.LastStep, t.s.LastModel = act.subject, ep.Model
 	t.live.begin(act)
@@ -278,6 +278,9 @@ func (t *turn) attempt(ctx context.Context, step, attempt int, ep model.Endpoint
 		return d
 	}
 	out := t.callModel(ctx, mc)
+	// The deltas' texts become pieces of the joined reply: the chunks
+	// they were are let go (issue 29).
+	t.em.ShareReply(started.Seq, step, out.text)
 	t.s.LLMUsed += out.elapsed
 	resp, err := out.resp, out.err
 	if err == nil && resp.Empty() {

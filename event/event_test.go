@@ -7,6 +7,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
@@ -198,5 +199,51 @@ func TestWriteTurnIsJSONMarshal(t *testing.T) {
 		if err := event.WriteTurn(&w, rec); err != nil || w.String() != string(want) {
 			t.Errorf("WriteTurn %.200s (%v), json.Marshal %.200s", w.String(), err, want)
 		}
+	}
+}
+
+// TestShareReply: the log's deltas of a step become pieces of the joined
+// reply, their texts unchanged; what the sinks were given stays theirs;
+// a delta that is not the reply's next piece, and those after it, keep
+// their own strings.
+func TestShareReply(t *testing.T) {
+	for _, tc := range []struct {
+		name, reply string
+		shared      int
+	}{
+		{"whole", "abcdef", 3},
+		{"differs after two", "abcdXf", 2},
+		{"shorter", "ab", 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var got []event.Event
+			em := event.NewEmitter("t", event.SinkFunc(func(e event.Event) { got = append(got, e) }))
+			start := em.Emit(&event.LLMStarted{Step: 1})
+			for _, s := range []string{"ab", "cd"} {
+				em.Emit(&event.LLMDelta{Step: 1, Text: s})
+			}
+			em.Emit(&event.StillWorking{Step: 1})
+			em.Emit(&event.LLMDelta{Step: 1, Text: "ef"})
+			em.ShareReply(start.Seq, 1, tc.reply)
+			shared := 0
+			for i, e := range em.Log() {
+				if !reflect.DeepEqual(e, got[i]) {
+					t.Errorf("event %d: log %+v, sink had %+v", e.Seq, e.Data, got[i].Data)
+				}
+				d, ok := e.Data.(*event.LLMDelta)
+				if !ok {
+					continue
+				}
+				if d != got[i].Data.(*event.LLMDelta) {
+					shared++
+					if unsafe.StringData(d.Text) != unsafe.StringData(tc.reply[strings.Index(tc.reply, d.Text):]) {
+						t.Errorf("event %d: %q is not a piece of the reply", e.Seq, d.Text)
+					}
+				}
+			}
+			if shared != tc.shared {
+				t.Errorf("%d deltas share the reply, want %d", shared, tc.shared)
+			}
+		})
 	}
 }
