@@ -234,6 +234,9 @@ func (t *turn) attempt(ctx context.Context, step, attempt int, ep model.Endpoint
 	t.live.begin(act)
 
 	req.TraceParent = t.spans.traceparent("")
+	// callModel keeps what streamed and joins it: the provider need not
+	// keep the text too (a long reply was held twice while it streamed).
+	req.TextKept = true
 	mc := modelCall{step: step, attempt: attempt, ep: ep, req: req}
 	if !b.LLMBudget.Off() {
 		remaining, used := b.LLMBudget.D-t.s.LLMUsed, t.s.LLMUsed
