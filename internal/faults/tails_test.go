@@ -28,9 +28,11 @@ const longReplyBytes = 15 << 20
 // must not grow again (docs/decisions/reply-text.md). The goal of issue
 // 29, 3 × the reply plus a fixed base (about 110 MB with this provider),
 // is not reached yet: on 2026-11-26 run peaked at 533 MB before the
-// issue's changes, 423–477 MB after the first, and 288–308 MB once long
-// texts were written apart (bound 400; 433 MB the same session before);
-// serve at 596, 477–549, then 301–310 MB (bound 420; 490 MB before).
+// issue's changes, 423–477 MB after the first, 288–308 MB once long texts
+// were written apart and 274–277 MB once the turn kept the only copy of
+// the streamed text (bound 400; 433 MB the same session before); serve at
+// 596, 477–549, then 301–347 MB on a loaded machine (bound 440; 490 MB
+// before).
 func longReply(t *testing.T) {
 	chunks := make([]fakellm.Chunk, longReplyBytes/1024)
 	c := text(1024)
@@ -41,7 +43,7 @@ func longReply(t *testing.T) {
 	for _, serve := range []bool{false, true} {
 		via, boundMB := "timebox run --json", 400
 		if serve {
-			via, boundMB = "timebox serve, an SSE client", 420
+			via, boundMB = "timebox serve, an SSE client", 440
 		}
 		t.Run(via, func(t *testing.T) {
 			sc := begin(t, "a 15 MiB reply in 1 KiB chunks, --max-reply 16MiB", via)
@@ -93,7 +95,7 @@ func longReply(t *testing.T) {
 // that does not read is cut loose from the live fan-out; the record is
 // written an event at a time (docs/decisions/follower-memory.md). Before
 // issue 29 serve peaked here at 692 MB, after its first changes at 483 MB,
-// and at 349 MB once long texts were written apart (502 MB the same
+// and at 326–360 MB once long texts were written apart (502 MB the same
 // session before; 2026-11-26).
 func longReplyIdleFollowers(t *testing.T) {
 	const followers = 20
