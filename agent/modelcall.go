@@ -52,7 +52,9 @@ func (t *turn) callModel(ctx context.Context, mc modelCall) modelCalled {
 	w := model.Open(callCtx, mc.ep.Provider, mc.req, t.watchdog(), "model "+mc.ep.Model)
 	// The text as chunk returned it, joined only when the provider's reply
 	// is not already the same text: a builder beside the provider's own
-	// held up to 2.25 more copies of a long reply (issue 29).
+	// held up to 2.25 more copies of a long reply (issue 29). A provider
+	// that heeds Request.TextKept keeps none of its own: the reply's text
+	// is this one.
 	var text model.Text
 	var err error
 	for {

@@ -228,12 +228,15 @@ func endpointLabel(ep model.Endpoint) string {
 // llm_budget.
 func (t *turn) attempt(ctx context.Context, step, attempt int, ep model.Endpoint, req model.Request) (model.Response, error) {
 	b := t.s.Budgets
-	t.em.Emit(&event.LLMStarted{Step: step, Model: ep.Model, Provider: ep.ProviderName, Profile: ep.Profile, Attempt: attempt})
+	started := t.em.Emit(&event.LLMStarted{Step: step, Model: ep.Model, Provider: ep.ProviderName, Profile: ep.Profile, Attempt: attempt})
 	act := &activity{step: step, subject: "model " + ep.Model}
 	t.s.LastStep, t.s.LastModel = act.subject, ep.Model
 	t.live.begin(act)
 
 	req.TraceParent = t.spans.traceparent("")
+	// callModel keeps what streamed and joins it: the provider need not
+	// keep the text too (a long reply was held twice while it streamed).
+	req.TextKept = true
 	mc := modelCall{step: step, attempt: attempt, ep: ep, req: req}
 	if !b.LLMBudget.Off() {
 		remaining, used := b.LLMBudget.D-t.s.LLMUsed, t.s.LLMUsed
@@ -278,6 +281,9 @@ func (t *turn) attempt(ctx context.Context, step, attempt int, ep model.Endpoint
 		return d
 	}
 	out := t.callModel(ctx, mc)
+	// The deltas' texts become pieces of the joined reply: the chunks
+	// they were are let go (issue 29).
+	t.em.ShareReply(started.Seq, step, out.text)
 	t.s.LLMUsed += out.elapsed
 	resp, err := out.resp, out.err
 	if err == nil && resp.Empty() {

@@ -11,9 +11,11 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/internal/longjson"
 )
 
 // Type is the type of an event.
@@ -412,13 +414,85 @@ func (e Event) MarshalJSON() ([]byte, error) {
 
 // Marshal returns e as JSON: the bytes json.Marshal(e) returns, without
 // json.Marshal's check and copy of what MarshalJSON made. An event with a
-// long text — a turn_finished's answer of megabytes — is then held as JSON
-// once, not three times over (issue 29).
+// long text — a turn_finished's answer of megabytes — is held as JSON
+// once, in a buffer of its exact length, not three times over (issue 29).
 func Marshal(e Event) ([]byte, error) {
 	if _, ok := e.Data.(json.RawMessage); ok {
 		return json.Marshal(e) // as read: json.Marshal compacts it
 	}
+	if d, ok, err := split(e); err != nil {
+		return nil, err
+	} else if ok {
+		return d.Bytes(), nil
+	}
 	return e.MarshalJSON()
+}
+
+// WriteJSON writes e to w as Marshal returns it; a long text goes a piece
+// at a time, never whole as JSON in memory.
+func WriteJSON(w io.Writer, e Event) error {
+	if d, ok, err := split(e); err != nil {
+		return err
+	} else if ok {
+		_, err = d.WriteTo(w)
+		return err
+	}
+	b, err := Marshal(e)
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(b)
+	return err
+}
+
+// split returns e's JSON with its long texts apart, when it has one:
+// turn_finished's answer and message (an answer's message is the answer),
+// tool_finished's result, a delta's text, a late result's output, of
+// longjson.Long bytes or more.
+func split(e Event) (longjson.Doc, bool, error) {
+	var fields []longjson.Field
+	switch d := e.Data.(type) {
+	case *TurnFinished:
+		c := *d
+		fields, e.Data = apart(text{"answer", &c.Answer}, text{"message", &c.Message}), &c
+	case *ToolFinished:
+		c := *d
+		fields, e.Data = apart(text{"result", &c.Result}), &c
+	case *LLMDelta:
+		c := *d
+		fields, e.Data = apart(text{"text", &c.Text}), &c
+	case *LateResult:
+		c := *d
+		fields, e.Data = apart(text{"output", &c.Output}), &c
+	}
+	if len(fields) == 0 {
+		return longjson.Doc{}, false, nil
+	}
+	b, err := e.MarshalJSON()
+	if err != nil {
+		return longjson.Doc{}, false, err
+	}
+	d, ok := longjson.Split(b, fields...)
+	return d, ok, nil
+}
+
+// text is a string field of a payload's copy, by its JSON key.
+type text struct {
+	key string
+	s   *string
+}
+
+// apart returns the long texts among ts as fields to write apart, and
+// empties them in the copy.
+func apart(ts ...text) []longjson.Field {
+	var out []longjson.Field
+	for _, t := range ts {
+		if len(*t.s) >= longjson.Long {
+			out = append(out, longjson.Field{Key: t.key, Text: *t.s})
+			*t.s = ""
+		}
+	}
+	return out
 }
 
 // UnmarshalJSON reads the flat form written by MarshalJSON. The payload of

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
@@ -125,18 +126,124 @@ func TestTotalsCountRefusedCallsApart(t *testing.T) {
 	}
 }
 
-// TestMarshalIsJSONMarshal: event.Marshal returns what json.Marshal does.
-func TestMarshalIsJSONMarshal(t *testing.T) {
-	for _, e := range []event.Event{
+// long is a text of over longjson.Long bytes, which Marshal, WriteJSON
+// and WriteTurn write apart, with what escapes differently.
+var long = strings.Repeat("<b>&\u2028 \"x\"</b> é 😀 \n\t\x01\xff ", 10000)
+
+// events are events to marshal: short and long texts in every field
+// written apart.
+func events() []event.Event {
+	at := time.Date(2026, 11, 26, 18, 0, 0, 0, time.UTC)
+	return []event.Event{
 		{Seq: 3, TurnID: "t", Type: event.TypeLLMDelta, Data: &event.LLMDelta{Step: 1, Text: "<b>&\u2028 \"x\"</b>"}},
 		{Seq: 4, TurnID: "t", Type: event.TypeTurnFinished, Data: &event.TurnFinished{Answer: "a < b"}},
 		{Seq: 5, Type: "future", Data: json.RawMessage(`{"seq": 5, "type": "future"}`)},
 		{Seq: 6, TurnID: "t", Type: event.TypeLLMDelta},
-	} {
+		{Seq: 7, TurnID: "t", Type: event.TypeLLMDelta, At: at, Data: &event.LLMDelta{Step: 2, Text: long}},
+		{Seq: 8, TurnID: "t", Type: event.TypeTurnFinished, At: at, Data: &event.TurnFinished{Status: budget.StatusCompleted,
+			Message: `"answer":""`, Answer: long, Limit: &event.BudgetValue{Key: "max_reply"}}},
+		{Seq: 9, TurnID: "t", Type: event.TypeToolFinished, At: at, Data: &event.ToolFinished{
+			ToolCall: event.ToolCall{CallID: "c", Result: long, Arguments: json.RawMessage(`{"q":"\"result\":\"\""}`)}}},
+		{Seq: 10, TurnID: "t", Type: event.TypeLateResult, At: at, Data: &event.LateResult{CallID: "c", Output: long}},
+		// An answer's message is the answer.
+		{Seq: 12, TurnID: "t", Type: event.TypeTurnFinished, At: at, Data: &event.TurnFinished{Status: budget.StatusCompleted,
+			Message: long, Answer: long}},
+		// A field of the same name inside: marshalled whole.
+		{Seq: 11, TurnID: "t", Type: event.TypeToolFinished, At: at, Data: &event.ToolFinished{
+			ToolCall: event.ToolCall{CallID: "c", Result: long, Arguments: json.RawMessage(`{"result":""}`)}}},
+	}
+}
+
+// TestMarshalIsJSONMarshal: event.Marshal returns what json.Marshal does,
+// and WriteJSON writes it; a long text is marshalled into a buffer of the
+// exact length.
+func TestMarshalIsJSONMarshal(t *testing.T) {
+	for _, e := range events() {
 		want, werr := json.Marshal(e)
 		got, err := event.Marshal(e)
 		if string(got) != string(want) || (err == nil) != (werr == nil) {
-			t.Errorf("%s: Marshal %s (%v), json.Marshal %s (%v)", e.Type, got, err, want, werr)
+			t.Errorf("%d %s: Marshal %.200s (%v), json.Marshal %.200s (%v)", e.Seq, e.Type, got, err, want, werr)
 		}
+		if len(want) > len(long) && e.Seq != 11 && cap(got) != len(got) {
+			t.Errorf("%d %s: Marshal's buffer holds %d bytes for %d", e.Seq, e.Type, cap(got), len(got))
+		}
+		var w strings.Builder
+		if err := event.WriteJSON(&w, e); err != nil || w.String() != string(want) {
+			t.Errorf("%d %s: WriteJSON %.200s (%v), json.Marshal %.200s", e.Seq, e.Type, w.String(), err, want)
+		}
+	}
+}
+
+// TestWriteTurnIsJSONMarshal: MarshalTurn and WriteTurn write a record as
+// json.Marshal does, with and without events, its answer long or short.
+func TestWriteTurnIsJSONMarshal(t *testing.T) {
+	for _, rec := range []*event.Turn{
+		{TurnID: "t", Answer: "short <b>", Input: "hi", ToolCalls: []event.ToolCall{{CallID: "c"}}},
+		{TurnID: "t", Answer: long, Message: `"answer":""`, Events: events()},
+		{TurnID: "t", Answer: long, ModelCalls: []event.ModelCall{{Step: 1}}},
+		{TurnID: "t", Answer: long, Message: long, Input: `"message":""`},
+		{TurnID: "t", Answer: "", Events: events()[:1]},
+	} {
+		want, err := json.Marshal(rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := event.MarshalTurn(rec)
+		if err != nil || string(got) != string(want) {
+			t.Errorf("MarshalTurn %.200s (%v), json.Marshal %.200s", got, err, want)
+		}
+		if len(rec.Events) == 0 && cap(got) != len(got) {
+			t.Errorf("MarshalTurn's buffer holds %d bytes for %d", cap(got), len(got))
+		}
+		var w strings.Builder
+		if err := event.WriteTurn(&w, rec); err != nil || w.String() != string(want) {
+			t.Errorf("WriteTurn %.200s (%v), json.Marshal %.200s", w.String(), err, want)
+		}
+	}
+}
+
+// TestShareReply: the log's deltas of a step become pieces of the joined
+// reply, their texts unchanged; what the sinks were given stays theirs;
+// a delta that is not the reply's next piece, and those after it, keep
+// their own strings.
+func TestShareReply(t *testing.T) {
+	for _, tc := range []struct {
+		name, reply string
+		shared      int
+	}{
+		{"whole", "abcdef", 3},
+		{"differs after two", "abcdXf", 2},
+		{"shorter", "ab", 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var got []event.Event
+			em := event.NewEmitter("t", event.SinkFunc(func(e event.Event) { got = append(got, e) }))
+			start := em.Emit(&event.LLMStarted{Step: 1})
+			for _, s := range []string{"ab", "cd"} {
+				em.Emit(&event.LLMDelta{Step: 1, Text: s})
+			}
+			em.Emit(&event.StillWorking{Step: 1})
+			em.Emit(&event.LLMDelta{Step: 1, Text: "ef"})
+			em.ShareReply(start.Seq, 1, tc.reply)
+			shared := 0
+			for i, e := range em.Log() {
+				if !reflect.DeepEqual(e, got[i]) {
+					t.Errorf("event %d: log %+v, sink had %+v", e.Seq, e.Data, got[i].Data)
+				}
+				d, ok := e.Data.(*event.LLMDelta)
+				if !ok {
+					continue
+				}
+				if d != got[i].Data.(*event.LLMDelta) {
+					shared++
+					if unsafe.StringData(d.Text) != unsafe.StringData(tc.reply[strings.Index(tc.reply, d.Text):]) {
+						t.Errorf("event %d: %q is not a piece of the reply", e.Seq, d.Text)
+					}
+				}
+			}
+			if shared != tc.shared {
+				t.Errorf("%d deltas share the reply, want %d", shared, tc.shared)
+			}
+		})
 	}
 }

@@ -1,10 +1,13 @@
 package event
 
 import (
+	"bytes"
 	"encoding/json"
+	"io"
 	"time"
 
 	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/internal/longjson"
 )
 
 // Outcome is how one tool call or model call ended.
@@ -181,4 +184,74 @@ func (t *Turn) Totals() Totals {
 		}
 	}
 	return tot
+}
+
+// MarshalTurn returns rec as JSON: the bytes json.Marshal(rec) returns. A
+// record without events is made in one buffer of its exact length, its
+// answer escaped into it: a long answer is held as JSON once, not three
+// times over (issue 29).
+func MarshalTurn(rec *Turn) ([]byte, error) {
+	if len(rec.Events) > 0 {
+		var b bytes.Buffer
+		err := WriteTurn(&b, rec)
+		return b.Bytes(), err
+	}
+	d, err := turnDoc(rec)
+	if err != nil {
+		return nil, err
+	}
+	return d.Bytes(), nil
+}
+
+// WriteTurn writes rec to w as json.Marshal(rec) returns it, its answer a
+// piece at a time and its events one at a time (WriteJSON): a long
+// reply's record — its answer, its every delta — is never held whole as
+// JSON. It writes in many small pieces: give it a buffered w.
+func WriteTurn(w io.Writer, rec *Turn) error {
+	d, err := turnDoc(rec)
+	if err != nil {
+		return err
+	}
+	if len(rec.Events) == 0 {
+		_, err = d.WriteTo(w)
+		return err
+	}
+	// Events is the record's last field; the record has fields, never {}.
+	if _, err := d.Trim(1).WriteTo(w); err != nil {
+		return err
+	}
+	if _, err := io.WriteString(w, `,"events":[`); err != nil {
+		return err
+	}
+	for i, e := range rec.Events {
+		if i > 0 {
+			if _, err := io.WriteString(w, ","); err != nil {
+				return err
+			}
+		}
+		if err := WriteJSON(w, e); err != nil {
+			return err
+		}
+	}
+	_, err = io.WriteString(w, "]}")
+	return err
+}
+
+// turnDoc is rec's JSON without its events, its answer and message apart
+// when long (an answer's message is the answer).
+func turnDoc(rec *Turn) (longjson.Doc, error) {
+	r := *rec
+	r.Events = nil
+	if fields := apart(text{"answer", &r.Answer}, text{"message", &r.Message}); len(fields) > 0 {
+		b, err := json.Marshal(&r)
+		if err != nil {
+			return longjson.Doc{}, err
+		}
+		if d, ok := longjson.Split(b, fields...); ok {
+			return d, nil
+		}
+		r.Answer, r.Message = rec.Answer, rec.Message
+	}
+	b, err := json.Marshal(&r)
+	return longjson.Whole(b), err
 }

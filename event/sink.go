@@ -1,6 +1,8 @@
 package event
 
 import (
+	"cmp"
+	"slices"
 	"sync"
 	"time"
 )
@@ -80,6 +82,34 @@ func (m *Emitter) Emit(v Payload) Event {
 		s.Emit(e)
 	}
 	return e
+}
+
+// ShareReply makes the log's llm_delta events of step, from seq after on,
+// pieces of reply — the text they add up to, joined once the reply ended —
+// instead of their own strings: a long reply is then held once, not once
+// more by the turn's record (issue 29). Each event keeps its text byte for
+// byte; the sinks keep what they were given. It stops at the first delta
+// that is not the reply's next piece.
+func (m *Emitter) ShareReply(after int64, step int, reply string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return // the log may be the record's now
+	}
+	i, _ := slices.BinarySearchFunc(m.log, after+1, func(e Event, seq int64) int { return cmp.Compare(e.Seq, seq) })
+	off := 0
+	for ; i < len(m.log); i++ {
+		d, ok := m.log[i].Data.(*LLMDelta)
+		if !ok || d.Step != step {
+			continue
+		}
+		end := off + len(d.Text)
+		if end > len(reply) || reply[off:end] != d.Text {
+			return
+		}
+		m.log[i].Data = &LLMDelta{Step: d.Step, Text: reply[off:end]}
+		off = end
+	}
 }
 
 // Close stops delivery: later Emit calls are dropped. The turn closes its

@@ -80,6 +80,11 @@ type Request struct {
 	// is traced: the providers send it as the traceparent header, so that
 	// a traced model server joins the turn's trace.
 	TraceParent string
+	// TextKept says the caller keeps the text the stream's chunks carry:
+	// the stream may then leave it out of its Response (Text empty), so
+	// that a long reply is not held twice while it streams (issue 29).
+	// The turn sets it; the OpenAI and Anthropic streams heed it.
+	TextKept bool
 }
 
 // Chunk is one piece of a streamed reply. Every chunk is a progress signal,

@@ -3,11 +3,15 @@ package server
 import (
 	"bytes"
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/timebox-run/timebox/event"
 )
+
+// long is an answer written apart (longjson.Long), with what escapes.
+var long = strings.Repeat("<b>a & b</b>\u2028 é \"x\"\n", 20000)
 
 // TestWriteRecordIsEncode: writeRecord writes what json.Encoder wrote.
 func TestWriteRecordIsEncode(t *testing.T) {
@@ -17,6 +21,11 @@ func TestWriteRecordIsEncode(t *testing.T) {
 		{TurnID: "t2", Answer: "done", StartedAt: at, Events: []event.Event{
 			{Seq: 1, TurnID: "t2", Type: event.TypeLLMDelta, At: at, Data: &event.LLMDelta{Step: 1, Text: "<x> \"y\""}},
 			{Seq: 2, TurnID: "t2", Type: event.TypeTurnFinished, At: at, Data: &event.TurnFinished{Answer: "done"}},
+		}},
+		// A long answer, written a piece at a time.
+		{TurnID: "t3", Answer: long, StartedAt: at, Events: []event.Event{
+			{Seq: 1, TurnID: "t3", Type: event.TypeLLMDelta, At: at, Data: &event.LLMDelta{Step: 1, Text: long}},
+			{Seq: 2, TurnID: "t3", Type: event.TypeTurnFinished, At: at, Data: &event.TurnFinished{Answer: long}},
 		}},
 	} {
 		var want, got bytes.Buffer

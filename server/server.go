@@ -13,6 +13,7 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -441,7 +442,7 @@ func (t *turnSink) LateResult(rec event.ToolCall) { t.s.storeLate(rec) }
 
 // Emit implements event.Sink.
 func (t *turnSink) Emit(e event.Event) {
-	data, merr := e.MarshalJSON()
+	data, merr := frameData(e)
 	if merr != nil {
 		t.s.log.Error("encoding an event", "turn_id", e.TurnID, "seq", e.Seq, "err", merr)
 	} else {
@@ -461,6 +462,17 @@ func (t *turnSink) Emit(e event.Event) {
 		}
 		t.lt.hub.storedUpTo(e.Seq)
 	})
+}
+
+// frameData is e's JSON as its frame carries it: an event read back as
+// it was stored, as it is; any other as event.Marshal makes it, a long
+// answer held once in a buffer of its length, not three times over
+// (issue 29).
+func frameData(e event.Event) ([]byte, error) {
+	if _, raw := e.Data.(json.RawMessage); raw {
+		return e.MarshalJSON()
+	}
+	return event.Marshal(e)
 }
 
 func (s *Server) live(id string) *liveTurn {

@@ -197,6 +197,31 @@ func (mt *memTurn) putTool(tc event.ToolCall) {
 	mt.tools = append(mt.tools, tc)
 }
 
+// shareDeltas keeps the record's llm_delta events in place of the stored
+// ones of the same seq and text: the record's are pieces of the joined
+// reply (event.Emitter.ShareReply), the stored ones the chunks the reply
+// streamed as, which a long reply would otherwise keep twice (issue 29).
+// Both are in seq order.
+func shareDeltas(stored, rec []event.Event) {
+	i := 0
+	for _, e := range rec {
+		for i < len(stored) && stored[i].Seq < e.Seq {
+			i++
+		}
+		if i == len(stored) {
+			return
+		}
+		if stored[i].Seq != e.Seq {
+			continue
+		}
+		was, ok1 := stored[i].Data.(*event.LLMDelta)
+		now, ok2 := e.Data.(*event.LLMDelta)
+		if ok1 && ok2 && was != now && *was == *now {
+			stored[i] = e
+		}
+	}
+}
+
 // FinishTurn implements Store.
 func (m *Memory) FinishTurn(_ context.Context, rec *event.Turn, msgs []model.Message) error {
 	defer m.watch.Wake(rec.TurnID)
@@ -213,6 +238,7 @@ func (m *Memory) FinishTurn(_ context.Context, rec *event.Turn, msgs []model.Mes
 	if n := len(mt.events); n > 0 {
 		last = mt.events[n-1].Seq
 	}
+	shareDeltas(mt.events, rec.Events)
 	for _, e := range rec.Events {
 		if e.Seq > last {
 			mt.events = append(mt.events, e)

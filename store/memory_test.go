@@ -99,3 +99,40 @@ func TestEnqueueRefusedDoesNotWait(t *testing.T) {
 		t.Fatalf("callbacks %v: want the refused call's queued as given (nil), the run call's waited for", q.cbs)
 	}
 }
+
+// TestMemoryKeepsTheRecordsDeltas: FinishTurn keeps the record's deltas
+// (pieces of the joined reply) in place of the stored ones of the same
+// seq and text; a delta whose text differs stays as stored.
+func TestMemoryKeepsTheRecordsDeltas(t *testing.T) {
+	m := store.NewMemory()
+	ctx := context.Background()
+	if err := m.BeginTurn(ctx, store.TurnStart{TurnID: "t1", Input: "go"}); err != nil {
+		t.Fatal(err)
+	}
+	texts := []string{"ab", "cd", "ef"}
+	var rec []event.Event
+	for i, s := range texts {
+		e := event.Event{Seq: int64(i + 1), TurnID: "t1", Type: event.TypeLLMDelta, Data: &event.LLMDelta{Step: 1, Text: s}}
+		if err := m.AppendEvent(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+		if i == 1 {
+			s = "XX" // not the stored text: the stored one stays
+		}
+		e.Data = &event.LLMDelta{Step: 1, Text: s}
+		rec = append(rec, e)
+	}
+	if err := m.FinishTurn(ctx, &event.Turn{TurnID: "t1", Events: rec}, nil); err != nil {
+		t.Fatal(err)
+	}
+	evs, err := m.Events(ctx, "t1", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, e := range evs {
+		d := e.Data.(*event.LLMDelta)
+		if d.Text != texts[i] || (d == rec[i].Data) == (i == 1) {
+			t.Errorf("event %d: %q, the record's %v", e.Seq, d.Text, d == rec[i].Data)
+		}
+	}
+}

@@ -62,6 +62,10 @@ func scenarios() []scenario {
 			reply: fakellm.Reply{Repeat: true, Chunks: []fakellm.Chunk{{Text: "x"}}}},
 		{name: "long: a 15 MB reply in 1 KiB chunks, --max-reply 16MiB (openai)", format: fakellm.OpenAI, maxReply: "16MiB",
 			reply: fakellm.Reply{Chunks: longReply(15<<20/1024, big[:1024])}},
+		// The base the long reply is measured against: the same provider
+		// and modes, a reply of one chunk.
+		{name: "long's base: a 1 KiB reply, --max-reply 16MiB (openai)", format: fakellm.OpenAI, maxReply: "16MiB",
+			reply: fakellm.Reply{Chunks: longReply(1, big[:1024])}},
 		{name: "trickle: a 1-byte chunk every 10ms, endless (openai)", format: fakellm.OpenAI,
 			reply: fakellm.Reply{Repeat: true, Chunks: []fakellm.Chunk{{Text: "x", Delay: 10 * time.Millisecond}}}},
 		{name: "trickle: one event, a byte every 5ms (openai)", format: fakellm.OpenAI,

@@ -32,12 +32,11 @@ type jsonLines struct {
 func (j *jsonLines) Emit(e event.Event) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	b, err := event.Marshal(e)
-	if err != nil {
+	// A long answer goes to the writer a piece at a time (issue 29).
+	if err := event.WriteJSON(j.w, e); err != nil {
 		j.err = err
 		return
 	}
-	j.w.Write(b)
 	j.w.WriteByte('\n')
 	j.w.Flush()
 }

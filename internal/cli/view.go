@@ -144,7 +144,12 @@ func (v *view) Emit(e event.Event) {
 		}
 	case *event.LLMFinished:
 		v.remove("model")
-		txt := strings.TrimSpace(v.text.String())
+		// The text is joined only to be printed: before tool calls. An
+		// answer is printed once, by turn_finished (issue 29).
+		var txt string
+		if d.Outcome == event.OutcomeOK && d.ToolCalls > 0 {
+			txt = strings.TrimSpace(v.text.String())
+		}
 		v.text, v.recent = model.Text{}, v.recent[:0]
 		switch {
 		case d.Outcome != event.OutcomeOK:
@@ -190,7 +195,10 @@ func (v *view) Emit(e event.Event) {
 		v.finished = true
 		v.clear()
 		v.println("")
-		v.println(v.banner(d))
+		head, answer := v.banner(d)
+		io.WriteString(v.w, head)
+		writePieces(v.w, answer)
+		io.WriteString(v.w, "\n")
 	}
 	v.redraw()
 }
@@ -271,7 +279,7 @@ func (v *view) finishedLine(r *event.ToolCall) string {
 	return fmt.Sprintf("%s %s %s  error: %s", v.c(red, "✗"), name, took, reason)
 }
 
-func (v *view) banner(d *event.TurnFinished) string {
+func (v *view) banner(d *event.TurnFinished) (head, answer string) {
 	took := ms(d.Totals.WallMS)
 	switch d.Status {
 	case budget.StatusCompleted:
@@ -279,20 +287,35 @@ func (v *view) banner(d *event.TurnFinished) string {
 		if n := d.Totals.ToolCallsRefused; n > 0 {
 			refused = fmt.Sprintf(" (%d more refused)", n)
 		}
-		// The answer is added, not formatted: fmt would hold two more
-		// copies of a long one (issue 29).
+		// The answer comes apart, to be written as it is: fmt, or a
+		// string added to it, would hold more copies of a long one
+		// (issue 29).
 		return fmt.Sprintf("%s in %s · %d step%s · %d tool call%s%s\n\n", v.c(green+bold, "✔ answered"), took,
-			d.Totals.Steps, plural(d.Totals.Steps), d.Totals.ToolCalls, plural(d.Totals.ToolCalls), refused) + d.Answer
+			d.Totals.Steps, plural(d.Totals.Steps), d.Totals.ToolCalls, plural(d.Totals.ToolCalls), refused), d.Answer
 	case budget.StatusCancelled:
-		return fmt.Sprintf("%s (%s)\n%s", v.c(yellow+bold, "⊘ cancelled"), d.StopReason, d.Message)
+		return fmt.Sprintf("%s (%s)\n%s", v.c(yellow+bold, "⊘ cancelled"), d.StopReason, d.Message), ""
 	case budget.StatusFailed:
-		return fmt.Sprintf("%s (%s)\n%s", v.c(red+bold, "✗ failed"), d.StopReason, d.Message)
+		return fmt.Sprintf("%s (%s)\n%s", v.c(red+bold, "✗ failed"), d.StopReason, d.Message), ""
 	}
 	s := fmt.Sprintf("%s (%s)\n%s", v.c(red+bold, "■ stopped"), d.StopReason, d.Message)
 	if d.Answer != "" {
 		s += "\n\nPartial answer: " + partialShown(d.Answer)
 	}
-	return s
+	return s, ""
+}
+
+// writePieces writes s to w through a buffer of 32 KiB: w (the turn's
+// goneWriter) takes bytes, and s converted whole would be a copy of a long
+// answer.
+func writePieces(w io.Writer, s string) {
+	buf := make([]byte, min(len(s), 32<<10))
+	for len(s) > 0 {
+		n := copy(buf, s)
+		if _, err := w.Write(buf[:n]); err != nil {
+			return
+		}
+		s = s[n:]
+	}
 }
 
 // maxPartialShown is how much of a stopped turn's partial answer the view

@@ -113,3 +113,28 @@ func Collect(t *testing.T, p model.Provider, req model.Request) ([]model.Chunk, 
 		chunks = append(chunks, c)
 	}
 }
+
+// TextKept: a request that says its caller keeps the streamed text
+// (Request.TextKept) gets the same chunks, and a Response without the
+// text; one that does not, the text joined.
+func TextKept(t *testing.T, format fakellm.Format, newProvider New) {
+	s := fakellm.New(format, fakellm.Reply{Chunks: []fakellm.Chunk{{Text: "a"}, {Text: "bc"}, {Text: "d"}}})
+	defer s.Close()
+	for _, kept := range []bool{false, true} {
+		chunks, resp, err := Collect(t, newProvider(s), model.Request{Model: "m", TextKept: kept})
+		if err != nil {
+			t.Fatal(err)
+		}
+		streamed := ""
+		for _, c := range chunks {
+			streamed += c.Text
+		}
+		want := "abcd"
+		if kept {
+			want = ""
+		}
+		if streamed != "abcd" || resp.Text != want {
+			t.Errorf("TextKept %v: streamed %q, Response's text %q, want %q", kept, streamed, resp.Text, want)
+		}
+	}
+}

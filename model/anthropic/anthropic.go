@@ -94,7 +94,7 @@ func (p *Provider) Stream(ctx context.Context, req model.Request) (model.Stream,
 		opts = append(opts, option.WithHeader("traceparent", req.TraceParent))
 	}
 	s := p.client.Messages.NewStreaming(ctx, params, opts...)
-	return &stream{ctx: ctx, s: s, blocks: map[int64]*block{}}, nil
+	return &stream{ctx: ctx, s: s, blocks: map[int64]*block{}, textKept: req.TextKept}, nil
 }
 
 // toParams maps a request to the Messages API: the system prompt apart,
@@ -218,16 +218,19 @@ type block struct {
 
 // stream is one streamed reply.
 type stream struct {
-	ctx     context.Context
-	s       *ssestream.Stream[sdk.MessageStreamEventUnion]
-	text    model.Text
-	blocks  map[int64]*block
-	order   []int64
-	stop    string
-	usage   model.Usage
-	stopped bool // message_stop arrived
-	done    bool
-	err     error
+	ctx  context.Context
+	s    *ssestream.Stream[sdk.MessageStreamEventUnion]
+	text model.Text
+	// textKept: the caller keeps the text (Request.TextKept); text
+	// stays empty.
+	textKept bool
+	blocks   map[int64]*block
+	order    []int64
+	stop     string
+	usage    model.Usage
+	stopped  bool // message_stop arrived
+	done     bool
+	err      error
 }
 
 // Recv returns one chunk per server-sent event (pings are not events).
@@ -298,7 +301,9 @@ func (s *stream) Recv() (model.Chunk, error) {
 	case "message_stop":
 		s.stopped = true
 	}
-	s.text.Add(out.Text)
+	if !s.textKept {
+		s.text.Add(out.Text)
+	}
 	return out, nil
 }
 

@@ -296,6 +296,10 @@ func TestCancelledContextEndsRecvPromptly(t *testing.T) {
 	providertest.CancelEndsRecv(t, fakellm.Anthropic, func(s *fakellm.Server) model.Provider { return provider(s) })
 }
 
+func TestTextKeptLeavesTheTextToTheCaller(t *testing.T) {
+	providertest.TextKept(t, fakellm.Anthropic, func(s *fakellm.Server) model.Provider { return provider(s) })
+}
+
 // "prompt is too long" (400) and request_too_large (413) are refusals
 // marked TooLong, so the turn can compact instead of failing; other
 // refusals are not.

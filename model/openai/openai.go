@@ -97,7 +97,7 @@ func (p *Provider) Stream(ctx context.Context, req model.Request) (model.Stream,
 		opts = append(opts, option.WithHeader("traceparent", req.TraceParent))
 	}
 	s := p.client.Chat.Completions.NewStreaming(ctx, params, opts...)
-	return &stream{ctx: ctx, s: s, calls: map[int64]*call{}}, nil
+	return &stream{ctx: ctx, s: s, calls: map[int64]*call{}, textKept: req.TextKept}, nil
 }
 
 func toParams(req model.Request) (sdk.ChatCompletionNewParams, error) {
@@ -155,14 +155,17 @@ func toParams(req model.Request) (sdk.ChatCompletionNewParams, error) {
 // stream is one streamed reply. Tool calls arrive as fragments keyed by
 // index: the id and name in the first, the arguments in pieces.
 type stream struct {
-	ctx    context.Context
-	s      *ssestream.Stream[sdk.ChatCompletionChunk]
-	text   model.Text
-	calls  map[int64]*call
-	finish string
-	usage  model.Usage
-	done   bool
-	err    error
+	ctx  context.Context
+	s    *ssestream.Stream[sdk.ChatCompletionChunk]
+	text model.Text
+	// textKept: the caller keeps the text (Request.TextKept); text
+	// stays empty.
+	textKept bool
+	calls    map[int64]*call
+	finish   string
+	usage    model.Usage
+	done     bool
+	err      error
 }
 
 // call is a tool call being assembled. Its pieces go to builders: a reply
@@ -221,7 +224,9 @@ func (s *stream) Recv() (model.Chunk, error) {
 			s.finish = ch.FinishReason
 		}
 	}
-	s.text.Add(out.Text)
+	if !s.textKept {
+		s.text.Add(out.Text)
+	}
 	return out, nil
 }
 

@@ -215,6 +215,10 @@ func TestCancelledContextEndsRecvPromptly(t *testing.T) {
 	providertest.CancelEndsRecv(t, fakellm.OpenAI, func(s *fakellm.Server) model.Provider { return provider(s) })
 }
 
+func TestTextKeptLeavesTheTextToTheCaller(t *testing.T) {
+	providertest.TextKept(t, fakellm.OpenAI, func(s *fakellm.Server) model.Provider { return provider(s) })
+}
+
 // A conversation longer than the model's context window is refused with
 // code context_length_exceeded: a refusal marked TooLong, so the turn can
 // compact instead of failing; other refusals are not.

@@ -35,6 +35,7 @@ import (
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/ids"
+	"github.com/timebox-run/timebox/internal/longjson"
 	"github.com/timebox-run/timebox/model"
 	"github.com/timebox-run/timebox/store"
 	"github.com/timebox-run/timebox/store/internal/groupq"
@@ -644,11 +645,30 @@ func addModelCall(ctx context.Context, tx *sql.Tx, turnID string, mc event.Model
 }
 
 // finalRecord is the turn record as the turns table keeps it: calls and
-// events live in their own tables.
+// events live in their own tables. A long answer is escaped into a buffer
+// of the exact length (event.MarshalTurn), not held three times over.
 func finalRecord(rec *event.Turn) ([]byte, error) {
 	r := *rec
 	r.ToolCalls, r.ModelCalls, r.Events = nil, nil, nil
-	return json.Marshal(&r)
+	return event.MarshalTurn(&r)
+}
+
+// marshalMessage returns json.Marshal(m); a long content is escaped into a
+// buffer of the exact length (issue 29).
+func marshalMessage(m model.Message) ([]byte, error) {
+	if len(m.Content) < longjson.Long {
+		return json.Marshal(m)
+	}
+	c := m
+	c.Content = ""
+	b, err := json.Marshal(c)
+	if err != nil {
+		return nil, err
+	}
+	if d, ok := longjson.Split(b, longjson.Field{Key: "content", Text: m.Content}); ok {
+		return d.Bytes(), nil
+	}
+	return json.Marshal(m)
 }
 
 // FinishTurn implements store.Store.
@@ -719,7 +739,7 @@ func (s *Store) FinishTurn(ctx context.Context, rec *event.Turn, msgs []model.Me
 			return err
 		}
 		for _, m := range msgs {
-			b, err := json.Marshal(m)
+			b, err := marshalMessage(m)
 			if err != nil {
 				return err
 			}
