@@ -152,7 +152,9 @@ func (p *parked) wake() {
 // response.
 func (p *parked) close() {
 	p.timer.Stop()
-	p.st.keepAlive.Stop()
+	if p.st.keepAlive != nil {
+		p.st.keepAlive.Stop()
+	}
 	p.st.x.conn.Close()
 	p.s.streams.remove(p)
 }

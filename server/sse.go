@@ -89,14 +89,16 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, lt *liveTurn, af
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-store")
 	h.Set("X-Accel-Buffering", "no") // nginx: do not buffer the stream
-	st := &streamState{s: s, ctx: r.Context(), id: r.PathValue("id"), last: after,
-		keepAlive: time.NewTicker(s.cfg.KeepAlive)}
+	st := &streamState{s: s, ctx: r.Context(), id: r.PathValue("id"), last: after}
 	deadline := max(2*s.cfg.KeepAlive, 10*time.Second)
 	if lt != nil && sb == nil && r.Method == http.MethodGet {
-		// A follower of a turn running here: its stream parks while idle.
+		// A follower of a turn running here: its stream parks while idle,
+		// with a keep-alive timer of its own (a ticker only while it
+		// pauses, in pause).
 		st.p = s.hijack(w, st, deadline)
 	}
 	if st.p == nil {
+		st.keepAlive = time.NewTicker(s.cfg.KeepAlive)
 		defer st.keepAlive.Stop()
 		w.WriteHeader(http.StatusOK)
 		st.x = &sse{w: w, rc: http.NewResponseController(w), deadline: deadline}
@@ -199,6 +201,9 @@ func (st *streamState) replayStored(upto int64) error {
 func (st *streamState) pause(d time.Duration) error {
 	t := time.NewTimer(d)
 	defer t.Stop()
+	if st.keepAlive == nil {
+		st.keepAlive = time.NewTicker(st.s.cfg.KeepAlive)
+	}
 	for {
 		select {
 		case <-t.C:
