@@ -152,16 +152,23 @@ func Run(ctx context.Context, t Tool, in *Call, b budget.ToolBudget, h Hooks) *E
 			r = <-done
 			break
 		}
-		grace := budget.GraceFor(context.Cause(callCtx), c.KillGrace)
-		if b.Enforcement == budget.Hard {
-			grace += ReapMargin
-		}
-		wait := time.NewTimer(grace)
 		select {
 		case r = <-done:
-			wait.Stop()
-		case <-wait.C:
-			x.Abandoned = true
+			// A cooperative tool often returns at once: the grace's
+			// timer is not worth arming (thousands of turns stopped at
+			// one instant arm and stop thousands).
+		default:
+			grace := budget.GraceFor(context.Cause(callCtx), c.KillGrace)
+			if b.Enforcement == budget.Hard {
+				grace += ReapMargin
+			}
+			wait := time.NewTimer(grace)
+			select {
+			case r = <-done:
+				wait.Stop()
+			case <-wait.C:
+				x.Abandoned = true
+			}
 		}
 	}
 	if deadline != nil {
