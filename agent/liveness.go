@@ -164,6 +164,16 @@ func (l *liveness) end(a *activity, completed bool) {
 	l.mu.Unlock()
 }
 
+// halt stops the step watchdog of a turn that was stopped: it could stop
+// nothing more, and re-arming it as the calls wind down would only cost
+// timer work — thousands of turns stopped at one instant re-arm thousands.
+// The notices go on while calls run.
+func (l *liveness) halt() {
+	l.mu.Lock()
+	l.fired = true
+	l.mu.Unlock()
+}
+
 // lastProgressed returns the time of the last progress signal.
 func (l *liveness) lastProgressed() time.Time {
 	l.mu.Lock()

@@ -226,6 +226,7 @@ func (t *turn) capture() {
 		t.stopDesc, t.stopTools = t.live.describe(time.Now())
 		t.stopDuringRun = len(t.stopTools) > 0
 		t.stopDuringCompact = t.live.compacting()
+		t.live.halt()
 	})
 }
 
