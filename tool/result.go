@@ -226,9 +226,9 @@ func errorInfo(name string, x *Execution) ErrorInfo {
 }
 
 func cancelledInfo(name string, x *Execution) ErrorInfo {
-	info := ErrorInfo{Type: "tool_cancelled", Tool: name, Phase: string(x.Phase),
-		Elapsed: budget.Round(x.Elapsed()).String(),
-		Message: "Tool " + strconv.Quote(name) + " was stopped after " + budget.Round(x.Elapsed()).String() +
+	elapsed := budget.Round(x.Elapsed()).String()
+	info := ErrorInfo{Type: "tool_cancelled", Tool: name, Phase: string(x.Phase), Elapsed: elapsed,
+		Message: "Tool " + strconv.Quote(name) + " was stopped after " + elapsed +
 			" because the turn was stopped (" + causeText(x.Cause) + ")." + restartedText(x)}
 	if x.Result != nil {
 		info.PartialOutput = validText(tail(x.Result.outputString(), maxPartial))
