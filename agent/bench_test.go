@@ -72,7 +72,8 @@ func BenchmarkTurnMemory(b *testing.B) {
 // that every one expires at the same instant, and measures the wind-down:
 // the process's CPU time (user+system, all goroutines and the GC) from the
 // moment all are parked until every Run has returned, divided by the turns
-// (wind-down-µs/turn); how late after that instant each Run returned (p50,
+// (wind-down-µs/turn) and the allocations it made (wind-down-allocs/turn,
+// wind-down-B/turn); how late after that instant each Run returned (p50,
 // p99, max); and the resident memory with all of them parked. floor does
 // the least the same wind-down can cost: a goroutine per turn waiting on a
 // context with the same deadline. Run it with -benchtime 1x.
@@ -97,28 +98,39 @@ func BenchmarkTurnWindDown(b *testing.B) {
 	for _, mode := range []string{"turns", "floor"} {
 		b.Run(mode, func(b *testing.B) {
 			var late []time.Duration
-			var cpu time.Duration
-			var rss int64
+			var w winddown
 			for b.Loop() {
-				l, c, r := windDown(b, a, n, mode == "floor")
-				late, cpu, rss = append(late, l...), cpu+c, max(rss, r)
+				l, r := windDown(b, a, n, mode == "floor")
+				late = append(late, l...)
+				w.cpu, w.allocs, w.bytes, w.rss = w.cpu+r.cpu, w.allocs+r.allocs, w.bytes+r.bytes, max(w.rss, r.rss)
 			}
 			slices.Sort(late)
 			q := func(p float64) float64 {
 				return float64(late[int(p*float64(len(late)-1))]) / float64(time.Millisecond)
 			}
-			b.ReportMetric(float64(cpu.Microseconds())/float64(len(late)), "wind-down-µs/turn")
+			b.ReportMetric(float64(w.cpu.Microseconds())/float64(len(late)), "wind-down-µs/turn")
+			b.ReportMetric(float64(w.allocs)/float64(len(late)), "wind-down-allocs/turn")
+			b.ReportMetric(float64(w.bytes)/float64(len(late)), "wind-down-B/turn")
 			b.ReportMetric(q(0.50), "late-p50-ms")
 			b.ReportMetric(q(0.99), "late-p99-ms")
 			b.ReportMetric(q(1), "late-max-ms")
-			b.ReportMetric(float64(rss)/(1<<20), "parked-rss-MB")
+			b.ReportMetric(float64(w.rss)/(1<<20), "parked-rss-MB")
 			b.ReportMetric(0, "ns/op")
 		})
 	}
 }
 
+// winddown is what one round of BenchmarkTurnWindDown measured of the
+// wind-down: the process's CPU time, the allocations (count and bytes),
+// and the resident memory with every turn parked.
+type winddown struct {
+	cpu           time.Duration
+	allocs, bytes uint64
+	rss           int64
+}
+
 // windDown runs one round of BenchmarkTurnWindDown.
-func windDown(b *testing.B, a *agent.Agent, n int, floor bool) (late []time.Duration, cpu time.Duration, rss int64) {
+func windDown(b *testing.B, a *agent.Agent, n int, floor bool) (late []time.Duration, w winddown) {
 	// Long enough for every turn to park first on a loaded 2-CPU machine.
 	at := time.Now().Add(time.Duration(n)*time.Millisecond + 3*time.Second)
 	var parked, done sync.WaitGroup
@@ -155,19 +167,23 @@ func windDown(b *testing.B, a *agent.Agent, n int, floor bool) (late []time.Dura
 		b.Fatalf("%d turns took longer than %s to park", n, time.Until(at))
 	}
 	runtime.GC()
-	rss = vmRSS()
+	w.rss = vmRSS()
 	stopProfile := func() {}
 	if !floor {
 		stopProfile = benchprof.Phase(b, "") // TB_BENCH_PROFILE=PREFIX
 	}
+	var m0, m1 runtime.MemStats
+	runtime.ReadMemStats(&m0) // before the instant: it stops the world
 	before := cpuTime()
 	done.Wait()
-	cpu = cpuTime() - before
+	w.cpu = cpuTime() - before
+	runtime.ReadMemStats(&m1)
+	w.allocs, w.bytes = m1.Mallocs-m0.Mallocs, m1.TotalAlloc-m0.TotalAlloc
 	stopProfile()
 	for _, r := range returned {
 		late = append(late, r.Sub(at))
 	}
-	return late, cpu, rss
+	return late, w
 }
 
 // vmRSS is the process's resident memory now, from /proc/self/status.

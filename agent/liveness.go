@@ -164,6 +164,16 @@ func (l *liveness) end(a *activity, completed bool) {
 	l.mu.Unlock()
 }
 
+// halt stops the step watchdog of a turn that was stopped: it could stop
+// nothing more, and re-arming it as the calls wind down would only cost
+// timer work — thousands of turns stopped at one instant re-arm thousands.
+// The notices go on while calls run.
+func (l *liveness) halt() {
+	l.mu.Lock()
+	l.fired = true
+	l.mu.Unlock()
+}
+
 // lastProgressed returns the time of the last progress signal.
 func (l *liveness) lastProgressed() time.Time {
 	l.mu.Lock()
@@ -390,40 +400,49 @@ func (l *liveness) describe(now time.Time) (desc string, tools []string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	// It runs once per stopped turn, on the goroutine that stops it, often
-	// thousands at once (a burst of ceilings): plain concatenation, no fmt.
-	var acts, waits []*activity // in the order they started
+	// thousands at once (a burst of ceilings): plain concatenation, no fmt,
+	// and no slice but the tools it returns.
+	var firstTool, first, firstWait *activity // the first of each to start
 	for _, a := range l.running {
-		if a.approvalOf != "" {
-			waits = append(waits, a)
-		} else {
-			acts = append(acts, a)
-		}
-	}
-	var toolActs []*activity
-	for _, a := range acts {
-		if a.tool != "" {
-			toolActs = append(toolActs, a)
+		switch {
+		case a.approvalOf != "":
+			if firstWait == nil {
+				firstWait = a
+			}
+		case a.tool != "":
+			if firstTool == nil {
+				firstTool = a
+			}
 			tools = append(tools, a.tool)
+		case first == nil:
+			first = a
 		}
 	}
 	switch {
-	case len(toolActs) == 1:
-		a := toolActs[0]
+	case len(tools) == 1:
+		a := firstTool
 		return "tool " + a.tool + ", running for " + roundHuman(now.Sub(a.started)).String(), tools
-	case len(toolActs) > 1:
-		parts := make([]string, 0, len(toolActs))
-		for _, a := range toolActs {
-			parts = append(parts, a.tool+" ("+roundHuman(now.Sub(a.started)).String()+")")
+	case len(tools) > 1:
+		var b strings.Builder
+		b.WriteString("tools ")
+		for _, a := range l.running {
+			if a.approvalOf != "" || a.tool == "" {
+				continue
+			}
+			if b.Len() > len("tools ") {
+				b.WriteString(", ")
+			}
+			b.WriteString(a.tool + " (" + roundHuman(now.Sub(a.started)).String() + ")")
 		}
-		return "tools " + strings.Join(parts, ", ") + " running", tools
-	case len(acts) > 0:
-		a := acts[0]
-		if a.streaming {
-			return a.subject + ", streaming its reply (" + roundHuman(now.Sub(a.started)).String() + ")", nil
+		b.WriteString(" running")
+		return b.String(), tools
+	case first != nil:
+		if first.streaming {
+			return first.subject + ", streaming its reply (" + roundHuman(now.Sub(first.started)).String() + ")", nil
 		}
-		return a.subject + ", waiting for its reply (" + roundHuman(now.Sub(a.started)).String() + ")", nil
-	case len(waits) > 0:
-		a := waits[0]
+		return first.subject + ", waiting for its reply (" + roundHuman(now.Sub(first.started)).String() + ")", nil
+	case firstWait != nil:
+		a := firstWait
 		return "tool " + a.approvalOf + ", waiting for a person's decision (" + roundHuman(now.Sub(a.started)).String() + ")", nil
 	case l.last != nil:
 		return l.last.subject + ", finished " + roundHuman(now.Sub(l.lastEnded)).String() + " ago", nil

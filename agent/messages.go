@@ -215,7 +215,7 @@ func (t *turn) named(key string) string {
 	k, _ := budget.KnobByKey(key)
 	n, src, knob := k.Get(&t.s.Budgets, &t.s.Limits)
 	if src == budget.SourceRequest {
-		return fmt.Sprintf("%s = %s (from the request)", key, k.Format(n))
+		return key + " = " + k.Format(n) + " (from the request)"
 	}
 	return knob
 }

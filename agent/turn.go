@@ -2,7 +2,7 @@ package agent
 
 import (
 	"context"
-	"sort"
+	"slices"
 	"sync"
 	"time"
 
@@ -226,6 +226,7 @@ func (t *turn) capture() {
 		t.stopDesc, t.stopTools = t.live.describe(time.Now())
 		t.stopDuringRun = len(t.stopTools) > 0
 		t.stopDuringCompact = t.live.compacting()
+		t.live.halt()
 	})
 }
 
@@ -378,7 +379,9 @@ func (t *turn) finish(end machine.Ending) *Result {
 		ModelCalls: append([]event.ModelCall(nil), t.modelRecs...),
 	}
 	t.mu.Unlock()
-	sort.SliceStable(rec.ToolCalls, func(i, j int) bool { return rec.ToolCalls[i].StartedAt.Before(rec.ToolCalls[j].StartedAt) })
+	// slices, not sort.SliceStable: no reflection, no allocation, in a
+	// wind-down of thousands of turns at once.
+	slices.SortStableFunc(rec.ToolCalls, func(x, y event.ToolCall) int { return x.StartedAt.Compare(y.StartedAt) })
 	t.em.Emit(&event.TurnFinished{Status: rec.Status, StopReason: rec.StopReason, Message: rec.Message,
 		Answer: rec.Answer, Flags: flags, Totals: rec.Totals(), Limit: t.limit(end)})
 	t.em.Close()

@@ -1,12 +1,12 @@
 package tool
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
@@ -37,15 +37,98 @@ type ErrorInfo struct {
 	Overran bool `json:"overran,omitempty"`
 }
 
-// String returns the JSON the model receives.
+// String returns the JSON the model receives: what json.Marshal makes of
+// {"error": e}, byte for byte, written by hand — a burst of stops writes
+// thousands of these at once, and reflection was most of their cost.
 func (e ErrorInfo) String() string {
-	b, err := json.Marshal(struct {
-		Error ErrorInfo `json:"error"`
-	}{e})
-	if err != nil { // cannot happen: every field is a string or an int
-		return fmt.Sprintf(`{"error": {"type": %q, "message": %q}}`, e.Type, e.Message)
+	n := len(`{"error":{"type":"","tool":"","message":""}}`) + len(e.Type) + len(e.Tool) + len(e.Message) +
+		len(e.Reason) + len(e.Phase) + len(e.Limit) + len(e.Elapsed) + len(e.Source) + len(e.Knob) +
+		len(e.StderrTail) + len(e.PartialOutput) + len(e.Field) + 160
+	b := make([]byte, 0, n)
+	b = append(b, `{"error":{"type":`...)
+	b = appendJSONString(b, e.Type)
+	b = append(b, `,"tool":`...)
+	b = appendJSONString(b, e.Tool)
+	field := func(name, v string) {
+		if v != "" {
+			b = append(b, ',', '"')
+			b = append(b, name...)
+			b = append(b, '"', ':')
+			b = appendJSONString(b, v)
+		}
 	}
+	field("reason", e.Reason)
+	field("phase", e.Phase)
+	field("limit", e.Limit)
+	field("elapsed", e.Elapsed)
+	field("source", e.Source)
+	field("knob", e.Knob)
+	if e.ExitCode != nil {
+		b = append(b, `,"exit_code":`...)
+		b = strconv.AppendInt(b, int64(*e.ExitCode), 10)
+	}
+	b = append(b, `,"message":`...)
+	b = appendJSONString(b, e.Message)
+	field("stderr_tail", e.StderrTail)
+	field("partial_output", e.PartialOutput)
+	field("field", e.Field)
+	if e.Overran {
+		b = append(b, `,"overran":true`...)
+	}
+	b = append(b, '}', '}')
 	return string(b)
+}
+
+// appendJSONString appends s as encoding/json writes a string: HTML
+// characters, U+2028 and U+2029 escaped, invalid UTF-8 as U+FFFD.
+func appendJSONString(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		if c := s[i]; c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' {
+				i++
+				continue
+			}
+			b = append(b, s[start:i]...)
+			switch c {
+			case '\\', '"':
+				b = append(b, '\\', c)
+			case '\b':
+				b = append(b, '\\', 'b')
+			case '\f':
+				b = append(b, '\\', 'f')
+			case '\n':
+				b = append(b, '\\', 'n')
+			case '\r':
+				b = append(b, '\\', 'r')
+			case '\t':
+				b = append(b, '\\', 't')
+			default:
+				b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xF])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			b = append(b, s[start:i]...)
+			b = append(b, `\ufffd`...)
+		case r == '\u2028' || r == '\u2029':
+			b = append(b, s[start:i]...)
+			b = append(b, '\\', 'u', '2', '0', '2', hex[r&0xF])
+		default:
+			i += size
+			continue
+		}
+		i += size
+		start = i
+	}
+	b = append(b, s[start:]...)
+	return append(b, '"')
 }
 
 // maxPartial is how much partial output a timeout result carries; the
@@ -143,9 +226,9 @@ func errorInfo(name string, x *Execution) ErrorInfo {
 }
 
 func cancelledInfo(name string, x *Execution) ErrorInfo {
-	info := ErrorInfo{Type: "tool_cancelled", Tool: name, Phase: string(x.Phase),
-		Elapsed: budget.Round(x.Elapsed()).String(),
-		Message: "Tool " + strconv.Quote(name) + " was stopped after " + budget.Round(x.Elapsed()).String() +
+	elapsed := budget.Round(x.Elapsed()).String()
+	info := ErrorInfo{Type: "tool_cancelled", Tool: name, Phase: string(x.Phase), Elapsed: elapsed,
+		Message: "Tool " + strconv.Quote(name) + " was stopped after " + elapsed +
 			" because the turn was stopped (" + causeText(x.Cause) + ")." + restartedText(x)}
 	if x.Result != nil {
 		info.PartialOutput = validText(tail(x.Result.outputString(), maxPartial))
