@@ -36,6 +36,7 @@ type sse struct {
 	conn     net.Conn
 	deadline time.Duration
 	wrote    time.Time // the last write
+	until    time.Time // conn's write deadline
 	hdr      []byte
 	err      error
 }
@@ -49,7 +50,13 @@ func (x *sse) write(bs ...[]byte) {
 	}
 	x.wrote = time.Now()
 	if x.conn != nil {
-		_ = x.conn.SetWriteDeadline(x.wrote.Add(x.deadline))
+		// The deadline is moved only once half of it has passed: a write
+		// still fails within deadline, and a fan-out to ten thousand
+		// followers does not reset ten thousand of the poller's timers.
+		if x.wrote.Add(x.deadline / 2).After(x.until) {
+			x.until = x.wrote.Add(x.deadline)
+			_ = x.conn.SetWriteDeadline(x.until)
+		}
 		v := net.Buffers(bs) // one writev
 		_, x.err = v.WriteTo(x.conn)
 		return
