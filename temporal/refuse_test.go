@@ -15,8 +15,6 @@ import (
 	"go.temporal.io/api/enums/v1"
 	"go.temporal.io/sdk/client"
 
-	"github.com/timebox-run/timebox"
-	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/machine"
@@ -106,22 +104,8 @@ func readHistory(t testing.TB, c client.Client, id string) workflowHistory {
 // each), not one a call.
 func TestManyRefusedOnTemporal(t *testing.T) {
 	defer proctest.CheckNoLeaks(t)
-	c, s, queue := setup(t)
 	const n, limit = 2500, 5
-	file := manyCallsAgent(t.TempDir(), n, fmt.Sprintf("limits: {max_tool_calls: %d}\n", limit))
-	open := func() *timebox.Agent {
-		a, err := timebox.Open(context.Background(), file, timebox.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { a.Close() })
-		return a
-	}
-	embedded := open().Run(context.Background(), agent.Input{Text: "go"})
-	a := open()
-	startWorker(t, c, s, queue, a.Agent)
-	r, _ := temporal.NewRunner(c, s, queue, a.Agent)
-	onTemporal := r.Run(context.Background(), agent.Input{Text: "go"})
+	embedded, onTemporal, c := onBoth(t, manyCallsAgent(t.TempDir(), n, fmt.Sprintf("limits: {max_tool_calls: %d}\n", limit)))
 
 	rec := onTemporal.Record
 	if rec.StopReason != budget.MaxToolCalls || len(rec.ToolCalls) != n {

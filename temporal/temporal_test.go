@@ -105,6 +105,26 @@ func setup(t testing.TB) (client.Client, store.Store, string) {
 	return c, s, "tq-" + strings.ReplaceAll(t.Name(), "/", "-")
 }
 
+// onBoth runs a turn of the agent of file twice: on the embedded engine,
+// and on Temporal with a worker of its own, whose client it returns.
+func onBoth(t *testing.T, file string) (embedded, onTemporal *agent.Result, c client.Client) {
+	t.Helper()
+	c, s, queue := setup(t)
+	open := func() *timebox.Agent {
+		a, err := timebox.Open(context.Background(), file, timebox.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { a.Close() })
+		return a
+	}
+	embedded = open().Run(context.Background(), agent.Input{Text: "go"})
+	a := open()
+	startWorker(t, c, s, queue, a.Agent)
+	r, _ := temporal.NewRunner(c, s, queue, a.Agent)
+	return embedded, r.Run(context.Background(), agent.Input{Text: "go"}), c
+}
+
 func startWorker(t testing.TB, c client.Client, s store.Store, queue string, a *agent.Agent) {
 	t.Helper()
 	w, err := temporal.NewWorker(temporal.WorkerOptions{Client: c, TaskQueue: queue, Agent: a, Store: s, Heartbeat: time.Second})
@@ -168,20 +188,7 @@ func TestTurnOnTemporal(t *testing.T) {
 // call's record and the turn's record, ignoring ids and times.
 func TestSameShapeAsEmbedded(t *testing.T) {
 	defer proctest.CheckNoLeaks(t)
-	c, s, queue := setup(t)
-	open := func() *timebox.Agent {
-		a, err := timebox.Open(context.Background(), agentFile(t, t.TempDir(), "sleep 0.2; echo slow done"), timebox.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { a.Close() })
-		return a
-	}
-	embedded := open().Run(context.Background(), agent.Input{Text: "go"})
-	a := open()
-	startWorker(t, c, s, queue, a.Agent)
-	r, _ := temporal.NewRunner(c, s, queue, a.Agent)
-	onTemporal := r.Run(context.Background(), agent.Input{Text: "go"})
+	embedded, onTemporal, _ := onBoth(t, agentFile(t, t.TempDir(), "sleep 0.2; echo slow done"))
 
 	if diff := cmp.Diff(shape(embedded.Record), shape(onTemporal.Record)); diff != "" {
 		t.Errorf("the turn on Temporal differs from the embedded one (-embedded +temporal):\n%s", diff)
