@@ -107,6 +107,10 @@ func (s *Server) decide(w http.ResponseWriter, r *http.Request) {
 		s.storeFailed(w, r, err, "turn "+shown(id))
 		return
 	}
+	// Whether the decision reaches a turn of this server is known before
+	// it is stored: once stored, the waiting call may take it, run, and
+	// its turn end before this handler looks again.
+	here := s.live(id) != nil
 	var ap store.Approval
 	if rec.Status == budget.StatusRunning {
 		ap, err = st.Decide(r.Context(), id, callID, store.Approval{Decision: req.Decision, By: req.By, Reason: req.Reason, DecidedAt: time.Now()})
@@ -134,7 +138,7 @@ func (s *Server) decide(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	status := http.StatusAccepted
-	if s.live(id) != nil {
+	if here {
 		status = http.StatusOK
 	} else if err := s.resume(r.Context(), id); err == nil {
 		// Suspended when its server stopped: it goes on here, and takes
