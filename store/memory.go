@@ -445,20 +445,29 @@ func (m *Memory) Watch(turnID string) (<-chan struct{}, func()) { return m.watch
 func (m *Memory) RequestCancel(_ context.Context, turnID string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if err := m.check(); err != nil {
+	if err := m.running(turnID); err != nil {
 		return err
 	}
-	mt := m.turns[turnID]
-	switch {
-	case mt == nil:
-		return fmt.Errorf("turn %s: %w", turnID, ErrNotFound)
-	case mt.done:
-		return fmt.Errorf("turn %s: %w", turnID, ErrNotRunning)
-	case !m.cancels.Watched(turnID):
+	if !m.cancels.Watched(turnID) {
 		return fmt.Errorf("turn %s: %w", turnID, ErrNotHere)
 	}
 	m.requested[turnID] = true
 	m.cancels.Wake(turnID)
+	return nil
+}
+
+// running returns nil if turnID is a running turn of the store, else why
+// not: the store's own error, ErrNotFound, ErrNotRunning. m.mu is held.
+func (m *Memory) running(turnID string) error {
+	if err := m.check(); err != nil {
+		return err
+	}
+	switch mt := m.turns[turnID]; {
+	case mt == nil:
+		return fmt.Errorf("turn %s: %w", turnID, ErrNotFound)
+	case mt.done:
+		return fmt.Errorf("turn %s: %w", turnID, ErrNotRunning)
+	}
 	return nil
 }
 

@@ -31,15 +31,8 @@ func (m *Memory) SuspendTurn(ctx context.Context, turnID string, checkpoint []by
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if err := m.check(); err != nil {
+	if err := m.running(turnID); err != nil {
 		return err
-	}
-	mt := m.turns[turnID]
-	switch {
-	case mt == nil:
-		return fmt.Errorf("turn %s: %w", turnID, ErrNotFound)
-	case mt.done:
-		return fmt.Errorf("turn %s: %w", turnID, ErrNotRunning)
 	}
 	if m.suspended == nil {
 		m.suspended = map[string][]byte{}
