@@ -10,15 +10,12 @@ import (
 	"context"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/timebox-run/timebox"
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/proctest"
@@ -40,17 +37,7 @@ type httpHarness struct {
 func startHTTP(t *testing.T, token string) *httpHarness {
 	t.Helper()
 	proctest.AfterTest(t)
-	dir := t.TempDir()
-	for name, body := range scripts {
-		os.WriteFile(filepath.Join(dir, name), []byte(body), 0o755)
-	}
-	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"text": "unused"}`+"\n"), 0o644)
-	os.WriteFile(filepath.Join(dir, "agent.yaml"), []byte(agentFile), 0o644)
-	a, err := timebox.Open(context.Background(), filepath.Join(dir, "agent.yaml"), timebox.Options{Getenv: func(string) string { return "" }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Close() })
+	dir, a := openAgent(t)
 	h := &httpHarness{dir: dir, finished: make(chan mcpserve.Finished, 16)}
 	s, err := mcpserve.New(a.Tools(), mcpserve.Options{OnFinished: func(f mcpserve.Finished) { h.finished <- f }})
 	if err != nil {

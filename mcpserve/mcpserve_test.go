@@ -98,6 +98,26 @@ func (h *harness) notes() []*mcp.ProgressNotificationParams {
 	return append([]*mcp.ProgressNotificationParams(nil), h.progress...)
 }
 
+// openAgent writes the agent file and its tools' scripts to a directory
+// of the test's and opens the agent, closed when the test ends.
+func openAgent(t *testing.T) (dir string, a *timebox.Agent) {
+	t.Helper()
+	dir = t.TempDir()
+	for name, body := range scripts {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"text": "unused"}`+"\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "agent.yaml"), []byte(agentFile), 0o644)
+	a, err := timebox.Open(context.Background(), filepath.Join(dir, "agent.yaml"), timebox.Options{Getenv: func(string) string { return "" }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	return dir, a
+}
+
 // start loads the agent file, builds its tools as timebox.Build does for a
 // turn, and connects an SDK client to the server over in-memory
 // transports.
@@ -508,17 +528,7 @@ func TestIdleAndAdvisoryBudgets(t *testing.T) {
 // is stopped as a shutdown, its tree gone, before Serve returns.
 func TestServeEndStopsRunningCalls(t *testing.T) {
 	proctest.AfterTest(t)
-	dir := t.TempDir()
-	for name, body := range scripts {
-		os.WriteFile(filepath.Join(dir, name), []byte(body), 0o755)
-	}
-	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"text": "unused"}`+"\n"), 0o644)
-	os.WriteFile(filepath.Join(dir, "agent.yaml"), []byte(agentFile), 0o644)
-	a, err := timebox.Open(context.Background(), filepath.Join(dir, "agent.yaml"), timebox.Options{Getenv: func(string) string { return "" }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
+	dir, a := openAgent(t)
 	fin := make(chan mcpserve.Finished, 1)
 	s, err := mcpserve.New(a.Tools(), mcpserve.Options{OnFinished: func(f mcpserve.Finished) { fin <- f }})
 	if err != nil {

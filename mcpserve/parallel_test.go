@@ -4,15 +4,12 @@ package mcpserve_test
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/timebox-run/timebox"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/proctest"
 	"github.com/timebox-run/timebox/internal/wait"
@@ -25,17 +22,7 @@ import (
 // answered without running and is not recorded.
 func TestParallelLimitsAClientsCalls(t *testing.T) {
 	proctest.AfterTest(t)
-	dir := t.TempDir()
-	for name, body := range scripts {
-		os.WriteFile(filepath.Join(dir, name), []byte(body), 0o755)
-	}
-	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"text": "unused"}`+"\n"), 0o644)
-	os.WriteFile(filepath.Join(dir, "agent.yaml"), []byte(agentFile), 0o644)
-	a, err := timebox.Open(context.Background(), filepath.Join(dir, "agent.yaml"), timebox.Options{Getenv: func(string) string { return "" }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
+	dir, a := openAgent(t)
 	fin := make(chan mcpserve.Finished, 8)
 	s, err := mcpserve.New(a.Tools(), mcpserve.Options{Parallel: 1, OnFinished: func(f mcpserve.Finished) { fin <- f }})
 	if err != nil {

@@ -4,8 +4,6 @@ package mcpserve_test
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -14,7 +12,6 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
-	"github.com/timebox-run/timebox"
 	"github.com/timebox-run/timebox/internal/proctest"
 	"github.com/timebox-run/timebox/mcpserve"
 )
@@ -24,17 +21,7 @@ import (
 // under and how it ended; a timeout is an error span of phase tool.
 func TestCallsAreTraced(t *testing.T) {
 	proctest.AfterTest(t)
-	dir := t.TempDir()
-	for name, body := range scripts {
-		os.WriteFile(filepath.Join(dir, name), []byte(body), 0o755)
-	}
-	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"text": "unused"}`+"\n"), 0o644)
-	os.WriteFile(filepath.Join(dir, "agent.yaml"), []byte(agentFile), 0o644)
-	a, err := timebox.Open(context.Background(), filepath.Join(dir, "agent.yaml"), timebox.Options{Getenv: func(string) string { return "" }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
+	_, a := openAgent(t)
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	defer tp.Shutdown(context.Background())
