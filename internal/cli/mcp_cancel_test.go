@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -51,32 +50,8 @@ tools:
 	const token = "mcp-cancel-token-0123456789"
 	cmd := exec.Command(bin, "mcp", "serve", "-f", filepath.Join(dir, "agent.yaml"), "--db", db, "--addr", "127.0.0.1:0")
 	cmd.Env = append(proctest.Env(nil), "TIMEBOX_TOKEN="+token, mcptest.EnvServe+"=1", mcptest.EnvPids+"="+pids)
-	var stdout, stderr lockedBuffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
-	defer func() {
-		select {
-		case <-exited:
-		default:
-			cmd.Process.Kill()
-			<-exited
-		}
-	}()
-	servingRE := regexp.MustCompile(`over MCP on (http://127\.0\.0\.1:\d+/mcp)`)
-	var url string
-	if !wait.Until(20*time.Second, func() bool {
-		m := servingRE.FindStringSubmatch(stdout.String())
-		if m != nil {
-			url = m[1]
-		}
-		return m != nil
-	}) {
-		t.Fatalf("no address printed; stdout %q stderr %q", stdout.String(), stderr.String())
-	}
+	srv := startMCPServeHTTP(t, cmd, `over MCP on (http://127\.0\.0\.1:\d+/mcp)`, 20*time.Second)
+	url := srv.url
 	tr := &http.Transport{}
 	defer tr.CloseIdleConnections()
 	progressed := make(chan struct{}, 1)
@@ -91,14 +66,14 @@ tools:
 	cs, err := client.Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: url, MaxRetries: -1,
 		HTTPClient: &http.Client{Transport: bearerTransport{token, tr}}}, nil)
 	if err != nil {
-		t.Fatalf("%v\n%s", err, stderr.String())
+		t.Fatalf("%v\n%s", err, srv.stderr.String())
 	}
 	defer cs.Close()
 	echo := func() string {
 		t.Helper()
 		r, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "slow__echo", Arguments: map[string]any{}})
 		if err != nil || r.IsError {
-			t.Fatalf("echo: %v %q\n%s", err, mcpText(r), stderr.String())
+			t.Fatalf("echo: %v %q\n%s", err, mcpText(r), srv.stderr.String())
 		}
 		return mcpText(r)
 	}
@@ -115,7 +90,7 @@ tools:
 	select {
 	case <-progressed: // the server runs the call
 	case <-time.After(20 * time.Second):
-		t.Fatalf("no progress from the stubborn call\n%s", stderr.String())
+		t.Fatalf("no progress from the stubborn call\n%s", srv.stderr.String())
 	}
 	cancelled := time.Now()
 	cancel()
@@ -135,7 +110,7 @@ tools:
 		}
 		return true
 	}) {
-		t.Fatalf("the stubborn server's tree %v is still running %v after the cancel\n%s", treePids, time.Since(cancelled), stderr.String())
+		t.Fatalf("the stubborn server's tree %v is still running %v after the cancel\n%s", treePids, time.Since(cancelled), srv.stderr.String())
 	}
 	t.Logf("the server's tree was gone %v after the client's cancel (cancel grace 500ms)", time.Since(cancelled).Round(time.Millisecond))
 	if again := echo(); again == first {
@@ -144,7 +119,7 @@ tools:
 	cs.Close()
 	cmd.Process.Signal(syscall.SIGTERM)
 	select {
-	case <-exited:
+	case <-srv.exited:
 	case <-time.After(20 * time.Second):
 		t.Fatal("timebox mcp serve did not exit on SIGTERM")
 	}

@@ -7,14 +7,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/timebox-run/timebox/internal/proctest"
 	"github.com/timebox-run/timebox/internal/testenv"
-	"github.com/timebox-run/timebox/internal/wait"
 )
 
 // inspector runs the MCP Inspector's CLI mode (pinned in
@@ -114,28 +112,8 @@ func TestMCPServeInspectorCLI(t *testing.T) {
 		const token = "mcp-inspector-token-0123456789"
 		cmd := exec.Command(bin, "mcp", "serve", "-f", file, "--no-store", "--addr", "127.0.0.1:0")
 		cmd.Env = append(proctest.Env(nil), "TIMEBOX_TOKEN="+token)
-		var stdout, stderr lockedBuffer
-		cmd.Stdout, cmd.Stderr = &stdout, &stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		exited := make(chan struct{})
-		go func() { cmd.Wait(); close(exited) }()
-		defer func() {
-			cmd.Process.Kill()
-			<-exited
-		}()
-		re := regexp.MustCompile(`over MCP on (http://127\.0\.0\.1:\d+/mcp)`)
-		var url string
-		if !wait.Until(10*time.Second, func() bool {
-			m := re.FindStringSubmatch(stdout.String())
-			if m != nil {
-				url = m[1]
-			}
-			return m != nil
-		}) {
-			t.Fatalf("no address printed; stdout %q stderr %q", stdout.String(), stderr.String())
-		}
+		srv := startMCPServeHTTP(t, cmd, `over MCP on (http://127\.0\.0\.1:\d+/mcp)`, 10*time.Second)
+		url := srv.url
 		checkInspectorCalls(t, dir, url, "--transport", "http", "--header", "Authorization: Bearer "+token)
 	})
 }

@@ -7,14 +7,12 @@ import (
 	"encoding/json"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/timebox-run/timebox/internal/proctest"
 	"github.com/timebox-run/timebox/internal/testenv"
-	"github.com/timebox-run/timebox/internal/wait"
 )
 
 // sdkClientResult is what testdata/mcpclient/client.mjs prints.
@@ -174,32 +172,12 @@ func TestMCPServeSDKClientHTTP(t *testing.T) {
 	const token = "mcp-sdk-http-token-0123456789"
 	cmd := exec.Command(bin, "mcp", "serve", "-f", filepath.Join(dir, "agent.yaml"), "--no-store", "--addr", "127.0.0.1:0")
 	cmd.Env = append(proctest.Env(nil), "TIMEBOX_TOKEN="+token)
-	var stdout, stderr lockedBuffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
-	defer func() {
-		cmd.Process.Kill()
-		<-exited
-	}()
-	servingRE := regexp.MustCompile(`over MCP on (http://127\.0\.0\.1:\d+/mcp)`)
-	var url string
-	if !wait.Until(10*time.Second, func() bool {
-		m := servingRE.FindStringSubmatch(stdout.String())
-		if m != nil {
-			url = m[1]
-		}
-		return m != nil
-	}) {
-		t.Fatalf("no address printed; stdout %q stderr %q", stdout.String(), stderr.String())
-	}
+	srv := startMCPServeHTTP(t, cmd, `over MCP on (http://127\.0\.0\.1:\d+/mcp)`, 10*time.Second)
+	url := srv.url
 	r := runSDKClient(t, "TB_TRANSPORT=http", "TB_URL="+url, "TB_TOKEN="+token, "TB_PIDS="+filepath.Join(dir, "pids"))
 	checkSDKClient(t, r)
 	checkPidsGone(t, dir)
-	if s := stderr.String(); strings.Contains(s, "panic") {
+	if s := srv.stderr.String(); strings.Contains(s, "panic") {
 		t.Errorf("stderr:\n%s", s)
 	}
 }

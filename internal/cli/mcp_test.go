@@ -416,32 +416,8 @@ func TestMCPServeHTTP(t *testing.T) {
 	const token = "mcp-http-token-0123456789"
 	cmd := exec.Command(bin, "mcp", "serve", "-f", filepath.Join(dir, "agent.yaml"), "--no-store", "--addr", "127.0.0.1:0")
 	cmd.Env = append(proctest.Env(nil), "TIMEBOX_TOKEN="+token)
-	var stdout, stderr lockedBuffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
-	defer func() {
-		select {
-		case <-exited:
-		default:
-			cmd.Process.Kill()
-			<-exited
-		}
-	}()
-	servingRE := regexp.MustCompile(`timebox serving 4 tools of \S+ over MCP on (http://127\.0\.0\.1:\d+/mcp)`)
-	var url string
-	if !wait.Until(10*time.Second, func() bool {
-		m := servingRE.FindStringSubmatch(stdout.String())
-		if m != nil {
-			url = m[1]
-		}
-		return m != nil
-	}) {
-		t.Fatalf("no address printed; stdout %q stderr %q", stdout.String(), stderr.String())
-	}
+	srv := startMCPServeHTTP(t, cmd, `timebox serving 4 tools of \S+ over MCP on (http://127\.0\.0\.1:\d+/mcp)`, 10*time.Second)
+	url := srv.url
 
 	tr := &http.Transport{}
 	defer tr.CloseIdleConnections()
@@ -471,7 +447,7 @@ func TestMCPServeHTTP(t *testing.T) {
 		&mcp.StreamableClientTransport{Endpoint: url, MaxRetries: -1,
 			HTTPClient: &http.Client{Transport: bearerTransport{token, tr}}}, nil)
 	if err != nil {
-		t.Fatalf("%v\n%s", err, stderr.String())
+		t.Fatalf("%v\n%s", err, srv.stderr.String())
 	}
 	defer cs.Close()
 	res, err := cs.ListTools(context.Background(), nil)
@@ -512,12 +488,12 @@ func TestMCPServeHTTP(t *testing.T) {
 	waitPids(t, dir, 4)
 	cmd.Process.Signal(syscall.SIGTERM)
 	select {
-	case <-exited:
+	case <-srv.exited:
 	case <-time.After(10 * time.Second):
-		t.Fatalf("timebox did not exit after SIGTERM\n%s", stderr.String())
+		t.Fatalf("timebox did not exit after SIGTERM\n%s", srv.stderr.String())
 	}
 	if code := cmd.ProcessState.ExitCode(); code != 130 {
-		t.Errorf("exit %d, want 130\n%s", code, stderr.String())
+		t.Errorf("exit %d, want 130\n%s", code, srv.stderr.String())
 	}
 	checkPidsGone(t, dir)
 }
@@ -555,4 +531,44 @@ func TestMCPServeHTTPRefusesAPublicAddressWithoutAToken(t *testing.T) {
 	if code != cli.ExitUsage || !strings.Contains(errb.String(), "--token is for --addr") {
 		t.Errorf("--token without --addr: %d %q", code, errb.String())
 	}
+}
+
+// mcpServe is a `timebox mcp serve --addr` process a test started.
+type mcpServe struct {
+	url            string
+	stdout, stderr *lockedBuffer
+	exited         chan struct{} // closed once it exited
+}
+
+// startMCPServeHTTP starts cmd, a `timebox mcp serve --addr
+// 127.0.0.1:0`, and waits up to within for the line matching serving, whose
+// group is the address it serves. The process is killed when the test
+// ends, if it has not exited.
+func startMCPServeHTTP(t *testing.T, cmd *exec.Cmd, serving string, within time.Duration) *mcpServe {
+	t.Helper()
+	srv := &mcpServe{stdout: &lockedBuffer{}, stderr: &lockedBuffer{}, exited: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = srv.stdout, srv.stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { cmd.Wait(); close(srv.exited) }()
+	t.Cleanup(func() {
+		select {
+		case <-srv.exited:
+		default:
+			cmd.Process.Kill()
+			<-srv.exited
+		}
+	})
+	re := regexp.MustCompile(serving)
+	if !wait.Until(within, func() bool {
+		m := re.FindStringSubmatch(srv.stdout.String())
+		if m != nil {
+			srv.url = m[1]
+		}
+		return m != nil
+	}) {
+		t.Fatalf("no address printed; stdout %q stderr %q", srv.stdout.String(), srv.stderr.String())
+	}
+	return srv
 }
