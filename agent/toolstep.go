@@ -140,24 +140,8 @@ func (t *turn) runTool(ctx context.Context, step int, callID string, c model.Too
 	if t.a.timeNotes {
 		result = tool.TimedResult(c.Name, b, x)
 	}
-	rec := event.ToolCall{CallID: callID, TurnID: t.s.TurnID, Step: step, Tool: c.Name, Kind: string(e.Tool.Tool.Kind()),
-		Arguments: args, StartedAt: x.Started, EndedAt: x.Ended, DurationMS: x.Elapsed().Milliseconds(),
-		TimeoutMS: b.Timeout.MS(), TimeoutSource: b.Timeout.Source, IdleTimeoutMS: b.IdleTimeout.MS(),
-		Enforcement: b.Enforcement, Outcome: x.Outcome, Phase: x.Phase, Overran: x.Overran,
-		Abandoned: x.Abandoned, ProgressCount: x.Progress, Result: result}
-	if x.Result != nil {
-		rec.ExitCode, rec.StderrTail, rec.Truncated = x.Result.ExitCode, strings.ToValidUTF8(x.Result.StderrTail, "\uFFFD"), x.Result.Truncated
-		rec.ServerRestarted = x.Result.ServerRestarted
-	}
-	var te *tool.Error
-	if errors.As(x.Err, &te) {
-		if rec.ExitCode == nil {
-			rec.ExitCode = te.ExitCode
-		}
-		if rec.StderrTail == "" {
-			rec.StderrTail = te.StderrTail
-		}
-	}
+	rec := tool.CallRecord(callID, c.Name, string(e.Tool.Tool.Kind()), args, b, x, result)
+	rec.TurnID, rec.Step = t.s.TurnID, step
 	applyApproval(&rec, approved)
 	rec = t.addToolRecord(rec)
 	t.em.Emit(&event.ToolFinished{ToolCall: rec})

@@ -24,25 +24,8 @@ type Progress struct {
 // the same call run by the model (spec §8), in turn turnID. Step is 0: no
 // model asked for it.
 func (f *Finished) Record(turnID string) event.ToolCall {
-	x, b := f.Execution, f.Budget
-	rec := event.ToolCall{CallID: f.CallID, TurnID: turnID, Tool: f.Tool, Kind: f.Kind,
-		Arguments: f.Arguments, StartedAt: x.Started, EndedAt: x.Ended, DurationMS: x.Elapsed().Milliseconds(),
-		TimeoutMS: b.Timeout.MS(), TimeoutSource: b.Timeout.Source, IdleTimeoutMS: b.IdleTimeout.MS(),
-		Enforcement: b.Enforcement, Outcome: x.Outcome, Phase: x.Phase, Overran: x.Overran,
-		Abandoned: x.Abandoned, ProgressCount: x.Progress, Result: f.Result}
-	if x.Result != nil {
-		rec.ExitCode, rec.StderrTail, rec.Truncated = x.Result.ExitCode, strings.ToValidUTF8(x.Result.StderrTail, "\uFFFD"), x.Result.Truncated
-		rec.ServerRestarted = x.Result.ServerRestarted
-	}
-	var te *tool.Error
-	if errors.As(x.Err, &te) {
-		if rec.ExitCode == nil {
-			rec.ExitCode = te.ExitCode
-		}
-		if rec.StderrTail == "" {
-			rec.StderrTail = te.StderrTail
-		}
-	}
+	rec := tool.CallRecord(f.CallID, f.Tool, f.Kind, f.Arguments, f.Budget, f.Execution, f.Result)
+	rec.TurnID = turnID
 	return rec
 }
 

@@ -1,6 +1,7 @@
 package tool
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -323,4 +324,31 @@ func ApprovalExpired(name string, d budget.Duration, waited time.Duration) strin
 		Elapsed: budget.Round(waited).String(), Source: string(d.Source), Knob: d.Knob,
 		Message: "Tool " + strconv.Quote(name) + " needs a person's approval and got no decision within " + budget.FormatDuration(d.D) +
 			", so it was not run. Tell the user what you wanted to do and why; an operator can raise " + d.Knob + "."}.String()
+}
+
+// CallRecord is the record of call callID of tool name (of kind kind, with
+// arguments args) that ran under b, as Run's x says, its result as the
+// model (or an MCP client) was answered: one rule for a turn's calls and
+// for those timebox mcp serve answers. The turn and step are the caller's
+// to set.
+func CallRecord(callID, name, kind string, args json.RawMessage, b budget.ToolBudget, x *Execution, result string) event.ToolCall {
+	rec := event.ToolCall{CallID: callID, Tool: name, Kind: kind,
+		Arguments: args, StartedAt: x.Started, EndedAt: x.Ended, DurationMS: x.Elapsed().Milliseconds(),
+		TimeoutMS: b.Timeout.MS(), TimeoutSource: b.Timeout.Source, IdleTimeoutMS: b.IdleTimeout.MS(),
+		Enforcement: b.Enforcement, Outcome: x.Outcome, Phase: x.Phase, Overran: x.Overran,
+		Abandoned: x.Abandoned, ProgressCount: x.Progress, Result: result}
+	if x.Result != nil {
+		rec.ExitCode, rec.StderrTail, rec.Truncated = x.Result.ExitCode, strings.ToValidUTF8(x.Result.StderrTail, "\uFFFD"), x.Result.Truncated
+		rec.ServerRestarted = x.Result.ServerRestarted
+	}
+	var te *Error
+	if errors.As(x.Err, &te) {
+		if rec.ExitCode == nil {
+			rec.ExitCode = te.ExitCode
+		}
+		if rec.StderrTail == "" {
+			rec.StderrTail = te.StderrTail
+		}
+	}
+	return rec
 }
