@@ -98,20 +98,25 @@ func (s *Store) recover(ctx context.Context) ([]string, error) {
 }
 
 func (s *Store) turnsOf(ctx context.Context, ownerID string) ([]string, error) {
-	rows, err := s.w.QueryContext(ctx, `SELECT turn_id FROM turns WHERE owner_id = ? AND status = 'running' ORDER BY n`, ownerID)
+	return queryStrings(ctx, s.w, `SELECT turn_id FROM turns WHERE owner_id = ? AND status = 'running' ORDER BY n`, ownerID)
+}
+
+// queryStrings returns the first column of query's rows.
+func queryStrings(ctx context.Context, db *sql.DB, query string, args ...any) ([]string, error) {
+	rows, err := db.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var ids []string
+	var out []string
 	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
+		var v string
+		if err := rows.Scan(&v); err != nil {
 			return nil, err
 		}
-		ids = append(ids, id)
+		out = append(out, v)
 	}
-	return ids, rows.Err()
+	return out, rows.Err()
 }
 
 // interruptOwner marks every running turn of ownerID interrupted, each in

@@ -40,20 +40,7 @@ func (s *Store) SuspendedTurns(ctx context.Context) ([]string, error) {
 	if s.isClosed() {
 		return nil, store.ErrClosed
 	}
-	rows, err := s.r.QueryContext(ctx, `SELECT turn_id FROM suspended_turns ORDER BY suspended_at, turn_id`)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var ids []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return nil, err
-		}
-		ids = append(ids, id)
-	}
-	return ids, rows.Err()
+	return queryStrings(ctx, s.r, `SELECT turn_id FROM suspended_turns ORDER BY suspended_at, turn_id`)
 }
 
 // ResumeTurn implements store.Suspender.
