@@ -63,10 +63,9 @@ func idleFollowers(t *testing.T) {
 		failed++
 	}
 	sc.count("followers that failed to start", failed, 0)
-	// Let serve's garbage from the followers' replays be collected and
-	// returned: what stays is what the followers hold.
-	time.Sleep(3 * time.Second)
-	during := procmem.Resident(tb.pid())
+	// Serve's garbage from the followers' replays is collected and
+	// returned within seconds: what stays is what the followers hold.
+	during := settled(tb.pid(), 10*time.Second)
 	per := float64(during-before) / n / 1024
 	sc.add("serve's resident memory an idle follower", "≤ 10 KiB", fmt.Sprintf("%.1f KiB", per), before > 0 && per <= 10)
 	for _, c := range conns {
@@ -103,4 +102,19 @@ func followUntil(addr, id, want string) (net.Conn, error) {
 			return c, nil
 		}
 	}
+}
+
+// settled returns the resident set of process pid once it has stopped
+// shrinking (two readings 500 ms apart within 1%), or after within.
+func settled(pid int, within time.Duration) int64 {
+	last := procmem.Resident(pid)
+	for deadline := time.Now().Add(within); time.Now().Before(deadline); {
+		time.Sleep(500 * time.Millisecond)
+		now := procmem.Resident(pid)
+		if now >= last-last/100 {
+			return now
+		}
+		last = now
+	}
+	return last
 }
