@@ -3,13 +3,11 @@ package sqlite
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"fmt"
 	"os"
 	"time"
 
 	"github.com/timebox-run/timebox/budget"
-	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/store"
 )
 
@@ -162,24 +160,8 @@ func interruptTurn(ctx context.Context, tx *sql.Tx, id, why string) error {
 		return nil // finished meanwhile
 	}
 	t.StartedAt = fromNanos(started)
-	rows, err := tx.QueryContext(ctx, `SELECT data FROM events WHERE turn_id = ? ORDER BY seq`, id)
+	t.Events, err = readEvents(ctx, tx, "apart", id, 0, -1, true)
 	if err != nil {
-		return err
-	}
-	for rows.Next() {
-		var b []byte
-		if err := rows.Scan(&b); err != nil {
-			rows.Close()
-			return err
-		}
-		var e event.Event
-		if err := json.Unmarshal(b, &e); err != nil {
-			continue // an unreadable event does not stop the recovery
-		}
-		t.Events = append(t.Events, e)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
 		return err
 	}
 	if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM tool_calls WHERE turn_id = ?`, id).Scan(&t.ToolCalls); err != nil {
@@ -195,21 +177,12 @@ func interruptTurn(ctx context.Context, tx *sql.Tx, id, why string) error {
 		}
 	}
 	for _, e := range out.Events {
-		b, err := json.Marshal(e)
-		if err != nil {
-			return err
-		}
-		if _, err := insertEvent(ctx, tx, id, e.Seq, e.Type, e.At, b); err != nil {
+		e.TurnID = id
+		if _, err := insertEvent(ctx, tx, e); err != nil {
 			return err
 		}
 	}
 	rec := out.Record
-	final, err := finalRecord(&rec)
-	if err != nil {
-		return err
-	}
-	_, err = tx.ExecContext(ctx, `UPDATE turns SET status = ?, stop_reason = ?, message = ?, ended_at = ?, wall_ms = ?,
-		steps = ?, record = ? WHERE turn_id = ?`, rec.Status, rec.StopReason, rec.Message, nanos(rec.EndedAt), rec.WallMS,
-		rec.Steps, final, id)
-	return err
+	rec.TurnID = id
+	return putRecord(ctx, tx, &rec)
 }

@@ -218,11 +218,28 @@ CREATE TABLE suspended_turns (
 	suspended_at INTEGER NOT NULL
 );
 `,
+	// 6: long texts stored once, in pieces (texts.go): a turn's answer of
+	// megabytes is one text of the turn, which its turn_finished event,
+	// record, message and session message name in their apart column
+	// ("answer=answer,message=answer") instead of each holding a copy.
+	// Rows written before keep their texts inline: an empty apart.
+	`
+CREATE TABLE texts (
+	turn_id TEXT    NOT NULL REFERENCES turns(turn_id),
+	name    TEXT    NOT NULL,
+	i       INTEGER NOT NULL,
+	piece   TEXT    NOT NULL,
+	PRIMARY KEY (turn_id, name, i)
+);
+ALTER TABLE events   ADD COLUMN apart TEXT NOT NULL DEFAULT '';
+ALTER TABLE turns    ADD COLUMN apart TEXT NOT NULL DEFAULT '';
+ALTER TABLE messages ADD COLUMN apart TEXT NOT NULL DEFAULT '';
+`,
 }
 
 // SchemaVersion is the schema version this package writes: the number of
 // migrations.
-const SchemaVersion = 5
+const SchemaVersion = 6
 
 // migrate brings the database to SchemaVersion, one version per
 // transaction. The version is read again inside each (immediate)

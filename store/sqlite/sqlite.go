@@ -35,7 +35,6 @@ import (
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/ids"
-	"github.com/timebox-run/timebox/internal/longjson"
 	"github.com/timebox-run/timebox/model"
 	"github.com/timebox-run/timebox/store"
 	"github.com/timebox-run/timebox/store/internal/groupq"
@@ -67,7 +66,10 @@ type Options struct {
 type Store struct {
 	path     string
 	readOnly bool // OpenReadOnly: only r
-	log      *slog.Logger
+	// apart is the apart column of events, turns and messages: '' in a
+	// read-only store of a schema before version 6, which has none.
+	apart string
+	log   *slog.Logger
 	// reserveOnce gives the reserve back once (releaseReserve).
 	reserveOnce sync.Once
 	w           *sql.DB // the single writer connection
@@ -152,7 +154,7 @@ func Open(path string, o Options) (*Store, error) {
 	}
 	r.SetMaxOpenConns(4)
 	r.SetMaxIdleConns(4)
-	s := &Store{path: path, w: w, r: r, log: o.Logger, owner: newID(), machine: machineID(), hb: o.Heartbeat, stale: o.Stale,
+	s := &Store{path: path, apart: "apart", w: w, r: r, log: o.Logger, owner: newID(), machine: machineID(), hb: o.Heartbeat, stale: o.Stale,
 		stop: make(chan struct{}), done: make(chan struct{}), closed: make(chan struct{})}
 	if s.insEvent, err = w.PrepareContext(ctx, insertEventSQL); err != nil {
 		s.closeDBs()
@@ -173,7 +175,7 @@ func Open(path string, o Options) (*Store, error) {
 		return nil, fmt.Errorf("opening store %s: marking interrupted turns: %w", path, err)
 	}
 	s.q = groupq.New(s.commitGroup, groupq.Options{MaxGroup: maxGroup, MaxQueue: maxQueue, Transient: transient,
-		OnState: groupq.Log(o.Logger, "sqlite store "+path)})
+		Encode: encodeEvent, OnState: groupq.Log(o.Logger, "sqlite store "+path)})
 	s.keepReserve()
 	go s.heartbeat()
 	return s, nil
@@ -201,7 +203,11 @@ func OpenReadOnly(path string) (*Store, error) {
 		r.Close()
 		return nil, fmt.Errorf("opening store %s: schema version %d, this timebox reads %d", path, v, SchemaVersion)
 	}
-	return &Store{path: path, r: r, readOnly: true, stop: make(chan struct{}), done: make(chan struct{}), closed: make(chan struct{})}, nil
+	apart := "apart"
+	if v < 6 {
+		apart = "''"
+	}
+	return &Store{path: path, r: r, readOnly: true, apart: apart, stop: make(chan struct{}), done: make(chan struct{}), closed: make(chan struct{})}, nil
 }
 
 func newID() string { return ids.New("") }
@@ -529,7 +535,8 @@ func (s *Store) commitGroup(group []*groupq.Item) error {
 
 func appendOne(ctx context.Context, tx *sql.Tx, ins *sql.Stmt, it *groupq.Item) error {
 	e := it.Event
-	res, err := ins.ExecContext(ctx, e.TurnID, e.Seq, e.Type, nanos(e.At), it.Data)
+	_, a := storedEvent(e)
+	res, err := ins.ExecContext(ctx, e.TurnID, e.Seq, e.Type, nanos(e.At), it.Data, a.column())
 	if isFK(err) {
 		return fmt.Errorf("turn %s: %w", e.TurnID, store.ErrNotFound)
 	}
@@ -538,6 +545,9 @@ func appendOne(ctx context.Context, tx *sql.Tx, ins *sql.Stmt, it *groupq.Item) 
 	}
 	if n, err := res.RowsAffected(); err != nil || n == 0 {
 		return err // a seq already stored: nothing more to do
+	}
+	if err := a.put(ctx, tx, e.TurnID); err != nil {
+		return err
 	}
 	tc, mc := store.CallRecords(e)
 	if tc != nil {
@@ -553,18 +563,27 @@ func appendOne(ctx context.Context, tx *sql.Tx, ins *sql.Stmt, it *groupq.Item) 
 	return nil
 }
 
-const insertEventSQL = `INSERT OR IGNORE INTO events (turn_id, seq, type, at, data) VALUES (?, ?, ?, ?, ?)`
+const insertEventSQL = `INSERT OR IGNORE INTO events (turn_id, seq, type, at, data, apart) VALUES (?, ?, ?, ?, ?, ?)`
 
-func insertEvent(ctx context.Context, tx *sql.Tx, turnID string, seq int64, typ event.Type, at time.Time, data []byte) (bool, error) {
-	res, err := tx.ExecContext(ctx, insertEventSQL, turnID, seq, typ, nanos(at), data)
+// insertEvent stores e, its long texts apart, unless its seq is stored.
+func insertEvent(ctx context.Context, tx *sql.Tx, e event.Event) (bool, error) {
+	e, a := storedEvent(e)
+	data, err := event.Marshal(e)
+	if err != nil {
+		return false, err
+	}
+	res, err := tx.ExecContext(ctx, insertEventSQL, e.TurnID, e.Seq, e.Type, nanos(e.At), data, a.column())
 	if isFK(err) {
-		return false, fmt.Errorf("turn %s: %w", turnID, store.ErrNotFound)
+		return false, fmt.Errorf("turn %s: %w", e.TurnID, store.ErrNotFound)
 	}
 	if err != nil {
 		return false, err
 	}
 	n, err := res.RowsAffected()
-	return n > 0, err
+	if n == 0 || err != nil {
+		return false, err
+	}
+	return true, a.put(ctx, tx, e.TurnID)
 }
 
 func putToolCall(ctx context.Context, tx *sql.Tx, tc event.ToolCall) error {
@@ -653,22 +672,21 @@ func finalRecord(rec *event.Turn) ([]byte, error) {
 	return event.MarshalTurn(&r)
 }
 
-// marshalMessage returns json.Marshal(m); a long content is escaped into a
-// buffer of the exact length (issue 29).
-func marshalMessage(m model.Message) ([]byte, error) {
-	if len(m.Content) < longjson.Long {
-		return json.Marshal(m)
-	}
-	c := m
-	c.Content = ""
-	b, err := json.Marshal(c)
+// putRecord stores a turn's end — its status, message and record — with
+// its long texts apart.
+func putRecord(ctx context.Context, tx *sql.Tx, rec *event.Turn) error {
+	stored, a := recordApart(rec)
+	final, err := finalRecord(stored)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	if d, ok := longjson.Split(b, longjson.Field{Key: "content", Text: m.Content}); ok {
-		return d.Bytes(), nil
+	if err := a.put(ctx, tx, rec.TurnID); err != nil {
+		return err
 	}
-	return json.Marshal(m)
+	_, err = tx.ExecContext(ctx, `UPDATE turns SET status = ?, stop_reason = ?, message = ?, ended_at = ?,
+		wall_ms = ?, steps = ?, record = ?, apart = ? WHERE turn_id = ?`,
+		rec.Status, rec.StopReason, stored.Message, nanos(rec.EndedAt), rec.WallMS, rec.Steps, final, a.column(), rec.TurnID)
+	return err
 }
 
 // FinishTurn implements store.Store.
@@ -676,12 +694,8 @@ func (s *Store) FinishTurn(ctx context.Context, rec *event.Turn, msgs []model.Me
 	if err := s.Flush(ctx); err != nil {
 		return err
 	}
-	final, err := finalRecord(rec)
-	if err != nil {
-		return err
-	}
 	defer s.watch.Wake(rec.TurnID)
-	err = s.durable(ctx, "the record of turn "+rec.TurnID, func(tx *sql.Tx) error {
+	err := s.durable(ctx, "the record of turn "+rec.TurnID, func(tx *sql.Tx) error {
 		var one int
 		err := tx.QueryRowContext(ctx, `SELECT 1 FROM turns WHERE turn_id = ?`, rec.TurnID).Scan(&one)
 		if errors.Is(err, sql.ErrNoRows) {
@@ -702,11 +716,8 @@ func (s *Store) FinishTurn(ctx context.Context, rec *event.Turn, msgs []model.Me
 			if e.Seq <= last {
 				continue
 			}
-			data, err := json.Marshal(e)
-			if err != nil {
-				return err
-			}
-			if _, err := insertEvent(ctx, tx, rec.TurnID, e.Seq, e.Type, e.At, data); err != nil {
+			e.TurnID = rec.TurnID
+			if _, err := insertEvent(ctx, tx, e); err != nil {
 				return err
 			}
 		}
@@ -724,9 +735,7 @@ func (s *Store) FinishTurn(ctx context.Context, rec *event.Turn, msgs []model.Me
 				return err
 			}
 		}
-		if _, err := tx.ExecContext(ctx, `UPDATE turns SET status = ?, stop_reason = ?, message = ?, ended_at = ?,
-			wall_ms = ?, steps = ?, record = ? WHERE turn_id = ?`,
-			rec.Status, rec.StopReason, rec.Message, nanos(rec.EndedAt), rec.WallMS, rec.Steps, final, rec.TurnID); err != nil {
+		if err := putRecord(ctx, tx, rec); err != nil {
 			return err
 		}
 		if rec.SessionID == "" {
@@ -738,13 +747,17 @@ func (s *Store) FinishTurn(ctx context.Context, rec *event.Turn, msgs []model.Me
 		if _, err := tx.ExecContext(ctx, `DELETE FROM messages WHERE turn_id = ?`, rec.TurnID); err != nil {
 			return err
 		}
-		for _, m := range msgs {
-			b, err := marshalMessage(m)
+		for i, m := range msgs {
+			m, a := messageApart(m, i, rec.Answer)
+			if err := a.put(ctx, tx, rec.TurnID); err != nil {
+				return err
+			}
+			b, err := json.Marshal(m)
 			if err != nil {
 				return err
 			}
-			if _, err := tx.ExecContext(ctx, `INSERT INTO messages (session_id, turn_id, message) VALUES (?, ?, ?)`,
-				rec.SessionID, rec.TurnID, b); err != nil {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO messages (session_id, turn_id, message, apart) VALUES (?, ?, ?, ?)`,
+				rec.SessionID, rec.TurnID, b, a.column()); err != nil {
 				return err
 			}
 		}
@@ -763,7 +776,7 @@ func (s *Store) FinishTurn(ctx context.Context, rec *event.Turn, msgs []model.Me
 		return err
 	}
 	if _, werr := s.w.ExecContext(ctx, `UPDATE turns SET status = ?, stop_reason = ?, message = ?, ended_at = ?,
-		wall_ms = ?, steps = ?, record = ? WHERE turn_id = ? AND status = 'running'`,
+		wall_ms = ?, steps = ?, record = ?, apart = '' WHERE turn_id = ? AND status = 'running'`,
 		short.Status, short.StopReason, short.Message, nanos(short.EndedAt), short.WallMS, short.Steps, final, short.TurnID); werr != nil {
 		return fmt.Errorf("%w (and its end could not be stored either: %v)", err, werr)
 	}
@@ -823,10 +836,11 @@ func (s *Store) Turn(ctx context.Context, id string) (*event.Turn, error) {
 		started int64
 		ended   sql.NullInt64
 		final   sql.NullString
+		kept    string
 	)
 	err = tx.QueryRowContext(ctx, `SELECT turn_id, session_id, agent, input, status, stop_reason, message, started_at,
-		ended_at, wall_ms, steps, record FROM turns WHERE turn_id = ?`, id).Scan(&rec.TurnID, &rec.SessionID, &rec.Agent,
-		&rec.Input, &rec.Status, &rec.StopReason, &rec.Message, &started, &ended, &rec.WallMS, &rec.Steps, &final)
+		ended_at, wall_ms, steps, record, `+s.apart+` FROM turns WHERE turn_id = ?`, id).Scan(&rec.TurnID, &rec.SessionID, &rec.Agent,
+		&rec.Input, &rec.Status, &rec.StopReason, &rec.Message, &started, &ended, &rec.WallMS, &rec.Steps, &final, &kept)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("turn %s: %w", id, store.ErrNotFound)
 	}
@@ -837,6 +851,13 @@ func (s *Store) Turn(ctx context.Context, id string) (*event.Turn, error) {
 		rec = event.Turn{}
 		if err := json.Unmarshal([]byte(final.String), &rec); err != nil {
 			return nil, fmt.Errorf("turn %s: reading its record: %w", id, err)
+		}
+		if a := parseApart(kept); len(a) > 0 {
+			texts, err := a.texts(ctx, tx, id)
+			if err != nil {
+				return nil, fmt.Errorf("turn %s: reading its record's texts: %w", id, err)
+			}
+			a.fill(texts, map[string]*string{"answer": &rec.Answer, "message": &rec.Message})
 		}
 	} else {
 		rec.StartedAt = fromNanos(started)
@@ -888,15 +909,24 @@ const summaryColumns = `t.turn_id, t.session_id, t.agent, substr(t.input, 1, 300
 	(SELECT COALESCE(MAX(seq), 0) FROM events e WHERE e.turn_id = t.turn_id),
 	(SELECT COALESCE(MAX(step), 0) FROM model_calls m WHERE m.turn_id = t.turn_id)`
 
-func scanSummary(rows *sql.Rows) (store.TurnSummary, error) {
+// selectSummaries is SELECT summaryColumns and the turn's apart column.
+func (s *Store) selectSummaries() string {
+	if s.apart == "apart" {
+		return "SELECT " + summaryColumns + ", t.apart"
+	}
+	return "SELECT " + summaryColumns + ", ''"
+}
+
+func scanSummary(rows *sql.Rows) (store.TurnSummary, apart, error) {
 	var (
 		ts       store.TurnSummary
 		started  int64
 		ended    sql.NullInt64
 		runSteps int
+		kept     string
 	)
 	err := rows.Scan(&ts.TurnID, &ts.SessionID, &ts.Agent, &ts.Input, &ts.Status, &ts.StopReason, &ts.Message,
-		&started, &ended, &ts.WallMS, &ts.Steps, &ts.ToolCalls, &ts.Events, &runSteps)
+		&started, &ended, &ts.WallMS, &ts.Steps, &ts.ToolCalls, &ts.Events, &runSteps, &kept)
 	ts.Input = store.ShortInput(ts.Input)
 	ts.StartedAt = fromNanos(started)
 	if ended.Valid {
@@ -906,7 +936,7 @@ func scanSummary(rows *sql.Rows) (store.TurnSummary, error) {
 	if ts.Status == budget.StatusRunning {
 		ts.Steps = runSteps
 	}
-	return ts, err
+	return ts, parseApart(kept), err
 }
 
 func (s *Store) summaries(ctx context.Context, query string, args ...any) ([]store.TurnSummary, error) {
@@ -916,14 +946,35 @@ func (s *Store) summaries(ctx context.Context, query string, args ...any) ([]sto
 	}
 	defer rows.Close()
 	out := []store.TurnSummary{}
+	type kept struct {
+		i int
+		a apart
+	}
+	var long []kept // the turns whose message is kept apart
 	for rows.Next() {
-		ts, err := scanSummary(rows)
+		ts, a, err := scanSummary(rows)
 		if err != nil {
 			return nil, err
 		}
+		for _, t := range a {
+			if t.field == "message" {
+				long = append(long, kept{len(out), apart{t}})
+			}
+		}
 		out = append(out, ts)
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	rows.Close()
+	for _, k := range long {
+		texts, err := k.a.texts(ctx, s.r, out[k.i].TurnID)
+		if err != nil {
+			return nil, err
+		}
+		k.a.fill(texts, map[string]*string{"message": &out[k.i].Message})
+	}
+	return out, nil
 }
 
 // Turns implements store.Store.
@@ -953,7 +1004,7 @@ func (s *Store) Turns(ctx context.Context, f store.Filter) ([]store.TurnSummary,
 		}
 		where, args = append(where, "t.n < ?"), append(args, n)
 	}
-	q := "SELECT " + summaryColumns + " FROM turns t"
+	q := s.selectSummaries() + " FROM turns t"
 	if len(where) > 0 {
 		q += " WHERE " + strings.Join(where, " AND ")
 	}
@@ -969,24 +1020,8 @@ func (s *Store) Events(ctx context.Context, turnID string, after int64, limit in
 	if limit <= 0 {
 		limit = -1 // SQLite: no limit
 	}
-	rows, err := s.r.QueryContext(ctx, `SELECT data FROM events WHERE turn_id = ? AND seq > ? ORDER BY seq LIMIT ?`, turnID, after, limit)
+	out, err := readEvents(ctx, s.r, s.apart, turnID, after, limit, false)
 	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	out := []event.Event{}
-	for rows.Next() {
-		var b []byte
-		if err := rows.Scan(&b); err != nil {
-			return nil, err
-		}
-		var e event.Event
-		if err := json.Unmarshal(b, &e); err != nil {
-			return nil, fmt.Errorf("turn %s: reading an event: %w", turnID, err)
-		}
-		out = append(out, e)
-	}
-	if err := rows.Err(); err != nil {
 		return nil, err
 	}
 	if len(out) == 0 {
@@ -998,6 +1033,55 @@ func (s *Store) Events(ctx context.Context, turnID string, after int64, limit in
 		if err != nil {
 			return nil, err
 		}
+	}
+	return out, nil
+}
+
+// readEvents reads turnID's events after seq after, at most limit (-1: all),
+// their long texts in place. apartCol is the apart column (Store.apart). An
+// event that cannot be read is an error, or skipped when skipBad.
+func readEvents(ctx context.Context, q querier, apartCol, turnID string, after int64, limit int, skipBad bool) ([]event.Event, error) {
+	rows, err := q.QueryContext(ctx, `SELECT data, `+apartCol+` FROM events WHERE turn_id = ? AND seq > ? ORDER BY seq LIMIT ?`, turnID, after, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := []event.Event{}
+	type kept struct {
+		i int
+		a apart
+	}
+	var aparts []kept
+	for rows.Next() {
+		var (
+			b []byte
+			a string
+		)
+		if err := rows.Scan(&b, &a); err != nil {
+			return nil, err
+		}
+		var e event.Event
+		if err := json.Unmarshal(b, &e); err != nil {
+			if skipBad {
+				continue
+			}
+			return nil, fmt.Errorf("turn %s: reading an event: %w", turnID, err)
+		}
+		if a != "" {
+			aparts = append(aparts, kept{len(out), parseApart(a)})
+		}
+		out = append(out, e)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	rows.Close()
+	for _, k := range aparts {
+		texts, err := k.a.texts(ctx, q, turnID)
+		if err != nil {
+			return nil, fmt.Errorf("turn %s: reading an event's texts: %w", turnID, err)
+		}
+		fillEvent(&out[k.i], k.a, texts)
 	}
 	return out, nil
 }
@@ -1016,28 +1100,60 @@ func (s *Store) Session(ctx context.Context, id string) (*store.Session, error) 
 		return nil, err
 	}
 	out := &store.Session{SessionID: id, CreatedAt: fromNanos(created), UpdatedAt: fromNanos(updated)}
-	out.Turns, err = s.summaries(ctx, "SELECT "+summaryColumns+" FROM turns t WHERE t.session_id = ? ORDER BY t.n", id)
+	out.Turns, err = s.summaries(ctx, s.selectSummaries()+" FROM turns t WHERE t.session_id = ? ORDER BY t.n", id)
 	if err != nil {
 		return nil, err
 	}
-	rows, err := s.r.QueryContext(ctx, `SELECT turn_id, message FROM messages WHERE session_id = ? ORDER BY id`, id)
+	out.Messages, err = s.messages(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// messages reads a session's conversation, its long contents in place.
+func (s *Store) messages(ctx context.Context, sessionID string) ([]store.Message, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT turn_id, message, `+s.apart+` FROM messages WHERE session_id = ? ORDER BY id`, sessionID)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	out.Messages = []store.Message{}
+	out := []store.Message{}
+	type kept struct {
+		i int
+		a apart
+	}
+	var long []kept
 	for rows.Next() {
-		var m store.Message
-		var b []byte
-		if err := rows.Scan(&m.TurnID, &b); err != nil {
+		var (
+			m store.Message
+			b []byte
+			a string
+		)
+		if err := rows.Scan(&m.TurnID, &b, &a); err != nil {
 			return nil, err
 		}
 		if err := json.Unmarshal(b, &m.Message); err != nil {
 			return nil, err
 		}
-		out.Messages = append(out.Messages, m)
+		if a != "" {
+			long = append(long, kept{len(out), parseApart(a)})
+		}
+		out = append(out, m)
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	rows.Close()
+	for _, k := range long {
+		m := &out[k.i]
+		texts, err := k.a.texts(ctx, s.r, m.TurnID)
+		if err != nil {
+			return nil, fmt.Errorf("session %s: reading a message of turn %s: %w", sessionID, m.TurnID, err)
+		}
+		k.a.fill(texts, map[string]*string{"content": &m.Content})
+	}
+	return out, nil
 }
 
 // Sessions implements store.Store.
@@ -1071,22 +1187,13 @@ func (s *Store) History(ctx context.Context, sessionID string) ([]model.Message,
 	if s.isClosed() {
 		return nil, store.ErrClosed
 	}
-	rows, err := s.r.QueryContext(ctx, `SELECT message FROM messages WHERE session_id = ? ORDER BY id`, sessionID)
+	msgs, err := s.messages(ctx, sessionID)
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
 	var out []model.Message
-	for rows.Next() {
-		var b []byte
-		if err := rows.Scan(&b); err != nil {
-			return nil, err
-		}
-		var m model.Message
-		if err := json.Unmarshal(b, &m); err != nil {
-			return nil, err
-		}
-		out = append(out, m)
+	for _, m := range msgs {
+		out = append(out, m.Message)
 	}
-	return out, rows.Err()
+	return out, nil
 }

@@ -503,3 +503,122 @@ func TestALockedFileLosesNothing(t *testing.T) {
 		t.Errorf("backlog after: %+v", b)
 	}
 }
+
+// TestLongAnswerStoredOnce: a turn's long answer is stored once, in pieces
+// of at most 256 KiB, and its turn_finished event, record, message and
+// session message name it instead of holding a copy (issue 29: SQLite
+// had the whole answer bound five more times at the turn's end).
+func TestLongAnswerStoredOnce(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "timebox.db")
+	s := open(t, path)
+	_, msgs := storetest.LongTurn(t, s, "l1", "ls")
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	rows, err := db.Query(`SELECT name, COUNT(*), SUM(length(CAST(piece AS BLOB))), MAX(length(CAST(piece AS BLOB)))
+		FROM texts WHERE turn_id = 'l1' GROUP BY name ORDER BY name`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for rows.Next() {
+		var name string
+		var pieces, bytes, longest int
+		if err := rows.Scan(&name, &pieces, &bytes, &longest); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, name)
+		want := map[string]int{"answer": len(storetest.LongAnswer), "content:2": len(msgs[2].Content)}[name]
+		if bytes != want || longest > 256<<10 || pieces < want/(256<<10) {
+			t.Errorf("text %s: %d bytes in %d pieces, the longest %d; want %d bytes in pieces of at most 256 KiB", name, bytes, pieces, longest, want)
+		}
+	}
+	rows.Close()
+	if strings.Join(got, " ") != "answer content:2" {
+		t.Fatalf("texts %q, want the answer and the tool's result", got)
+	}
+	for what, q := range map[string]string{
+		"turn_finished": `SELECT MAX(length(CAST(data AS BLOB))) FROM events WHERE turn_id = 'l1' AND type = 'turn_finished'`,
+		"the record":    `SELECT length(CAST(record AS BLOB)) + length(CAST(message AS BLOB)) FROM turns WHERE turn_id = 'l1'`,
+		"the messages":  `SELECT MAX(length(CAST(message AS BLOB))) FROM messages WHERE turn_id = 'l1'`,
+	} {
+		var n int
+		if err := db.QueryRow(q).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 4096 {
+			t.Errorf("%s holds %d bytes: a copy of a long text", what, n)
+		}
+	}
+
+	// `timebox runs` reads it through a read-only store.
+	ro, err := sqlite.OpenReadOnly(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ro.Close()
+	rec, err := ro.Turn(context.Background(), "l1")
+	if err != nil || rec.Answer != storetest.LongAnswer || rec.Message != storetest.LongAnswer {
+		t.Fatalf("read-only: %v", err)
+	}
+}
+
+// TestReadOnlyReadsSchema5: a store written before long texts were kept
+// apart (schema version 5, no apart columns) is read as it was.
+func TestReadOnlyReadsSchema5(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "timebox.db")
+	s := open(t, path)
+	storetest.LongTurn(t, s, "l1", "ls")
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Turn 2 is written as version 5 wrote it: inline, then the columns go.
+	for _, q := range []string{
+		`INSERT INTO turns (turn_id, session_id, agent, input, status, stop_reason, message, started_at, ended_at, record)
+			VALUES ('v5', 'ls', 'test', 'hi', 'completed', 'answered', 'inline', 1, 2,
+			'{"turn_id":"v5","status":"completed","stop_reason":"answered","message":"inline","answer":"inline"}')`,
+		`INSERT INTO events (turn_id, seq, type, at, data) VALUES ('v5', 1, 'turn_finished', 2,
+			'{"seq":1,"turn_id":"v5","type":"turn_finished","at":"2025-01-01T00:00:00Z","answer":"inline","message":"inline"}')`,
+		`INSERT INTO messages (session_id, turn_id, message) VALUES ('ls', 'v5', '{"role":"assistant","content":"inline"}')`,
+		`DROP TABLE texts`,
+		`ALTER TABLE events DROP COLUMN apart`,
+		`ALTER TABLE turns DROP COLUMN apart`,
+		`ALTER TABLE messages DROP COLUMN apart`,
+		`PRAGMA user_version = 5`,
+	} {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	db.Close()
+	ro, err := sqlite.OpenReadOnly(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ro.Close()
+	ctx := context.Background()
+	rec, err := ro.Turn(ctx, "v5")
+	if err != nil || rec.Answer != "inline" {
+		t.Fatalf("record %+v, %v", rec, err)
+	}
+	ev, err := ro.Events(ctx, "v5", 0, 0)
+	if err != nil || len(ev) != 1 || ev[0].Data.(*event.TurnFinished).Answer != "inline" {
+		t.Fatalf("events %+v, %v", ev, err)
+	}
+	list, err := ro.Turns(ctx, store.Filter{SessionID: "ls"})
+	if err != nil || len(list) != 2 || list[0].Message != "inline" {
+		t.Fatalf("list %+v, %v", list, err)
+	}
+	if h, err := ro.History(ctx, "ls"); err != nil || h[len(h)-1].Content != "inline" {
+		t.Fatalf("history %v", err)
+	}
+}

@@ -42,6 +42,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"FinishWithoutBegin", testFinishWithoutBegin},
 		{"ListFiltersAndOrder", testList},
 		{"SessionsAndHistory", testSessions},
+		{"LongTexts", testLongTexts},
 		{"Closed", testClosed},
 		{"OneRunningTurnPerSession", testSessionBusy},
 		{"WatchSignalsNewEvents", testWatch},
@@ -396,6 +397,95 @@ func testSessions(t *testing.T, s store.Store) {
 	}
 	if len(list) != 2 || list[0].SessionID != "s1" || list[0].Turns != 3 || list[0].Title != "one" || list[1].Title != "elsewhere" {
 		t.Fatalf("sessions %+v", list)
+	}
+}
+
+// LongAnswer is a turn's answer long enough for a store to keep it apart
+// (issue 29): 700 KB of text of one to four bytes a character.
+var LongAnswer = strings.Repeat("a long answer: é € 😀 <&> \"q\"\n", 700_000/38)
+
+// LongTurn plays into s a turn of session whose answer and message are
+// LongAnswer, whose conversation has a long tool result too, and returns
+// what it stored: the record and the conversation.
+func LongTurn(t *testing.T, s store.Store, id, session string) (*event.Turn, []model.Message) {
+	t.Helper()
+	tr := begin(t, s, id, session, "write at length")
+	tr.model(1, LongAnswer)
+	result := "a long result " + LongAnswer[:200_000]
+	msgs := []model.Message{
+		{Role: model.RoleUser, Content: "write at length"},
+		{Role: model.RoleAssistant, ToolCalls: []model.ToolCall{{ID: "x", Name: "echo", Arguments: "{}"}}},
+		{Role: model.RoleTool, Content: result, ToolCallID: "x", ToolName: "echo"},
+		{Role: model.RoleAssistant, Content: LongAnswer},
+	}
+	end := tr.start.Add(2 * time.Second)
+	rec := &event.Turn{TurnID: id, SessionID: session, Agent: "test", Input: tr.input, Status: budget.StatusCompleted,
+		StopReason: budget.Answered, Message: LongAnswer, Answer: LongAnswer, StartedAt: tr.start, EndedAt: end,
+		Steps: 1, WallMS: 2000, ModelCalls: tr.models}
+	tr.em.Emit(&event.TurnFinished{Status: rec.Status, StopReason: rec.StopReason, Message: rec.Message, Answer: rec.Answer, Totals: rec.Totals()})
+	tr.em.Close()
+	rec.Events = tr.em.Log()
+	if err := tr.rec.Finish(context.Background(), rec, msgs); err != nil {
+		t.Fatal(err)
+	}
+	return rec, msgs
+}
+
+// testLongTexts: a long answer, message and tool result read back whole
+// from every reader — the record, the events, the list, the session and
+// its history — and the texts of one turn stay its own.
+func testLongTexts(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	rec, msgs := LongTurn(t, s, "l1", "ls")
+	short := begin(t, s, "l2", "ls", "and briefly")
+	short.model(1, "brief")
+	short.finish(t, budget.Answered, model.Message{Role: model.RoleUser, Content: "and briefly"},
+		model.Message{Role: model.RoleAssistant, Content: "answer l2"})
+
+	got, err := s.Turn(ctx, "l1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Answer != rec.Answer || got.Message != rec.Message {
+		t.Fatalf("record: answer %d bytes, message %d bytes; want %d and %d", len(got.Answer), len(got.Message), len(rec.Answer), len(rec.Message))
+	}
+	events, err := s.Events(ctx, "l1", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ej, _ := json.Marshal(events)
+	wj, _ := json.Marshal(rec.Events)
+	if !bytes.Equal(ej, wj) {
+		t.Fatalf("events read back differ from those emitted (%d bytes against %d)", len(ej), len(wj))
+	}
+	list, err := s.Turns(ctx, store.Filter{SessionID: "ls"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 2 || list[1].TurnID != "l1" || list[1].Message != LongAnswer || list[0].Message != "msg l2" {
+		t.Fatalf("the list: %d turns, the long one's message %d bytes", len(list), len(list[len(list)-1].Message))
+	}
+	h, err := s.History(ctx, "ls")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := append(slices.Clone(msgs), model.Message{Role: model.RoleUser, Content: "and briefly"},
+		model.Message{Role: model.RoleAssistant, Content: "answer l2"})
+	hj, _ := json.Marshal(h)
+	wj, _ = json.Marshal(want)
+	if !bytes.Equal(hj, wj) {
+		t.Fatalf("history differs: %d messages, %d bytes; want %d, %d", len(h), len(hj), len(want), len(wj))
+	}
+	sess, err := s.Session(ctx, "ls")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sess.Messages) != 6 || sess.Messages[2].Content != msgs[2].Content || sess.Messages[3].Content != LongAnswer ||
+		sess.Messages[3].TurnID != "l1" || sess.Messages[5].Content != "answer l2" {
+		t.Fatalf("session messages: %d", len(sess.Messages))
+	}
+	if r2, err := s.Turn(ctx, "l2"); err != nil || r2.Answer != "answer l2" {
+		t.Fatalf("the short turn: %v", err)
 	}
 }
 

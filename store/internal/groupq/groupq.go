@@ -55,6 +55,9 @@ type Options struct {
 	// in bytes of JSON (64 MiB): past either, Add waits for room.
 	MaxQueue int
 	MaxBytes int64
+	// Encode returns an event's JSON as the store keeps it, on the
+	// caller's goroutine. Nil: event.Marshal.
+	Encode func(event.Event) ([]byte, error)
 	// Transient reports whether a commit's error passes — the database is
 	// away, a lock is held — so that the group is committed again rather
 	// than failed. Nil: no error does.
@@ -129,6 +132,9 @@ func New(commit Commit, o Options) *Queue {
 	if o.Stuck <= 0 {
 		o.Stuck = 2 * time.Second
 	}
+	if o.Encode == nil {
+		o.Encode = event.Marshal
+	}
 	if o.CloseTimeout <= 0 {
 		o.CloseTimeout = 30 * time.Second
 	}
@@ -142,7 +148,7 @@ func New(commit Commit, o Options) *Queue {
 // with the error that kept it from being stored (store.ErrClosed after
 // Close). It waits for room when the queue is full.
 func (q *Queue) Add(e event.Event, committed func(error)) {
-	data, err := event.Marshal(e)
+	data, err := q.o.Encode(e)
 	if err == nil {
 		err = q.enqueue(&Item{Event: e, Data: data, committed: committed})
 	}
