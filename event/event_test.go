@@ -217,7 +217,8 @@ func TestShareReply(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var got []event.Event
-			em := event.NewEmitter("t", event.SinkFunc(func(e event.Event) { got = append(got, e) }))
+			keeper := &replyKeeper{}
+			em := event.NewEmitter("t", event.SinkFunc(func(e event.Event) { got = append(got, e) }), keeper)
 			start := em.Emit(&event.LLMStarted{Step: 1})
 			for _, s := range []string{"ab", "cd"} {
 				em.Emit(&event.LLMDelta{Step: 1, Text: s})
@@ -244,6 +245,23 @@ func TestShareReply(t *testing.T) {
 			if shared != tc.shared {
 				t.Errorf("%d deltas share the reply, want %d", shared, tc.shared)
 			}
+			// A sink that keeps events is given the new deltas to keep.
+			if len(keeper.shared) != tc.shared {
+				t.Fatalf("the ReplySharer was given %d deltas, want %d", len(keeper.shared), tc.shared)
+			}
+			log := em.Log()
+			for _, e := range keeper.shared {
+				if e.Data != log[e.Seq-1].Data {
+					t.Errorf("event %d: the ReplySharer was given %+v, not the log's %+v", e.Seq, e.Data, log[e.Seq-1].Data)
+				}
+			}
 		})
 	}
 }
+
+// replyKeeper is a sink that keeps events, as an in-memory store does.
+type replyKeeper struct{ shared []event.Event }
+
+func (*replyKeeper) Emit(event.Event) {}
+
+func (k *replyKeeper) ShareReply(deltas []event.Event) { k.shared = append(k.shared, deltas...) }

@@ -88,8 +88,9 @@ func (m *Emitter) Emit(v Payload) Event {
 // pieces of reply — the text they add up to, joined once the reply ended —
 // instead of their own strings: a long reply is then held once, not once
 // more by the turn's record (issue 29). Each event keeps its text byte for
-// byte; the sinks keep what they were given. It stops at the first delta
-// that is not the reply's next piece.
+// byte. It stops at the first delta that is not the reply's next piece.
+// The sinks keep what they were given, but a ReplySharer is given the new
+// deltas to keep instead.
 func (m *Emitter) ShareReply(after int64, step int, reply string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -97,6 +98,7 @@ func (m *Emitter) ShareReply(after int64, step int, reply string) {
 		return // the log may be the record's now
 	}
 	i, _ := slices.BinarySearchFunc(m.log, after+1, func(e Event, seq int64) int { return cmp.Compare(e.Seq, seq) })
+	var shared []Event
 	off := 0
 	for ; i < len(m.log); i++ {
 		d, ok := m.log[i].Data.(*LLMDelta)
@@ -105,11 +107,29 @@ func (m *Emitter) ShareReply(after int64, step int, reply string) {
 		}
 		end := off + len(d.Text)
 		if end > len(reply) || reply[off:end] != d.Text {
-			return
+			break
 		}
 		m.log[i].Data = &LLMDelta{Step: d.Step, Text: reply[off:end]}
+		shared = append(shared, m.log[i])
 		off = end
 	}
+	if len(shared) == 0 {
+		return
+	}
+	for _, s := range m.sinks {
+		if rs, ok := s.(ReplySharer); ok {
+			rs.ShareReply(shared)
+		}
+	}
+}
+
+// ReplySharer is a Sink that keeps the events it is given — an in-memory
+// store — and can let a long reply's chunks go: once the reply is joined,
+// ShareReply gives it the turn's llm_delta events again, of the same seq
+// and text, as pieces of the joined reply, to keep in place of those it
+// has (Emitter.ShareReply).
+type ReplySharer interface {
+	ShareReply(deltas []Event)
 }
 
 // Close stops delivery: later Emit calls are dropped. The turn closes its

@@ -440,6 +440,14 @@ type turnSink struct {
 // LateResult implements event.LateSink.
 func (t *turnSink) LateResult(rec event.ToolCall) { t.s.storeLate(rec) }
 
+// ShareReply implements event.ReplySharer: a memory store lets a long
+// reply's chunks go once it is joined.
+func (t *turnSink) ShareReply(deltas []event.Event) {
+	if !t.stored {
+		store.ShareReply(t.s.cfg.Store, deltas)
+	}
+}
+
 // Emit implements event.Sink.
 func (t *turnSink) Emit(e event.Event) {
 	data, merr := frameData(e)

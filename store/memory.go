@@ -222,6 +222,20 @@ func shareDeltas(stored, rec []event.Event) {
 	}
 }
 
+// ShareReply implements event.ReplySharer: the turn's stored deltas become
+// pieces of its joined reply as soon as it is joined, not at FinishTurn,
+// so that a long reply's chunks are let go while the turn goes on.
+func (m *Memory) ShareReply(deltas []event.Event) {
+	if len(deltas) == 0 {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if mt := m.turns[deltas[0].TurnID]; mt != nil {
+		shareDeltas(mt.events, deltas)
+	}
+}
+
 // FinishTurn implements Store.
 func (m *Memory) FinishTurn(_ context.Context, rec *event.Turn, msgs []model.Message) error {
 	defer m.watch.Wake(rec.TurnID)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"go.uber.org/goleak"
 
@@ -133,6 +134,35 @@ func TestMemoryKeepsTheRecordsDeltas(t *testing.T) {
 		d := e.Data.(*event.LLMDelta)
 		if d.Text != texts[i] || (d == rec[i].Data) == (i == 1) {
 			t.Errorf("event %d: %q, the record's %v", e.Seq, d.Text, d == rec[i].Data)
+		}
+	}
+}
+
+// TestMemoryLetsChunksGoOnceJoined: through a Recorder, the memory store
+// keeps a joined reply's deltas in place of the chunks it was given as
+// soon as the reply is joined, not at the turn's end, so that a long
+// reply's chunks are let go while the turn goes on (issue 29).
+func TestMemoryLetsChunksGoOnceJoined(t *testing.T) {
+	ctx := context.Background()
+	s := store.NewMemory()
+	r := store.NewRecorder(s)
+	if err := r.Begin(ctx, store.TurnStart{TurnID: "t1"}); err != nil {
+		t.Fatal(err)
+	}
+	em := event.NewEmitter("t1", r)
+	start := em.Emit(&event.LLMStarted{Step: 1})
+	em.Emit(&event.LLMDelta{Step: 1, Text: strings.Clone("ab")})
+	em.Emit(&event.LLMDelta{Step: 1, Text: strings.Clone("cd")})
+	reply := strings.Clone("abcd")
+	em.ShareReply(start.Seq, 1, reply)
+	events, err := s.Events(ctx, "t1", 0, 0)
+	if err != nil || len(events) != 3 {
+		t.Fatalf("%d events, %v", len(events), err)
+	}
+	for i, e := range events[1:] {
+		d := e.Data.(*event.LLMDelta)
+		if unsafe.StringData(d.Text) != unsafe.StringData(reply[2*i:]) {
+			t.Errorf("stored delta %d (%q) is still its own chunk, not a piece of the joined reply", e.Seq, d.Text)
 		}
 	}
 }

@@ -50,6 +50,18 @@ func (r *Recorder) Emit(e event.Event) {
 	Enqueue(r.s, e, failed)
 }
 
+// ShareReply implements event.ReplySharer for a store that keeps events
+// in memory (Memory).
+func (r *Recorder) ShareReply(deltas []event.Event) { ShareReply(r.s, deltas) }
+
+// ShareReply gives a joined reply's deltas to s when it keeps events in
+// memory (an event.ReplySharer), for a sink that writes to s.
+func ShareReply(s Store, deltas []event.Event) {
+	if rs, ok := s.(event.ReplySharer); ok {
+		rs.ShareReply(deltas)
+	}
+}
+
 // Finish stores the turn's final record and its session messages
 // (Store.FinishTurn, which stores the queued events first). It returns the
 // first error of the whole turn: this one, or an earlier failed event
