@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"io"
+	"runtime"
 	"time"
 
 	"github.com/timebox-run/timebox/event"
@@ -40,6 +41,16 @@ type modelCalled struct {
 	rec event.ModelCall
 }
 
+// collectAt is the length from which a reply is joined between two
+// garbage collections (issue 29, docs/decisions/long-texts.md). Joining a
+// long reply holds it twice for a moment, on a heap whose goal was set
+// while the stream's garbage grew with it. One collection before the join
+// frees the stream's garbage; one after (attempt) frees the chunks the
+// joined reply replaces, so that the heap's next goal follows the reply,
+// not its peak. Two collections for a reply of megabytes, which took
+// seconds to stream, cost milliseconds.
+const collectAt = 4 << 20
+
 // callModel opens the call under the turn's watchdogs and reads it to its
 // end.
 func (t *turn) callModel(ctx context.Context, mc modelCall) modelCalled {
@@ -76,6 +87,9 @@ func (t *turn) callModel(ctx context.Context, mc modelCall) modelCalled {
 		// one copy.
 		out.text = out.resp.Text
 	default:
+		if text.Len() >= collectAt {
+			runtime.GC() // see collectAt
+		}
 		out.text = text.String()
 		if err == nil && out.resp.Text == "" {
 			out.resp.Text = out.text

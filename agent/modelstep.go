@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"time"
 
@@ -284,6 +285,9 @@ func (t *turn) attempt(ctx context.Context, step, attempt int, ep model.Endpoint
 	// The deltas' texts become pieces of the joined reply: the chunks
 	// they were are let go (issue 29).
 	t.em.ShareReply(started.Seq, step, out.text)
+	if len(out.text) >= collectAt {
+		runtime.GC() // the chunks the deltas were (collectAt)
+	}
 	t.s.LLMUsed += out.elapsed
 	resp, err := out.resp, out.err
 	if err == nil && resp.Empty() {
