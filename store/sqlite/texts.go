@@ -79,16 +79,6 @@ func answerApart(answer, message string) apart {
 	return a
 }
 
-// has reports whether field is kept apart.
-func (a apart) has(field string) bool {
-	for _, t := range a {
-		if t.field == field {
-			return true
-		}
-	}
-	return false
-}
-
 // fill sets each field kept apart from texts (name → text).
 func (a apart) fill(texts map[string]string, fields map[string]*string) {
 	for _, t := range a {
