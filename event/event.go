@@ -428,6 +428,25 @@ func Marshal(e Event) ([]byte, error) {
 	return e.MarshalJSON()
 }
 
+// MarshalPieces returns e as Marshal does, in buffers that add up to it:
+// one, or, for an event with a long text, its JSON around each text
+// escaped once — a turn_finished whose message is its answer holds the
+// escaped answer once, not twice (issue 29). For a writev (net.Buffers).
+func MarshalPieces(e Event) ([][]byte, error) {
+	if _, ok := e.Data.(json.RawMessage); !ok {
+		if d, ok, err := split(e); err != nil {
+			return nil, err
+		} else if ok {
+			return d.Pieces(), nil
+		}
+	}
+	b, err := Marshal(e)
+	if err != nil {
+		return nil, err
+	}
+	return [][]byte{b}, nil
+}
+
 // WriteJSON writes e to w as Marshal returns it; a long text goes a piece
 // at a time, never whole as JSON in memory.
 func WriteJSON(w io.Writer, e Event) error {

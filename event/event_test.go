@@ -1,6 +1,7 @@
 package event_test
 
 import (
+	"bytes"
 	"encoding/json"
 	"reflect"
 	"strings"
@@ -170,6 +171,23 @@ func TestMarshalIsJSONMarshal(t *testing.T) {
 		var w strings.Builder
 		if err := event.WriteJSON(&w, e); err != nil || w.String() != string(want) {
 			t.Errorf("%d %s: WriteJSON %.200s (%v), json.Marshal %.200s", e.Seq, e.Type, w.String(), err, want)
+		}
+		pieces, err := event.MarshalPieces(e)
+		if joined := bytes.Join(pieces, nil); err != nil || string(joined) != string(want) {
+			t.Errorf("%d %s: MarshalPieces %.200s (%v), json.Marshal %.200s", e.Seq, e.Type, joined, err, want)
+		}
+		// An answer's message is the answer: escaped once, in one buffer
+		// both pieces are.
+		if d, ok := e.Data.(*event.TurnFinished); ok && d.Message == d.Answer && len(d.Answer) > len(long)/2 {
+			var long [][]byte
+			for _, p := range pieces {
+				if len(p) >= len(d.Answer) {
+					long = append(long, p)
+				}
+			}
+			if len(long) != 2 || &long[0][0] != &long[1][0] {
+				t.Errorf("%d %s: the answer and the message are not one escaped buffer (%d long pieces)", e.Seq, e.Type, len(long))
+			}
 		}
 	}
 }

@@ -12,7 +12,10 @@ type frame struct {
 	seq  int64
 	typ  event.Type
 	at   time.Time
-	data []byte
+	// data is the event's JSON, in pieces that add up to it
+	// (event.MarshalPieces): one, or a long answer's turn_finished around
+	// its escaped answer, held once for the answer and the message.
+	data [][]byte
 }
 
 // subBuffer is how many frames a follower may fall behind the turn before

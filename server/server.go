@@ -12,6 +12,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -458,7 +459,11 @@ func (t *turnSink) Emit(e event.Event) {
 		t.s.m.observe(e)
 	}
 	if merr == nil && t.s.hooks != nil {
-		t.s.hooks.offer(e, data)
+		body := data[0]
+		if len(data) > 1 {
+			body = bytes.Join(data, nil)
+		}
+		t.s.hooks.offer(e, body)
 	}
 	if t.stored {
 		t.lt.hub.storedUpTo(e.Seq)
@@ -473,14 +478,15 @@ func (t *turnSink) Emit(e event.Event) {
 }
 
 // frameData is e's JSON as its frame carries it: an event read back as
-// it was stored, as it is; any other as event.Marshal makes it, a long
-// answer held once in a buffer of its length, not three times over
-// (issue 29).
-func frameData(e event.Event) ([]byte, error) {
+// it was stored, as it is; any other as event.MarshalPieces makes it, a
+// long answer escaped once, for its answer and its message, and never
+// joined into one buffer (issue 29).
+func frameData(e event.Event) ([][]byte, error) {
 	if _, raw := e.Data.(json.RawMessage); raw {
-		return e.MarshalJSON()
+		b, err := e.MarshalJSON()
+		return [][]byte{b}, err
 	}
-	return event.Marshal(e)
+	return event.MarshalPieces(e)
 }
 
 func (s *Server) live(id string) *liveTurn {

@@ -38,6 +38,7 @@ type sse struct {
 	wrote    time.Time // the last write
 	until    time.Time // conn's write deadline
 	hdr      []byte
+	bufs     [][]byte // event's writev, reused
 	err      error
 }
 
@@ -71,17 +72,20 @@ func (x *sse) write(bs ...[]byte) {
 }
 
 // event writes one event: `id:` is its seq, `event:` its type, `data:` its
-// flat JSON (one line: JSON escapes newlines). data is written as it is,
-// never copied: a long reply's turn_finished is not held again for each
-// follower.
-func (x *sse) event(seq int64, typ event.Type, data []byte) {
+// flat JSON (one line: JSON escapes newlines), in the pieces given. data is
+// written as it is, never copied: a long reply's turn_finished is not held
+// again for each follower.
+func (x *sse) event(seq int64, typ event.Type, data ...[]byte) {
 	h := append(x.hdr[:0], "id: "...)
 	h = strconv.AppendInt(h, seq, 10)
 	h = append(h, "\nevent: "...)
 	h = append(h, typ...)
 	h = append(h, "\ndata: "...)
 	x.hdr = h
-	x.write(h, data, sseEnd)
+	bs := append(append(append(x.bufs[:0], h), data...), sseEnd)
+	x.write(bs...)
+	clear(bs) // writev consumed the headers; let the data go
+	x.bufs = bs[:0]
 }
 
 func (x *sse) comment(text string) { x.write([]byte(": " + text + "\n\n")) }
@@ -137,11 +141,11 @@ type streamState struct {
 }
 
 // send writes one event unless it was already sent.
-func (st *streamState) send(seq int64, typ event.Type, at time.Time, data []byte, live bool) {
+func (st *streamState) send(seq int64, typ event.Type, at time.Time, data [][]byte, live bool) {
 	if seq <= st.last || st.x.err != nil {
 		return
 	}
-	st.x.event(seq, typ, data)
+	st.x.event(seq, typ, data...)
 	if st.x.err != nil {
 		return
 	}
@@ -169,7 +173,7 @@ func (st *streamState) replay(upto int64) error {
 			if err != nil {
 				return err
 			}
-			st.send(e.Seq, e.Type, e.At, data, false)
+			st.send(e.Seq, e.Type, e.At, [][]byte{data}, false)
 			if st.x.err != nil {
 				return st.x.err
 			}
