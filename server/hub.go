@@ -9,9 +9,9 @@ import (
 
 // frame is one event ready to send: marshalled once, whoever reads it.
 type frame struct {
-	seq  int64
-	typ  event.Type
-	at   time.Time
+	seq int64
+	typ event.Type
+	at  time.Time
 	// data is the event's JSON, in pieces that add up to it
 	// (event.MarshalPieces): one, or a long answer's turn_finished around
 	// its escaped answer, held once for the answer and the message.
