@@ -32,7 +32,8 @@ const longReplyBytes = 15 << 20
 // first stop's, 128–131 MB once SQLite stored a long answer once, in
 // pieces, and 106–119 MB once the turn joined it between two collections
 // (bound 180; the five copies SQLite wrote before would pass it); serve at
-// 596, then 301–347 MB, then 166–167 MB, then 122–125 MB (bound 200).
+// 596, then 301–347 MB, then 166–167 MB, then 122–125 MB, then 110–119
+// MB once its turn_finished frame held the escaped answer once (bound 200).
 func longReply(t *testing.T) {
 	chunks := make([]fakellm.Chunk, longReplyBytes/1024)
 	c := text(1024)
@@ -98,7 +99,8 @@ func longReply(t *testing.T) {
 // at 326–360 MB once long texts were written apart (502 MB the same
 // session before), and at 157–166 MB once the memory store let the
 // reply's chunks go as soon as it was joined, between two collections
-// (172–188 MB without them; bound 250; 2026-11-26).
+// (172–188 MB without them), and at 144–145 MB once its turn_finished
+// frame held the escaped answer once (bound 250; 2026-11-26).
 func longReplyIdleFollowers(t *testing.T) {
 	const followers = 20
 	sc := begin(t, "a 15 MiB reply in 1 KiB chunks, 20 followers that do not read", "timebox serve, the record as JSON")
