@@ -175,7 +175,7 @@ func Open(path string, o Options) (*Store, error) {
 		return nil, fmt.Errorf("opening store %s: marking interrupted turns: %w", path, err)
 	}
 	s.q = groupq.New(s.commitGroup, groupq.Options{MaxGroup: maxGroup, MaxQueue: maxQueue, Transient: transient,
-		Encode: encodeEvent, OnState: groupq.Log(o.Logger, "sqlite store "+path)})
+		Encode: store.EncodeEvent, OnState: groupq.Log(o.Logger, "sqlite store "+path)})
 	s.keepReserve()
 	go s.heartbeat()
 	return s, nil
@@ -535,8 +535,8 @@ func (s *Store) commitGroup(group []*groupq.Item) error {
 
 func appendOne(ctx context.Context, tx *sql.Tx, ins *sql.Stmt, it *groupq.Item) error {
 	e := it.Event
-	_, a := storedEvent(e)
-	res, err := ins.ExecContext(ctx, e.TurnID, e.Seq, e.Type, nanos(e.At), it.Data, a.column())
+	_, a := store.StoredEvent(e)
+	res, err := ins.ExecContext(ctx, e.TurnID, e.Seq, e.Type, nanos(e.At), it.Data, a.Column())
 	if isFK(err) {
 		return fmt.Errorf("turn %s: %w", e.TurnID, store.ErrNotFound)
 	}
@@ -546,7 +546,7 @@ func appendOne(ctx context.Context, tx *sql.Tx, ins *sql.Stmt, it *groupq.Item) 
 	if n, err := res.RowsAffected(); err != nil || n == 0 {
 		return err // a seq already stored: nothing more to do
 	}
-	if err := a.put(ctx, tx, e.TurnID); err != nil {
+	if err := putTexts(ctx, tx, e.TurnID, a); err != nil {
 		return err
 	}
 	tc, mc := store.CallRecords(e)
@@ -567,12 +567,12 @@ const insertEventSQL = `INSERT OR IGNORE INTO events (turn_id, seq, type, at, da
 
 // insertEvent stores e, its long texts apart, unless its seq is stored.
 func insertEvent(ctx context.Context, tx *sql.Tx, e event.Event) (bool, error) {
-	e, a := storedEvent(e)
+	e, a := store.StoredEvent(e)
 	data, err := event.Marshal(e)
 	if err != nil {
 		return false, err
 	}
-	res, err := tx.ExecContext(ctx, insertEventSQL, e.TurnID, e.Seq, e.Type, nanos(e.At), data, a.column())
+	res, err := tx.ExecContext(ctx, insertEventSQL, e.TurnID, e.Seq, e.Type, nanos(e.At), data, a.Column())
 	if isFK(err) {
 		return false, fmt.Errorf("turn %s: %w", e.TurnID, store.ErrNotFound)
 	}
@@ -583,7 +583,7 @@ func insertEvent(ctx context.Context, tx *sql.Tx, e event.Event) (bool, error) {
 	if n == 0 || err != nil {
 		return false, err
 	}
-	return true, a.put(ctx, tx, e.TurnID)
+	return true, putTexts(ctx, tx, e.TurnID, a)
 }
 
 func putToolCall(ctx context.Context, tx *sql.Tx, tc event.ToolCall) error {
@@ -675,17 +675,17 @@ func finalRecord(rec *event.Turn) ([]byte, error) {
 // putRecord stores a turn's end — its status, message and record — with
 // its long texts apart.
 func putRecord(ctx context.Context, tx *sql.Tx, rec *event.Turn) error {
-	stored, a := recordApart(rec)
+	stored, a := store.RecordApart(rec)
 	final, err := finalRecord(stored)
 	if err != nil {
 		return err
 	}
-	if err := a.put(ctx, tx, rec.TurnID); err != nil {
+	if err := putTexts(ctx, tx, rec.TurnID, a); err != nil {
 		return err
 	}
 	_, err = tx.ExecContext(ctx, `UPDATE turns SET status = ?, stop_reason = ?, message = ?, ended_at = ?,
 		wall_ms = ?, steps = ?, record = ?, apart = ? WHERE turn_id = ?`,
-		rec.Status, rec.StopReason, stored.Message, nanos(rec.EndedAt), rec.WallMS, rec.Steps, final, a.column(), rec.TurnID)
+		rec.Status, rec.StopReason, stored.Message, nanos(rec.EndedAt), rec.WallMS, rec.Steps, final, a.Column(), rec.TurnID)
 	return err
 }
 
@@ -748,8 +748,8 @@ func (s *Store) FinishTurn(ctx context.Context, rec *event.Turn, msgs []model.Me
 			return err
 		}
 		for i, m := range msgs {
-			m, a := messageApart(m, i, rec.Answer)
-			if err := a.put(ctx, tx, rec.TurnID); err != nil {
+			m, a := store.MessageApart(m, i, rec.Answer)
+			if err := putTexts(ctx, tx, rec.TurnID, a); err != nil {
 				return err
 			}
 			b, err := json.Marshal(m)
@@ -757,7 +757,7 @@ func (s *Store) FinishTurn(ctx context.Context, rec *event.Turn, msgs []model.Me
 				return err
 			}
 			if _, err := tx.ExecContext(ctx, `INSERT INTO messages (session_id, turn_id, message, apart) VALUES (?, ?, ?, ?)`,
-				rec.SessionID, rec.TurnID, b, a.column()); err != nil {
+				rec.SessionID, rec.TurnID, b, a.Column()); err != nil {
 				return err
 			}
 		}
@@ -852,12 +852,12 @@ func (s *Store) Turn(ctx context.Context, id string) (*event.Turn, error) {
 		if err := json.Unmarshal([]byte(final.String), &rec); err != nil {
 			return nil, fmt.Errorf("turn %s: reading its record: %w", id, err)
 		}
-		if a := parseApart(kept); len(a) > 0 {
-			texts, err := a.texts(ctx, tx, id)
+		if a := store.ParseApart(kept); len(a) > 0 {
+			texts, err := readTexts(ctx, tx, id, a)
 			if err != nil {
 				return nil, fmt.Errorf("turn %s: reading its record's texts: %w", id, err)
 			}
-			a.fill(texts, map[string]*string{"answer": &rec.Answer, "message": &rec.Message})
+			store.FillRecord(&rec, a, texts)
 		}
 	} else {
 		rec.StartedAt = fromNanos(started)
@@ -917,7 +917,7 @@ func (s *Store) selectSummaries() string {
 	return "SELECT " + summaryColumns + ", ''"
 }
 
-func scanSummary(rows *sql.Rows) (store.TurnSummary, apart, error) {
+func scanSummary(rows *sql.Rows) (store.TurnSummary, store.Apart, error) {
 	var (
 		ts       store.TurnSummary
 		started  int64
@@ -936,7 +936,7 @@ func scanSummary(rows *sql.Rows) (store.TurnSummary, apart, error) {
 	if ts.Status == budget.StatusRunning {
 		ts.Steps = runSteps
 	}
-	return ts, parseApart(kept), err
+	return ts, store.ParseApart(kept), err
 }
 
 func (s *Store) summaries(ctx context.Context, query string, args ...any) ([]store.TurnSummary, error) {
@@ -948,7 +948,7 @@ func (s *Store) summaries(ctx context.Context, query string, args ...any) ([]sto
 	out := []store.TurnSummary{}
 	type kept struct {
 		i int
-		a apart
+		a store.Apart
 	}
 	var long []kept // the turns whose message is kept apart
 	for rows.Next() {
@@ -957,8 +957,8 @@ func (s *Store) summaries(ctx context.Context, query string, args ...any) ([]sto
 			return nil, err
 		}
 		for _, t := range a {
-			if t.field == "message" {
-				long = append(long, kept{len(out), apart{t}})
+			if t.Field == "message" {
+				long = append(long, kept{len(out), store.Apart{t}})
 			}
 		}
 		out = append(out, ts)
@@ -968,11 +968,11 @@ func (s *Store) summaries(ctx context.Context, query string, args ...any) ([]sto
 	}
 	rows.Close()
 	for _, k := range long {
-		texts, err := k.a.texts(ctx, s.r, out[k.i].TurnID)
+		texts, err := readTexts(ctx, s.r, out[k.i].TurnID, k.a)
 		if err != nil {
 			return nil, err
 		}
-		k.a.fill(texts, map[string]*string{"message": &out[k.i].Message})
+		store.FillMessage(&out[k.i].Message, k.a, texts)
 	}
 	return out, nil
 }
@@ -1049,7 +1049,7 @@ func readEvents(ctx context.Context, q querier, apartCol, turnID string, after i
 	out := []event.Event{}
 	type kept struct {
 		i int
-		a apart
+		a store.Apart
 	}
 	var aparts []kept
 	for rows.Next() {
@@ -1068,7 +1068,7 @@ func readEvents(ctx context.Context, q querier, apartCol, turnID string, after i
 			return nil, fmt.Errorf("turn %s: reading an event: %w", turnID, err)
 		}
 		if a != "" {
-			aparts = append(aparts, kept{len(out), parseApart(a)})
+			aparts = append(aparts, kept{len(out), store.ParseApart(a)})
 		}
 		out = append(out, e)
 	}
@@ -1077,11 +1077,11 @@ func readEvents(ctx context.Context, q querier, apartCol, turnID string, after i
 	}
 	rows.Close()
 	for _, k := range aparts {
-		texts, err := k.a.texts(ctx, q, turnID)
+		texts, err := readTexts(ctx, q, turnID, k.a)
 		if err != nil {
 			return nil, fmt.Errorf("turn %s: reading an event's texts: %w", turnID, err)
 		}
-		fillEvent(&out[k.i], k.a, texts)
+		store.FillEvent(&out[k.i], k.a, texts)
 	}
 	return out, nil
 }
@@ -1121,7 +1121,7 @@ func (s *Store) messages(ctx context.Context, sessionID string) ([]store.Message
 	out := []store.Message{}
 	type kept struct {
 		i int
-		a apart
+		a store.Apart
 	}
 	var long []kept
 	for rows.Next() {
@@ -1137,7 +1137,7 @@ func (s *Store) messages(ctx context.Context, sessionID string) ([]store.Message
 			return nil, err
 		}
 		if a != "" {
-			long = append(long, kept{len(out), parseApart(a)})
+			long = append(long, kept{len(out), store.ParseApart(a)})
 		}
 		out = append(out, m)
 	}
@@ -1147,11 +1147,11 @@ func (s *Store) messages(ctx context.Context, sessionID string) ([]store.Message
 	rows.Close()
 	for _, k := range long {
 		m := &out[k.i]
-		texts, err := k.a.texts(ctx, s.r, m.TurnID)
+		texts, err := readTexts(ctx, s.r, m.TurnID, k.a)
 		if err != nil {
 			return nil, fmt.Errorf("session %s: reading a message of turn %s: %w", sessionID, m.TurnID, err)
 		}
-		k.a.fill(texts, map[string]*string{"content": &m.Content})
+		store.FillContent(&m.Message, k.a, texts)
 	}
 	return out, nil
 }

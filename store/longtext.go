@@ -1,0 +1,213 @@
+package store
+
+import (
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/longjson"
+	"github.com/timebox-run/timebox/model"
+)
+
+// A turn's long texts — an answer of megabytes — are stored once, in
+// pieces (issue 29, docs/decisions/long-texts.md). The rows that would each
+// hold a copy — the turn_finished event, the turn's record and message,
+// the session's messages — hold an empty string instead, and an apart
+// column says which of their fields is which stored text of the turn:
+// "answer=answer,message=answer". These are the rules the SQLite and
+// PostgreSQL stores share; each writes and reads the texts in its SQL.
+
+// TextPiece is the most of a text one stored piece holds: what a database
+// holds of it at once, binding and building the row.
+const TextPiece = 256 << 10
+
+// LongText is one field of a row kept apart: the field, the name of the
+// turn's stored text it is, and, when writing, the text.
+type LongText struct {
+	Field, Name, Text string
+}
+
+// Apart is the long texts of one row.
+type Apart []LongText
+
+// Column returns a as a row's apart column keeps it: "" for none.
+func (a Apart) Column() string {
+	if len(a) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	for i, t := range a {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(t.Field + "=" + t.Name)
+	}
+	return b.String()
+}
+
+// ParseApart reads an apart column.
+func ParseApart(s string) Apart {
+	if s == "" {
+		return nil
+	}
+	var a Apart
+	for f := range strings.SplitSeq(s, ",") {
+		field, name, _ := strings.Cut(f, "=")
+		a = append(a, LongText{Field: field, Name: name})
+	}
+	return a
+}
+
+// Texts returns the texts to store, each name once (the answer may be two
+// fields).
+func (a Apart) Texts() Apart {
+	var out Apart
+	for _, t := range a {
+		if !out.named(t.Name) {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// Names returns the names of the texts a reads, each once.
+func (a Apart) Names() []string {
+	var out []string
+	for _, t := range a.Texts() {
+		out = append(out, t.Name)
+	}
+	return out
+}
+
+func (a Apart) named(name string) bool {
+	for _, t := range a {
+		if t.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// set sets each field of a found in fields to its text: from texts (name
+// → text) when given, else empty.
+func (a Apart) set(texts map[string]string, fields map[string]*string) {
+	for _, t := range a {
+		if p := fields[t.Field]; p != nil {
+			*p = texts[t.Name]
+		}
+	}
+}
+
+// answerApart returns the fields of a turn's end kept apart: its answer,
+// and its message, which for an answered turn is the answer, stored once.
+func answerApart(answer, message string) Apart {
+	var a Apart
+	if len(answer) >= longjson.Long {
+		a = append(a, LongText{"answer", "answer", answer})
+	}
+	if len(message) >= longjson.Long {
+		name := "message"
+		if message == answer {
+			name = "answer"
+		}
+		a = append(a, LongText{"message", name, message})
+	}
+	return a
+}
+
+// StoredEvent returns e as a store keeps it: a turn_finished's long answer
+// and message left empty, and what they are.
+func StoredEvent(e event.Event) (event.Event, Apart) {
+	d, ok := e.Data.(*event.TurnFinished)
+	if !ok {
+		return e, nil
+	}
+	a := answerApart(d.Answer, d.Message)
+	if len(a) == 0 {
+		return e, nil
+	}
+	c := *d
+	a.set(nil, map[string]*string{"answer": &c.Answer, "message": &c.Message})
+	e.Data = &c
+	return e, a
+}
+
+// EncodeEvent is e's JSON as a store keeps it (StoredEvent), for a queue's
+// encoding.
+func EncodeEvent(e event.Event) ([]byte, error) {
+	e, _ = StoredEvent(e)
+	return event.Marshal(e)
+}
+
+// FillEvent puts back e's fields kept apart.
+func FillEvent(e *event.Event, a Apart, texts map[string]string) {
+	if d, ok := e.Data.(*event.TurnFinished); ok {
+		a.set(texts, map[string]*string{"answer": &d.Answer, "message": &d.Message})
+	}
+}
+
+// RecordApart returns rec as a store keeps it, its long answer and
+// message left empty, and what they are.
+func RecordApart(rec *event.Turn) (*event.Turn, Apart) {
+	a := answerApart(rec.Answer, rec.Message)
+	if len(a) == 0 {
+		return rec, nil
+	}
+	c := *rec
+	a.set(nil, map[string]*string{"answer": &c.Answer, "message": &c.Message})
+	return &c, a
+}
+
+// FillRecord puts back rec's fields kept apart.
+func FillRecord(rec *event.Turn, a Apart, texts map[string]string) {
+	a.set(texts, map[string]*string{"answer": &rec.Answer, "message": &rec.Message})
+}
+
+// FillMessage puts back the message of a turn's summary kept apart.
+func FillMessage(message *string, a Apart, texts map[string]string) {
+	a.set(texts, map[string]*string{"message": message})
+}
+
+// MessageApart returns m, the i-th message a turn adds to its session, as
+// a store keeps it: a long content left empty, stored as the turn's answer
+// when it is (the assistant's last message), as content:i otherwise.
+func MessageApart(m model.Message, i int, answer string) (model.Message, Apart) {
+	if len(m.Content) < longjson.Long {
+		return m, nil
+	}
+	name := "content:" + strconv.Itoa(i)
+	if m.Content == answer {
+		name = "answer"
+	}
+	a := Apart{{"content", name, m.Content}}
+	m.Content = ""
+	return m, a
+}
+
+// FillContent puts back a session message's content kept apart.
+func FillContent(m *model.Message, a Apart, texts map[string]string) {
+	a.set(texts, map[string]*string{"content": &m.Content})
+}
+
+// TextPieces cuts text into pieces of at most TextPiece bytes, between
+// characters (anywhere in bytes that are not UTF-8), and calls put with
+// each and its index, in order, until put fails.
+func TextPieces(text string, put func(i int, piece string) error) error {
+	for i := 0; ; i++ {
+		n := min(TextPiece, len(text))
+		for n < len(text) && n > 0 && !utf8.RuneStart(text[n]) {
+			n--
+		}
+		if n == 0 && len(text) > 0 {
+			n = min(TextPiece, len(text))
+		}
+		if err := put(i, text[:n]); err != nil {
+			return err
+		}
+		text = text[n:]
+		if text == "" {
+			return nil
+		}
+	}
+}
