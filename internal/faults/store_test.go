@@ -47,6 +47,7 @@ func TestStoreFaults(t *testing.T) {
 		{"pg_terminate_backend loop", connectionsKilled},
 		{"two writers number one turn while commits fail", twoWritersNumber},
 		{"pg_ctl restart while a call waits for a person", approvalAcrossRestart},
+		{"long reply on PostgreSQL", longReplyPostgres},
 	} {
 		t.Run(s.name, s.run)
 	}

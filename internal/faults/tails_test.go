@@ -34,7 +34,22 @@ const longReplyBytes = 15 << 20
 // (bound 180; the five copies SQLite wrote before would pass it); serve at
 // 596, then 301–347 MB, then 166–167 MB, then 122–125 MB, then 110–119
 // MB once its turn_finished frame held the escaped answer once (bound 200).
-func longReply(t *testing.T) {
+func longReply(t *testing.T) { longReplyThrough(t, "", 180, 200) }
+
+// longReplyPostgres: the same reply with the store on PostgreSQL. Before
+// its turn's end stored a long answer once, in pieces, `timebox run
+// --json` peaked at 515–604 MB here: the end marshalled every event of the
+// log again and sent the answer six times over; 98–105 MB after
+// (2026-11-26).
+func longReplyPostgres(t *testing.T) {
+	d := newSharedDB(t)
+	longReplyThrough(t, d.url, 180, 200)
+}
+
+// longReplyThrough runs the long reply through `timebox run --json` and
+// `timebox serve` to an SSE client, with the store at db (the agent's
+// SQLite file when empty), under their bounds.
+func longReplyThrough(t *testing.T, db string, runMB, serveMB int) {
 	chunks := make([]fakellm.Chunk, longReplyBytes/1024)
 	c := text(1024)
 	for i := range chunks {
@@ -42,9 +57,12 @@ func longReply(t *testing.T) {
 	}
 	reply := fakellm.Reply{Chunks: chunks}
 	for _, serve := range []bool{false, true} {
-		via, boundMB := "timebox run --json", 180
+		via, boundMB := "timebox run --json", runMB
 		if serve {
-			via, boundMB = "timebox serve, an SSE client", 200
+			via, boundMB = "timebox serve, an SSE client", serveMB
+		}
+		if db != "" {
+			via += ", --db postgres://…"
 		}
 		t.Run(via, func(t *testing.T) {
 			sc := begin(t, "a 15 MiB reply in 1 KiB chunks, --max-reply 16MiB", via)
@@ -53,6 +71,11 @@ func longReply(t *testing.T) {
 			a := openAIAgent(t, srv)
 			env := []string{"FAKE_KEY=k"}
 			flags := []string{"--turn-timeout", "2m", "--max-reply", "16MiB"}
+			dbFlag := a.db
+			if db != "" {
+				dbFlag = db
+				flags = append(flags, "--db", db)
+			}
 			var seen []event.Event
 			var peak int64
 			var tb *proc
@@ -71,7 +94,7 @@ func longReply(t *testing.T) {
 					t.Errorf("serve exited %d after SIGTERM\n%s", code, tb.stderr.String())
 				}
 			} else {
-				tb = startTimebox(t, a.dir, env, nil, append(append([]string{"run", "-f", a.file, "--db", a.db, "--json"}, flags...), "Write a lot.")...)
+				tb = startTimebox(t, a.dir, env, nil, append(append([]string{"run", "-f", a.file, "--json"}, append(flags, "--db", dbFlag)...), "Write a lot.")...)
 				if code := tb.wait(2 * time.Minute); code != 0 {
 					t.Errorf("exit %d, want 0\n%s", code, tb.stderr.String())
 				}

@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"time"
@@ -283,24 +282,8 @@ func (s *Store) interruptTurn(ctx context.Context, tx pgx.Tx, id string, reason 
 		}
 	}
 	t.StartedAt = fromNanos(started)
-	rows, err := tx.Query(ctx, `SELECT data FROM events WHERE turn_id = $1 ORDER BY seq`, id)
-	if err != nil {
-		return false, err
-	}
-	for rows.Next() {
-		var b string
-		if err := rows.Scan(&b); err != nil {
-			rows.Close()
-			return false, err
-		}
-		var e event.Event
-		if err := json.Unmarshal([]byte(b), &e); err != nil {
-			continue // an unreadable event does not stop the recovery
-		}
-		t.Events = append(t.Events, e)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
+	// An unreadable event does not stop the recovery.
+	if t.Events, err = readEvents(ctx, tx, id, 0, nil, true); err != nil {
 		return false, err
 	}
 	if err := tx.QueryRow(ctx, `SELECT (SELECT COUNT(*) FROM tool_calls WHERE turn_id = $1),
@@ -318,21 +301,22 @@ func (s *Store) interruptTurn(ctx context.Context, tx pgx.Tx, id string, reason 
 		}
 	}
 	for _, e := range out.Events {
-		d, err := json.Marshal(e)
+		c, a := store.StoredEvent(e)
+		d, err := event.Marshal(c)
 		if err != nil {
 			return false, err
 		}
-		b.Queue(`INSERT INTO events (turn_id, seq, type, at, data) VALUES ($1, $2, $3, $4, $5)`,
-			id, e.Seq, string(e.Type), nanos(e.At), string(d))
+		if err := putTexts(ctx, tx, id, a); err != nil {
+			return false, err
+		}
+		b.Queue(`INSERT INTO events (turn_id, seq, type, at, data, apart) VALUES ($1, $2, $3, $4, $5, $6)`,
+			id, e.Seq, string(e.Type), nanos(e.At), string(d), a.Column())
 	}
 	rec := out.Record
-	final, err := finalRecord(&rec)
-	if err != nil {
+	rec.TurnID = id
+	if err := putRecord(ctx, tx, &b, &rec); err != nil {
 		return false, err
 	}
-	b.Queue(`UPDATE turns SET status = $1, stop_reason = $2, message = $3, ended_at = $4, wall_ms = $5,
-		steps = $6, record = $7 WHERE turn_id = $8`, string(rec.Status), string(rec.StopReason), text(rec.Message),
-		nanos(rec.EndedAt), rec.WallMS, rec.Steps, final, id)
 	b.Queue(`DELETE FROM cancel_requests WHERE turn_id = $1`, id)
 	b.Queue(`SELECT pg_notify($1, $2)`, chanEvents, id)
 	if err := tx.SendBatch(ctx, &b).Close(); err != nil {

@@ -222,7 +222,7 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 		s.stopAll()
 		return fail(fmt.Errorf("marking interrupted turns: %w", err))
 	}
-	s.q = groupq.New(s.commitGroup, groupq.Options{MaxGroup: maxGroup, MaxQueue: maxQueue, Transient: transient,
+	s.q = groupq.New(s.commitGroup, groupq.Options{MaxGroup: maxGroup, MaxQueue: maxQueue, Transient: transient, Encode: store.EncodeEvent,
 		OnState: groupq.Log(s.log, "postgres store "+s.where)})
 	s.bg.Add(3)
 	go s.listen(conn)

@@ -28,10 +28,11 @@ func (s *Store) Turn(ctx context.Context, id string) (*event.Turn, error) {
 			started int64
 			ended   *int64
 			final   *string
+			kept    string
 		)
 		err := tx.QueryRow(ctx, `SELECT turn_id, session_id, agent, input, status, stop_reason, message, started_at,
-			ended_at, wall_ms, steps, record FROM turns WHERE turn_id = $1`, id).Scan(&rec.TurnID, &rec.SessionID, &rec.Agent,
-			&rec.Input, &rec.Status, &rec.StopReason, &rec.Message, &started, &ended, &rec.WallMS, &rec.Steps, &final)
+			ended_at, wall_ms, steps, record, apart FROM turns WHERE turn_id = $1`, id).Scan(&rec.TurnID, &rec.SessionID, &rec.Agent,
+			&rec.Input, &rec.Status, &rec.StopReason, &rec.Message, &started, &ended, &rec.WallMS, &rec.Steps, &final, &kept)
 		if isNoRows(err) {
 			return fmt.Errorf("turn %s: %w", id, store.ErrNotFound)
 		}
@@ -42,6 +43,13 @@ func (s *Store) Turn(ctx context.Context, id string) (*event.Turn, error) {
 			rec = event.Turn{}
 			if err := json.Unmarshal([]byte(*final), &rec); err != nil {
 				return fmt.Errorf("turn %s: reading its record: %w", id, err)
+			}
+			if a := store.ParseApart(kept); len(a) > 0 {
+				texts, err := readTexts(ctx, tx, id, a)
+				if err != nil {
+					return fmt.Errorf("turn %s: reading its record's texts: %w", id, err)
+				}
+				store.FillRecord(&rec, a, texts)
 			}
 		} else {
 			rec.StartedAt = fromNanos(started)
@@ -94,7 +102,7 @@ const summaryColumns = `t.turn_id, t.session_id, t.agent, substr(t.input, 1, 300
 	t.started_at, t.ended_at, t.wall_ms, t.steps,
 	(SELECT COUNT(*) FROM tool_calls c WHERE c.turn_id = t.turn_id),
 	(SELECT COALESCE(MAX(seq), 0) FROM events e WHERE e.turn_id = t.turn_id),
-	(SELECT COALESCE(MAX(step), 0) FROM model_calls m WHERE m.turn_id = t.turn_id)`
+	(SELECT COALESCE(MAX(step), 0) FROM model_calls m WHERE m.turn_id = t.turn_id), t.apart`
 
 func (s *Store) summaries(ctx context.Context, query string, args ...any) ([]store.TurnSummary, error) {
 	rows, err := s.pool.Query(ctx, query, args...)
@@ -103,16 +111,27 @@ func (s *Store) summaries(ctx context.Context, query string, args ...any) ([]sto
 	}
 	defer rows.Close()
 	out := []store.TurnSummary{}
+	type kept struct {
+		i int
+		a store.Apart
+	}
+	var long []kept // the turns whose message is kept apart
 	for rows.Next() {
 		var (
 			ts       store.TurnSummary
 			started  int64
 			ended    *int64
 			runSteps int
+			apart    string
 		)
 		if err := rows.Scan(&ts.TurnID, &ts.SessionID, &ts.Agent, &ts.Input, &ts.Status, &ts.StopReason, &ts.Message,
-			&started, &ended, &ts.WallMS, &ts.Steps, &ts.ToolCalls, &ts.Events, &runSteps); err != nil {
+			&started, &ended, &ts.WallMS, &ts.Steps, &ts.ToolCalls, &ts.Events, &runSteps, &apart); err != nil {
 			return nil, err
+		}
+		for _, t := range store.ParseApart(apart) {
+			if t.Field == "message" {
+				long = append(long, kept{len(out), store.Apart{t}})
+			}
 		}
 		ts.Input = store.ShortInput(ts.Input)
 		ts.StartedAt = fromNanos(started)
@@ -125,7 +144,18 @@ func (s *Store) summaries(ctx context.Context, query string, args ...any) ([]sto
 		}
 		out = append(out, ts)
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	rows.Close()
+	for _, k := range long {
+		texts, err := readTexts(ctx, s.pool, out[k.i].TurnID, k.a)
+		if err != nil {
+			return nil, err
+		}
+		store.FillMessage(&out[k.i].Message, k.a, texts)
+	}
+	return out, nil
 }
 
 // Turns implements store.Store.
@@ -176,26 +206,8 @@ func (s *Store) Events(ctx context.Context, turnID string, after int64, limit in
 	if limit > 0 {
 		lim = &limit // NULL: no limit
 	}
-	rows, err := s.pool.Query(ctx, `SELECT data FROM events WHERE turn_id = $1 AND seq > $2 ORDER BY seq LIMIT $3`, turnID, after, lim)
+	out, err := readEvents(ctx, s.pool, turnID, after, lim, false)
 	if err != nil {
-		return nil, err
-	}
-	out := []event.Event{}
-	for rows.Next() {
-		var b string
-		if err := rows.Scan(&b); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		var e event.Event
-		if err := json.Unmarshal([]byte(b), &e); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("turn %s: reading an event: %w", turnID, err)
-		}
-		out = append(out, e)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
 		return nil, err
 	}
 	if len(out) == 0 {
@@ -229,24 +241,11 @@ func (s *Store) Session(ctx context.Context, id string) (*store.Session, error) 
 	if err != nil {
 		return nil, err
 	}
-	rows, err := s.pool.Query(ctx, `SELECT turn_id, message FROM messages WHERE session_id = $1 ORDER BY id`, id)
+	out.Messages, err = s.messages(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	out.Messages = []store.Message{}
-	for rows.Next() {
-		var m store.Message
-		var b string
-		if err := rows.Scan(&m.TurnID, &b); err != nil {
-			return nil, err
-		}
-		if err := json.Unmarshal([]byte(b), &m.Message); err != nil {
-			return nil, err
-		}
-		out.Messages = append(out.Messages, m)
-	}
-	return out, rows.Err()
+	return out, nil
 }
 
 // Sessions implements store.Store.
@@ -280,22 +279,13 @@ func (s *Store) History(ctx context.Context, sessionID string) ([]model.Message,
 	if s.isClosed() {
 		return nil, store.ErrClosed
 	}
-	rows, err := s.pool.Query(ctx, `SELECT message FROM messages WHERE session_id = $1 ORDER BY id`, sessionID)
+	msgs, err := s.messages(ctx, sessionID)
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
 	var out []model.Message
-	for rows.Next() {
-		var b string
-		if err := rows.Scan(&b); err != nil {
-			return nil, err
-		}
-		var m model.Message
-		if err := json.Unmarshal([]byte(b), &m); err != nil {
-			return nil, err
-		}
-		out = append(out, m)
+	for _, m := range msgs {
+		out = append(out, m.Message)
 	}
-	return out, rows.Err()
+	return out, nil
 }

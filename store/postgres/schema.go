@@ -264,11 +264,29 @@ CREATE TABLE suspended_turns (
 	suspended_at bigint NOT NULL
 );
 `,
+	// 8: long texts stored once, in pieces, as SQLite's version 6
+	// (store.Apart): a turn's answer of megabytes is one text of the turn,
+	// which its turn_finished event, record, message and session message
+	// name in their apart column instead of each holding a copy. A piece
+	// is bytea: a text column refuses NUL. Rows written before keep their
+	// texts inline: an empty apart.
+	`
+CREATE TABLE texts (
+	turn_id text    NOT NULL REFERENCES turns (turn_id),
+	name    text    NOT NULL,
+	i       integer NOT NULL,
+	piece   bytea   NOT NULL,
+	PRIMARY KEY (turn_id, name, i)
+);
+ALTER TABLE events   ADD COLUMN apart text NOT NULL DEFAULT '';
+ALTER TABLE turns    ADD COLUMN apart text NOT NULL DEFAULT '';
+ALTER TABLE messages ADD COLUMN apart text NOT NULL DEFAULT '';
+`,
 }
 
 // SchemaVersion is the schema version this package writes: the number of
 // migrations.
-const SchemaVersion = 7
+const SchemaVersion = 8
 
 // migrationLock is the advisory lock that serialises migrations: "timebox"
 // in ASCII.

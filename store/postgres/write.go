@@ -149,9 +149,9 @@ const appendEventsSQL = `
 WITH live AS (
 	SELECT turn_id FROM turns WHERE turn_id = ANY($1::text[]) AND status = 'running' FOR KEY SHARE
 ), ins AS (
-	INSERT INTO events (turn_id, seq, type, at, data)
-	SELECT u.turn_id, u.seq, u.type, u.at, u.data
-		FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::text[]) AS u(turn_id, seq, type, at, data)
+	INSERT INTO events (turn_id, seq, type, at, data, apart)
+	SELECT u.turn_id, u.seq, u.type, u.at, u.data, u.apart
+		FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::text[], $7::text[]) AS u(turn_id, seq, type, at, data, apart)
 		WHERE u.turn_id IN (SELECT turn_id FROM live)
 	ON CONFLICT (turn_id, seq) DO NOTHING
 	RETURNING turn_id, seq
@@ -182,7 +182,9 @@ func (s *Store) commitGroup(group []*groupq.Item) (err error) {
 	numbered, records := false, false
 	for _, it := range group {
 		numbered = numbered || it.Event.Seq == 0
-		records = records || store.WaitForStore(it.Event)
+		// An event with long texts stores them in the same transaction.
+		_, long := store.StoredEvent(it.Event)
+		records = records || store.WaitForStore(it.Event) || len(long) > 0
 	}
 	if !numbered && !records {
 		stored, err := insertGroup(ctx, s.pool, group)
@@ -249,6 +251,11 @@ func (s *Store) commitGroup(group []*groupq.Item) (err error) {
 			if !stored[turnSeq{e.TurnID, e.Seq}] {
 				continue
 			}
+			if _, a := store.StoredEvent(e); len(a) > 0 {
+				if err := putTexts(ctx, tx, e.TurnID, a); err != nil {
+					return err
+				}
+			}
 			tc, mc := store.CallRecords(e)
 			if tc != nil {
 				if err := queueToolCall(ctx, tx, &b, *tc); err != nil {
@@ -278,12 +285,13 @@ func (s *Store) commitGroup(group []*groupq.Item) (err error) {
 func insertGroup(ctx context.Context, q querier, group []*groupq.Item) (map[turnSeq]bool, error) {
 	n := len(group)
 	ids, seqs, types, ats := make([]string, n), make([]int64, n), make([]string, n), make([]int64, n)
-	datas := make([]string, n)
+	datas, aparts := make([]string, n), make([]string, n)
 	for i, it := range group {
 		e := it.Event
-		ids[i], seqs[i], types[i], ats[i], datas[i] = e.TurnID, e.Seq, string(e.Type), nanos(e.At), string(it.Data)
+		_, a := store.StoredEvent(e)
+		ids[i], seqs[i], types[i], ats[i], datas[i], aparts[i] = e.TurnID, e.Seq, string(e.Type), nanos(e.At), string(it.Data), a.Column()
 	}
-	rows, err := q.Query(ctx, appendEventsSQL, ids, seqs, types, ats, datas, chanEvents)
+	rows, err := q.Query(ctx, appendEventsSQL, ids, seqs, types, ats, datas, chanEvents, aparts)
 	if err != nil {
 		return nil, err
 	}
@@ -600,29 +608,6 @@ func (s *Store) FinishTurn(ctx context.Context, rec *event.Turn, msgs []model.Me
 	if err := s.Flush(ctx); err != nil {
 		return err
 	}
-	final, err := finalRecord(rec)
-	if err != nil {
-		return err
-	}
-	var ids []string
-	var seqs, ats []int64
-	var types, datas []string
-	for _, e := range rec.Events {
-		d, err := json.Marshal(e)
-		if err != nil {
-			return err
-		}
-		ids, seqs, types, ats, datas = append(ids, rec.TurnID), append(seqs, e.Seq), append(types, string(e.Type)),
-			append(ats, nanos(e.At)), append(datas, string(d))
-	}
-	msgJSON := make([]string, len(msgs))
-	for i, m := range msgs {
-		b, err := json.Marshal(m)
-		if err != nil {
-			return err
-		}
-		msgJSON[i] = string(b)
-	}
 	defer s.watch.Wake(rec.TurnID)
 	return s.durable(ctx, "the record of turn "+rec.TurnID, func(tx pgx.Tx) error {
 		var status string
@@ -638,14 +623,12 @@ func (s *Store) FinishTurn(ctx context.Context, rec *event.Turn, msgs []model.Me
 		if err != nil {
 			return err
 		}
-		if len(ids) > 0 {
-			// The events the queue did not store (a record may list events
-			// no sink saw), before the calls whose silences they measure.
-			if _, err := tx.Exec(ctx, `INSERT INTO events (turn_id, seq, type, at, data)
-				SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::text[])
-				ON CONFLICT (turn_id, seq) DO NOTHING`, ids, seqs, types, ats, datas); err != nil {
-				return err
-			}
+		// The events the queue did not store (a record may list events no
+		// sink saw), before the calls whose silences they measure. Only
+		// those are marshalled: as a rule none, and a turn's log may hold a
+		// long reply's every delta (issue 29).
+		if err := storeMissing(ctx, tx, rec); err != nil {
+			return err
 		}
 		var b pgx.Batch
 		for _, tc := range rec.ToolCalls {
@@ -660,24 +643,83 @@ func (s *Store) FinishTurn(ctx context.Context, rec *event.Turn, msgs []model.Me
 				return err
 			}
 		}
-		b.Queue(`UPDATE turns SET status = $1, stop_reason = $2, message = $3, ended_at = $4,
-			wall_ms = $5, steps = $6, record = $7 WHERE turn_id = $8`,
-			string(rec.Status), string(rec.StopReason), text(rec.Message), nanos(rec.EndedAt), rec.WallMS, rec.Steps, final, rec.TurnID)
+		if err := putRecord(ctx, tx, &b, rec); err != nil {
+			return err
+		}
 		b.Queue(`DELETE FROM cancel_requests WHERE turn_id = $1`, rec.TurnID)
 		if rec.SessionID != "" {
 			b.Queue(`INSERT INTO sessions (session_id, created_at, updated_at) VALUES ($1, $2, $2)
 				ON CONFLICT (session_id) DO UPDATE SET updated_at = GREATEST(sessions.updated_at, excluded.updated_at)`,
 				rec.SessionID, nanos(rec.EndedAt))
 			b.Queue(`DELETE FROM messages WHERE turn_id = $1`, rec.TurnID)
-			if len(msgJSON) > 0 {
-				b.Queue(`INSERT INTO messages (session_id, turn_id, message)
-					SELECT $1, $2, m FROM unnest($3::text[]) WITH ORDINALITY AS u(m, i) ORDER BY i`,
-					rec.SessionID, rec.TurnID, msgJSON)
+			if len(msgs) > 0 {
+				msgJSON, aparts := make([]string, len(msgs)), make([]string, len(msgs))
+				for i, m := range msgs {
+					m, a := store.MessageApart(m, i, rec.Answer)
+					if err := putTexts(ctx, tx, rec.TurnID, a); err != nil {
+						return err
+					}
+					j, err := json.Marshal(m)
+					if err != nil {
+						return err
+					}
+					msgJSON[i], aparts[i] = string(j), a.Column()
+				}
+				b.Queue(`INSERT INTO messages (session_id, turn_id, message, apart)
+					SELECT $1, $2, m, a FROM unnest($3::text[], $4::text[]) WITH ORDINALITY AS u(m, a, i) ORDER BY i`,
+					rec.SessionID, rec.TurnID, msgJSON, aparts)
 			}
 		}
 		b.Queue(`SELECT pg_notify($1, $2)`, chanEvents, rec.TurnID)
 		return tx.SendBatch(ctx, &b).Close()
 	})
+}
+
+// storeMissing stores the events of rec's log that the turn's store does
+// not have, their long texts apart.
+func storeMissing(ctx context.Context, tx pgx.Tx, rec *event.Turn) error {
+	if len(rec.Events) == 0 {
+		return nil
+	}
+	rows, err := tx.Query(ctx, `SELECT seq FROM events WHERE turn_id = $1`, rec.TurnID)
+	if err != nil {
+		return err
+	}
+	have, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return err
+	}
+	stored := make(map[int64]bool, len(have))
+	for _, seq := range have {
+		stored[seq] = true
+	}
+	var (
+		ids                  []string
+		seqs, ats            []int64
+		types, datas, aparts []string
+	)
+	for _, e := range rec.Events {
+		if stored[e.Seq] {
+			continue
+		}
+		c, a := store.StoredEvent(e)
+		d, err := event.Marshal(c)
+		if err != nil {
+			return err
+		}
+		if err := putTexts(ctx, tx, rec.TurnID, a); err != nil {
+			return err
+		}
+		ids, seqs, types, ats = append(ids, rec.TurnID), append(seqs, e.Seq), append(types, string(e.Type)), append(ats, nanos(e.At))
+		datas, aparts = append(datas, string(d)), append(aparts, a.Column())
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	_, err = tx.Exec(ctx, `INSERT INTO events (turn_id, seq, type, at, data, apart)
+		SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::text[], $6::text[])
+		ON CONFLICT (turn_id, seq) DO NOTHING`, ids, seqs, types, ats, datas, aparts)
+	return err
 }
 
 // UpdateToolCall implements store.Store.
