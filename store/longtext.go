@@ -1,6 +1,8 @@
 package store
 
 import (
+	"encoding/json"
+	"fmt"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -210,4 +212,109 @@ func TextPieces(text string, put func(i int, piece string) error) error {
 			return nil
 		}
 	}
+}
+
+// pieces gathers the pieces of a turn's stored texts as a store reads
+// them, in order, and joins each text once, into a string of its length.
+type pieces map[string][][]byte
+
+// texts returns the texts, by name.
+func (p pieces) texts() map[string]string {
+	out := make(map[string]string, len(p))
+	for name, ps := range p {
+		n := 0
+		for _, b := range ps {
+			n += len(b)
+		}
+		var s strings.Builder
+		s.Grow(n)
+		for _, b := range ps {
+			s.Write(b)
+		}
+		out[name] = s.String()
+	}
+	return out
+}
+
+// Rows is what a store reads texts from: *sql.Rows, pgx.Rows.
+type Rows interface {
+	Next() bool
+	Scan(dest ...any) error
+	Err() error
+}
+
+// ReadTexts reads rows of a store's texts — a name and a piece, in order —
+// and returns the texts, by name.
+func ReadTexts(rows Rows) (map[string]string, error) {
+	p := pieces{}
+	for rows.Next() {
+		var name string
+		var piece []byte
+		if err := rows.Scan(&name, &piece); err != nil {
+			return nil, err
+		}
+		p[name] = append(p[name], piece)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return p.texts(), nil
+}
+
+// ReadEvents reads rows of a store's events — their JSON and their apart
+// column — to the end, and returns the events and those whose long texts
+// are still to be put back (Kept.Fill, FillEvent). An event that cannot be
+// read is an error, or skipped when skipBad.
+func ReadEvents(rows Rows, turnID string, skipBad bool) ([]event.Event, Kept, error) {
+	out := []event.Event{}
+	var long Kept
+	for rows.Next() {
+		var (
+			b []byte
+			a string
+		)
+		if err := rows.Scan(&b, &a); err != nil {
+			return nil, nil, err
+		}
+		var e event.Event
+		if err := json.Unmarshal(b, &e); err != nil {
+			if skipBad {
+				continue
+			}
+			return nil, nil, fmt.Errorf("turn %s: reading an event: %w", turnID, err)
+		}
+		long.Add(len(out), turnID, ParseApart(a))
+		out = append(out, e)
+	}
+	return out, long, rows.Err()
+}
+
+// Kept is the rows of one read whose fields are kept apart, to put back
+// once the rows are closed: a connection reads no texts while it reads
+// rows.
+type Kept []kept
+
+type kept struct {
+	i      int
+	turnID string
+	a      Apart
+}
+
+// Add notes that row i, of turn turnID, has the fields of a kept apart.
+func (k *Kept) Add(i int, turnID string, a Apart) {
+	if len(a) > 0 {
+		*k = append(*k, kept{i, turnID, a})
+	}
+}
+
+// Fill reads each noted row's texts (read) and puts them back (fill).
+func (k Kept) Fill(read func(turnID string, a Apart) (map[string]string, error), fill func(i int, a Apart, texts map[string]string)) error {
+	for _, r := range k {
+		texts, err := read(r.turnID, r.a)
+		if err != nil {
+			return fmt.Errorf("turn %s: reading its long texts: %w", r.turnID, err)
+		}
+		fill(r.i, r.a, texts)
+	}
+	return nil
 }

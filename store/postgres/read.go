@@ -111,11 +111,7 @@ func (s *Store) summaries(ctx context.Context, query string, args ...any) ([]sto
 	}
 	defer rows.Close()
 	out := []store.TurnSummary{}
-	type kept struct {
-		i int
-		a store.Apart
-	}
-	var long []kept // the turns whose message is kept apart
+	var long store.Kept
 	for rows.Next() {
 		var (
 			ts       store.TurnSummary
@@ -128,11 +124,7 @@ func (s *Store) summaries(ctx context.Context, query string, args ...any) ([]sto
 			&started, &ended, &ts.WallMS, &ts.Steps, &ts.ToolCalls, &ts.Events, &runSteps, &apart); err != nil {
 			return nil, err
 		}
-		for _, t := range store.ParseApart(apart) {
-			if t.Field == "message" {
-				long = append(long, kept{len(out), store.Apart{t}})
-			}
-		}
+		long.Add(len(out), ts.TurnID, store.ParseApart(apart))
 		ts.Input = store.ShortInput(ts.Input)
 		ts.StartedAt = fromNanos(started)
 		if ended != nil {
@@ -148,14 +140,9 @@ func (s *Store) summaries(ctx context.Context, query string, args ...any) ([]sto
 		return nil, err
 	}
 	rows.Close()
-	for _, k := range long {
-		texts, err := readTexts(ctx, s.pool, out[k.i].TurnID, k.a)
-		if err != nil {
-			return nil, err
-		}
-		store.FillMessage(&out[k.i].Message, k.a, texts)
-	}
-	return out, nil
+	err = long.Fill(func(id string, a store.Apart) (map[string]string, error) { return readTexts(ctx, s.pool, id, a) },
+		func(i int, a store.Apart, texts map[string]string) { store.FillMessage(&out[i].Message, a, texts) })
+	return out, err
 }
 
 // Turns implements store.Store.

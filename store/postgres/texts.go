@@ -3,8 +3,6 @@ package postgres
 import (
 	"context"
 	"encoding/json"
-	"fmt"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -56,34 +54,7 @@ func readTexts(ctx context.Context, q querier, turnID string, a store.Apart) (ma
 		return nil, err
 	}
 	defer rows.Close()
-	pieces := map[string][][]byte{}
-	for rows.Next() {
-		var (
-			name  string
-			piece []byte
-		)
-		if err := rows.Scan(&name, &piece); err != nil {
-			return nil, err
-		}
-		pieces[name] = append(pieces[name], piece)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	out := make(map[string]string, len(pieces))
-	for name, ps := range pieces {
-		n := 0
-		for _, p := range ps {
-			n += len(p)
-		}
-		var b strings.Builder
-		b.Grow(n)
-		for _, p := range ps {
-			b.Write(p)
-		}
-		out[name] = b.String()
-	}
-	return out, nil
+	return store.ReadTexts(rows)
 }
 
 // readEvents reads turnID's events after seq after, at most lim (nil: all),
@@ -95,41 +66,14 @@ func readEvents(ctx context.Context, q querier, turnID string, after int64, lim 
 		return nil, err
 	}
 	defer rows.Close()
-	type kept struct {
-		i int
-		a store.Apart
-	}
-	var aparts []kept
-	out := []event.Event{}
-	for rows.Next() {
-		var b, a string
-		if err := rows.Scan(&b, &a); err != nil {
-			return nil, err
-		}
-		var e event.Event
-		if err := json.Unmarshal([]byte(b), &e); err != nil {
-			if skipBad {
-				continue
-			}
-			return nil, fmt.Errorf("turn %s: reading an event: %w", turnID, err)
-		}
-		if a != "" {
-			aparts = append(aparts, kept{len(out), store.ParseApart(a)})
-		}
-		out = append(out, e)
-	}
-	if err := rows.Err(); err != nil {
+	out, long, err := store.ReadEvents(rows, turnID, skipBad)
+	if err != nil {
 		return nil, err
 	}
 	rows.Close()
-	for _, k := range aparts {
-		texts, err := readTexts(ctx, q, turnID, k.a)
-		if err != nil {
-			return nil, fmt.Errorf("turn %s: reading an event's texts: %w", turnID, err)
-		}
-		store.FillEvent(&out[k.i], k.a, texts)
-	}
-	return out, nil
+	err = long.Fill(func(id string, a store.Apart) (map[string]string, error) { return readTexts(ctx, q, id, a) },
+		func(i int, a store.Apart, texts map[string]string) { store.FillEvent(&out[i], a, texts) })
+	return out, err
 }
 
 // messages reads a session's conversation, its long contents in place.
@@ -139,11 +83,7 @@ func (s *Store) messages(ctx context.Context, sessionID string) ([]store.Message
 		return nil, err
 	}
 	defer rows.Close()
-	type kept struct {
-		i int
-		a store.Apart
-	}
-	var long []kept
+	var long store.Kept
 	out := []store.Message{}
 	for rows.Next() {
 		var (
@@ -156,24 +96,16 @@ func (s *Store) messages(ctx context.Context, sessionID string) ([]store.Message
 		if err := json.Unmarshal([]byte(b), &m.Message); err != nil {
 			return nil, err
 		}
-		if a != "" {
-			long = append(long, kept{len(out), store.ParseApart(a)})
-		}
+		long.Add(len(out), m.TurnID, store.ParseApart(a))
 		out = append(out, m)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
 	rows.Close()
-	for _, k := range long {
-		m := &out[k.i]
-		texts, err := readTexts(ctx, s.pool, m.TurnID, k.a)
-		if err != nil {
-			return nil, fmt.Errorf("session %s: reading a message of turn %s: %w", sessionID, m.TurnID, err)
-		}
-		store.FillContent(&m.Message, k.a, texts)
-	}
-	return out, nil
+	err = long.Fill(func(id string, a store.Apart) (map[string]string, error) { return readTexts(ctx, s.pool, id, a) },
+		func(i int, a store.Apart, texts map[string]string) { store.FillContent(&out[i].Message, a, texts) })
+	return out, err
 }
 
 // putRecord queues into b the update that stores a turn's end — its

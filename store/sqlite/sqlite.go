@@ -946,35 +946,22 @@ func (s *Store) summaries(ctx context.Context, query string, args ...any) ([]sto
 	}
 	defer rows.Close()
 	out := []store.TurnSummary{}
-	type kept struct {
-		i int
-		a store.Apart
-	}
-	var long []kept // the turns whose message is kept apart
+	var long store.Kept
 	for rows.Next() {
 		ts, a, err := scanSummary(rows)
 		if err != nil {
 			return nil, err
 		}
-		for _, t := range a {
-			if t.Field == "message" {
-				long = append(long, kept{len(out), store.Apart{t}})
-			}
-		}
+		long.Add(len(out), ts.TurnID, a)
 		out = append(out, ts)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
 	rows.Close()
-	for _, k := range long {
-		texts, err := readTexts(ctx, s.r, out[k.i].TurnID, k.a)
-		if err != nil {
-			return nil, err
-		}
-		store.FillMessage(&out[k.i].Message, k.a, texts)
-	}
-	return out, nil
+	err = long.Fill(func(id string, a store.Apart) (map[string]string, error) { return readTexts(ctx, s.r, id, a) },
+		func(i int, a store.Apart, texts map[string]string) { store.FillMessage(&out[i].Message, a, texts) })
+	return out, err
 }
 
 // Turns implements store.Store.
@@ -1046,44 +1033,14 @@ func readEvents(ctx context.Context, q querier, apartCol, turnID string, after i
 		return nil, err
 	}
 	defer rows.Close()
-	out := []event.Event{}
-	type kept struct {
-		i int
-		a store.Apart
-	}
-	var aparts []kept
-	for rows.Next() {
-		var (
-			b []byte
-			a string
-		)
-		if err := rows.Scan(&b, &a); err != nil {
-			return nil, err
-		}
-		var e event.Event
-		if err := json.Unmarshal(b, &e); err != nil {
-			if skipBad {
-				continue
-			}
-			return nil, fmt.Errorf("turn %s: reading an event: %w", turnID, err)
-		}
-		if a != "" {
-			aparts = append(aparts, kept{len(out), store.ParseApart(a)})
-		}
-		out = append(out, e)
-	}
-	if err := rows.Err(); err != nil {
+	out, long, err := store.ReadEvents(rows, turnID, skipBad)
+	if err != nil {
 		return nil, err
 	}
 	rows.Close()
-	for _, k := range aparts {
-		texts, err := readTexts(ctx, q, turnID, k.a)
-		if err != nil {
-			return nil, fmt.Errorf("turn %s: reading an event's texts: %w", turnID, err)
-		}
-		store.FillEvent(&out[k.i], k.a, texts)
-	}
-	return out, nil
+	err = long.Fill(func(id string, a store.Apart) (map[string]string, error) { return readTexts(ctx, q, id, a) },
+		func(i int, a store.Apart, texts map[string]string) { store.FillEvent(&out[i], a, texts) })
+	return out, err
 }
 
 // Session implements store.Store.
@@ -1119,11 +1076,7 @@ func (s *Store) messages(ctx context.Context, sessionID string) ([]store.Message
 	}
 	defer rows.Close()
 	out := []store.Message{}
-	type kept struct {
-		i int
-		a store.Apart
-	}
-	var long []kept
+	var long store.Kept
 	for rows.Next() {
 		var (
 			m store.Message
@@ -1136,24 +1089,16 @@ func (s *Store) messages(ctx context.Context, sessionID string) ([]store.Message
 		if err := json.Unmarshal(b, &m.Message); err != nil {
 			return nil, err
 		}
-		if a != "" {
-			long = append(long, kept{len(out), store.ParseApart(a)})
-		}
+		long.Add(len(out), m.TurnID, store.ParseApart(a))
 		out = append(out, m)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
 	rows.Close()
-	for _, k := range long {
-		m := &out[k.i]
-		texts, err := readTexts(ctx, s.r, m.TurnID, k.a)
-		if err != nil {
-			return nil, fmt.Errorf("session %s: reading a message of turn %s: %w", sessionID, m.TurnID, err)
-		}
-		store.FillContent(&m.Message, k.a, texts)
-	}
-	return out, nil
+	err = long.Fill(func(id string, a store.Apart) (map[string]string, error) { return readTexts(ctx, s.r, id, a) },
+		func(i int, a store.Apart, texts map[string]string) { store.FillContent(&out[i].Message, a, texts) })
+	return out, err
 }
 
 // Sessions implements store.Store.

@@ -62,20 +62,5 @@ func readTexts(ctx context.Context, q querier, turnID string, a store.Apart) (ma
 		return nil, err
 	}
 	defer rows.Close()
-	pieces := map[string][]string{}
-	for rows.Next() {
-		var name, piece string
-		if err := rows.Scan(&name, &piece); err != nil {
-			return nil, err
-		}
-		pieces[name] = append(pieces[name], piece)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	out := make(map[string]string, len(pieces))
-	for name, p := range pieces {
-		out[name] = strings.Join(p, "")
-	}
-	return out, nil
+	return store.ReadTexts(rows)
 }

@@ -431,6 +431,53 @@ func LongTurn(t *testing.T, s store.Store, id, session string) (*event.Turn, []m
 	return rec, msgs
 }
 
+// StoredOnce checks, by a store's own SQL, that LongTurn(t, s, "l1", …)
+// stored its texts once, in pieces of at most store.TextPiece, and that no
+// row it names them from — turn_finished, the record and message, the
+// messages — holds a copy. query runs a query; bytes is the SQL of a
+// column's length in bytes, the column as %s.
+func StoredOnce(t *testing.T, msgs []model.Message, bytes string, query func(q string) store.Rows) {
+	t.Helper()
+	rows := query(fmt.Sprintf(`SELECT name, COUNT(*), SUM(%[1]s), MAX(%[1]s) FROM texts WHERE turn_id = 'l1' GROUP BY name ORDER BY name`,
+		fmt.Sprintf(bytes, "piece")))
+	var got []string
+	for rows.Next() {
+		var name string
+		var pieces, n, longest int
+		if err := rows.Scan(&name, &pieces, &n, &longest); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, name)
+		want := map[string]int{"answer": len(LongAnswer), "content:2": len(msgs[2].Content)}[name]
+		if n != want || longest > store.TextPiece || pieces < want/store.TextPiece {
+			t.Errorf("text %s: %d bytes in %d pieces, the longest %d; want %d bytes in pieces of at most %d", name, n, pieces, longest, want, store.TextPiece)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(got, " ") != "answer content:2" {
+		t.Fatalf("texts %q, want the answer and the tool's result", got)
+	}
+	b := func(col string) string { return fmt.Sprintf(bytes, col) }
+	for what, q := range map[string]string{
+		"turn_finished": `SELECT MAX(` + b("data") + `) FROM events WHERE turn_id = 'l1' AND type = 'turn_finished'`,
+		"the record":    `SELECT ` + b("record") + ` + ` + b("message") + ` FROM turns WHERE turn_id = 'l1'`,
+		"the messages":  `SELECT MAX(` + b("message") + `) FROM messages WHERE turn_id = 'l1'`,
+	} {
+		rows := query(q)
+		var n int
+		for rows.Next() {
+			if err := rows.Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if n > 4096 {
+			t.Errorf("%s holds %d bytes: a copy of a long text", what, n)
+		}
+	}
+}
+
 // testLongTexts: a long answer, message and tool result read back whole
 // from every reader — the record, the events, the list, the session and
 // its history — and the texts of one turn stay its own.
