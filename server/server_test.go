@@ -313,6 +313,30 @@ func TestEventsOfAnEndedTurn(t *testing.T) {
 	}
 }
 
+// TestReplayOfALongAnswer: a turn_finished with a long answer, replayed
+// from the store, is the record's event byte for byte (its answer and
+// message escaped once, the frame in pieces).
+func TestReplayOfALongAnswer(t *testing.T) {
+	long := strings.Repeat("<b>a & b</b>\u2028 é \"x\"\n", 8000)
+	line, _ := json.Marshal(map[string]string{"text": long})
+	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, string(line)))})
+	rec := decode[rawRecord](t, e.do("POST", "/v1/turns", map[string]any{"input": "hello"}), http.StatusOK)
+	n := len(rec.Events)
+	resp := e.do("GET", fmt.Sprintf("/v1/turns/%s/events?after=%d", rec.TurnID, n-1), nil)
+	evs := newSSE(resp.Body).all(t)
+	resp.Body.Close()
+	if len(evs) != 1 || evs[0].typ != "turn_finished" {
+		t.Fatalf("replay after %d: %d events", n-1, len(evs))
+	}
+	if evs[0].data != string(rec.Events[n-1]) {
+		t.Fatalf("the replayed turn_finished (%d bytes) is not the record's (%d bytes)", len(evs[0].data), len(rec.Events[n-1]))
+	}
+	var fin event.TurnFinished
+	if err := json.Unmarshal([]byte(evs[0].data), &fin); err != nil || fin.Answer != long || fin.Message != long {
+		t.Fatalf("the replayed answer: %d bytes, message %d bytes (%v); want %d", len(fin.Answer), len(fin.Message), err, len(long))
+	}
+}
+
 func TestCancelRoute(t *testing.T) {
 	g := newGate("wait")
 	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, waitThenAnswer...), g.tool())})

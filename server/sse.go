@@ -169,11 +169,11 @@ func (st *streamState) replay(upto int64) error {
 			if upto != replayAll && e.Seq > upto {
 				return nil
 			}
-			data, err := e.MarshalJSON()
+			data, err := frameData(e) // a long answer escaped once
 			if err != nil {
 				return err
 			}
-			st.send(e.Seq, e.Type, e.At, [][]byte{data}, false)
+			st.send(e.Seq, e.Type, e.At, data, false)
 			if st.x.err != nil {
 				return st.x.err
 			}
