@@ -39,14 +39,7 @@ func BenchmarkTurns(b *testing.B) {
 	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"tool_calls": [{"name": "quick"}]}`+"\n"+`{"text": "done"}`+"\n"), 0o644)
 	file := filepath.Join(dir, "agent.yaml")
 	os.WriteFile(file, []byte("name: bench\nmodel: {primary: script:m}\nproviders: {script: {file: script.jsonl}}\ntools:\n  - name: quick\n    exec: [\"true\"]\n    timeout: 5s\n"), 0o644)
-	open := func() *timebox.Agent {
-		a, err := timebox.Open(context.Background(), file, timebox.Options{})
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { a.Close() })
-		return a
-	}
+	open := func() *timebox.Agent { return openAgent(b, file) }
 	type runner interface {
 		Run(context.Context, agent.Input, ...event.Sink) *agent.Result
 	}
@@ -217,11 +210,7 @@ func BenchmarkManyCalls(b *testing.B) {
 		n, _ = strconv.Atoi(v)
 	}
 	file := manyCallsAgent(b.TempDir(), n, "")
-	a, err := timebox.Open(context.Background(), file, timebox.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { a.Close() })
+	a := openAgent(b, file)
 	c, s, queue := setup(b)
 	check := func(b *testing.B, rec *event.Turn) {
 		b.Helper()

@@ -105,21 +105,24 @@ func setup(t testing.TB) (client.Client, store.Store, string) {
 	return c, s, "tq-" + strings.ReplaceAll(t.Name(), "/", "-")
 }
 
+// openAgent opens the agent of file, closed when tb ends.
+func openAgent(tb testing.TB, file string) *timebox.Agent {
+	tb.Helper()
+	a, err := timebox.Open(context.Background(), file, timebox.Options{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { a.Close() })
+	return a
+}
+
 // onBoth runs a turn of the agent of file twice: on the embedded engine,
 // and on Temporal with a worker of its own, whose client it returns.
 func onBoth(t *testing.T, file string) (embedded, onTemporal *agent.Result, c client.Client) {
 	t.Helper()
 	c, s, queue := setup(t)
-	open := func() *timebox.Agent {
-		a, err := timebox.Open(context.Background(), file, timebox.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { a.Close() })
-		return a
-	}
-	embedded = open().Run(context.Background(), agent.Input{Text: "go"})
-	a := open()
+	embedded = openAgent(t, file).Run(context.Background(), agent.Input{Text: "go"})
+	a := openAgent(t, file)
 	startWorker(t, c, s, queue, a.Agent)
 	r, _ := temporal.NewRunner(c, s, queue, a.Agent)
 	return embedded, r.Run(context.Background(), agent.Input{Text: "go"}), c
@@ -332,16 +335,8 @@ func TestStopsAsEmbedded(t *testing.T) {
 				}
 				return fin, wall
 			}
-			open := func() *timebox.Agent {
-				a, err := timebox.Open(context.Background(), file, timebox.Options{})
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { a.Close() })
-				return a
-			}
-			embedded, embeddedWall := run(open())
-			a := open()
+			embedded, embeddedWall := run(openAgent(t, file))
+			a := openAgent(t, file)
 			startWorker(t, c, s, queue+"-"+tc.name, a.Agent)
 			r, _ := temporal.NewRunner(c, s, queue+"-"+tc.name, a.Agent)
 			onTemporal, temporalWall := run(r)
