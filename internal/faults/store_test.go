@@ -48,6 +48,7 @@ func TestStoreFaults(t *testing.T) {
 		{"two writers number one turn while commits fail", twoWritersNumber},
 		{"pg_ctl restart while a call waits for a person", approvalAcrossRestart},
 		{"long reply on PostgreSQL", longReplyPostgres},
+		{"long reply on PostgreSQL, connections killed", longReplyConnectionsKilled},
 	} {
 		t.Run(s.name, s.run)
 	}

@@ -3,6 +3,7 @@
 package faults
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -10,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
@@ -46,16 +49,78 @@ func longReplyPostgres(t *testing.T) {
 	longReplyThrough(t, d.url, 180, 200)
 }
 
-// longReplyThrough runs the long reply through `timebox run --json` and
-// `timebox serve` to an SSE client, with the store at db (the agent's
-// SQLite file when empty), under their bounds.
-func longReplyThrough(t *testing.T, db string, runMB, serveMB int) {
+// longReplyModel is the model's long reply: longReplyBytes in 1 KiB chunks.
+func longReplyModel() fakellm.Reply {
 	chunks := make([]fakellm.Chunk, longReplyBytes/1024)
 	c := text(1024)
 	for i := range chunks {
 		chunks[i] = fakellm.Chunk{Text: c}
 	}
-	reply := fakellm.Reply{Chunks: chunks}
+	return fakellm.Reply{Chunks: chunks}
+}
+
+// longReplyConnectionsKilled: the long reply through `timebox serve` on
+// PostgreSQL while every connection is killed every 250 ms, through the
+// stream and the turn's end, where the answer is stored in pieces
+// (docs/decisions/long-texts.md): the answer is stored whole, once, and
+// no event is lost.
+func longReplyConnectionsKilled(t *testing.T) {
+	sc := begin(t, "a 15 MiB reply on PostgreSQL, connections killed every 250 ms", "timebox serve --db postgres://, an SSE client")
+	d := newSharedDB(t)
+	srv := fakellm.New(fakellm.OpenAI, longReplyModel())
+	defer srv.Close()
+	a := openAIAgent(t, srv)
+	tb, url := startServe(t, a, []string{"FAKE_KEY=k"}, "--turn-timeout", "2m", "--max-reply", "16MiB", "--db", d.dsn)
+	stop := make(chan struct{})
+	killed := killConnections(t, d.url, 250*time.Millisecond, stop)
+	f := postTurn(t, url, `{"input": "Write a lot."}`)
+	_, ok := f.log.waitFor(event.TypeTurnFinished, 2*time.Minute)
+	sc.truth("the client got turn_finished", "yes", fmt.Sprint(ok), ok)
+	// The killing goes on through the turn's end, until it is stored: its
+	// status is read by a query short enough to pass between kills (the
+	// whole turn, 15,360 events, is read once they have stopped).
+	sent := time.Now()
+	stored := storedStatus(d.url, f.turnID, 60*time.Second)
+	sc.truth("the end stored while connections were killed", "yes", fmt.Sprint(stored), stored)
+	sc.within("  turn_finished sent to the end stored", time.Since(sent), 10*time.Second)
+	close(stop)
+	sc.truth("connections killed", "> 0", fmt.Sprint(killed.Load()), killed.Load() > 0)
+	rec, evs, _ := d.ended(f.turnID, 60*time.Second)
+	if rec != nil {
+		sc.count("bytes of the stored answer", len(rec.Answer), longReplyBytes)
+		sc.truth("the stored message is the answer", "yes", fmt.Sprint(rec.Message == rec.Answer), rec.Message == rec.Answer)
+		lost, twice := missing(f.log.snapshot(), evs)
+		sc.count("events lost", lost, 0)
+		sc.count("events twice", twice, 0)
+		fin := finished(evs)
+		sc.truth("the stored turn_finished has the answer", "yes", fmt.Sprint(fin != nil && fin.Answer == rec.Answer), fin != nil && fin.Answer == rec.Answer)
+		// Stored once: one text, the answer, of its length.
+		ctx := context.Background()
+		conn, err := pgx.Connect(ctx, d.url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(ctx)
+		var texts, bytes int
+		if err := conn.QueryRow(ctx, `SELECT COUNT(DISTINCT name), COALESCE(SUM(octet_length(piece)), 0) FROM texts WHERE turn_id = $1`,
+			f.turnID).Scan(&texts, &bytes); err != nil {
+			t.Fatal(err)
+		}
+		sc.count("texts stored", texts, 1)
+		sc.count("bytes of the stored text", bytes, longReplyBytes)
+	}
+	tb.cmd.Process.Signal(syscall.SIGTERM)
+	if code := tb.wait(30 * time.Second); code != 0 {
+		t.Errorf("serve exited %d after SIGTERM\n%s", code, tb.stderr.String())
+	}
+	sc.nothingLeft(tb.pid())
+}
+
+// longReplyThrough runs the long reply through `timebox run --json` and
+// `timebox serve` to an SSE client, with the store at db (the agent's
+// SQLite file when empty), under their bounds.
+func longReplyThrough(t *testing.T, db string, runMB, serveMB int) {
+	reply := longReplyModel()
 	for _, serve := range []bool{false, true} {
 		via, boundMB := "timebox run --json", runMB
 		if serve {
@@ -212,4 +277,23 @@ func manyCalls(t *testing.T) {
 	rec, _ := stored(t, a.db, "")
 	sc.count("tool call records stored", len(rec.ToolCalls), n)
 	sc.nothingLeft(tb.pid())
+}
+
+// storedStatus reports whether turn id's status in the database at url
+// leaves running within d, polling with a connection of its own each time.
+func storedStatus(url, id string, d time.Duration) bool {
+	ctx := context.Background()
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		conn, err := pgx.Connect(ctx, url)
+		if err != nil {
+			continue
+		}
+		var status string
+		err = conn.QueryRow(ctx, `SELECT status FROM turns WHERE turn_id = $1`, id).Scan(&status)
+		conn.Close(ctx)
+		if err == nil && status != string(budget.StatusRunning) {
+			return true
+		}
+	}
+	return false
 }
