@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/internal/benchprof"
 	"github.com/timebox-run/timebox/server"
 	"github.com/timebox-run/timebox/store"
 	"github.com/timebox-run/timebox/tool"
@@ -135,6 +136,7 @@ func followers(b *testing.B, addr, path string, n int, tick, release func()) {
 	runtime.GC()
 	var during runtime.MemStats
 	runtime.ReadMemStats(&during)
+	stopProfile := benchprof.Phase(b, "") // TB_BENCH_PROFILE=PREFIX: the fan-out alone
 	start := time.Now()
 	tick()
 	lat := make([]time.Duration, 0, n)
@@ -148,6 +150,7 @@ func followers(b *testing.B, addr, path string, n int, tick, release func()) {
 		}
 		lat = append(lat, time.Unix(0, ns).Sub(start))
 	}
+	stopProfile()
 	release()
 	expect("done")
 	slices.Sort(lat)

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -68,6 +69,9 @@ func (s *Server) hijack(w http.ResponseWriter, st *streamState, deadline time.Du
 	h.Write(&head)
 	head.WriteString("\r\n")
 	st.x = &sse{conn: conn, deadline: deadline}
+	if sc, ok := conn.(syscall.Conn); ok {
+		st.x.raw, _ = sc.SyscallConn()
+	}
 	st.x.write(head.Bytes(), sseRetry)
 	// The request's context ends when the handler returns; the stream
 	// goes on. Its client going away shows as a failed write.
@@ -118,6 +122,9 @@ func (p *parked) idle(lt *liveTurn, sb *sub) (end streamEnd, stop bool) {
 	}
 	p.sb = sb
 	due := p.s.cfg.KeepAlive - time.Since(st.x.wrote)
+	// The next writer to drive the stream is whoever wakes it.
+	w := st.x.writer
+	st.x.writer = nil
 	// From here a waker may start a goroutine that drives the stream: this
 	// one touches nothing but what is safe to share.
 	p.state.Store(asleep)
@@ -134,17 +141,18 @@ func (p *parked) idle(lt *liveTurn, sb *sub) (end streamEnd, stop bool) {
 	// Something came: go on here, unless a waker has started a goroutine
 	// that does.
 	if p.state.CompareAndSwap(asleep, running) {
+		st.x.writer = w
 		return 0, false
 	}
 	return endParked, true
 }
 
-// wake starts a goroutine that drives the stream, if it is asleep. It is
-// called by the hub, by the keep-alive timer and by
-// Shutdown: it never blocks.
+// wake has a writer drive the stream (writers.go), if it is asleep. It is
+// called by the hub, by the keep-alive timer and by Shutdown: it never
+// blocks.
 func (p *parked) wake() {
 	if p.state.CompareAndSwap(asleep, running) {
-		go p.follow(p.lt, p.sb)
+		p.s.writers.run(p)
 	}
 }
 

@@ -300,3 +300,45 @@ func TestParkedFollowerKeepAlive(t *testing.T) {
 		t.Fatalf("%d streams left after Shutdown", k)
 	}
 }
+
+// TestStalledFollowersHoldUpNoOne: the writers that drive woken streams
+// (writers.go) are few, and a follower whose client stopped reading must
+// not hold one: a write that would wait takes its stream out of the pool,
+// and another writer serves the rest. Twenty followers that never read are
+// sent an event larger than their sockets hold; a follower that reads gets
+// it and the next one long before a stalled write's deadline (10s).
+func TestStalledFollowersHoldUpNoOne(t *testing.T) {
+	e := newParkEnv(t, time.Hour)
+	e.s.writers.mu.Lock()
+	e.s.writers.max = 2
+	e.s.writers.mu.Unlock()
+	const stalled = 20
+	for range stalled {
+		c, _ := e.follow(t)
+		c.(*net.TCPConn).SetReadBuffer(4 << 10)
+	}
+	c, r := e.follow(t)
+	c.SetReadDeadline(time.Now().Add(8 * time.Second))
+	e.asleep(t, stalled+1)
+	start := time.Now()
+	e.em.Emit(&event.LLMDelta{Text: strings.Repeat("x", 8<<20)})
+	e.em.Emit(&event.LLMDelta{Text: "next"})
+	if ids := readIDs(t, r, 2); ids[0] != 2 || ids[1] != 3 {
+		t.Fatalf("events %v, want [2 3]", ids)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("the follower that reads got its events after %s, behind stalled ones", d)
+	}
+	e.s.writers.mu.Lock()
+	busy := e.s.writers.busy
+	e.s.writers.mu.Unlock()
+	if busy > 2 {
+		t.Fatalf("%d writers in the pool, want at most 2", busy)
+	}
+	e.em.Emit(&event.TurnFinished{Status: budget.StatusCompleted, StopReason: budget.Answered})
+	e.lt.hub.end()
+	close(e.lt.done)
+	if id := readIDs(t, r, 1)[0]; id != 4 {
+		t.Fatalf("event %d, want turn_finished's, 4", id)
+	}
+}

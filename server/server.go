@@ -140,6 +140,7 @@ type Server struct {
 
 	closing      chan struct{} // closed when Shutdown ends every stream
 	streams      streams       // the streams that took their connections (park.go)
+	writers      writers       // the goroutines that drive woken streams (writers.go)
 	hurry        chan struct{} // closed by EndGrace
 	hurryOnce    sync.Once
 	shutdownOnce sync.Once

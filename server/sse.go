@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/timebox-run/timebox/budget"
@@ -40,6 +41,13 @@ type sse struct {
 	hdr      []byte
 	bufs     [][]byte // event's writev, reused
 	err      error
+	// raw is conn's file descriptor, for writes that must not wait
+	// (writeNow); nil when conn has none (TLS).
+	raw syscall.RawConn
+	// writer, while set, is the pool's goroutine that drives the stream
+	// (writers.go): a write that would wait, and anything else that may,
+	// takes the goroutine out of the pool first (own).
+	writer *writer
 }
 
 var sseEnd = []byte("\n\n")
@@ -57,6 +65,14 @@ func (x *sse) write(bs ...[]byte) {
 		if x.wrote.Add(x.deadline / 2).After(x.until) {
 			x.until = x.wrote.Add(x.deadline)
 			_ = x.conn.SetWriteDeadline(x.until)
+		}
+		if x.writer != nil {
+			n, whole := writeNow(x.raw, bs)
+			if whole {
+				return
+			}
+			bs = consume(bs, n)
+			x.own() // the rest may wait for the client
 		}
 		v := net.Buffers(bs) // one writev
 		_, x.err = v.WriteTo(x.conn)
@@ -86,6 +102,27 @@ func (x *sse) event(seq int64, typ event.Type, data ...[]byte) {
 	x.write(bs...)
 	clear(bs) // writev consumed the headers; let the data go
 	x.bufs = bs[:0]
+}
+
+// own takes the stream's goroutine out of the writers' pool, if it is in
+// it, before something that may wait: it is the stream's own from here.
+func (x *sse) own() {
+	if w := x.writer; w != nil {
+		x.writer = nil
+		w.leave()
+	}
+}
+
+// consume drops the first n bytes of bs.
+func consume(bs [][]byte, n int) [][]byte {
+	for len(bs) > 0 && n >= len(bs[0]) {
+		n -= len(bs[0])
+		bs = bs[1:]
+	}
+	if n > 0 {
+		bs[0] = bs[0][n:]
+	}
+	return bs
 }
 
 func (x *sse) comment(text string) { x.write([]byte(": " + text + "\n\n")) }
@@ -160,6 +197,7 @@ const replayAll = -1
 // replay sends the stored events after st.last, up to seq upto (or all,
 // with replayAll).
 func (st *streamState) replay(upto int64) error {
+	st.x.own() // reading the store may wait
 	for {
 		evs, err := st.s.cfg.Store.Events(st.ctx, st.id, st.last, replayPage)
 		if err != nil {
@@ -210,6 +248,7 @@ func (st *streamState) replayStored(upto int64) error {
 // pause waits d, keeping the client's connection alive, unless the client
 // goes away or the server shuts down first.
 func (st *streamState) pause(d time.Duration) error {
+	st.x.own()
 	t := time.NewTimer(d)
 	defer t.Stop()
 	if st.keepAlive == nil {
@@ -377,6 +416,7 @@ func (st *streamState) shutdown(lt *liveTurn) streamEnd {
 // waitStored waits, briefly, until the turn's record is stored, so that a
 // client whose stream ended can read the final record at once.
 func (st *streamState) waitStored(lt *liveTurn) {
+	st.x.own()
 	t := time.NewTimer(5 * time.Second)
 	defer t.Stop()
 	select {
