@@ -61,15 +61,15 @@ type sub struct {
 	// follower fell behind (lagged).
 	closed bool
 	// ready has a token when q has grown or s closed, for a follower's
-	// goroutine to wait on; wake, when set, is called once instead, for a
+	// goroutine to wait on; wake, when set, is woken once instead: a
 	// parked follower (park.go), which has no goroutine waiting.
 	ready chan struct{}
-	wake  func()
+	wake  *parked
 }
 
-// send hands f to s if its buffer has room; it returns s's wake, once, if
-// s parked.
-func (s *sub) send(f *frame) (sent bool, wake func()) {
+// send hands f to s if its buffer has room; it returns s's parked stream,
+// once, if it parked.
+func (s *sub) send(f *frame) (sent bool, wake *parked) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.q) >= subBuffer {
@@ -79,8 +79,8 @@ func (s *sub) send(f *frame) (sent bool, wake func()) {
 	return true, s.signal()
 }
 
-// shut closes s; it returns s's wake, once, if s parked.
-func (s *sub) shut() (wake func()) {
+// shut closes s; it returns s's parked stream, once, if it parked.
+func (s *sub) shut() (wake *parked) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.closed = true
@@ -88,7 +88,7 @@ func (s *sub) shut() (wake func()) {
 }
 
 // signal tells s's follower it has something to take, under s.mu.
-func (s *sub) signal() (wake func()) {
+func (s *sub) signal() (wake *parked) {
 	select {
 	case s.ready <- struct{}{}:
 	default:
@@ -121,24 +121,23 @@ func (s *sub) recycle(fs []*frame) {
 	}
 }
 
-// park arranges for wake to be called when s has a frame or is closed. It
+// park arranges for p to be woken when s has a frame or is closed. It
 // returns false, and arranges nothing, if s has one or is closed already.
-func (s *sub) park(wake func()) bool {
+func (s *sub) park(p *parked) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed || len(s.q) > 0 {
 		return false
 	}
-	s.wake = wake
+	s.wake = p
 	return true
 }
 
-// wakeAll calls the wakes the hub collected, once it let go of its lock:
-// a parked follower's goroutine starts at once, and parks without
-// waiting for the fan-out to end.
-func wakeAll(wakes []func()) {
-	for _, w := range wakes {
-		w()
+// wakeAll wakes the parked streams the hub collected, once it let go of
+// its lock, handing them to the writers at once (writers.go).
+func wakeAll(wakes []*parked) {
+	if len(wakes) > 0 {
+		wakes[0].s.writers.wake(wakes)
 	}
 }
 
@@ -173,8 +172,8 @@ func (h *hub) unsubscribe(s *sub) {
 	delete(h.subs, s)
 	h.mu.Unlock()
 	if ok {
-		if w := s.shut(); w != nil {
-			w()
+		if p := s.shut(); p != nil {
+			p.wake()
 		}
 	}
 }
@@ -183,7 +182,7 @@ func (h *hub) unsubscribe(s *sub) {
 // full is cut loose (lagged) and catches up (subscribe). f is pending until
 // stored says the store has it.
 func (h *hub) publish(f frame) {
-	var wakes []func()
+	var wakes []*parked
 	h.mu.Lock()
 	h.last = f.seq
 	h.pend = append(h.pend, f)
@@ -230,7 +229,7 @@ func (h *hub) behind() int {
 // end marks the turn over and closes every subscription; followers drain
 // what is buffered. Its pending frames stay until stored.
 func (h *hub) end() {
-	var wakes []func()
+	var wakes []*parked
 	h.mu.Lock()
 	h.ended = true
 	for s := range h.subs {

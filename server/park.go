@@ -135,7 +135,7 @@ func (p *parked) idle(lt *liveTurn, sb *sub) (end streamEnd, stop bool) {
 		p.armed.Store(true)
 		p.timer.Reset(due)
 	}
-	if sb.park(p.wake) && !p.s.isClosing() {
+	if sb.park(p) && !p.s.isClosing() {
 		return endParked, true
 	}
 	// Something came: go on here, unless a waker has started a goroutine
@@ -148,12 +148,10 @@ func (p *parked) idle(lt *liveTurn, sb *sub) (end streamEnd, stop bool) {
 }
 
 // wake has a writer drive the stream (writers.go), if it is asleep. It is
-// called by the hub, by the keep-alive timer and by Shutdown: it never
-// blocks.
+// called by the keep-alive timer and by Shutdown, and for a fan-out by the
+// hub (writers.wake): it never blocks.
 func (p *parked) wake() {
-	if p.state.CompareAndSwap(asleep, running) {
-		p.s.writers.run(p)
-	}
+	p.s.writers.wake([]*parked{p})
 }
 
 // close ends the stream: its connection is closed, which ends the

@@ -416,6 +416,11 @@ func (st *streamState) shutdown(lt *liveTurn) streamEnd {
 // waitStored waits, briefly, until the turn's record is stored, so that a
 // client whose stream ended can read the final record at once.
 func (st *streamState) waitStored(lt *liveTurn) {
+	select {
+	case <-lt.done:
+		return // stored already: the stream stays in the writers' pool
+	default:
+	}
 	st.x.own()
 	t := time.NewTimer(5 * time.Second)
 	defer t.Stop()

@@ -31,20 +31,25 @@ type writer struct {
 	left bool
 }
 
-// run drives p in a writer: a running one takes it from the queue, or a new
-// one is started if fewer than max are running.
-func (w *writers) run(p *parked) {
+// wake has writers drive the streams of ps that are asleep: running ones
+// take them from the queue, and new ones are started while fewer than max
+// are running. A fan-out's streams are queued together, under one lock.
+func (w *writers) wake(ps []*parked) {
 	w.mu.Lock()
 	if w.max == 0 {
 		w.max = runtime.GOMAXPROCS(0)
 	}
-	w.queue = append(w.queue, p)
-	start := w.busy < w.max
-	if start {
-		w.busy++
+	queued := len(w.queue) - w.head
+	for _, p := range ps {
+		if p.state.CompareAndSwap(asleep, running) {
+			w.queue = append(w.queue, p)
+		}
 	}
+	queued = len(w.queue) - w.head - queued
+	start := min(w.max-w.busy, queued)
+	w.busy += max(start, 0)
 	w.mu.Unlock()
-	if start {
+	for range start {
 		go w.work()
 	}
 }
