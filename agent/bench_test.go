@@ -74,9 +74,11 @@ func BenchmarkTurnMemory(b *testing.B) {
 // moment all are parked until every Run has returned, divided by the turns
 // (wind-down-µs/turn) and the allocations it made (wind-down-allocs/turn,
 // wind-down-B/turn); how late after that instant each Run returned (p50,
-// p99, max); and the resident memory with all of them parked. floor does
-// the least the same wind-down can cost: a goroutine per turn waiting on a
-// context with the same deadline. Run it with -benchtime 1x.
+// p99, max); and the resident memory with all of them parked. shape is
+// the same wind-down with none of a turn's work (shapeOfATurn: its three
+// goroutines and two contexts); floor the least the same wind-down can
+// cost: a goroutine per turn waiting on a context with the same deadline.
+// Run it with -benchtime 1x.
 func BenchmarkTurnWindDown(b *testing.B) {
 	n := 10000
 	if v := os.Getenv("TB_BENCH_TURNS"); v != "" {
@@ -95,12 +97,12 @@ func BenchmarkTurnWindDown(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	for _, mode := range []string{"turns", "floor"} {
+	for _, mode := range []string{"turns", "shape", "floor"} {
 		b.Run(mode, func(b *testing.B) {
 			var late []time.Duration
 			var w winddown
 			for b.Loop() {
-				l, r := windDown(b, a, n, mode == "floor")
+				l, r := windDown(b, a, n, mode)
 				late = append(late, l...)
 				w.cpu, w.allocs, w.bytes, w.rss = w.cpu+r.cpu, w.allocs+r.allocs, w.bytes+r.bytes, max(w.rss, r.rss)
 			}
@@ -120,6 +122,31 @@ func BenchmarkTurnWindDown(b *testing.B) {
 	}
 }
 
+// shapeOfATurn is the least a turn stopped by its ceiling in a tool call
+// does, with none of its work: the ceiling's timer (a goroutine when it
+// fires) cancels the turn's context and the call's under it; the tool's
+// goroutine returns; the turn's goroutine, waiting on the call's result
+// and its context, takes the result and returns.
+func shapeOfATurn(at time.Time, parked func()) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	ceiling := time.AfterFunc(time.Until(at), func() { cancel(context.DeadlineExceeded) })
+	defer ceiling.Stop()
+	call, stop := context.WithCancel(ctx)
+	defer stop()
+	result := make(chan error, 1)
+	go func() {
+		parked()
+		<-call.Done()
+		result <- call.Err()
+	}()
+	select {
+	case <-result:
+	case <-ctx.Done():
+		<-result
+	}
+}
+
 // winddown is what one round of BenchmarkTurnWindDown measured of the
 // wind-down: the process's CPU time, the allocations (count and bytes),
 // and the resident memory with every turn parked.
@@ -129,8 +156,9 @@ type winddown struct {
 	rss           int64
 }
 
-// windDown runs one round of BenchmarkTurnWindDown.
-func windDown(b *testing.B, a *agent.Agent, n int, floor bool) (late []time.Duration, w winddown) {
+// windDown runs one round of BenchmarkTurnWindDown: of turns, of their
+// shape alone (shapeOfATurn), or of the floor.
+func windDown(b *testing.B, a *agent.Agent, n int, mode string) (late []time.Duration, w winddown) {
 	// Long enough for every turn to park first on a loaded 2-CPU machine.
 	at := time.Now().Add(time.Duration(n)*time.Millisecond + 3*time.Second)
 	var parked, done sync.WaitGroup
@@ -140,7 +168,12 @@ func windDown(b *testing.B, a *agent.Agent, n int, floor bool) (late []time.Dura
 		done.Add(1)
 		go func() {
 			defer done.Done()
-			if floor {
+			switch mode {
+			case "shape":
+				shapeOfATurn(at, parked.Done)
+				returned[i] = time.Now()
+				return
+			case "floor":
 				ctx, cancel := context.WithDeadline(context.Background(), at)
 				defer cancel()
 				parked.Done()
@@ -169,7 +202,7 @@ func windDown(b *testing.B, a *agent.Agent, n int, floor bool) (late []time.Dura
 	runtime.GC()
 	w.rss = vmRSS()
 	stopProfile := func() {}
-	if !floor {
+	if mode == "turns" {
 		stopProfile = benchprof.Phase(b, "") // TB_BENCH_PROFILE=PREFIX
 	}
 	var m0, m1 runtime.MemStats
