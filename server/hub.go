@@ -180,7 +180,9 @@ func (h *hub) unsubscribe(s *sub) {
 
 // publish hands f to every follower without blocking: one whose buffer is
 // full is cut loose (lagged) and catches up (subscribe). f is pending until
-// stored says the store has it.
+// stored says the store has it. Parked followers are handed to the writers
+// wakeBatch at a time as the loop goes, so that the first are written while the
+// hub hands out the rest (the writers take no hub lock to write).
 func (h *hub) publish(f frame) {
 	var wakes []*parked
 	h.mu.Lock()
@@ -197,11 +199,19 @@ func (h *hub) publish(f frame) {
 		}
 		if w != nil {
 			wakes = append(wakes, w)
+			if len(wakes) == wakeBatch {
+				wakeAll(wakes)
+				wakes = wakes[:0]
+			}
 		}
 	}
 	h.mu.Unlock()
 	wakeAll(wakes)
 }
+
+// wakeBatch is how many parked followers a fan-out hands the writers at a
+// time while it goes on handing out the frame.
+const wakeBatch = 256
 
 // storedUpTo notes that the store has every event up to seq (or has given
 // up on it: either way it is no longer the hub's to keep).
