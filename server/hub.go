@@ -180,9 +180,9 @@ func (h *hub) unsubscribe(s *sub) {
 
 // publish hands f to every follower without blocking: one whose buffer is
 // full is cut loose (lagged) and catches up (subscribe). f is pending until
-// stored says the store has it. Parked followers are handed to the writers
-// wakeBatch at a time as the loop goes, so that the first are written while the
-// hub hands out the rest (the writers take no hub lock to write).
+// stored says the store has it. Parked followers are handed to the
+// writers wakeBatch at a time as the loop goes: the first are written to
+// while the hub hands out the rest (a writer takes no hub lock to write).
 func (h *hub) publish(f frame) {
 	var wakes []*parked
 	h.mu.Lock()
