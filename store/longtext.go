@@ -261,60 +261,97 @@ func ReadTexts(rows Rows) (map[string]string, error) {
 	return p.texts(), nil
 }
 
-// ReadEvents reads rows of a store's events — their JSON and their apart
-// column — to the end, and returns the events and those whose long texts
-// are still to be put back (Kept.Fill, FillEvent). An event that cannot be
-// read is an error, or skipped when skipBad.
-func ReadEvents(rows Rows, turnID string, skipBad bool) ([]event.Event, Kept, error) {
-	out := []event.Event{}
-	var long Kept
+// FinalRecord is a turn's record as a store's turns table keeps it: its
+// calls and events live in their own tables. The JSON is json.Marshal's,
+// made in one buffer (event.MarshalTurn).
+func FinalRecord(rec *event.Turn) ([]byte, error) {
+	r := *rec
+	r.ToolCalls, r.ModelCalls, r.Events = nil, nil, nil
+	return event.MarshalTurn(&r)
+}
+
+// TextReader reads the long texts a of turn turnID, by name (a store's
+// readTexts).
+type TextReader func(turnID string, a Apart) (map[string]string, error)
+
+// ReadRows reads a store's rows to the end — scan reads one: the row, its
+// turn, the fields it keeps apart, and ok false to drop it — then, once
+// close has closed them (a connection reads no texts while it reads rows),
+// reads each row's long texts (read) and puts them back (fill). Each store
+// keeps its queries and scans; the rest of every read of rows with long
+// texts is this.
+func ReadRows[T any](rows Rows, close func(), scan func() (row T, turnID string, a Apart, ok bool, err error),
+	read TextReader, fill func(row *T, a Apart, texts map[string]string)) ([]T, error) {
+	type kept struct {
+		i      int
+		turnID string
+		a      Apart
+	}
+	out := []T{}
+	var long []kept
 	for rows.Next() {
+		row, turnID, a, ok, err := scan()
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			continue
+		}
+		if len(a) > 0 {
+			long = append(long, kept{len(out), turnID, a})
+		}
+		out = append(out, row)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	close()
+	for _, k := range long {
+		texts, err := read(k.turnID, k.a)
+		if err != nil {
+			return nil, fmt.Errorf("turn %s: reading its long texts: %w", k.turnID, err)
+		}
+		fill(&out[k.i], k.a, texts)
+	}
+	return out, nil
+}
+
+// ReadEvents reads rows of turnID's events — their JSON and their apart
+// column — with ReadRows, their long texts in place. An event that cannot
+// be read is an error, or skipped when skipBad.
+func ReadEvents(rows Rows, close func(), turnID string, skipBad bool, read TextReader) ([]event.Event, error) {
+	return ReadRows(rows, close, func() (e event.Event, _ string, _ Apart, ok bool, err error) {
 		var (
 			b []byte
 			a string
 		)
 		if err := rows.Scan(&b, &a); err != nil {
-			return nil, nil, err
+			return e, "", nil, false, err
 		}
-		var e event.Event
 		if err := json.Unmarshal(b, &e); err != nil {
 			if skipBad {
-				continue
+				return e, "", nil, false, nil
 			}
-			return nil, nil, fmt.Errorf("turn %s: reading an event: %w", turnID, err)
+			return e, "", nil, false, fmt.Errorf("turn %s: reading an event: %w", turnID, err)
 		}
-		long.Add(len(out), turnID, ParseApart(a))
-		out = append(out, e)
-	}
-	return out, long, rows.Err()
+		return e, turnID, ParseApart(a), true, nil
+	}, read, func(e *event.Event, a Apart, texts map[string]string) { FillEvent(e, a, texts) })
 }
 
-// Kept is the rows of one read whose fields are kept apart, to put back
-// once the rows are closed: a connection reads no texts while it reads
-// rows.
-type Kept []kept
-
-type kept struct {
-	i      int
-	turnID string
-	a      Apart
-}
-
-// Add notes that row i, of turn turnID, has the fields of a kept apart.
-func (k *Kept) Add(i int, turnID string, a Apart) {
-	if len(a) > 0 {
-		*k = append(*k, kept{i, turnID, a})
-	}
-}
-
-// Fill reads each noted row's texts (read) and puts them back (fill).
-func (k Kept) Fill(read func(turnID string, a Apart) (map[string]string, error), fill func(i int, a Apart, texts map[string]string)) error {
-	for _, r := range k {
-		texts, err := read(r.turnID, r.a)
-		if err != nil {
-			return fmt.Errorf("turn %s: reading its long texts: %w", r.turnID, err)
+// ReadMessages reads rows of a session's messages — their turn, their JSON
+// and their apart column — with ReadRows, their long contents in place.
+func ReadMessages(rows Rows, close func(), read TextReader) ([]Message, error) {
+	return ReadRows(rows, close, func() (m Message, _ string, _ Apart, ok bool, err error) {
+		var (
+			b []byte
+			a string
+		)
+		if err := rows.Scan(&m.TurnID, &b, &a); err != nil {
+			return m, "", nil, false, err
 		}
-		fill(r.i, r.a, texts)
-	}
-	return nil
+		if err := json.Unmarshal(b, &m.Message); err != nil {
+			return m, "", nil, false, err
+		}
+		return m, m.TurnID, ParseApart(a), true, nil
+	}, read, func(m *Message, a Apart, texts map[string]string) { FillContent(&m.Message, a, texts) })
 }

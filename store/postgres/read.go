@@ -110,9 +110,7 @@ func (s *Store) summaries(ctx context.Context, query string, args ...any) ([]sto
 		return nil, err
 	}
 	defer rows.Close()
-	out := []store.TurnSummary{}
-	var long store.Kept
-	for rows.Next() {
+	return store.ReadRows(rows, rows.Close, func() (store.TurnSummary, string, store.Apart, bool, error) {
 		var (
 			ts       store.TurnSummary
 			started  int64
@@ -122,9 +120,8 @@ func (s *Store) summaries(ctx context.Context, query string, args ...any) ([]sto
 		)
 		if err := rows.Scan(&ts.TurnID, &ts.SessionID, &ts.Agent, &ts.Input, &ts.Status, &ts.StopReason, &ts.Message,
 			&started, &ended, &ts.WallMS, &ts.Steps, &ts.ToolCalls, &ts.Events, &runSteps, &apart); err != nil {
-			return nil, err
+			return ts, "", nil, false, err
 		}
-		long.Add(len(out), ts.TurnID, store.ParseApart(apart))
 		ts.Input = store.ShortInput(ts.Input)
 		ts.StartedAt = fromNanos(started)
 		if ended != nil {
@@ -134,15 +131,12 @@ func (s *Store) summaries(ctx context.Context, query string, args ...any) ([]sto
 		if ts.Status == budget.StatusRunning {
 			ts.Steps = runSteps
 		}
-		out = append(out, ts)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	rows.Close()
-	err = long.Fill(func(id string, a store.Apart) (map[string]string, error) { return readTexts(ctx, s.pool, id, a) },
-		func(i int, a store.Apart, texts map[string]string) { store.FillMessage(&out[i].Message, a, texts) })
-	return out, err
+		return ts, ts.TurnID, store.ParseApart(apart), true, nil
+	}, func(id string, a store.Apart) (map[string]string, error) {
+		return readTexts(ctx, s.pool, id, a)
+	}, func(ts *store.TurnSummary, a store.Apart, texts map[string]string) {
+		store.FillMessage(&ts.Message, a, texts)
+	})
 }
 
 // Turns implements store.Store.

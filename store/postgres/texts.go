@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"encoding/json"
 
 	"github.com/jackc/pgx/v5"
 
@@ -66,14 +65,9 @@ func readEvents(ctx context.Context, q querier, turnID string, after int64, lim 
 		return nil, err
 	}
 	defer rows.Close()
-	out, long, err := store.ReadEvents(rows, turnID, skipBad)
-	if err != nil {
-		return nil, err
-	}
-	rows.Close()
-	err = long.Fill(func(id string, a store.Apart) (map[string]string, error) { return readTexts(ctx, q, id, a) },
-		func(i int, a store.Apart, texts map[string]string) { store.FillEvent(&out[i], a, texts) })
-	return out, err
+	return store.ReadEvents(rows, rows.Close, turnID, skipBad, func(id string, a store.Apart) (map[string]string, error) {
+		return readTexts(ctx, q, id, a)
+	})
 }
 
 // messages reads a session's conversation, its long contents in place.
@@ -83,36 +77,16 @@ func (s *Store) messages(ctx context.Context, sessionID string) ([]store.Message
 		return nil, err
 	}
 	defer rows.Close()
-	var long store.Kept
-	out := []store.Message{}
-	for rows.Next() {
-		var (
-			m    store.Message
-			b, a string
-		)
-		if err := rows.Scan(&m.TurnID, &b, &a); err != nil {
-			return nil, err
-		}
-		if err := json.Unmarshal([]byte(b), &m.Message); err != nil {
-			return nil, err
-		}
-		long.Add(len(out), m.TurnID, store.ParseApart(a))
-		out = append(out, m)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	rows.Close()
-	err = long.Fill(func(id string, a store.Apart) (map[string]string, error) { return readTexts(ctx, s.pool, id, a) },
-		func(i int, a store.Apart, texts map[string]string) { store.FillContent(&out[i].Message, a, texts) })
-	return out, err
+	return store.ReadMessages(rows, rows.Close, func(id string, a store.Apart) (map[string]string, error) {
+		return readTexts(ctx, s.pool, id, a)
+	})
 }
 
 // putRecord queues into b the update that stores a turn's end — its
 // status, message and record — after storing its long texts.
 func putRecord(ctx context.Context, tx pgx.Tx, b *pgx.Batch, rec *event.Turn) error {
 	stored, a := store.RecordApart(rec)
-	final, err := finalRecord(stored)
+	final, err := store.FinalRecord(stored)
 	if err != nil {
 		return err
 	}
@@ -122,6 +96,6 @@ func putRecord(ctx context.Context, tx pgx.Tx, b *pgx.Batch, rec *event.Turn) er
 	b.Queue(`UPDATE turns SET status = $1, stop_reason = $2, message = $3, ended_at = $4,
 		wall_ms = $5, steps = $6, record = $7, apart = $8 WHERE turn_id = $9`,
 		string(rec.Status), string(rec.StopReason), text(stored.Message), nanos(rec.EndedAt), rec.WallMS, rec.Steps,
-		final, a.Column(), rec.TurnID)
+		string(final), a.Column(), rec.TurnID)
 	return nil
 }

@@ -591,15 +591,6 @@ func queueModelCall(b *pgx.Batch, turnID string, mc event.ModelCall) error {
 	return nil
 }
 
-// finalRecord is the turn record as the turns table keeps it: calls and
-// events live in their own tables.
-func finalRecord(rec *event.Turn) (string, error) {
-	r := *rec
-	r.ToolCalls, r.ModelCalls, r.Events = nil, nil, nil
-	b, err := json.Marshal(&r)
-	return string(b), err
-}
-
 // FinishTurn implements store.Store. A turn another store has marked
 // interrupted meanwhile (it took this one for gone) keeps that record:
 // FinishTurn returns an error wrapping store.ErrNotRunning, and stores

@@ -663,20 +663,11 @@ func addModelCall(ctx context.Context, tx *sql.Tx, turnID string, mc event.Model
 	return err
 }
 
-// finalRecord is the turn record as the turns table keeps it: calls and
-// events live in their own tables. A long answer is escaped into a buffer
-// of the exact length (event.MarshalTurn), not held three times over.
-func finalRecord(rec *event.Turn) ([]byte, error) {
-	r := *rec
-	r.ToolCalls, r.ModelCalls, r.Events = nil, nil, nil
-	return event.MarshalTurn(&r)
-}
-
 // putRecord stores a turn's end — its status, message and record — with
 // its long texts apart.
 func putRecord(ctx context.Context, tx *sql.Tx, rec *event.Turn) error {
 	stored, a := store.RecordApart(rec)
-	final, err := finalRecord(stored)
+	final, err := store.FinalRecord(stored)
 	if err != nil {
 		return err
 	}
@@ -771,7 +762,7 @@ func (s *Store) FinishTurn(ctx context.Context, rec *event.Turn, msgs []model.Me
 	// so that it is not taken for the crash of a process that stopped.
 	short := *rec
 	short.Message += " (The store's disk is full: this turn's events, call records and messages could not all be stored.)"
-	final, ferr := finalRecord(&short)
+	final, ferr := store.FinalRecord(&short)
 	if ferr != nil {
 		return err
 	}
@@ -945,23 +936,14 @@ func (s *Store) summaries(ctx context.Context, query string, args ...any) ([]sto
 		return nil, err
 	}
 	defer rows.Close()
-	out := []store.TurnSummary{}
-	var long store.Kept
-	for rows.Next() {
+	return store.ReadRows(rows, func() { rows.Close() }, func() (store.TurnSummary, string, store.Apart, bool, error) {
 		ts, a, err := scanSummary(rows)
-		if err != nil {
-			return nil, err
-		}
-		long.Add(len(out), ts.TurnID, a)
-		out = append(out, ts)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	rows.Close()
-	err = long.Fill(func(id string, a store.Apart) (map[string]string, error) { return readTexts(ctx, s.r, id, a) },
-		func(i int, a store.Apart, texts map[string]string) { store.FillMessage(&out[i].Message, a, texts) })
-	return out, err
+		return ts, ts.TurnID, a, true, err
+	}, func(id string, a store.Apart) (map[string]string, error) {
+		return readTexts(ctx, s.r, id, a)
+	}, func(ts *store.TurnSummary, a store.Apart, texts map[string]string) {
+		store.FillMessage(&ts.Message, a, texts)
+	})
 }
 
 // Turns implements store.Store.
@@ -1033,14 +1015,9 @@ func readEvents(ctx context.Context, q querier, apartCol, turnID string, after i
 		return nil, err
 	}
 	defer rows.Close()
-	out, long, err := store.ReadEvents(rows, turnID, skipBad)
-	if err != nil {
-		return nil, err
-	}
-	rows.Close()
-	err = long.Fill(func(id string, a store.Apart) (map[string]string, error) { return readTexts(ctx, q, id, a) },
-		func(i int, a store.Apart, texts map[string]string) { store.FillEvent(&out[i], a, texts) })
-	return out, err
+	return store.ReadEvents(rows, func() { rows.Close() }, turnID, skipBad, func(id string, a store.Apart) (map[string]string, error) {
+		return readTexts(ctx, q, id, a)
+	})
 }
 
 // Session implements store.Store.
@@ -1075,30 +1052,9 @@ func (s *Store) messages(ctx context.Context, sessionID string) ([]store.Message
 		return nil, err
 	}
 	defer rows.Close()
-	out := []store.Message{}
-	var long store.Kept
-	for rows.Next() {
-		var (
-			m store.Message
-			b []byte
-			a string
-		)
-		if err := rows.Scan(&m.TurnID, &b, &a); err != nil {
-			return nil, err
-		}
-		if err := json.Unmarshal(b, &m.Message); err != nil {
-			return nil, err
-		}
-		long.Add(len(out), m.TurnID, store.ParseApart(a))
-		out = append(out, m)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	rows.Close()
-	err = long.Fill(func(id string, a store.Apart) (map[string]string, error) { return readTexts(ctx, s.r, id, a) },
-		func(i int, a store.Apart, texts map[string]string) { store.FillContent(&out[i].Message, a, texts) })
-	return out, err
+	return store.ReadMessages(rows, func() { rows.Close() }, func(id string, a store.Apart) (map[string]string, error) {
+		return readTexts(ctx, s.r, id, a)
+	})
 }
 
 // Sessions implements store.Store.
