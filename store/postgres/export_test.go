@@ -25,3 +25,7 @@ func (s *Store) SeenFor(d time.Duration) {
 // with an error that passes although they were stored, as when the
 // connection is cut as the database commits.
 func (s *Store) LoseCommitAnswers(n int) { s.loseAnswers.Store(int32(n)) }
+
+// BeforePiece sets the function called before each piece of a long text
+// is written, whose error stands for the write's (nil: none).
+func BeforePiece(f func() error) { beforePiece = f }

@@ -350,10 +350,24 @@ func (s *Store) tx(ctx context.Context, fn func(pgx.Tx) error) error {
 // says "stored" to nobody yet (beginning a turn, a cancel request) fails
 // at once instead.
 func (s *Store) durable(ctx context.Context, what string, fn func(pgx.Tx) error) error {
+	return s.durableAfter(ctx, what, nil, fn)
+}
+
+// durableAfter is durable with a step before each try of the transaction
+// (nil: none), such as storing a long text's pieces on their own
+// (prestore), whose failures are retried the same way.
+func (s *Store) durableAfter(ctx context.Context, what string, before func() error, fn func(pgx.Tx) error) error {
 	return retry.Do(ctx, retry.Policy{Transient: transient, Stop: s.closed, Log: s.log, What: "postgres store: " + what, Attrs: []any{"db", s.where},
 		Stopped: func(err error) error {
 			return fmt.Errorf("%w while %s could not be stored: %w", store.ErrClosed, what, err)
-		}}, func() error { return s.tx(ctx, fn) })
+		}}, func() error {
+		if before != nil {
+			if err := before(); err != nil {
+				return err
+			}
+		}
+		return s.tx(ctx, fn)
+	})
 }
 
 func nanos(t time.Time) int64 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/url"
 	"strings"
 	"sync"
@@ -16,6 +17,7 @@ import (
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/testenv"
+	"github.com/timebox-run/timebox/model"
 	"github.com/timebox-run/timebox/store"
 	"github.com/timebox-run/timebox/store/postgres"
 	"github.com/timebox-run/timebox/store/storetest"
@@ -826,4 +828,72 @@ func TestLongAnswerStoredOnce(t *testing.T) {
 		}
 		return rows
 	})
+}
+
+// TestLongTextsGoOnAfterCuts: a long text whose writes are cut now and
+// then — every second piece fails as if its connection was cut — is
+// stored: each try goes on from the pieces stored before, and none is
+// written twice. In one transaction, as before, every try failed at its
+// second piece and the text was never stored (the fault suite's "long
+// reply on PostgreSQL, connections killed" stored it 16.5 s after
+// turn_finished once, past its bound of 10 s).
+func TestLongTextsGoOnAfterCuts(t *testing.T) {
+	dsn := testenv.Postgres(t)
+	s := open(t, dsn, postgres.Options{})
+	defer s.Close()
+	var tries, cuts int
+	postgres.BeforePiece(func() error {
+		tries++
+		if tries%2 == 0 {
+			cuts++
+			return fmt.Errorf("a cut connection: %w", io.ErrUnexpectedEOF)
+		}
+		return nil
+	})
+	defer postgres.BeforePiece(nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	start := time.Now()
+	if err := s.BeginTurn(ctx, store.TurnStart{TurnID: "c1", SessionID: "cs", Input: "go", Engine: "test", StartedAt: start}); err != nil {
+		t.Fatal(err)
+	}
+	answer, result := storetest.LongAnswer, strings.Repeat("r", 600_000)
+	fin := &event.TurnFinished{Status: budget.StatusCompleted, StopReason: budget.Answered, Message: answer, Answer: answer}
+	var queued error
+	s.QueueEvent(event.Event{TurnID: "c1", Type: event.TypeTurnFinished, At: start, Data: fin}, func(err error) { queued = err })
+	if err := s.Flush(ctx); err != nil {
+		t.Fatalf("turn_finished with a long answer not stored while its pieces were cut: %v", err)
+	}
+	if queued != nil {
+		t.Fatal(queued)
+	}
+	rec := &event.Turn{TurnID: "c1", SessionID: "cs", Agent: "test", Input: "go", Status: budget.StatusCompleted,
+		StopReason: budget.Answered, Message: answer, Answer: answer, StartedAt: start, EndedAt: start.Add(time.Second)}
+	msgs := []model.Message{
+		{Role: model.RoleUser, Content: "go"},
+		{Role: model.RoleAssistant, ToolCalls: []model.ToolCall{{ID: "x", Name: "echo", Arguments: "{}"}}},
+		{Role: model.RoleTool, Content: result, ToolCallID: "x", ToolName: "echo"},
+		{Role: model.RoleAssistant, Content: answer},
+	}
+	if err := s.FinishTurn(ctx, rec, msgs); err != nil {
+		t.Fatalf("the end with a long tool result not stored while its pieces were cut: %v", err)
+	}
+	pieces := (len(answer)+store.TextPiece-1)/store.TextPiece + (len(result)+store.TextPiece-1)/store.TextPiece
+	if cuts == 0 || tries-cuts != pieces {
+		t.Errorf("%d pieces written (%d tries, %d cut), want %d: a piece stored before a cut was written again", tries-cuts, tries, cuts, pieces)
+	}
+	got, err := s.Turn(ctx, "c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Answer != answer || got.Message != answer {
+		t.Errorf("stored answer %d bytes, message %d, want %d", len(got.Answer), len(got.Message), len(answer))
+	}
+	hist, err := s.History(ctx, "cs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(hist) != len(msgs) || hist[2].Content != result || hist[3].Content != answer {
+		t.Errorf("stored conversation of %d messages, not the one given", len(hist))
+	}
 }

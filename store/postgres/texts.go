@@ -4,9 +4,12 @@ import (
 	"context"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/store"
+	"github.com/timebox-run/timebox/store/internal/retry"
 )
 
 // A turn's long texts — an answer of megabytes — are stored once, in
@@ -17,29 +20,108 @@ import (
 // a 15 MB answer marshalled every event of its log again and sent the
 // answer six times over; the driver built each statement's values whole.
 
-// putTexts stores the texts of a once each: a text a turn already has
-// under its name (the answer, stored with turn_finished before the
-// record) is not written again. A piece is one statement, so that the
-// driver holds one piece at a time.
+// putTexts stores in tx the pieces of the texts of a that the turn does
+// not have yet: as a rule none, for prestore stored them before the
+// transaction; and a text the turn already has under its name (the
+// answer, stored with turn_finished before the record) is not written
+// again. A piece is one statement, so that the driver holds one piece at a
+// time.
 func putTexts(ctx context.Context, tx pgx.Tx, turnID string, a store.Apart) error {
+	_, err := writeTexts(ctx, tx, turnID, a)
+	return err
+}
+
+// prestore stores the pieces of the texts of a that turnID does not have
+// yet, each committed on its own, before the transaction that names them
+// — the group with its turn_finished, the turn's end — and that then finds
+// them stored. That transaction is short, and a text of megabytes goes on
+// from the pieces it stored when its connection is cut: in one
+// transaction, a 15 MB answer whose connections were cut every 250 ms was
+// stored only when a whole try passed between two cuts, after backoffs
+// doubled to seconds (16.5 s after turn_finished, once). A failure after
+// some pieces were stored is retry.Progressed: the next try comes after the
+// first backoff. Nothing is stored for a turn that is not running (or not
+// begun): its transaction refuses it, or begins it and stores its texts
+// there.
+func (s *Store) prestore(ctx context.Context, turnID string, a store.Apart) error {
+	if len(a) == 0 {
+		return nil
+	}
+	var status string
+	err := s.pool.QueryRow(ctx, `SELECT status FROM turns WHERE turn_id = $1`, turnID).Scan(&status)
+	if isNoRows(err) || err == nil && status != string(budget.StatusRunning) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	wrote, err := writeTexts(ctx, s.pool, turnID, a)
+	if err != nil && wrote > 0 {
+		return retry.Progressed(err)
+	}
+	return err
+}
+
+// beforePiece, in tests, is called before each piece is written; its
+// error stands for the write's.
+var beforePiece func() error
+
+// execer is a pool or a transaction.
+type execer interface {
+	querier
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// writeTexts writes through q the pieces of a's texts that turnID does not
+// have, and returns how many it wrote. Pieces are cut the same way each
+// time (store.TextPieces), so one stored by an earlier try is the same.
+func writeTexts(ctx context.Context, q execer, turnID string, a store.Apart) (int, error) {
+	wrote := 0
 	for _, t := range a.Texts() {
-		var one int
-		err := tx.QueryRow(ctx, `SELECT 1 FROM texts WHERE turn_id = $1 AND name = $2 AND i = 0`, turnID, t.Name).Scan(&one)
-		if err == nil {
-			continue
-		}
-		if !isNoRows(err) {
-			return err
+		have, err := storedPieces(ctx, q, turnID, t.Name)
+		if err != nil {
+			return wrote, err
 		}
 		err = store.TextPieces(t.Text, func(i int, piece string) error {
-			_, err := tx.Exec(ctx, `INSERT INTO texts (turn_id, name, i, piece) VALUES ($1, $2, $3, $4)`, turnID, t.Name, i, []byte(piece))
+			if have[i] {
+				return nil
+			}
+			if beforePiece != nil {
+				if err := beforePiece(); err != nil {
+					return err
+				}
+			}
+			_, err := q.Exec(ctx, `INSERT INTO texts (turn_id, name, i, piece) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING`,
+				turnID, t.Name, i, []byte(piece))
+			if err == nil {
+				wrote++
+			}
 			return err
 		})
 		if err != nil {
-			return err
+			return wrote, err
 		}
 	}
-	return nil
+	return wrote, nil
+}
+
+// storedPieces returns the indexes of the pieces of turnID's text name
+// that are stored.
+func storedPieces(ctx context.Context, q querier, turnID, name string) (map[int]bool, error) {
+	rows, err := q.Query(ctx, `SELECT i FROM texts WHERE turn_id = $1 AND name = $2`, turnID, name)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	have := map[int]bool{}
+	for rows.Next() {
+		var i int
+		if err := rows.Scan(&i); err != nil {
+			return nil, err
+		}
+		have[i] = true
+	}
+	return have, rows.Err()
 }
 
 // readTexts reads the stored texts of turnID that a names, by name.

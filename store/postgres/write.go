@@ -182,7 +182,8 @@ func (s *Store) commitGroup(group []*groupq.Item) (err error) {
 	numbered, records := false, false
 	for _, it := range group {
 		numbered = numbered || it.Event.Seq == 0
-		// An event with long texts stores them in the same transaction.
+		// An event with long texts is stored in a transaction that finds
+		// them stored (prestore), or stores them.
 		_, long := store.StoredEvent(it.Event)
 		records = records || store.WaitForStore(it.Event) || len(long) > 0
 	}
@@ -221,6 +222,14 @@ func (s *Store) commitGroup(group []*groupq.Item) (err error) {
 	}
 	if numbered && group[0].Token == "" {
 		group[0].Token = newID()
+	}
+	// Long texts first, each piece committed on its own (prestore).
+	for _, it := range group {
+		if _, a := store.StoredEvent(it.Event); len(a) > 0 {
+			if err := s.prestore(ctx, it.Event.TurnID, a); err != nil {
+				return err
+			}
+		}
 	}
 	defer func() {
 		if err == nil && numbered && s.loseAnswers.Load() > 0 && s.loseAnswers.Add(-1) >= 0 {
@@ -600,7 +609,17 @@ func (s *Store) FinishTurn(ctx context.Context, rec *event.Turn, msgs []model.Me
 		return err
 	}
 	defer s.watch.Wake(rec.TurnID)
-	return s.durable(ctx, "the record of turn "+rec.TurnID, func(tx pgx.Tx) error {
+	// The long texts of the end — the record's, the session messages' —
+	// first, each piece committed on its own (prestore).
+	_, texts := store.RecordApart(rec)
+	if rec.SessionID != "" {
+		for i, m := range msgs {
+			_, a := store.MessageApart(m, i, rec.Answer)
+			texts = append(texts, a...)
+		}
+	}
+	before := func() error { return s.prestore(ctx, rec.TurnID, texts) }
+	return s.durableAfter(ctx, "the record of turn "+rec.TurnID, before, func(tx pgx.Tx) error {
 		var status string
 		err := tx.QueryRow(ctx, `SELECT status FROM turns WHERE turn_id = $1 FOR UPDATE`, rec.TurnID).Scan(&status)
 		switch {

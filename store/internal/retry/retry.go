@@ -7,6 +7,7 @@ package retry
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
 )
@@ -31,16 +32,35 @@ type Policy struct {
 	Log   *slog.Logger
 	What  string
 	Attrs []any
+	// After, when set, stands in for the timer of each wait (tests).
+	After func(time.Duration) <-chan time.Time
 }
+
+// Progressed marks err, the failure of a try that stored part of its write
+// for good — a long text's first pieces — so that the next try, which goes
+// on from there, comes after the first backoff again and not a doubled one:
+// a write that moves forward between cuts of its connection is not made to
+// wait as if the database were away.
+func Progressed(err error) error {
+	if err == nil {
+		return nil
+	}
+	return progressed{err}
+}
+
+type progressed struct{ error }
+
+func (p progressed) Unwrap() error { return p.error }
 
 // Do runs try until it returns nil or an error that does not pass, ctx
 // ends or p.Stop is closed, and returns its last error (ctx's end returns
 // the last failure, not ctx's error: it says why nothing was stored).
 func Do(ctx context.Context, p Policy, try func() error) error {
-	wait := p.Backoff
-	if wait <= 0 {
-		wait = 100 * time.Millisecond
+	first := p.Backoff
+	if first <= 0 {
+		first = 100 * time.Millisecond
 	}
+	wait := first
 	most := p.MaxBackoff
 	if most <= 0 {
 		most = 5 * time.Second
@@ -48,6 +68,11 @@ func Do(ctx context.Context, p Policy, try func() error) error {
 	var since time.Time
 	for {
 		err := try()
+		var pr progressed
+		moved := errors.As(err, &pr)
+		if top, ok := err.(progressed); ok {
+			err = top.error
+		}
 		if err == nil || p.Transient == nil || !p.Transient(err) {
 			if err == nil && !since.IsZero() && p.Log != nil {
 				p.Log.Info(p.What+" stored once the store could be written again",
@@ -64,19 +89,35 @@ func Do(ctx context.Context, p Policy, try func() error) error {
 		if p.Failing != nil {
 			p.Failing(err, since)
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return err
-		case <-p.Stop:
-			t.Stop()
-			if p.Stopped != nil {
+		if moved {
+			wait = first
+		}
+		if !p.sleep(ctx, wait) {
+			if ctx.Err() == nil && p.Stopped != nil {
 				return p.Stopped(err)
 			}
 			return err
 		}
 		wait = min(2*wait, most)
+	}
+}
+
+// sleep waits d, and reports false if ctx ended or p.Stop was closed first.
+func (p Policy) sleep(ctx context.Context, d time.Duration) bool {
+	var c <-chan time.Time
+	if p.After != nil {
+		c = p.After(d)
+	} else {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		c = t.C
+	}
+	select {
+	case <-c:
+		return true
+	case <-ctx.Done():
+		return false
+	case <-p.Stop:
+		return false
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -59,5 +60,45 @@ func TestDo(t *testing.T) {
 	p.Stop, p.Stopped = stop, func(last error) error { return errors.Join(errStopped, last) }
 	if err := Do(context.Background(), p, func() error { return errAway }); !errors.Is(err, errStopped) || !errors.Is(err, errAway) {
 		t.Errorf("stopped: %v", err)
+	}
+}
+
+// TestProgressed: a try that stored part of its write before it failed is
+// tried again after the first backoff, not a doubled one, and Do returns
+// the failure itself, not the mark.
+func TestProgressed(t *testing.T) {
+	var waits []time.Duration
+	p := Policy{Transient: away, Backoff: 100 * time.Millisecond, MaxBackoff: 5 * time.Second,
+		After: func(d time.Duration) <-chan time.Time {
+			waits = append(waits, d)
+			c := make(chan time.Time, 1)
+			c <- time.Time{}
+			return c
+		}}
+	tries := 0
+	err := Do(context.Background(), p, func() error {
+		tries++
+		switch {
+		case tries <= 3:
+			return errAway
+		case tries <= 6:
+			return Progressed(errAway)
+		case tries == 7:
+			return errAway
+		}
+		return errBad
+	})
+	if err != errBad {
+		t.Fatalf("err %v, want %v", err, errBad)
+	}
+	want := []time.Duration{100, 200, 400, 100, 100, 100, 200}
+	for i := range want {
+		want[i] *= time.Millisecond
+	}
+	if fmt.Sprint(waits) != fmt.Sprint(want) {
+		t.Errorf("waits %v, want %v", waits, want)
+	}
+	if err := Do(context.Background(), Policy{}, func() error { return Progressed(errBad) }); err != errBad {
+		t.Errorf("a progressed failure that does not pass: %v, want %v", err, errBad)
 	}
 }
