@@ -42,7 +42,7 @@ type sse struct {
 	bufs     [][]byte // event's writev, reused
 	err      error
 	// raw is conn's file descriptor, for writes that must not wait
-	// (writeNow); nil when conn has none (TLS).
+	// (nowWriter); nil when conn has none (TLS).
 	raw syscall.RawConn
 	// writer, while set, is the pool's goroutine that drives the stream
 	// (writers.go): a write that would wait, and anything else that may,
@@ -67,7 +67,7 @@ func (x *sse) write(bs ...[]byte) {
 			_ = x.conn.SetWriteDeadline(x.until)
 		}
 		if x.writer != nil {
-			n, whole := writeNow(x.raw, bs)
+			n, whole := x.writer.now.write(x.raw, bs)
 			if whole {
 				return
 			}

@@ -4,6 +4,8 @@ package server
 
 import "syscall"
 
-// writeNow writes nothing here: every write of a woken stream is made by a
-// goroutine of its own (writers.go), as before the pool.
-func writeNow(raw syscall.RawConn, bs [][]byte) (n int, whole bool) { return 0, false }
+// nowWriter writes nothing here: every write of a woken stream is made by
+// a goroutine of its own (writers.go), as before the pool.
+type nowWriter struct{}
+
+func (*nowWriter) write(raw syscall.RawConn, bs [][]byte) (n int, whole bool) { return 0, false }

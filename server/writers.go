@@ -11,7 +11,7 @@ import (
 // each (issue 29; docs/decisions/fan-out-writers.md).
 //
 // A writer never waits on one client. It writes only what the socket takes
-// at once (writeNow); a stream whose write would wait, or that has to read
+// at once (nowWriter); a stream whose write would wait, or that has to read
 // the store or wait for its turn's record, leaves the pool first: its
 // goroutine goes on as the stream's own, and a new writer takes its place
 // if streams are queued. So at most max writers are ever in the pool, and a
@@ -29,6 +29,7 @@ type writers struct {
 type writer struct {
 	w    *writers
 	left bool
+	now  nowWriter // its writes that do not wait
 }
 
 // wake has writers drive the streams of ps that are asleep: running ones
