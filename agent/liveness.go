@@ -73,9 +73,12 @@ type liveness struct {
 	mu           sync.Mutex
 	lastProgress time.Time
 	running      []*activity // in the order they started
-	last         *activity   // the most recently started activity
-	lastEnded    time.Time
-	fired        bool
+	// shared: running's array is a stop's snapshot too (freeze), which
+	// must not change: the next begin or end makes running a new one.
+	shared    bool
+	last      *activity // the most recently started activity
+	lastEnded time.Time
+	fired     bool
 	// noticeAt is the next beat of the notices; zero while nothing runs or
 	// notices are off.
 	noticeAt time.Time
@@ -142,6 +145,10 @@ func (l *liveness) begin(a *activity) {
 		// The first thing to run since nothing did starts the beat.
 		l.noticeAt = a.started.Add(l.notice)
 	}
+	if l.shared {
+		// A new array: the snapshot keeps the old one as it was.
+		l.running, l.shared = slices.Clip(l.running), false
+	}
 	l.running = append(l.running, a)
 	l.last = a
 	l.armLocked(a.started)
@@ -152,7 +159,19 @@ func (l *liveness) begin(a *activity) {
 // failed is not.
 func (l *liveness) end(a *activity, completed bool) {
 	l.mu.Lock()
-	l.running = slices.DeleteFunc(l.running, func(x *activity) bool { return x == a })
+	if l.shared {
+		// A new array, without a: the snapshot keeps the old one as it
+		// was. The last call of a stopped turn ending allocates nothing.
+		var kept []*activity
+		for _, x := range l.running {
+			if x != a {
+				kept = append(kept, x)
+			}
+		}
+		l.running, l.shared = kept, false
+	} else {
+		l.running = slices.DeleteFunc(l.running, func(x *activity) bool { return x == a })
+	}
 	l.lastEnded = time.Now()
 	if len(l.running) == 0 {
 		l.noticeAt = time.Time{} // the next thing to run starts a new beat
@@ -161,16 +180,6 @@ func (l *liveness) end(a *activity, completed bool) {
 		l.lastProgress = l.lastEnded
 	}
 	l.armLocked(l.lastEnded)
-	l.mu.Unlock()
-}
-
-// halt stops the step watchdog of a turn that was stopped: it could stop
-// nothing more, and re-arming it as the calls wind down would only cost
-// timer work — thousands of turns stopped at one instant re-arm thousands.
-// The notices go on while calls run.
-func (l *liveness) halt() {
-	l.mu.Lock()
-	l.fired = true
 	l.mu.Unlock()
 }
 
@@ -382,28 +391,55 @@ func (l *liveness) advisoryRunningLocked() bool {
 	return false
 }
 
-// compacting reports whether a history compaction is running.
-func (l *liveness) compacting() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, a := range l.running {
-		if a.compaction {
-			return true
-		}
-	}
-	return false
+// stopSnap is what a turn was running when it was stopped: taken by
+// freeze, on the goroutine that stops the turn, and put in words by
+// describe, on the turn's own. The timer's goroutine that stops a turn
+// starts with a small stack, and building the sentence there grew it (a
+// new stack and a copy, in every turn of a burst of ceilings: 7% of the
+// wind-down's CPU in BenchmarkTurnWindDown).
+type stopSnap struct {
+	at time.Time
+	// running is the liveness's array at the stop, which no one changes
+	// (liveness.shared).
+	running []*activity
+	// streaming is whether the first model call running had received a
+	// chunk by the stop.
+	streaming  bool
+	compacting bool
+	last       *activity
+	lastEnded  time.Time
 }
 
-// describe says what the turn was doing at now, for messages: "tool crawl,
-// running for 41s", "model gpt-4o, waiting for its reply".
-func (l *liveness) describe(now time.Time) (desc string, tools []string) {
+// freeze halts the step watchdog of a turn that is being stopped (it could
+// stop nothing more, and re-arming it as the calls wind down would only
+// cost timer work: thousands of turns stopped at one instant re-arm
+// thousands) and returns what runs at now. It allocates nothing. The
+// notices go on while calls run.
+func (l *liveness) freeze(now time.Time) stopSnap {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	// It runs once per stopped turn, on the goroutine that stops it, often
-	// thousands at once (a burst of ceilings): plain concatenation, no fmt,
-	// and no slice but the tools it returns.
-	var firstTool, first, firstWait *activity // the first of each to start
+	s := stopSnap{at: now, running: l.running, last: l.last, lastEnded: l.lastEnded}
+	model := false
 	for _, a := range l.running {
+		s.compacting = s.compacting || a.compaction
+		if !model && a.approvalOf == "" && a.tool == "" {
+			model, s.streaming = true, a.streaming
+		}
+	}
+	l.shared = len(l.running) > 0
+	l.fired = true
+	return s
+}
+
+// describe says what the turn was doing at its stop, for messages: "tool
+// crawl, running for 41s", "model gpt-4o, waiting for its reply"; and the
+// tools that were running.
+func (s stopSnap) describe() (desc string, tools []string) {
+	// Plain concatenation, no fmt, and no slice but the tools it returns:
+	// thousands of turns stopped at one instant describe their stops.
+	now := s.at
+	var firstTool, first, firstWait *activity // the first of each to start
+	for _, a := range s.running {
 		switch {
 		case a.approvalOf != "":
 			if firstWait == nil {
@@ -425,7 +461,7 @@ func (l *liveness) describe(now time.Time) (desc string, tools []string) {
 	case len(tools) > 1:
 		var b strings.Builder
 		b.WriteString("tools ")
-		for _, a := range l.running {
+		for _, a := range s.running {
 			if a.approvalOf != "" || a.tool == "" {
 				continue
 			}
@@ -437,15 +473,15 @@ func (l *liveness) describe(now time.Time) (desc string, tools []string) {
 		b.WriteString(" running")
 		return b.String(), tools
 	case first != nil:
-		if first.streaming {
+		if s.streaming {
 			return first.subject + ", streaming its reply (" + roundHuman(now.Sub(first.started)).String() + ")", nil
 		}
 		return first.subject + ", waiting for its reply (" + roundHuman(now.Sub(first.started)).String() + ")", nil
 	case firstWait != nil:
 		a := firstWait
 		return "tool " + a.approvalOf + ", waiting for a person's decision (" + roundHuman(now.Sub(a.started)).String() + ")", nil
-	case l.last != nil:
-		return l.last.subject + ", finished " + roundHuman(now.Sub(l.lastEnded)).String() + " ago", nil
+	case s.last != nil:
+		return s.last.subject + ", finished " + roundHuman(now.Sub(s.lastEnded)).String() + " ago", nil
 	}
 	return "none", nil
 }

@@ -98,3 +98,43 @@ func TestWatchdogSilentAfterClose(t *testing.T) {
 		t.Errorf("armed for %s after close", l.due)
 	}
 }
+
+// A stop's snapshot (freeze) is put in words later, on the turn's
+// goroutine, while the calls it names go on ending and starting: it must
+// still say what ran at the stop. Without the copy on write, the first
+// call's end shifted the shared array under it and the snapshot named a
+// call that started after the stop, or none.
+func TestStopSnapshotKeepsWhatRanAtTheStop(t *testing.T) {
+	l := newLiveness(budget.Duration{}, 0, time.Time{}, func(event.Payload) {}, func(*budget.TimeoutError) {})
+	defer l.close()
+	a := &activity{step: 1, subject: "tool crawl", callID: "call_1_1", tool: "crawl"}
+	b := &activity{step: 1, subject: "tool fetch", callID: "call_1_2", tool: "fetch"}
+	l.begin(a)
+	l.begin(b)
+	snap := l.freeze(time.Now().Add(41 * time.Second))
+	l.end(a, false)
+	c := &activity{step: 2, subject: "tool late", callID: "call_2_1", tool: "late"}
+	l.begin(c)
+	l.end(b, false)
+	desc, tools := snap.describe()
+	if want := "tools crawl (41s), fetch (41s) running"; desc != want || len(tools) != 2 || tools[0] != "crawl" || tools[1] != "fetch" {
+		t.Errorf("the stop says %q, tools %q; want %q, [crawl fetch]", desc, tools, want)
+	}
+	l.mu.Lock()
+	running := append([]*activity(nil), l.running...)
+	l.mu.Unlock()
+	if len(running) != 1 || running[0] != c {
+		t.Errorf("running after the stop: %d calls, want the one started after it", len(running))
+	}
+	// A model call's stream that starts after the stop does not change
+	// what the stop says of it.
+	m := newLiveness(budget.Duration{}, 0, time.Time{}, func(event.Payload) {}, func(*budget.TimeoutError) {})
+	defer m.close()
+	call := &activity{step: 1, subject: "model m"}
+	m.begin(call)
+	snap = m.freeze(time.Now())
+	m.streaming(call)
+	if desc, _ := snap.describe(); desc != "model m, waiting for its reply (0s)" {
+		t.Errorf("the stop says %q", desc)
+	}
+}

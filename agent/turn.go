@@ -192,11 +192,9 @@ type turn struct {
 // cancellation stopped it: written once, from the timer or watchdog that
 // stopped it, under stopOnce; read by finish after stopOnce.Do.
 type stopNote struct {
-	stopOnce          sync.Once
-	stopDesc          string
-	stopTools         []string
-	stopDuringRun     bool
-	stopDuringCompact bool
+	stopOnce sync.Once
+	captured bool
+	stopSnap stopSnap
 }
 
 // records are the turn's call records, which tool calls write from their
@@ -223,21 +221,20 @@ func (t *turn) stopWith(cancel context.CancelCauseFunc, cause error) {
 // capture notes, once, what the turn was doing when it was stopped.
 func (t *turn) capture() {
 	t.stopOnce.Do(func() {
-		t.stopDesc, t.stopTools = t.live.describe(time.Now())
-		t.stopDuringRun = len(t.stopTools) > 0
-		t.stopDuringCompact = t.live.compacting()
-		t.live.halt()
+		t.stopSnap, t.captured = t.live.freeze(time.Now()), true
 	})
 }
 
 // note returns what the turn was doing when it was stopped, nil if it was
-// not.
+// not: the snapshot capture took, put in words here, on the turn's
+// goroutine.
 func (t *turn) note() *machine.StopNote {
 	t.stopOnce.Do(func() {}) // a capture under way has finished
-	if t.stopDesc == "" && len(t.stopTools) == 0 {
+	if !t.captured {
 		return nil
 	}
-	return &machine.StopNote{Desc: t.stopDesc, Tools: t.stopTools, DuringRun: t.stopDuringRun, DuringCompact: t.stopDuringCompact}
+	desc, tools := t.stopSnap.describe()
+	return &machine.StopNote{Desc: desc, Tools: tools, DuringRun: len(tools) > 0, DuringCompact: t.stopSnap.compacting}
 }
 
 // stopped is the note of what the turn was doing when it was stopped:
