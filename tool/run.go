@@ -249,8 +249,22 @@ func awaitGrace(callCtx context.Context, done <-chan returned, killGrace time.Du
 // isOwnError reports whether err is a tool's own failure rather than its
 // report of having been stopped.
 func isOwnError(err error) bool {
-	var te *Error
-	return errors.As(err, &te)
+	// A walk down a plain chain first: errors.As reflects and allocates
+	// its target, in every call of thousands stopped at one instant.
+	for e := err; e != nil; {
+		switch x := e.(type) {
+		case *Error:
+			return true
+		case interface{ As(any) bool }, interface{ Unwrap() []error }:
+			var te *Error
+			return errors.As(e, &te)
+		case interface{ Unwrap() error }:
+			e = x.Unwrap()
+		default:
+			return false
+		}
+	}
+	return false
 }
 
 // withElapsed returns cause with its elapsed time filled in. The cause is
