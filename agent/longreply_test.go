@@ -56,14 +56,14 @@ func longReplyAgent(tb testing.TB, n int) *agent.Agent {
 }
 
 // TestALongReplyIsJoinedBetweenCollections: a reply of 4 MiB or more is
-// joined between two garbage collections, so that the heap's next goal
-// follows the reply rather than its peak (docs/decisions/long-texts.md); a
-// short one forces none.
+// collected every 2 MiB as it streams from 4 MiB on, and joined between
+// two garbage collections, so that the heap follows the reply rather than
+// its peak (docs/decisions/long-texts.md); a short one forces none.
 func TestALongReplyIsJoinedBetweenCollections(t *testing.T) {
 	for _, tc := range []struct {
 		chunks int
 		forced uint32
-	}{{4 << 10, 2}, {64, 0}} {
+	}{{4 << 10, 3}, {7 << 10, 4}, {64, 0}} {
 		a := longReplyAgent(t, tc.chunks)
 		var before, after runtime.MemStats
 		runtime.ReadMemStats(&before)

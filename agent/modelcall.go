@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"runtime"
+	"runtime/debug"
 	"time"
 
 	"github.com/timebox-run/timebox/event"
@@ -41,15 +42,24 @@ type modelCalled struct {
 	rec event.ModelCall
 }
 
-// collectAt is the length from which a reply is joined between two
-// garbage collections (issue 29, docs/decisions/long-texts.md). Joining a
-// long reply holds it twice for a moment, on a heap whose goal was set
-// while the stream's garbage grew with it. One collection before the join
-// frees the stream's garbage; one after (attempt) frees the chunks the
-// joined reply replaces, so that the heap's next goal follows the reply,
-// not its peak. Two collections for a reply of megabytes, which took
-// seconds to stream, cost milliseconds.
+// collectAt is the length from which a reply is collected as it streams,
+// and joined between two garbage collections (issue 29,
+// docs/decisions/long-texts.md). While a long reply streams, its chunks are
+// live and its parsing leaves garbage five times their size; the heap
+// grows to twice what is live between collections. Joining it then holds
+// it twice, and the joined reply, one large block, cannot reuse the pages
+// the garbage left between the chunks: it took fresh ones on top. So from
+// collectAt on, a collection every collectEvery of reply keeps the heap
+// near what is live; before the join, debug.FreeOSMemory collects and
+// gives the free pages back, so that the joined reply's fresh pages
+// replace them rather than add to them; after it (attempt), a collection
+// frees the chunks the joined reply replaces. A handful of collections for
+// a reply of megabytes, which took seconds to stream, cost milliseconds.
 const collectAt = 4 << 20
+
+// collectEvery is how much reply streams between two collections once a
+// reply is collectAt long.
+const collectEvery = 2 << 20
 
 // callModel opens the call under the turn's watchdogs and reads it to its
 // end.
@@ -68,12 +78,17 @@ func (t *turn) callModel(ctx context.Context, mc modelCall) modelCalled {
 	// is this one.
 	var text model.Text
 	var err error
+	next := collectAt
 	for {
 		var c model.Chunk
 		if c, err = w.Recv(); err != nil {
 			break
 		}
 		text.Add(mc.chunk(w, c))
+		if text.Len() >= next {
+			runtime.GC() // see collectAt
+			next = text.Len() + collectEvery
+		}
 	}
 	w.Close()
 	out := modelCalled{elapsed: time.Since(w.Started())}
@@ -88,7 +103,7 @@ func (t *turn) callModel(ctx context.Context, mc modelCall) modelCalled {
 		out.text = out.resp.Text
 	default:
 		if text.Len() >= collectAt {
-			runtime.GC() // see collectAt
+			debug.FreeOSMemory() // see collectAt
 		}
 		out.text = text.String()
 		if err == nil && out.resp.Text == "" {

@@ -43,6 +43,9 @@ type scenario struct {
 	reply  fakellm.Reply
 	// maxReply, when set, is given as --max-reply.
 	maxReply string
+	// long is the reply's length of a long-reply scenario: its peak memory
+	// goes into the fit of peak against reply (fitLong).
+	long int
 }
 
 func scenarios() []scenario {
@@ -61,11 +64,18 @@ func scenarios() []scenario {
 		{name: "flood: 1-byte chunks, endless (openai)", format: fakellm.OpenAI,
 			reply: fakellm.Reply{Repeat: true, Chunks: []fakellm.Chunk{{Text: "x"}}}},
 		{name: "long: a 15 MB reply in 1 KiB chunks, --max-reply 16MiB (openai)", format: fakellm.OpenAI, maxReply: "16MiB",
-			reply: fakellm.Reply{Chunks: longReply(15<<20/1024, big[:1024])}},
+			reply: fakellm.Reply{Chunks: longReply(15<<20/1024, big[:1024])}, long: 15 << 20},
 		// The base the long reply is measured against: the same provider
 		// and modes, a reply of one chunk.
 		{name: "long's base: a 1 KiB reply, --max-reply 16MiB (openai)", format: fakellm.OpenAI, maxReply: "16MiB",
-			reply: fakellm.Reply{Chunks: longReply(1, big[:1024])}},
+			reply: fakellm.Reply{Chunks: longReply(1, big[:1024])}, long: 1 << 10},
+		// Two lengths between, for the fit of peak memory against the
+		// reply's length: its slope is what a byte of reply costs, whatever
+		// the process's base (its binary's pages touched vary by run).
+		{name: "long: a 5 MB reply in 1 KiB chunks, --max-reply 16MiB (openai)", format: fakellm.OpenAI, maxReply: "16MiB",
+			reply: fakellm.Reply{Chunks: longReply(5<<20/1024, big[:1024])}, long: 5 << 20},
+		{name: "long: a 10 MB reply in 1 KiB chunks, --max-reply 16MiB (openai)", format: fakellm.OpenAI, maxReply: "16MiB",
+			reply: fakellm.Reply{Chunks: longReply(10<<20/1024, big[:1024])}, long: 10 << 20},
 		{name: "trickle: a 1-byte chunk every 10ms, endless (openai)", format: fakellm.OpenAI,
 			reply: fakellm.Reply{Repeat: true, Chunks: []fakellm.Chunk{{Text: "x", Delay: 10 * time.Millisecond}}}},
 		{name: "trickle: one event, a byte every 5ms (openai)", format: fakellm.OpenAI,
@@ -145,6 +155,7 @@ func main() {
 	fmt.Printf("timeouts.turn %s; peak RSS is the timebox process's VmHWM\n\n", *turn)
 	fmt.Println("| scenario | timebox | stop reason | turn ended (past the budget) | process exited / replied | peak RSS | answer kept |")
 	fmt.Println("|---|---|---|---|---|---|---|")
+	points := map[string][][2]float64{} // mode → (reply, peak) of the long replies
 	for _, sc := range scenarios() {
 		if !strings.Contains(sc.name, *only) {
 			continue
@@ -160,7 +171,37 @@ func main() {
 			}
 			fmt.Printf("| %s | %s | %s | %s | %s | %.0f MB | %s |\n", sc.name, m.name, r.stopReason,
 				fmtWall(r.turnWall, *turn), fmtWall(r.exited, *turn), float64(r.peakRSS)/1e6, fmtBytes(r.answer))
+			if sc.long > 0 {
+				points[m.name] = append(points[m.name], [2]float64{float64(sc.long), float64(r.peakRSS)})
+			}
 		}
+	}
+	fitLong(points)
+}
+
+// fitLong prints, for each mode with long replies of three lengths or
+// more, the least-squares line of peak memory against the reply's length:
+// its slope is the peak's bytes a byte of reply (issue 29's goal: ≤ 3),
+// its intercept the fixed base.
+func fitLong(points map[string][][2]float64) {
+	first := true
+	for _, m := range modes {
+		ps := points[m.name]
+		if len(ps) < 3 {
+			continue
+		}
+		if first {
+			fmt.Println("\n| timebox | peak a byte of reply (the fit's slope) | base (its intercept) | replies |")
+			fmt.Println("|---|---|---|---|")
+			first = false
+		}
+		var n, sx, sy, sxx, sxy float64
+		for _, p := range ps {
+			n, sx, sy, sxx, sxy = n+1, sx+p[0], sy+p[1], sxx+p[0]*p[0], sxy+p[0]*p[1]
+		}
+		slope := (n*sxy - sx*sy) / (n*sxx - sx*sx)
+		base := (sy - slope*sx) / n
+		fmt.Printf("| %s | %.2f | %.0f MB | %d |\n", m.name, slope, base/1e6, len(ps))
 	}
 }
 

@@ -203,6 +203,26 @@ func (v *view) Emit(e event.Event) {
 	v.redraw()
 }
 
+// ShareReply implements event.ReplySharer. The view keeps a model call's
+// text until the call ends, to print it before the tool calls it asks for;
+// once the reply is joined, the text it keeps becomes pieces of the joined
+// reply, so that the chunks it was can go. Before, a long reply's chunks
+// stayed live past the turn's collection after the join, and `timebox run`
+// held the reply twice to its end (issue 29).
+func (v *view) ShareReply(deltas []event.Event) {
+	var t model.Text
+	for _, e := range deltas {
+		if d, ok := e.Data.(*event.LLMDelta); ok {
+			t.Add(d.Text)
+		}
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if t.Len() == v.text.Len() {
+		v.text = t
+	}
+}
+
 // decidedLine says how a call's wait for a person ended.
 func (v *view) decidedLine(d *event.ApprovalDecided) string {
 	by := ""

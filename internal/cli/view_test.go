@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/timebox-run/timebox/event"
 )
@@ -104,4 +105,47 @@ func TestStillWorkingLine(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestViewLetsALongReplysChunksGo: the view keeps a model call's text to
+// print before the tool calls it asks for; once the turn joins the reply
+// (event.Emitter.ShareReply), the view keeps pieces of the joined reply,
+// and the chunks it was given can be collected (issue 29: `timebox run`
+// held a long reply twice to its end). The text it prints is the same.
+func TestViewLetsALongReplysChunksGo(t *testing.T) {
+	var out bytes.Buffer
+	v := &view{w: &out, running: map[string]*chip{}}
+	em := event.NewEmitter("t1", v)
+	started := em.Emit(&event.LLMStarted{Step: 1, Model: "m", Attempt: 1})
+	freed := make(chan struct{}, 64)
+	var joined strings.Builder
+	for i := range 8 {
+		b := make([]byte, 4<<10)
+		for j := range b {
+			b[j] = byte('a' + i)
+		}
+		runtime.AddCleanup(&b[0], func(struct{}) { freed <- struct{}{} }, struct{}{})
+		chunk := unsafe.String(&b[0], len(b))
+		joined.WriteString(chunk)
+		em.Emit(&event.LLMDelta{Step: 1, Text: chunk})
+	}
+	reply := joined.String()
+	em.ShareReply(started.Seq, 1, reply)
+	deadline := time.Now().Add(5 * time.Second)
+	for n := 0; n < 8; {
+		runtime.GC()
+		select {
+		case <-freed:
+			n++
+		case <-time.After(10 * time.Millisecond):
+			if time.Now().After(deadline) {
+				t.Fatalf("%d of 8 chunks collected after the reply was joined: the view keeps the others", n)
+			}
+		}
+	}
+	em.Emit(&event.LLMFinished{ModelCall: event.ModelCall{Step: 1, Model: "m", Outcome: event.OutcomeOK}, ToolCalls: 1})
+	if !strings.Contains(out.String(), reply) {
+		t.Errorf("the text before the tool calls was not printed whole (%d bytes out)", out.Len())
+	}
+	runtime.KeepAlive(em)
 }
