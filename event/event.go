@@ -428,23 +428,22 @@ func Marshal(e Event) ([]byte, error) {
 	return e.MarshalJSON()
 }
 
-// MarshalPieces returns e as Marshal does, in buffers that add up to it:
-// one, or, for an event with a long text, its JSON around each text
-// escaped once — a turn_finished whose message is its answer holds the
-// escaped answer once, not twice (issue 29). For a writev (net.Buffers).
-func MarshalPieces(e Event) ([][]byte, error) {
+// MarshalDoc returns e as Marshal does, as a document whose long texts
+// are not escaped yet: it holds the event's own strings, no copy, and a
+// writer escapes each a piece at a time as it writes it (Doc.WriteTo). A
+// live turn's frame that no follower reads costs nothing for a turn's
+// long answer; one that ten do costs each a piece (issue 29).
+func MarshalDoc(e Event) (longjson.Doc, error) {
 	if _, ok := e.Data.(json.RawMessage); !ok {
-		if d, ok, err := split(e); err != nil {
-			return nil, err
-		} else if ok {
-			return d.Pieces(), nil
+		if d, ok, err := split(e); err != nil || ok {
+			return d, err
 		}
 	}
 	b, err := Marshal(e)
 	if err != nil {
-		return nil, err
+		return longjson.Doc{}, err
 	}
-	return [][]byte{b}, nil
+	return longjson.Whole(b), nil
 }
 
 // WriteJSON writes e to w as Marshal returns it; a long text goes a piece

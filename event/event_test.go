@@ -172,22 +172,17 @@ func TestMarshalIsJSONMarshal(t *testing.T) {
 		if err := event.WriteJSON(&w, e); err != nil || w.String() != string(want) {
 			t.Errorf("%d %s: WriteJSON %.200s (%v), json.Marshal %.200s", e.Seq, e.Type, w.String(), err, want)
 		}
-		pieces, err := event.MarshalPieces(e)
-		if joined := bytes.Join(pieces, nil); err != nil || string(joined) != string(want) {
-			t.Errorf("%d %s: MarshalPieces %.200s (%v), json.Marshal %.200s", e.Seq, e.Type, joined, err, want)
+		d, err := event.MarshalDoc(e)
+		var b bytes.Buffer
+		if err == nil {
+			_, err = d.WriteTo(&b)
 		}
-		// An answer's message is the answer: escaped once, in one buffer
-		// both pieces are.
-		if d, ok := e.Data.(*event.TurnFinished); ok && d.Message == d.Answer && len(d.Answer) > len(long)/2 {
-			var long [][]byte
-			for _, p := range pieces {
-				if len(p) >= len(d.Answer) {
-					long = append(long, p)
-				}
-			}
-			if len(long) != 2 || &long[0][0] != &long[1][0] {
-				t.Errorf("%d %s: the answer and the message are not one escaped buffer (%d long pieces)", e.Seq, e.Type, len(long))
-			}
+		if err != nil || b.String() != string(want) {
+			t.Errorf("%d %s: MarshalDoc %.200s (%v), json.Marshal %.200s", e.Seq, e.Type, b.String(), err, want)
+		}
+		// A long text stays the event's own, not escaped ahead.
+		if _, whole := d.Raw(); whole == (len(want) > len(long) && e.Seq != 11) {
+			t.Errorf("%d %s: MarshalDoc whole: %v", e.Seq, e.Type, whole)
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/longjson"
 )
 
 // frame is one event ready to send: marshalled once, whoever reads it.
@@ -12,10 +13,11 @@ type frame struct {
 	seq int64
 	typ event.Type
 	at  time.Time
-	// data is the event's JSON, in pieces that add up to it
-	// (event.MarshalPieces): one, or a long answer's turn_finished around
-	// its escaped answer, held once for the answer and the message.
-	data [][]byte
+	// data is the event's JSON (event.MarshalDoc): one buffer, or, for an
+	// event with a long text, its JSON around the event's own string, which
+	// each follower's writer escapes a piece at a time. A frame held for
+	// the store, or sent to no one, costs a long answer nothing.
+	data longjson.Doc
 }
 
 // subBuffer is how many frames a follower may fall behind the turn before

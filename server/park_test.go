@@ -3,6 +3,7 @@ package server
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"net"
 	"net/http/httptest"
 	"runtime"
@@ -340,5 +341,55 @@ func TestStalledFollowersHoldUpNoOne(t *testing.T) {
 	close(e.lt.done)
 	if id := readIDs(t, r, 1)[0]; id != 4 {
 		t.Fatalf("event %d, want turn_finished's, 4", id)
+	}
+}
+
+// TestALongTextIsEscapedAsItIsWritten: a live frame holds an event's long
+// text as the event's own string, not escaped ahead — a turn no one
+// follows, or a frame waiting for the store, costs a long answer nothing
+// (issue 29) — and a follower's writer escapes it, a piece at a time, to
+// exactly what encoding/json writes.
+func TestALongTextIsEscapedAsItIsWritten(t *testing.T) {
+	long := strings.Repeat("<b>a & b</b>\u2028 é \"x\"\n", 40000) // 1.1 MB, 1.5 escaped
+	fin := &event.TurnFinished{Status: budget.StatusCompleted, StopReason: budget.Answered, Answer: long, Message: long}
+	ev := event.Event{Seq: 2, TurnID: "t1", Type: event.TypeTurnFinished, At: time.Now(), Data: fin}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	if _, err := frameData(ev); err != nil {
+		t.Fatal(err)
+	}
+	runtime.ReadMemStats(&after)
+	if n := after.TotalAlloc - before.TotalAlloc; n > uint64(len(long)/4) {
+		t.Errorf("a frame of a %d-byte answer allocated %d bytes", len(long), n)
+	}
+
+	e := newParkEnv(t, time.Hour)
+	_, r := e.follow(t)
+	e.asleep(t, 1)
+	e.em.Emit(fin)
+	e.lt.hub.end()
+	close(e.lt.done)
+	if id := readIDs(t, r, 1)[0]; id != 2 {
+		t.Fatalf("event %d, want 2", id)
+	}
+	var data string
+	for data == "" {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v, ok := strings.CutPrefix(line, "data: "); ok {
+			data = strings.TrimSuffix(v, "\n")
+		}
+	}
+	var got event.Event
+	if err := json.Unmarshal([]byte(data), &got); err != nil {
+		t.Fatalf("the frame's %d bytes: %v", len(data), err)
+	}
+	if fin, _ := got.Data.(*event.TurnFinished); fin == nil || fin.Answer != long || fin.Message != long {
+		t.Fatalf("the streamed turn_finished: %T, not the answer and message emitted", got.Data)
+	}
+	if want, _ := json.Marshal(got); string(want) != data {
+		t.Fatalf("the streamed JSON (%d bytes) is not encoding/json's (%d bytes)", len(data), len(want))
 	}
 }

@@ -12,7 +12,6 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -33,6 +32,7 @@ import (
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/ids"
+	"github.com/timebox-run/timebox/internal/longjson"
 	"github.com/timebox-run/timebox/store"
 )
 
@@ -460,9 +460,9 @@ func (t *turnSink) Emit(e event.Event) {
 		t.s.m.observe(e)
 	}
 	if merr == nil && t.s.hooks != nil {
-		body := data[0]
-		if len(data) > 1 {
-			body = bytes.Join(data, nil)
+		body, whole := data.Raw()
+		if !whole {
+			body = data.Bytes()
 		}
 		t.s.hooks.offer(e, body)
 	}
@@ -479,15 +479,14 @@ func (t *turnSink) Emit(e event.Event) {
 }
 
 // frameData is e's JSON as its frame carries it: an event read back as
-// it was stored, as it is; any other as event.MarshalPieces makes it, a
-// long answer escaped once, for its answer and its message, and never
-// joined into one buffer (issue 29).
-func frameData(e event.Event) ([][]byte, error) {
+// it was stored, as it is; any other as event.MarshalDoc makes it, a long
+// answer not escaped until a follower's writer takes it (issue 29).
+func frameData(e event.Event) (longjson.Doc, error) {
 	if _, raw := e.Data.(json.RawMessage); raw {
 		b, err := e.MarshalJSON()
-		return [][]byte{b}, err
+		return longjson.Whole(b), err
 	}
-	return event.MarshalPieces(e)
+	return event.MarshalDoc(e)
 }
 
 func (s *Server) live(id string) *liveTurn {

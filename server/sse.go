@@ -11,6 +11,7 @@ import (
 
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/longjson"
 )
 
 // streamEnd is why an event stream ended.
@@ -88,20 +89,42 @@ func (x *sse) write(bs ...[]byte) {
 }
 
 // event writes one event: `id:` is its seq, `event:` its type, `data:` its
-// flat JSON (one line: JSON escapes newlines), in the pieces given. data is
-// written as it is, never copied: a long reply's turn_finished is not held
-// again for each follower.
-func (x *sse) event(seq int64, typ event.Type, data ...[]byte) {
+// flat JSON (one line: JSON escapes newlines). data is written as it is,
+// never copied: a long text — a long reply's turn_finished — is escaped a
+// piece at a time as the client takes it, by this stream alone, and is not
+// held again for each follower, nor at all for a turn no one follows.
+func (x *sse) event(seq int64, typ event.Type, data longjson.Doc) {
 	h := append(x.hdr[:0], "id: "...)
 	h = strconv.AppendInt(h, seq, 10)
 	h = append(h, "\nevent: "...)
 	h = append(h, typ...)
 	h = append(h, "\ndata: "...)
 	x.hdr = h
-	bs := append(append(append(x.bufs[:0], h), data...), sseEnd)
-	x.write(bs...)
-	clear(bs) // writev consumed the headers; let the data go
-	x.bufs = bs[:0]
+	if b, whole := data.Raw(); whole {
+		bs := append(x.bufs[:0], h, b, sseEnd)
+		x.write(bs...)
+		clear(bs) // writev consumed the headers; let the data go
+		x.bufs = bs[:0]
+		return
+	}
+	// Megabytes: more than a socket takes without waiting.
+	x.own()
+	x.write(h)
+	_, _ = data.WriteTo(sseWriter{x})
+	x.write(sseEnd)
+}
+
+// sseWriter writes a long event's pieces to its stream, each under the
+// stream's write deadline: a client that takes them goes on; one that
+// stops taking them ends its stream.
+type sseWriter struct{ x *sse }
+
+func (w sseWriter) Write(p []byte) (int, error) {
+	w.x.write(p)
+	if w.x.err != nil {
+		return 0, w.x.err
+	}
+	return len(p), nil
 }
 
 // own takes the stream's goroutine out of the writers' pool, if it is in
@@ -178,11 +201,11 @@ type streamState struct {
 }
 
 // send writes one event unless it was already sent.
-func (st *streamState) send(seq int64, typ event.Type, at time.Time, data [][]byte, live bool) {
+func (st *streamState) send(seq int64, typ event.Type, at time.Time, data longjson.Doc, live bool) {
 	if seq <= st.last || st.x.err != nil {
 		return
 	}
-	st.x.event(seq, typ, data...)
+	st.x.event(seq, typ, data)
 	if st.x.err != nil {
 		return
 	}
@@ -207,7 +230,7 @@ func (st *streamState) replay(upto int64) error {
 			if upto != replayAll && e.Seq > upto {
 				return nil
 			}
-			data, err := frameData(e) // a long answer escaped once
+			data, err := frameData(e) // a long answer escaped as it is written
 			if err != nil {
 				return err
 			}

@@ -16,7 +16,6 @@ import (
 	"io"
 	"slices"
 	"unicode/utf8"
-	"unsafe"
 )
 
 // Long is the length from which a string is worth writing apart: shorter
@@ -110,35 +109,16 @@ func (d Doc) Bytes() []byte {
 	return out
 }
 
-// Pieces returns the document as buffers that add up to it, to write with
-// one writev (net.Buffers): its JSON as it is, and each string escaped into
-// a buffer of its exact length — once, when two fields hold the same
-// string (an answered turn's message is its answer).
-func (d Doc) Pieces() [][]byte {
-	out := make([][]byte, 0, len(d.parts)*2)
-	var done []part // strings escaped, raw their buffer
-	for _, p := range d.parts {
-		if len(p.raw) > 0 {
-			out = append(out, p.raw)
-		}
-		if p.s == "" {
-			continue
-		}
-		i := slices.IndexFunc(done, func(q part) bool {
-			return len(q.s) == len(p.s) && unsafe.StringData(q.s) == unsafe.StringData(p.s)
-		})
-		if i < 0 {
-			b := make([]byte, 0, EscapedLen(p.s))
-			escape(p.s, func(e []byte) error {
-				b = append(b, e...)
-				return nil
-			})
-			done = append(done, part{raw: b, s: p.s})
-			i = len(done) - 1
-		}
-		out = append(out, done[i].raw)
+// Raw returns the document's bytes when it has no string apart: it is
+// one buffer then, b of Whole(b) or a Split that found no field.
+func (d Doc) Raw() ([]byte, bool) {
+	switch len(d.parts) {
+	case 0:
+		return nil, true
+	case 1:
+		return d.parts[0].raw, true
 	}
-	return out
+	return nil, false
 }
 
 // WriteTo writes the document to w, its strings a piece at a time.

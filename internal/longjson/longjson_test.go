@@ -95,43 +95,24 @@ func TestSplitTwoFields(t *testing.T) {
 		if _, err := d.Trim(1).WriteTo(&w); err != nil || !bytes.Equal(w.Bytes(), want[:len(want)-1]) {
 			t.Errorf("Trim(1).WriteTo of %.40q…: %v, equal %v", s, err, bytes.Equal(w.Bytes(), want[:len(want)-1]))
 		}
-		if got := bytes.Join(d.Pieces(), nil); !bytes.Equal(got, want) {
-			t.Errorf("Pieces of %.40q…: equal %v", s, bytes.Equal(got, want))
+		if _, whole := d.Raw(); whole {
+			t.Errorf("Raw of %.40q…: whole, with two strings apart", s)
 		}
 	}
 }
 
-// TestPiecesEscapeAStringOnce: two fields of the same string are one
-// escaped buffer; two equal strings that are not the same string are two.
-func TestPiecesEscapeAStringOnce(t *testing.T) {
-	s := strings.Repeat("<a \"b\">\n", 1000)
-	b, _ := json.Marshal(doc{})
-	for _, tc := range []struct {
-		before string
-		once   bool
-	}{{s, true}, {strings.Clone(s), false}} {
-		v := doc{Before: tc.before, Text: s}
-		want, _ := json.Marshal(v)
-		d, ok := Split(b, Field{"text", s}, Field{"before", tc.before})
-		if !ok {
-			t.Fatalf("Split found no field in %s", b)
-		}
-		pieces := d.Pieces()
-		if got := bytes.Join(pieces, nil); !bytes.Equal(got, want) {
-			t.Fatalf("Pieces: %.100s, want %.100s", got, want)
-		}
-		var long [][]byte
-		for _, p := range pieces {
-			if len(p) >= len(s) {
-				long = append(long, p)
-			}
-		}
-		if len(long) != 2 {
-			t.Fatalf("%d escaped strings, want 2", len(long))
-		}
-		if same := &long[0][0] == &long[1][0]; same != tc.once {
-			t.Errorf("one buffer for both strings: %v, want %v", same, tc.once)
-		}
+// TestRaw: a document with no string apart is its one buffer.
+func TestRaw(t *testing.T) {
+	b, _ := json.Marshal(doc{After: 3})
+	if got, ok := Whole(b).Raw(); !ok || &got[0] != &b[0] || len(got) != len(b) {
+		t.Errorf("Whole(b).Raw() = %s, %v; want b itself", got, ok)
+	}
+	if got, ok := (Doc{}).Raw(); !ok || got != nil {
+		t.Errorf("Doc{}.Raw() = %q, %v; want nil, true", got, ok)
+	}
+	d, _ := Split(b, Field{"text", "x"})
+	if _, ok := d.Raw(); ok {
+		t.Error("Raw of a document with a string apart: whole")
 	}
 }
 
@@ -161,8 +142,9 @@ func FuzzDocIsJSONMarshal(f *testing.F) {
 		if got := d.Bytes(); !bytes.Equal(got, want) {
 			t.Errorf("%q: %s, want %s", s, got, want)
 		}
-		if got := bytes.Join(d.Pieces(), nil); !bytes.Equal(got, want) {
-			t.Errorf("%q: Pieces %s, want %s", s, got, want)
+		var w bytes.Buffer
+		if _, err := d.WriteTo(&w); err != nil || !bytes.Equal(w.Bytes(), want) {
+			t.Errorf("%q: WriteTo %s (%v), want %s", s, w.Bytes(), err, want)
 		}
 		if !utf8.ValidString(s) && EscapedLen(s) < len(s) {
 			t.Errorf("%q: escaped shorter than the string", s)
