@@ -315,7 +315,7 @@ func TestEventsOfAnEndedTurn(t *testing.T) {
 
 // TestReplayOfALongAnswer: a turn_finished with a long answer, replayed
 // from the store, is the record's event byte for byte (its answer and
-// message escaped once, the frame in pieces).
+// message escaped a piece at a time as the stream writes them).
 func TestReplayOfALongAnswer(t *testing.T) {
 	long := strings.Repeat("<b>a & b</b>\u2028 é \"x\"\n", 8000)
 	line, _ := json.Marshal(map[string]string{"text": long})
