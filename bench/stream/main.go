@@ -4,7 +4,8 @@
 // reply was kept. Each scenario plays an endless stream from a fake
 // provider (internal/fakellm, the real OpenAI or Anthropic SSE wire format)
 // to a child `timebox run` (with and without the store, as the live view
-// and as --json) or `timebox serve`, and prints one table row:
+// and as --json) or `timebox serve` (alone, and with 20 followers of the
+// turn's events that never read), and prints one table row:
 //
 //	go run ./bench/stream                      # every scenario, turn 4s
 //	go run ./bench/stream -turn 4s -run flood  # the scenarios whose name contains "flood"
@@ -97,6 +98,7 @@ func longReply(n int, c string) []fakellm.Chunk {
 type mode struct {
 	name  string
 	serve bool
+	idle  int      // serve: followers of the turn's events that never read
 	args  []string // for run
 }
 
@@ -105,6 +107,7 @@ var modes = []mode{
 	{name: "run --json, no store", args: []string{"--json", "--no-store"}},
 	{name: "run, view, store", args: nil},
 	{name: "serve, memory store", serve: true},
+	{name: "serve, 20 followers that do not read", serve: true, idle: 20},
 }
 
 // result is one measured row.
@@ -271,7 +274,7 @@ tools:
 		env = append(env, "TIMEBOX_MAX_REPLY="+sc.maxReply)
 	}
 	if m.serve {
-		return measureServe(bin, file, env)
+		return measureServe(bin, file, env, m.idle)
 	}
 	return measureRun(bin, dir, file, env, m)
 }
@@ -354,7 +357,7 @@ func readFinished(r io.Reader) finished {
 	}
 }
 
-func measureServe(bin, file string, env []string) result {
+func measureServe(bin, file string, env []string, idle int) result {
 	cmd := exec.Command(bin, "serve", "-f", file, "--addr", "127.0.0.1:0", "--db", "")
 	cmd.Env = env
 	out, err := cmd.StdoutPipe()
@@ -387,10 +390,23 @@ func measureServe(bin, file string, env []string) result {
 	if err != nil {
 		return result{err: err}
 	}
+	// Followers of the turn's events that never read: each falls behind,
+	// is cut loose from the live fan-out and catches up from the store.
+	var followers []*http.Response
+	for range idle {
+		r, err := http.Get(base + "/v1/turns/" + resp.Header.Get("Timebox-Turn-Id") + "/events?after=0")
+		if err != nil {
+			return result{err: err}
+		}
+		followers = append(followers, r)
+	}
 	var f finished
 	err = json.NewDecoder(resp.Body).Decode(&f)
 	resp.Body.Close()
 	replied := time.Since(start)
+	for _, r := range followers {
+		r.Body.Close()
+	}
 	if err != nil {
 		return result{err: fmt.Errorf("reading the record: %w", err)}
 	}
