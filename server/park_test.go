@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"math"
 	"net"
 	"net/http/httptest"
 	"runtime"
@@ -353,14 +354,21 @@ func TestALongTextIsEscapedAsItIsWritten(t *testing.T) {
 	long := strings.Repeat("<b>a & b</b>\u2028 é \"x\"\n", 40000) // 1.1 MB, 1.5 escaped
 	fin := &event.TurnFinished{Status: budget.StatusCompleted, StopReason: budget.Answered, Answer: long, Message: long}
 	ev := event.Event{Seq: 2, TurnID: "t1", Type: event.TypeTurnFinished, At: time.Now(), Data: fin}
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	if _, err := frameData(ev); err != nil {
-		t.Fatal(err)
+	// The least of five tries: another test's goroutine still winding
+	// down may allocate during one; without the change every try escapes
+	// the answer (2.7 MB).
+	least := uint64(math.MaxUint64)
+	for range 5 {
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		if _, err := frameData(ev); err != nil {
+			t.Fatal(err)
+		}
+		runtime.ReadMemStats(&after)
+		least = min(least, after.TotalAlloc-before.TotalAlloc)
 	}
-	runtime.ReadMemStats(&after)
-	if n := after.TotalAlloc - before.TotalAlloc; n > uint64(len(long)/4) {
-		t.Errorf("a frame of a %d-byte answer allocated %d bytes", len(long), n)
+	if least > uint64(len(long)/4) {
+		t.Errorf("a frame of a %d-byte answer allocated %d bytes", len(long), least)
 	}
 
 	e := newParkEnv(t, time.Hour)
