@@ -401,3 +401,23 @@ func TestALongTextIsEscapedAsItIsWritten(t *testing.T) {
 		t.Fatalf("the streamed JSON (%d bytes) is not encoding/json's (%d bytes)", len(data), len(want))
 	}
 }
+
+// TestALongEventToAClientThatStopsReading: a long event is written a
+// piece at a time, each under the stream's write deadline (10s here); a
+// client that stops reading in the middle of one still ends its stream,
+// and its goroutine, within about that deadline.
+func TestALongEventToAClientThatStopsReading(t *testing.T) {
+	e := newParkEnv(t, 5*time.Second) // the write deadline: max(2 × 5s, 10s)
+	c, _ := e.follow(t)
+	c.(*net.TCPConn).SetReadBuffer(4 << 10)
+	e.asleep(t, 1)
+	start := time.Now()
+	e.em.Emit(&event.LLMDelta{Text: strings.Repeat("<x>\n", 2<<20)}) // 8 MiB, 14 escaped
+	for e.streamsLeft() != 0 {
+		if time.Since(start) > 40*time.Second {
+			t.Fatalf("the stream of a client that stopped reading still runs after %s", time.Since(start).Round(time.Second))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("the stream ended %s after the event", time.Since(start).Round(time.Millisecond))
+}
