@@ -393,6 +393,11 @@ func measureServe(bin, file string, env []string, idle int) result {
 	// Followers of the turn's events that never read: each falls behind,
 	// is cut loose from the live fan-out and catches up from the store.
 	var followers []*http.Response
+	defer func() {
+		for _, r := range followers {
+			r.Body.Close()
+		}
+	}()
 	for range idle {
 		r, err := http.Get(base + "/v1/turns/" + resp.Header.Get("Timebox-Turn-Id") + "/events?after=0")
 		if err != nil {
@@ -404,9 +409,6 @@ func measureServe(bin, file string, env []string, idle int) result {
 	err = json.NewDecoder(resp.Body).Decode(&f)
 	resp.Body.Close()
 	replied := time.Since(start)
-	for _, r := range followers {
-		r.Body.Close()
-	}
 	if err != nil {
 		return result{err: fmt.Errorf("reading the record: %w", err)}
 	}
