@@ -72,8 +72,8 @@ func BenchmarkTurnMemory(b *testing.B) {
 // that every one expires at the same instant, and measures the wind-down:
 // the process's CPU time (user+system, all goroutines and the GC) from the
 // moment all are parked until every Run has returned, divided by the turns
-// (wind-down-µs/turn) and the allocations it made (wind-down-allocs/turn,
-// wind-down-B/turn); how late after that instant each Run returned (p50,
+// (wind-down-µs/turn; its part in the kernel, wind-down-sys-µs/turn) and
+// the allocations it made (wind-down-allocs/turn, wind-down-B/turn); how late after that instant each Run returned (p50,
 // p99, max); and the resident memory with all of them parked. shape is
 // the same wind-down with none of a turn's work (shapeOfATurn: its three
 // goroutines and two contexts); floor the least the same wind-down can
@@ -104,13 +104,14 @@ func BenchmarkTurnWindDown(b *testing.B) {
 			for b.Loop() {
 				l, r := windDown(b, a, n, mode)
 				late = append(late, l...)
-				w.cpu, w.allocs, w.bytes, w.rss = w.cpu+r.cpu, w.allocs+r.allocs, w.bytes+r.bytes, max(w.rss, r.rss)
+				w.cpu, w.sys, w.allocs, w.bytes, w.rss = w.cpu+r.cpu, w.sys+r.sys, w.allocs+r.allocs, w.bytes+r.bytes, max(w.rss, r.rss)
 			}
 			slices.Sort(late)
 			q := func(p float64) float64 {
 				return float64(late[int(p*float64(len(late)-1))]) / float64(time.Millisecond)
 			}
 			b.ReportMetric(float64(w.cpu.Microseconds())/float64(len(late)), "wind-down-µs/turn")
+			b.ReportMetric(float64(w.sys.Microseconds())/float64(len(late)), "wind-down-sys-µs/turn")
 			b.ReportMetric(float64(w.allocs)/float64(len(late)), "wind-down-allocs/turn")
 			b.ReportMetric(float64(w.bytes)/float64(len(late)), "wind-down-B/turn")
 			b.ReportMetric(q(0.50), "late-p50-ms")
@@ -148,10 +149,11 @@ func shapeOfATurn(at time.Time, parked func()) {
 }
 
 // winddown is what one round of BenchmarkTurnWindDown measured of the
-// wind-down: the process's CPU time, the allocations (count and bytes),
-// and the resident memory with every turn parked.
+// wind-down: the process's CPU time (and its part in the kernel), the
+// allocations (count and bytes), and the resident memory with every turn
+// parked.
 type winddown struct {
-	cpu           time.Duration
+	cpu, sys      time.Duration
 	allocs, bytes uint64
 	rss           int64
 }
@@ -207,9 +209,10 @@ func windDown(b *testing.B, a *agent.Agent, n int, mode string) (late []time.Dur
 	}
 	var m0, m1 runtime.MemStats
 	runtime.ReadMemStats(&m0) // before the instant: it stops the world
-	before := cpuTime()
+	before, beforeSys := cpuTime()
 	done.Wait()
-	w.cpu = cpuTime() - before
+	after, afterSys := cpuTime()
+	w.cpu, w.sys = after-before, afterSys-beforeSys
 	runtime.ReadMemStats(&m1)
 	w.allocs, w.bytes = m1.Mallocs-m0.Mallocs, m1.TotalAlloc-m0.TotalAlloc
 	stopProfile()

@@ -7,9 +7,10 @@ import (
 	"time"
 )
 
-// cpuTime is the process's CPU time so far, user and system.
-func cpuTime() time.Duration {
+// cpuTime is the process's CPU time so far, user and system, and the
+// system part alone.
+func cpuTime() (total, system time.Duration) {
 	var ru syscall.Rusage
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), time.Duration(ru.Stime.Nano())
 }
