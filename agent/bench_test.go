@@ -73,8 +73,9 @@ func BenchmarkTurnMemory(b *testing.B) {
 // the process's CPU time (user+system, all goroutines and the GC) from the
 // moment all are parked until every Run has returned, divided by the turns
 // (wind-down-µs/turn; its part in the kernel, wind-down-sys-µs/turn) and
-// the allocations it made (wind-down-allocs/turn, wind-down-B/turn); how late after that instant each Run returned (p50,
-// p99, max); and the resident memory with all of them parked. shape is
+// the allocations it made (wind-down-allocs/turn, wind-down-B/turn); how
+// late after that instant each Run returned (p50, p99, max); and the
+// resident memory with all of them parked. shape is
 // the same wind-down with none of a turn's work (shapeOfATurn: its three
 // goroutines and two contexts); floor the least the same wind-down can
 // cost: a goroutine per turn waiting on a context with the same deadline.
