@@ -70,6 +70,7 @@ func TestFaults(t *testing.T) {
 		{"output", outputFloods},
 		{"process trees", processTrees},
 		{"burst", burst},
+		{"wind-down", windDown},
 		{"client gone", clientGone},
 		{"SIGTERM serve", sigtermServe},
 		{"SIGTERM run", sigtermRun},
