@@ -75,8 +75,13 @@ func BenchmarkTurnMemory(b *testing.B) {
 // moment all are parked until every Run has returned, divided by the turns
 // (wind-down-µs/turn; its part in the kernel, wind-down-sys-µs/turn) and
 // the allocations it made (wind-down-allocs/turn, wind-down-B/turn); how
-// late after that instant each Run returned (p50, p99, max); and the
-// resident memory with all of them parked. shape is
+// late after its ceiling each Run returned (p50, p99, max); and the
+// resident memory with all of them parked. A turn's ceiling is its start
+// plus its budget, which its request gave as the time left to the
+// instant: within half a millisecond of the instant (the budget is whole
+// milliseconds), or later when its goroutine was held up between the two
+// (ceilings-off-instant counts those more than a millisecond late, and
+// each is measured from its own ceiling, not the instant). shape is
 // the same wind-down with none of a turn's work (shapeOfATurn: its three
 // goroutines and two contexts); floor the least the same wind-down can
 // cost: a goroutine per turn waiting on a context with the same deadline.
@@ -107,6 +112,7 @@ func BenchmarkTurnWindDown(b *testing.B) {
 				l, r := windDown(b, a, n, mode)
 				late = append(late, l...)
 				w.cpu, w.sys, w.allocs, w.bytes, w.rss = w.cpu+r.cpu, w.sys+r.sys, w.allocs+r.allocs, w.bytes+r.bytes, max(w.rss, r.rss)
+				w.offInstant += r.offInstant
 			}
 			slices.Sort(late)
 			q := func(p float64) float64 {
@@ -120,6 +126,7 @@ func BenchmarkTurnWindDown(b *testing.B) {
 			b.ReportMetric(q(0.99), "late-p99-ms")
 			b.ReportMetric(q(1), "late-max-ms")
 			b.ReportMetric(float64(w.rss)/(1<<20), "parked-rss-MB")
+			b.ReportMetric(float64(w.offInstant), "ceilings-off-instant")
 			b.ReportMetric(0, "ns/op")
 		})
 	}
@@ -152,12 +159,14 @@ func shapeOfATurn(at time.Time, parked func()) {
 
 // winddown is what one round of BenchmarkTurnWindDown measured of the
 // wind-down: the process's CPU time (and its part in the kernel), the
-// allocations (count and bytes), and the resident memory with every turn
-// parked.
+// allocations (count and bytes), the resident memory with every turn
+// parked, and the turns whose ceiling fell more than a millisecond after
+// the instant.
 type winddown struct {
 	cpu, sys      time.Duration
 	allocs, bytes uint64
 	rss           int64
+	offInstant    int
 }
 
 // windDown runs one round of BenchmarkTurnWindDown: of turns, of their
@@ -172,6 +181,12 @@ func windDown(b *testing.B, a *agent.Agent, n int, mode string) (late []time.Dur
 	var parked, done sync.WaitGroup
 	parked.Add(n)
 	returned := make([]time.Time, n)
+	// Each turn's own ceiling; the instant for shape and floor, whose
+	// timers are set from it directly.
+	ceilings := make([]time.Time, n)
+	for i := range ceilings {
+		ceilings[i] = at
+	}
 	for i := range n {
 		done.Add(1)
 		go func() {
@@ -195,9 +210,11 @@ func windDown(b *testing.B, a *agent.Agent, n int, mode string) (late []time.Dur
 					once.Do(parked.Done)
 				}
 			})
+			d := time.Until(at).Round(time.Millisecond)
 			res := a.Run(context.Background(), agent.Input{SessionID: strconv.Itoa(i), Text: "hi",
-				Budgets: budget.Request{"turn": time.Until(at).Round(time.Millisecond).String()}}, sink)
+				Budgets: budget.Request{"turn": d.String()}}, sink)
 			returned[i] = time.Now()
+			ceilings[i] = res.Record.StartedAt.Add(d)
 			if res.Record.StopReason != budget.TurnTimeout {
 				b.Errorf("turn %d ended %s, want %s", i, res.Record.StopReason, budget.TurnTimeout)
 			}
@@ -222,8 +239,11 @@ func windDown(b *testing.B, a *agent.Agent, n int, mode string) (late []time.Dur
 	runtime.ReadMemStats(&m1)
 	w.allocs, w.bytes = m1.Mallocs-m0.Mallocs, m1.TotalAlloc-m0.TotalAlloc
 	stopProfile()
-	for _, r := range returned {
-		late = append(late, r.Sub(at))
+	for i, r := range returned {
+		late = append(late, r.Sub(ceilings[i]))
+		if ceilings[i].Sub(at) > time.Millisecond {
+			w.offInstant++
+		}
 	}
 	return late, w
 }

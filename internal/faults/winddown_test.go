@@ -35,10 +35,13 @@ const windDownTurns = 10000
 // not grow again: 48 allocations and 5.7 KB a turn here before the
 // issue's changes (0860602), 31 and 5.1 KB after (2026-11-27;
 // docs/decisions/winddown.md). How
-// late the turns return is bounded loosely: it is the CPU of 10,000
-// wind-downs on this machine's CPUs, 110–220 ms on two
+// late the turns return past their ceilings is bounded loosely: it is the
+// CPU of 10,000 wind-downs on this machine's CPUs, 110–220 ms on two
 // (docs/BENCHMARKS.md), while a call waited for its kill grace would be
-// 2 s late. agent's BenchmarkTurnWindDown measures the same wind-down
+// 2 s late. A turn's ceiling is its start plus its budget, the time its
+// request was given to the instant; a turn whose goroutine was held up
+// between the two has a later ceiling, and is measured from it, not from
+// the instant. agent's BenchmarkTurnWindDown measures the same wind-down
 // beside its floor.
 func windDown(t *testing.T) {
 	const n = windDownTurns
@@ -70,13 +73,15 @@ func windDown(t *testing.T) {
 	at := time.Now().Add(n*time.Millisecond + 3*time.Second)
 	results := make([]*agent.Result, n)
 	returned := make([]time.Time, n)
+	budgets := make([]time.Duration, n)
 	var done sync.WaitGroup
 	done.Add(n)
 	for i := range n {
 		go func() {
 			defer done.Done()
+			budgets[i] = time.Until(at).Round(time.Millisecond)
 			results[i] = a.Run(context.Background(), agent.Input{SessionID: strconv.Itoa(i), Text: "Wait.",
-				Budgets: budget.Request{"turn": time.Until(at).Round(time.Millisecond).String()}})
+				Budgets: budget.Request{"turn": budgets[i].String()}})
 			returned[i] = time.Now()
 		}()
 	}
@@ -91,11 +96,15 @@ func windDown(t *testing.T) {
 	done.Wait()
 	runtime.ReadMemStats(&after)
 
-	var stopped, explained, cancelled, abandoned int
+	var stopped, explained, cancelled, abandoned, offInstant int
 	late := make([]time.Duration, n)
 	for i, r := range results {
-		late[i] = returned[i].Sub(at)
 		rec := r.Record
+		ceiling := rec.StartedAt.Add(budgets[i])
+		late[i] = returned[i].Sub(ceiling)
+		if ceiling.Sub(at) > time.Millisecond {
+			offInstant++
+		}
 		if rec.StopReason == budget.TurnTimeout {
 			stopped++
 		}
@@ -114,7 +123,8 @@ func windDown(t *testing.T) {
 	slices.Sort(late)
 	allocs := float64(after.Mallocs-before.Mallocs) / n
 	bytes := float64(after.TotalAlloc-before.TotalAlloc) / n
-	t.Logf("late past the instant: p50 %s, p99 %s, max %s", ms(late[n/2]), ms(late[n*99/100]), ms(late[n-1]))
+	t.Logf("late past their ceilings: p50 %s, p99 %s, max %s; ceilings more than 1 ms after the instant: %d of %d",
+		ms(late[n/2]), ms(late[n*99/100]), ms(late[n-1]), offInstant, n)
 
 	sc.count("turns stopped as turn_timeout", stopped, n)
 	sc.count("turns that say they were stopped by the turn's budget, in tool wait", explained, n)
@@ -122,7 +132,7 @@ func windDown(t *testing.T) {
 	sc.count("calls abandoned", abandoned, 0)
 	sc.add("allocations a turn, from the instant to its return", "≤ 34", fmt.Sprintf("%.1f", allocs), allocs <= 34)
 	sc.add("bytes allocated a turn, from the instant to its return", "≤ 5,400", fmt.Sprintf("%.0f", bytes), bytes <= 5400)
-	sc.within("Run returned past the instant, p99", late[n*99/100], time.Second)
-	sc.within("Run returned past the instant, max", late[n-1], 2*time.Second)
+	sc.within("Run returned past its ceiling, p99", late[n*99/100], time.Second)
+	sc.within("Run returned past its ceiling, max", late[n-1], 2*time.Second)
 	sc.goroutines(baseline)
 }
