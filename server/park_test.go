@@ -16,6 +16,7 @@ import (
 
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/wait"
 	"github.com/timebox-run/timebox/store"
 )
 
@@ -413,11 +414,6 @@ func TestALongEventToAClientThatStopsReading(t *testing.T) {
 	e.asleep(t, 1)
 	start := time.Now()
 	e.em.Emit(&event.LLMDelta{Text: strings.Repeat("<x>\n", 2<<20)}) // 8 MiB, 14 escaped
-	for e.streamsLeft() != 0 {
-		if time.Since(start) > 40*time.Second {
-			t.Fatalf("the stream of a client that stopped reading still runs after %s", time.Since(start).Round(time.Second))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	wait.For(t, 40*time.Second, "the end of the stream of a client that stopped reading", func() bool { return e.streamsLeft() == 0 })
 	t.Logf("the stream ended %s after the event", time.Since(start).Round(time.Millisecond))
 }

@@ -3,11 +3,11 @@
 // a turn started outlives it — at the edges: model streams that never end,
 // floods of output and of progress, process trees that try to escape, a
 // burst of a thousand calls, 10,000 turns stopped at one instant, clients
-// that go away, signals and crashes in the middle of a turn (TestFaults); the Temporal engine's workers and
-// server killed (TestEngineFaults); and the stores under outages — a
-// PostgreSQL stopped, restarted, locked or cutting connections under
-// several gateways, a SQLite file locked by another process
-// (TestStoreFaults).
+// that go away, signals and crashes in the middle of a turn (TestFaults);
+// the Temporal engine's workers and server killed (TestEngineFaults); and
+// the stores under outages — a PostgreSQL stopped, restarted, locked or
+// cutting connections under several gateways, a SQLite file locked by
+// another process (TestStoreFaults).
 //
 // Each scenario runs the real `timebox` binary (built once by the suite)
 // or, where a binary adds nothing, the library, and asserts its figures
