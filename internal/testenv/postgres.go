@@ -145,22 +145,14 @@ func newCluster() (*pgCluster, error) {
 	if os.Getenv(EnvPostgresDurable) == "1" {
 		c.opts = "-c fsync=on -c synchronous_commit=on -c full_page_writes=on"
 	}
-	// A free port can be taken between our look and the server's bind:
-	// try a few.
-	for try := 0; ; try++ {
-		c.port, err = freePort()
-		if err != nil {
-			break
-		}
-		if err = c.start(); err == nil {
-			return c, nil
-		}
-		if try == 2 {
-			break
-		}
+	if err = onFreePorts(1, func(ports []int) error {
+		c.port = ports[0]
+		return c.start()
+	}); err != nil {
+		c.stop()
+		return nil, err
 	}
-	c.stop()
-	return nil, err
+	return c, nil
 }
 
 // start starts the cluster's server on its port.
@@ -218,13 +210,37 @@ func (c *pgCluster) stop() {
 	os.RemoveAll(c.dir)
 }
 
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+// onFreePorts calls start with n free loopback ports, and again with new
+// ones while it fails, three tries in all: a free port can be taken
+// between our look and the server's bind (by a connection's own port, or
+// by the server's other listeners).
+func onFreePorts(n int, start func(ports []int) error) error {
+	var err error
+	for range 3 {
+		var ports []int
+		if ports, err = freePorts(n); err != nil {
+			return err
+		}
+		if err = start(ports); err == nil {
+			return nil
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
+	return err
+}
+
+// freePorts returns n distinct free loopback ports: each is held until
+// all are chosen.
+func freePorts(n int) ([]int, error) {
+	ports := make([]int, 0, n)
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		defer ln.Close()
+		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
 }
 
 func readFile(p string) string {

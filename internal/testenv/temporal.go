@@ -91,14 +91,11 @@ func startTemporal() (*devServer, error) {
 		return nil, err
 	}
 	s := &devServer{dir: dir, bin: bin, db: filepath.Join(dir, "temporal.db")}
-	for i := range s.ports {
-		if s.ports[i], err = freePort(); err != nil {
-			os.RemoveAll(dir)
-			return nil, err
-		}
-	}
-	s.addr = fmt.Sprintf("127.0.0.1:%d", s.ports[0])
-	if err := s.start(); err != nil {
+	if err := onFreePorts(len(s.ports), func(ports []int) error {
+		copy(s.ports[:], ports)
+		s.addr = fmt.Sprintf("127.0.0.1:%d", s.ports[0])
+		return s.start()
+	}); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}
