@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -85,7 +86,8 @@ func BenchmarkTurnMemory(b *testing.B) {
 // the same wind-down with none of a turn's work (shapeOfATurn: its three
 // goroutines and two contexts); floor the least the same wind-down can
 // cost: a goroutine per turn waiting on a context with the same deadline.
-// Run it with -benchtime 1x.
+// -benchtime Nx runs N rounds in one process (each round's turns are new
+// conversations); the figures are over all of them.
 func BenchmarkTurnWindDown(b *testing.B) {
 	n := 10000
 	if v := os.Getenv("TB_BENCH_TURNS"); v != "" {
@@ -169,6 +171,10 @@ type winddown struct {
 	offInstant    int
 }
 
+// windDownRounds counts the rounds of BenchmarkTurnWindDown in this
+// process.
+var windDownRounds atomic.Int64
+
 // windDown runs one round of BenchmarkTurnWindDown: of turns, of their
 // shape alone (shapeOfATurn), or of the floor.
 func windDown(b *testing.B, a *agent.Agent, n int, mode string) (late []time.Duration, w winddown) {
@@ -176,6 +182,7 @@ func windDown(b *testing.B, a *agent.Agent, n int, mode string) (late []time.Dur
 	// would hand it back bit by bit, in the kernel, during this round's
 	// wind-down (7-8 µs a turn of the shape's, run after the turns).
 	debug.FreeOSMemory()
+	session := strconv.FormatInt(windDownRounds.Add(1), 10) + "-"
 	// Long enough for every turn to park first on a loaded 2-CPU machine.
 	at := time.Now().Add(time.Duration(n)*time.Millisecond + 3*time.Second)
 	var parked, done sync.WaitGroup
@@ -211,7 +218,10 @@ func windDown(b *testing.B, a *agent.Agent, n int, mode string) (late []time.Dur
 				}
 			})
 			d := time.Until(at).Round(time.Millisecond)
-			res := a.Run(context.Background(), agent.Input{SessionID: strconv.Itoa(i), Text: "hi",
+			// A conversation of its own each round: the script plays a
+			// conversation's lines in turn, and one that went on to "done"
+			// would not park.
+			res := a.Run(context.Background(), agent.Input{SessionID: session + strconv.Itoa(i), Text: "hi",
 				Budgets: budget.Request{"turn": d.String()}}, sink)
 			returned[i] = time.Now()
 			ceilings[i] = res.Record.StartedAt.Add(d)
