@@ -1,7 +1,10 @@
 // Package groupq is the group commit the durable stores share: events are
 // queued as turns emit them and one writer goroutine commits whatever is
 // waiting, in queue order, one transaction per group, then calls each
-// event's callback in that order (docs/decisions/group-commit.md).
+// event's callback in that order (docs/decisions/group-commit.md). A store
+// may queue its own writes among the events (Do: a turn's end, after the
+// turn's events), to share their transactions
+// (docs/decisions/turn-ends-in-groups.md).
 //
 // A group whose commit fails for a reason that passes (the database is
 // away, a lock is held: Options.Transient) is committed again, whole and
@@ -24,11 +27,14 @@ import (
 	"github.com/timebox-run/timebox/store/internal/retry"
 )
 
-// Item is one queued event.
+// Item is one queued event, or a store's own write (Work).
 type Item struct {
 	Event event.Event
 	// Data is Event's JSON.
 	Data []byte
+	// Work, when not nil, is what Do queued in place of an event: the
+	// store's Commit does it in the group's transaction, in its place.
+	Work any
 	// Err is set by a commit that stored the group but not this event (a
 	// turn that is unknown, or that another process ended).
 	Err error
@@ -113,9 +119,11 @@ type Queue struct {
 	// committing is when the commit under way began, zero between them.
 	committing time.Time
 	room       *sync.Cond
-	wake       chan struct{} // the writer has work (capacity 1)
-	written    chan struct{} // closed when the writer has stopped
-	stop       chan struct{} // Close: stop waiting between attempts
+	// group is the writer's: the events of the run it commits (write).
+	group   []*Item
+	wake    chan struct{} // the writer has work (capacity 1)
+	written chan struct{} // closed when the writer has stopped
+	stop    chan struct{} // Close: stop waiting between attempts
 }
 
 // New starts a queue whose writer commits with commit.
@@ -153,6 +161,17 @@ func (q *Queue) Add(e event.Event, committed func(error)) {
 		err = q.enqueue(&Item{Event: e, Data: data, committed: committed})
 	}
 	if err != nil && committed != nil {
+		committed(err)
+	}
+}
+
+// Do queues work, a store's own write, behind the events queued before
+// it: the store's Commit is handed it in its place in a group (Item.Work),
+// and it is committed, retried and failed as an event is. committed, when
+// not nil, is called once it is stored or with the error that kept it from
+// being stored (store.ErrClosed after Close).
+func (q *Queue) Do(work any, committed func(error)) {
+	if err := q.enqueue(&Item{Work: work, committed: committed}); err != nil && committed != nil {
 		committed(err)
 	}
 }
@@ -256,21 +275,29 @@ func (q *Queue) writer() {
 }
 
 // write commits a taken queue in order: runs of events up to MaxGroup per
-// transaction, each followed by its callbacks; a Flush marker is released
-// once everything before it is done.
+// transaction, each followed by its callbacks. A Flush marker does not end
+// a run: it is released once the run it is in is done, everything before
+// it with it. (Ending the run there made 10,000 turns that end at once,
+// each flushing before its end, commit one event at a time: issue 29.)
 func (q *Queue) write(batch []*Item) {
 	for len(batch) > 0 {
-		if batch[0].flushed != nil {
-			close(batch[0].flushed)
-			q.taken(batch[:1])
-			batch = batch[1:]
-			continue
-		}
-		n := 1
-		for n < len(batch) && n < q.o.MaxGroup && batch[n].flushed == nil {
+		n, group := 0, q.group[:0]
+		for n < len(batch) && (len(group) < q.o.MaxGroup || batch[n].flushed != nil) {
+			if batch[n].flushed == nil {
+				group = append(group, batch[n])
+			}
 			n++
 		}
-		q.commitGroup(batch[:n])
+		if len(group) > 0 {
+			q.commitGroup(group)
+		}
+		for _, it := range batch[:n] {
+			if it.flushed != nil {
+				close(it.flushed)
+			}
+		}
+		q.group = group
+		clear(q.group)
 		q.taken(batch[:n])
 		batch = batch[n:]
 	}

@@ -32,9 +32,16 @@ type fakeDB struct {
 	stored   []int64
 	attempts []int // sizes of the groups attempted
 	release  chan struct{}
+	// entered, when not nil, is sent to as a commit begins, if it has
+	// room.
+	entered chan struct{}
 }
 
 func (f *fakeDB) commit(group []*Item) error {
+	select {
+	case f.entered <- struct{}{}:
+	default:
+	}
 	if f.release != nil {
 		<-f.release
 	}
@@ -46,14 +53,22 @@ func (f *fakeDB) commit(group []*Item) error {
 		return errDown
 	}
 	for _, it := range group {
-		if f.bad[it.Event.Seq] {
+		if f.bad[key(it)] {
 			return errBad
 		}
 	}
 	for _, it := range group {
-		f.stored = append(f.stored, it.Event.Seq)
+		f.stored = append(f.stored, key(it))
 	}
 	return nil
+}
+
+// key is an event's seq, or the negative of a work's (Do: an int64).
+func key(it *Item) int64 {
+	if w, ok := it.Work.(int64); ok {
+		return -w
+	}
+	return it.Event.Seq
 }
 
 func transient(err error) bool { return errors.Is(err, errDown) }
@@ -329,4 +344,89 @@ func TestBacklogShowsNoStoreError(t *testing.T) {
 		t.Errorf("the status (for the log) lost the error: %v", st.Err)
 	}
 	q.Close()
+}
+
+// TestFlushesDoNotSplitGroups: what is queued around Flush markers is
+// committed in one group, and each Flush returns once what was queued
+// before it is stored. (A marker used to end its group: 10,000 turns that
+// ended at once, each flushing, committed one event a transaction.)
+func TestFlushesDoNotSplitGroups(t *testing.T) {
+	db := &fakeDB{release: make(chan struct{}), entered: make(chan struct{}, 1)}
+	q := New(db.commit, Options{})
+	defer q.Close()
+	q.Add(ev(1), nil)
+	<-db.entered // the writer commits it, and waits for release
+	flushed := make(chan int64, 2)
+	for _, seq := range []int64{2, 3} {
+		q.Add(ev(seq), nil)
+		go func() {
+			if err := q.Flush(context.Background()); err != nil {
+				t.Error(err)
+			}
+			db.mu.Lock()
+			flushed <- int64(len(db.stored))
+			db.mu.Unlock()
+		}()
+		want := int(seq) + 1 // the events so far and this flush
+		if seq == 3 {
+			want++ // and the first flush
+		}
+		if !wait.Until(5*time.Second, func() bool { return q.Status().Waiting == want }) {
+			t.Fatalf("flush after %d not queued: %+v", seq, q.Status())
+		}
+	}
+	q.Add(ev(4), nil)
+	close(db.release)
+	for range 2 {
+		if n := <-flushed; n < 3 {
+			t.Errorf("a Flush returned with %d events stored, want at least the 3 queued before it", n)
+		}
+	}
+	if err := q.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	if fmt.Sprint(db.attempts) != "[1 3]" || fmt.Sprint(db.stored) != "[1 2 3 4]" {
+		t.Fatalf("groups of %v storing %v: want [1 3], the flushes inside the second group, storing 1..4", db.attempts, db.stored)
+	}
+}
+
+// TestDoIsCommittedInItsPlace: a store's own write (Do) is handed to the
+// commit in its place among the events, in their group; one that fails
+// for good fails alone, as an event does; after Close it fails with
+// store.ErrClosed.
+func TestDoIsCommittedInItsPlace(t *testing.T) {
+	db := &fakeDB{release: make(chan struct{}), entered: make(chan struct{}, 1), bad: map[int64]bool{-200: true}}
+	q := New(db.commit, Options{})
+	r := newResults(6)
+	q.Add(ev(1), r.cb(1))
+	<-db.entered
+	q.Add(ev(2), r.cb(2))
+	q.Do(int64(100), r.cb(-100))
+	q.Add(ev(3), r.cb(3))
+	close(db.release)
+	if err := q.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	db.mu.Lock()
+	if fmt.Sprint(db.attempts) != "[1 3]" || fmt.Sprint(db.stored) != "[1 2 -100 3]" {
+		t.Fatalf("groups of %v storing %v: want [1 3] storing [1 2 -100 3]", db.attempts, db.stored)
+	}
+	db.mu.Unlock()
+	q.Add(ev(4), r.cb(4))
+	q.Do(int64(200), r.cb(-200))
+	q.Close()
+	q.Do(int64(300), func(err error) {
+		if !errors.Is(err, store.ErrClosed) {
+			t.Errorf("Do after Close: %v, want store.ErrClosed", err)
+		}
+	})
+	r.all.Wait()
+	if fmt.Sprint(r.seqs) != "[1 2 -100 3 4 -200]" {
+		t.Errorf("called back %v, want in queue order", r.seqs)
+	}
+	if len(r.errs) != 1 || !errors.Is(r.errs[-200], errBad) {
+		t.Errorf("errors %v: want only the bad work's", r.errs)
+	}
 }
