@@ -13,7 +13,7 @@ var _ store.Approvals = (*Store)(nil)
 
 // RequestApproval implements store.Approvals.
 func (s *Store) RequestApproval(ctx context.Context, a store.Approval) error {
-	return s.durable(ctx, "an approval request of turn "+a.TurnID, func(tx *sql.Tx) error {
+	return s.durable(ctx, "an approval request of turn "+a.TurnID, func(tx *wtx) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO approvals (turn_id, call_id, round, n, tool, arguments, requested_at, expires_at)
 			VALUES (?, ?, ?, (SELECT COUNT(*) FROM approvals WHERE turn_id = ?), ?, ?, ?, ?)
 			ON CONFLICT DO NOTHING`,
@@ -27,8 +27,8 @@ func (s *Store) RequestApproval(ctx context.Context, a store.Approval) error {
 func (s *Store) Decide(ctx context.Context, turnID, callID string, d store.Approval) (store.Approval, error) {
 	var out store.Approval
 	var refused error
-	err := s.durable(ctx, "a decision on call "+callID+" of turn "+turnID, func(tx *sql.Tx) error {
-		a, err := lastApproval(ctx, tx, turnID, callID)
+	err := s.durable(ctx, "a decision on call "+callID+" of turn "+turnID, func(tx *wtx) error {
+		a, err := lastApproval(ctx, tx.Tx, turnID, callID)
 		if err != nil {
 			return err
 		}

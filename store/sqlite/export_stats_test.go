@@ -2,7 +2,6 @@ package sqlite
 
 import (
 	"context"
-	"database/sql"
 
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/store/storetest"
@@ -16,7 +15,7 @@ var Migrations = migrations
 // belong to, through the functions that store the records AppendEvent and
 // FinishTurn are given: for the benchmark of a million calls.
 func (s *Store) SeedCalls(ctx context.Context, tools []event.ToolCall, models []storetest.TurnModelCall) error {
-	return s.tx(ctx, func(tx *sql.Tx) error {
+	return s.tx(ctx, func(tx *wtx) error {
 		for _, tc := range tools {
 			if _, err := tx.ExecContext(ctx, `INSERT OR IGNORE INTO turns (turn_id, input, status, started_at) VALUES (?, 'x', 'completed', ?)`,
 				tc.TurnID, nanos(tc.StartedAt)); err != nil {

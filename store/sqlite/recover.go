@@ -129,7 +129,7 @@ func (s *Store) interruptOwner(ctx context.Context, ownerID, why string) error {
 		if err != nil {
 			return err
 		}
-		if err := interruptTurn(ctx, tx, id, why); err != nil {
+		if err := interruptTurn(ctx, &wtx{Tx: tx, prepared: s.prepared}, id, why); err != nil {
 			tx.Rollback()
 			return fmt.Errorf("turn %s: %w", id, err)
 		}
@@ -145,7 +145,7 @@ func (s *Store) interruptOwner(ctx context.Context, ownerID, why string) error {
 // says interrupted, with a message saying what was running, and its event
 // log gets the turn_finished the process never wrote, so that whoever
 // follows the log sees it end (store.Interrupt).
-func interruptTurn(ctx context.Context, tx *sql.Tx, id, why string) error {
+func interruptTurn(ctx context.Context, tx *wtx, id, why string) error {
 	t := store.Interrupted{TurnID: id, Why: why, Now: time.Now()}
 	var (
 		started int64

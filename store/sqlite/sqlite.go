@@ -5,8 +5,10 @@
 // committed in batches by one writer goroutine (group commit): a crashed
 // or killed process loses at most what was queued in its last few
 // milliseconds, and never a call record, which sinks wait for
-// (docs/decisions/group-commit.md). Every other write is committed before
-// its method returns; only a power loss may lose the last transactions
+// (docs/decisions/group-commit.md). A turn's end is queued behind its
+// events and committed by the same writer, in its groups, before
+// FinishTurn returns (docs/decisions/turn-ends-in-groups.md). Every other
+// write is committed before its method returns; only a power loss may lose the last transactions
 // (docs/decisions/store-sqlite.md). Writes go through one connection,
 // reads through a small pool, so readers never wait for the writer.
 //
@@ -82,8 +84,9 @@ type Store struct {
 	recovered []string
 
 	// Event appends are queued and committed in groups (groupq).
-	q        *groupq.Queue
-	insEvent *sql.Stmt
+	q *groupq.Queue
+	// prepared are the writer's statements prepared once (wtx).
+	prepared map[string]*sql.Stmt
 
 	watch   watch.Set // followers of turns (Watch)
 	cancels watch.Set // turns this store runs (WatchCancel)
@@ -156,7 +159,7 @@ func Open(path string, o Options) (*Store, error) {
 	r.SetMaxIdleConns(4)
 	s := &Store{path: path, apart: "apart", w: w, r: r, log: o.Logger, owner: newID(), machine: machineID(), hb: o.Heartbeat, stale: o.Stale,
 		stop: make(chan struct{}), done: make(chan struct{}), closed: make(chan struct{})}
-	if s.insEvent, err = w.PrepareContext(ctx, insertEventSQL); err != nil {
+	if s.prepared, err = prepare(ctx, w); err != nil {
 		s.closeDBs()
 		return nil, err
 	}
@@ -289,14 +292,14 @@ func (s *Store) stopWriters() {
 
 func (s *Store) closeDBs() error {
 	var err error
-	if s.insEvent != nil {
-		err = s.insEvent.Close()
+	if s.prepared != nil {
+		err = closePrepared(s.prepared)
 	}
 	return errors.Join(err, s.r.Close(), s.w.Close())
 }
 
 // tx runs fn in a write transaction.
-func (s *Store) tx(ctx context.Context, fn func(*sql.Tx) error) error {
+func (s *Store) tx(ctx context.Context, fn func(*wtx) error) error {
 	if s.isClosed() {
 		return store.ErrClosed
 	}
@@ -314,14 +317,14 @@ func (s *Store) tx(ctx context.Context, fn func(*sql.Tx) error) error {
 // backoff, while another process holds the file's lock past BusyTimeout,
 // until ctx ends or the store is closed. A turn's end and a late result go
 // through it (docs/decisions/store-outages.md).
-func (s *Store) durable(ctx context.Context, what string, fn func(*sql.Tx) error) error {
+func (s *Store) durable(ctx context.Context, what string, fn func(*wtx) error) error {
 	return retry.Do(ctx, retry.Policy{Transient: transient, Stop: s.closed, Log: s.log, What: "sqlite store: " + what, Attrs: []any{"path", s.path},
 		Stopped: func(err error) error {
 			return fmt.Errorf("%w while %s could not be stored: %w", store.ErrClosed, what, err)
 		}}, func() error { return s.tx(ctx, fn) })
 }
 
-func (s *Store) tx1(ctx context.Context, fn func(*sql.Tx) error) error {
+func (s *Store) tx1(ctx context.Context, fn func(*wtx) error) error {
 	if s.w == nil {
 		return errReadOnly
 	}
@@ -329,7 +332,7 @@ func (s *Store) tx1(ctx context.Context, fn func(*sql.Tx) error) error {
 	if err != nil {
 		return err
 	}
-	if err := fn(tx); err != nil {
+	if err := fn(&wtx{Tx: tx, prepared: s.prepared}); err != nil {
 		tx.Rollback()
 		return err
 	}
@@ -415,15 +418,17 @@ func isFK(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "FOREIGN KEY constraint failed")
 }
 
-func touchSession(ctx context.Context, tx *sql.Tx, id string, at time.Time) error {
-	_, err := tx.ExecContext(ctx, `INSERT INTO sessions (session_id, created_at, updated_at) VALUES (?1, ?2, ?2)
-		ON CONFLICT (session_id) DO UPDATE SET updated_at = max(updated_at, excluded.updated_at)`, id, nanos(at))
+const touchSessionSQL = `INSERT INTO sessions (session_id, created_at, updated_at) VALUES (?1, ?2, ?2)
+		ON CONFLICT (session_id) DO UPDATE SET updated_at = max(updated_at, excluded.updated_at)`
+
+func touchSession(ctx context.Context, tx *wtx, id string, at time.Time) error {
+	_, err := tx.exec(ctx, touchSessionSQL, id, nanos(at))
 	return err
 }
 
 // BeginTurn implements store.Store.
 func (s *Store) BeginTurn(ctx context.Context, t store.TurnStart) error {
-	err := s.tx(ctx, func(tx *sql.Tx) error {
+	err := s.tx(ctx, func(tx *wtx) error {
 		return s.begin(ctx, tx, t, true)
 	})
 	if transient(err) {
@@ -434,7 +439,7 @@ func (s *Store) BeginTurn(ctx context.Context, t store.TurnStart) error {
 
 // begin inserts a running turn; exclusive refuses it while its session has
 // another turn running (store.ErrSessionBusy).
-func (s *Store) begin(ctx context.Context, tx *sql.Tx, t store.TurnStart, exclusive bool) error {
+func (s *Store) begin(ctx context.Context, tx *wtx, t store.TurnStart, exclusive bool) error {
 	var one int
 	switch err := tx.QueryRowContext(ctx, `SELECT 1 FROM turns WHERE turn_id = ?`, t.TurnID).Scan(&one); {
 	case err == nil:
@@ -516,16 +521,23 @@ func (s *Store) Flush(ctx context.Context) error {
 	return s.q.Flush(ctx)
 }
 
-// commitGroup writes a group of appends in one transaction.
+// commitGroup writes a group of appends, and the turns' ends queued among
+// them, in one transaction.
 func (s *Store) commitGroup(group []*groupq.Item) error {
 	ctx := context.Background()
 	tx, err := s.w.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
-	ins := tx.StmtContext(ctx, s.insEvent)
+	wt := &wtx{Tx: tx, prepared: s.prepared}
 	for _, it := range group {
-		if err := appendOne(ctx, tx, ins, it); err != nil {
+		var err error
+		if e, ok := it.Work.(*end); ok {
+			err = s.finish(ctx, wt, e.rec, e.msgs)
+		} else {
+			err = appendOne(ctx, wt, it)
+		}
+		if err != nil {
 			tx.Rollback()
 			return err
 		}
@@ -533,10 +545,10 @@ func (s *Store) commitGroup(group []*groupq.Item) error {
 	return tx.Commit()
 }
 
-func appendOne(ctx context.Context, tx *sql.Tx, ins *sql.Stmt, it *groupq.Item) error {
+func appendOne(ctx context.Context, tx *wtx, it *groupq.Item) error {
 	e := it.Event
 	_, a := store.StoredEvent(e)
-	res, err := ins.ExecContext(ctx, e.TurnID, e.Seq, e.Type, nanos(e.At), it.Data, a.Column())
+	res, err := tx.exec(ctx, insertEventSQL, e.TurnID, e.Seq, e.Type, nanos(e.At), it.Data, a.Column())
 	if isFK(err) {
 		return fmt.Errorf("turn %s: %w", e.TurnID, store.ErrNotFound)
 	}
@@ -566,13 +578,13 @@ func appendOne(ctx context.Context, tx *sql.Tx, ins *sql.Stmt, it *groupq.Item) 
 const insertEventSQL = `INSERT OR IGNORE INTO events (turn_id, seq, type, at, data, apart) VALUES (?, ?, ?, ?, ?, ?)`
 
 // insertEvent stores e, its long texts apart, unless its seq is stored.
-func insertEvent(ctx context.Context, tx *sql.Tx, e event.Event) (bool, error) {
+func insertEvent(ctx context.Context, tx *wtx, e event.Event) (bool, error) {
 	e, a := store.StoredEvent(e)
 	data, err := event.Marshal(e)
 	if err != nil {
 		return false, err
 	}
-	res, err := tx.ExecContext(ctx, insertEventSQL, e.TurnID, e.Seq, e.Type, nanos(e.At), data, a.Column())
+	res, err := tx.exec(ctx, insertEventSQL, e.TurnID, e.Seq, e.Type, nanos(e.At), data, a.Column())
 	if isFK(err) {
 		return false, fmt.Errorf("turn %s: %w", e.TurnID, store.ErrNotFound)
 	}
@@ -586,7 +598,18 @@ func insertEvent(ctx context.Context, tx *sql.Tx, e event.Event) (bool, error) {
 	return true, putTexts(ctx, tx, e.TurnID, a)
 }
 
-func putToolCall(ctx context.Context, tx *sql.Tx, tc event.ToolCall) error {
+const putToolCallSQL = `INSERT INTO tool_calls (turn_id, call_id, tool, outcome, started_at, duration_ms, late_result, record,
+			timeout_ms, idle_timeout_ms, phase, refused, overran, abandoned, progress_count, sample_ms, silence_ms)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		ON CONFLICT (turn_id, call_id) DO UPDATE SET tool = excluded.tool, outcome = excluded.outcome,
+			started_at = excluded.started_at, duration_ms = excluded.duration_ms,
+			late_result = excluded.late_result, record = excluded.record,
+			timeout_ms = excluded.timeout_ms, idle_timeout_ms = excluded.idle_timeout_ms, phase = excluded.phase,
+			refused = excluded.refused, overran = excluded.overran, abandoned = excluded.abandoned,
+			progress_count = excluded.progress_count, sample_ms = excluded.sample_ms, silence_ms = excluded.silence_ms
+		WHERE NOT (tool_calls.late_result = 1 AND excluded.late_result = 0)`
+
+func putToolCall(ctx context.Context, tx *wtx, tc event.ToolCall) error {
 	rec, err := json.Marshal(tc)
 	if err != nil {
 		return err
@@ -597,16 +620,7 @@ func putToolCall(ctx context.Context, tx *sql.Tx, tc event.ToolCall) error {
 	}
 	// The WHERE keeps a late result (store.KeepLate) that the turn's
 	// final record, written after it, does not know of.
-	_, err = tx.ExecContext(ctx, `INSERT INTO tool_calls (turn_id, call_id, tool, outcome, started_at, duration_ms, late_result, record,
-			timeout_ms, idle_timeout_ms, phase, refused, overran, abandoned, progress_count, sample_ms, silence_ms)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-		ON CONFLICT (turn_id, call_id) DO UPDATE SET tool = excluded.tool, outcome = excluded.outcome,
-			started_at = excluded.started_at, duration_ms = excluded.duration_ms,
-			late_result = excluded.late_result, record = excluded.record,
-			timeout_ms = excluded.timeout_ms, idle_timeout_ms = excluded.idle_timeout_ms, phase = excluded.phase,
-			refused = excluded.refused, overran = excluded.overran, abandoned = excluded.abandoned,
-			progress_count = excluded.progress_count, sample_ms = excluded.sample_ms, silence_ms = excluded.silence_ms
-		WHERE NOT (tool_calls.late_result = 1 AND excluded.late_result = 0)`,
+	_, err = tx.exec(ctx, putToolCallSQL,
 		tc.TurnID, tc.CallID, tc.Tool, tc.Outcome, nanos(tc.StartedAt), tc.DurationMS, tc.LateResult, rec,
 		tc.TimeoutMS, tc.IdleTimeoutMS, tc.Phase, tc.Refused, tc.Overran, tc.Abandoned, tc.ProgressCount, sample, silence)
 	if isFK(err) {
@@ -619,7 +633,7 @@ func putToolCall(ctx context.Context, tx *sql.Tx, tc event.ToolCall) error {
 // duration when it enters its tool's percentiles (store.ToolSample) and
 // its longest silence (store.LongestSilence), measured from its stored
 // progress events; nil when it does not.
-func toolSample(ctx context.Context, tx *sql.Tx, tc event.ToolCall) (sample, silence any, err error) {
+func toolSample(ctx context.Context, tx *wtx, tc event.ToolCall) (sample, silence any, err error) {
 	ms, ok := store.ToolSample(tc)
 	if !ok {
 		return nil, nil, nil
@@ -646,7 +660,11 @@ func toolSample(ctx context.Context, tx *sql.Tx, tc event.ToolCall) (sample, sil
 	return ms, store.ToolSilence(tc, reports), nil
 }
 
-func addModelCall(ctx context.Context, tx *sql.Tx, turnID string, mc event.ModelCall) error {
+const addModelCallSQL = `INSERT INTO model_calls (turn_id, idx, step, model, outcome, record,
+			provider, started_at, phase, sample_phase, sample_ms)
+		VALUES (?1, (SELECT COALESCE(MAX(idx), -1) + 1 FROM model_calls WHERE turn_id = ?1), ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)`
+
+func addModelCall(ctx context.Context, tx *wtx, turnID string, mc event.ModelCall) error {
 	rec, err := json.Marshal(mc)
 	if err != nil {
 		return err
@@ -656,16 +674,17 @@ func addModelCall(ctx context.Context, tx *sql.Tx, turnID string, mc event.Model
 	if ok {
 		sample = ms
 	}
-	_, err = tx.ExecContext(ctx, `INSERT INTO model_calls (turn_id, idx, step, model, outcome, record,
-			provider, started_at, phase, sample_phase, sample_ms)
-		VALUES (?1, (SELECT COALESCE(MAX(idx), -1) + 1 FROM model_calls WHERE turn_id = ?1), ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)`,
+	_, err = tx.exec(ctx, addModelCallSQL,
 		turnID, mc.Step, mc.Model, mc.Outcome, rec, mc.Provider, nanos(mc.StartedAt), mc.Phase, phase, sample)
 	return err
 }
 
 // putRecord stores a turn's end — its status, message and record — with
 // its long texts apart.
-func putRecord(ctx context.Context, tx *sql.Tx, rec *event.Turn) error {
+const putRecordSQL = `UPDATE turns SET status = ?, stop_reason = ?, message = ?, ended_at = ?,
+		wall_ms = ?, steps = ?, record = ?, apart = ? WHERE turn_id = ?`
+
+func putRecord(ctx context.Context, tx *wtx, rec *event.Turn) error {
 	stored, a := store.RecordApart(rec)
 	final, err := store.FinalRecord(stored)
 	if err != nil {
@@ -674,86 +693,41 @@ func putRecord(ctx context.Context, tx *sql.Tx, rec *event.Turn) error {
 	if err := putTexts(ctx, tx, rec.TurnID, a); err != nil {
 		return err
 	}
-	_, err = tx.ExecContext(ctx, `UPDATE turns SET status = ?, stop_reason = ?, message = ?, ended_at = ?,
-		wall_ms = ?, steps = ?, record = ?, apart = ? WHERE turn_id = ?`,
+	_, err = tx.exec(ctx, putRecordSQL,
 		rec.Status, rec.StopReason, stored.Message, nanos(rec.EndedAt), rec.WallMS, rec.Steps, final, a.Column(), rec.TurnID)
 	return err
 }
 
-// FinishTurn implements store.Store.
+// end is a turn's end, queued for the writer (FinishTurn).
+type end struct {
+	rec  *event.Turn
+	msgs []model.Message
+}
+
+// FinishTurn implements store.Store. The turn's end is queued behind its
+// events and committed by the writer with whatever else is waiting, in one
+// transaction: 10,000 turns that end at once share a few commits instead
+// of waiting for 10,000 one after the other
+// (docs/decisions/turn-ends-in-groups.md). When ctx ends first it returns
+// ctx's error, and the end stays queued.
 func (s *Store) FinishTurn(ctx context.Context, rec *event.Turn, msgs []model.Message) error {
-	if err := s.Flush(ctx); err != nil {
-		return err
+	if s.readOnly {
+		return errReadOnly
 	}
 	defer s.watch.Wake(rec.TurnID)
-	err := s.durable(ctx, "the record of turn "+rec.TurnID, func(tx *sql.Tx) error {
-		var one int
-		err := tx.QueryRowContext(ctx, `SELECT 1 FROM turns WHERE turn_id = ?`, rec.TurnID).Scan(&one)
-		if errors.Is(err, sql.ErrNoRows) {
-			err = s.begin(ctx, tx, store.TurnStart{TurnID: rec.TurnID, SessionID: rec.SessionID, Agent: rec.Agent,
-				Input: rec.Input, StartedAt: rec.StartedAt}, false)
-		}
-		if err != nil {
-			return err
-		}
-		var last int64
-		if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(seq), 0) FROM events WHERE turn_id = ?`, rec.TurnID).Scan(&last); err != nil {
-			return err
-		}
-		// Only the events the queue has not stored are marshalled: as a
-		// rule none, and a turn's log may hold a long reply's every delta
-		// (issue 29).
-		for _, e := range rec.Events {
-			if e.Seq <= last {
-				continue
-			}
-			e.TurnID = rec.TurnID
-			if _, err := insertEvent(ctx, tx, e); err != nil {
-				return err
-			}
-		}
-		for _, tc := range rec.ToolCalls {
-			tc.TurnID = rec.TurnID
-			if err := putToolCall(ctx, tx, tc); err != nil {
-				return err
-			}
-		}
-		if _, err := tx.ExecContext(ctx, `DELETE FROM model_calls WHERE turn_id = ?`, rec.TurnID); err != nil {
-			return err
-		}
-		for _, mc := range rec.ModelCalls {
-			if err := addModelCall(ctx, tx, rec.TurnID, mc); err != nil {
-				return err
-			}
-		}
-		if err := putRecord(ctx, tx, rec); err != nil {
-			return err
-		}
-		if rec.SessionID == "" {
-			return nil
-		}
-		if err := touchSession(ctx, tx, rec.SessionID, rec.EndedAt); err != nil {
-			return err
-		}
-		if _, err := tx.ExecContext(ctx, `DELETE FROM messages WHERE turn_id = ?`, rec.TurnID); err != nil {
-			return err
-		}
-		for i, m := range msgs {
-			m, a := store.MessageApart(m, i, rec.Answer)
-			if err := putTexts(ctx, tx, rec.TurnID, a); err != nil {
-				return err
-			}
-			b, err := json.Marshal(m)
-			if err != nil {
-				return err
-			}
-			if _, err := tx.ExecContext(ctx, `INSERT INTO messages (session_id, turn_id, message, apart) VALUES (?, ?, ?, ?)`,
-				rec.SessionID, rec.TurnID, b, a.Column()); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	done := make(chan error, 1)
+	s.q.Do(&end{rec: rec, msgs: msgs}, func(err error) { done <- err })
+	var err error
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if !isFull(err) {
+		return err
+	}
+	// The disk is full: alone, with the room the reserve makes (tx).
+	err = s.durable(ctx, "the record of turn "+rec.TurnID, func(tx *wtx) error { return s.finish(ctx, tx, rec, msgs) })
 	if !errors.Is(err, ErrDiskFull) {
 		return err
 	}
@@ -772,6 +746,85 @@ func (s *Store) FinishTurn(ctx context.Context, rec *event.Turn, msgs []model.Me
 		return fmt.Errorf("%w (and its end could not be stored either: %v)", err, werr)
 	}
 	return fmt.Errorf("%w: the turn's end was stored without its events and records", err)
+}
+
+// The statements of a turn's end (finish) that are not a function's own.
+const (
+	turnExistsSQL       = `SELECT 1 FROM turns WHERE turn_id = ?`
+	lastSeqSQL          = `SELECT COALESCE(MAX(seq), 0) FROM events WHERE turn_id = ?`
+	deleteModelCallsSQL = `DELETE FROM model_calls WHERE turn_id = ?`
+	deleteMessagesSQL   = `DELETE FROM messages WHERE turn_id = ?`
+	insertMessageSQL    = `INSERT INTO messages (session_id, turn_id, message, apart) VALUES (?, ?, ?, ?)`
+)
+
+// finish writes a turn's end in tx: the events of its log the queue did
+// not store, its call records, its record and its session messages.
+func (s *Store) finish(ctx context.Context, tx *wtx, rec *event.Turn, msgs []model.Message) error {
+	var one int
+	err := tx.queryRow(ctx, turnExistsSQL, rec.TurnID).Scan(&one)
+	if errors.Is(err, sql.ErrNoRows) {
+		err = s.begin(ctx, tx, store.TurnStart{TurnID: rec.TurnID, SessionID: rec.SessionID, Agent: rec.Agent,
+			Input: rec.Input, StartedAt: rec.StartedAt}, false)
+	}
+	if err != nil {
+		return err
+	}
+	var last int64
+	if err := tx.queryRow(ctx, lastSeqSQL, rec.TurnID).Scan(&last); err != nil {
+		return err
+	}
+	// Only the events the queue has not stored are marshalled: as a
+	// rule none, and a turn's log may hold a long reply's every delta
+	// (issue 29).
+	for _, e := range rec.Events {
+		if e.Seq <= last {
+			continue
+		}
+		e.TurnID = rec.TurnID
+		if _, err := insertEvent(ctx, tx, e); err != nil {
+			return err
+		}
+	}
+	for _, tc := range rec.ToolCalls {
+		tc.TurnID = rec.TurnID
+		if err := putToolCall(ctx, tx, tc); err != nil {
+			return err
+		}
+	}
+	if _, err := tx.exec(ctx, deleteModelCallsSQL, rec.TurnID); err != nil {
+		return err
+	}
+	for _, mc := range rec.ModelCalls {
+		if err := addModelCall(ctx, tx, rec.TurnID, mc); err != nil {
+			return err
+		}
+	}
+	if err := putRecord(ctx, tx, rec); err != nil {
+		return err
+	}
+	if rec.SessionID == "" {
+		return nil
+	}
+	if err := touchSession(ctx, tx, rec.SessionID, rec.EndedAt); err != nil {
+		return err
+	}
+	if _, err := tx.exec(ctx, deleteMessagesSQL, rec.TurnID); err != nil {
+		return err
+	}
+	for i, m := range msgs {
+		m, a := store.MessageApart(m, i, rec.Answer)
+		if err := putTexts(ctx, tx, rec.TurnID, a); err != nil {
+			return err
+		}
+		b, err := json.Marshal(m)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.exec(ctx, insertMessageSQL, rec.SessionID, rec.TurnID, b, a.Column()); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Watch implements store.Store: this store's own commits are signalled at
@@ -808,7 +861,7 @@ func (s *Store) WatchCancel(turnID string) (<-chan struct{}, func()) { return s.
 
 // UpdateToolCall implements store.Store.
 func (s *Store) UpdateToolCall(ctx context.Context, rec event.ToolCall) error {
-	return s.durable(ctx, "a late result of turn "+rec.TurnID, func(tx *sql.Tx) error { return putToolCall(ctx, tx, rec) })
+	return s.durable(ctx, "a late result of turn "+rec.TurnID, func(tx *wtx) error { return putToolCall(ctx, tx, rec) })
 }
 
 // Turn implements store.Store.

@@ -18,6 +18,8 @@ import (
 
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/wait"
+	"github.com/timebox-run/timebox/model"
 	"github.com/timebox-run/timebox/store"
 	"github.com/timebox-run/timebox/store/sqlite"
 	"github.com/timebox-run/timebox/store/storetest"
@@ -501,6 +503,71 @@ func TestALockedFileLosesNothing(t *testing.T) {
 	}
 	if b := s.Backlog(); b.Behind() || b.Events != 0 {
 		t.Errorf("backlog after: %+v", b)
+	}
+}
+
+// TestEndsWaitInTheQueue: turns' ends are queued behind their events and
+// committed by the writer with whatever else waits, in its groups, not
+// each in a transaction of its own (issue 29: 10,000 ends at once took
+// 11 s one after the other). While another process holds the file's lock
+// the ends wait in the queue — the backlog counts them — and once it is
+// let go each is stored whole.
+func TestEndsWaitInTheQueue(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "timebox.db")
+	s, err := sqlite.Open(path, sqlite.Options{BusyTimeout: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	ids := []string{"e1", "e2", "e3"}
+	for _, id := range ids {
+		if err := s.BeginTurn(ctx, store.TurnStart{TurnID: id, SessionID: "s" + id, Input: "q", StartedAt: time.Now()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	other, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	lock, err := other.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	if _, err := lock.ExecContext(ctx, "BEGIN EXCLUSIVE"); err != nil {
+		t.Fatal(err)
+	}
+	finished := make(chan error, len(ids))
+	for _, id := range ids {
+		go func() {
+			now := time.Now()
+			finished <- s.FinishTurn(ctx, &event.Turn{TurnID: id, SessionID: "s" + id, Input: "q", Status: budget.StatusCompleted,
+				StopReason: budget.Answered, Answer: "a " + id, StartedAt: now, EndedAt: now},
+				[]model.Message{{Role: model.RoleUser, Content: "q"}, {Role: model.RoleAssistant, Content: "a " + id}})
+		}()
+	}
+	if !wait.Until(10*time.Second, func() bool { return s.Backlog().Events == len(ids) }) {
+		t.Fatalf("the file locked, the backlog is %+v: want the %d ends queued", s.Backlog(), len(ids))
+	}
+	if _, err := lock.ExecContext(ctx, "COMMIT"); err != nil {
+		t.Fatal(err)
+	}
+	for range ids {
+		if err := <-finished; err != nil {
+			t.Fatalf("an end: %v", err)
+		}
+	}
+	for _, id := range ids {
+		got, err := s.Turn(ctx, id)
+		if err != nil || got.Status != budget.StatusCompleted || got.Answer != "a "+id {
+			t.Fatalf("turn %s stored as %+v, %v", id, got, err)
+		}
+		msgs, err := s.History(ctx, "s"+id)
+		if err != nil || len(msgs) != 2 || msgs[1].Content != "a "+id {
+			t.Fatalf("session s%s stored %+v, %v", id, msgs, err)
+		}
 	}
 }
 

@@ -20,7 +20,7 @@ func (s *Store) SuspendTurn(ctx context.Context, turnID string, checkpoint []byt
 	if err := s.Flush(ctx); err != nil {
 		return err
 	}
-	return s.durable(ctx, "the checkpoint of turn "+turnID, func(tx *sql.Tx) error {
+	return s.durable(ctx, "the checkpoint of turn "+turnID, func(tx *wtx) error {
 		res, err := tx.ExecContext(ctx, `UPDATE turns SET owner_id = ? WHERE turn_id = ? AND status = 'running'`, suspendedOwner, turnID)
 		if err != nil {
 			return err
@@ -46,7 +46,7 @@ func (s *Store) SuspendedTurns(ctx context.Context) ([]string, error) {
 // ResumeTurn implements store.Suspender.
 func (s *Store) ResumeTurn(ctx context.Context, turnID string) ([]byte, error) {
 	var cp []byte
-	err := s.tx(ctx, func(tx *sql.Tx) error {
+	err := s.tx(ctx, func(tx *wtx) error {
 		err := tx.QueryRowContext(ctx, `DELETE FROM suspended_turns WHERE turn_id = ? RETURNING checkpoint`, turnID).Scan(&cp)
 		if errors.Is(err, sql.ErrNoRows) {
 			return fmt.Errorf("suspended turn %s: %w", turnID, store.ErrNotFound)

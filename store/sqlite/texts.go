@@ -20,7 +20,7 @@ import (
 // putTexts stores the texts of a once each: a text a turn already has
 // under its name (the answer, stored with turn_finished before the
 // record) is not written again.
-func putTexts(ctx context.Context, tx *sql.Tx, turnID string, a store.Apart) error {
+func putTexts(ctx context.Context, tx *wtx, turnID string, a store.Apart) error {
 	for _, t := range a.Texts() {
 		var one int
 		err := tx.QueryRowContext(ctx, `SELECT 1 FROM texts WHERE turn_id = ? AND name = ? AND i = 0`, turnID, t.Name).Scan(&one)

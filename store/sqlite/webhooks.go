@@ -20,7 +20,7 @@ func (s *Store) EnqueueDeliveries(ctx context.Context, ds []store.Delivery) erro
 	if len(ds) == 0 {
 		return nil
 	}
-	return s.durable(ctx, "webhook deliveries", func(tx *sql.Tx) error {
+	return s.durable(ctx, "webhook deliveries", func(tx *wtx) error {
 		for _, d := range ds {
 			if _, err := tx.ExecContext(ctx, `INSERT INTO webhook_deliveries
 				(id, url, event_type, turn_id, seq, body, created_at, state, next_attempt_at)
@@ -38,7 +38,7 @@ func (s *Store) EnqueueDeliveries(ctx context.Context, ds []store.Delivery) erro
 // process sharing it.
 func (s *Store) ClaimDeliveries(ctx context.Context, owner string, now time.Time, lease time.Duration, limit int) ([]store.Delivery, error) {
 	var out []store.Delivery
-	err := s.tx(ctx, func(tx *sql.Tx) error {
+	err := s.tx(ctx, func(tx *wtx) error {
 		out = out[:0]
 		rows, err := tx.QueryContext(ctx, `UPDATE webhook_deliveries SET lease_owner = ?, lease_until = ?
 			WHERE n IN (SELECT n FROM webhook_deliveries
@@ -82,7 +82,7 @@ func (s *Store) RecordAttempt(ctx context.Context, id, owner string, a store.Del
 	if state != store.DeliveryPending {
 		next = time.Time{}
 	}
-	return s.durable(ctx, "webhook delivery "+id, func(tx *sql.Tx) error {
+	return s.durable(ctx, "webhook delivery "+id, func(tx *wtx) error {
 		var holder string
 		err := tx.QueryRowContext(ctx, `SELECT lease_owner FROM webhook_deliveries WHERE id = ?`, id).Scan(&holder)
 		switch {
@@ -136,7 +136,7 @@ func (s *Store) ListDeliveries(ctx context.Context, f store.DeliveryFilter) ([]s
 // PruneDeliveries implements store.Deliveries.
 func (s *Store) PruneDeliveries(ctx context.Context, before time.Time) (int, error) {
 	var n int64
-	err := s.tx(ctx, func(tx *sql.Tx) error {
+	err := s.tx(ctx, func(tx *wtx) error {
 		res, err := tx.ExecContext(ctx, `DELETE FROM webhook_deliveries WHERE state <> 'pending' AND created_at < ?`, nanos(before))
 		if err != nil {
 			return err
