@@ -5,7 +5,9 @@ import "time"
 // Backlog is what a store has not stored yet: the events it keeps and
 // commits again while its database is away or locked.
 type Backlog struct {
-	// Events and Bytes are the events waiting.
+	// Events and Bytes are the events waiting (with SQLite, the turns'
+	// ends queued among them count as events:
+	// docs/decisions/turn-ends-in-groups.md).
 	Events int   `json:"events"`
 	Bytes  int64 `json:"bytes"`
 	// Since is when writes began to fail; zero while they do not. Err

@@ -90,7 +90,8 @@ type Store interface {
 	Flush(ctx context.Context) error
 	// FinishTurn stores a turn's final record and the messages it added to
 	// its session's conversation. Events queued before it are stored first
-	// (Flush), then the events of rec.Events not yet stored; a tool call
+	// (before it, or in its transaction), then the events of rec.Events not
+	// yet stored; a tool call
 	// record already updated by UpdateToolCall with a late result keeps it.
 	// A turn that BeginTurn never saw is created.
 	FinishTurn(ctx context.Context, rec *event.Turn, msgs []model.Message) error

@@ -11,6 +11,7 @@ import (
 	"github.com/timebox-run/timebox/internal/testenv"
 	"github.com/timebox-run/timebox/store"
 	"github.com/timebox-run/timebox/store/postgres"
+	"github.com/timebox-run/timebox/store/storetest"
 )
 
 // BenchmarkAppendEvent measures one event written and waited for — the
@@ -58,4 +59,15 @@ func BenchmarkQueueEventConcurrent(b *testing.B) {
 	if err := s.Flush(context.Background()); err != nil {
 		b.Fatal(err)
 	}
+}
+
+// BenchmarkTurnEnds ends 10,000 turns (TB_BENCH_TURNS) at one instant and
+// measures how long after it their ends are stored
+// (storetest.BenchmarkTurnEnds):
+//
+//	go test -run '^$' -bench TurnEnds -benchtime 3x ./store/postgres/
+func BenchmarkTurnEnds(b *testing.B) {
+	s := open(b, testenv.Postgres(b), postgres.Options{})
+	defer s.Close()
+	storetest.BenchmarkTurnEnds(b, s)
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/store"
+	"github.com/timebox-run/timebox/store/storetest"
 )
 
 // BenchmarkAppendEvent measures one event written and waited for: what an
@@ -72,4 +73,15 @@ func BenchmarkQueueEventConcurrent(b *testing.B) {
 	if err := s.Flush(context.Background()); err != nil {
 		b.Fatal(err)
 	}
+}
+
+// BenchmarkTurnEnds ends 10,000 turns (TB_BENCH_TURNS) at one instant and
+// measures how long after it their ends are stored
+// (storetest.BenchmarkTurnEnds):
+//
+//	go test -run '^$' -bench TurnEnds -benchtime 3x ./store/sqlite/
+func BenchmarkTurnEnds(b *testing.B) {
+	s := open(&testing.T{}, filepath.Join(b.TempDir(), "timebox.db"))
+	defer s.Close()
+	storetest.BenchmarkTurnEnds(b, s)
 }
