@@ -48,13 +48,21 @@ type Interruption struct {
 	Record event.Turn
 }
 
+// MaxQueued bounds the events a durable store (SQLite, PostgreSQL) keeps
+// waiting for its database, beside 64 MiB of their JSON: past either, the
+// turns that emit wait for room, so that an outage costs bounded memory.
+// It was 8,192, and 10,000 turns stopped at once — two or three events
+// and an end each — waited seconds for the disk to make room (issue 29;
+// docs/decisions/turn-ends-in-groups.md).
+const MaxQueued = 1 << 16
+
 // PublishedAhead is how far ahead of what it stored a live process may
 // have published a turn's events (a gateway publishes each event to its
 // followers before the store commits it, and its store queues at most
-// 8,192): the events of an interruption are numbered after that, so that
-// their seqs are new to every client, whatever it was shown. A turn's seqs
-// are strictly increasing, not contiguous.
-const PublishedAhead = 1 << 14
+// MaxQueued): the events of an interruption are numbered after that, so
+// that their seqs are new to every client, whatever it was shown. A turn's
+// seqs are strictly increasing, not contiguous.
+const PublishedAhead = 2 * MaxQueued
 
 // Interrupt works out how a turn ends that its process can no longer end
 // (docs/decisions/crash-recovery.md). Every store marks interrupted turns

@@ -244,7 +244,8 @@ func databaseStopped(t *testing.T, down time.Duration) {
 		if h.Behind != nil {
 			kept = fmt.Sprintf("%d events, %.1f KB", h.Behind.Events, float64(h.Behind.Bytes)/1e3)
 		}
-		sc.truth("events "+g.name+" kept for the store at its return", "≤ 8192 events, 64 MiB", kept, h.Behind == nil || h.Behind.Events <= 8192)
+		sc.truth("events "+g.name+" kept for the store at its return", fmt.Sprintf("≤ %d events, 64 MiB", store.MaxQueued), kept,
+			h.Behind == nil || (h.Behind.Events <= store.MaxQueued && h.Behind.Bytes <= 64<<20))
 	}
 	d.pg.Start()
 	back := time.Now()

@@ -125,9 +125,6 @@ type Store struct {
 const (
 	// maxGroup bounds how many event appends share one transaction.
 	maxGroup = 1024
-	// maxQueue bounds the events waiting for the writer (QueueEvent waits
-	// past it).
-	maxQueue = 8192
 	// defaultMaxConns is the pool size when the URL does not set
 	// pool_max_conns: the writer, the LISTEN connection apart, and readers
 	// for the followers.
@@ -222,7 +219,7 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 		s.stopAll()
 		return fail(fmt.Errorf("marking interrupted turns: %w", err))
 	}
-	s.q = groupq.New(s.commitGroup, groupq.Options{MaxGroup: maxGroup, MaxQueue: maxQueue, Transient: transient, Encode: store.EncodeEvent,
+	s.q = groupq.New(s.commitGroup, groupq.Options{MaxGroup: maxGroup, Transient: transient, Encode: store.EncodeEvent,
 		OnState: groupq.Log(s.log, "postgres store "+s.where)})
 	s.bg.Add(3)
 	go s.listen(conn)

@@ -101,10 +101,6 @@ type Store struct {
 const (
 	// maxGroup bounds how many event appends share one transaction.
 	maxGroup = 1024
-	// maxQueue bounds the events waiting for the writer: past it
-	// QueueEvent waits, so that a disk that cannot keep up slows the turns
-	// down instead of growing memory without end.
-	maxQueue = 8192
 )
 
 var _ store.Store = (*Store)(nil)
@@ -177,7 +173,7 @@ func Open(path string, o Options) (*Store, error) {
 		s.closeDBs()
 		return nil, fmt.Errorf("opening store %s: marking interrupted turns: %w", path, err)
 	}
-	s.q = groupq.New(s.commitGroup, groupq.Options{MaxGroup: maxGroup, MaxQueue: maxQueue, Transient: transient,
+	s.q = groupq.New(s.commitGroup, groupq.Options{MaxGroup: maxGroup, Transient: transient,
 		Encode: store.EncodeEvent, OnState: groupq.Log(o.Logger, "sqlite store "+path)})
 	s.keepReserve()
 	go s.heartbeat()

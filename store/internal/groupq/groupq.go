@@ -57,8 +57,9 @@ type Commit func(group []*Item) error
 type Options struct {
 	// MaxGroup bounds how many events share one transaction: 1024.
 	MaxGroup int
-	// MaxQueue and MaxBytes bound the events waiting, in number (8192) and
-	// in bytes of JSON (64 MiB): past either, Add waits for room.
+	// MaxQueue and MaxBytes bound the events waiting, in number
+	// (store.MaxQueued) and in bytes of JSON (64 MiB): past either, Add
+	// waits for room.
 	MaxQueue int
 	MaxBytes int64
 	// Encode returns an event's JSON as the store keeps it, on the
@@ -132,7 +133,7 @@ func New(commit Commit, o Options) *Queue {
 		o.MaxGroup = 1024
 	}
 	if o.MaxQueue <= 0 {
-		o.MaxQueue = 8192
+		o.MaxQueue = store.MaxQueued
 	}
 	if o.MaxBytes <= 0 {
 		o.MaxBytes = 64 << 20

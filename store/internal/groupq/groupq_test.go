@@ -430,3 +430,37 @@ func TestDoIsCommittedInItsPlace(t *testing.T) {
 		t.Errorf("errors %v: want only the bad work's", r.errs)
 	}
 }
+
+// TestRoomForABurst: by default the queue holds store.MaxQueued events
+// while its database cannot keep up, not 8,192: 10,000 turns stopped at
+// one instant queue two or three events and an end each, and with room
+// for 8,192 they waited seconds for the disk (issue 29).
+func TestRoomForABurst(t *testing.T) {
+	db := &fakeDB{down: 1 << 30}
+	q := New(db.commit, Options{Transient: transient, Backoff: time.Millisecond, MaxBackoff: time.Millisecond, CloseTimeout: time.Second})
+	defer q.Close()
+	const burst = 30000 // 10,000 turns' tool_finished, turn_finished and end
+	r := newResults(burst)
+	added := make(chan struct{})
+	go func() {
+		defer close(added)
+		for _, s := range seqs(burst) {
+			q.Add(ev(s), r.cb(s)) // waits for room past the bound
+		}
+	}()
+	select {
+	case <-added:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("Add waited for room with %d events queued, want room for %d", q.Status().Waiting, burst)
+	}
+	if st := q.Status(); st.Waiting != burst || !st.Behind() || store.MaxQueued < burst {
+		t.Fatalf("status while down: %+v (room for %d)", st, store.MaxQueued)
+	}
+	db.mu.Lock()
+	db.down = 0
+	db.mu.Unlock()
+	r.all.Wait()
+	if len(r.errs) != 0 || len(db.stored) != burst {
+		t.Fatalf("%d stored, errors %v", len(db.stored), r.errs)
+	}
+}
