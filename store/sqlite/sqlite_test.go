@@ -421,6 +421,31 @@ func TestDiskFull(t *testing.T) {
 	}
 }
 
+// lockFile takes the write lock of the store at path, as another process
+// would, until unlock is called (or the test ends).
+func lockFile(t *testing.T, path string) (unlock func()) {
+	t.Helper()
+	ctx := context.Background()
+	other, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { other.Close() })
+	lock, err := other.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lock.Close() })
+	if _, err := lock.ExecContext(ctx, "BEGIN EXCLUSIVE"); err != nil {
+		t.Fatal(err)
+	}
+	return func() {
+		if _, err := lock.ExecContext(ctx, "COMMIT"); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // TestALockedFileLosesNothing: while another process holds the file's
 // write lock past BusyTimeout, the turn's events are kept and committed
 // again, the store says it is behind, and the turn's end is stored once
@@ -443,19 +468,7 @@ func TestALockedFileLosesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	other, err := sql.Open("sqlite", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
-	lock, err := other.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lock.Close()
-	if _, err := lock.ExecContext(ctx, "BEGIN EXCLUSIVE"); err != nil {
-		t.Fatal(err)
-	}
+	unlock := lockFile(t, path)
 	for range 100 {
 		em.Emit(&event.LLMDelta{Text: "x"})
 	}
@@ -484,9 +497,7 @@ func TestALockedFileLosesNothing(t *testing.T) {
 		t.Fatalf("a late result returned while the file was locked: %v", err)
 	case <-time.After(300 * time.Millisecond): // several busy timeouts
 	}
-	if _, err := lock.ExecContext(ctx, "COMMIT"); err != nil {
-		t.Fatal(err)
-	}
+	unlock()
 	if err := <-late; err != nil {
 		t.Fatalf("the late result: %v", err)
 	}
@@ -526,19 +537,7 @@ func TestEndsWaitInTheQueue(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	other, err := sql.Open("sqlite", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
-	lock, err := other.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lock.Close()
-	if _, err := lock.ExecContext(ctx, "BEGIN EXCLUSIVE"); err != nil {
-		t.Fatal(err)
-	}
+	unlock := lockFile(t, path)
 	finished := make(chan error, len(ids))
 	for _, id := range ids {
 		go func() {
@@ -551,9 +550,7 @@ func TestEndsWaitInTheQueue(t *testing.T) {
 	if !wait.Until(10*time.Second, func() bool { return s.Backlog().Events == len(ids) }) {
 		t.Fatalf("the file locked, the backlog is %+v: want the %d ends queued", s.Backlog(), len(ids))
 	}
-	if _, err := lock.ExecContext(ctx, "COMMIT"); err != nil {
-		t.Fatal(err)
-	}
+	unlock()
 	for range ids {
 		if err := <-finished; err != nil {
 			t.Fatalf("an end: %v", err)
