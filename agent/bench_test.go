@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"slices"
@@ -20,6 +21,8 @@ import (
 	"github.com/timebox-run/timebox/internal/benchprof"
 	"github.com/timebox-run/timebox/model"
 	"github.com/timebox-run/timebox/model/script"
+	"github.com/timebox-run/timebox/store"
+	"github.com/timebox-run/timebox/store/sqlite"
 	"github.com/timebox-run/timebox/tool"
 )
 
@@ -82,7 +85,11 @@ func BenchmarkTurnMemory(b *testing.B) {
 // instant: within half a millisecond of the instant (the budget is whole
 // milliseconds), or later when its goroutine was held up between the two
 // (ceilings-off-instant counts those more than a millisecond late, and
-// each is measured from its own ceiling, not the instant). shape is
+// each is measured from its own ceiling, not the instant). store is the
+// same turns stored as the server stores them, in a SQLite file: a
+// store.Recorder among each turn's sinks, its end stored
+// (Recorder.Finish) once Run returned; it also reports how late after its
+// ceiling each end was stored (stored-p99-ms, stored-last-ms). shape is
 // the same wind-down with none of a turn's work (shapeOfATurn: its three
 // goroutines and two contexts); floor the least the same wind-down can
 // cost: a goroutine per turn waiting on a context with the same deadline.
@@ -106,19 +113,26 @@ func BenchmarkTurnWindDown(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	for _, mode := range []string{"turns", "shape", "floor"} {
+	for _, mode := range []string{"turns", "store", "shape", "floor"} {
 		b.Run(mode, func(b *testing.B) {
-			var late []time.Duration
+			var late, stored []time.Duration
 			var w winddown
 			for b.Loop() {
 				l, r := windDown(b, a, n, mode)
 				late = append(late, l...)
+				stored = append(stored, r.stored...)
 				w.cpu, w.sys, w.allocs, w.bytes, w.rss = w.cpu+r.cpu, w.sys+r.sys, w.allocs+r.allocs, w.bytes+r.bytes, max(w.rss, r.rss)
 				w.offInstant += r.offInstant
 			}
 			slices.Sort(late)
-			q := func(p float64) float64 {
-				return float64(late[int(p*float64(len(late)-1))]) / float64(time.Millisecond)
+			slices.Sort(stored)
+			quantile := func(d []time.Duration, p float64) float64 {
+				return float64(d[int(p*float64(len(d)-1))]) / float64(time.Millisecond)
+			}
+			q := func(p float64) float64 { return quantile(late, p) }
+			if len(stored) > 0 {
+				b.ReportMetric(quantile(stored, 0.99), "stored-p99-ms")
+				b.ReportMetric(quantile(stored, 1), "stored-last-ms")
 			}
 			b.ReportMetric(float64(w.cpu.Microseconds())/float64(len(late)), "wind-down-µs/turn")
 			b.ReportMetric(float64(w.sys.Microseconds())/float64(len(late)), "wind-down-sys-µs/turn")
@@ -169,6 +183,9 @@ type winddown struct {
 	allocs, bytes uint64
 	rss           int64
 	offInstant    int
+	// stored is how late after its ceiling each turn's end was stored
+	// (mode store).
+	stored []time.Duration
 }
 
 // windDownRounds counts the rounds of BenchmarkTurnWindDown in this
@@ -183,6 +200,16 @@ func windDown(b *testing.B, a *agent.Agent, n int, mode string) (late []time.Dur
 	// wind-down (7-8 µs a turn of the shape's, run after the turns).
 	debug.FreeOSMemory()
 	session := strconv.FormatInt(windDownRounds.Add(1), 10) + "-"
+	var st *sqlite.Store
+	var storedAt []time.Time
+	if mode == "store" {
+		var err error
+		if st, err = sqlite.Open(filepath.Join(b.TempDir(), "timebox.db"), sqlite.Options{}); err != nil {
+			b.Fatal(err)
+		}
+		defer st.Close()
+		storedAt = make([]time.Time, n)
+	}
 	// Long enough for every turn to park first on a loaded 2-CPU machine.
 	at := time.Now().Add(time.Duration(n)*time.Millisecond + 3*time.Second)
 	var parked, done sync.WaitGroup
@@ -217,14 +244,30 @@ func windDown(b *testing.B, a *agent.Agent, n int, mode string) (late []time.Dur
 					once.Do(parked.Done)
 				}
 			})
-			d := time.Until(at).Round(time.Millisecond)
 			// A conversation of its own each round: the script plays a
 			// conversation's lines in turn, and one that went on to "done"
 			// would not park.
-			res := a.Run(context.Background(), agent.Input{SessionID: session + strconv.Itoa(i), Text: "hi",
-				Budgets: budget.Request{"turn": d.String()}}, sink)
+			in := agent.Input{SessionID: session + strconv.Itoa(i), Text: "hi"}
+			sinks := []event.Sink{sink}
+			var rec *store.Recorder
+			if st != nil {
+				in.TurnID, rec = agent.NewTurnID(), store.NewRecorder(st)
+				if err := rec.Begin(context.Background(), store.TurnStart{TurnID: in.TurnID, SessionID: in.SessionID, Input: in.Text, StartedAt: time.Now()}); err != nil {
+					b.Error(err)
+				}
+				sinks = []event.Sink{rec, sink}
+			}
+			d := time.Until(at).Round(time.Millisecond)
+			in.Budgets = budget.Request{"turn": d.String()}
+			res := a.Run(context.Background(), in, sinks...)
 			returned[i] = time.Now()
 			ceilings[i] = res.Record.StartedAt.Add(d)
+			if rec != nil {
+				if err := rec.Finish(context.Background(), res.Record, res.Messages); err != nil {
+					b.Error(err)
+				}
+				storedAt[i] = time.Now()
+			}
 			if res.Record.StopReason != budget.TurnTimeout {
 				b.Errorf("turn %d ended %s, want %s", i, res.Record.StopReason, budget.TurnTimeout)
 			}
@@ -237,8 +280,11 @@ func windDown(b *testing.B, a *agent.Agent, n int, mode string) (late []time.Dur
 	runtime.GC()
 	w.rss = vmRSS()
 	stopProfile := func() {}
-	if mode == "turns" {
+	switch mode {
+	case "turns":
 		stopProfile = benchprof.Phase(b, "") // TB_BENCH_PROFILE=PREFIX
+	case "store":
+		stopProfile = benchprof.Phase(b, "-store")
 	}
 	var m0, m1 runtime.MemStats
 	runtime.ReadMemStats(&m0) // before the instant: it stops the world
@@ -253,6 +299,9 @@ func windDown(b *testing.B, a *agent.Agent, n int, mode string) (late []time.Dur
 		late = append(late, r.Sub(ceilings[i]))
 		if ceilings[i].Sub(at) > time.Millisecond {
 			w.offInstant++
+		}
+		if storedAt != nil {
+			w.stored = append(w.stored, storedAt[i].Sub(ceilings[i]))
 		}
 	}
 	return late, w

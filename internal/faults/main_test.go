@@ -71,6 +71,7 @@ func TestFaults(t *testing.T) {
 		{"process trees", processTrees},
 		{"burst", burst},
 		{"wind-down", windDown},
+		{"wind-down, stored", windDownStored},
 		{"client gone", clientGone},
 		{"SIGTERM serve", sigtermServe},
 		{"SIGTERM run", sigtermRun},
