@@ -51,11 +51,11 @@ func windDown(t *testing.T) { windDownIn(t, false) }
 // windDownStored: the same 10,000 turns stored as the server stores them,
 // in a SQLite file (a store.Recorder among each turn's sinks, the end
 // stored once Run returned). Every turn's end is stored whole: its
-// turn_timeout and its cancelled call. Run returned 8.6–10.6 s past its
+// turn_timeout and its cancelled call. Run returned 7.8–10.6 s past its
 // ceiling at p99 before issue 29's changes to the store (the queue had
 // room for 8,192 events and emits waited for the disk), 0.4 s after, most
-// of it store.RecordWait; the last end was stored 12.7–15.1 s past it
-// before, 4–6 s after (docs/decisions/turn-ends-in-groups.md). The bounds
+// of it store.RecordWait; the last end was stored 11.8–15.1 s past it
+// before, 4.2–5.4 s after (docs/decisions/turn-ends-in-groups.md). The bounds
 // are 2 s at p99 and 30 s for the last end.
 func windDownStored(t *testing.T) { windDownIn(t, true) }
 
