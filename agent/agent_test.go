@@ -19,12 +19,16 @@ import (
 	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/testenv"
 	"github.com/timebox-run/timebox/model"
 	"github.com/timebox-run/timebox/model/script"
 	"github.com/timebox-run/timebox/tool"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	// BenchmarkTurnWindDown/store with TB_BENCH_PG=1 starts a PostgreSQL.
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(int) { testenv.StopPostgres() }))
+}
 
 // recorder is a sink that keeps every event and checks seq order.
 type recorder struct {

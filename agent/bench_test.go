@@ -19,9 +19,11 @@ import (
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/benchprof"
+	"github.com/timebox-run/timebox/internal/testenv"
 	"github.com/timebox-run/timebox/model"
 	"github.com/timebox-run/timebox/model/script"
 	"github.com/timebox-run/timebox/store"
+	"github.com/timebox-run/timebox/store/postgres"
 	"github.com/timebox-run/timebox/store/sqlite"
 	"github.com/timebox-run/timebox/tool"
 )
@@ -86,7 +88,8 @@ func BenchmarkTurnMemory(b *testing.B) {
 // milliseconds), or later when its goroutine was held up between the two
 // (ceilings-off-instant counts those more than a millisecond late, and
 // each is measured from its own ceiling, not the instant). store is the
-// same turns stored as the server stores them, in a SQLite file: a
+// same turns stored as the server stores them, in a SQLite file
+// (TB_BENCH_PG=1: in PostgreSQL, internal/testenv's): a
 // store.Recorder among each turn's sinks, its end stored
 // (Recorder.Finish) once Run returned; it also reports how late after its
 // ceiling each end was stored (stored-p99-ms, stored-last-ms). shape is
@@ -200,18 +203,26 @@ func windDown(b *testing.B, a *agent.Agent, n int, mode string) (late []time.Dur
 	// wind-down (7-8 µs a turn of the shape's, run after the turns).
 	debug.FreeOSMemory()
 	session := strconv.FormatInt(windDownRounds.Add(1), 10) + "-"
-	var st *sqlite.Store
+	var st store.Store
 	var storedAt []time.Time
+	// Long enough for every turn to park first on a loaded 2-CPU machine.
+	park := time.Duration(n)*time.Millisecond + 3*time.Second
 	if mode == "store" {
 		var err error
-		if st, err = sqlite.Open(filepath.Join(b.TempDir(), "timebox.db"), sqlite.Options{}); err != nil {
+		if os.Getenv("TB_BENCH_PG") != "" {
+			// Beginning 10,000 turns on PostgreSQL takes longer.
+			st, err = postgres.Open(context.Background(), testenv.Postgres(b), postgres.Options{})
+			park += 3 * time.Duration(n) * time.Millisecond
+		} else {
+			st, err = sqlite.Open(filepath.Join(b.TempDir(), "timebox.db"), sqlite.Options{})
+		}
+		if err != nil {
 			b.Fatal(err)
 		}
 		defer st.Close()
 		storedAt = make([]time.Time, n)
 	}
-	// Long enough for every turn to park first on a loaded 2-CPU machine.
-	at := time.Now().Add(time.Duration(n)*time.Millisecond + 3*time.Second)
+	at := time.Now().Add(park)
 	var parked, done sync.WaitGroup
 	parked.Add(n)
 	returned := make([]time.Time, n)
@@ -275,7 +286,7 @@ func windDown(b *testing.B, a *agent.Agent, n int, mode string) (late []time.Dur
 	}
 	parked.Wait()
 	if time.Now().After(at) {
-		b.Fatalf("%d turns took longer than %s to park", n, time.Until(at))
+		b.Fatalf("%d turns took longer than %s to park", n, park)
 	}
 	runtime.GC()
 	w.rss = vmRSS()
