@@ -8,9 +8,10 @@
 // (docs/decisions/group-commit.md). A turn's end is queued behind its
 // events and committed by the same writer, in its groups, before
 // FinishTurn returns (docs/decisions/turn-ends-in-groups.md). Every other
-// write is committed before its method returns; only a power loss may lose the last transactions
-// (docs/decisions/store-sqlite.md). Writes go through one connection,
-// reads through a small pool, so readers never wait for the writer.
+// write is committed before its method returns; only a power loss may
+// lose the last transactions (docs/decisions/store-sqlite.md). Writes go
+// through one connection, reads through a small pool, so readers never
+// wait for the writer.
 //
 // Several processes may share a file — `timebox serve` and `timebox run`
 // side by side. Each open store registers itself as an owner; a turn

@@ -421,6 +421,18 @@ func TestDiskFull(t *testing.T) {
 	}
 }
 
+// openImpatient opens the store at path with a busy timeout of 50ms, so
+// that a lock another process holds makes its writes fail (and be tried
+// again) at once.
+func openImpatient(t *testing.T, path string) *sqlite.Store {
+	t.Helper()
+	s, err := sqlite.Open(path, sqlite.Options{BusyTimeout: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 // lockFile takes the write lock of the store at path, as another process
 // would, until unlock is called (or the test ends).
 func lockFile(t *testing.T, path string) (unlock func()) {
@@ -452,10 +464,7 @@ func lockFile(t *testing.T, path string) (unlock func()) {
 // the lock is let go — nothing fails, nothing is lost.
 func TestALockedFileLosesNothing(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "timebox.db")
-	s, err := sqlite.Open(path, sqlite.Options{BusyTimeout: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openImpatient(t, path)
 	defer s.Close()
 	ctx := context.Background()
 	rec := store.NewRecorder(s)
@@ -525,10 +534,7 @@ func TestALockedFileLosesNothing(t *testing.T) {
 // let go each is stored whole.
 func TestEndsWaitInTheQueue(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "timebox.db")
-	s, err := sqlite.Open(path, sqlite.Options{BusyTimeout: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openImpatient(t, path)
 	defer s.Close()
 	ctx := context.Background()
 	ids := []string{"e1", "e2", "e3"}
@@ -565,6 +571,48 @@ func TestEndsWaitInTheQueue(t *testing.T) {
 		if err != nil || len(msgs) != 2 || msgs[1].Content != "a "+id {
 			t.Fatalf("session s%s stored %+v, %v", id, msgs, err)
 		}
+	}
+}
+
+// TestAnEndOutlivesItsContext: a FinishTurn whose context ends while its
+// end waits in the queue (the file locked) returns the context's error at
+// once, and the end stays queued: it is stored once the lock is let go.
+func TestAnEndOutlivesItsContext(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "timebox.db")
+	s := openImpatient(t, path)
+	defer s.Close()
+	ctx := context.Background()
+	if err := s.BeginTurn(ctx, store.TurnStart{TurnID: "c1", SessionID: "sc1", Input: "q", StartedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	unlock := lockFile(t, path)
+	short, cancel := context.WithCancel(ctx)
+	finished := make(chan error, 1)
+	go func() {
+		now := time.Now()
+		finished <- s.FinishTurn(short, &event.Turn{TurnID: "c1", SessionID: "sc1", Input: "q", Status: budget.StatusCompleted,
+			StopReason: budget.Answered, Answer: "a", StartedAt: now, EndedAt: now}, nil)
+	}()
+	if !wait.Until(10*time.Second, func() bool { return s.Backlog().Events == 1 }) {
+		t.Fatalf("the file locked, the backlog is %+v: want the end queued", s.Backlog())
+	}
+	cancel()
+	select {
+	case err := <-finished:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("FinishTurn after its context ended: %v, want context.Canceled", err)
+		}
+	case <-time.After(10 * time.Second):
+		unlock()
+		t.Fatal("FinishTurn did not return when its context ended")
+	}
+	unlock()
+	if err := s.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Turn(ctx, "c1")
+	if err != nil || got.Status != budget.StatusCompleted || got.Answer != "a" {
+		t.Fatalf("turn c1 stored as %+v, %v: want its end, stored after its context ended", got, err)
 	}
 }
 
