@@ -124,6 +124,11 @@ type nestLevel struct {
 func nestingProblem(tks token.Tokens, lim nestLimits) (pos, string, string) {
 	var stack []nestLevel
 	flow, props, lastLine := 0, 0, 0
+	// flows are the flow collections open, innermost last. In a flow
+	// sequence a key's colon opens a mapping of one pair, to the next
+	// comma or the sequence's end: goccy parses "[a: {b}]" three deep.
+	// flow counts the collections open and those pairs.
+	var flows []flowLevel
 	runCol, prevStart := 0, 0 // where the run of anchors and tags, and the previous node, start
 	// prev is the previous token that is not a comment; prevBefore and
 	// runBefore the tokens before its node and before the run.
@@ -176,16 +181,30 @@ func nestingProblem(tks token.Tokens, lim nestLimits) (pos, string, string) {
 		}
 		switch tk.Type {
 		case token.SequenceStartType, token.MappingStartType:
+			flows = append(flows, flowLevel{seq: tk.Type == token.SequenceStartType})
 			flow++
 			if len(stack)+flow > lim.depth {
 				return at, nestPath(stack), lim.nestProblem()
 			}
 		case token.SequenceEndType, token.MappingEndType:
-			if flow > 0 {
+			if n := len(flows); n > 0 {
+				flow -= flows[n-1].open()
+				flows = flows[:n-1]
+			}
+		case token.CollectEntryType:
+			if n := len(flows); n > 0 && flows[n-1].pair {
+				flows[n-1].pair = false
 				flow--
 			}
 		case token.SequenceEntryType, token.MappingValueType, token.MappingKeyType:
-			if flow > 0 {
+			if n := len(flows); n > 0 {
+				if top := &flows[n-1]; top.seq && !top.pair && tk.Type != token.SequenceEntryType {
+					top.pair = true
+					flow++
+					if len(stack)+flow > lim.depth {
+						return at, nestPath(stack), lim.nestProblem()
+					}
+				}
 				break
 			}
 			col, seq, key, inside := p.Column, tk.Type == token.SequenceEntryType, "", propValue
@@ -208,6 +227,18 @@ func nestingProblem(tks token.Tokens, lim nestLimits) (pos, string, string) {
 		prev, prevStart, prevBefore = tk, start, before
 	}
 	return pos{}, "", ""
+}
+
+// flowLevel is a flow collection nestingProblem is in: a sequence or a
+// mapping, and for a sequence whether a one-pair mapping is open in it.
+type flowLevel struct{ seq, pair bool }
+
+// open is how many levels of nesting l counts: itself, and its pair.
+func (l flowLevel) open() int {
+	if l.pair {
+		return 2
+	}
+	return 1
 }
 
 // nestLimits are the bounds nestingProblem checks: MaxNesting and MaxKeys,
