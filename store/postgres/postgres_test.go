@@ -830,6 +830,49 @@ func TestLongAnswerStoredOnce(t *testing.T) {
 	})
 }
 
+// TestNumberedLongAnswerStoredOnce: an event the store numbers (seq 0, as
+// the Temporal engine's workers queue them) is kept as any other, its long
+// texts apart. Numbering marshalled it whole again, so a long answer was
+// stored twice: in turn_finished and apart.
+func TestNumberedLongAnswerStoredOnce(t *testing.T) {
+	ctx := context.Background()
+	dsn := testenv.Postgres(t)
+	s := open(t, dsn, postgres.Options{})
+	defer s.Close()
+	if err := s.BeginTurn(ctx, store.TurnStart{TurnID: "n1", SessionID: "ns", Input: "go", Engine: "test", StartedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	answer := storetest.LongAnswer
+	fin := &event.TurnFinished{Status: budget.StatusCompleted, StopReason: budget.Answered, Message: "Answered.", Answer: answer}
+	var queued error
+	s.QueueEvent(event.Event{TurnID: "n1", Type: event.TypeTurnFinished, At: time.Now(), Data: fin}, func(err error) { queued = err })
+	if err := s.Flush(ctx); err != nil || queued != nil {
+		t.Fatal(err, queued)
+	}
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var n int
+	if err := conn.QueryRow(ctx, `SELECT octet_length(data) FROM events WHERE turn_id = 'n1' AND type = 'turn_finished'`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n > 4096 {
+		t.Errorf("the numbered turn_finished holds %d bytes: a copy of its %d-byte answer", n, len(answer))
+	}
+	evs, err := s.Events(ctx, "n1", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(evs) != 1 || evs[0].Seq != 1 {
+		t.Fatalf("events %v, want turn_finished numbered 1", evs)
+	}
+	if got := evs[0].Data.(*event.TurnFinished).Answer; got != answer {
+		t.Errorf("its answer read back: %d bytes, want %d", len(got), len(answer))
+	}
+}
+
 // TestLongTextsGoOnAfterCuts: a long text whose writes are cut now and
 // then — every second piece fails as if its connection was cut — is
 // stored: each try goes on from the pieces stored before, and none is

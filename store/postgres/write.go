@@ -385,7 +385,9 @@ func number(ctx context.Context, tx pgx.Tx, group []*groupq.Item) ([]*groupq.Ite
 		}
 		next[e.TurnID]++
 		it.Event.Seq = next[e.TurnID]
-		d, err := json.Marshal(it.Event)
+		// As the queue encodes an event (store.EncodeEvent): its long
+		// texts apart, and without json.Marshal's copies.
+		d, err := store.EncodeEvent(it.Event)
 		if err != nil {
 			return nil, err
 		}
