@@ -27,18 +27,18 @@ func (s *Store) SeedCalls(ctx context.Context, tools []event.ToolCall, models []
 			SELECT id, 'x', 'completed', at FROM unnest($1::text[], $2::bigint[]) AS u(id, at) ON CONFLICT DO NOTHING`, ids, ats); err != nil {
 			return err
 		}
-		var b pgx.Batch
+		b := newBatch(tx)
 		for _, tc := range tools {
-			if err := queueToolCall(ctx, tx, &b, tc); err != nil {
+			if err := queueToolCall(ctx, b, tc); err != nil {
 				return err
 			}
 		}
 		for _, mc := range models {
-			if err := queueModelCall(&b, mc.TurnID, mc.ModelCall); err != nil {
+			if err := queueModelCall(&b.Batch, mc.TurnID, mc.ModelCall); err != nil {
 				return err
 			}
 		}
-		return tx.SendBatch(ctx, &b).Close()
+		return b.send(ctx)
 	})
 }
 

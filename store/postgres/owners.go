@@ -294,9 +294,9 @@ func (s *Store) interruptTurn(ctx context.Context, tx pgx.Tx, id string, reason 
 		return false, err
 	}
 	out := store.Interrupt(t)
-	var b pgx.Batch
+	b := newBatch(tx)
 	for _, tc := range out.Calls {
-		if err := queueToolCall(ctx, tx, &b, tc); err != nil {
+		if err := queueToolCall(ctx, b, tc); err != nil {
 			return false, err
 		}
 	}
@@ -314,12 +314,12 @@ func (s *Store) interruptTurn(ctx context.Context, tx pgx.Tx, id string, reason 
 	}
 	rec := out.Record
 	rec.TurnID = id
-	if err := putRecord(ctx, tx, &b, &rec); err != nil {
+	if err := putRecord(ctx, tx, &b.Batch, &rec); err != nil {
 		return false, err
 	}
 	b.Queue(`DELETE FROM cancel_requests WHERE turn_id = $1`, id)
 	b.Queue(`SELECT pg_notify($1, $2)`, chanEvents, id)
-	if err := tx.SendBatch(ctx, &b).Close(); err != nil {
+	if err := b.send(ctx); err != nil {
 		return false, err
 	}
 	return true, nil

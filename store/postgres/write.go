@@ -254,7 +254,7 @@ func (s *Store) commitGroup(group []*groupq.Item) (err error) {
 		if err != nil {
 			return err
 		}
-		var b pgx.Batch
+		b := newBatch(tx)
 		for _, it := range group {
 			e := it.Event
 			if !stored[turnSeq{e.TurnID, e.Seq}] {
@@ -267,20 +267,18 @@ func (s *Store) commitGroup(group []*groupq.Item) (err error) {
 			}
 			tc, mc := store.CallRecords(e)
 			if tc != nil {
-				if err := queueToolCall(ctx, tx, &b, *tc); err != nil {
+				if err := queueToolCall(ctx, b, *tc); err != nil {
 					return err
 				}
 			}
 			if mc != nil {
-				if err := queueModelCall(&b, e.TurnID, *mc); err != nil {
+				if err := queueModelCall(&b.Batch, e.TurnID, *mc); err != nil {
 					return err
 				}
 			}
 		}
-		if b.Len() > 0 {
-			if err := tx.SendBatch(ctx, &b).Close(); err != nil {
-				return err
-			}
+		if err := b.send(ctx); err != nil {
+			return err
 		}
 		if len(stored) < len(group) {
 			return s.explainUnstored(ctx, tx, group, stored)
@@ -542,13 +540,14 @@ const toolCallSQL = `INSERT INTO tool_calls (turn_id, call_id, tool, outcome, st
 		progress_count = excluded.progress_count, sample_ms = excluded.sample_ms, silence_ms = excluded.silence_ms
 	WHERE NOT (tool_calls.late_result AND NOT excluded.late_result)`
 
-// toolCallArgs returns toolCallSQL's arguments for tc. A call that
+// toolCallArgs returns toolCallSQL's arguments for tc, and the size of its
+// record's JSON among them. A call that
 // reported progress has its progress events read through q (a transaction
 // that has stored them), to measure its silences.
-func toolCallArgs(ctx context.Context, q querier, tc event.ToolCall) ([]any, error) {
+func toolCallArgs(ctx context.Context, q querier, tc event.ToolCall) (args []any, size int, err error) {
 	rec, err := json.Marshal(tc)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	var sample, silence *int64
 	if ms, ok := store.ToolSample(tc); ok {
@@ -557,11 +556,11 @@ func toolCallArgs(ctx context.Context, q querier, tc event.ToolCall) ([]any, err
 			rows, err := q.Query(ctx, `SELECT at FROM events WHERE turn_id = $1 AND type = 'tool_progress' AND strpos(data, $2) > 0`,
 				tc.TurnID, store.ProgressPattern(tc.CallID))
 			if err != nil {
-				return nil, err
+				return nil, 0, err
 			}
 			ats, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 			if err != nil {
-				return nil, err
+				return nil, 0, err
 			}
 			for _, at := range ats {
 				reports = append(reports, fromNanos(at))
@@ -572,16 +571,17 @@ func toolCallArgs(ctx context.Context, q querier, tc event.ToolCall) ([]any, err
 	}
 	return []any{tc.TurnID, text(tc.CallID), text(tc.Tool), string(tc.Outcome), nanos(tc.StartedAt), tc.DurationMS,
 		tc.LateResult, string(rec), tc.TimeoutMS, tc.IdleTimeoutMS, string(tc.Phase), text(tc.Refused), tc.Overran, tc.Abandoned,
-		tc.ProgressCount, sample, silence}, nil
+		tc.ProgressCount, sample, silence}, len(rec), nil
 }
 
-func queueToolCall(ctx context.Context, q querier, b *pgx.Batch, tc event.ToolCall) error {
-	args, err := toolCallArgs(ctx, q, tc)
+// queueToolCall queues tc's record in b, which sends it with what was
+// queued before it once b holds maxBatch bytes of records.
+func queueToolCall(ctx context.Context, b *batch, tc event.ToolCall) error {
+	args, size, err := toolCallArgs(ctx, b.tx, tc)
 	if err != nil {
 		return err
 	}
-	b.Queue(toolCallSQL, args...)
-	return nil
+	return b.queueSized(ctx, size, toolCallSQL, args...)
 }
 
 const modelCallSQL = `INSERT INTO model_calls (turn_id, idx, step, model, outcome, record, provider, started_at, phase, sample_phase, sample_ms)
@@ -642,20 +642,20 @@ func (s *Store) FinishTurn(ctx context.Context, rec *event.Turn, msgs []model.Me
 		if err := storeMissing(ctx, tx, rec); err != nil {
 			return err
 		}
-		var b pgx.Batch
+		b := newBatch(tx)
 		for _, tc := range rec.ToolCalls {
 			tc.TurnID = rec.TurnID
-			if err := queueToolCall(ctx, tx, &b, tc); err != nil {
+			if err := queueToolCall(ctx, b, tc); err != nil {
 				return err
 			}
 		}
 		b.Queue(`DELETE FROM model_calls WHERE turn_id = $1`, rec.TurnID)
 		for _, mc := range rec.ModelCalls {
-			if err := queueModelCall(&b, rec.TurnID, mc); err != nil {
+			if err := queueModelCall(&b.Batch, rec.TurnID, mc); err != nil {
 				return err
 			}
 		}
-		if err := putRecord(ctx, tx, &b, rec); err != nil {
+		if err := putRecord(ctx, tx, &b.Batch, rec); err != nil {
 			return err
 		}
 		b.Queue(`DELETE FROM cancel_requests WHERE turn_id = $1`, rec.TurnID)
@@ -683,7 +683,7 @@ func (s *Store) FinishTurn(ctx context.Context, rec *event.Turn, msgs []model.Me
 			}
 		}
 		b.Queue(`SELECT pg_notify($1, $2)`, chanEvents, rec.TurnID)
-		return tx.SendBatch(ctx, &b).Close()
+		return b.send(ctx)
 	})
 }
 
@@ -737,7 +737,7 @@ func storeMissing(ctx context.Context, tx pgx.Tx, rec *event.Turn) error {
 // UpdateToolCall implements store.Store.
 func (s *Store) UpdateToolCall(ctx context.Context, rec event.ToolCall) error {
 	return s.durable(ctx, "a late result of turn "+rec.TurnID, func(tx pgx.Tx) error {
-		args, err := toolCallArgs(ctx, tx, rec)
+		args, _, err := toolCallArgs(ctx, tx, rec)
 		if err != nil {
 			return err
 		}
