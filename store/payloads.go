@@ -3,9 +3,10 @@ package store
 import (
 	"context"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
+
+	"github.com/timebox-run/timebox/event"
 )
 
 // Payloads keeps the large values of turns whose units of work run on
@@ -17,18 +18,36 @@ type Payloads interface {
 	// PutPayloads stores each value of p under its key for turn id, in
 	// one transaction, replacing what was there.
 	PutPayloads(ctx context.Context, turnID string, p map[string][]byte) error
-	// Payload returns the value stored under key for turn id, or an error
-	// wrapping ErrNotFound.
-	Payload(ctx context.Context, turnID, key string) ([]byte, error)
-	// PayloadRange returns the values of turn id whose keys begin with
-	// prefix, in key order.
-	PayloadRange(ctx context.Context, turnID, prefix string) ([]Payload, error)
+	// Payload calls use with the value stored under key for turn id, or
+	// returns an error wrapping ErrNotFound. data is use's only for the
+	// call, as in PayloadRange: a turn's input holds its session's whole
+	// history. use's error is returned.
+	Payload(ctx context.Context, turnID, key string, use func(data []byte) error) error
+	// PayloadRange calls each with the values of turn id whose keys begin
+	// with prefix, in key order, one at a time. data is each's only for
+	// the call (a store may lend it its read buffer): a conversation of
+	// 50 MB is read without being held twice, as stored and as decoded
+	// (issue 29). An error of each ends the range and is returned.
+	PayloadRange(ctx context.Context, turnID, prefix string, each func(key string, data []byte) error) error
+	// CallsWithoutResults returns turn id's call records as Turn does,
+	// each tool call's Result left empty: what the end of a turn whose
+	// units ran elsewhere needs of them. It counts and orders the calls;
+	// their records stay as their units stored them, results and all. (It
+	// read every result again: ten 5 MB results were 130 MB decoded and
+	// 50 MB held through the end, issue 29.)
+	CallsWithoutResults(ctx context.Context, turnID string) ([]event.ToolCall, []event.ModelCall, error)
 }
 
-// Payload is one stored value of a turn.
-type Payload struct {
-	Key  string
-	Data []byte
+// CallsWithoutResults implements Payloads.
+func (m *Memory) CallsWithoutResults(ctx context.Context, turnID string) ([]event.ToolCall, []event.ModelCall, error) {
+	rec, err := m.Turn(ctx, turnID)
+	if err != nil {
+		return nil, nil, err
+	}
+	for i := range rec.ToolCalls {
+		rec.ToolCalls[i].Result = ""
+	}
+	return rec.ToolCalls, rec.ModelCalls, nil
 }
 
 // PutPayloads implements Payloads.
@@ -53,31 +72,46 @@ func (m *Memory) PutPayloads(_ context.Context, turnID string, p map[string][]by
 }
 
 // Payload implements Payloads.
-func (m *Memory) Payload(_ context.Context, turnID, key string) ([]byte, error) {
+func (m *Memory) Payload(_ context.Context, turnID, key string, use func(data []byte) error) error {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	if err := m.check(); err != nil {
-		return nil, err
+		m.mu.Unlock()
+		return err
 	}
 	v, ok := m.payloads[turnID][key]
+	m.mu.Unlock()
 	if !ok {
-		return nil, fmt.Errorf("payload %s of turn %s: %w", key, turnID, ErrNotFound)
+		return fmt.Errorf("payload %s of turn %s: %w", key, turnID, ErrNotFound)
 	}
-	return slices.Clone(v), nil
+	return use(v) // never changed in place: PutPayloads replaces it
 }
 
 // PayloadRange implements Payloads.
-func (m *Memory) PayloadRange(_ context.Context, turnID, prefix string) ([]Payload, error) {
+func (m *Memory) PayloadRange(_ context.Context, turnID, prefix string, each func(key string, data []byte) error) error {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	if err := m.check(); err != nil {
-		return nil, err
+		m.mu.Unlock()
+		return err
 	}
-	var out []Payload
-	for _, k := range slices.Sorted(maps.Keys(m.payloads[turnID])) {
+	// The values are never changed in place (PutPayloads replaces them):
+	// each is called without the lock, and may use the store.
+	t := m.payloads[turnID]
+	var keys []string
+	for k := range t {
 		if strings.HasPrefix(k, prefix) {
-			out = append(out, Payload{Key: k, Data: slices.Clone(m.payloads[turnID][k])})
+			keys = append(keys, k)
 		}
 	}
-	return out, nil
+	slices.Sort(keys)
+	vals := make([][]byte, len(keys))
+	for i, k := range keys {
+		vals[i] = t[k]
+	}
+	m.mu.Unlock()
+	for i, k := range keys {
+		if err := each(k, vals[i]); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -1,6 +1,7 @@
 package temporal
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -135,7 +136,7 @@ func (x *activities) Advance(ctx context.Context, in *unitIn) (*advanced, error)
 			return nil, fmt.Errorf("storing turn %s: %w", s.TurnID, err)
 		}
 	}
-	tr, err := loadTranscript(ctx, x.payloads, x.store, s)
+	tr, err := loadTranscript(ctx, x.payloads, s)
 	if err != nil {
 		return nil, err
 	}
@@ -399,7 +400,7 @@ func (x *activities) End(ctx context.Context, in *unitIn) (*Outcome, error) {
 	if o, err := x.ended(ctx, s); o != nil || err != nil {
 		return o, err
 	}
-	tr, err := loadTranscript(ctx, x.payloads, x.store, s)
+	tr, err := loadTranscript(ctx, x.payloads, s)
 	if err != nil {
 		return nil, err
 	}
@@ -419,8 +420,7 @@ func (x *activities) ended(ctx context.Context, s *machine.State) (*Outcome, err
 	return &Outcome{TurnID: rec.TurnID, Status: rec.Status, StopReason: rec.StopReason, Messages: s.Messages}, nil
 }
 
-// finish stores an ended turn: its conversation, then its record with the
-// events as the store numbered them.
+// finish stores an ended turn: its conversation, then its record.
 func (x *activities) finish(ctx context.Context, sink *storeSink, tr *transcript, ended *machine.Ended) (*Outcome, error) {
 	if err := sink.flush(ctx); err != nil {
 		if errors.Is(err, store.ErrNotRunning) {
@@ -433,11 +433,13 @@ func (x *activities) finish(ctx context.Context, sink *storeSink, tr *transcript
 	if err := tr.flush(ctx, "", nil); err != nil {
 		return nil, err
 	}
-	evs, err := x.store.Events(ctx, rec.TurnID, 0, 0)
-	if err != nil {
-		return nil, fmt.Errorf("reading the events of turn %s: %w", rec.TurnID, err)
-	}
-	rec.Events = evs
+	// The sink stored every event of the turn, numbered by the store, and
+	// each unit its calls' records with their events; the record's calls
+	// are those, read without their results (transcript.Records). The end
+	// leaves both as they are stored: the events were read back whole
+	// here, every result again, only to be found stored, and the calls
+	// were written again (issue 29).
+	rec.Events, rec.ToolCalls = nil, nil
 	if err := x.store.FinishTurn(ctx, rec, ended.Messages); err != nil && !errors.Is(err, store.ErrNotRunning) {
 		return nil, fmt.Errorf("storing the record of turn %s: %w", rec.TurnID, err)
 	}
@@ -448,7 +450,8 @@ func (x *activities) finish(ctx context.Context, sink *storeSink, tr *transcript
 // report to Temporal was lost, if it did: the workflow then goes on from
 // it rather than take the unit for lost.
 func (x *activities) Recover(ctx context.Context, in *unitIn) (*recovered, error) {
-	b, err := x.payloads.Payload(ctx, in.State.TurnID, doneKey(in.Key))
+	var b []byte
+	err := x.payloads.Payload(ctx, in.State.TurnID, doneKey(in.Key), func(data []byte) error { b = bytes.Clone(data); return nil })
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		return &recovered{}, nil
@@ -469,15 +472,11 @@ func doneResult[T any](ctx context.Context, p store.Payloads, turnID, key string
 	if key == "" {
 		return nil, false, nil
 	}
-	b, err := p.Payload(ctx, turnID, doneKey(key))
-	switch {
+	var out T
+	switch err := p.Payload(ctx, turnID, doneKey(key), func(data []byte) error { return json.Unmarshal(data, &out) }); {
 	case errors.Is(err, store.ErrNotFound):
 		return nil, false, nil
 	case err != nil:
-		return nil, false, err
-	}
-	var out T
-	if err := json.Unmarshal(b, &out); err != nil {
 		return nil, false, err
 	}
 	return &out, true, nil

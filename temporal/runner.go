@@ -350,15 +350,15 @@ func (f *follow) result(ctx context.Context) *agent.Result {
 	}
 	rec.Events = f.events
 	res := &agent.Result{Record: rec}
-	ms, err := f.r.payloads.PayloadRange(ctx, f.in.TurnID, keyMessage)
-	if err == nil {
-		for _, p := range ms {
-			var m model.Message
-			if json.Unmarshal(p.Data, &m) == nil {
-				res.Messages = append(res.Messages, m)
-			}
+	// An unreadable message is left out, and so is the rest when the
+	// store cannot be read: the record says how the turn ended.
+	_ = f.r.payloads.PayloadRange(ctx, f.in.TurnID, keyMessage, func(_ string, data []byte) error {
+		var m model.Message
+		if json.Unmarshal(data, &m) == nil {
+			res.Messages = append(res.Messages, m)
 		}
-	}
+		return nil
+	})
 	return res
 }
 

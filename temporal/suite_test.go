@@ -260,15 +260,14 @@ func TestSuiteIsRun(t *testing.T) {
 			if diff := cmp.Diff(wantTypes, types, sorted); diff != "" {
 				t.Errorf("events (-Run +workflow):\n%s", diff)
 			}
-			ms, err := s.store.PayloadRange(context.Background(), "t1", keyMessage)
-			if err != nil {
-				t.Fatal(err)
-			}
 			var msgs []model.Message
-			for _, p := range ms {
+			if err := s.store.PayloadRange(context.Background(), "t1", keyMessage, func(_ string, data []byte) error {
 				var m model.Message
-				json.Unmarshal(p.Data, &m)
+				json.Unmarshal(data, &m)
 				msgs = append(msgs, m)
+				return nil
+			}); err != nil {
+				t.Fatal(err)
 			}
 			if diff := cmp.Diff(want.Messages, msgs); diff != "" {
 				t.Errorf("messages (-Run +workflow):\n%s", diff)

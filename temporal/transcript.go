@@ -18,31 +18,41 @@ import (
 // conversation lives in the store, and the workflow passes only the
 // turn's State, whatever the conversation's size.
 const (
-	keyInput   = "input"   // input: the user's message and the session's history
+	keyInput   = "input"   // input: the user's message (and, stored before issue 29, the session's history)
+	keyHistory = "h/"      // h/<n>: message n of the session's history, from 0
 	keyMessage = "m/"      // m/<n>: message n the turn added, from 0
 	keySummary = "summary" // the compaction summary
 	keyPartial = "partial" // what the last model attempt streamed
 	keyDone    = "done/"   // done/<run>/<activity>: a unit's result, kept with its writes
 )
 
-func messageKey(i int) string {
+func messageKey(i int) string { return indexKey(keyMessage, i) }
+
+func historyKey(i int) string { return indexKey(keyHistory, i) }
+
+func indexKey(prefix string, i int) string {
 	s := strconv.Itoa(i)
 	if len(s) < 8 {
 		s = "00000000"[len(s):] + s
 	}
-	return keyMessage + s
+	return prefix + s
 }
 
-// input is the turn's input as the runner stores it.
+// input is the turn's input as the runner stores it. History is read
+// from the input of a turn a runner stored before the history was kept a
+// message a key (keyHistory).
 type input struct {
 	Text    string          `json:"text"`
 	History []model.Message `json:"history,omitempty"`
 }
 
-// putInput stores a turn's input and its first message, the user's: what
-// a runner stores before it starts the turn's workflow.
+// putInput stores a turn's input, its session's history and its first
+// message, the user's: what a runner stores before it starts the turn's
+// workflow. The history is a message a key, so that a unit reads it one
+// message at a time: in one value, a worker read a session of 50 MB into
+// one buffer of its size before decoding it (issue 29).
 func putInput(ctx context.Context, p store.Payloads, turnID, text string, history []model.Message) error {
-	in, err := json.Marshal(input{Text: text, History: history})
+	in, err := json.Marshal(input{Text: text})
 	if err != nil {
 		return err
 	}
@@ -50,7 +60,13 @@ func putInput(ctx context.Context, p store.Payloads, turnID, text string, histor
 	if err != nil {
 		return err
 	}
-	return p.PutPayloads(ctx, turnID, map[string][]byte{keyInput: in, messageKey(0): first})
+	vals := map[string][]byte{keyInput: in, messageKey(0): first}
+	for i, m := range history {
+		if vals[historyKey(i)], err = json.Marshal(m); err != nil {
+			return err
+		}
+	}
+	return p.PutPayloads(ctx, turnID, vals)
 }
 
 // transcript is a turn's machine.Transcript in the store, read when a unit
@@ -60,7 +76,9 @@ func putInput(ctx context.Context, p store.Payloads, turnID, text string, histor
 type transcript struct {
 	turnID string
 	p      store.Payloads
-	store  store.Store
+	// records is set where the turn may end (loadTranscript): Records
+	// reads the call records from the store.
+	records bool
 
 	in      input
 	summary string
@@ -81,42 +99,50 @@ type transcript struct {
 
 // loadTranscript reads what a model step and the end of a turn need: the input,
 // the messages, the summary and the partial answer.
-func loadTranscript(ctx context.Context, p store.Payloads, st store.Store, s *machine.State) (*transcript, error) {
-	t := &transcript{turnID: s.TurnID, p: p, store: st, ctx: ctx, msgs: map[int]model.Message{}, pending: map[string][]byte{}}
-	b, err := p.Payload(ctx, s.TurnID, keyInput)
-	if err != nil {
+func loadTranscript(ctx context.Context, p store.Payloads, s *machine.State) (*transcript, error) {
+	t := &transcript{turnID: s.TurnID, p: p, records: true, ctx: ctx, msgs: map[int]model.Message{}, pending: map[string][]byte{}}
+	// The input, with the session's history, and each message are decoded
+	// as they are read: the conversation is held once, not also as stored.
+	if err := p.Payload(ctx, s.TurnID, keyInput, func(data []byte) error { return json.Unmarshal(data, &t.in) }); err != nil {
 		return nil, fmt.Errorf("reading the input of turn %s: %w", s.TurnID, err)
 	}
-	if err := json.Unmarshal(b, &t.in); err != nil {
-		return nil, fmt.Errorf("reading the input of turn %s: %w", s.TurnID, err)
+	if err := p.PayloadRange(ctx, s.TurnID, keyHistory, func(_ string, data []byte) error {
+		var m model.Message
+		if err := json.Unmarshal(data, &m); err != nil {
+			return err
+		}
+		t.in.History = append(t.in.History, m)
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("reading the history of turn %s: %w", s.TurnID, err)
 	}
-	ms, err := p.PayloadRange(ctx, s.TurnID, keyMessage)
-	if err != nil {
-		return nil, fmt.Errorf("reading the messages of turn %s: %w", s.TurnID, err)
-	}
-	for i, v := range ms {
+	errEnough := errors.New("enough")
+	err := p.PayloadRange(ctx, s.TurnID, keyMessage, func(_ string, data []byte) error {
+		i := t.n
 		if i >= s.Messages {
-			break // written by a unit whose report was lost, and asked again
+			return errEnough // written by a unit whose report was lost, and asked again
 		}
 		var m model.Message
-		if err := json.Unmarshal(v.Data, &m); err != nil {
-			return nil, fmt.Errorf("reading message %d of turn %s: %w", i, s.TurnID, err)
+		if err := json.Unmarshal(data, &m); err != nil {
+			return fmt.Errorf("reading message %d of turn %s: %w", i, s.TurnID, err)
 		}
 		t.msgs[i] = m
 		t.n = i + 1
+		return nil
+	})
+	if err != nil && !errors.Is(err, errEnough) {
+		return nil, fmt.Errorf("reading the messages of turn %s: %w", s.TurnID, err)
 	}
 	if t.n < s.Messages {
 		return nil, fmt.Errorf("turn %s has %d of its %d messages in the store", s.TurnID, t.n, s.Messages)
 	}
 	if s.Summarised {
-		if b, err = p.Payload(ctx, s.TurnID, keySummary); err != nil {
+		if err := p.Payload(ctx, s.TurnID, keySummary, func(data []byte) error { t.summary = string(data); return nil }); err != nil {
 			return nil, fmt.Errorf("reading the summary of turn %s: %w", s.TurnID, err)
 		}
-		t.summary = string(b)
 	}
-	switch b, err = p.Payload(ctx, s.TurnID, keyPartial); {
+	switch err := p.Payload(ctx, s.TurnID, keyPartial, func(data []byte) error { t.partial = string(data); return nil }); {
 	case err == nil:
-		t.partial = string(b)
 	case !errors.Is(err, store.ErrNotFound):
 		return nil, fmt.Errorf("reading the partial answer of turn %s: %w", s.TurnID, err)
 	}
@@ -128,12 +154,8 @@ func loadTranscript(ctx context.Context, p store.Payloads, st store.Store, s *ma
 func loadCall(ctx context.Context, p store.Payloads, s *machine.State) (*transcript, error) {
 	t := &transcript{turnID: s.TurnID, p: p, msgs: map[int]model.Message{}, pending: map[string][]byte{}}
 	i := s.Messages - 1
-	b, err := p.Payload(ctx, s.TurnID, messageKey(i))
-	if err != nil {
-		return nil, fmt.Errorf("reading message %d of turn %s: %w", i, s.TurnID, err)
-	}
 	var m model.Message
-	if err := json.Unmarshal(b, &m); err != nil {
+	if err := p.Payload(ctx, s.TurnID, messageKey(i), func(data []byte) error { return json.Unmarshal(data, &m) }); err != nil {
 		return nil, fmt.Errorf("reading message %d of turn %s: %w", i, s.TurnID, err)
 	}
 	t.msgs[i] = m
@@ -157,16 +179,18 @@ func (t *transcript) SetPartial(s string) {
 
 // Records reads the turn's call records from the store: every unit's,
 // which each stored with the event that carried it before it went on.
+// Their results are left out (store.Payloads.CallsWithoutResults): the
+// end counts the calls, and leaves their records as stored (finish).
 func (t *transcript) Records() ([]event.ToolCall, []event.ModelCall, bool) {
-	if t.store == nil {
+	if !t.records {
 		return nil, nil, false
 	}
-	rec, err := t.store.Turn(t.ctx, t.turnID)
+	tools, models, err := t.p.CallsWithoutResults(t.ctx, t.turnID)
 	if err != nil {
 		t.err = fmt.Errorf("reading the records of turn %s: %w", t.turnID, err)
 		return nil, nil, true
 	}
-	return rec.ToolCalls, rec.ModelCalls, true
+	return tools, models, true
 }
 
 func (t *transcript) Messages() []model.Message {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/procmem"
 	"github.com/timebox-run/timebox/internal/testenv"
 	"github.com/timebox-run/timebox/store/postgres"
 	"github.com/timebox-run/timebox/temporal"
@@ -433,6 +434,7 @@ func largeConversation(t *testing.T) {
 	a := newAgent(t, scriptAgent("turn: 10m", "max_tool_output: 6MiB", "{name: big, description: Big., exec: [sh, -c, 'cat >/dev/null; head -c 5242880 /dev/zero | tr \"\\\\0\" x']}"),
 		lines, nil)
 	w := e.worker(a, nil, "3s")
+	base := procmem.Resident(w.cmd.Process.Pid)
 	for i, text := range []string{"a 50 MB conversation", "its next turn"} {
 		start := time.Now()
 		run := startTimebox(t, a.dir, nil, nil, append(append([]string{"run", "--engine", "temporal", "--json", "--session", "big"}, e.flags(a)...), text)...)
@@ -457,6 +459,7 @@ func largeConversation(t *testing.T) {
 	}
 	sc.truth("the session's conversation", "≥ 50 MB", megabytes(int64(size)), size >= 50<<20)
 	stop(w)
+	sc.add("worker resident before the turns", "—", megabytes(base), base > 0)
 	sc.memory("worker peak memory", w.peak(), 2000)
 	sc.nothingLeft()
 }

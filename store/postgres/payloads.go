@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/timebox-run/timebox/store"
 )
@@ -24,32 +25,51 @@ func (s *Store) PutPayloads(ctx context.Context, turnID string, p map[string][]b
 	return s.durable(ctx, "the conversation of turn "+turnID, func(tx pgx.Tx) error { return tx.SendBatch(ctx, &b).Close() })
 }
 
-// Payload implements store.Payloads.
-func (s *Store) Payload(ctx context.Context, turnID, key string) ([]byte, error) {
+// Payload implements store.Payloads: the value is lent from the
+// connection's read buffer, as in PayloadRange.
+func (s *Store) Payload(ctx context.Context, turnID, key string, use func(data []byte) error) error {
 	if s.isClosed() {
-		return nil, store.ErrClosed
+		return store.ErrClosed
 	}
-	var data []byte
-	err := s.pool.QueryRow(ctx, `SELECT data FROM payloads WHERE turn_id = $1 AND key = $2`, turnID, key).Scan(&data)
-	if isNoRows(err) {
-		return nil, fmt.Errorf("payload %s of turn %s: %w", key, turnID, store.ErrNotFound)
+	found := false
+	err := s.payloads(ctx, `SELECT key, data FROM payloads WHERE turn_id = $1 AND key = $2`, []any{turnID, key},
+		func(_ string, data []byte) error {
+			found = true
+			return use(data)
+		})
+	if err == nil && !found {
+		return fmt.Errorf("payload %s of turn %s: %w", key, turnID, store.ErrNotFound)
 	}
-	return data, err
+	return err
 }
 
-// PayloadRange implements store.Payloads.
-func (s *Store) PayloadRange(ctx context.Context, turnID, prefix string) ([]store.Payload, error) {
+// PayloadRange implements store.Payloads: each value is lent from the
+// connection's read buffer (pgtype.DriverBytes), not copied.
+func (s *Store) PayloadRange(ctx context.Context, turnID, prefix string, each func(key string, data []byte) error) error {
 	if s.isClosed() {
-		return nil, store.ErrClosed
+		return store.ErrClosed
 	}
-	rows, err := s.pool.Query(ctx, `SELECT key, data FROM payloads WHERE turn_id = $1 AND starts_with(key, $2) ORDER BY key COLLATE "C"`,
-		turnID, prefix)
+	return s.payloads(ctx, `SELECT key, data FROM payloads WHERE turn_id = $1 AND starts_with(key, $2) ORDER BY key COLLATE "C"`,
+		[]any{turnID, prefix}, each)
+}
+
+// payloads calls each with the key and data of every row of query, the
+// data lent from the connection's buffer.
+func (s *Store) payloads(ctx context.Context, query string, args []any, each func(key string, data []byte) error) error {
+	rows, err := s.pool.Query(ctx, query, args...)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.Payload, error) {
-		var p store.Payload
-		err := r.Scan(&p.Key, &p.Data)
-		return p, err
-	})
+	defer rows.Close()
+	for rows.Next() {
+		var key string
+		var data pgtype.DriverBytes
+		if err := rows.Scan(&key, &data); err != nil {
+			return err
+		}
+		if err := each(key, data); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
 }

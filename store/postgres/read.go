@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
@@ -57,10 +58,10 @@ func (s *Store) Turn(ctx context.Context, id string) (*event.Turn, error) {
 				rec.EndedAt = fromNanos(*ended)
 			}
 		}
-		if rec.ToolCalls, err = scanJSON[event.ToolCall](ctx, tx, `SELECT record FROM tool_calls WHERE turn_id = $1 ORDER BY started_at, call_id`, id); err != nil {
+		if rec.ToolCalls, err = scanJSON[event.ToolCall](ctx, tx, toolCallsSQL, id); err != nil {
 			return err
 		}
-		if rec.ModelCalls, err = scanJSON[event.ModelCall](ctx, tx, `SELECT record FROM model_calls WHERE turn_id = $1 ORDER BY idx`, id); err != nil {
+		if rec.ModelCalls, err = scanJSON[event.ModelCall](ctx, tx, modelCallsSQL, id); err != nil {
 			return err
 		}
 		if rec.Status == budget.StatusRunning {
@@ -84,18 +85,68 @@ func scanJSON[T any](ctx context.Context, q interface {
 	defer rows.Close()
 	out := []T{}
 	for rows.Next() {
-		var b string
+		// Decoded from the connection's buffer: a record holding a result
+		// of megabytes is not copied twice first.
+		var b pgtype.DriverBytes
 		if err := rows.Scan(&b); err != nil {
 			return nil, err
 		}
 		var v T
-		if err := json.Unmarshal([]byte(b), &v); err != nil {
+		if err := json.Unmarshal(b, &v); err != nil {
 			return nil, err
 		}
 		out = append(out, v)
 	}
 	return out, rows.Err()
 }
+
+// CallsWithoutResults implements store.Payloads: the records are decoded
+// with their results skipped, never copied out of the connection's buffer.
+func (s *Store) CallsWithoutResults(ctx context.Context, turnID string) ([]event.ToolCall, []event.ModelCall, error) {
+	if s.isClosed() {
+		return nil, nil, store.ErrClosed
+	}
+	var tools []event.ToolCall
+	var models []event.ModelCall
+	// One snapshot for the calls of both kinds, as Turn.
+	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		var one int
+		if err := tx.QueryRow(ctx, `SELECT 1 FROM turns WHERE turn_id = $1`, turnID).Scan(&one); isNoRows(err) {
+			return fmt.Errorf("turn %s: %w", turnID, store.ErrNotFound)
+		} else if err != nil {
+			return err
+		}
+		calls, err := scanJSON[noResult](ctx, tx, toolCallsSQL, turnID)
+		if err != nil {
+			return err
+		}
+		tools = make([]event.ToolCall, len(calls))
+		for i, c := range calls {
+			tools[i] = c.ToolCall
+		}
+		models, err = scanJSON[event.ModelCall](ctx, tx, modelCallsSQL, turnID)
+		return err
+	})
+	return tools, models, err
+}
+
+// noResult decodes a tool call's record without its result.
+type noResult struct {
+	event.ToolCall
+	Result skipped `json:"result"`
+}
+
+// skipped is a JSON value decoded as nothing: the decoder checks it and
+// hands it over in place, and it is not kept.
+type skipped struct{}
+
+func (*skipped) UnmarshalJSON([]byte) error { return nil }
+
+// The call records of a turn, in Turn's order.
+const (
+	toolCallsSQL  = `SELECT record FROM tool_calls WHERE turn_id = $1 ORDER BY started_at, call_id`
+	modelCallsSQL = `SELECT record FROM model_calls WHERE turn_id = $1 ORDER BY idx`
+)
 
 // summaryColumns select a store.TurnSummary from turns t (scanSummary).
 const summaryColumns = `t.turn_id, t.session_id, t.agent, substr(t.input, 1, 300), t.status, t.stop_reason, t.message,

@@ -801,28 +801,41 @@ func testPayloads(t *testing.T, s store.Store) {
 	if err := p.PutPayloads(ctx, "t-pay", map[string][]byte{"m/00000002": []byte("TWO"), "m/00000001": []byte("one")}); err != nil {
 		t.Fatal(err)
 	}
-	got, err := p.PayloadRange(ctx, "t-pay", "m/")
-	if err != nil {
-		t.Fatal(err)
-	}
 	var keys []string
-	for _, v := range got {
-		keys = append(keys, v.Key)
+	var vals [][]byte
+	if err := p.PayloadRange(ctx, "t-pay", "m/", func(k string, v []byte) error {
+		keys, vals = append(keys, k), append(vals, bytes.Clone(v)) // v is lent for the call
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 	if want := []string{"m/00000001", "m/00000002", "m/00000010"}; !slices.Equal(keys, want) {
 		t.Fatalf("range m/ has keys %q, want %q", keys, want)
 	}
-	if string(got[1].Data) != "TWO" || !bytes.Equal(got[2].Data, big) {
-		t.Errorf("range values: %q, %d bytes (want TWO, the 3 MiB value)", got[1].Data, len(got[2].Data))
+	if string(vals[1]) != "TWO" || !bytes.Equal(vals[2], big) {
+		t.Errorf("range values: %q, %d bytes (want TWO, the 3 MiB value)", vals[1], len(vals[2]))
 	}
-	if v, err := p.Payload(ctx, "t-pay", "input"); err != nil || string(v) != "in" {
+	stop := errors.New("enough")
+	calls := 0
+	if err := p.PayloadRange(ctx, "t-pay", "m/", func(string, []byte) error { calls++; return stop }); !errors.Is(err, stop) || calls != 1 {
+		t.Errorf("a range whose function fails: %v after %d calls, want its error after 1", err, calls)
+	}
+	var v []byte
+	if err := p.Payload(ctx, "t-pay", "m/00000010", func(data []byte) error { v = bytes.Clone(data); return nil }); err != nil || !bytes.Equal(v, big) {
+		t.Errorf("Payload(m/00000010) = %d bytes, %v (want the 3 MiB value)", len(v), err)
+	}
+	if err := p.Payload(ctx, "t-pay", "input", func(data []byte) error { v = bytes.Clone(data); return nil }); err != nil || string(v) != "in" {
 		t.Errorf("Payload(input) = %q, %v", v, err)
 	}
-	if _, err := p.Payload(ctx, "t-pay", "nope"); !errors.Is(err, store.ErrNotFound) {
+	if err := p.Payload(ctx, "t-pay", "nope", func([]byte) error { t.Error("called for a missing payload"); return nil }); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("a missing payload: %v, want ErrNotFound", err)
 	}
-	if got, err := p.PayloadRange(ctx, "t-other", "m/"); err != nil || len(got) != 0 {
-		t.Errorf("another turn's range: %d values, %v", len(got), err)
+	if err := p.Payload(ctx, "t-pay", "input", func([]byte) error { return stop }); !errors.Is(err, stop) {
+		t.Errorf("a payload whose function fails: %v, want its error", err)
+	}
+	n := 0
+	if err := p.PayloadRange(ctx, "t-other", "m/", func(string, []byte) error { n++; return nil }); err != nil || n != 0 {
+		t.Errorf("another turn's range: %d values, %v", n, err)
 	}
 }
 
