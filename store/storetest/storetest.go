@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/model"
@@ -48,6 +50,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"WatchSignalsNewEvents", testWatch},
 		{"CancelRequests", testCancel},
 		{"Payloads", testPayloads},
+		{"CallsWithoutResults", testCallsWithoutResults},
 		{"NumberedEventsEndEachThingOnce", testNumberedEnds},
 		{"Approvals", testApprovals},
 		{"SuspendedTurns", testSuspended},
@@ -836,6 +839,58 @@ func testPayloads(t *testing.T, s store.Store) {
 	n := 0
 	if err := p.PayloadRange(ctx, "t-other", "m/", func(string, []byte) error { n++; return nil }); err != nil || n != 0 {
 		t.Errorf("another turn's range: %d values, %v", n, err)
+	}
+}
+
+// testCallsWithoutResults checks store.Payloads.CallsWithoutResults, for
+// the stores that keep payloads: the records of a running turn and of an
+// ended one, as Turn lists them, each tool call's result left out.
+func testCallsWithoutResults(t *testing.T, s store.Store) {
+	p, ok := s.(store.Payloads)
+	if !ok {
+		t.Skip("this store keeps no payloads")
+	}
+	ctx := context.Background()
+	tr := begin(t, s, "t-calls", "", "go")
+	tr.model(1, "two calls")
+	tr.tool(1, 1, event.OutcomeOK)
+	big := tr.tool(1, 2, event.OutcomeOK)
+	big.Result = strings.Repeat("r\u0000é", 100_000) // 1 MB, a JSON escape and UTF-8 among it
+	tr.tools[1] = big
+	if err := s.UpdateToolCall(ctx, big); err != nil {
+		t.Fatal(err)
+	}
+	check := func(when string) {
+		t.Helper()
+		if err := s.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+		want, err := s.Turn(ctx, "t-calls")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(want.ToolCalls) != 2 || want.ToolCalls[1].Result != big.Result {
+			t.Fatalf("%s: Turn lists %d calls, the second's result %d bytes; want 2, %d", when, len(want.ToolCalls), len(want.ToolCalls[1].Result), len(big.Result))
+		}
+		for i := range want.ToolCalls {
+			want.ToolCalls[i].Result = ""
+		}
+		tools, models, err := p.CallsWithoutResults(ctx, "t-calls")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(want.ToolCalls, tools); diff != "" {
+			t.Errorf("%s: tool calls (-Turn's without results +CallsWithoutResults):\n%s", when, diff)
+		}
+		if diff := cmp.Diff(want.ModelCalls, models); diff != "" {
+			t.Errorf("%s: model calls (-Turn's +CallsWithoutResults):\n%s", when, diff)
+		}
+	}
+	check("running")
+	tr.finish(t, budget.Answered)
+	check("ended")
+	if _, _, err := p.CallsWithoutResults(ctx, "nope"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("an unknown turn: %v, want ErrNotFound", err)
 	}
 }
 
