@@ -139,8 +139,10 @@ type follow struct {
 	sinks   []event.Sink
 	events  []event.Event
 	after   int64
-	// finished is set once turn_finished was read.
+	// finished is set once turn_finished was read; rec once the turn's
+	// record was read ended (recorded).
 	finished bool
+	rec      *event.Turn
 	// The questions put to in.Approver (ask), by call and round, and
 	// what ends them with the Run.
 	asked     map[string]bool
@@ -335,26 +337,55 @@ func (f *follow) readToEnd(ctx context.Context) bool {
 }
 
 // recorded reports whether the turn's record is stored: a unit stores it
-// just after its turn_finished.
+// just after its turn_finished. The record read is kept for result: it
+// holds every call's result, and is read once.
 func (f *follow) recorded(ctx context.Context) bool {
 	rec, err := f.r.store.Turn(ctx, f.in.TurnID)
-	return err == nil && rec.Status != budget.StatusRunning
+	if err != nil || rec.Status == budget.StatusRunning {
+		return false
+	}
+	f.rec = rec
+	return true
 }
 
 // result returns the ended turn: its record as stored, its events as
 // followed, and the messages it added.
 func (f *follow) result(ctx context.Context) *agent.Result {
-	rec, err := f.r.store.Turn(ctx, f.in.TurnID)
-	if err != nil {
-		return f.failed(ctx, fmt.Errorf("reading the record of the turn: %w", err))
+	rec := f.rec
+	if rec == nil {
+		var err error
+		if rec, err = f.r.store.Turn(ctx, f.in.TurnID); err != nil {
+			return f.failed(ctx, fmt.Errorf("reading the record of the turn: %w", err))
+		}
 	}
 	rec.Events = f.events
 	res := &agent.Result{Record: rec}
+	// A call's result is in its tool_finished, its record and its message,
+	// each read on its own: the three share the event's copy, as they do
+	// on the embedded engine, and the others are let go. (Ten 5 MB results
+	// were held three times over: issue 29.)
+	results := map[string]string{}
+	for _, e := range f.events {
+		if d, ok := e.Data.(*event.ToolFinished); ok {
+			results[d.CallID] = d.Result
+		}
+	}
+	share := func(callID string, s *string) {
+		if r, ok := results[callID]; ok && r == *s {
+			*s = r
+		}
+	}
+	for i := range rec.ToolCalls {
+		share(rec.ToolCalls[i].CallID, &rec.ToolCalls[i].Result)
+	}
 	// An unreadable message is left out, and so is the rest when the
 	// store cannot be read: the record says how the turn ended.
 	_ = f.r.payloads.PayloadRange(ctx, f.in.TurnID, keyMessage, func(_ string, data []byte) error {
 		var m model.Message
 		if json.Unmarshal(data, &m) == nil {
+			if m.Role == model.RoleTool {
+				share(m.ToolCallID, &m.Content)
+			}
 			res.Messages = append(res.Messages, m)
 		}
 		return nil

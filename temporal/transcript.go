@@ -60,14 +60,28 @@ func putInput(ctx context.Context, p store.Payloads, turnID, text string, histor
 	if err != nil {
 		return err
 	}
-	vals := map[string][]byte{keyInput: in, messageKey(0): first}
+	// The history goes first, in puts of about maxPut bytes: one put
+	// holds its values and the database's write buffer of them.
+	vals, size := map[string][]byte{}, 0
 	for i, m := range history {
-		if vals[historyKey(i)], err = json.Marshal(m); err != nil {
+		b, err := json.Marshal(m)
+		if err != nil {
 			return err
 		}
+		if size > 0 && size+len(b) > maxPut {
+			if err := p.PutPayloads(ctx, turnID, vals); err != nil {
+				return err
+			}
+			vals, size = map[string][]byte{}, 0
+		}
+		vals[historyKey(i)], size = b, size+len(b)
 	}
+	vals[keyInput], vals[messageKey(0)] = in, first
 	return p.PutPayloads(ctx, turnID, vals)
 }
+
+// maxPut is about the most a runner puts at once of a session's history.
+const maxPut = 4 << 20
 
 // transcript is a turn's machine.Transcript in the store, read when a unit
 // begins (what the unit needs) and written when it ends, in one

@@ -21,7 +21,7 @@ func TestHistoryIsReadAMessageAtATime(t *testing.T) {
 	history := []model.Message{
 		{Role: model.RoleUser, Content: "first"},
 		{Role: model.RoleAssistant, ToolCalls: []model.ToolCall{{ID: "c1", Name: "big", Arguments: "{}"}}},
-		{Role: model.RoleTool, Content: strings.Repeat("x", 1<<20), ToolCallID: "c1", ToolName: "big"},
+		{Role: model.RoleTool, Content: strings.Repeat("x", 5<<20), ToolCallID: "c1", ToolName: "big"}, // past maxPut: the history takes several puts
 		{Role: model.RoleAssistant, Content: "done"},
 	}
 	for i := 0; i < 8; i++ { // past ten keys: h/00000010 sorts after h/00000009
