@@ -19,15 +19,15 @@ type Payloads interface {
 	// one transaction, replacing what was there.
 	PutPayloads(ctx context.Context, turnID string, p map[string][]byte) error
 	// Payload calls use with the value stored under key for turn id, or
-	// returns an error wrapping ErrNotFound. data is use's only for the
-	// call, as in PayloadRange: a turn's input holds its session's whole
-	// history. use's error is returned.
+	// returns an error wrapping ErrNotFound. data is lent, as in
+	// PayloadRange. use's error is returned.
 	Payload(ctx context.Context, turnID, key string, use func(data []byte) error) error
 	// PayloadRange calls each with the values of turn id whose keys begin
-	// with prefix, in key order, one at a time. data is each's only for
-	// the call (a store may lend it its read buffer): a conversation of
-	// 50 MB is read without being held twice, as stored and as decoded
-	// (issue 29). An error of each ends the range and is returned.
+	// with prefix, in key order, one at a time. data is lent for the call
+	// (a store may lend its read buffer, or its own copy): each copies
+	// what it keeps, and changes none of it. So a conversation of 50 MB is
+	// read without being held twice, as stored and as decoded (issue 29).
+	// An error of each ends the range and is returned.
 	PayloadRange(ctx context.Context, turnID, prefix string, each func(key string, data []byte) error) error
 	// CallsWithoutResults returns turn id's call records as Turn does,
 	// each tool call's Result left empty: what the end of a turn whose
