@@ -38,12 +38,15 @@ func indexKey(prefix string, i int) string {
 	return prefix + s
 }
 
-// input is the turn's input as the runner stores it. History is read
-// from the input of a turn a runner stored before the history was kept a
-// message a key (keyHistory).
+// input is the turn's input as the runner stores it. HistoryLen counts
+// the history's messages, kept a message a key (keyHistory): only that
+// many are read, whatever else a put that failed half-way left there.
+// History is read from the input of a turn a runner stored before the
+// history was kept so.
 type input struct {
-	Text    string          `json:"text"`
-	History []model.Message `json:"history,omitempty"`
+	Text       string          `json:"text"`
+	HistoryLen int             `json:"history_len,omitempty"`
+	History    []model.Message `json:"history,omitempty"`
 }
 
 // putInput stores a turn's input, its session's history and its first
@@ -52,7 +55,7 @@ type input struct {
 // message at a time: in one value, a worker read a session of 50 MB into
 // one buffer of its size before decoding it (issue 29).
 func putInput(ctx context.Context, p store.Payloads, turnID, text string, history []model.Message) error {
-	in, err := json.Marshal(input{Text: text})
+	in, err := json.Marshal(input{Text: text, HistoryLen: len(history)})
 	if err != nil {
 		return err
 	}
@@ -120,17 +123,27 @@ func loadTranscript(ctx context.Context, p store.Payloads, s *machine.State) (*t
 	if err := p.Payload(ctx, s.TurnID, keyInput, func(data []byte) error { return json.Unmarshal(data, &t.in) }); err != nil {
 		return nil, fmt.Errorf("reading the input of turn %s: %w", s.TurnID, err)
 	}
-	if err := p.PayloadRange(ctx, s.TurnID, keyHistory, func(_ string, data []byte) error {
-		var m model.Message
-		if err := json.Unmarshal(data, &m); err != nil {
-			return err
-		}
-		t.in.History = append(t.in.History, m)
-		return nil
-	}); err != nil {
-		return nil, fmt.Errorf("reading the history of turn %s: %w", s.TurnID, err)
-	}
 	errEnough := errors.New("enough")
+	if n := t.in.HistoryLen; n > 0 {
+		t.in.History = make([]model.Message, 0, n)
+		err := p.PayloadRange(ctx, s.TurnID, keyHistory, func(_ string, data []byte) error {
+			if len(t.in.History) == n {
+				return errEnough
+			}
+			var m model.Message
+			if err := json.Unmarshal(data, &m); err != nil {
+				return err
+			}
+			t.in.History = append(t.in.History, m)
+			return nil
+		})
+		if err != nil && !errors.Is(err, errEnough) {
+			return nil, fmt.Errorf("reading the history of turn %s: %w", s.TurnID, err)
+		}
+		if len(t.in.History) < n {
+			return nil, fmt.Errorf("turn %s has %d of its %d history messages in the store", s.TurnID, len(t.in.History), n)
+		}
+	}
 	err := p.PayloadRange(ctx, s.TurnID, keyMessage, func(_ string, data []byte) error {
 		i := t.n
 		if i >= s.Messages {

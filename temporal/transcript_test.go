@@ -52,6 +52,22 @@ func TestHistoryIsReadAMessageAtATime(t *testing.T) {
 			t.Errorf("turn %s: input %q, first message %q", id, tr.Input(), tr.Message(0).Content)
 		}
 	}
+	// A longer history put before under the same turn (a put that failed
+	// half-way, then the turn's input put again) is read only as far as
+	// the input says.
+	if err := putInput(ctx, m, "again", "next", append(history, model.Message{Role: model.RoleUser, Content: "stale"})); err != nil {
+		t.Fatal(err)
+	}
+	if err := putInput(ctx, m, "again", "next", history); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := loadTranscript(ctx, m, &machine.State{TurnID: "again", Messages: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := tr.History(); len(got) != len(history) {
+		t.Errorf("a history put again shorter: %d messages read, want %d", len(got), len(history))
+	}
 	var stored int
 	if err := m.Payload(ctx, "new", keyInput, func(data []byte) error { stored = len(data); return nil }); err != nil {
 		t.Fatal(err)
