@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -248,22 +249,26 @@ func (m *Memory) FinishTurn(_ context.Context, rec *event.Turn, msgs []model.Mes
 	if mt == nil {
 		mt = m.begin(TurnStart{TurnID: rec.TurnID, SessionID: rec.SessionID, Agent: rec.Agent, Input: rec.Input, StartedAt: rec.StartedAt})
 	}
-	last := int64(0)
-	if n := len(mt.events); n > 0 {
-		last = mt.events[n-1].Seq
-	}
 	shareDeltas(mt.events, rec.Events)
-	for _, e := range rec.Events {
-		if e.Seq > last {
-			mt.events = append(mt.events, e)
-			last = e.Seq
+	var stored []int64
+	if len(rec.Events) > 0 {
+		stored = make([]int64, len(mt.events))
+		for i, e := range mt.events {
+			stored[i] = e.Seq
 		}
 	}
-	for _, tc := range rec.ToolCalls {
+	w := EndOf(rec, stored)
+	if len(w.Events) > 0 {
+		mt.events = append(mt.events, w.Events...)
+		slices.SortStableFunc(mt.events, func(a, b event.Event) int { return cmp.Compare(a.Seq, b.Seq) })
+	}
+	for _, tc := range w.ToolCalls {
 		tc.TurnID = rec.TurnID
 		mt.putTool(tc)
 	}
-	mt.models = append([]event.ModelCall(nil), rec.ModelCalls...)
+	if w.ModelCalls {
+		mt.models = append([]event.ModelCall(nil), rec.ModelCalls...)
+	}
 	r := *rec
 	r.Events, r.ToolCalls, r.ModelCalls = nil, nil, nil
 	mt.rec, mt.done = r, true

@@ -287,19 +287,29 @@ type SessionSummary struct {
 // carries a tool call's, llm_finished a model call's. Other events carry
 // none. Store implementations use it in AppendEvent.
 func CallRecords(e event.Event) (*event.ToolCall, *event.ModelCall) {
+	tc, mc := carried(e)
+	switch {
+	case tc != nil:
+		c := *tc
+		c.TurnID = e.TurnID
+		return &c, nil
+	case mc != nil:
+		c := *mc
+		return nil, &c
+	}
+	return nil, nil
+}
+
+// carried returns the call record e carries, as e holds it (CallRecords
+// returns a copy).
+func carried(e event.Event) (*event.ToolCall, *event.ModelCall) {
 	switch d := e.Data.(type) {
 	case *event.ToolFinished:
-		tc := d.ToolCall
-		tc.TurnID = e.TurnID
-		return &tc, nil
+		return &d.ToolCall, nil
 	case *event.LLMFinished:
-		mc := d.ModelCall
-		return nil, &mc
+		return nil, &d.ModelCall
 	case *event.CompactionFinished:
-		if d.Record != nil {
-			mc := *d.Record
-			return nil, &mc
-		}
+		return nil, d.Record
 	}
 	return nil, nil
 }

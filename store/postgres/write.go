@@ -639,20 +639,25 @@ func (s *Store) FinishTurn(ctx context.Context, rec *event.Turn, msgs []model.Me
 		// sink saw), before the calls whose silences they measure. Only
 		// those are marshalled: as a rule none, and a turn's log may hold a
 		// long reply's every delta (issue 29).
-		if err := storeMissing(ctx, tx, rec); err != nil {
+		w, err := storeMissing(ctx, tx, rec)
+		if err != nil {
 			return err
 		}
+		// The call records the queue stored as they are now are not
+		// written again: as a rule, all of them (store.EndOf).
 		b := newBatch(tx)
-		for _, tc := range rec.ToolCalls {
+		for _, tc := range w.ToolCalls {
 			tc.TurnID = rec.TurnID
 			if err := queueToolCall(ctx, b, tc); err != nil {
 				return err
 			}
 		}
-		b.Queue(`DELETE FROM model_calls WHERE turn_id = $1`, rec.TurnID)
-		for _, mc := range rec.ModelCalls {
-			if err := queueModelCall(&b.Batch, rec.TurnID, mc); err != nil {
-				return err
+		if w.ModelCalls {
+			b.Queue(`DELETE FROM model_calls WHERE turn_id = $1`, rec.TurnID)
+			for _, mc := range rec.ModelCalls {
+				if err := queueModelCall(&b.Batch, rec.TurnID, mc); err != nil {
+					return err
+				}
 			}
 		}
 		if err := putRecord(ctx, tx, &b.Batch, rec); err != nil {
@@ -688,50 +693,42 @@ func (s *Store) FinishTurn(ctx context.Context, rec *event.Turn, msgs []model.Me
 }
 
 // storeMissing stores the events of rec's log that the turn's store does
-// not have, their long texts apart.
-func storeMissing(ctx context.Context, tx pgx.Tx, rec *event.Turn) error {
-	if len(rec.Events) == 0 {
-		return nil
-	}
-	rows, err := tx.Query(ctx, `SELECT seq FROM events WHERE turn_id = $1`, rec.TurnID)
-	if err != nil {
-		return err
-	}
-	have, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	if err != nil {
-		return err
-	}
-	stored := make(map[int64]bool, len(have))
-	for _, seq := range have {
-		stored[seq] = true
-	}
-	var (
-		ids                  []string
-		seqs, ats            []int64
-		types, datas, aparts []string
-	)
-	for _, e := range rec.Events {
-		if stored[e.Seq] {
-			continue
+// not have, their long texts apart, and returns what else the end must
+// write (store.EndOf).
+func storeMissing(ctx context.Context, tx pgx.Tx, rec *event.Turn) (store.EndWrites, error) {
+	var have []int64
+	if len(rec.Events) > 0 {
+		rows, err := tx.Query(ctx, `SELECT seq FROM events WHERE turn_id = $1 ORDER BY seq`, rec.TurnID)
+		if err != nil {
+			return store.EndWrites{}, err
 		}
+		if have, err = pgx.CollectRows(rows, pgx.RowTo[int64]); err != nil {
+			return store.EndWrites{}, err
+		}
+	}
+	w := store.EndOf(rec, have)
+	if len(w.Events) == 0 {
+		return w, nil
+	}
+	n := len(w.Events)
+	ids, seqs, types, ats := make([]string, 0, n), make([]int64, 0, n), make([]string, 0, n), make([]int64, 0, n)
+	datas, aparts := make([]string, 0, n), make([]string, 0, n)
+	for _, e := range w.Events {
 		c, a := store.StoredEvent(e)
 		d, err := event.Marshal(c)
 		if err != nil {
-			return err
+			return w, err
 		}
 		if err := putTexts(ctx, tx, rec.TurnID, a); err != nil {
-			return err
+			return w, err
 		}
 		ids, seqs, types, ats = append(ids, rec.TurnID), append(seqs, e.Seq), append(types, string(e.Type)), append(ats, nanos(e.At))
 		datas, aparts = append(datas, string(d)), append(aparts, a.Column())
 	}
-	if len(ids) == 0 {
-		return nil
-	}
-	_, err = tx.Exec(ctx, `INSERT INTO events (turn_id, seq, type, at, data, apart)
+	_, err := tx.Exec(ctx, `INSERT INTO events (turn_id, seq, type, at, data, apart)
 		SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::text[], $6::text[])
 		ON CONFLICT (turn_id, seq) DO NOTHING`, ids, seqs, types, ats, datas, aparts)
-	return err
+	return w, err
 }
 
 // UpdateToolCall implements store.Store.

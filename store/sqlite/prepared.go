@@ -25,6 +25,15 @@ func (tx *wtx) exec(ctx context.Context, query string, args ...any) (sql.Result,
 	return tx.ExecContext(ctx, query, args...)
 }
 
+// query is QueryContext, prepared if query is one of the store's
+// statements.
+func (tx *wtx) query(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	if st, ok := tx.prepared[query]; ok {
+		return tx.StmtContext(ctx, st).QueryContext(ctx, args...)
+	}
+	return tx.QueryContext(ctx, query, args...)
+}
+
 // queryRow is QueryRowContext, prepared if query is one of the store's
 // statements.
 func (tx *wtx) queryRow(ctx context.Context, query string, args ...any) *sql.Row {
@@ -38,7 +47,7 @@ func (tx *wtx) queryRow(ctx context.Context, query string, args ...any) *sql.Row
 // connection: those of a turn's end (finish) and of the events that carry
 // a call record (appendOne).
 var preparedSQL = []string{
-	insertEventSQL, turnExistsSQL, lastSeqSQL, putToolCallSQL, deleteModelCallsSQL, addModelCallSQL,
+	insertEventSQL, turnExistsSQL, storedSeqsSQL, putToolCallSQL, deleteModelCallsSQL, addModelCallSQL,
 	putRecordSQL, touchSessionSQL, deleteMessagesSQL, insertMessageSQL,
 }
 

@@ -748,7 +748,7 @@ func (s *Store) FinishTurn(ctx context.Context, rec *event.Turn, msgs []model.Me
 // The statements of a turn's end (finish) that are not a function's own.
 const (
 	turnExistsSQL       = `SELECT 1 FROM turns WHERE turn_id = ?`
-	lastSeqSQL          = `SELECT COALESCE(MAX(seq), 0) FROM events WHERE turn_id = ?`
+	storedSeqsSQL       = `SELECT seq FROM events WHERE turn_id = ? ORDER BY seq`
 	deleteModelCallsSQL = `DELETE FROM model_calls WHERE turn_id = ?`
 	deleteMessagesSQL   = `DELETE FROM messages WHERE turn_id = ?`
 	insertMessageSQL    = `INSERT INTO messages (session_id, turn_id, message, apart) VALUES (?, ?, ?, ?)`
@@ -766,34 +766,34 @@ func (s *Store) finish(ctx context.Context, tx *wtx, rec *event.Turn, msgs []mod
 	if err != nil {
 		return err
 	}
-	var last int64
-	if err := tx.queryRow(ctx, lastSeqSQL, rec.TurnID).Scan(&last); err != nil {
+	stored, err := storedSeqs(ctx, tx, rec)
+	if err != nil {
 		return err
 	}
-	// Only the events the queue has not stored are marshalled: as a
-	// rule none, and a turn's log may hold a long reply's every delta
-	// (issue 29).
-	for _, e := range rec.Events {
-		if e.Seq <= last {
-			continue
-		}
+	// Only what the queue has not stored is written: as a rule no event
+	// (a turn's log may hold a long reply's every delta, issue 29) and no
+	// call record.
+	w := store.EndOf(rec, stored)
+	for _, e := range w.Events {
 		e.TurnID = rec.TurnID
 		if _, err := insertEvent(ctx, tx, e); err != nil {
 			return err
 		}
 	}
-	for _, tc := range rec.ToolCalls {
+	for _, tc := range w.ToolCalls {
 		tc.TurnID = rec.TurnID
 		if err := putToolCall(ctx, tx, tc); err != nil {
 			return err
 		}
 	}
-	if _, err := tx.exec(ctx, deleteModelCallsSQL, rec.TurnID); err != nil {
-		return err
-	}
-	for _, mc := range rec.ModelCalls {
-		if err := addModelCall(ctx, tx, rec.TurnID, mc); err != nil {
+	if w.ModelCalls {
+		if _, err := tx.exec(ctx, deleteModelCallsSQL, rec.TurnID); err != nil {
 			return err
+		}
+		for _, mc := range rec.ModelCalls {
+			if err := addModelCall(ctx, tx, rec.TurnID, mc); err != nil {
+				return err
+			}
 		}
 	}
 	if err := putRecord(ctx, tx, rec); err != nil {
@@ -822,6 +822,29 @@ func (s *Store) finish(ctx context.Context, tx *wtx, rec *event.Turn, msgs []mod
 		}
 	}
 	return nil
+}
+
+// storedSeqs returns the seqs of rec's events the store holds, in
+// ascending order: all of them, not the last, since a group of events the
+// queue failed to store (a full disk) may lie before one it stored.
+func storedSeqs(ctx context.Context, tx *wtx, rec *event.Turn) ([]int64, error) {
+	if len(rec.Events) == 0 {
+		return nil, nil
+	}
+	rows, err := tx.query(ctx, storedSeqsSQL, rec.TurnID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	seqs := make([]int64, 0, len(rec.Events))
+	for rows.Next() {
+		var seq int64
+		if err := rows.Scan(&seq); err != nil {
+			return nil, err
+		}
+		seqs = append(seqs, seq)
+	}
+	return seqs, rows.Err()
 }
 
 // Watch implements store.Store: this store's own commits are signalled at

@@ -41,6 +41,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"FinishStoresWhatIsQueued", testFinishFlushes},
 		{"UnknownTurn", testUnknown},
 		{"LateResultSurvivesFinish", testLateResult},
+		{"EndWritesWhatTheQueueDidNot", testEndWrites},
 		{"FinishWithoutBegin", testFinishWithoutBegin},
 		{"ListFiltersAndOrder", testList},
 		{"SessionsAndHistory", testSessions},
@@ -82,9 +83,20 @@ var clock = time.Date(2025, 1, 2, 15, 4, 5, 0, time.UTC)
 
 func begin(t *testing.T, s store.Store, id, session, input string) *turn {
 	t.Helper()
+	return beginThrough(t, s, id, session, input, nil)
+}
+
+// beginThrough is begin with the turn's events passed through sink
+// before its Recorder, when sink is not nil.
+func beginThrough(t *testing.T, s store.Store, id, session, input string, sink func(event.Sink) event.Sink) *turn {
+	t.Helper()
 	clock = clock.Add(time.Second)
 	tr := &turn{id: id, session: session, input: input, start: clock, rec: store.NewRecorder(s)}
-	tr.em = event.NewEmitter(id, tr.rec)
+	var to event.Sink = tr.rec
+	if sink != nil {
+		to = sink(tr.rec)
+	}
+	tr.em = event.NewEmitter(id, to)
 	if err := tr.rec.Begin(context.Background(), store.TurnStart{TurnID: id, SessionID: session, Agent: "test", Input: input, StartedAt: tr.start}); err != nil {
 		t.Fatal(err)
 	}
