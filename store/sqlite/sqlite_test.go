@@ -421,6 +421,64 @@ func TestDiskFull(t *testing.T) {
 	}
 }
 
+// TestDiskFreedMidTurn: an event a full disk lost stays lost only until
+// the turn's end, which stores it with its call record, though events
+// after it were stored once the disk had room again. The end used to
+// store only the events past the last one stored.
+func TestDiskFreedMidTurn(t *testing.T) {
+	s := open(t, filepath.Join(t.TempDir(), "timebox.db"))
+	defer s.Close()
+	ctx := context.Background()
+	if err := s.BeginTurn(ctx, store.TurnStart{TurnID: "t1", Input: "go", StartedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	em := event.NewEmitter("t1")
+	em.Emit(&event.TurnStarted{Input: "go"})
+	big := event.ToolCall{CallID: "c1", Tool: "big", Outcome: event.OutcomeOK, Result: strings.Repeat("x", 1<<20)}
+	em.Emit(&event.ToolFinished{ToolCall: big})
+	small := event.ToolCall{CallID: "c2", Tool: "small", Outcome: event.OutcomeOK, Result: "ok"}
+	em.Emit(&event.ToolFinished{ToolCall: small})
+	em.Emit(&event.TurnFinished{Status: budget.StatusCompleted, StopReason: budget.Answered})
+	em.Close()
+	log := em.Log()
+	if err := s.AppendEvent(ctx, log[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.FillDisk(0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AppendEvent(ctx, log[1]); !errors.Is(err, sqlite.ErrDiskFull) {
+		t.Fatalf("an event on a full disk: %v, want ErrDiskFull", err)
+	}
+	if err := s.FillDisk(1 << 20); err != nil { // room again
+		t.Fatal(err)
+	}
+	for _, e := range log[2:] {
+		if err := s.AppendEvent(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rec := &event.Turn{TurnID: "t1", Input: "go", Status: budget.StatusCompleted, StopReason: budget.Answered,
+		StartedAt: time.Now(), EndedAt: time.Now(), Events: log, ToolCalls: []event.ToolCall{big, small}}
+	if err := s.FinishTurn(ctx, rec, nil); err != nil {
+		t.Fatal(err)
+	}
+	evs, err := s.Events(ctx, "t1", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(evs) != len(log) || evs[1].Type != event.TypeToolFinished {
+		t.Fatalf("%d events stored of %d: the one the full disk lost is missing", len(evs), len(log))
+	}
+	got, err := s.Turn(ctx, "t1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.ToolCalls) != 2 || got.ToolCalls[0].Result != big.Result {
+		t.Fatalf("call records: %d", len(got.ToolCalls))
+	}
+}
+
 // openImpatient opens the store at path with a busy timeout of 50ms, so
 // that a lock another process holds makes its writes fail (and be tried
 // again) at once.
