@@ -436,10 +436,10 @@ func (x *activities) finish(ctx context.Context, sink *storeSink, tr *transcript
 	// The sink stored every event of the turn, numbered by the store, and
 	// each unit its calls' records with their events; the record's calls
 	// are those, read without their results (transcript.Records). The end
-	// leaves both as they are stored: the events were read back whole
-	// here, every result again, only to be found stored, and the calls
-	// were written again (issue 29).
-	rec.Events, rec.ToolCalls = nil, nil
+	// leaves all of them as they are stored (store.EndOf): the events were
+	// read back whole here, every result again, only to be found stored,
+	// and the calls were written again (issue 29).
+	rec.Events, rec.ToolCalls, rec.ModelCalls = nil, nil, nil
 	if err := x.store.FinishTurn(ctx, rec, ended.Messages); err != nil && !errors.Is(err, store.ErrNotRunning) {
 		return nil, fmt.Errorf("storing the record of turn %s: %w", rec.TurnID, err)
 	}
