@@ -91,9 +91,11 @@ type Store interface {
 	// FinishTurn stores a turn's final record and the messages it added to
 	// its session's conversation. Events queued before it are stored first
 	// (before it, or in its transaction), then the events of rec.Events not
-	// yet stored; a tool call
-	// record already updated by UpdateToolCall with a late result keeps it.
-	// A turn that BeginTurn never saw is created.
+	// yet stored, and the call records of rec that its stored events did
+	// not carry as they are (EndOf): a record passed with neither events
+	// nor model calls leaves the stored model calls as they are. A tool
+	// call record already updated by UpdateToolCall with a late result
+	// keeps it. A turn that BeginTurn never saw is created.
 	FinishTurn(ctx context.Context, rec *event.Turn, msgs []model.Message) error
 	// UpdateToolCall replaces one tool call record, for a late result
 	// (event.LateSink) that came back after its turn ended. It
