@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -44,6 +46,7 @@ func TestStoreFaults(t *testing.T) {
 		{"pg_ctl restart ×2", databaseRestarted},
 		{"events table locked 20 s", tableLocked},
 		{"SQLite file locked 20 s", fileLocked},
+		{"SQLite's disk full, then room again", diskFullThenRoom},
 		{"pg_terminate_backend loop", connectionsKilled},
 		{"two writers number one turn while commits fail", twoWritersNumber},
 		{"pg_ctl restart while a call waits for a person", approvalAcrossRestart},
@@ -485,6 +488,55 @@ func fileLocked(t *testing.T) {
 		return stored(t, a.db, id)
 	})
 	sc.nothingLeft(gw.pid())
+}
+
+// fillTool fills the disk $FILL is on, then returns 1 MiB: more than a
+// full disk can store.
+const fillTool = `#!/usr/bin/env bash
+cat >/dev/null
+dd if=/dev/zero of="$FILL" bs=64k 2>/dev/null
+head -c 1048576 /dev/zero | tr '\0' x
+`
+
+// freeTool makes room on that disk again.
+const freeTool = `#!/usr/bin/env bash
+cat >/dev/null
+rm -f "$FILL"
+echo freed
+`
+
+// diskFullThenRoom: the disk holding a SQLite store (a tmpfs of its own)
+// fills up mid-turn, its first tool's doing, and has room again after the
+// second. The events the full disk refused are stored by the turn's end,
+// with their call records, though events after them were stored before
+// it (docs/decisions/end-writes-what-changed.md).
+func diskFullThenRoom(t *testing.T) {
+	sc := begin(t, "SQLite's disk full mid-turn, then room again", "timebox run --json, --db on a 16 MiB tmpfs")
+	a := newAgent(t, scriptAgent("", "", "{name: fill, description: Fills the disk., exec: [./fill.sh]}",
+		"{name: free, description: Frees the disk., exec: [./free.sh]}"),
+		[]string{callTools("fill"), callTools("free"), `{"text": "done"}`},
+		map[string]string{"fill.sh": fillTool, "free.sh": freeTool})
+	disk := filepath.Join(a.dir, "disk")
+	if err := os.Mkdir(disk, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", disk, "tmpfs", 0, "size=16m"); err != nil {
+		t.Skipf("a disk to fill is a tmpfs of the test's own: %v (mounting it needs root)", err)
+	}
+	t.Cleanup(func() { syscall.Unmount(disk, syscall.MNT_DETACH) })
+	db := filepath.Join(disk, "timebox.db")
+	p := startTimebox(t, a.dir, []string{"FILL=" + filepath.Join(disk, "filler")}, nil, "run", "-f", a.file, "--db", db, "--json", "go")
+	code := p.wait(60 * time.Second)
+	t.Logf("exit %d\n%s", code, p.stderr.String())
+	full := strings.Contains(p.stderr.String(), "disk holding the store is full")
+	sc.truth("timebox said the disk was full", "yes", fmt.Sprint(full), full)
+	sc.nothingLeft(p.pid())
+	st, evs := stored(t, db, "")
+	seen := p.log.snapshot()
+	if fin := finished(seen); fin != nil {
+		sc.is("stop reason", string(fin.StopReason), string(budget.Answered))
+	}
+	sc.records(seen, st, evs)
 }
 
 // killConnections terminates every connection to the database but its
