@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/store"
 	"github.com/timebox-run/timebox/store/storetest"
@@ -37,6 +38,35 @@ func TestRecorderKeepsTheFirstError(t *testing.T) {
 	}
 	if err := r.Begin(context.Background(), store.TurnStart{TurnID: "t1"}); !errors.Is(err, store.ErrExists) {
 		t.Fatalf("second Begin: %v", err)
+	}
+}
+
+// TestRecorderFinishMakesGoodFailedEvents: events whose writes failed
+// as the turn ran are stored by its end, and are no longer its error.
+func TestRecorderFinishMakesGoodFailedEvents(t *testing.T) {
+	s := store.NewMemory()
+	r := store.NewRecorder(s)
+	em := event.NewEmitter("t1", r)
+	em.Emit(&event.LLMDelta{Text: "a"}) // no turn yet: fails
+	if err := r.Begin(context.Background(), store.TurnStart{TurnID: "t1"}); err != nil {
+		t.Fatal(err)
+	}
+	em.Emit(&event.LLMDelta{Text: "b"})
+	em.Emit(&event.TurnFinished{Status: budget.StatusCompleted, StopReason: budget.Answered})
+	em.Close()
+	if r.Err() == nil {
+		t.Fatal("the first event's write did not fail")
+	}
+	rec := &event.Turn{TurnID: "t1", Status: budget.StatusCompleted, StopReason: budget.Answered, Events: em.Log()}
+	if err := r.Finish(context.Background(), rec, nil); err != nil {
+		t.Fatalf("Finish = %v, want nil: the end stored the event that failed", err)
+	}
+	if n, err := r.MadeGood(); n != 1 || !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("MadeGood = %d, %v; want 1, the failed write's error", n, err)
+	}
+	evs, err := s.Events(context.Background(), "t1", 0, 0)
+	if err != nil || len(evs) != 3 || evs[0].Seq != 1 {
+		t.Fatalf("%d events stored, %v", len(evs), err)
 	}
 }
 

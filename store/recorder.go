@@ -27,6 +27,10 @@ type Recorder struct {
 	mu     sync.Mutex
 	err    error
 	failed int
+	// made good: the event writes that failed as the turn ran and that its
+	// end stored (Finish), and the first one's error.
+	madeGood    int
+	madeGoodErr error
 }
 
 // NewRecorder returns a Recorder writing to s.
@@ -65,12 +69,33 @@ func ShareReply(s Store, deltas []event.Event) {
 // Finish stores the turn's final record and its session messages
 // (Store.FinishTurn, which stores the queued events first). It returns the
 // first error of the whole turn: this one, or an earlier failed event
-// write.
+// write that the end did not make good.
+//
+// The end stores every event of rec.Events that the store lacks
+// (EndOf). So once it is stored with the turn's log, the events whose
+// writes failed as the turn ran (a disk that was full for a while) are
+// stored: they are no longer an error, and MadeGood counts them.
 func (r *Recorder) Finish(ctx context.Context, rec *event.Turn, msgs []model.Message) error {
 	if err := r.s.FinishTurn(ctx, rec, msgs); err != nil {
 		r.fail(fmt.Errorf("storing the record of turn %s: %w", rec.TurnID, err))
+	} else if len(rec.Events) > 0 {
+		r.mu.Lock()
+		if r.failed > 0 {
+			r.madeGood, r.madeGoodErr = r.failed, r.err
+			r.err, r.failed = nil, 0
+		}
+		r.mu.Unlock()
 	}
 	return r.Err()
+}
+
+// MadeGood returns how many event writes failed as the turn ran that its
+// end then stored (Finish), and the first one's error; 0 and nil when
+// none did.
+func (r *Recorder) MadeGood() (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.madeGood, r.madeGoodErr
 }
 
 // Err returns the first write error, or nil.

@@ -472,6 +472,8 @@ func (r *runStore) finish(rec *event.Turn, msgs []model.Message, o IO) {
 			} else {
 				fmt.Fprintf(o.Err, "warning: %v\n", err)
 			}
+		} else if n, err := r.rec.MadeGood(); n > 0 {
+			fmt.Fprintf(o.Err, "timebox run: %d writes of this turn's events failed as it ran (the first: %v); its end stored them.\n", n, err)
 		}
 	}
 	if err := r.st.Close(); err != nil {
