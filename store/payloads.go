@@ -29,25 +29,26 @@ type Payloads interface {
 	// read without being held twice, as stored and as decoded (issue 29).
 	// An error of each ends the range and is returned.
 	PayloadRange(ctx context.Context, turnID, prefix string, each func(key string, data []byte) error) error
-	// CallsWithoutResults returns turn id's call records as Turn does,
-	// each tool call's Result left empty: what the end of a turn whose
-	// units ran elsewhere needs of them. It counts and orders the calls;
-	// their records stay as their units stored them, results and all. (It
-	// read every result again: ten 5 MB results were 130 MB decoded and
-	// 50 MB held through the end, issue 29.)
-	CallsWithoutResults(ctx context.Context, turnID string) ([]event.ToolCall, []event.ModelCall, error)
+	// TurnWithoutResults returns turn id's record as Turn does, each tool
+	// call's Result left empty. The end of a turn whose units ran
+	// elsewhere counts and orders its calls, whose records stay as their
+	// units stored them, results and all; the runner that followed the
+	// turn has every result in its tool_finished already. (Each read every
+	// result again: ten 5 MB results were 130 MB decoded and 50 MB held
+	// through the end, issue 29.)
+	TurnWithoutResults(ctx context.Context, turnID string) (*event.Turn, error)
 }
 
-// CallsWithoutResults implements Payloads.
-func (m *Memory) CallsWithoutResults(ctx context.Context, turnID string) ([]event.ToolCall, []event.ModelCall, error) {
+// TurnWithoutResults implements Payloads.
+func (m *Memory) TurnWithoutResults(ctx context.Context, turnID string) (*event.Turn, error) {
 	rec, err := m.Turn(ctx, turnID)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	for i := range rec.ToolCalls {
 		rec.ToolCalls[i].Result = ""
 	}
-	return rec.ToolCalls, rec.ModelCalls, nil
+	return rec, nil
 }
 
 // PutPayloads implements Payloads.

@@ -337,10 +337,10 @@ func (f *follow) readToEnd(ctx context.Context) bool {
 }
 
 // recorded reports whether the turn's record is stored: a unit stores it
-// just after its turn_finished. The record read is kept for result: it
-// holds every call's result, and is read once.
+// just after its turn_finished. The record read, without its calls'
+// results, is kept for result.
 func (f *follow) recorded(ctx context.Context) bool {
-	rec, err := f.r.store.Turn(ctx, f.in.TurnID)
+	rec, err := f.r.payloads.TurnWithoutResults(ctx, f.in.TurnID)
 	if err != nil || rec.Status == budget.StatusRunning {
 		return false
 	}
@@ -350,20 +350,23 @@ func (f *follow) recorded(ctx context.Context) bool {
 
 // result returns the ended turn: its record as stored, its events as
 // followed, and the messages it added.
+//
+// A call's result is in its tool_finished, its record and its message.
+// The record is read without results (store.Payloads.TurnWithoutResults),
+// and takes each from its tool_finished, which the store wrote with the
+// record and from the same value: a late result changes a record's
+// late_output, never its result. The message shares the event's copy
+// too, as on the embedded engine. (Ten 5 MB results were held three
+// times over, then twice for a moment: issue 29.) A record no followed
+// event carried is read whole.
 func (f *follow) result(ctx context.Context) *agent.Result {
 	rec := f.rec
 	if rec == nil {
 		var err error
-		if rec, err = f.r.store.Turn(ctx, f.in.TurnID); err != nil {
+		if rec, err = f.r.payloads.TurnWithoutResults(ctx, f.in.TurnID); err != nil {
 			return f.failed(ctx, fmt.Errorf("reading the record of the turn: %w", err))
 		}
 	}
-	rec.Events = f.events
-	res := &agent.Result{Record: rec}
-	// A call's result is in its tool_finished, its record and its message,
-	// each read on its own: the three share the event's copy, as they do
-	// on the embedded engine, and the others are let go. (Ten 5 MB results
-	// were held three times over: issue 29.)
 	results := map[string]string{}
 	for _, e := range f.events {
 		if d, ok := e.Data.(*event.ToolFinished); ok {
@@ -376,8 +379,22 @@ func (f *follow) result(ctx context.Context) *agent.Result {
 		}
 	}
 	for i := range rec.ToolCalls {
-		share(rec.ToolCalls[i].CallID, &rec.ToolCalls[i].Result)
+		r, ok := results[rec.ToolCalls[i].CallID]
+		if !ok {
+			whole, err := f.r.store.Turn(ctx, f.in.TurnID)
+			if err != nil {
+				return f.failed(ctx, fmt.Errorf("reading the record of the turn: %w", err))
+			}
+			rec = whole
+			for i := range rec.ToolCalls {
+				share(rec.ToolCalls[i].CallID, &rec.ToolCalls[i].Result)
+			}
+			break
+		}
+		rec.ToolCalls[i].Result = r
 	}
+	rec.Events = f.events
+	res := &agent.Result{Record: rec}
 	// An unreadable message is left out, and so is the rest when the
 	// store cannot be read: the record says how the turn ended.
 	_ = f.r.payloads.PayloadRange(ctx, f.in.TurnID, keyMessage, func(_ string, data []byte) error {

@@ -206,18 +206,18 @@ func (t *transcript) SetPartial(s string) {
 
 // Records reads the turn's call records from the store: every unit's,
 // which each stored with the event that carried it before it went on.
-// Their results are left out (store.Payloads.CallsWithoutResults): the
+// Their results are left out (store.Payloads.TurnWithoutResults): the
 // end counts the calls, and leaves their records as stored (finish).
 func (t *transcript) Records() ([]event.ToolCall, []event.ModelCall, bool) {
 	if !t.records {
 		return nil, nil, false
 	}
-	tools, models, err := t.p.CallsWithoutResults(t.ctx, t.turnID)
+	rec, err := t.p.TurnWithoutResults(t.ctx, t.turnID)
 	if err != nil {
 		t.err = fmt.Errorf("reading the records of turn %s: %w", t.turnID, err)
 		return nil, nil, true
 	}
-	return tools, models, true
+	return rec.ToolCalls, rec.ModelCalls, true
 }
 
 func (t *transcript) Messages() []model.Message {

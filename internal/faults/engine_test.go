@@ -468,11 +468,13 @@ func largeConversation(t *testing.T) {
 	sc.add("worker resident before the turns", "—", megabytes(base), base > 0)
 	sc.memory("worker peak memory", peak, 300)
 	sc.ratio("the worker's peak above its resident memory before the turns, over the conversation", float64(peak-base)/float64(size), 4)
-	// The runner follows the turn's events and reads its record and
-	// messages: it shares one copy of each result among them (282-303 and
-	// 221-251 MB; before, 367-432 and 416-474 MB).
+	// The runner follows the turn's events and reads its record, without
+	// its results, and messages: one copy of each result, the event's
+	// (223-264 and 216-233 MB; 280-364 and 229-245 MB when the record was
+	// read with its results; 367-432 and 416-474 MB when each was held
+	// three times).
 	for i, p := range runPeaks {
-		sc.memory(fmt.Sprintf("run's peak memory, turn %d", i+1), p, 400)
+		sc.memory(fmt.Sprintf("run's peak memory, turn %d", i+1), p, 320)
 	}
 	sc.nothingLeft()
 }

@@ -18,6 +18,18 @@ import (
 
 // Turn implements store.Store.
 func (s *Store) Turn(ctx context.Context, id string) (*event.Turn, error) {
+	return s.turn(ctx, id, true)
+}
+
+// TurnWithoutResults implements store.Payloads: the tool call records are
+// decoded with their results skipped, never copied out of the
+// connection's buffer.
+func (s *Store) TurnWithoutResults(ctx context.Context, id string) (*event.Turn, error) {
+	return s.turn(ctx, id, false)
+}
+
+// turn reads turn id's record, its tool calls' results too when results.
+func (s *Store) turn(ctx context.Context, id string, results bool) (*event.Turn, error) {
 	if s.isClosed() {
 		return nil, store.ErrClosed
 	}
@@ -58,7 +70,12 @@ func (s *Store) Turn(ctx context.Context, id string) (*event.Turn, error) {
 				rec.EndedAt = fromNanos(*ended)
 			}
 		}
-		if rec.ToolCalls, err = scanJSON[event.ToolCall](ctx, tx, toolCallsSQL, id); err != nil {
+		if results {
+			rec.ToolCalls, err = scanJSON[event.ToolCall](ctx, tx, toolCallsSQL, id)
+		} else {
+			rec.ToolCalls, err = scanWithoutResults(ctx, tx, id)
+		}
+		if err != nil {
 			return err
 		}
 		if rec.ModelCalls, err = scanJSON[event.ModelCall](ctx, tx, modelCallsSQL, id); err != nil {
@@ -100,34 +117,18 @@ func scanJSON[T any](ctx context.Context, q interface {
 	return out, rows.Err()
 }
 
-// CallsWithoutResults implements store.Payloads: the records are decoded
-// with their results skipped, never copied out of the connection's buffer.
-func (s *Store) CallsWithoutResults(ctx context.Context, turnID string) ([]event.ToolCall, []event.ModelCall, error) {
-	if s.isClosed() {
-		return nil, nil, store.ErrClosed
+// scanWithoutResults reads turn id's tool call records, in Turn's order,
+// without their results.
+func scanWithoutResults(ctx context.Context, tx pgx.Tx, id string) ([]event.ToolCall, error) {
+	calls, err := scanJSON[noResult](ctx, tx, toolCallsSQL, id)
+	if err != nil {
+		return nil, err
 	}
-	var tools []event.ToolCall
-	var models []event.ModelCall
-	// One snapshot for the calls of both kinds, as Turn.
-	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		var one int
-		if err := tx.QueryRow(ctx, `SELECT 1 FROM turns WHERE turn_id = $1`, turnID).Scan(&one); isNoRows(err) {
-			return fmt.Errorf("turn %s: %w", turnID, store.ErrNotFound)
-		} else if err != nil {
-			return err
-		}
-		calls, err := scanJSON[noResult](ctx, tx, toolCallsSQL, turnID)
-		if err != nil {
-			return err
-		}
-		tools = make([]event.ToolCall, len(calls))
-		for i, c := range calls {
-			tools[i] = c.ToolCall
-		}
-		models, err = scanJSON[event.ModelCall](ctx, tx, modelCallsSQL, turnID)
-		return err
-	})
-	return tools, models, err
+	tools := make([]event.ToolCall, len(calls))
+	for i, c := range calls {
+		tools[i] = c.ToolCall
+	}
+	return tools, nil
 }
 
 // noResult decodes a tool call's record without its result.

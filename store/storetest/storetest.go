@@ -51,7 +51,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"WatchSignalsNewEvents", testWatch},
 		{"CancelRequests", testCancel},
 		{"Payloads", testPayloads},
-		{"CallsWithoutResults", testCallsWithoutResults},
+		{"TurnWithoutResults", testTurnWithoutResults},
 		{"NumberedEventsEndEachThingOnce", testNumberedEnds},
 		{"Approvals", testApprovals},
 		{"SuspendedTurns", testSuspended},
@@ -854,10 +854,10 @@ func testPayloads(t *testing.T, s store.Store) {
 	}
 }
 
-// testCallsWithoutResults checks store.Payloads.CallsWithoutResults, for
-// the stores that keep payloads: the records of a running turn and of an
-// ended one, as Turn lists them, each tool call's result left out.
-func testCallsWithoutResults(t *testing.T, s store.Store) {
+// testTurnWithoutResults checks store.Payloads.TurnWithoutResults, for
+// the stores that keep payloads: a running turn and an ended one, as Turn
+// reads them, each tool call's result left out.
+func testTurnWithoutResults(t *testing.T, s store.Store) {
 	p, ok := s.(store.Payloads)
 	if !ok {
 		t.Skip("this store keeps no payloads")
@@ -887,21 +887,18 @@ func testCallsWithoutResults(t *testing.T, s store.Store) {
 		for i := range want.ToolCalls {
 			want.ToolCalls[i].Result = ""
 		}
-		tools, models, err := p.CallsWithoutResults(ctx, "t-calls")
+		got, err := p.TurnWithoutResults(ctx, "t-calls")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if diff := cmp.Diff(want.ToolCalls, tools); diff != "" {
-			t.Errorf("%s: tool calls (-Turn's without results +CallsWithoutResults):\n%s", when, diff)
-		}
-		if diff := cmp.Diff(want.ModelCalls, models); diff != "" {
-			t.Errorf("%s: model calls (-Turn's +CallsWithoutResults):\n%s", when, diff)
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("%s: (-Turn's without results +TurnWithoutResults):\n%s", when, diff)
 		}
 	}
 	check("running")
 	tr.finish(t, budget.Answered)
 	check("ended")
-	if _, _, err := p.CallsWithoutResults(ctx, "nope"); !errors.Is(err, store.ErrNotFound) {
+	if _, err := p.TurnWithoutResults(ctx, "nope"); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("an unknown turn: %v, want ErrNotFound", err)
 	}
 }
