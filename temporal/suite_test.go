@@ -279,11 +279,12 @@ func TestSuiteIsRun(t *testing.T) {
 // TestSuiteCeiling: the turn's ceiling stops a call waiting on its
 // context, and the turn ends as on the embedded engine. The ceiling is
 // long enough for the model's step to be over when it falls on a loaded
-// machine under -race (at 1s it once fell in the model's step in CI), and
-// the environment's own timeout (3s unless set) longer than the ceiling:
-// while an activity runs, the test environment's clock is real time.
+// machine under -race (at 1s it once fell in the model's step in CI, and
+// at 3s once again, on 2026-11-27), and the environment's own timeout (3s
+// unless set) longer than the ceiling: while an activity runs, the test
+// environment's clock is real time.
 func TestSuiteCeiling(t *testing.T) {
-	a := newAgent(t, `{"tool_calls": [{"name": "wait"}]}`+"\n", budget.Budgets{Turn: dur(3 * time.Second)}, budget.Limits{}, waitTool(time.Minute))
+	a := newAgent(t, `{"tool_calls": [{"name": "wait"}]}`+"\n", budget.Budgets{Turn: dur(6 * time.Second)}, budget.Limits{}, waitTool(time.Minute))
 	s := newSuite(t, a)
 	s.env.SetTestTimeout(30 * time.Second)
 	rec, _ := s.run(t, s.start(t, "t1", "go"))
