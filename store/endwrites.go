@@ -32,8 +32,8 @@ type EndWrites struct {
 }
 
 // EndOf returns what the end of rec must write, given the seqs of the
-// turn's events the store holds, in ascending order. Both stores use it
-// in FinishTurn.
+// turn's events the store holds, in ascending order. The stores (SQLite,
+// PostgreSQL, Memory) use it in FinishTurn.
 func EndOf(rec *event.Turn, stored []int64) EndWrites {
 	var w EndWrites
 	for _, e := range rec.Events {
@@ -67,8 +67,8 @@ func EndOf(rec *event.Turn, stored []int64) EndWrites {
 
 // sameToolCall reports whether a and b are the same record, TurnID aside
 // (an event's record is stored under its event's turn, which is the
-// record's). A field added to event.ToolCall must be added
-// here; TestSameToolCallSeesEveryField fails until it is.
+// record's). A field added to event.ToolCall must be added here;
+// TestSameToolCallSeesEveryField fails until it is.
 func sameToolCall(a, b *event.ToolCall) bool {
 	return a.CallID == b.CallID && a.Step == b.Step && a.Tool == b.Tool && a.Kind == b.Kind &&
 		bytes.Equal(a.Arguments, b.Arguments) && (a.Arguments == nil) == (b.Arguments == nil) &&
