@@ -34,15 +34,21 @@ const subBuffer = 256
 // subscribes, or catches up after falling behind, replays (after, stored]
 // from the store, then the pending events, then takes the live ones from
 // its channel: exactly the events it missed, no gap, no duplicate,
-// whatever the timing and however far behind the store is.
+// whatever the timing and however far behind the store is, and even when
+// the store refused an event for good (refused).
 type hub struct {
 	mu     sync.Mutex
 	last   int64   // the last seq published
 	stored int64   // every event up to it is in the store
 	pend   []frame // published and not yet stored: (stored, last]
-	ended  bool
-	subs   map[*sub]struct{}
-	lags   int // followers cut loose, for tests
+	// hole is the first event the store refused for good (a full disk),
+	// 0 if none: stored stays below it, so the hub keeps it and every
+	// event after it for followers that replay (refused).
+	hole    int64
+	refuses int // how many events the store refused
+	ended   bool
+	subs    map[*sub]struct{}
+	lags    int // followers cut loose, for tests
 }
 
 // sub is one follower's subscription.
@@ -215,11 +221,14 @@ func (h *hub) publish(f frame) {
 // time while it goes on handing out the frame.
 const wakeBatch = 256
 
-// storedUpTo notes that the store has every event up to seq (or has given
-// up on it: either way it is no longer the hub's to keep).
+// storedUpTo notes that the store has every event up to seq, but for
+// those it refused (refused).
 func (h *hub) storedUpTo(seq int64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.hole != 0 {
+		seq = min(seq, h.hole-1)
+	}
 	if seq <= h.stored {
 		return
 	}
@@ -229,6 +238,28 @@ func (h *hub) storedUpTo(seq int64) {
 		n++
 	}
 	h.pend = append(h.pend[:0], h.pend[n:]...)
+}
+
+// refused notes that the store refused the event seq for good: it is not
+// in the store until the turn's end stores what the store lacks
+// (store.EndOf), so the hub keeps it, and the events after it, for the
+// followers that replay the store. A follower that replayed the store past
+// it would skip it. What the hub keeps then grows with the turn until its
+// end, as the turn's own log does.
+func (h *hub) refused(seq int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.hole == 0 || seq < h.hole {
+		h.hole = seq
+	}
+	h.refuses++
+}
+
+// refusals returns how many events the store refused (refused).
+func (h *hub) refusals() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.refuses
 }
 
 // behind returns how many published events the store does not have yet.

@@ -1,8 +1,12 @@
 package server_test
 
 import (
+	"bytes"
 	"context"
+	"errors"
+	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -112,4 +116,101 @@ func TestTheStreamNeverWaitsForTheStore(t *testing.T) {
 	if h.StatusCode != http.StatusOK {
 		t.Errorf("/healthz %d after", h.StatusCode)
 	}
+}
+
+// refusingStore refuses the turn's first llm_finished for good, as a full
+// disk refuses a write (SQLITE_FULL is not tried again): it is not in the
+// store until the turn's end stores what the store lacks (store.EndOf).
+type refusingStore struct {
+	store.Store
+	mu      sync.Mutex
+	refused int64
+}
+
+func (s *refusingStore) QueueEvent(e event.Event, committed func(error)) {
+	s.mu.Lock()
+	refuse := s.refused == 0 && e.Type == event.TypeLLMFinished
+	if refuse {
+		s.refused = e.Seq
+	}
+	s.mu.Unlock()
+	if refuse {
+		committed(errors.New("database or disk is full"))
+		return
+	}
+	s.Store.QueueEvent(e, committed)
+}
+
+func (s *refusingStore) refusedSeq() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.refused
+}
+
+// TestAnEventTheStoreRefusedIsNotLost: a follower that joins the turn
+// after the store refused an event, and stored those after it, still gets
+// that event in its place (the gateway keeps it); the turn's end stores it,
+// and the log says so after the error it logged for it.
+func TestAnEventTheStoreRefusedIsNotLost(t *testing.T) {
+	var logged lockedBuffer
+	st := &refusingStore{Store: openStore(t)}
+	g := newGate("wait")
+	e := newEnv(t, server.Config{Store: st, Agent: newAgent(t, scripted(t, waitThenAnswer...), g.tool()),
+		Logger: slog.New(slog.NewTextHandler(&logged, nil))})
+	resp, sse := e.stream(t.Context(), map[string]any{"input": "hi"})
+	defer resp.Body.Close()
+	id := resp.Header.Get(server.HeaderTurnID)
+	<-g.started // llm_finished was refused, tool_started is stored
+
+	joined := e.do("GET", "/v1/turns/"+id+"/events?after=0", nil)
+	defer joined.Body.Close()
+	late := newSSE(joined.Body)
+	seen := late.until(t, "tool_started")
+	g.open()
+	seen = append(seen, late.until(t, "turn_finished")...)
+	checkSeqs(t, seen)
+	if len(seen) != len(sse.until(t, "turn_finished")) {
+		t.Fatalf("a follower that joined got %d events; the turn's client more", len(seen))
+	}
+	if st.refusedSeq() == 0 {
+		t.Fatal("the store refused nothing: the test did not test a refusal")
+	}
+
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if s, _ := e.storedStatus(id); s != budget.StatusRunning {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the turn's end was not stored")
+		}
+	}
+	stored, err := st.Events(context.Background(), id, 0, 0)
+	if err != nil || len(stored) != len(seen) {
+		t.Fatalf("%d events stored of %d (%v)", len(stored), len(seen), err)
+	}
+	log := logged.String()
+	fail := strings.Index(log, "store write failed")
+	made := strings.Index(log, "the turn's end stored the events the store refused as it ran")
+	if fail < 0 || made < fail || !strings.Contains(log[made:], "events=1") {
+		t.Errorf("the log does not say the end stored the refused event:\n%s", log)
+	}
+}
+
+// lockedBuffer is a log's buffer that the server's goroutines write to
+// while the test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }

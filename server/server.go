@@ -411,6 +411,10 @@ func (s *Server) run(_ context.Context, lt *liveTurn, turn func(...event.Sink) *
 	if engine == "" {
 		if err := s.cfg.Store.FinishTurn(context.Background(), res.Record, res.Messages); err != nil {
 			s.storeError("finish_turn", lt.id, err)
+		} else if n := lt.hub.refusals(); n > 0 && len(res.Record.Events) > 0 {
+			// The end stored every event the store lacked (store.EndOf):
+			// the errors logged for them as the turn ran lost nothing.
+			s.log.Info("the turn's end stored the events the store refused as it ran", "turn_id", lt.id, "events", n)
 		}
 	}
 	// The record is stored: from here a follower that finds the hub ended
@@ -472,7 +476,8 @@ func (t *turnSink) Emit(e event.Event) {
 	}
 	store.Enqueue(t.s.cfg.Store, e, func(err error) {
 		if err != nil {
-			t.s.storeError("append_event", e.TurnID, err)
+			t.s.storeError("append_event", e.TurnID, fmt.Errorf("event %d (%s): %w", e.Seq, e.Type, err))
+			t.lt.hub.refused(e.Seq)
 		}
 		t.lt.hub.storedUpTo(e.Seq)
 	})

@@ -47,6 +47,7 @@ func TestStoreFaults(t *testing.T) {
 		{"events table locked 20 s", tableLocked},
 		{"SQLite file locked 20 s", fileLocked},
 		{"SQLite's disk full, then room again", diskFullThenRoom},
+		{"SQLite's disk full under serve, a client joins", diskFullUnderServe},
 		{"pg_terminate_backend loop", connectionsKilled},
 		{"two writers number one turn while commits fail", twoWritersNumber},
 		{"pg_ctl restart while a call waits for a person", approvalAcrossRestart},
@@ -516,14 +517,7 @@ func diskFullThenRoom(t *testing.T) {
 		"{name: free, description: Frees the disk., exec: [./free.sh]}"),
 		[]string{callTools("fill"), callTools("free"), `{"text": "done"}`},
 		map[string]string{"fill.sh": fillTool, "free.sh": freeTool})
-	disk := filepath.Join(a.dir, "disk")
-	if err := os.Mkdir(disk, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Mount("tmpfs", disk, "tmpfs", 0, "size=16m"); err != nil {
-		t.Skipf("a disk to fill is a tmpfs of the test's own: %v (mounting it needs root)", err)
-	}
-	t.Cleanup(func() { syscall.Unmount(disk, syscall.MNT_DETACH) })
+	disk := smallDisk(t, a.dir)
 	db := filepath.Join(disk, "timebox.db")
 	p := startTimebox(t, a.dir, []string{"FILL=" + filepath.Join(disk, "filler")}, nil, "run", "-f", a.file, "--db", db, "--json", "go")
 	code := p.wait(60 * time.Second)
@@ -538,6 +532,96 @@ func diskFullThenRoom(t *testing.T) {
 		sc.is("stop reason", string(fin.StopReason), string(budget.Answered))
 	}
 	sc.records(seen, st, evs)
+}
+
+// smallDisk mounts a 16 MiB tmpfs of the test's own in dir and returns
+// its path; it skips the test where it cannot (mounting needs root).
+func smallDisk(t *testing.T, dir string) string {
+	t.Helper()
+	disk := filepath.Join(dir, "disk")
+	if err := os.Mkdir(disk, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", disk, "tmpfs", 0, "size=16m"); err != nil {
+		t.Skipf("a disk to fill is a tmpfs of the test's own: %v (mounting it needs root)", err)
+	}
+	t.Cleanup(func() { syscall.Unmount(disk, syscall.MNT_DETACH) })
+	return disk
+}
+
+// holdTool waits until the file $GO exists, a minute at most.
+const holdTool = `#!/usr/bin/env bash
+cat >/dev/null
+for _ in $(seq 600); do [ -e "$GO" ] && break; sleep 0.1; done
+echo held
+`
+
+// diskFullUnderServe: the same disk under `timebox serve`. A client
+// follows the turn from its first event (GET …/events?after=0) once the
+// full disk has refused events and, with room again, the store has the
+// events after them: it must get the refused events from the gateway, in
+// their places, and the turn's end must store them
+// (docs/decisions/store-outages.md).
+func diskFullUnderServe(t *testing.T) {
+	sc := begin(t, "SQLite's disk full under serve, a client joins mid-turn", "timebox serve, --db on a 16 MiB tmpfs, two SSE clients")
+	a := newAgent(t, scriptAgent("", "", "{name: fill, description: Fills the disk., exec: [./fill.sh]}",
+		"{name: free, description: Frees the disk., exec: [./free.sh]}",
+		"{name: hold, description: Waits., exec: [./hold.sh], timeout: 2m}"),
+		[]string{callTools("fill"), callTools("free"), callTools("hold"), `{"text": "done"}`},
+		map[string]string{"fill.sh": fillTool, "free.sh": freeTool, "hold.sh": holdTool})
+	disk := smallDisk(t, a.dir)
+	a.db = filepath.Join(disk, "timebox.db")
+	goFile := filepath.Join(a.dir, "go")
+	gw, url := startServe(t, a, []string{"FILL=" + filepath.Join(disk, "filler"), "GO=" + goFile})
+	f := postTurn(t, url, `{"input": "go"}`)
+	held := toolStarted(f.log, "hold", 60*time.Second)
+	var joined *follower
+	if held {
+		joined = replayTurn(t, url, f.turnID)
+		held = toolStarted(joined.log, "hold", 30*time.Second)
+	}
+	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, ok := streamEnd(f, 60*time.Second)
+	okJ := false
+	if joined != nil {
+		_, okJ = streamEnd(joined, 60*time.Second)
+	}
+	sc.truth("both clients got turn_finished, the second joined while the last tool ran", "yes", fmt.Sprint(ok && okJ && held), ok && okJ && held)
+	seen := f.log.snapshot()
+	if joined != nil {
+		lost, twice := missing(seen, joined.log.snapshot())
+		sc.count("events the client that joined missed", lost, 0)
+		sc.count("events it got twice", twice, 0)
+	}
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if r, err := turnRecord(url, f.turnID); err == nil && r.Status != budget.StatusRunning {
+			break
+		}
+	}
+	stopGateways(t, gw)
+	said := gw.stderr.String()
+	refused := strings.Contains(said, "store write failed") && strings.Contains(said, "the turn's end stored the events the store refused")
+	sc.truth("serve logged the refused events, then that the turn's end stored them", "yes", fmt.Sprint(refused), refused)
+	if !refused {
+		t.Logf("serve's log:\n%s", said)
+	}
+	st, evs := stored(t, a.db, f.turnID)
+	sc.records(seen, st, evs)
+	sc.nothingLeft(gw.pid())
+}
+
+// toolStarted waits up to d for log's tool_started of the tool name.
+func toolStarted(log *eventLog, name string, d time.Duration) bool {
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		for _, e := range log.snapshot() {
+			if ts, ok := e.Data.(*event.ToolStarted); ok && ts.Tool == name {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // killConnections terminates every connection to the database but its
