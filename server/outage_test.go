@@ -1,7 +1,6 @@
 package server_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/syncbuf"
 	"github.com/timebox-run/timebox/model"
 	"github.com/timebox-run/timebox/server"
 	"github.com/timebox-run/timebox/store"
@@ -152,7 +152,7 @@ func (s *refusingStore) refusedSeq() int64 {
 // that event in its place (the gateway keeps it); the turn's end stores it,
 // and the log says so after the error it logged for it.
 func TestAnEventTheStoreRefusedIsNotLost(t *testing.T) {
-	var logged lockedBuffer
+	var logged syncbuf.Buffer
 	st := &refusingStore{Store: openStore(t)}
 	g := newGate("wait")
 	e := newEnv(t, server.Config{Store: st, Agent: newAgent(t, scripted(t, waitThenAnswer...), g.tool()),
@@ -194,23 +194,4 @@ func TestAnEventTheStoreRefusedIsNotLost(t *testing.T) {
 	if fail < 0 || made < fail || !strings.Contains(log[made:], "events=1") {
 		t.Errorf("the log does not say the end stored the refused event:\n%s", log)
 	}
-}
-
-// lockedBuffer is a log's buffer that the server's goroutines write to
-// while the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }

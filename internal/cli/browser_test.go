@@ -37,6 +37,7 @@ import (
 	"github.com/timebox-run/timebox/internal/advice"
 	"github.com/timebox-run/timebox/internal/cli"
 	"github.com/timebox-run/timebox/internal/proctest"
+	"github.com/timebox-run/timebox/internal/syncbuf"
 	"github.com/timebox-run/timebox/internal/testenv"
 	"github.com/timebox-run/timebox/server"
 	"github.com/timebox-run/timebox/store"
@@ -81,7 +82,7 @@ func serveAgentDB(t *testing.T, agentFile string, env ...string) (base, db strin
 func serveAgentAt(t *testing.T, agentFile, db string, env ...string) string {
 	t.Helper()
 	ctx, stop := context.WithCancel(context.Background())
-	var out, errb syncBuffer
+	var out, errb syncbuf.Buffer
 	exited := make(chan int, 1)
 	go func() {
 		exited <- cli.Run(ctx, []string{"serve", "-f", agentFile, "--addr", "127.0.0.1:0", "--db", db},
@@ -119,7 +120,7 @@ type page struct {
 	t    *testing.T
 	ctx  context.Context
 	base string
-	log  *syncBuffer // the browser's own output
+	log  *syncbuf.Buffer // the browser's own output
 }
 
 // openPage starts a fresh headless Chromium (its own profile, nothing
@@ -138,7 +139,7 @@ func openPage(t *testing.T, base string) *page {
 	if os.Getenv("TB_TEST_SCREENSHOT") != "" {
 		opts = append(opts, chromedp.WindowSize(1100, 1250)) // the whole demo turn in sight
 	}
-	log := &syncBuffer{}
+	log := &syncbuf.Buffer{}
 	opts = append(opts, chromedp.CombinedOutput(log))
 	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancel := chromedp.NewContext(actx)
@@ -434,7 +435,7 @@ type cutter struct {
 	to    string
 	mu    sync.Mutex
 	conns []net.Conn
-	seen  syncBuffer // what the browser sent
+	seen  syncbuf.Buffer // what the browser sent
 }
 
 func newCutter(t *testing.T, target string) *cutter {

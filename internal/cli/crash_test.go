@@ -16,6 +16,7 @@ import (
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/proctree"
+	"github.com/timebox-run/timebox/internal/syncbuf"
 	"github.com/timebox-run/timebox/internal/wait"
 	"github.com/timebox-run/timebox/store"
 	"github.com/timebox-run/timebox/store/sqlite"
@@ -54,7 +55,7 @@ func TestKill9ServeMidToolThenRestart(t *testing.T) {
 			os.WriteFile(file, []byte("model: {primary: script:m}\nproviders: {script: {file: script.jsonl}}\ntools:\n  - name: crash\n    exec: [./crash.sh]\n    timeout: 10m\n"), 0o644)
 			env := append(os.Environ(), "PIDFILE="+pidfile, proctree.EnvStrategy+"="+string(s))
 
-			var errb1 syncBuffer
+			var errb1 syncbuf.Buffer
 			serve, url := startServe(t, bin, file, db, env, &errb1)
 			resp, err := http.Post(url+"/v1/turns", "application/json", strings.NewReader(`{"input": "go", "detach": true}`))
 			if err != nil {
@@ -94,7 +95,7 @@ func TestKill9ServeMidToolThenRestart(t *testing.T) {
 				t.Logf("the child or grandchild was gone before the restart (another timebox process reaped it)")
 			}
 
-			var errb2 syncBuffer
+			var errb2 syncbuf.Buffer
 			restarted := time.Now()
 			serve2, _ := startServe(t, bin, file, db, env, &errb2)
 			for _, who := range []string{"child", "grandchild"} {

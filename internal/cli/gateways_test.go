@@ -17,6 +17,7 @@ import (
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/cli"
+	"github.com/timebox-run/timebox/internal/syncbuf"
 	"github.com/timebox-run/timebox/internal/testenv"
 	"github.com/timebox-run/timebox/store"
 	"github.com/timebox-run/timebox/store/postgres"
@@ -55,7 +56,7 @@ func TestTwoServeOnePostgres(t *testing.T) {
 	os.WriteFile(file, []byte("name: gw\nmodel: {primary: script:m}\nproviders: {script: {file: script.jsonl}}\ntools:\n  - name: tick\n    exec: [./tick.sh]\n    timeout: 10m\n"), 0o644)
 	env := append(os.Environ(), "PIDFILE="+pidfile)
 
-	var errA, errB syncBuffer
+	var errA, errB syncbuf.Buffer
 	serveA, urlA := startServe(t, bin, file, dsn, env, &errA)
 	_, urlB := startServe(t, bin, file, dsn, env, &errB)
 	if strings.Contains(errA.String()+errB.String(), "sekrit") {

@@ -11,6 +11,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/timebox-run/timebox/internal/cli"
+	"github.com/timebox-run/timebox/internal/syncbuf"
 )
 
 // `timebox mcp serve` does not serve a tool whose calls need approval —
@@ -25,7 +26,7 @@ func TestMCPServeLeavesOutToolsThatNeedApproval(t *testing.T) {
 		"  - {name: deploy, exec: [./tool.sh], approval: required}\n"), 0o644)
 	inR, inW := io.Pipe()
 	outR, outW := io.Pipe()
-	var errb syncBuffer
+	var errb syncbuf.Buffer
 	ctx, cancel := context.WithCancel(t.Context())
 	exited := make(chan int, 1)
 	go func() {

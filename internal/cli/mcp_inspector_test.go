@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/timebox-run/timebox/internal/proctest"
+	"github.com/timebox-run/timebox/internal/syncbuf"
 	"github.com/timebox-run/timebox/internal/testenv"
 )
 
@@ -27,7 +28,7 @@ func inspector(t *testing.T, args ...string) (string, string, time.Duration) {
 	}
 	cmd := exec.Command(bin, append([]string{"--cli"}, args...)...)
 	cmd.Env = append(proctest.Env(nil), "MCP_CATALOG_PATH="+filepath.Join(t.TempDir(), "mcp.json"))
-	var stdout, stderr lockedBuffer
+	var stdout, stderr syncbuf.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	began := time.Now()
 	if err := cmd.Start(); err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/timebox-run/timebox/internal/proctest"
+	"github.com/timebox-run/timebox/internal/syncbuf"
 	"github.com/timebox-run/timebox/internal/testenv"
 )
 
@@ -56,7 +57,7 @@ func TestMCPServeProxiesAnMCPEntry(t *testing.T) {
 	os.WriteFile(file, []byte(strings.Replace(everythingAgent, "EVERYTHING", everything, 1)), 0o644)
 	cmd := exec.Command(bin, "mcp", "serve", "-f", file, "--no-store")
 	cmd.Env = proctest.Env(nil)
-	var stderr lockedBuffer
+	var stderr syncbuf.Buffer
 	cmd.Stderr = &stderr
 	var mu sync.Mutex
 	var notes []*mcp.ProgressNotificationParams

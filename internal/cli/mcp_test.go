@@ -22,6 +22,7 @@ import (
 
 	"github.com/timebox-run/timebox/internal/cli"
 	"github.com/timebox-run/timebox/internal/proctest"
+	"github.com/timebox-run/timebox/internal/syncbuf"
 	"github.com/timebox-run/timebox/internal/wait"
 	"github.com/timebox-run/timebox/server"
 )
@@ -58,24 +59,6 @@ func writeMCPAgent(t *testing.T) string {
 	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"text": "unused"}`+"\n"), 0o644)
 	os.WriteFile(filepath.Join(dir, "agent.yaml"), []byte(mcpAgent), 0o644)
 	return dir
-}
-
-// lockedBuffer is the binary's stderr, read while it runs.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 func mcpText(r *mcp.CallToolResult) string {
@@ -122,7 +105,7 @@ func TestMCPServeStdio(t *testing.T) {
 	db := filepath.Join(dir, "timebox.db")
 	cmd := exec.Command(bin, "mcp", "serve", "-f", filepath.Join(dir, "agent.yaml"), "--db", db)
 	cmd.Env = proctest.Env(nil)
-	var stderr lockedBuffer
+	var stderr syncbuf.Buffer
 	cmd.Stderr = &stderr
 	var mu sync.Mutex
 	var notes []*mcp.ProgressNotificationParams
@@ -365,7 +348,7 @@ func TestMCPServeSIGTERM(t *testing.T) {
 	dir := writeMCPAgent(t)
 	cmd := exec.Command(bin, "mcp", "serve", "-f", filepath.Join(dir, "agent.yaml"), "--no-store", "--tool-timeout", "7s")
 	cmd.Env = append(proctest.Env(nil), "TIMEBOX_KILL_GRACE=300ms")
-	var stderr lockedBuffer
+	var stderr syncbuf.Buffer
 	cmd.Stderr = &stderr
 	client := mcp.NewClient(&mcp.Implementation{Name: "stdio-test", Version: "1"}, nil)
 	cs, err := client.Connect(context.Background(), &mcp.CommandTransport{Command: cmd}, nil)
@@ -536,7 +519,7 @@ func TestMCPServeHTTPRefusesAPublicAddressWithoutAToken(t *testing.T) {
 // mcpServe is a `timebox mcp serve --addr` process a test started.
 type mcpServe struct {
 	url            string
-	stdout, stderr *lockedBuffer
+	stdout, stderr *syncbuf.Buffer
 	exited         chan struct{} // closed once it exited
 }
 
@@ -546,7 +529,7 @@ type mcpServe struct {
 // ends, if it has not exited.
 func startMCPServeHTTP(t *testing.T, cmd *exec.Cmd, serving string, within time.Duration) *mcpServe {
 	t.Helper()
-	srv := &mcpServe{stdout: &lockedBuffer{}, stderr: &lockedBuffer{}, exited: make(chan struct{})}
+	srv := &mcpServe{stdout: &syncbuf.Buffer{}, stderr: &syncbuf.Buffer{}, exited: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = srv.stdout, srv.stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -10,33 +10,15 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/cli"
+	"github.com/timebox-run/timebox/internal/syncbuf"
 	"github.com/timebox-run/timebox/store/sqlite"
 )
-
-// syncBuffer is an io.Writer the test can read while the command writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // agentFile writes an agent on the script model answering with the given
 // lines, and returns its path.
@@ -74,7 +56,7 @@ var servingRE = regexp.MustCompile(`on (http://\S+) \(store: ([^)]*)\)`)
 func serveInProcess(t *testing.T, env []string, args ...string) (url, where string, stop func() int) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
-	var out, errb syncBuffer
+	var out, errb syncbuf.Buffer
 	exited := make(chan int, 1)
 	go func() {
 		exited <- cli.Run(ctx, append([]string{"serve", "--addr", "127.0.0.1:0"}, args...),

@@ -17,6 +17,7 @@ import (
 
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/syncbuf"
 	"github.com/timebox-run/timebox/internal/testenv"
 )
 
@@ -64,11 +65,11 @@ tools:
 	queue := "tq-killed"
 	common := []string{"-f", file, "--db", dsn, "--temporal-address", addr, "--task-queue", queue}
 
-	var errA, errB syncBuffer
+	var errA, errB syncbuf.Buffer
 	workerA := startWorker(t, bin, append(common, "--worker-heartbeat", "1s"), &errA)
 
 	run := exec.Command(bin, append([]string{"run", "--engine", "temporal", "--json"}, append(common, "go")...)...)
-	var runErr syncBuffer
+	var runErr syncbuf.Buffer
 	run.Stderr = &runErr
 	out, err := run.StdoutPipe()
 	if err != nil {
@@ -167,7 +168,7 @@ tools:
 }
 
 // startWorker starts `timebox worker` and waits until it says it runs.
-func startWorker(t *testing.T, bin string, args []string, errb *syncBuffer) *exec.Cmd {
+func startWorker(t *testing.T, bin string, args []string, errb *syncbuf.Buffer) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(bin, append([]string{"worker"}, args...)...)
 	cmd.Stderr = errb
@@ -212,7 +213,7 @@ func TestTemporalRunnerFlags(t *testing.T) {
 	os.WriteFile(file, []byte("name: flags\nmodel: {primary: script:m}\nproviders: {script: {file: script.jsonl}}\ntimeouts: {kill_grace: 200ms}\n"+
 		"tools:\n  - name: sleepy\n    exec: [sleep, \"30\"]\n"), 0o644)
 	common := []string{"-f", file, "--db", dsn, "--temporal-address", addr, "--task-queue", "tq-flags"}
-	var werr syncBuffer
+	var werr syncbuf.Buffer
 	startWorker(t, bin, common, &werr)
 	out, err := exec.Command(bin, append(append([]string{"run", "--engine", "temporal", "--json", "--turn-timeout", "20s", "--tool-timeout", "1s"}, common...), "go")...).Output()
 	if err != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/procmem"
+	"github.com/timebox-run/timebox/internal/syncbuf"
 	"github.com/timebox-run/timebox/internal/testenv"
 	"github.com/timebox-run/timebox/store/postgres"
 	"github.com/timebox-run/timebox/temporal"
@@ -88,7 +89,7 @@ func (e *engine) flags(a agentDir) []string {
 // waits until it runs.
 func (e *engine) worker(a agentDir, env []string, heartbeat string) *proc {
 	e.t.Helper()
-	var out syncBuffer
+	var out syncbuf.Buffer
 	p := startTimebox(e.t, a.dir, env, &out, append([]string{"worker", "--worker-heartbeat", heartbeat}, e.flags(a)...)...)
 	deadline := time.Now().Add(30 * time.Second)
 	for !strings.Contains(out.String(), "timebox worker running") {

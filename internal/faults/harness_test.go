@@ -27,6 +27,7 @@ import (
 	"github.com/timebox-run/timebox/internal/procmem"
 	"github.com/timebox-run/timebox/internal/proctest"
 	"github.com/timebox-run/timebox/internal/proctree"
+	"github.com/timebox-run/timebox/internal/syncbuf"
 	"github.com/timebox-run/timebox/store"
 	"github.com/timebox-run/timebox/store/sqlite"
 )
@@ -142,24 +143,6 @@ func alive(pid int) bool {
 	return i < 0 || i+2 >= len(b) || (b[i+2] != 'Z' && b[i+2] != 'X')
 }
 
-// syncBuffer is a Writer the test can read while a process writes to it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // eventLog keeps the events a process wrote (--json lines) or a client
 // read (SSE), and wakes whoever waits for one. The text of llm_delta
 // events is dropped: an endless stream makes hundreds of thousands.
@@ -258,7 +241,7 @@ type proc struct {
 	start  time.Time
 	peak   func() int64
 	log    *eventLog // its --json events, when it writes them
-	stderr syncBuffer
+	stderr syncbuf.Buffer
 	done   chan struct{}
 	err    error         // cmd.Wait's, once done is closed
 	took   time.Duration // from start to exit, once done is closed

@@ -18,6 +18,7 @@ import (
 	"github.com/timebox-run/timebox/internal/procmem"
 	"github.com/timebox-run/timebox/internal/proctest"
 	"github.com/timebox-run/timebox/internal/proctree"
+	"github.com/timebox-run/timebox/internal/syncbuf"
 )
 
 // hangTool is a tool whose root starts a child in its process group, which
@@ -325,7 +326,7 @@ func readerGoesAway(t *testing.T) {
 			cmd.Args = append(cmd.Args, args...)
 			cmd.Dir = a.dir
 			cmd.Env = proctest.Env(append(os.Environ(), "PIDFILE="+a.pidfile))
-			var errb syncBuffer
+			var errb syncbuf.Buffer
 			cmd.Stderr = &errb
 			start := time.Now()
 			if err := cmd.Start(); err != nil {
