@@ -33,13 +33,34 @@ func TestDocsIDsHaveTheirRealForm(t *testing.T) {
 	}
 }
 
-// TestDocsSayTheIDForm: the HTTP reference describes a turn id as it is.
+// TestDocsSayTheIDForm: the pages that describe a turn or session id
+// describe it as it is, and none says an older form (hex digits).
 func TestDocsSayTheIDForm(t *testing.T) {
-	b, err := os.ReadFile("docs/http-api.md")
-	if err != nil {
-		t.Fatal(err)
+	for p, want := range map[string]string{
+		"docs/http-api.md":               "`t_` and " + ids.Form,
+		"docs/events.md":                 "`t_` and " + ids.Form,
+		"docs/decisions/server-turns.md": "`s_` and " + ids.Form,
+	} {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(b), want) {
+			t.Errorf("%s does not describe the ids as %q", p, want)
+		}
 	}
-	if want := "`t_` and " + ids.Form; !strings.Contains(string(b), want) {
-		t.Errorf("docs/http-api.md does not describe turn ids as %q", want)
+	pages, _ := filepath.Glob("docs/*.md")
+	decisions, _ := filepath.Glob("docs/decisions/*.md")
+	for _, p := range append(append(pages, decisions...), "README.md") {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m := hexForm.Find(b); m != nil {
+			t.Errorf("%s describes an id as %q; ids are %s", p, m, ids.Form)
+		}
 	}
 }
+
+// hexForm is how the pages once described ids.
+var hexForm = regexp.MustCompile("`[ts]_`[^.|\n]{0,8}hex")
