@@ -224,11 +224,11 @@ func loadConfig(c *common, fs *flag.FlagSet, o IO) (*config.Agent, bool) {
 		}
 		return nil, false
 	}
-	if v := o.getenv(proctree.EnvStrategy); v != "" {
-		if _, err := proctree.ParseStrategy(v); err != nil {
-			fmt.Fprintf(o.Err, "%s: %v\n", proctree.EnvStrategy, err)
-			return nil, false
-		}
+	// A strategy this platform lacks, or cgroup where none is usable, is
+	// refused here, before anything runs, not at each tool call.
+	if err := proctree.Check(o.getenv(proctree.EnvStrategy)); err != nil {
+		fmt.Fprintln(o.Err, err)
+		return nil, false
 	}
 	if err := telemetry.Check(o.getenv); err != nil {
 		fmt.Fprintln(o.Err, err)

@@ -42,7 +42,7 @@ import (
 )
 
 // EnvStrategy is the environment variable that forces a strategy: auto,
-// cgroup, track or job. Any other non-empty value is an error (CheckEnv),
+// cgroup, track or job. Any other non-empty value is an error (Check),
 // and so is one this platform does not have.
 const EnvStrategy = "TIMEBOX_PROCTREE"
 
@@ -80,15 +80,15 @@ func ParseStrategy(s string) (Strategy, error) {
 	return "", fmt.Errorf("%q is not a process-tree strategy (use auto, cgroup, track or job)", s)
 }
 
-// CheckEnv checks the TIMEBOX_PROCTREE variable: unset, empty, auto, cgroup,
-// track or job. It returns an error naming the variable for any other
-// value, for a strategy this platform does not have, and for cgroup when
-// no usable cgroup v2 hierarchy is found (with the reason), so that a configuration check reports it before anything runs
-// (spec §10). It may create and remove a probe cgroup and start a probe
-// process that fails to exec. Safe for concurrent use.
-func CheckEnv() error {
-	v, ok := os.LookupEnv(EnvStrategy)
-	if !ok || v == "" {
+// Check checks v, a value of the TIMEBOX_PROCTREE variable: empty, auto,
+// cgroup, track or job. It returns an error naming the variable for any
+// other value, for a strategy this platform does not have, and for cgroup
+// when no usable cgroup v2 hierarchy is found (with the reason), so that a
+// configuration check reports it before anything runs (spec §10). It may
+// create and remove a probe cgroup and start a probe process that fails to
+// exec. Safe for concurrent use.
+func Check(v string) error {
+	if v == "" {
 		return nil
 	}
 	s, err := ParseStrategy(v)

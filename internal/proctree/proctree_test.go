@@ -774,8 +774,8 @@ func TestStrategySelection(t *testing.T) {
 	}
 
 	t.Setenv(EnvStrategy, "bogus")
-	if err := CheckEnv(); err == nil || !strings.Contains(err.Error(), "TIMEBOX_PROCTREE") {
-		t.Errorf("CheckEnv: %v, want an error naming the variable", err)
+	if err := Check(os.Getenv(EnvStrategy)); err == nil || !strings.Contains(err.Error(), "TIMEBOX_PROCTREE") {
+		t.Errorf("Check: %v, want an error naming the variable", err)
 	}
 	if _, err := Resolve(Auto); err == nil || !strings.Contains(err.Error(), "TIMEBOX_PROCTREE") {
 		t.Errorf("Resolve(auto): %v, want an error naming the variable", err)
@@ -785,7 +785,7 @@ func TestStrategySelection(t *testing.T) {
 	}
 
 	t.Setenv(EnvStrategy, "track")
-	if err := CheckEnv(); err != nil {
+	if err := Check(os.Getenv(EnvStrategy)); err != nil {
 		t.Error(err)
 	}
 	if s, err := Resolve(Auto); err != nil || s != Track {
@@ -794,8 +794,8 @@ func TestStrategySelection(t *testing.T) {
 
 	t.Setenv(EnvStrategy, "cgroup")
 	usable := cgroupUsable()
-	if err := CheckEnv(); (err == nil) != (usable == nil) {
-		t.Errorf("CheckEnv with cgroup forced: %v (usable: %v)", err, usable)
+	if err := Check(os.Getenv(EnvStrategy)); (err == nil) != (usable == nil) {
+		t.Errorf("Check with cgroup forced: %v (usable: %v)", err, usable)
 	}
 
 	t.Setenv(EnvStrategy, "")
