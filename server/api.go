@@ -26,7 +26,18 @@ import (
 
 func (s *Server) routes() {
 	mux := http.NewServeMux()
-	api := func(pattern string, h http.HandlerFunc) { mux.Handle(pattern, s.guard(s.auth(h))) }
+	// paths has every API route's path, whatever its method, so that a
+	// wrong method (405, with Allow) is told from a wrong path (404).
+	paths := http.NewServeMux()
+	s.allow = map[string][]string{}
+	api := func(pattern string, h http.HandlerFunc) {
+		mux.Handle(pattern, s.guard(s.auth(h)))
+		method, path, _ := strings.Cut(pattern, " ")
+		if s.allow[path] == nil {
+			paths.Handle(path, http.NotFoundHandler())
+		}
+		s.allow[path] = append(s.allow[path], method)
+	}
 	api("POST /v1/turns", s.postTurn)
 	api("GET /v1/turns", s.listTurns)
 	api("GET /v1/turns/{id}", s.getTurn)
@@ -39,19 +50,19 @@ func (s *Server) routes() {
 	api("GET /v1/stats", s.getStats)
 	api("GET /v1/webhooks/deliveries", s.listDeliveries)
 	api("GET /v1/openapi.json", s.getOpenAPI)
-	api("/v1/", s.noRoute)
+	s.paths = paths
+	mux.Handle("/v1/", s.guard(s.auth(s.noRoute)))
 	mux.Handle("GET /metrics", s.guard(s.auth(s.metrics.ServeHTTP)))
 	mux.Handle("GET /healthz", s.guard(http.HandlerFunc(s.healthz)))
 	mux.Handle("/", s.guard(webHandler()))
 	s.mux = mux
 }
 
-// apiRoute matches the paths of the API, to tell a wrong method (405) from
-// a wrong path (404).
-var apiRoute = regexp.MustCompile(`^/v1/(turns(/[^/]+(/events|/cancel)?)?|sessions(/[^/]+)?|stats|openapi\.json|webhooks/deliveries)$`)
-
+// noRoute answers a request no API route took: 405 when its path is a
+// route's with another method, 404 otherwise.
 func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) {
-	if apiRoute.MatchString(r.URL.Path) {
+	if _, path := s.paths.Handler(r); path != "" {
+		w.Header().Set("Allow", strings.Join(s.allow[path], ", "))
 		writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", fmt.Sprintf("%s is not allowed on %s", shown(r.Method), shown(r.URL.Path)))
 		return
 	}

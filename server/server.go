@@ -125,6 +125,8 @@ type Config struct {
 type Server struct {
 	cfg     Config
 	mux     *http.ServeMux
+	paths   *http.ServeMux      // the API's paths, any method (routes)
+	allow   map[string][]string // each API path's methods
 	m       *metrics
 	reg     *prometheus.Registry
 	log     *slog.Logger

@@ -485,6 +485,10 @@ func TestBadRequests(t *testing.T) {
 		{"body too long", "POST", "/v1/turns", fmt.Sprintf(`{"input": "x", "session_id": %q}`, strings.Repeat("x", 2000)), 413, "too_large"},
 		{"unknown route", "GET", "/v1/nothing", ``, 404, "not_found"},
 		{"wrong method", "DELETE", "/v1/turns", ``, 405, "method_not_allowed"},
+		{"wrong method on the approvals", "DELETE", "/v1/turns/t_1/approvals", ``, 405, "method_not_allowed"},
+		{"wrong method on a decision", "GET", "/v1/turns/t_1/approvals/c_1", ``, 405, "method_not_allowed"},
+		{"wrong method on a session", "POST", "/v1/sessions/s_1", ``, 405, "method_not_allowed"},
+		{"unknown route under a turn", "GET", "/v1/turns/t_1/nothing", ``, 404, "not_found"},
 		{"unknown turn", "GET", "/v1/turns/t_nope", ``, 404, "not_found"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -496,6 +500,13 @@ func TestBadRequests(t *testing.T) {
 	}
 	if n := len(decode[server.TurnList](t, e.do("GET", "/v1/turns", nil), http.StatusOK).Turns); n != 0 {
 		t.Fatalf("a bad request started %d turns", n)
+	}
+	for path, allow := range map[string]string{"/v1/turns": "POST, GET", "/v1/turns/t_1/approvals/c_1": "POST"} {
+		resp := e.do("PUT", path, nil)
+		resp.Body.Close()
+		if got := resp.Header.Get("Allow"); resp.StatusCode != http.StatusMethodNotAllowed || got != allow {
+			t.Errorf("PUT %s: %d, Allow %q; want 405, Allow %q", path, resp.StatusCode, got, allow)
+		}
 	}
 
 	// An error quotes at most 200 characters of what the client sent.
