@@ -273,7 +273,7 @@ func (t *turn) compact(ctx context.Context, step int, force bool) (shrunk, stopp
 		s.RetryAt = before + growth
 		if te, ok := budget.AsTimeout(err); ok && te.Phase == budget.PhaseCompaction {
 			s.CompactionTimeout = true
-			fin.Message = fmt.Sprintf("Compaction did not finish within %s (%s); going on with the full history.", te.Limit, te.Knob)
+			fin.Message = fmt.Sprintf("Compaction did not finish within %s (%s); going on with the full history.", budget.FormatDuration(te.Limit), te.Knob)
 		} else {
 			fin.Message = fmt.Sprintf("Compaction failed (%v); going on with the full history.", err)
 		}
@@ -328,7 +328,7 @@ func (t *turn) compactionFailedMessage(cause error, wall time.Duration) string {
 	te, timedOut := budget.AsTimeout(compactionFailed)
 	switch {
 	case timedOut && te.Phase == budget.PhaseCompaction:
-		help = fmt.Sprintf(" History compaction had timed out after %s (%s), so the full history was sent; raise %s.", te.Limit, te.Knob, te.Knob)
+		help = fmt.Sprintf(" History compaction had timed out after %s (%s), so the full history was sent; raise %s.", budget.FormatDuration(te.Limit), te.Knob, te.Knob)
 	case compactionFailed != nil:
 		var cme *model.Error
 		reason := compactionFailed.Error()
@@ -368,7 +368,7 @@ func (t *turn) compactionNote() string {
 		return ""
 	}
 	if te, ok := budget.AsTimeout(compactionFailed); ok && te.Phase == budget.PhaseCompaction {
-		return fmt.Sprintf(" History compaction had timed out after %s (%s), so the full history was sent; raise %s or lower context.compact_at.", te.Limit, te.Knob, te.Knob)
+		return fmt.Sprintf(" History compaction had timed out after %s (%s), so the full history was sent; raise %s or lower context.compact_at.", budget.FormatDuration(te.Limit), te.Knob, te.Knob)
 	}
 	var me *model.Error
 	if errors.As(compactionFailed, &me) {

@@ -52,7 +52,7 @@ func (t *turn) message(st machine.Ending, note *machine.StopNote, now time.Time)
 		if len(stopTools) > 0 {
 			advice = fmt.Sprintf("The tool was past its own timeout and reported no progress; have it report progress, or raise its timeout or %s.", b.Step.Knob)
 		}
-		return fmt.Sprintf("Stopped: nothing progressed for %s (%s). Last step: %s. %s", b.Step.D, t.named(budget.KeyStep), last, advice)
+		return fmt.Sprintf("Stopped: nothing progressed for %s (%s). Last step: %s. %s", budget.FormatDuration(b.Step.D), t.named(budget.KeyStep), last, advice)
 	case budget.LLMBudgetExhausted:
 		return fmt.Sprintf("Stopped after %s: the model streamed for %s in this turn, its budget (%s); time spent in tools is not counted. Last step: %s. Ask for a shorter task, or raise %s.",
 			wall, roundHuman(t.s.LLMUsed), t.named(budget.KeyLLMBudget), last, b.LLMBudget.Knob)
@@ -180,9 +180,9 @@ func attemptReason(err error) string {
 	if te, ok := budget.AsTimeout(err); ok {
 		switch te.Phase {
 		case budget.PhaseLLMFirstChunk:
-			return fmt.Sprintf("no reply within %s (llm_first_chunk; raise %s)", te.Limit, te.Knob)
+			return fmt.Sprintf("no reply within %s (llm_first_chunk; raise %s)", budget.FormatDuration(te.Limit), te.Knob)
 		case budget.PhaseLLMIdle:
-			return fmt.Sprintf("went silent for %s mid-reply (llm_idle; raise %s)", te.Limit, te.Knob)
+			return fmt.Sprintf("went silent for %s mid-reply (llm_idle; raise %s)", budget.FormatDuration(te.Limit), te.Knob)
 		}
 		return te.Error()
 	}

@@ -19,6 +19,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/ids"
 	"github.com/timebox-run/timebox/store"
@@ -436,7 +437,7 @@ func (w *webhooks) post(ctx context.Context, h Webhook, d store.Delivery, now ti
 	resp, err := w.o.Client.Do(req)
 	if err != nil {
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) && stopping.Err() == nil {
-			return 0, fmt.Sprintf("no answer within %s", w.o.Timeout)
+			return 0, fmt.Sprintf("no answer within %s", budget.FormatDuration(w.o.Timeout))
 		}
 		var ue *url.Error
 		if errors.As(err, &ue) {

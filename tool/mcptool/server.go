@@ -115,7 +115,7 @@ func (s *Server) startError(ctx context.Context, l *link, err error) error {
 		}
 	}
 	if timedOut {
-		msg := fmt.Sprintf("%s did not answer initialize and tools/list within %s, the start timeout", what, s.startTimeout)
+		msg := fmt.Sprintf("%s did not answer initialize and tools/list within %s, the start timeout", what, budget.FormatDuration(s.startTimeout))
 		if len(s.cfg.Command) > 0 && s.cfg.Command[0] == "npx" {
 			msg += "; npx may still be downloading the package: install it once (npm install) and name its binary in command"
 		}

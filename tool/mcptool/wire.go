@@ -247,7 +247,7 @@ func tokenString(v any) string {
 // Error method would read Elapsed, which the runner fills in concurrently.
 func reasonOf(cause error) string {
 	if te, ok := budget.AsTimeout(cause); ok {
-		s := fmt.Sprintf("%s timeout: %s exceeded %s", te.Phase, te.Subject, te.Limit)
+		s := fmt.Sprintf("%s timeout: %s exceeded %s", te.Phase, te.Subject, budget.FormatDuration(te.Limit))
 		if te.Knob != "" {
 			s += "; change " + te.Knob
 		}
