@@ -225,8 +225,12 @@ func TestDocsEventsFields(t *testing.T) {
 			t.Errorf("%s: the header table lacks %s", eventsDoc, name)
 		}
 	}
+	types, _ := section(page, "## Event types")
 	todo := map[reflect.Type]bool{}
 	for _, typ := range eventTypes(t) {
+		if !strings.Contains(types, "| [`"+string(typ)+"`](#"+string(typ)+") |") {
+			t.Errorf("%s: the table of event types lacks %s", eventsDoc, typ)
+		}
 		heading := "### `" + string(typ) + "`"
 		text, ok := section(page, heading)
 		if !ok {
