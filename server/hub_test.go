@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -152,3 +153,52 @@ type nopRunner struct{}
 func (nopRunner) Run(context.Context, agent.Input, ...event.Sink) *agent.Result { return nil }
 
 var _ http.Flusher = (*stalledWriter)(nil)
+
+// laggingStore commits nothing until told (commit), as a queue that is
+// behind, but refuses the event refuse for good at once, ahead of the
+// events queued before it.
+type laggingStore struct {
+	store.Store
+	refuse  int64
+	waiting []func(error)
+}
+
+func (s *laggingStore) QueueEvent(e event.Event, committed func(error)) {
+	if e.Seq == s.refuse {
+		committed(errors.New("database or disk is full"))
+		return
+	}
+	s.waiting = append(s.waiting, committed)
+}
+
+func (s *laggingStore) commit() {
+	for _, c := range s.waiting {
+		c(nil)
+	}
+	s.waiting = nil
+}
+
+// TestARefusalSaysNothingOfTheEventsBefore: an event the store refused
+// does not make the hub take the events before it for stored; only their
+// own commits do, and none past the refused one.
+func TestARefusalSaysNothingOfTheEventsBefore(t *testing.T) {
+	st := &laggingStore{Store: store.NewMemory(), refuse: 3}
+	defer st.Close()
+	s, err := New(Config{Agent: nopRunner{}, Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lt := &liveTurn{id: "t1", hub: newHub(), done: make(chan struct{}), cancel: func(error) {}}
+	em := event.NewEmitter("t1", &turnSink{s: s, lt: lt})
+	em.Emit(&event.TurnStarted{Input: "x"})
+	for i := range 3 {
+		em.Emit(&event.LLMDelta{Text: strconv.Itoa(i)}) // seqs 2, 3 (refused), 4
+	}
+	if _, stored, pending := lt.hub.subscribe(); stored != 0 || len(pending) != 4 {
+		t.Fatalf("before any commit: stored %d, %d pending; want 0 and 4", stored, len(pending))
+	}
+	st.commit() // 1, 2 and 4
+	if _, stored, pending := lt.hub.subscribe(); stored != 2 || len(pending) != 2 || pending[0].seq != 3 {
+		t.Fatalf("after the commits: stored %d, pending %v; want 2, and 3 and 4", stored, pending)
+	}
+}

@@ -478,8 +478,10 @@ func (t *turnSink) Emit(e event.Event) {
 	}
 	store.Enqueue(t.s.cfg.Store, e, func(err error) {
 		if err != nil {
+			// Not stored: it says nothing of the events before it either.
 			t.s.storeError("append_event", e.TurnID, fmt.Errorf("event %d (%s): %w", e.Seq, e.Type, err))
 			t.lt.hub.refused(e.Seq)
+			return
 		}
 		t.lt.hub.storedUpTo(e.Seq)
 	})
