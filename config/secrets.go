@@ -6,11 +6,14 @@ import (
 	"strings"
 )
 
-// OwnSecrets are the variables of timebox's own that hold secrets: the
-// server's token, the store's URL (a PostgreSQL password may be in it)
-// and the password libpq and pgx read. A tool never inherits them unless
-// its entry names them in env: (Agent.Withheld).
-var OwnSecrets = []string{"TIMEBOX_TOKEN", "TIMEBOX_DB", "PGPASSWORD"}
+// OwnSecrets are the variables of timebox's own that hold secrets, or
+// say where one is: the server's token, the store's URL (a PostgreSQL
+// password may be in it), what pgx reads as libpq does (the password, the
+// client key's password, the password file), and the headers OpenTelemetry's
+// exporter sends to a collector (an API key, as a rule). A tool never
+// inherits them unless its entry names them in env: (Agent.Withheld).
+var OwnSecrets = []string{"TIMEBOX_TOKEN", "TIMEBOX_DB", "PGPASSWORD", "PGSSLPASSWORD", "PGPASSFILE",
+	"OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS"}
 
 // Withheld returns the variables an exec tool or a stdio MCP server
 // without env: does not inherit — timebox's own secrets, the default

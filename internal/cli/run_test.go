@@ -177,7 +177,7 @@ func TestValidateShowsInheritance(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("exit %d\n%s", r.code, r.err)
 	}
-	for _, re := range []string{`word_count\s+everything but ANTHROPIC_API_KEY, OPENAI_API_KEY, PGPASSWORD, TIMEBOX_DB, TIMEBOX_TOKEN`, `report\s+PATH\n`} {
+	for _, re := range []string{`word_count\s+everything but ANTHROPIC_API_KEY, OPENAI_API_KEY, OTEL_EXPORTER_OTLP_HEADERS, OTEL_EXPORTER_OTLP_TRACES_HEADERS, PGPASSFILE, PGPASSWORD, PGSSLPASSWORD, TIMEBOX_DB, TIMEBOX_TOKEN`, `report\s+PATH\n`} {
 		if !regexpMatch(re, r.out) {
 			t.Errorf("validate output lacks /%s/:\n%s", re, r.out)
 		}
@@ -370,6 +370,8 @@ func TestToolsDoNotInheritSecrets(t *testing.T) {
 	t.Setenv("TIMEBOX_TOKEN", "tok-s3cret")
 	t.Setenv("TIMEBOX_DB", "postgres://u:pw-s3cret@db.invalid/tb")
 	t.Setenv("OPENAI_API_KEY", "sk-s3cret")
+	t.Setenv("PGSSLPASSWORD", "key-s3cret")
+	t.Setenv("OTEL_EXPORTER_OTLP_HEADERS", "api-key=collector-s3cret")
 	t.Setenv("TB_PLAIN", "plain-value")
 	file := agentFile(t, `{"tool_calls": [{"name": "printenv", "arguments": {}}]}`, `{"text": "done"}`)
 	b, err := os.ReadFile(file)
