@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"os/user"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -80,13 +81,44 @@ func Lookup(spec string) (*Identity, error) {
 	}
 	id.GID = uint32(n)
 	if gids, err := u.GroupIds(); err == nil {
+		// GroupIds has the user's primary group always. With a group
+		// given, systemd's initgroups(user, group) keeps it only if the
+		// group file lists the user in it: the group given replaces it.
+		var listed map[string]bool
+		if hasGroup {
+			listed = listedIn(groupFile, u.Username)
+		}
 		for _, g := range gids {
+			if hasGroup && g == u.Gid && !listed[g] {
+				continue
+			}
 			if n, err := strconv.ParseUint(g, 10, 32); err == nil && uint32(n) != id.GID {
 				id.Groups = append(id.Groups, uint32(n))
 			}
 		}
 	}
 	return id, nil
+}
+
+// groupFile is the group database listedIn reads; tests replace it.
+var groupFile = "/etc/group"
+
+// listedIn returns the ids of the groups whose member list in the group
+// file at path (name:password:gid:member,member…) has name. An unreadable
+// file lists nobody.
+func listedIn(path, name string) map[string]bool {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	out := map[string]bool{}
+	for line := range strings.Lines(string(b)) {
+		f := strings.Split(strings.TrimRight(line, "\r\n"), ":")
+		if len(f) == 4 && slices.Contains(strings.Split(f[3], ","), name) {
+			out[f[2]] = true
+		}
+	}
+	return out
 }
 
 // Check reports whether this process may start processes as id: it must
