@@ -1,56 +1,258 @@
 package postgres
 
 import (
+	"errors"
+	"fmt"
 	"net/url"
 	"regexp"
 	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// IsURL reports whether a --db value names a PostgreSQL database: a
-// postgres:// or postgresql:// URL, or a libpq key=value connection
-// string ("host=db.example dbname=timebox user=tb"). Anything else is a
-// SQLite file's path.
+// IsURL reports whether a --db value names a database rather than a
+// SQLite file: a postgres:// or postgresql:// URL (the scheme in any
+// case), a libpq key=value connection string ("host=db.example
+// dbname=timebox user=tb"), or a URL of any other scheme ("mysql://…"),
+// which Open refuses: such a value is never a file's name, and taking it
+// for one would make a file named after its password. "sqlite:" and
+// "file:" values, and anything else, are a SQLite file's path.
 func IsURL(db string) bool {
-	return strings.HasPrefix(db, "postgres://") || strings.HasPrefix(db, "postgresql://") || isKeyValue(db)
+	if scheme, ok := urlScheme(db); ok {
+		return !strings.EqualFold(scheme, "sqlite") && !strings.EqualFold(scheme, "file")
+	}
+	return isKeyValue(db)
 }
 
-// libpqKey is a key of a libpq connection string: a value of --db with one
-// of these before an "=" is a connection string, not a file name.
-var libpqKey = regexp.MustCompile(`(?:^|\s)(host|hostaddr|port|dbname|user|password|passfile|sslmode|sslrootcert|sslcert|sslkey|connect_timeout|application_name|target_session_attrs|service|options|` +
+// schemePrefix is the scheme of a URL and its "://". A scheme of one
+// letter is a Windows drive ("C://data/timebox.db"), not a URL's.
+var schemePrefix = regexp.MustCompile(`^([A-Za-z][A-Za-z0-9+.-]+)://`)
+
+// urlScheme returns the scheme of a URL as written, and whether db is one.
+func urlScheme(db string) (string, bool) {
+	m := schemePrefix.FindStringSubmatch(db)
+	if m == nil {
+		return "", false
+	}
+	return m[1], true
+}
+
+// isPostgresURL reports whether db is a postgres:// or postgresql:// URL,
+// the scheme in any case.
+func isPostgresURL(db string) bool {
+	scheme, ok := urlScheme(db)
+	return ok && (strings.EqualFold(scheme, "postgres") || strings.EqualFold(scheme, "postgresql"))
+}
+
+// libpqKey is a key of a libpq (or pgx) connection string: a value of --db
+// with one of these before an "=" is a connection string, not a file name.
+// Case is ignored: HOST=db is no file's name either, and pgx's error
+// says what is wrong with it.
+var libpqKey = regexp.MustCompile(`(?i)(?:^|\s)(host|hostaddr|port|dbname|user|password|passfile|service|servicefile|options|` +
+	`application_name|fallback_application_name|client_encoding|connect_timeout|target_session_attrs|load_balance_hosts|` +
+	`keepalives|keepalives_idle|keepalives_interval|keepalives_count|tcp_user_timeout|replication|require_auth|channel_binding|` +
+	`sslmode|sslnegotiation|sslcert|sslkey|sslpassword|sslcertmode|sslrootcert|sslcrl|sslcrldir|sslsni|requirepeer|` +
+	`min_protocol_version|max_protocol_version|ssl_min_protocol_version|ssl_max_protocol_version|gssencmode|krbsrvname|gsslib|` +
+	`pool_max_conns|pool_min_conns|statement_cache_capacity|default_query_exec_mode|` +
 	regexp.QuoteMeta(HeartbeatParam) + `)\s*=`)
 
+// isKeyValue reports whether db is a key=value connection string. Its
+// values may hold anything, "://" too.
 func isKeyValue(db string) bool {
-	return !strings.Contains(db, "://") && libpqKey.MatchString(db)
+	return !schemePrefix.MatchString(db) && libpqKey.MatchString(db)
 }
 
-// passwordValue finds the password of a key=value connection string:
-// quoted (with \' and \\ escapes) or up to the next space.
-var passwordValue = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S*)`)
+// mask stands for a password, or for what may hold one, in what Redact
+// returns.
+const mask = "xxxxx"
 
-// Redact returns a database URL or connection string fit to print: its
-// password, in the user part or as a password parameter, is replaced by
-// "xxxxx". A URL that does not parse is not shown at all.
+// secretKey reports whether the value of a connection string's key is a
+// password: password or sslpassword (which decrypts the client's key).
+func secretKey(k string) bool {
+	return strings.EqualFold(k, "password") || strings.EqualFold(k, "sslpassword")
+}
+
+// Redact returns a database URL or connection string fit to print or log:
+// its passwords — the user part's, and the values of password and
+// sslpassword in a URL's query or a key=value string, quoted or not — are
+// replaced by "xxxxx". It reads the string the way pgx does, so what pgx
+// would take for a password is masked however it is written; where that
+// is ambiguous (a URL with an "@" after its user part, a key=value string
+// that stops parsing), all that may hold one is masked. A value that is
+// neither a URL nor a connection string (a SQLite file's path) is
+// returned as it is.
 func Redact(dsn string) string {
-	if isKeyValue(dsn) {
-		return passwordValue.ReplaceAllString(dsn, "${1}xxxxx")
+	switch {
+	case schemePrefix.MatchString(dsn):
+		return redactURL(dsn)
+	case isKeyValue(dsn):
+		return redactKeyValue(dsn)
 	}
-	u, err := url.Parse(dsn)
-	if err != nil {
-		return "(a database URL that does not parse; not shown, it may hold a password)"
+	return dsn
+}
+
+// redactURL masks the passwords of a URL, following pgx's (and libpq's)
+// reading: the user part ends at the first "@" before any "/"; host,
+// port and path run to the first "?"; the query is "&"-separated pairs
+// whose keys may be percent-encoded.
+func redactURL(dsn string) string {
+	var b strings.Builder
+	i := strings.Index(dsn, "://") + len("://")
+	b.WriteString(dsn[:i])
+	rest := dsn[i:]
+	if at := strings.IndexAny(rest, "@/"); at >= 0 && rest[at] == '@' {
+		user, _, hasPassword := strings.Cut(rest[:at], ":")
+		b.WriteString(user)
+		if hasPassword {
+			b.WriteString(":" + mask)
+		}
+		b.WriteByte('@')
+		rest = rest[at+1:]
 	}
-	if u.User != nil {
-		if _, ok := u.User.Password(); ok {
-			u.User = url.UserPassword(u.User.Username(), "xxxxx")
+	// An "@" after the user part is that of a password with a "/" in it,
+	// which pgx does not read as one: in the host or path
+	// ("postgres://u:12/34@db/x"), or in the query of a URL whose port is
+	// not a number ("postgres://u:a/b?c@db/x").
+	where, query, hasQuery := strings.Cut(rest, "?")
+	if at := strings.LastIndexByte(where, '@'); at >= 0 {
+		where = mask + where[at:]
+	} else if strings.Contains(query, "@") && !numericPorts(where) {
+		return b.String() + mask
+	}
+	b.WriteString(where)
+	if !hasQuery {
+		return b.String()
+	}
+	b.WriteByte('?')
+	for i, pair := range strings.Split(query, "&") {
+		if i > 0 {
+			b.WriteByte('&')
+		}
+		rawKey, _, hasValue := strings.Cut(pair, "=")
+		key, err := url.PathUnescape(rawKey)
+		switch {
+		case !hasValue:
+			// pgx refuses it; it may be the end of a password with an
+			// "&" in it.
+			b.WriteString(mask)
+		case err != nil || secretKey(key):
+			b.WriteString(rawKey + "=" + mask)
+		default:
+			b.WriteString(pair)
 		}
 	}
-	q := u.Query()
-	for k := range q {
-		if strings.EqualFold(k, "password") {
-			q.Set(k, "xxxxx")
-			u.RawQuery = q.Encode()
+	return b.String()
+}
+
+// numericPorts reports whether every port of the hosts part of a URL
+// (what follows its user part, up to its "?") is a number or empty.
+func numericPorts(where string) bool {
+	hosts, _, _ := strings.Cut(where, "/")
+	for h := range strings.SplitSeq(hosts, ",") {
+		if strings.HasPrefix(h, "[") {
+			_, h, _ = strings.Cut(h, "]")
+		}
+		_, port, _ := strings.Cut(h, ":")
+		if strings.Trim(port, "0123456789") != "" {
+			return false
 		}
 	}
-	return u.String()
+	return true
+}
+
+// kvSpace is what separates the pairs of a key=value string, and may
+// surround their "=".
+const kvSpace = " \t\n\r\v\f"
+
+// redactKeyValue masks the password values of a key=value string, read
+// as pgx reads it (pgconn's parseKeywordValueSettings): a value is quoted,
+// with \' and \\ escapes, or runs to the next unescaped space. From where
+// the string stops parsing (a word without "=", a quote not closed), all
+// of it is masked.
+func redactKeyValue(s string) string {
+	var b strings.Builder
+	for {
+		rest := strings.TrimLeft(s, kvSpace)
+		b.WriteString(s[:len(s)-len(rest)])
+		s = rest
+		if s == "" {
+			return b.String()
+		}
+		eq := strings.IndexByte(s, '=')
+		key := ""
+		if eq >= 0 {
+			key = strings.Trim(s[:eq], kvSpace)
+		}
+		if key == "" || strings.ContainsAny(key, kvSpace) {
+			return b.String() + mask
+		}
+		value := strings.TrimLeft(s[eq+1:], kvSpace)
+		b.WriteString(s[:len(s)-len(value)])
+		n, ok := valueLen(value)
+		switch {
+		case !ok:
+			return b.String() + mask
+		case secretKey(key):
+			b.WriteString(mask)
+		default:
+			b.WriteString(value[:n])
+		}
+		s = value[n:]
+	}
+}
+
+// valueLen returns the length of the value at the start of v, quotes
+// included, and false for a quote that is not closed.
+func valueLen(v string) (int, bool) {
+	if v == "" || v[0] != '\'' {
+		n := 0
+		for n < len(v) && !strings.ContainsRune(kvSpace, rune(v[n])) {
+			if v[n] == '\\' {
+				n++
+			}
+			n++
+		}
+		return min(n, len(v)), true
+	}
+	for n := 1; n < len(v); n++ {
+		switch v[n] {
+		case '\\':
+			n++
+		case '\'':
+			return n + 1, true
+		}
+	}
+	return 0, false
+}
+
+// parseError returns err, pgx's for a connection string it cannot parse,
+// fit to show. pgx's *pgconn.ParseConfigError holds the whole string and
+// shows it with only the passwords it finds masked (not the one in
+// "password = x", nor all of a quoted one with \' in it), and its syntax
+// errors quote words of the string, which may be part of a password. The
+// error returned is a ParseConfigError of where (the string as Redact
+// shows it) that says what pgx could not read, without those quotes.
+func parseError(where string, err error) error {
+	var pe *pgconn.ParseConfigError
+	if !errors.As(err, &pe) {
+		return fmt.Errorf("postgres: %s: %w", where, err)
+	}
+	inner := errors.Unwrap(pe)
+	bare := *pe
+	bare.ConnString = ""
+	msg, ok := strings.CutPrefix(bare.Error(), "cannot parse ``: ")
+	if ok && inner != nil {
+		msg, ok = strings.CutSuffix(msg, " ("+inner.Error()+")")
+	}
+	if !ok || strings.HasPrefix(msg, "failed to parse as ") {
+		// A syntax error, or a message of a pgx that writes them
+		// otherwise: say no more than that it does not parse.
+		if !ok {
+			msg = "it does not parse"
+		}
+		inner = nil
+	}
+	return fmt.Errorf("postgres: %w", pgconn.NewParseConfigError(where, msg, inner))
 }
 
 // heartbeatValue finds HeartbeatParam in a key=value connection string.

@@ -133,8 +133,8 @@ const (
 
 var _ store.Store = (*Store)(nil)
 
-// Open connects to the database dsn (a URL or key=value string, see IsURL;
-// pgx's parameters
+// Open connects to the database dsn (a postgres:// URL or key=value
+// string, see IsURL; a URL of another scheme is an error; pgx's parameters
 // apply, pool_max_conns sizes the pool, default 10, and HeartbeatParam
 // sets the heartbeat), migrates it to
 // SchemaVersion, registers this store as an owner, marks interrupted the
@@ -144,6 +144,13 @@ var _ store.Store = (*Store)(nil)
 // show the password.
 func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 	where := Redact(dsn)
+	if scheme, ok := urlScheme(dsn); ok {
+		if !isPostgresURL(dsn) {
+			return nil, fmt.Errorf("postgres: %s: timebox stores turns in PostgreSQL (a postgres:// URL or a key=value connection string) or in a SQLite file (its path), not in a %s:// database", where, scheme)
+		}
+		// pgx reads only the lower-case schemes as URLs.
+		dsn = strings.ToLower(scheme) + dsn[len(scheme):]
+	}
 	dsn, hb, err := takeHeartbeat(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %s: %w", where, err)
@@ -162,7 +169,7 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 	}
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("postgres: %s: %w", where, err) // pgx's message redacts the password too
+		return nil, parseError(where, err)
 	}
 	if !strings.Contains(dsn, "pool_max_conns") {
 		cfg.MaxConns = defaultMaxConns

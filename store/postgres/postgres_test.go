@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/goleak"
 
 	"github.com/timebox-run/timebox/budget"
@@ -371,7 +372,27 @@ func TestRedact(t *testing.T) {
 		{"postgresql://u@db/timebox?sslmode=require", "postgresql://u@db/timebox?sslmode=require"},
 		{"postgres://db/timebox?password=sekrit&sslmode=disable", "postgres://db/timebox?password=xxxxx&sslmode=disable"},
 		{"postgres://u:se%40krit@db/x", "postgres://u:xxxxx@db/x"},
-		{"postgres://u:sekrit@db:port/x", "(a database URL that does not parse; not shown, it may hold a password)"},
+		{"postgres://u:sekrit@db:port/x", "postgres://u:xxxxx@db:port/x"},
+		{"postgres://u:pw@h/db?sslpassword=s3cretH", "postgres://u:xxxxx@h/db?sslpassword=xxxxx"},
+		{"postgres://h/db?sslmode=disable&SSLPassword=s3cret&pass%77ord=s3cret", "postgres://h/db?sslmode=disable&SSLPassword=xxxxx&pass%77ord=xxxxx"},
+		{"postgres://h/db?password=s3c#ret", "postgres://h/db?password=xxxxx"},
+		{"postgres://h/db?password=s3c&ret", "postgres://h/db?password=xxxxx&xxxxx"},
+		{"postgres://u:s3c?ret@h/db", "postgres://u:xxxxx@h/db"},
+		{"postgres://u:12/s3cret@h/db", "postgres://xxxxx@h/db"},
+		{"postgres://u:s3c/ret?x@h/db", "postgres://xxxxx"},
+		{"postgres://u:12/s3c@h/db?user=a@b&password=s3cret", "postgres://xxxxx@h/db?user=a@b&password=xxxxx"},
+		{"postgres://h/db?user=tb@corp&password=s3cret", "postgres://h/db?user=tb@corp&password=xxxxx"},
+		{"Postgres://bob:hunter2@db.example/app", "Postgres://bob:xxxxx@db.example/app"},
+		{"mysql://bob:hunter2@db.example/app", "mysql://bob:xxxxx@db.example/app"},
+		{"host=127.0.0.1 password = s3cretA port=notaport", "host=127.0.0.1 password = xxxxx port=notaport"},
+		{`host=127.0.0.1 password='s3c\' retB' port=notaport`, "host=127.0.0.1 password=xxxxx port=notaport"},
+		{`host=h password=s3c\ retC dbname=x`, "host=h password=xxxxx dbname=x"},
+		{"host=h sslpassword=s3cretD sslkey=k.pem", "host=h sslpassword=xxxxx sslkey=k.pem"},
+		{"host=h password= s3cretE", "host=h password= xxxxx"},
+		{"host=h password=s3c retF dbname=x", "host=h password=xxxxx xxxxx"},
+		{"host=h password='s3c retG", "host=h password=xxxxx"},
+		{"host=h user=u password=hunter://5 dbname=app", "host=h user=u password=xxxxx dbname=app"},
+		{"./timebox.db", "./timebox.db"},
 	} {
 		if got := postgres.Redact(c.in); got != c.want {
 			t.Errorf("Redact(%q) = %q, want %q", c.in, got, c.want)
@@ -390,15 +411,47 @@ func TestErrorsHideThePassword(t *testing.T) {
 		"postgres://u:sekrit@127.0.0.1:1/x?password=sekrit&connect_timeout=2",
 		"postgres://u:sekrit@127.0.0.1:notaport/x",
 		"postgres://u:sekrit@127.0.0.1:5432/x?sslmode=bogus",
+		"postgres://u@127.0.0.1:1/x?sslpassword=sekrit&connect_timeout=2",
+		"Postgres://u:sekrit@127.0.0.1:1/x?connect_timeout=2",
+		"mysql://u:sekrit@127.0.0.1:1/x",
+		"postgres://u:se/krit@127.0.0.1:1/x",
+		"host=127.0.0.1 password = sekrit port=notaport",
+		`host=127.0.0.1 password='se\' krit' port=notaport`,
+		`host=127.0.0.1 password=se\ krit port=notaport`,
+		"host=127.0.0.1 password=se krit port=1",
+		"host=127.0.0.1 port=1 password='se krit",
+		"host=127.0.0.1 port=1 sslpassword=sekrit connect_timeout=2",
 	} {
 		s, err := postgres.Open(ctx, dsn, postgres.Options{})
 		if err == nil {
 			s.Close()
 			t.Fatalf("%s: opened", dsn)
 		}
-		if strings.Contains(err.Error(), "sekrit") {
+		if strings.Contains(err.Error(), "sekrit") || strings.Contains(err.Error(), "krit") {
 			t.Errorf("the error shows the password: %v", err)
 		}
+		var pe *pgconn.ParseConfigError
+		if errors.As(err, &pe) && strings.Contains(pe.ConnString, "krit") {
+			t.Errorf("the error holds the password: %q", pe.ConnString)
+		}
+	}
+}
+
+// TestOpenReadsTheURL: a postgres:// URL is one in any case (pgx reads
+// only the lower-case one), and a URL of another scheme is an error that
+// says so.
+func TestOpenReadsTheURL(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, dsn := range []string{"Postgres://u@127.0.0.1:1/x?connect_timeout=2", "POSTGRESQL://u@127.0.0.1:1/x?connect_timeout=2"} {
+		_, err := postgres.Open(ctx, dsn, postgres.Options{})
+		var ce *pgconn.ConnectError
+		if !errors.As(err, &ce) || ce.Config.Host != "127.0.0.1" || ce.Config.Port != 1 || ce.Config.User != "u" {
+			t.Errorf("%s: %v, want a failure to connect to 127.0.0.1:1 as u", dsn, err)
+		}
+	}
+	if _, err := postgres.Open(ctx, "mysql://u@127.0.0.1:1/x", postgres.Options{}); err == nil || !strings.Contains(err.Error(), "not in a mysql:// database") {
+		t.Errorf("mysql://: %v", err)
 	}
 }
 
@@ -712,15 +765,27 @@ func TestAnOutageKillsNothing(t *testing.T) {
 // opens (with timebox_heartbeat taken out of it).
 func TestKeyValueConnectionStrings(t *testing.T) {
 	for db, want := range map[string]bool{
-		"postgres://u@h/db":                     true,
-		"host=db.example dbname=tb user=u":      true,
-		"dbname=tb":                             true,
-		"  host = db password='s e c' dbname=x": true,
-		"timebox.db":                            false,
-		"./data/host=x.db":                      false,
-		"/var/lib/timebox/timebox.db":           false,
-		"file:timebox.db?mode=rwc":              false,
-		"my turns (hostname=foo).db":            false,
+		"postgres://u@h/db":                                    true,
+		"host=db.example dbname=tb user=u":                     true,
+		"dbname=tb":                                            true,
+		"  host = db password='s e c' dbname=x":                true,
+		"timebox.db":                                           false,
+		"./data/host=x.db":                                     false,
+		"/var/lib/timebox/timebox.db":                          false,
+		"file:timebox.db?mode=rwc":                             false,
+		"my turns (hostname=foo).db":                           false,
+		"host=127.0.0.1 user=u password=hunter://5 dbname=app": true,
+		"sslmode=disable options=-csearch_path=a://b":          true,
+		"Postgres://bob:hunter2@db.example/app":                true,
+		"POSTGRESQL://db.example/app":                          true,
+		"mysql://bob:hunter2@db.example/app":                   true,
+		"http://db.example/app":                                true,
+		"HOST=db.example PASSWORD=hunter2":                     true,
+		"sslpassword=hunter2 sslkey=k.pem":                     true,
+		"sqlite:timebox.db":                                    false,
+		"sqlite:///var/lib/timebox/timebox.db":                 false,
+		"file:///var/lib/timebox/timebox.db":                   false,
+		`C://data/timebox.db`:                                  false,
 	} {
 		if got := postgres.IsURL(db); got != want {
 			t.Errorf("IsURL(%q) = %v, want %v", db, got, want)
@@ -731,6 +796,7 @@ func TestKeyValueConnectionStrings(t *testing.T) {
 		`host=db password='it\'s a secret' dbname=x`: "host=db password=xxxxx dbname=x",
 		"postgres://u:hunter2@db/x?sslmode=disable":  "postgres://u:xxxxx@db/x?sslmode=disable",
 		"host=db dbname=x":                           "host=db dbname=x",
+		"host=db password=hunter://2 dbname=x":       "host=db password=xxxxx dbname=x",
 	} {
 		if got := postgres.Redact(dsn); got != want {
 			t.Errorf("Redact(%q) = %q, want %q", dsn, got, want)
