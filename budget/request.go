@@ -8,22 +8,29 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/timebox-run/timebox/internal/exactjson"
 )
 
 // Request holds the budgets one turn's caller asks for, by knob name
 // ("turn", "tool", "max_steps") to the value as the agent file writes it
 // ("90s", "5"). Only knobs with Request set may appear. Its JSON form is an
-// object whose values are strings, or numbers for counts.
+// object whose values are strings, or numbers for counts, each name once.
 type Request map[string]string
 
-// UnmarshalJSON reads {"turn": "10m", "max_steps": 5}.
+// UnmarshalJSON reads {"turn": "10m", "max_steps": 5}: one JSON object,
+// each name at most once (exactjson.Object). null, by encoding/json's
+// convention, leaves r as it is.
 func (r *Request) UnmarshalJSON(b []byte) error {
-	var raw map[string]json.RawMessage
-	if err := json.Unmarshal(b, &raw); err != nil {
-		return err
+	if string(bytes.TrimSpace(b)) == "null" {
+		return nil
 	}
-	out := make(Request, len(raw))
-	for k, v := range raw {
+	fields, err := exactjson.Object(b, nil)
+	if err != nil {
+		return fmt.Errorf("budgets: %w", err)
+	}
+	out := make(Request, len(fields))
+	for k, v := range fields {
 		v = bytes.TrimSpace(v)
 		var s string
 		if err := json.Unmarshal(v, &s); err != nil {

@@ -13,7 +13,6 @@ import (
 	"net/http"
 	"net/url"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/internal/exactjson"
 	"github.com/timebox-run/timebox/store"
 )
 
@@ -310,28 +310,13 @@ const (
 	HeaderRequestID = "Timebox-Request-Id"
 )
 
+// turnRequestKeys are the keys of a POST /v1/turns body.
+var turnRequestKeys = []string{"session_id", "input", "detach", "budgets"}
+
 func (s *Server) readTurnRequest(w http.ResponseWriter, r *http.Request) (TurnRequest, bool) {
 	var req TurnRequest
-	// Read to EOF, so that the server watches the connection from here on
-	// and a client that goes away is noticed at once.
-	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
-	var fields map[string]json.RawMessage
-	if err == nil {
-		fields, err = turnRequestFields(raw)
-	}
-	if err == nil {
-		dec := json.NewDecoder(bytes.NewReader(raw))
-		dec.DisallowUnknownFields()
-		err = dec.Decode(&req)
-	}
-	var tooBig *http.MaxBytesError
-	switch {
-	case errors.As(err, &tooBig):
-		writeError(w, http.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf("the request body is over the server's limit of %d bytes", s.cfg.MaxBodyBytes))
-		return req, false
-	case err != nil:
-		writeError(w, http.StatusBadRequest, "bad_request",
-			fmt.Sprintf(`the body must be one JSON object {"session_id": "...", "input": "...", "detach": false, "budgets": {"turn": "10m"}}: %s`, shown(err.Error())))
+	fields, ok := s.readBody(w, r, &req, turnRequestKeys, `{"session_id": "...", "input": "...", "detach": false, "budgets": {"turn": "10m"}}`)
+	if !ok {
 		return req, false
 	}
 	switch {
@@ -349,44 +334,34 @@ func (s *Server) readTurnRequest(w http.ResponseWriter, r *http.Request) (TurnRe
 	return req, false
 }
 
-// turnRequestKeys are the keys of a POST /v1/turns body, matched exactly:
-// encoding/json alone would take "INPUT" or "Detach" for them.
-var turnRequestKeys = []string{"session_id", "input", "detach", "budgets"}
-
-// turnRequestFields returns the fields of a POST /v1/turns body, which
-// must be one JSON object whose keys are turnRequestKeys, exactly, each at
-// most once.
-func turnRequestFields(raw []byte) (map[string]json.RawMessage, error) {
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
-		return nil, errors.New("not a JSON object")
+// readBody reads r's body into v, which must be one JSON object whose keys
+// are keys, matched exactly, each at most once (exactjson.Object), and
+// returns its fields. It answers a body over the server's limit with 413
+// too_large and any other problem with 400 bad_request, showing the body's
+// shape, and returns false then.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request, v any, keys []string, shape string) (map[string]json.RawMessage, bool) {
+	// Read to EOF, so that the server watches the connection from here on
+	// and a client that goes away is noticed at once.
+	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	var fields map[string]json.RawMessage
+	if err == nil {
+		fields, err = exactjson.Object(raw, keys)
 	}
-	fields := map[string]json.RawMessage{}
-	for dec.More() {
-		t, err := dec.Token()
-		if err != nil {
-			return nil, err
-		}
-		key, _ := t.(string)
-		if !slices.Contains(turnRequestKeys, key) {
-			return nil, fmt.Errorf("unknown field %s (the keys are %s, matched exactly)", shown(strconv.Quote(key)), strings.Join(turnRequestKeys, ", "))
-		}
-		if _, dup := fields[key]; dup {
-			return nil, fmt.Errorf("field %q given twice", key)
-		}
-		var v json.RawMessage
-		if err := dec.Decode(&v); err != nil {
-			return nil, err
-		}
-		fields[key] = v
+	if err == nil {
+		dec := json.NewDecoder(bytes.NewReader(raw))
+		dec.DisallowUnknownFields()
+		err = dec.Decode(v)
 	}
-	if _, err := dec.Token(); err != nil {
-		return nil, err
+	var tooBig *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooBig):
+		writeError(w, http.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf("the request body is over the server's limit of %d bytes", s.cfg.MaxBodyBytes))
+		return nil, false
+	case err != nil:
+		writeError(w, http.StatusBadRequest, "bad_request", fmt.Sprintf("the body must be one JSON object %s: %s", shape, shown(err.Error())))
+		return nil, false
 	}
-	if _, err := dec.Token(); err != io.EOF {
-		return nil, errors.New("more than one JSON value")
-	}
-	return fields, nil
+	return fields, true
 }
 
 // validText reports whether the JSON string raw, decoded as s, was valid

@@ -2,12 +2,9 @@ package server
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/timebox-run/timebox/agent"
@@ -46,6 +43,27 @@ type ApprovalList struct {
 // maxReason bounds a decision's reason and by.
 const maxReason = 4096
 
+// decisionRequestKeys are the keys of a DecisionRequest body.
+var decisionRequestKeys = []string{"decision", "reason", "by"}
+
+// readDecision reads the body of POST /v1/turns/{id}/approvals/{call_id}
+// by the rule of every body (readBody), and checks its values.
+func (s *Server) readDecision(w http.ResponseWriter, r *http.Request) (DecisionRequest, bool) {
+	var req DecisionRequest
+	if _, ok := s.readBody(w, r, &req, decisionRequestKeys, `{"decision": "approve" or "deny", "reason": "...", "by": "..."}`); !ok {
+		return req, false
+	}
+	switch {
+	case req.Decision != event.Approve && req.Decision != event.Deny:
+		writeError(w, http.StatusBadRequest, "bad_request", fmt.Sprintf(`"decision" is %q: it must be "approve" or "deny"`, shown(string(req.Decision))))
+	case len(req.Reason) > maxReason || len(req.By) > maxReason:
+		writeError(w, http.StatusBadRequest, "bad_request", fmt.Sprintf(`"reason" and "by" are at most %d bytes`, maxReason))
+	default:
+		return req, true
+	}
+	return req, false
+}
+
 func (s *Server) listApprovals(w http.ResponseWriter, r *http.Request) {
 	st, ok := s.cfg.Store.(store.Approvals)
 	if !ok {
@@ -76,22 +94,8 @@ func (s *Server) listApprovals(w http.ResponseWriter, r *http.Request) {
 // expired.
 func (s *Server) decide(w http.ResponseWriter, r *http.Request) {
 	id, callID := r.PathValue("id"), r.PathValue("call_id")
-	var req DecisionRequest
-	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
-	if err == nil {
-		dec := json.NewDecoder(strings.NewReader(string(raw)))
-		dec.DisallowUnknownFields()
-		err = dec.Decode(&req)
-	}
-	switch {
-	case err != nil:
-		writeError(w, http.StatusBadRequest, "bad_request", `the body must be one JSON object {"decision": "approve" or "deny", "reason": "..."}: `+shown(err.Error()))
-		return
-	case req.Decision != event.Approve && req.Decision != event.Deny:
-		writeError(w, http.StatusBadRequest, "bad_request", fmt.Sprintf(`"decision" is %q: it must be "approve" or "deny"`, shown(string(req.Decision))))
-		return
-	case len(req.Reason) > maxReason || len(req.By) > maxReason:
-		writeError(w, http.StatusBadRequest, "bad_request", fmt.Sprintf(`"reason" and "by" are at most %d bytes`, maxReason))
+	req, ok := s.readDecision(w, r)
+	if !ok {
 		return
 	}
 	if req.By == "" {

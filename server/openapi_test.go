@@ -578,6 +578,7 @@ func TestOpenAPIStatuses(t *testing.T) {
 			{"decided twice", asking, "POST /v1/turns/{id}/approvals/{call_id}", "POST", "/v1/turns/" + waiting + "/approvals/call_1_1", `{"decision": "deny"}`, nil, 409},
 			{"deny elsewhere", quick, "POST /v1/turns/{id}/approvals/{call_id}", "POST", "/v1/turns/t_elsewhere/approvals/call_1_1", `{"decision": "deny", "reason": "no"}`, nil, 202},
 			{"not a decision", quick, "POST /v1/turns/{id}/approvals/{call_id}", "POST", "/v1/turns/t_elsewhere/approvals/call_1_1", `{"decision": "perhaps"}`, nil, 400},
+			{"decision too long", quick, "POST /v1/turns/{id}/approvals/{call_id}", "POST", "/v1/turns/t_elsewhere/approvals/call_1_1", `{"decision": "deny", "reason": "` + strings.Repeat("x", 1000) + `"}`, nil, 413},
 			{"no such call", quick, "POST /v1/turns/{id}/approvals/{call_id}", "POST", "/v1/turns/t_elsewhere/approvals/call_9_9", `{"decision": "approve"}`, nil, 404},
 			{"decide store fails", broken, "POST /v1/turns/{id}/approvals/{call_id}", "POST", "/v1/turns/t_x/approvals/call_1_1", `{"decision": "approve"}`, nil, 500},
 

@@ -37,6 +37,10 @@ func TestTurnRequestIsReadExactly(t *testing.T) {
 		{"U+FFFD escaped", `{"input": "hi \ufffd"}`, 200, ""},
 		{"U+FFFD as itself", "{\"input\": \"hi \xef\xbf\xbd\"}", 200, ""},
 		{"a pair", `{"input": "hi \ud83d\ude00"}`, 200, ""},
+		{"a budget twice", `{"input": "hi", "budgets": {"turn": "1s", "turn": "10m"}}`, 400, `budgets: field "turn" given twice`},
+		{"budgets not an object", `{"input": "hi", "budgets": ["turn", "1s"]}`, 400, "budgets: not a JSON object"},
+		{"no budgets", `{"input": "hi", "budgets": null}`, 200, ""},
+		{"a budget once", `{"input": "hi", "budgets": {"turn": "1m", "max_steps": 5}}`, 200, ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			resp := e.do("POST", "/v1/turns", c.body, "Content-Type", "application/json")
@@ -49,6 +53,56 @@ func TestTurnRequestIsReadExactly(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestDecisionRequestIsReadExactly: the body of POST
+// /v1/turns/{id}/approvals/{call_id} is read by the turn request's rule —
+// one JSON object and nothing after it, its keys matched exactly and once
+// — and one over the server's limit is a 413. A refused body decides
+// nothing: the call still waits, and a decision sent right is taken.
+func TestDecisionRequestIsReadExactly(t *testing.T) {
+	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, deployThenAnswer...), deployTool(0)), MaxBodyBytes: 1000})
+	resp, sse := e.stream(context.Background(), map[string]any{"input": "deploy"})
+	defer resp.Body.Close()
+	turnID := resp.Header.Get(server.HeaderTurnID)
+	var asked event.ApprovalRequested
+	if err := json.Unmarshal([]byte(waitFor(t, sse, "approval_requested")), &asked); err != nil {
+		t.Fatal(err)
+	}
+	path := "/v1/turns/" + turnID + "/approvals/" + asked.CallID
+	for _, c := range []struct {
+		name, body string
+		status     int
+		code, says string
+	}{
+		{"keys in other cases, twice, and garbage after", `{"DECISION":"deny","decision":"approve","Reason":"r"} trailing garbage`, 400, "bad_request", `unknown field "DECISION"`},
+		{"a capitalised key", `{"decision": "approve", "Reason": "r"}`, 400, "bad_request", `unknown field "Reason"`},
+		{"a key twice", `{"decision": "deny", "decision": "approve"}`, 400, "bad_request", `field "decision" given twice`},
+		{"garbage after", `{"decision": "approve"} trailing garbage`, 400, "bad_request", "after the JSON object"},
+		{"a second object", `{"decision": "approve"} {"decision": "deny"}`, 400, "bad_request", "after the JSON object"},
+		{"not an object", `["approve"]`, 400, "bad_request", "not a JSON object"},
+		{"over the limit", `{"decision": "approve", "reason": "` + strings.Repeat("x", 2000) + `"}`, 413, "too_large", "over the server's limit of 1000 bytes"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			resp := e.do("POST", path, c.body, "Content-Type", "application/json")
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			var er apiError
+			json.Unmarshal(b, &er)
+			if resp.StatusCode != c.status || er.Error.Code != c.code || !strings.Contains(er.Error.Message, c.says) {
+				t.Errorf("%d %s; want %d %s saying %q", resp.StatusCode, b, c.status, c.code, c.says)
+			}
+			list := decode[server.ApprovalList](t, e.do("GET", "/v1/turns/"+turnID+"/approvals", nil), http.StatusOK)
+			if len(list.Approvals) != 1 || list.Approvals[0].Decision != "" {
+				t.Fatalf("after a refused body, the approvals are %+v", list.Approvals)
+			}
+		})
+	}
+	ap := decode[store.Approval](t, e.do("POST", path, `{"decision": "deny", "reason": "not today", "by": "alice"}`), http.StatusOK)
+	if ap.Decision != event.Deny || ap.Reason != "not today" || ap.By != "alice" {
+		t.Fatalf("decision %+v", ap)
+	}
+	waitFor(t, sse, "turn_finished")
 }
 
 // secretStore fails with errors that name the database, its host and its
