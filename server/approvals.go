@@ -50,7 +50,8 @@ var decisionRequestKeys = []string{"decision", "reason", "by"}
 // by the rule of every body (readBody), and checks its values.
 func (s *Server) readDecision(w http.ResponseWriter, r *http.Request) (DecisionRequest, bool) {
 	var req DecisionRequest
-	if _, ok := s.readBody(w, r, &req, decisionRequestKeys, `{"decision": "approve" or "deny", "reason": "...", "by": "..."}`); !ok {
+	fields, ok := s.readBody(w, r, &req, decisionRequestKeys, `{"decision": "approve" or "deny", "reason": "...", "by": "..."}`)
+	if !ok {
 		return req, false
 	}
 	switch {
@@ -58,6 +59,8 @@ func (s *Server) readDecision(w http.ResponseWriter, r *http.Request) (DecisionR
 		writeError(w, http.StatusBadRequest, "bad_request", fmt.Sprintf(`"decision" is %q: it must be "approve" or "deny"`, shown(string(req.Decision))))
 	case len(req.Reason) > maxReason || len(req.By) > maxReason:
 		writeError(w, http.StatusBadRequest, "bad_request", fmt.Sprintf(`"reason" and "by" are at most %d bytes`, maxReason))
+	case !validText(fields["reason"], req.Reason) || !validText(fields["by"], req.By):
+		writeError(w, http.StatusBadRequest, "bad_request", `"reason" or "by" is not valid UTF-8 (an invalid byte, or a \u escape of half a surrogate pair)`)
 	default:
 		return req, true
 	}

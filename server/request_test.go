@@ -82,6 +82,8 @@ func TestDecisionRequestIsReadExactly(t *testing.T) {
 		{"a second object", `{"decision": "approve"} {"decision": "deny"}`, 400, "bad_request", "after the JSON object"},
 		{"not an object", `["approve"]`, 400, "bad_request", "not a JSON object"},
 		{"over the limit", `{"decision": "approve", "reason": "` + strings.Repeat("x", 2000) + `"}`, 413, "too_large", "over the server's limit of 1000 bytes"},
+		{"a reason not UTF-8", "{\"decision\": \"approve\", \"reason\": \"ok \xff\"}", 400, "bad_request", "not valid UTF-8"},
+		{"half a surrogate pair", `{"decision": "approve", "by": "al\ud800ice"}`, 400, "bad_request", "not valid UTF-8"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			resp := e.do("POST", path, c.body, "Content-Type", "application/json")
