@@ -30,7 +30,8 @@ const runsUsage = `usage:
   timebox runs export ID [--db FILE]             a turn's events as JSON lines (as run --json wrote them)
 
 The store is --db, else TIMEBOX_DB, else timebox.db in $XDG_STATE_HOME/timebox
-(~/.local/state/timebox): the one default of every command (run, serve, runs).
+(~/.local/state/timebox): the one default of every command that stores or
+reads turns (run, serve, runs, stats, validate, mcp serve).
 A postgres:// URL names the PostgreSQL database gateways share.`
 
 func openSQLite(path string) (*sqlite.Store, error) {
