@@ -49,13 +49,7 @@ func TestDocsSayTheIDForm(t *testing.T) {
 			t.Errorf("%s does not describe the ids as %q", p, want)
 		}
 	}
-	pages, _ := filepath.Glob("docs/*.md")
-	decisions, _ := filepath.Glob("docs/decisions/*.md")
-	for _, p := range append(append(pages, decisions...), "README.md") {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			t.Fatal(err)
-		}
+	for p, b := range allPages(t) {
 		if m := hexForm.Find(b); m != nil {
 			t.Errorf("%s describes an id as %q; ids are %s", p, m, ids.Form)
 		}

@@ -33,13 +33,7 @@ func TestDocsNameTestsThatExist(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pages, _ := filepath.Glob("docs/*.md")
-	decisions, _ := filepath.Glob("docs/decisions/*.md")
-	for _, p := range append(append(pages, decisions...), "README.md") {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			t.Fatal(err)
-		}
+	for p, b := range allPages(t) {
 		for _, name := range testName.FindAllString(string(b), -1) {
 			if !declaredOrPrefix(declared, name) {
 				t.Errorf("%s names %s, which no _test.go declares", p, name)
@@ -55,4 +49,21 @@ func declaredOrPrefix(declared []string, name string) bool {
 		}
 	}
 	return false
+}
+
+// allPages returns the text of the README and of every page under docs/,
+// decisions included, by path.
+func allPages(t *testing.T) map[string][]byte {
+	t.Helper()
+	pages, _ := filepath.Glob("docs/*.md")
+	decisions, _ := filepath.Glob("docs/decisions/*.md")
+	out := map[string][]byte{}
+	for _, p := range append(append(pages, decisions...), "README.md") {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[p] = b
+	}
+	return out
 }
