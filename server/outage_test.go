@@ -13,6 +13,7 @@ import (
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/syncbuf"
+	"github.com/timebox-run/timebox/internal/wait"
 	"github.com/timebox-run/timebox/model"
 	"github.com/timebox-run/timebox/server"
 	"github.com/timebox-run/timebox/store"
@@ -176,14 +177,10 @@ func TestAnEventTheStoreRefusedIsNotLost(t *testing.T) {
 		t.Fatal("the store refused nothing: the test did not test a refusal")
 	}
 
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if s, _ := e.storedStatus(id); s != budget.StatusRunning {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the turn's end was not stored")
-		}
-	}
+	wait.For(t, 10*time.Second, "the turn's end stored", func() bool {
+		s, _ := e.storedStatus(id)
+		return s != budget.StatusRunning
+	})
 	stored, err := st.Events(context.Background(), id, 0, 0)
 	if err != nil || len(stored) != len(seen) {
 		t.Fatalf("%d events stored of %d (%v)", len(stored), len(seen), err)

@@ -25,6 +25,7 @@ import (
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/procmem"
 	"github.com/timebox-run/timebox/internal/testenv"
+	"github.com/timebox-run/timebox/internal/wait"
 	"github.com/timebox-run/timebox/store"
 	"github.com/timebox-run/timebox/store/postgres"
 )
@@ -595,11 +596,10 @@ func diskFullUnderServe(t *testing.T) {
 		sc.count("events the client that joined missed", lost, 0)
 		sc.count("events it got twice", twice, 0)
 	}
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if r, err := turnRecord(url, f.turnID); err == nil && r.Status != budget.StatusRunning {
-			break
-		}
-	}
+	wait.Until(30*time.Second, func() bool {
+		r, err := turnRecord(url, f.turnID)
+		return err == nil && r.Status != budget.StatusRunning
+	})
 	stopGateways(t, gw)
 	said := gw.stderr.String()
 	refused := strings.Contains(said, "store write failed") && strings.Contains(said, "the turn's end stored the events the store refused")
@@ -614,14 +614,14 @@ func diskFullUnderServe(t *testing.T) {
 
 // toolStarted waits up to d for log's tool_started of the tool name.
 func toolStarted(log *eventLog, name string, d time.Duration) bool {
-	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+	return wait.Until(d, func() bool {
 		for _, e := range log.snapshot() {
 			if ts, ok := e.Data.(*event.ToolStarted); ok && ts.Tool == name {
 				return true
 			}
 		}
-	}
-	return false
+		return false
+	})
 }
 
 // killConnections terminates every connection to the database but its
