@@ -413,9 +413,8 @@ func (s *Server) run(_ context.Context, lt *liveTurn, turn func(...event.Sink) *
 	if engine == "" {
 		if err := s.cfg.Store.FinishTurn(context.Background(), res.Record, res.Messages); err != nil {
 			s.storeError("finish_turn", lt.id, err)
-		} else if n := lt.hub.refusals(); n > 0 && len(res.Record.Events) > 0 {
-			// The end stored every event the store lacked (store.EndOf):
-			// the errors logged for them as the turn ran lost nothing.
+		} else if n := lt.hub.refusals(); n > 0 && store.EndStoresLog(res.Record) {
+			// The errors logged for them as the turn ran lost nothing.
 			s.log.Info("the turn's end stored the events the store refused as it ran", "turn_id", lt.id, "events", n)
 		}
 	}

@@ -31,6 +31,13 @@ type EndWrites struct {
 	ModelCalls bool
 }
 
+// EndStoresLog reports whether the end of rec (FinishTurn) stores every
+// event of the turn's log that the store lacks, those a full disk refused
+// as the turn ran among them (EndOf): when rec carries its log. A sink
+// that counted refused event writes may take them as made good once such
+// an end is stored (Recorder.MadeGood, serve's log).
+func EndStoresLog(rec *event.Turn) bool { return len(rec.Events) > 0 }
+
 // EndOf returns what the end of rec must write, given the seqs of the
 // turn's events the store holds, in ascending order. The stores (SQLite,
 // PostgreSQL, Memory) use it in FinishTurn.

@@ -78,7 +78,7 @@ func ShareReply(s Store, deltas []event.Event) {
 func (r *Recorder) Finish(ctx context.Context, rec *event.Turn, msgs []model.Message) error {
 	if err := r.s.FinishTurn(ctx, rec, msgs); err != nil {
 		r.fail(fmt.Errorf("storing the record of turn %s: %w", rec.TurnID, err))
-	} else if len(rec.Events) > 0 {
+	} else if EndStoresLog(rec) {
 		r.mu.Lock()
 		if r.failed > 0 {
 			r.madeGood, r.madeGoodErr = r.failed, r.err
