@@ -165,40 +165,72 @@ func numericPorts(where string) bool {
 const kvSpace = " \t\n\r\v\f"
 
 // redactKeyValue masks the password values of a key=value string, read
-// as pgx reads it (pgconn's parseKeywordValueSettings): a value is quoted,
-// with \' and \\ escapes, or runs to the next unescaped space. From where
-// the string stops parsing (a word without "=", a quote not closed), all
-// of it is masked.
+// as pgx reads it (keyValuePairs). From where the string stops parsing (a
+// word without "=", a quote not closed), all of it is masked.
 func redactKeyValue(s string) string {
+	pairs, stop := keyValuePairs(s)
 	var b strings.Builder
-	for {
-		rest := strings.TrimLeft(s, kvSpace)
-		b.WriteString(s[:len(s)-len(rest)])
-		s = rest
-		if s == "" {
-			return b.String()
+	last := 0
+	for _, p := range pairs {
+		if secretKey(p.key) {
+			b.WriteString(s[last:p.valueStart] + mask)
+			last = p.end
 		}
-		eq := strings.IndexByte(s, '=')
-		key := ""
-		if eq >= 0 {
-			key = strings.Trim(s[:eq], kvSpace)
-		}
-		if key == "" || strings.ContainsAny(key, kvSpace) {
-			return b.String() + mask
-		}
-		value := strings.TrimLeft(s[eq+1:], kvSpace)
-		b.WriteString(s[:len(s)-len(value)])
-		n, ok := valueLen(value)
-		switch {
-		case !ok:
-			return b.String() + mask
-		case secretKey(key):
-			b.WriteString(mask)
-		default:
-			b.WriteString(value[:n])
-		}
-		s = value[n:]
 	}
+	if stop >= 0 {
+		return b.String() + s[last:stop] + mask
+	}
+	return b.String() + s[last:]
+}
+
+// kvPair is a pair of a key=value connection string: its key, its value
+// as pgx reads it (unquoted, its escapes undone), and where it lies in the
+// string: its key starts at start, its value (quotes included) runs from
+// valueStart to end.
+type kvPair struct {
+	key, value             string
+	start, valueStart, end int
+}
+
+// keyValuePairs reads a key=value string as pgx does (pgconn's
+// parseKeywordValueSettings): a value is quoted, with \' and \\ escapes,
+// or runs to the next space that no \ escapes. It returns the pairs read
+// and, when the string stops parsing (a word without "=", a quote not
+// closed), the index where the pair that does not parse starts; else -1.
+// Whatever reads a connection string's keys reads them here, so that a
+// password holding "key=value" is never taken for a pair.
+func keyValuePairs(s string) (pairs []kvPair, stop int) {
+	i := 0
+	for {
+		i = skipSpace(s, i)
+		if i == len(s) {
+			return pairs, -1
+		}
+		eq := strings.IndexByte(s[i:], '=')
+		if eq < 0 {
+			return pairs, i
+		}
+		key := strings.Trim(s[i:i+eq], kvSpace)
+		if key == "" || strings.ContainsAny(key, kvSpace) {
+			return pairs, i
+		}
+		v := skipSpace(s, i+eq+1)
+		n, ok := valueLen(s[v:])
+		if !ok {
+			return pairs, v
+		}
+		pairs = append(pairs, kvPair{key: key, value: unquote(s[v : v+n]), start: i, valueStart: v, end: v + n})
+		i = v + n
+	}
+}
+
+// skipSpace returns the index of the first byte of s from i on that is
+// not kvSpace, or len(s).
+func skipSpace(s string, i int) int {
+	for i < len(s) && strings.IndexByte(kvSpace, s[i]) >= 0 {
+		i++
+	}
+	return i
 }
 
 // valueLen returns the length of the value at the start of v, quotes
@@ -223,6 +255,25 @@ func valueLen(v string) (int, bool) {
 		}
 	}
 	return 0, false
+}
+
+// unquote returns a value of a key=value string as pgx reads it: without
+// its quotes, a \ taking the byte after it as it is.
+func unquote(v string) string {
+	if strings.HasPrefix(v, "'") {
+		v = v[1 : len(v)-1]
+	}
+	var b strings.Builder
+	for i := 0; i < len(v); i++ {
+		if v[i] == '\\' {
+			i++
+			if i == len(v) {
+				break
+			}
+		}
+		b.WriteByte(v[i])
+	}
+	return b.String()
 }
 
 // parseError returns err, pgx's for a connection string it cannot parse,
@@ -254,6 +305,3 @@ func parseError(where string, err error) error {
 	}
 	return fmt.Errorf("postgres: %w", pgconn.NewParseConfigError(where, msg, inner))
 }
-
-// heartbeatValue finds HeartbeatParam in a key=value connection string.
-var heartbeatValue = regexp.MustCompile(`(?:^|\s)` + regexp.QuoteMeta(HeartbeatParam) + `\s*=\s*(\S*)`)

@@ -29,3 +29,9 @@ func (s *Store) LoseCommitAnswers(n int) { s.loseAnswers.Store(int32(n)) }
 // BeforePiece sets the function called before each piece of a long text
 // is written, whose error stands for the write's (nil: none).
 func BeforePiece(f func() error) { beforePiece = f }
+
+// TakeHeartbeat is takeHeartbeat: dsn without HeartbeatParam, and its value.
+func TakeHeartbeat(dsn string) (string, time.Duration, error) { return takeHeartbeat(dsn) }
+
+// HasParam is hasParam: whether dsn sets key.
+func HasParam(dsn, key string) bool { return hasParam(dsn, key) }

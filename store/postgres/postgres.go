@@ -35,6 +35,7 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -171,7 +172,7 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 	if err != nil {
 		return nil, parseError(where, err)
 	}
-	if !strings.Contains(dsn, "pool_max_conns") {
+	if !hasParam(dsn, "pool_max_conns") {
 		cfg.MaxConns = defaultMaxConns
 	}
 	_, named := cfg.ConnConfig.RuntimeParams["application_name"]
@@ -242,33 +243,52 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 const HeartbeatParam = "timebox_heartbeat"
 
 // takeHeartbeat removes HeartbeatParam from dsn and returns its value (0
-// when absent).
+// when absent; the last, as pgx reads a key given twice).
 func takeHeartbeat(dsn string) (string, time.Duration, error) {
+	var v string
 	if isKeyValue(dsn) {
-		m := heartbeatValue.FindStringSubmatchIndex(dsn)
-		if m == nil {
+		pairs, _ := keyValuePairs(dsn) // pgx says what is wrong with the rest
+		found := false
+		for i := len(pairs) - 1; i >= 0; i-- {
+			p := pairs[i]
+			if p.key != HeartbeatParam {
+				continue
+			}
+			if !found {
+				v, found = p.value, true
+			}
+			dsn = dsn[:p.start] + dsn[p.end:]
+		}
+		if !found {
 			return dsn, 0, nil
 		}
-		v := dsn[m[2]:m[3]]
-		d, err := time.ParseDuration(v)
-		if err != nil || d < 10*time.Millisecond {
-			return "", 0, fmt.Errorf("%s=%q: want a duration of at least 10ms, such as 5s", HeartbeatParam, v)
+		dsn = strings.TrimSpace(dsn)
+	} else {
+		u, err := url.Parse(dsn)
+		if err != nil || !u.Query().Has(HeartbeatParam) {
+			return dsn, 0, nil // pgx says what is wrong with a bad URL
 		}
-		return strings.TrimSpace(dsn[:m[0]] + dsn[m[1]:]), d, nil
+		q := u.Query()
+		v = q[HeartbeatParam][len(q[HeartbeatParam])-1]
+		q.Del(HeartbeatParam)
+		u.RawQuery = q.Encode()
+		dsn = u.String()
 	}
-	u, err := url.Parse(dsn)
-	if err != nil || !u.Query().Has(HeartbeatParam) {
-		return dsn, 0, nil // pgx says what is wrong with a bad URL
-	}
-	q := u.Query()
-	v := q.Get(HeartbeatParam)
 	d, err := time.ParseDuration(v)
 	if err != nil || d < 10*time.Millisecond {
 		return "", 0, fmt.Errorf("%s=%q: want a duration of at least 10ms, such as 5s", HeartbeatParam, v)
 	}
-	q.Del(HeartbeatParam)
-	u.RawQuery = q.Encode()
-	return u.String(), d, nil
+	return dsn, d, nil
+}
+
+// hasParam reports whether dsn, a URL or key=value string, sets key.
+func hasParam(dsn, key string) bool {
+	if isKeyValue(dsn) {
+		pairs, _ := keyValuePairs(dsn)
+		return slices.ContainsFunc(pairs, func(p kvPair) bool { return p.key == key })
+	}
+	u, err := url.Parse(dsn)
+	return err == nil && u.Query().Has(key)
 }
 
 func newID() string {

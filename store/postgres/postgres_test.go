@@ -481,6 +481,45 @@ func TestHeartbeatParam(t *testing.T) {
 	}
 }
 
+// TestConnectionStringParams: timebox reads the keys of a key=value
+// connection string as pgx does, so a password or other quoted value
+// holding "timebox_heartbeat=…" or "pool_max_conns" is left as it is,
+// and a quoted heartbeat is read without its quotes.
+func TestConnectionStringParams(t *testing.T) {
+	for _, c := range []struct {
+		in, out string
+		hb      time.Duration
+	}{
+		{"host=db password='a timebox_heartbeat=1s' dbname=x", "host=db password='a timebox_heartbeat=1s' dbname=x", 0},
+		{`host=db password=a\ timebox_heartbeat=1s dbname=x`, `host=db password=a\ timebox_heartbeat=1s dbname=x`, 0},
+		{"host=db timebox_heartbeat='2s' dbname=x", "host=db  dbname=x", 2 * time.Second},
+		{"host=db timebox_heartbeat = 3s", "host=db", 3 * time.Second},
+		{"timebox_heartbeat=1s host=db timebox_heartbeat=4s", "host=db", 4 * time.Second},
+		{"postgres://db/x?timebox_heartbeat=1s&timebox_heartbeat=5s&sslmode=disable", "postgres://db/x?sslmode=disable", 5 * time.Second},
+		{"postgres://db/x?sslmode=disable", "postgres://db/x?sslmode=disable", 0},
+	} {
+		out, hb, err := postgres.TakeHeartbeat(c.in)
+		if err != nil || out != c.out || hb != c.hb {
+			t.Errorf("takeHeartbeat(%q) = %q, %v, %v; want %q, %v", c.in, out, hb, err, c.out, c.hb)
+		}
+	}
+	if _, _, err := postgres.TakeHeartbeat("host=db timebox_heartbeat='soon'"); err == nil || !strings.Contains(err.Error(), `"soon"`) {
+		t.Errorf("a bad quoted heartbeat: %v", err)
+	}
+	for dsn, want := range map[string]bool{
+		"host=db pool_max_conns=3":                true,
+		"host=db password='pool_max_conns=3'":     false,
+		"host=db password=pool_max_conns":         false,
+		"postgres://db/x?pool_max_conns=3":        true,
+		"postgres://u:pool_max_conns@db/x?a=b":    false,
+		"host=db application_name=pool_max_conns": false,
+	} {
+		if got := postgres.HasParam(dsn, "pool_max_conns"); got != want {
+			t.Errorf("hasParam(%q) = %v, want %v", dsn, got, want)
+		}
+	}
+}
+
 // TestListenReconnects: a gateway whose LISTEN connection is cut opens it
 // again and hears the other gateway's commits as before (its poll is an
 // hour: only notifications can wake its watcher).
