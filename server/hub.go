@@ -255,6 +255,14 @@ func (h *hub) refused(seq int64) {
 	h.refuses++
 }
 
+// unstored returns (a copy of) the frames the hub keeps because the store
+// does not have them, or may not: from the first it refused on.
+func (h *hub) unstored() []frame {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]frame(nil), h.pend...)
+}
+
 // refusals returns how many events the store refused (refused).
 func (h *hub) refusals() int {
 	h.mu.Lock()

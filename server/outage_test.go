@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"github.com/timebox-run/timebox/model"
 	"github.com/timebox-run/timebox/server"
 	"github.com/timebox-run/timebox/store"
+	"github.com/timebox-run/timebox/store/sqlite"
 )
 
 // heldStore is a store whose writes do not go through until it is let go,
@@ -190,5 +192,77 @@ func TestAnEventTheStoreRefusedIsNotLost(t *testing.T) {
 	made := strings.Index(log, "the turn's end stored the events the store refused as it ran")
 	if fail < 0 || made < fail || !strings.Contains(log[made:], "events=1") {
 		t.Errorf("the log does not say the end stored the refused event:\n%s", log)
+	}
+}
+
+// refusingSQLite is a SQLite store (a Suspender) that refuses the turn's
+// first llm_finished, as a full disk does, and refuses it again while
+// again is set.
+type refusingSQLite struct {
+	*sqlite.Store
+	mu      sync.Mutex
+	refused int64
+	again   bool
+}
+
+func (s *refusingSQLite) QueueEvent(e event.Event, committed func(error)) {
+	s.mu.Lock()
+	refuse := e.Type == event.TypeLLMFinished && (s.refused == 0 || s.again && e.Seq == s.refused)
+	if refuse {
+		s.refused = e.Seq
+	}
+	s.mu.Unlock()
+	if refuse {
+		committed(errors.New("database or disk is full"))
+		return
+	}
+	s.Store.QueueEvent(e, committed)
+}
+
+// TestARefusedEventOutlivesASuspension: a turn suspended as serve stops
+// (it waits for a person) stores the event the store refused as it ran
+// before it is suspended: the next server's end of it knows only the
+// events after its checkpoint. If the store refuses it again, the log
+// says which event is lost.
+func TestARefusedEventOutlivesASuspension(t *testing.T) {
+	for _, again := range []bool{false, true} {
+		t.Run(map[bool]string{false: "the disk has room again", true: "the disk is still full"}[again], func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "timebox.db")
+			sq, err := sqlite.Open(path, sqlite.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			st := &refusingSQLite{Store: sq, again: again}
+			var logged syncbuf.Buffer
+			a := newEnv(t, server.Config{Store: st, Agent: newAgent(t, scripted(t, deployThenAnswer...), deployTool(0)),
+				Logger: slog.New(slog.NewTextHandler(&logged, nil))})
+			acc := decode[server.TurnAccepted](t, a.do("POST", "/v1/turns", map[string]any{"input": "deploy", "detach": true}), http.StatusAccepted)
+			a.waitPending(acc.TurnID)
+			if err := a.stop(); err != nil {
+				t.Fatal(err)
+			}
+			if st.refused == 0 {
+				t.Fatal("the store refused nothing: the test did not test a refusal")
+			}
+			evs, err := sq.Events(context.Background(), acc.TurnID, 0, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			stored := map[int64]bool{}
+			for _, e := range evs {
+				stored[e.Seq] = true
+			}
+			if stored[st.refused] == again {
+				t.Errorf("event %d (llm_finished) stored: %v; events stored: %d", st.refused, stored[st.refused], len(evs))
+			}
+			log := logged.String()
+			say := "the turn's suspension stored the events the store refused as it ran"
+			if again {
+				say = "the turn was suspended before the store took the events it refused: they are lost"
+			}
+			if !strings.Contains(log, say) {
+				t.Errorf("the log does not say %q:\n%s", say, log)
+			}
+		})
 	}
 }

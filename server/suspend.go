@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/timebox-run/timebox/agent"
@@ -35,6 +37,7 @@ func (s *Server) suspender() store.Suspender {
 // next server — or the gateway a decision reaches first — resumes it.
 func (s *Server) suspended(lt *liveTurn, cp *agent.Checkpoint) {
 	close(lt.ended)
+	s.storeRefused(lt)
 	b, err := json.Marshal(cp)
 	if err == nil {
 		err = s.suspender().SuspendTurn(context.Background(), lt.id, b)
@@ -46,6 +49,52 @@ func (s *Server) suspended(lt *liveTurn, cp *agent.Checkpoint) {
 	s.forget(lt)
 	close(lt.done)
 	s.log.Info("turn suspended while it waited for people; the next server resumes it", "turn_id", lt.id)
+}
+
+// storeRefused stores again the events of a turn being suspended that
+// the store refused as it ran (a full disk, since freed). A turn that ends
+// here stores them with its end (store.EndOf), but a suspended turn's end,
+// in the next server, knows only the events after its checkpoint, so
+// nothing else would. The hub still holds them (hub.refused); appending
+// an event already stored is a no-op. What the store refuses again is
+// lost, and the log says which.
+func (s *Server) storeRefused(lt *liveTurn) {
+	if lt.hub.refusals() == 0 {
+		return
+	}
+	ctx := context.Background()
+	if err := s.cfg.Store.Flush(ctx); err != nil {
+		s.storeError("flush", lt.id, err)
+	}
+	var (
+		mu   sync.Mutex
+		lost []int64
+	)
+	for _, f := range lt.hub.unstored() {
+		var e event.Event
+		if err := json.Unmarshal(f.data.Bytes(), &e); err != nil {
+			lost = append(lost, f.seq)
+			continue
+		}
+		s.cfg.Store.QueueEvent(e, func(err error) {
+			if err != nil {
+				mu.Lock()
+				lost = append(lost, e.Seq)
+				mu.Unlock()
+			}
+		})
+	}
+	if err := s.cfg.Store.Flush(ctx); err != nil {
+		s.storeError("flush", lt.id, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(lost) > 0 {
+		slices.Sort(lost)
+		s.log.Error("the turn was suspended before the store took the events it refused: they are lost", "turn_id", lt.id, "seqs", lost)
+		return
+	}
+	s.log.Info("the turn's suspension stored the events the store refused as it ran", "turn_id", lt.id, "events", lt.hub.refusals())
 }
 
 // resumeSuspended resumes every suspended turn of the store: a server
