@@ -894,6 +894,31 @@ func TestCancellation(t *testing.T) {
 			}
 		})
 	})
+	// The caller's own deadline is the caller's cancel, not the turn's
+	// budget: nothing says timeouts.turn (30m) fired (SPEC: cancelling the
+	// context cancels the turn exactly as a client would).
+	t.Run("the context's deadline reads as the caller's", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			p := lines(t, `{"tool_calls": [{"name": "web_fetch"}]}`, `{"text": "never"}`)
+			fetch := goTool("web_fetch", budget.Cooperative, 10*time.Minute, func(ctx context.Context, _ json.RawMessage, _ tool.Progress) (any, error) {
+				<-ctx.Done()
+				return nil, ctx.Err()
+			})
+			ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+			defer cancel()
+			res, _ := fixture{models: []model.Endpoint{endpoint(p, "m")}, tools: []agent.Tool{fetch}}.run(t, ctx, "go")
+			r := res.Record
+			if r.Status != budget.StatusCancelled || r.StopReason != budget.Cancelled || r.Flags != (event.Flags{}) {
+				t.Fatalf("got %s/%s %+v: %s", r.Status, r.StopReason, r.Flags, r.Message)
+			}
+			if want := "Cancelled by the caller's deadline after 3s; tool web_fetch was stopped."; r.Message != want {
+				t.Fatalf("message %q, want %q", r.Message, want)
+			}
+			if tr := toolRecord(t, res, "web_fetch"); tr.Outcome != event.OutcomeCancelled || tr.Phase != budget.PhaseCancel {
+				t.Fatalf("record %+v", tr)
+			}
+		})
+	})
 }
 
 func TestFailover(t *testing.T) {

@@ -38,9 +38,6 @@ func (t *turn) message(st machine.Ending, note *machine.StopNote, now time.Time)
 		if te, ok := budget.AsTimeout(cause); ok && te.Limit > 0 {
 			limit, knob = te.Limit, te.Knob
 		}
-		if knob == "" { // the caller's own context deadline
-			return fmt.Sprintf("Stopped after %s by the caller's deadline. Last step: %s. Give the turn more time.", wall, last)
-		}
 		named := knob
 		if b.Turn.Source == budget.SourceRequest && knob == b.Turn.Knob {
 			named = t.named(budget.KeyTurn)

@@ -197,7 +197,10 @@ func AsReplyTooLong(err error) (*ReplyTooLongError, bool) {
 
 // Cause returns context.Cause(ctx), mapping a bare context.Canceled (a
 // parent cancelled without a cause) to a *CancelError with reason
-// "cancelled". It returns nil while ctx is live.
+// "cancelled", and a bare context.DeadlineExceeded (the caller's own
+// deadline, not a budget of timebox's) to one by "the caller's deadline":
+// a context that ends cancels the turn as a client would, whichever way
+// it ends. It returns nil while ctx is live.
 func Cause(ctx context.Context) error {
 	if ctx.Err() == nil {
 		return nil
@@ -216,10 +219,14 @@ func Cause(ctx context.Context) error {
 		return c
 	}
 	if errors.Is(c, context.DeadlineExceeded) {
-		return &TimeoutError{Phase: PhaseTurn, Subject: "the caller's context"}
+		return &CancelError{Reason: Cancelled, By: CallersDeadline}
 	}
 	return &CancelError{Reason: Cancelled}
 }
+
+// CallersDeadline is the CancelError.By of a turn whose context's own
+// deadline passed (Cause).
+const CallersDeadline = "the caller's deadline"
 
 // CancelGrace is the longest polite-stop window a cancellation (as opposed
 // to a tool's own timeout) allows. A person who pressed stop, a client that

@@ -453,7 +453,7 @@ func (r *Runner) cancel(ctx context.Context, turnID string, cause error) {
 	if !ok {
 		ce = &budget.CancelError{Reason: budget.Cancelled, By: "the caller"}
 		if te, ok := budget.AsTimeout(cause); ok {
-			ce.By = "the caller's deadline (" + te.Error() + ")"
+			ce.By = budget.CallersDeadline + " (" + te.Error() + ")"
 		}
 	}
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
