@@ -176,10 +176,17 @@ func New(cfg Config) (*Agent, error) {
 	return a, nil
 }
 
-// toolBudget fills the zero fields of a tool's budget from the agent's.
+// toolBudget fills the zero fields of a tool's budget from the agent's. A
+// value set in Go code without a source has source "code".
 func (a *Agent) toolBudget(t tool.Tool, b budget.ToolBudget) budget.ToolBudget {
 	if b.Timeout.D <= 0 {
 		b.Timeout = a.budgets.Tool
+	}
+	if b.Timeout.Source == "" {
+		b.Timeout.Source = budget.SourceCode
+	}
+	if b.IdleTimeout.Source == "" && b.IdleTimeout.D > 0 {
+		b.IdleTimeout.Source = budget.SourceCode
 	}
 	if b.Enforcement == "" {
 		b.Enforcement = tool.DefaultEnforcement(t.Kind())
@@ -197,13 +204,17 @@ func (a *Agent) toolBudget(t tool.Tool, b budget.ToolBudget) budget.ToolBudget {
 }
 
 // withDefaults fills the budgets and limits cfg left unset from the
-// defaults of budget.Knobs.
+// defaults of budget.Knobs. A value set in Go code without a source has
+// source "code".
 func withDefaults(b budget.Budgets, l budget.Limits) (budget.Budgets, budget.Limits) {
 	db, dl := budget.Defaults(), budget.DefaultLimits()
 	for _, k := range budget.Knobs {
 		if v, def := k.Duration(&b), k.Duration(&db); v != nil {
 			if v.Unset() {
 				*v = *def
+			}
+			if v.Source == "" {
+				v.Source = budget.SourceCode
 			}
 			if v.Knob == "" {
 				v.Knob = def.Knob
@@ -213,6 +224,9 @@ func withDefaults(b budget.Budgets, l budget.Limits) (budget.Budgets, budget.Lim
 		v, def := k.Count(&l), k.Count(&dl)
 		if v.N <= 0 {
 			*v = *def
+		}
+		if v.Source == "" {
+			v.Source = budget.SourceCode
 		}
 		if v.Knob == "" {
 			v.Knob = def.Knob

@@ -845,6 +845,40 @@ func TestGoToolBudgetIsBoundedByToolMax(t *testing.T) {
 	}
 }
 
+// TestBudgetsSetInCodeSayCode: a budget given in Go code without a
+// source (a Go tool's own timeout, the turn's) is recorded with source
+// "code", so every record and tool_started says where its budget came
+// from, as one from the agent file does.
+func TestBudgetsSetInCodeSayCode(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := lines(t, `{"tool_calls": [{"name": "quick"}, {"name": "plain"}]}`, `{"text": "ok"}`)
+		noop := func(context.Context, json.RawMessage, tool.Progress) (any, error) { return "ok", nil }
+		quick := agent.Tool{Tool: tool.NewFunc("quick", "test tool", nil, noop),
+			Budget: budget.ToolBudget{Timeout: budget.Duration{D: 500 * time.Millisecond}, IdleTimeout: budget.Duration{D: 100 * time.Millisecond}}}
+		plain := agent.Tool{Tool: tool.NewFunc("plain", "test tool", nil, noop)}
+		b := budget.Budgets{Turn: budget.Duration{D: time.Minute}}
+		res, rec := fixture{models: []model.Endpoint{endpoint(p, "m")}, tools: []agent.Tool{quick, plain}, budgets: b}.run(t, t.Context(), "go")
+		if r := toolRecord(t, res, "quick"); r.TimeoutSource != budget.SourceCode || r.TimeoutMS != 500 {
+			t.Errorf("quick's record: timeout %dms from %q", r.TimeoutMS, r.TimeoutSource)
+		}
+		if r := toolRecord(t, res, "plain"); r.TimeoutSource != budget.SourceDefault {
+			t.Errorf("plain's record: timeout from %q, want the default", r.TimeoutSource)
+		}
+		for _, e := range rec.ofType(event.TypeToolStarted) {
+			if st := e.Data.(*event.ToolStarted); st.Source == "" {
+				t.Errorf("tool_started of %s has no source", st.Tool)
+			}
+		}
+		ts := rec.ofType(event.TypeTurnStarted)[0].Data.(*event.TurnStarted)
+		if tb := ts.Budgets["timeouts.turn"]; tb.Source != budget.SourceCode || tb.MS != 60000 {
+			t.Errorf("turn_started's turn budget %+v", tb)
+		}
+		if tb := ts.Tools["quick"]; tb.Source != budget.SourceCode {
+			t.Errorf("turn_started's budget of quick %+v", tb)
+		}
+	})
+}
+
 func TestPanickingToolIsAToolError(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := lines(t, `{"tool_calls": [{"name": "boom"}]}`, `{"text": "ok"}`)
