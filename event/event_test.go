@@ -64,6 +64,36 @@ func TestToolStartedFields(t *testing.T) {
 	}
 }
 
+// TestRecordsCarryEveryFieldOfTheSpec: the tool call and model call
+// records have every field the spec's §8 lists, even on the call that
+// succeeded (an empty phase, stderr_tail or error), so that a reader can
+// rely on the keys.
+func TestRecordsCarryEveryFieldOfTheSpec(t *testing.T) {
+	for _, c := range []struct {
+		rec  any
+		keys string
+	}{
+		{event.ToolCall{CallID: "c", Tool: "x", Outcome: event.OutcomeOK}, "call_id, turn_id, tool, kind, arguments, started_at, " +
+			"ended_at, duration_ms, timeout_ms, timeout_source, idle_timeout_ms, enforcement, outcome, " +
+			"phase, overran, abandoned, late_result, progress_count, exit_code, stderr_tail, result, truncated"},
+		{event.ModelCall{Model: "m", Outcome: event.OutcomeOK}, "model, provider, profile, attempt, first_chunk_ms, stream_ms, outcome, phase, error"},
+	} {
+		b, err := json.Marshal(c.rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got map[string]json.RawMessage
+		if err := json.Unmarshal(b, &got); err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range strings.Split(c.keys, ", ") {
+			if _, ok := got[k]; !ok {
+				t.Errorf("%T lacks %s: %s", c.rec, k, b)
+			}
+		}
+	}
+}
+
 func TestEmitterOrdersConcurrentEmits(t *testing.T) {
 	var mu sync.Mutex
 	var seqs []int64

@@ -60,13 +60,13 @@ type ToolCall struct {
 	Refused string `json:"refused,omitempty"`
 	// Phase is set when a budget or a cancellation ended the call: tool,
 	// tool_idle, step, turn, cancel.
-	Phase         budget.Phase `json:"phase,omitempty"`
+	Phase         budget.Phase `json:"phase"`
 	Overran       bool         `json:"overran"`
 	Abandoned     bool         `json:"abandoned"`
 	LateResult    bool         `json:"late_result"`
 	ProgressCount int          `json:"progress_count"`
 	ExitCode      *int         `json:"exit_code"`
-	StderrTail    string       `json:"stderr_tail,omitempty"`
+	StderrTail    string       `json:"stderr_tail"`
 	// Result is what the model was given for this call. A result larger
 	// than a step's share of context.compact_at is sent to the model cut;
 	// Result keeps it whole (docs/decisions/compaction-convergence.md).
@@ -113,8 +113,8 @@ type ModelCall struct {
 	FirstChunkMS int64        `json:"first_chunk_ms"`
 	StreamMS     int64        `json:"stream_ms"`
 	Outcome      Outcome      `json:"outcome"`
-	Phase        budget.Phase `json:"phase,omitempty"`
-	Error        string       `json:"error,omitempty"`
+	Phase        budget.Phase `json:"phase"`
+	Error        string       `json:"error"`
 	// Compaction is true for a history-compaction call.
 	Compaction bool `json:"compaction,omitempty"`
 	// InputTokens and OutputTokens are what the provider said the call
