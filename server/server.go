@@ -641,19 +641,23 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	return errors.Join(serveErr, err)
 }
 
-// CheckAddr returns an error, ready to show to a person, if addr is not a
-// loopback address and token is empty: a server anyone can reach must not
-// run the agent's tools for anyone. "localhost" counts as loopback; an
-// empty host (all interfaces) does not.
+// CheckAddr returns an error, ready to show to a person, if addr is not
+// host:port with a valid port, or is not a loopback address and token is
+// empty: a server anyone can reach must not run the agent's tools for
+// anyone. "localhost" counts as loopback; an empty host (all interfaces)
+// does not.
 func CheckAddr(addr, token string) error {
-	if token != "" {
-		return nil
+	host, port, err := net.SplitHostPort(addr)
+	if err == nil {
+		_, err = net.LookupPort("tcp", port)
 	}
-	host, _, err := net.SplitHostPort(addr)
+	if ae, ok := err.(*net.AddrError); ok {
+		err = errors.New(ae.Err) // not "address X: " again
+	}
 	if err != nil {
 		return fmt.Errorf("address %q: %v (use host:port, such as 127.0.0.1:8080)", addr, err)
 	}
-	if isLoopback(host) {
+	if token != "" || isLoopback(host) {
 		return nil
 	}
 	shown := addr

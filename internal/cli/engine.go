@@ -63,25 +63,27 @@ type engineSettings struct {
 func (e *engineFlags) resolve(fs *flag.FlagSet, o IO) (engineSettings, error) {
 	s := engineSettings{Engine: engineTemporal}
 	if e.engine != nil {
-		s.Engine = setting(fs, "engine", *e.engine, "TIMEBOX_ENGINE", o, engineEmbedded)
+		var from string
+		s.Engine, from = settingFrom(fs, "engine", *e.engine, "TIMEBOX_ENGINE", o, engineEmbedded)
 		if s.Engine != engineEmbedded && s.Engine != engineTemporal {
-			return s, fmt.Errorf("--engine %q: use embedded or temporal", s.Engine)
+			return s, fmt.Errorf("%s %q: use embedded or temporal", from, s.Engine)
 		}
 	}
-	s.Address = setting(fs, "temporal-address", *e.address, "TIMEBOX_TEMPORAL_ADDRESS", o, defaultTemporalAddress)
+	var from string
+	s.Address, from = settingFrom(fs, "temporal-address", *e.address, "TIMEBOX_TEMPORAL_ADDRESS", o, defaultTemporalAddress)
 	if _, _, err := net.SplitHostPort(s.Address); err != nil {
-		return s, fmt.Errorf("--temporal-address %q: give HOST:PORT, e.g. %s", s.Address, defaultTemporalAddress)
+		return s, fmt.Errorf("%s %q: give HOST:PORT, e.g. %s", from, s.Address, defaultTemporalAddress)
 	}
 	s.Namespace = setting(fs, "temporal-namespace", *e.namespace, "TIMEBOX_TEMPORAL_NAMESPACE", o, defaultTemporalNamespace)
 	s.TaskQueue = setting(fs, "task-queue", *e.queue, "TIMEBOX_TEMPORAL_TASK_QUEUE", o, temporal.DefaultTaskQueue)
 	if e.heartbeat != nil {
-		v := setting(fs, "worker-heartbeat", *e.heartbeat, "TIMEBOX_TEMPORAL_WORKER_HEARTBEAT", o, temporal.DefaultHeartbeat.String())
+		v, from := settingFrom(fs, "worker-heartbeat", *e.heartbeat, "TIMEBOX_TEMPORAL_WORKER_HEARTBEAT", o, temporal.DefaultHeartbeat.String())
 		d, err := time.ParseDuration(v)
 		if err != nil {
-			return s, fmt.Errorf("--worker-heartbeat %q: give a duration such as 3s", v)
+			return s, fmt.Errorf("%s %q: give a duration such as 3s", from, v)
 		}
 		if err := temporal.CheckHeartbeat(d); err != nil {
-			return s, fmt.Errorf("--worker-heartbeat: %w", err)
+			return s, fmt.Errorf("%s: %w", from, err)
 		}
 		s.Heartbeat = d
 	}

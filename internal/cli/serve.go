@@ -32,15 +32,22 @@ const (
 // setting returns a flag's value when it was given, else the environment
 // variable's when it is set and not empty, else def.
 func setting(fs *flag.FlagSet, name, value, env string, o IO, def string) string {
+	v, _ := settingFrom(fs, name, value, env, o, def)
+	return v
+}
+
+// settingFrom is setting, and says where the value came from, for an error
+// about it: "--name", the variable's name, or "the default".
+func settingFrom(fs *flag.FlagSet, name, value, env string, o IO, def string) (v, from string) {
 	set := false
 	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
 	if set {
-		return value
+		return value, "--" + name
 	}
 	if v := o.getenv(env); v != "" {
-		return v
+		return v, env
 	}
-	return def
+	return def, "the default"
 }
 
 // serveToken returns the bearer token from --token, else TIMEBOX_TOKEN. A
@@ -88,7 +95,7 @@ func cmdServe(ctx context.Context, args []string, o IO) int {
 		fmt.Fprintf(o.Err, "timebox serve: unexpected argument %q (the file is given with -f)\n", pos[0])
 		return ExitUsage
 	}
-	addr := setting(fs, "addr", *addrFlag, "TIMEBOX_ADDR", o, defaultAddr)
+	addr, addrFrom := settingFrom(fs, "addr", *addrFlag, "TIMEBOX_ADDR", o, defaultAddr)
 	db := setting(fs, "db", *dbFlag, "TIMEBOX_DB", o, stateDB(o))
 	if es.Engine == engineTemporal && !postgres.IsURL(db) {
 		fmt.Fprintln(o.Err, "timebox serve: --engine temporal needs the PostgreSQL store its workers write to: --db postgres://… (or TIMEBOX_DB)")
@@ -99,7 +106,7 @@ func cmdServe(ctx context.Context, args []string, o IO) int {
 		return ExitUsage
 	}
 	if err := server.CheckAddr(addr, token); err != nil {
-		fmt.Fprintln(o.Err, "timebox serve:", err)
+		fmt.Fprintf(o.Err, "timebox serve: %s: %v\n", addrFrom, err)
 		return ExitUsage
 	}
 	cfg, ok := loadConfig(c, fs, o)

@@ -205,6 +205,31 @@ func TestServeRefusesAPublicAddressWithoutAToken(t *testing.T) {
 	}
 }
 
+// TestBadSettingsNameWhereTheyCameFrom: a bad value of a setting that a
+// flag or a TIMEBOX_* variable gives is refused naming the one it came
+// from, and an address's port is checked before serving, token or not.
+func TestBadSettingsNameWhereTheyCameFrom(t *testing.T) {
+	file := agentFile(t, `{"text": "x"}`)
+	db := "TIMEBOX_DB=" + filepath.Join(t.TempDir(), "timebox.db") // were the address taken
+	for _, c := range []struct {
+		env  []string
+		args []string
+		want string
+	}{
+		{[]string{"TIMEBOX_ENGINE=foo"}, []string{"validate", "-f", file}, `TIMEBOX_ENGINE "foo": use embedded or temporal`},
+		{nil, []string{"validate", "--engine", "foo", "-f", file}, `--engine "foo": use embedded or temporal`},
+		{[]string{"TIMEBOX_TEMPORAL_ADDRESS=zz"}, []string{"validate", "-f", file}, `TIMEBOX_TEMPORAL_ADDRESS "zz": give HOST:PORT`},
+		{[]string{"TIMEBOX_ADDR=nonsense"}, []string{"serve", "-f", file}, `TIMEBOX_ADDR: address "nonsense": missing port in address`},
+		{nil, []string{"serve", "-f", file, "--addr", "127.0.0.1:99999"}, `--addr: address "127.0.0.1:99999": invalid port`},
+		{[]string{"TIMEBOX_TOKEN=a-long-enough-token-0123456789"}, []string{"serve", "-f", file, "--addr", ":-1"}, `--addr: address ":-1": invalid port`},
+	} {
+		r := run(t, append(c.env, db), c.args...)
+		if r.code != cli.ExitUsage || !strings.Contains(r.err, c.want) {
+			t.Errorf("%v %v: %d %q, want %q", c.env, c.args, r.code, r.err, c.want)
+		}
+	}
+}
+
 func TestRunStoresItsTurn(t *testing.T) {
 	file := agentFile(t, `{"text": "one"}`, `{"text": "two"}`)
 	dir := t.TempDir()
