@@ -73,7 +73,7 @@ func newPrompter(in io.Reader, out io.Writer, v *view) *prompter {
 	if u, err := user.Current(); err == nil && u.Username != "" {
 		who = u.Username + " at the terminal"
 	}
-	return &prompter{in: in, out: out, v: v, who: who}
+	return &prompter{in: in, out: termSafe{out}, v: v, who: who}
 }
 
 // read starts reading the terminal's lines, once: a question that

@@ -174,7 +174,7 @@ func (r runsStore) list(ctx context.Context, f store.Filter, asJSON bool, o IO) 
 		fmt.Fprintf(o.Err, "no turns match in the store at %s\n", r.where)
 		return ExitOK
 	}
-	tw := tabwriter.NewWriter(o.Out, 0, 8, 2, ' ', 0)
+	tw := tabwriter.NewWriter(termSafe{o.Out}, 0, 8, 2, ' ', 0)
 	fmt.Fprintln(tw, "TURN\tSTARTED\tSTATUS\tSTOP REASON\tWALL\tSTEPS\tTOOLS\tINPUT")
 	for _, t := range turns {
 		wall := ms(t.WallMS)
@@ -218,7 +218,7 @@ func (r runsStore) show(ctx context.Context, id string, asJSON bool, o IO) int {
 		enc.Encode(rec)
 		return ExitOK
 	}
-	writeRecord(o.Out, rec)
+	writeRecord(termSafe{o.Out}, rec)
 	evs, err := st.Events(ctx, id, 0, 0)
 	if err == nil {
 		fmt.Fprintf(o.Out, "\n%d events: timebox runs export %s\n", len(evs), id)

@@ -230,6 +230,26 @@ func TestBadSettingsNameWhereTheyCameFrom(t *testing.T) {
 	}
 }
 
+// TestRunsShowWritesControlCharactersOut: a turn's input (from any client
+// of serve) and its stored texts reach the operator's terminal through
+// runs list, show and --timeline with their control characters written
+// out.
+func TestRunsShowWritesControlCharactersOut(t *testing.T) {
+	file := agentFile(t, `{"text": "ok \u001b]0;title\u0007"}`)
+	db := filepath.Join(t.TempDir(), "timebox.db")
+	r := run(t, nil, "run", "-f", file, "--db", db, "--json", "hi \x1b]52;c;ZXZpbA==\x07 there")
+	if r.code != 0 {
+		t.Fatalf("run: %d %q", r.code, r.err)
+	}
+	id := regexp.MustCompile(`"turn_id":"([^"]+)"`).FindStringSubmatch(r.out)[1]
+	for _, args := range [][]string{{"runs", "list"}, {"runs", "show", id}, {"runs", "show", "--timeline", id}} {
+		r := run(t, nil, append(args, "--db", db)...)
+		if r.code != 0 || strings.ContainsAny(r.out, "\x07\x1b") {
+			t.Errorf("%v: %d %q", args, r.code, r.out)
+		}
+	}
+}
+
 func TestRunStoresItsTurn(t *testing.T) {
 	file := agentFile(t, `{"text": "one"}`, `{"text": "two"}`)
 	dir := t.TempDir()

@@ -505,6 +505,6 @@ func (r runsStore) timeline(ctx context.Context, id string, o IO) int {
 		return r.notFound(err, id, o)
 	}
 	tl := buildTimeline(rec, evs, time.Now())
-	tl.write(o.Out, timelineWidth(o), o.Terminal && o.getenv("NO_COLOR") == "")
+	tl.write(termSafe{o.Out}, timelineWidth(o), o.Terminal && o.getenv("NO_COLOR") == "")
 	return ExitOK
 }

@@ -19,10 +19,12 @@ import (
 // and progress bar — redrawn every tick, and prints finished things above
 // it. Elsewhere it prints plain lines, one per thing that happened.
 type view struct {
-	w     io.Writer
-	live  bool
-	color bool
-	now   func() time.Time
+	// w is raw, the terminal, through termSafe: what the view prints
+	// holds text from tools, models and people.
+	w, raw io.Writer
+	live   bool
+	color  bool
+	now    func() time.Time
 	// told names who gets a stopped call's result: the model in a turn,
 	// the caller of `timebox tool call`.
 	told string
@@ -61,7 +63,7 @@ type chip struct {
 }
 
 func newView(w io.Writer, live, color bool) *view {
-	v := &view{w: w, live: live, color: color, now: time.Now, told: "the model", running: map[string]*chip{}}
+	v := &view{w: termSafe{w}, raw: w, live: live, color: color, now: time.Now, told: "the model", running: map[string]*chip{}}
 	if live {
 		v.quit, v.done = make(chan struct{}), make(chan struct{})
 		go v.tick()
@@ -331,6 +333,9 @@ func writePieces(w io.Writer, s string) {
 	buf := make([]byte, min(len(s), 32<<10))
 	for len(s) > 0 {
 		n := copy(buf, s)
+		for n > 1 && n < len(s) && !utf8.RuneStart(s[n]) {
+			n-- // whole characters: termSafe reads each piece alone
+		}
 		if _, err := w.Write(buf[:n]); err != nil {
 			return
 		}
@@ -381,7 +386,7 @@ func (v *view) clear() {
 	if !v.live || v.drawn == 0 {
 		return
 	}
-	fmt.Fprintf(v.w, "\x1b[%dA\x1b[J", v.drawn)
+	fmt.Fprintf(v.raw, "\x1b[%dA\x1b[J", v.drawn)
 	v.drawn = 0
 }
 
@@ -428,7 +433,8 @@ func (v *view) redraw() {
 			}
 		}
 		if c.progress != nil || c.message != "" {
-			line += "  " + bar(c.progress, c.total, 20) + " " + c.message
+			// One line a call: the block is erased by its line count.
+			line += "  " + bar(c.progress, c.total, 20) + " " + strings.ReplaceAll(c.message, "\n", " ")
 		}
 		fmt.Fprintln(v.w, line)
 		v.drawn++

@@ -15,7 +15,7 @@ import (
 
 func TestLiveViewDrawsChipsWithTimersAndBars(t *testing.T) {
 	var out bytes.Buffer
-	v := &view{w: &out, live: true, running: map[string]*chip{}}
+	v := &view{w: termSafe{&out}, raw: &out, live: true, running: map[string]*chip{}}
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	now := start
 	v.now = func() time.Time { return now }
@@ -148,4 +148,51 @@ func TestViewLetsALongReplysChunksGo(t *testing.T) {
 		t.Errorf("the text before the tool calls was not printed whole (%d bytes out)", out.Len())
 	}
 	runtime.KeepAlive(em)
+}
+
+// TestTheViewWritesControlCharactersOut: what tools, models and people
+// send reaches the terminal with its control characters written out, so
+// that none can clear the screen, set the window's title or fake a line;
+// colors (SGR) and the view's own cursor moves still work.
+func TestTheViewWritesControlCharactersOut(t *testing.T) {
+	var out bytes.Buffer
+	v := newView(&out, false, false)
+	v.Emit(event.Event{Data: &event.ToolProgress{CallID: "c", Tool: "fetch", Message: "\x1b[2J\x1b]0;pwned\x07 hi"}})
+	v.Emit(event.Event{Data: &event.ToolFinished{ToolCall: event.ToolCall{CallID: "c", Tool: "fetch", Outcome: event.OutcomeError,
+		Result: `{"error": {"type": "tool_error", "message": "err\u0000\u001b[31mred\u009bx\r\n"}}`}}})
+	v.Emit(event.Event{Data: &event.TurnFinished{Status: "completed", Answer: "done\r\n\x1b[32mgreen\x1b[0m \x1b]52;c;ZXZpbA==\x07"}})
+	s := out.String()
+	for _, want := range []string{`\x1b[2J\x1b]0;pwned\x07 hi`, `err\x00` + "\x1b[31m" + `red\u009bx`, "done\n\x1b[32mgreen\x1b[0m " + `\x1b]52;c;ZXZpbA==\x07`} {
+		if !strings.Contains(s, want) {
+			t.Errorf("the view lacks %q:\n%q", want, s)
+		}
+	}
+	for _, bad := range []string{"\x1b[2J", "\x1b]", "\x07", "\x00", "\u009b", "\r"} {
+		if strings.Contains(s, bad) {
+			t.Errorf("the view sent %q to the terminal:\n%q", bad, s)
+		}
+	}
+}
+
+func TestTermSafe(t *testing.T) {
+	for in, want := range map[string]string{
+		"plain text, tabs\tand\nlines": "plain text, tabs\tand\nlines",
+		"\x1b[1;31mbold red\x1b[0m":    "\x1b[1;31mbold red\x1b[0m",
+		"\x1b[2A\x1b[J":                `\x1b[2A\x1b[J`,
+		"bell\x07 del\x7f":             `bell\x07 del\x7f`,
+		"crlf\r\nlone\rcr":             "crlf\nlone\\x0dcr",
+		"c1 \u0085 \u009b, not \u00a0": `c1 \u0085 \u009b, not ` + "\u00a0",
+		"\x1b[":                        `\x1b[`,
+		"\x1b":                         `\x1b`,
+	} {
+		var b bytes.Buffer
+		n, err := termSafe{&b}.Write([]byte(in))
+		if err != nil || n != len(in) || b.String() != want {
+			t.Errorf("termSafe(%q) = %q, %d, %v; want %q", in, b.String(), n, err, want)
+		}
+	}
+	clean := []byte("no control characters here, \x1b[32mcolor\x1b[0m")
+	if n := testing.AllocsPerRun(100, func() { termSafe{io.Discard}.Write(clean) }); n != 0 {
+		t.Errorf("clean text costs %v allocations, want none", n)
+	}
 }
