@@ -33,12 +33,21 @@ func (j *jsonLines) Emit(e event.Event) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	// A long answer goes to the writer a piece at a time (issue 29).
-	if err := event.WriteJSON(j.w, e); err != nil {
-		j.err = err
-		return
+	err := event.WriteJSON(j.w, e)
+	if err == nil {
+		j.w.WriteByte('\n')
+		err = j.w.Flush()
 	}
-	j.w.WriteByte('\n')
-	j.w.Flush()
+	if err != nil && j.err == nil {
+		j.err = err
+	}
+}
+
+// failed returns the first event that could not be written, if any.
+func (j *jsonLines) failed() error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.err
 }
 
 // exitCode maps a turn's status to the command's exit code (spec §11).
@@ -102,13 +111,23 @@ func interrupts(ctx context.Context, o IO) (context.Context, func()) {
 // or when watchReader sees the reader leave (a pipe), it cancels the
 // turn once, as client_gone: nobody is reading the answer,
 // and the turn's tools must not run on for nobody. Later writes are
-// dropped.
+// dropped. Any other failed write (a full disk) is kept for failed: the
+// turn goes on, and the command says at its end that output was lost.
 type goneWriter struct {
 	w      io.Writer
 	cancel context.CancelCauseFunc
 
 	mu   sync.Mutex
 	gone bool
+	err  error // the first write that failed otherwise
+}
+
+// failed returns the first write that failed for another reason than a
+// reader gone, if any.
+func (g *goneWriter) failed() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.err
 }
 
 func (g *goneWriter) Write(p []byte) (int, error) {
@@ -121,6 +140,9 @@ func (g *goneWriter) Write(p []byte) (int, error) {
 	if err != nil && errors.Is(err, syscall.EPIPE) {
 		g.goneLocked()
 		return len(p), nil
+	}
+	if err != nil && g.err == nil {
+		g.err = err
 	}
 	return n, err
 }
@@ -196,19 +218,22 @@ func cmdRun(ctx context.Context, args []string, o IO) int {
 	defer watchReader(o.Out, gw.readerGone)()
 	o.Out = gw
 	var recording *script.Recording
+	recordDone := func() error { return nil }
 	if *recordTo != "" {
 		f, err := os.Create(*recordTo)
 		if err != nil {
 			fmt.Fprintln(o.Err, "timebox: --record:", err)
 			return ExitUsage
 		}
-		defer func() {
-			if err := recording.Err(); err != nil {
-				fmt.Fprintln(o.Err, "timebox: --record:", err)
-			}
-			f.Close()
-		}()
+		defer f.Close() // on the returns before the turn's end
 		recording = script.NewRecording(f)
+		recordDone = func() error {
+			err := recording.Err()
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+			return err
+		}
 	}
 	tracing, ok := startTracing(ctx, o)
 	if !ok {
@@ -226,8 +251,10 @@ func cmdRun(ctx context.Context, args []string, o IO) int {
 
 	var sink event.Sink
 	var v *view
+	var jl *jsonLines
 	if *asJSON {
-		sink = &jsonLines{w: bufio.NewWriter(o.Out)}
+		jl = &jsonLines{w: bufio.NewWriter(o.Out)}
+		sink = jl
 	} else {
 		v = newView(o.Out, o.Terminal, o.Terminal && o.getenv("NO_COLOR") == "")
 		sink = v
@@ -279,5 +306,22 @@ func cmdRun(ctx context.Context, args []string, o IO) int {
 	case budget.EngineLost, budget.Interrupted:
 		fmt.Fprintln(o.Err, "timebox run:", r.Message)
 	}
-	return exitCode(res.Record.Status)
+	code := exitCode(res.Record.Status)
+	// Output that could not be written is lost: the command fails, saying
+	// so, however the turn ended (the store has the turn).
+	outErr := gw.failed()
+	if outErr == nil && jl != nil {
+		outErr = jl.failed()
+	}
+	if outErr != nil {
+		fmt.Fprintln(o.Err, "timebox run: writing to standard output:", outErr)
+	}
+	recErr := recordDone()
+	if recErr != nil {
+		fmt.Fprintln(o.Err, "timebox run: --record:", recErr)
+	}
+	if code == ExitOK && (outErr != nil || recErr != nil) {
+		code = ExitFailed
+	}
+	return code
 }

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -246,6 +247,32 @@ func TestRunsShowWritesControlCharactersOut(t *testing.T) {
 		r := run(t, nil, append(args, "--db", db)...)
 		if r.code != 0 || strings.ContainsAny(r.out, "\x07\x1b") {
 			t.Errorf("%v: %d %q", args, r.code, r.out)
+		}
+	}
+}
+
+// fullWriter fails every write as a full disk does.
+type fullWriter struct{}
+
+func (fullWriter) Write([]byte) (int, error) { return 0, syscall.ENOSPC }
+
+// TestRunSaysItsOutputWasLost: output that could not be written (a full
+// disk) fails the command, saying so, where it used to exit 0 with the
+// answer lost; so does a --record file that could not be written.
+func TestRunSaysItsOutputWasLost(t *testing.T) {
+	file := agentFile(t, `{"text": "the answer"}`)
+	for _, args := range [][]string{{"--json"}, {}} {
+		var errb bytes.Buffer
+		code := cli.Run(t.Context(), append(append([]string{"run", "--no-store", "-f", file}, args...), "hi"),
+			cli.IO{In: strings.NewReader(""), Out: fullWriter{}, Err: &errb})
+		if code != cli.ExitFailed || !strings.Contains(errb.String(), "writing to standard output: no space left on device") {
+			t.Errorf("%v: exit %d, %q", args, code, errb.String())
+		}
+	}
+	if _, err := os.Stat("/dev/full"); err == nil {
+		r := run(t, nil, "run", "--no-store", "-f", file, "--record", "/dev/full", "hi")
+		if r.code != cli.ExitFailed || !strings.Contains(r.err, "--record: write /dev/full: no space left on device") {
+			t.Errorf("--record /dev/full: exit %d, %q", r.code, r.err)
 		}
 	}
 }
