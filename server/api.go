@@ -12,7 +12,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -299,8 +298,6 @@ type TurnAccepted struct {
 	Events string `json:"events"`
 }
 
-var sessionIDRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$`)
-
 // Header names of POST /v1/turns's response.
 const (
 	HeaderTurnID    = "Timebox-Turn-Id"
@@ -326,8 +323,8 @@ func (s *Server) readTurnRequest(w http.ResponseWriter, r *http.Request) (TurnRe
 		writeError(w, http.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf(`"input" is %d bytes, over the server's limit of %d`, len(req.Input), s.cfg.MaxInputBytes))
 	case !validText(fields["input"], req.Input):
 		writeError(w, http.StatusBadRequest, "bad_request", `"input" is not valid UTF-8 (an invalid byte, or a \u escape of half a surrogate pair)`)
-	case req.SessionID != "" && !sessionIDRE.MatchString(req.SessionID):
-		writeError(w, http.StatusBadRequest, "bad_request", `"session_id" must be 1 to 128 letters, digits, '.', '_', ':' or '-', starting with a letter or digit`)
+	case req.SessionID != "" && !agent.ValidSessionID(req.SessionID):
+		writeError(w, http.StatusBadRequest, "bad_request", `"session_id" must be `+agent.SessionIDForm)
 	default:
 		return req, true
 	}

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"unicode/utf8"
 
+	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/event"
 )
 
@@ -99,7 +100,7 @@ func FuzzTurnRequest(f *testing.F) {
 		req, ok := s.readTurnRequest(w, httptest.NewRequest("POST", "/v1/turns", bytes.NewReader(body)))
 		if ok {
 			if strings.TrimSpace(req.Input) == "" || !utf8.ValidString(req.Input) || len(req.Input) > s.cfg.MaxInputBytes ||
-				(req.SessionID != "" && !sessionIDRE.MatchString(req.SessionID)) {
+				(req.SessionID != "" && !agent.ValidSessionID(req.SessionID)) {
 				t.Fatalf("accepted %+v", req)
 			}
 			if w.Code != http.StatusOK || w.Body.Len() != 0 {

@@ -66,7 +66,7 @@ func engineOf(r Runner) string {
 // Defaults of Config's zero fields.
 const (
 	DefaultMaxBodyBytes  = 1 << 20
-	DefaultMaxInputBytes = 256 << 10
+	DefaultMaxInputBytes = agent.MaxInputBytes
 	DefaultKeepAlive     = 15 * time.Second
 )
 

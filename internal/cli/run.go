@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"unicode/utf8"
 
 	"github.com/timebox-run/timebox"
 	"github.com/timebox-run/timebox/agent"
@@ -194,7 +195,9 @@ func cmdRun(ctx context.Context, args []string, o IO) int {
 	}
 	prompt := strings.Join(pos, " ")
 	if prompt == "-" {
-		b, err := io.ReadAll(o.In)
+		// One byte past the limit tells a prompt over it, without
+		// reading an endless input (`yes | timebox run -`).
+		b, err := io.ReadAll(io.LimitReader(o.In, agent.MaxInputBytes+1))
 		if err != nil {
 			fmt.Fprintln(o.Err, "timebox: reading the prompt:", err)
 			return ExitUsage
@@ -203,6 +206,20 @@ func cmdRun(ctx context.Context, args []string, o IO) int {
 	}
 	if strings.TrimSpace(prompt) == "" {
 		fmt.Fprintln(o.Err, `usage: timebox run [-f agent.yaml] [--json] "prompt"   (or "-" to read it from stdin)`)
+		return ExitUsage
+	}
+	// The checks of POST /v1/turns: a prompt a person can send the model,
+	// and a session id that is safe wherever it is shown.
+	switch {
+	case len(prompt) > agent.MaxInputBytes:
+		fmt.Fprintf(o.Err, "timebox run: the prompt is over %s, the limit of a turn's input (serve's too): give the model a file's path and a tool to read it\n",
+			budget.FormatBytes(agent.MaxInputBytes))
+		return ExitUsage
+	case !utf8.ValidString(prompt):
+		fmt.Fprintln(o.Err, "timebox run: the prompt is not valid UTF-8 text")
+		return ExitUsage
+	case *session != "" && !agent.ValidSessionID(*session):
+		fmt.Fprintf(o.Err, "timebox run: --session %q: a session id is %s\n", *session, agent.SessionIDForm)
 		return ExitUsage
 	}
 	cfg, ok := loadConfig(c, fs, o)

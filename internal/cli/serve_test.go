@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/cli"
@@ -274,6 +276,50 @@ func TestRunSaysItsOutputWasLost(t *testing.T) {
 		if r.code != cli.ExitFailed || !strings.Contains(r.err, "--record: write /dev/full: no space left on device") {
 			t.Errorf("--record /dev/full: exit %d, %q", r.code, r.err)
 		}
+	}
+}
+
+// endless is an input that never ends, as `yes` is.
+type endless struct{}
+
+func (endless) Read(p []byte) (int, error) {
+	for i := range p {
+		p[i] = 'y'
+	}
+	return len(p), nil
+}
+
+// TestRunChecksItsInputAsServeDoes: timebox run's prompt and session id
+// are held to the rules of POST /v1/turns: a prompt read from an endless
+// standard input is refused once past the limit, not read into memory
+// until the machine runs out.
+func TestRunChecksItsInputAsServeDoes(t *testing.T) {
+	file := agentFile(t, `{"text": "x"}`)
+	for _, c := range []struct {
+		in   io.Reader
+		args []string
+		want string
+	}{
+		{endless{}, []string{"-"}, "the prompt is over 256KiB"},
+		{strings.NewReader(strings.Repeat("a", agent.MaxInputBytes+1)), []string{"-"}, "the prompt is over 256KiB"},
+		{strings.NewReader("hi \xff"), []string{"-"}, "the prompt is not valid UTF-8"},
+		{nil, []string{"--session", "../../x", "hi"}, `--session "../../x": a session id is 1 to 128`},
+		{nil, []string{"--session", strings.Repeat("s", 129), "hi"}, "a session id is 1 to 128"},
+	} {
+		if c.in == nil {
+			c.in = strings.NewReader("")
+		}
+		var errb bytes.Buffer
+		code := cli.Run(t.Context(), append([]string{"run", "--no-store", "-f", file}, c.args...),
+			cli.IO{In: c.in, Out: io.Discard, Err: &errb})
+		if code != cli.ExitUsage || !strings.Contains(errb.String(), c.want) {
+			t.Errorf("%v: exit %d, %q; want %q", c.args, code, errb.String(), c.want)
+		}
+	}
+	code := cli.Run(t.Context(), []string{"run", "--no-store", "-f", file, "-"},
+		cli.IO{In: strings.NewReader(strings.Repeat("a", agent.MaxInputBytes)), Out: io.Discard, Err: io.Discard})
+	if code != cli.ExitOK {
+		t.Errorf("a prompt of the limit exactly: exit %d", code)
 	}
 }
 
