@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -350,15 +351,58 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request, v any, keys []
 		err = dec.Decode(v)
 	}
 	var tooBig *http.MaxBytesError
+	var wrongType *json.UnmarshalTypeError
 	switch {
 	case errors.As(err, &tooBig):
 		writeError(w, http.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf("the request body is over the server's limit of %d bytes", s.cfg.MaxBodyBytes))
+		return nil, false
+	case errors.As(err, &wrongType) && wrongType.Field != "":
+		// Said in JSON's words, not Go's ("cannot unmarshal number into
+		// Go struct field TurnRequest.input of type string").
+		writeError(w, http.StatusBadRequest, "bad_request", fmt.Sprintf("the body must be one JSON object %s: %q must be %s, not %s",
+			shape, wrongType.Field, jsonKind(wrongType.Type), article(wrongType.Value)))
 		return nil, false
 	case err != nil:
 		writeError(w, http.StatusBadRequest, "bad_request", fmt.Sprintf("the body must be one JSON object %s: %s", shape, shown(err.Error())))
 		return nil, false
 	}
 	return fields, true
+}
+
+// jsonKind names, in JSON's words, the values that decode into t.
+func jsonKind(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "a whole number"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.Map, reflect.Struct:
+		return "an object"
+	case reflect.Pointer:
+		return jsonKind(t.Elem())
+	}
+	return "another value"
+}
+
+// article puts "a" or "an" before the kind of a JSON value as
+// encoding/json names it ("number", "string", "array", "object", "bool").
+func article(kind string) string {
+	switch {
+	case kind == "bool":
+		return "true or false"
+	case strings.HasPrefix(kind, "number "):
+		return "the number " + strings.TrimPrefix(kind, "number ")
+	case kind != "" && strings.IndexByte("aeiou", kind[0]) >= 0:
+		return "an " + kind
+	}
+	return "a " + kind
 }
 
 // validText reports whether the JSON string raw, decoded as s, was valid

@@ -41,6 +41,11 @@ func TestTurnRequestIsReadExactly(t *testing.T) {
 		{"budgets not an object", `{"input": "hi", "budgets": ["turn", "1s"]}`, 400, "budgets: not a JSON object"},
 		{"no budgets", `{"input": "hi", "budgets": null}`, 200, ""},
 		{"a budget once", `{"input": "hi", "budgets": {"turn": "1m", "max_steps": 5}}`, 200, ""},
+		// Said in JSON's words, not Go's.
+		{"input a number", `{"input": 5}`, 400, `"input" must be a string, not a number`},
+		{"input an array", `{"input": ["a"]}`, 400, `"input" must be a string, not an array`},
+		{"detach a string", `{"input": "hi", "detach": "yes"}`, 400, `"detach" must be true or false, not a string`},
+		{"session an object", `{"input": "hi", "session_id": {}}`, 400, `"session_id" must be a string, not an object`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			resp := e.do("POST", "/v1/turns", c.body, "Content-Type", "application/json")
@@ -79,6 +84,7 @@ func TestDecisionRequestIsReadExactly(t *testing.T) {
 		{"a capitalised key", `{"decision": "approve", "Reason": "r"}`, 400, "bad_request", `unknown field "Reason"`},
 		{"a key twice", `{"decision": "deny", "decision": "approve"}`, 400, "bad_request", `field "decision" given twice`},
 		{"garbage after", `{"decision": "approve"} trailing garbage`, 400, "bad_request", "after the JSON object"},
+		{"a reason that is a number", `{"decision": "approve", "reason": 5}`, 400, "bad_request", `"reason" must be a string, not a number`},
 		{"a second object", `{"decision": "approve"} {"decision": "deny"}`, 400, "bad_request", "after the JSON object"},
 		{"not an object", `["approve"]`, 400, "bad_request", "not a JSON object"},
 		{"over the limit", `{"decision": "approve", "reason": "` + strings.Repeat("x", 2000) + `"}`, 413, "too_large", "over the server's limit of 1000 bytes"},
