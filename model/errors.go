@@ -3,6 +3,7 @@ package model
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -41,6 +42,16 @@ func ParseRetryAfter(v string, now time.Time) time.Duration {
 // LLM-phase failures that move along the failover chain.
 func TransportError(provider string, err error) *Error {
 	var se *json.SyntaxError
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		// JSON, but not a chunk: said without Go's types.
+		what := "a chunk"
+		if te.Field != "" {
+			what = fmt.Sprintf("a chunk's %q", te.Field)
+		}
+		return &Error{Provider: provider, Malformed: true, Err: err,
+			Message: fmt.Sprintf("%s is a JSON %s, which is not what the API streams", what, te.Value)}
+	}
 	if errors.As(err, &se) || strings.Contains(err.Error(), "invalid character") || strings.Contains(err.Error(), "unexpected end of JSON") {
 		return &Error{Provider: provider, Malformed: true, Message: err.Error(), Err: err}
 	}

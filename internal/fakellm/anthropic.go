@@ -100,6 +100,11 @@ func (s *Server) playAnthropic(w http.ResponseWriter, r *http.Request, rep Reply
 		flush()
 		return
 	}
+	if rep.BadData != "" {
+		fmt.Fprintf(w, "event: content_block_delta\ndata: %s\n\n", rep.BadData)
+		flush()
+		return
+	}
 	if rep.Malformed {
 		io.WriteString(w, "event: content_block_delta\ndata: {\"type\": \"content_block_delta\", \"index\": 0, \"delta\": {\"type\": \"text_delta\", \"text\": \"oops\"\n\n")
 		flush()

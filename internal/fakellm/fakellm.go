@@ -69,6 +69,10 @@ type Reply struct {
 	Truncate bool
 	// Malformed sends a line of broken JSON after the chunks.
 	Malformed bool
+	// BadData, when set, is sent after the chunks as one event's data,
+	// JSON but not a chunk ("5"; for Anthropic, the data of a
+	// content_block_delta event).
+	BadData string
 	// ErrorEvent, for Anthropic, is the data of an "error" event sent
 	// after the chunks in place of the end of the message (how the
 	// Messages API reports overloaded_error mid-stream).
@@ -329,6 +333,11 @@ func (s *Server) play(w http.ResponseWriter, r *http.Request, rep Reply) {
 	}
 	if rep.Malformed {
 		io.WriteString(w, "data: {\"choices\": [{\"index\": 0, \"delta\": {\"content\": \"oops\"\n\n")
+		flush()
+		return
+	}
+	if rep.BadData != "" {
+		fmt.Fprintf(w, "data: %s\n\n", rep.BadData)
 		flush()
 		return
 	}

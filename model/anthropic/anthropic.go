@@ -256,6 +256,13 @@ func (s *stream) Recv() (model.Chunk, error) {
 	}
 	ev := s.s.Current()
 	var out model.Chunk
+	if ev.Type == "" {
+		// Data that is not an event (the SDK reads "5" as one with no
+		// type): dropping it would lose what the model sent unsaid.
+		s.err = &model.Error{Provider: "anthropic", Malformed: true,
+			Message: "an event that is not a JSON object with a type: " + clipRaw(ev.RawJSON())}
+		return model.Chunk{}, s.err
+	}
 	switch ev.Type {
 	case "content_block_start":
 		b := &block{typ: ev.ContentBlock.Type}
@@ -283,6 +290,10 @@ func (s *stream) Recv() (model.Chunk, error) {
 		case "input_json_delta":
 			b.args.WriteString(ev.Delta.PartialJSON)
 			out.ToolBytes = len(ev.Delta.PartialJSON)
+		case "":
+			s.err = &model.Error{Provider: "anthropic", Malformed: true,
+				Message: fmt.Sprintf("a content_block_delta for block %d without a delta type: %s", ev.Index, clipRaw(ev.RawJSON()))}
+			return model.Chunk{}, s.err
 		}
 	case "message_start":
 		s.usage.InputTokens = ev.Message.Usage.InputTokens
@@ -305,6 +316,14 @@ func (s *stream) Recv() (model.Chunk, error) {
 		s.text.Add(out.Text)
 	}
 	return out, nil
+}
+
+// clipRaw returns the start of an event's raw data, to show in an error.
+func clipRaw(raw string) string {
+	if len(raw) > 200 {
+		return strings.ToValidUTF8(raw[:200], "") + "…"
+	}
+	return raw
 }
 
 // errorStatus is the HTTP status an error type stands for, for an error

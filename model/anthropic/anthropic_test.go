@@ -241,6 +241,8 @@ func TestProviderFailures(t *testing.T) {
 		{"connection reset", fakellm.Reply{Reset: true}, 0, false, false, 0, ""},
 		{"truncated stream", fakellm.Reply{Chunks: []fakellm.Chunk{{Text: "half"}}, Truncate: true}, 0, false, false, 0, "no message_stop"},
 		{"malformed SSE JSON", fakellm.Reply{Chunks: []fakellm.Chunk{{Text: "a"}}, Malformed: true}, 0, false, true, 0, ""},
+		{"an event that is a number", fakellm.Reply{Chunks: []fakellm.Chunk{{Text: "a"}}, BadData: "5"}, 0, false, true, 0, "not a JSON object with a type: 5"},
+		{"a delta without a type", fakellm.Reply{Chunks: []fakellm.Chunk{{Text: "a"}}, BadData: `{"type": "content_block_delta", "index": 0, "delta": 5}`}, 0, false, true, 0, "content_block_delta"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

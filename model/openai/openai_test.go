@@ -189,6 +189,7 @@ func TestProviderFailures(t *testing.T) {
 		{"connection reset", fakellm.Reply{Reset: true}, 0, false, false, 0, ""},
 		{"truncated stream", fakellm.Reply{Chunks: []fakellm.Chunk{{Text: "half"}}, Truncate: true}, 0, false, false, 0, "ended before the reply was complete"},
 		{"malformed SSE JSON", fakellm.Reply{Chunks: []fakellm.Chunk{{Text: "a"}}, Malformed: true}, 0, false, true, 0, ""},
+		{"a chunk that is a number", fakellm.Reply{Chunks: []fakellm.Chunk{{Text: "a"}}, BadData: "5"}, 0, false, true, 0, "a chunk is a JSON number"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
