@@ -157,6 +157,7 @@ func (l *loader) warnAt(p pos, key, msg string) {
 }
 
 func (l *loader) load(data []byte) (*Agent, error) {
+	data = regular.TrimBOM(data)
 	if len(data) > MaxFileBytes {
 		p, msg := fileTooLarge(data)
 		l.errAt(p, "", msg)

@@ -316,6 +316,19 @@ func TestReference(t *testing.T) {
 	checkGolden(t, goldenDir(t), "reference_table", table.String())
 }
 
+// TestAByteOrderMarkIsNotPartOfTheFile: an agent file saved with a UTF-8
+// byte-order mark (Notepad) loads as the same file without it, its errors
+// at the columns its editor shows.
+func TestAByteOrderMarkIsNotPartOfTheFile(t *testing.T) {
+	if _, err := Load(writeAgent(t, "\xef\xbb\xbfmodel: {primary: \"script:x\"}\nproviders: {script: {file: script.jsonl}}\n"), Overrides{}); err != nil {
+		t.Fatalf("a file with a BOM: %v", err)
+	}
+	_, err := Load(writeAgent(t, "\xef\xbb\xbfmodel: {primary: 5}\n"), Overrides{})
+	if err == nil || !strings.Contains(err.Error(), "agent.yaml:1:18: model.primary:") || strings.Contains(err.Error(), "unknown key") {
+		t.Fatalf("a bad file with a BOM: %v", err)
+	}
+}
+
 // writeAgent writes an agent file (and the script file it may name) into
 // a fresh directory and returns its path.
 func writeAgent(t *testing.T, body string) string {

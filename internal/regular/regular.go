@@ -6,6 +6,7 @@
 package regular
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -86,3 +87,12 @@ func IsNotRegular(err error) bool {
 	var e *NotRegularError
 	return errors.As(err, &e)
 }
+
+// utf8BOM is the byte-order mark some editors (Notepad) put at the start of
+// a UTF-8 file.
+var utf8BOM = []byte("\xef\xbb\xbf")
+
+// TrimBOM returns b without the UTF-8 byte-order mark it starts with, if
+// any: a text file's first line is read as its author sees it, and the
+// columns of its errors are those of the author's editor.
+func TrimBOM(b []byte) []byte { return bytes.TrimPrefix(b, utf8BOM) }

@@ -167,11 +167,15 @@ func Parse(r io.Reader, name string) ([]Line, error) {
 	n := 0
 	for sc.Scan() {
 		n++
-		raw := bytes.TrimSpace(sc.Bytes())
+		line := sc.Bytes()
+		if n == 1 {
+			line = regular.TrimBOM(line)
+		}
+		raw := bytes.TrimSpace(line)
 		if len(raw) == 0 || bytes.HasPrefix(raw, []byte("//")) {
 			continue
 		}
-		l, ps := parseLine(name, n, sc.Bytes(), raw)
+		l, ps := parseLine(name, n, line, raw)
 		problems = append(problems, ps...)
 		if len(ps) == 0 {
 			lines = append(lines, l)

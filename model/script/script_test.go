@@ -30,6 +30,9 @@ func TestParseErrorsNameTheLine(t *testing.T) {
 		`{"error": {"status": 99}}`:                                "test:1:22: error.status: 99 is not an HTTP status (give 100 to 599, or 0 for a connection failure)",
 		`{"text": "a", "expect_in_request": ["x", ""]}`:            "test:1:42: expect_in_request[1]: an empty text is in every request (give the text the request must contain)",
 		"// a comment\n\n{\"text\": \"ok\"}\n{\"text\": \"ok\"} x": "test:4:16: one JSON object per line, found more after it",
+		// A byte-order mark (Notepad) is not part of the first line: its
+		// columns are the editor's.
+		"\xef\xbb\xbf{\"text\": 5}": `test:1:10: text: 5 is not a string (put it in quotes: "5")`,
 	}
 	for in, want := range cases {
 		_, err := script.Parse(strings.NewReader(in), "test")
