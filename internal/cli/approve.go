@@ -13,6 +13,7 @@ import (
 
 	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/problem"
 )
 
 // approveFlags are the tools whose calls `timebox run --approve NAME`
@@ -28,6 +29,41 @@ func (a *approveFlags) Set(v string) error {
 		}
 	}
 	return nil
+}
+
+// check returns an error naming the first tool of a that the agent lacks:
+// a misspelt --approve would approve nothing, and its calls would be put
+// to a person or denied.
+func (a approveFlags) check(ag *agent.Agent) error {
+	for _, n := range a {
+		if n == "all" {
+			continue
+		}
+		if err := noSuchTool(ag, n); err != nil {
+			return fmt.Errorf("--approve: %w", err)
+		}
+	}
+	return nil
+}
+
+// noSuchTool returns an error saying ag has no tool named name, with the
+// tools it has, or nil when it has it.
+func noSuchTool(ag *agent.Agent, name string) error {
+	var names []string
+	for _, t := range ag.Tools() {
+		n := t.Tool.Spec().Name
+		if n == name {
+			return nil
+		}
+		names = append(names, n)
+	}
+	if len(names) == 0 {
+		return fmt.Errorf("no tool named %q: the agent has no tools", name)
+	}
+	if s := problem.Suggest(name, names); s != "" {
+		return fmt.Errorf("no tool named %q (did you mean %s?); the agent has: %s", name, s, strings.Join(names, ", "))
+	}
+	return fmt.Errorf("no tool named %q; the agent has: %s", name, strings.Join(names, ", "))
 }
 
 func (a approveFlags) approves(tool string) bool {

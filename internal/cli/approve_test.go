@@ -53,6 +53,15 @@ func TestRunApprovalWithoutATerminal(t *testing.T) {
 	if d := deployRecord(t, r.out); r.code != 0 || d.Outcome != event.OutcomeOK || d.Approval == nil || d.Approval.By != "timebox run --approve deploy" {
 		t.Errorf("with --approve: exit %d, %+v", r.code, d)
 	}
+	// A misspelt name would approve nothing: it is refused, before the
+	// turn, naming it.
+	r = run(t, nil, "run", "-f", agent, "--json", "--no-store", "--approve", "deplyo", "deploy it")
+	if r.code != cli.ExitUsage || r.out != "" || !strings.Contains(r.err, `--approve: no tool named "deplyo" (did you mean deploy?); the agent has: deploy`) {
+		t.Errorf("--approve deplyo: exit %d, %q, %q", r.code, r.err, r.out)
+	}
+	if r = run(t, nil, "run", "-f", agent, "--json", "--no-store", "--approve", "all", "deploy it"); r.code != 0 {
+		t.Errorf("--approve all: exit %d, %q", r.code, r.err)
+	}
 }
 
 // On a terminal the person is asked; "n" and a reason deny the call, and

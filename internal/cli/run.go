@@ -265,6 +265,10 @@ func cmdRun(ctx context.Context, args []string, o IO) int {
 		return ExitUsage
 	}
 	defer a.Close()
+	if err := approve.check(a.Agent); err != nil {
+		fmt.Fprintln(o.Err, "timebox run:", err)
+		return ExitUsage
+	}
 
 	var sink event.Sink
 	var v *view

@@ -185,14 +185,8 @@ func cmdToolCall(ctx context.Context, args []string, o IO) int {
 		return ExitUsage
 	}
 	defer a.Close()
-	var names []string
-	found := false
-	for _, t := range a.Tools() {
-		names = append(names, t.Tool.Spec().Name)
-		found = found || t.Tool.Spec().Name == pos[0]
-	}
-	if !found {
-		fmt.Fprintf(o.Err, "timebox: no tool named %q; the agent has: %s\n", pos[0], strings.Join(names, ", "))
+	if err := noSuchTool(a.Agent, pos[0]); err != nil {
+		fmt.Fprintln(o.Err, "timebox:", err)
 		return ExitUsage
 	}
 	v := newView(o.Err, false, false)
