@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/url"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -21,6 +22,7 @@ import (
 	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/internal/exactjson"
+	"github.com/timebox-run/timebox/internal/problem"
 	"github.com/timebox-run/timebox/store"
 )
 
@@ -30,9 +32,10 @@ func (s *Server) routes() {
 	// wrong method (405, with Allow) is told from a wrong path (404).
 	paths := http.NewServeMux()
 	s.allow = map[string][]string{}
+	params := queryParams()
 	api := func(pattern string, h http.HandlerFunc) {
-		mux.Handle(pattern, s.guard(s.auth(h)))
 		method, path, _ := strings.Cut(pattern, " ")
+		mux.Handle(pattern, s.guard(s.auth(onlyParams(pattern, params[pattern], h))))
 		if s.allow[path] == nil {
 			paths.Handle(path, http.NotFoundHandler())
 		}
@@ -367,6 +370,64 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request, v any, keys []
 		return nil, false
 	}
 	return fields, true
+}
+
+// queryParams returns the query parameters each route takes, by its
+// pattern ("GET /v1/turns"), as the OpenAPI document declares them: the
+// one list, which openapi_test.go keeps true.
+func queryParams() map[string][]string {
+	var doc struct {
+		Paths map[string]map[string]json.RawMessage `json:"paths"`
+	}
+	if err := json.Unmarshal(openAPI, &doc); err != nil {
+		panic("server: openapi.json: " + err.Error())
+	}
+	out := map[string][]string{}
+	for path, ops := range doc.Paths {
+		for method, raw := range ops {
+			var op struct {
+				Parameters []struct{ Name, In string } `json:"parameters"`
+			}
+			if json.Unmarshal(raw, &op) != nil {
+				continue // not an operation
+			}
+			var names []string
+			for _, p := range op.Parameters {
+				if p.In == "query" {
+					names = append(names, p.Name)
+				}
+			}
+			out[strings.ToUpper(method)+" "+path] = names
+		}
+	}
+	return out
+}
+
+// onlyParams refuses a request to the route pattern with a query
+// parameter it does not take (400): a misspelt filter
+// (?sesion_id=…) would otherwise be ignored, and every turn listed, as an
+// unknown key of a body is refused for the same reason.
+func onlyParams(pattern string, names []string, h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.RawQuery != "" {
+			for k := range r.URL.Query() {
+				if slices.Contains(names, k) {
+					continue
+				}
+				msg := fmt.Sprintf("unknown query parameter %s: %s takes none", shown(strconv.Quote(k)), pattern)
+				if len(names) > 0 {
+					hint := ""
+					if s := problem.Suggest(k, names); s != "" {
+						hint = " (did you mean " + s + "?)"
+					}
+					msg = fmt.Sprintf("unknown query parameter %s%s: %s takes %s", shown(strconv.Quote(k)), hint, pattern, strings.Join(names, ", "))
+				}
+				writeError(w, http.StatusBadRequest, "bad_request", msg)
+				return
+			}
+		}
+		h(w, r)
+	}
 }
 
 // jsonKind names, in JSON's words, the values that decode into t.

@@ -552,11 +552,13 @@ func TestOpenAPIStatuses(t *testing.T) {
 			{"list", quick, "GET /v1/turns", "GET", "/v1/turns?status=completed&limit=1", "", nil, 200},
 			{"bad filter", quick, "GET /v1/turns", "GET", "/v1/turns?stop_reason=bored", "", nil, 400},
 			{"before no turn", quick, "GET /v1/turns", "GET", "/v1/turns?before=t_nope", "", nil, 404},
+			{"a misspelt filter", quick, "GET /v1/turns", "GET", "/v1/turns?sesion_id=s1", "", nil, 400},
 			{"list store fails", broken, "GET /v1/turns", "GET", "/v1/turns", "", nil, 500},
 
 			{"record", quick, "GET /v1/turns/{id}", "GET", "/v1/turns/" + done, "", nil, 200},
 			{"record without events", quick, "GET /v1/turns/{id}", "GET", "/v1/turns/" + done + "?events=false", "", nil, 200},
 			{"no such turn", quick, "GET /v1/turns/{id}", "GET", "/v1/turns/t_nope", "", nil, 404},
+			{"record, a parameter it does not take", quick, "GET /v1/turns/{id}", "GET", "/v1/turns/" + done + "?event=false", "", nil, 400},
 			{"record store fails", broken, "GET /v1/turns/{id}", "GET", "/v1/turns/t_x", "", nil, 500},
 
 			{"replay", quick, "GET /v1/turns/{id}/events", "GET", "/v1/turns/" + done + "/events?after=1", "", nil, 200},
@@ -569,10 +571,12 @@ func TestOpenAPIStatuses(t *testing.T) {
 			{"already ended", quick, "POST /v1/turns/{id}/cancel", "POST", "/v1/turns/" + done + "/cancel", "", nil, 409},
 			{"runs elsewhere", quick, "POST /v1/turns/{id}/cancel", "POST", "/v1/turns/t_elsewhere/cancel", "", nil, 409},
 			{"cancel no turn", quick, "POST /v1/turns/{id}/cancel", "POST", "/v1/turns/t_nope/cancel", "", nil, 404},
+			{"cancel with a parameter", quick, "POST /v1/turns/{id}/cancel", "POST", "/v1/turns/" + done + "/cancel?reason=x", "", nil, 400},
 			{"cancel store fails", broken, "POST /v1/turns/{id}/cancel", "POST", "/v1/turns/t_x/cancel", "", nil, 500},
 
 			{"approvals", quick, "GET /v1/turns/{id}/approvals", "GET", "/v1/turns/t_elsewhere/approvals", "", nil, 200},
 			{"approvals of no turn", quick, "GET /v1/turns/{id}/approvals", "GET", "/v1/turns/t_nope/approvals", "", nil, 404},
+			{"approvals with a parameter", quick, "GET /v1/turns/{id}/approvals", "GET", "/v1/turns/t_elsewhere/approvals?pending=1", "", nil, 400},
 			{"approvals store fails", broken, "GET /v1/turns/{id}/approvals", "GET", "/v1/turns/t_x/approvals", "", nil, 500},
 			{"approve here", asking, "POST /v1/turns/{id}/approvals/{call_id}", "POST", "/v1/turns/" + waiting + "/approvals/call_1_1", `{"decision": "approve"}`, nil, 200},
 			{"decided twice", asking, "POST /v1/turns/{id}/approvals/{call_id}", "POST", "/v1/turns/" + waiting + "/approvals/call_1_1", `{"decision": "deny"}`, nil, 409},
@@ -588,6 +592,7 @@ func TestOpenAPIStatuses(t *testing.T) {
 
 			{"session", quick, "GET /v1/sessions/{id}", "GET", "/v1/sessions/s1", "", nil, 200},
 			{"no such session", quick, "GET /v1/sessions/{id}", "GET", "/v1/sessions/nope", "", nil, 404},
+			{"session with a parameter", quick, "GET /v1/sessions/{id}", "GET", "/v1/sessions/s1?limit=1", "", nil, 400},
 			{"session store fails", broken, "GET /v1/sessions/{id}", "GET", "/v1/sessions/s1", "", nil, 500},
 
 			{"stats", stats, "GET /v1/stats", "GET", "/v1/stats?since=7d&tool=fetch", "", nil, 200},
@@ -600,6 +605,7 @@ func TestOpenAPIStatuses(t *testing.T) {
 			{"deliveries store fails", deliveriesFail, "GET /v1/webhooks/deliveries", "GET", "/v1/webhooks/deliveries", "", nil, 500},
 
 			{"the document", quick, "GET /v1/openapi.json", "GET", "/v1/openapi.json", "", nil, 200},
+			{"the document with a parameter", quick, "GET /v1/openapi.json", "GET", "/v1/openapi.json?v=2", "", nil, 400},
 			{"metrics", quick, "GET /metrics", "GET", "/metrics", "", nil, 200},
 			{"healthy", quick, "GET /healthz", "GET", "/healthz", "", nil, 200},
 			{"draining", draining, "GET /healthz", "GET", "/healthz", "", nil, 503},
