@@ -118,6 +118,14 @@ func TestTurnMayLastAWeek(t *testing.T) {
 		"timeouts: {turn: 8d}\n":    `timeouts.turn: "8d" is not a duration (use 192h)`,
 		"timeouts: {step: 25h}\n":   `timeouts.step: "25h" is above 24h, the largest allowed (lower it)`,
 		"timeouts: {llm_idle: 48h}": `timeouts.llm_idle: "48h" is above 24h`,
+		// Past what a duration, a count or a size holds: the limit, not
+		// "not a duration" or a bare "too large".
+		"timeouts: {tool: 2562048h}\n":                    `timeouts.tool: "2562048h" is above 24h, the largest allowed (lower it)`,
+		"timeouts: {turn: 9999999999999h}\n":              `timeouts.turn: "9999999999999h" is above 168h, the largest allowed (lower it)`,
+		"limits: {max_steps: 99999999999999999999}\n":     `limits.max_steps: "99999999999999999999" is above the maximum (use at most 100000)`,
+		"limits: {max_steps: -99999999999999999999}\n":    `limits.max_steps: "-99999999999999999999" is negative`,
+		"limits: {max_reply: 9999999999999999999GiB}\n":   `limits.max_reply: "9999999999999999999GiB" is above the maximum (use at most 16MiB)`,
+		"timeouts: {kill_grace: 99999999999999999999s}\n": `timeouts.kill_grace: "99999999999999999999s" is above 24h`,
 	} {
 		_, err := Load(writeAgent(t, head+body), Overrides{})
 		if err == nil || !strings.Contains(err.Error(), want) {

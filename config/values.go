@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"regexp"
@@ -80,6 +81,11 @@ func parseDuration(v value) (time.Duration, string) {
 	if s == "0" || (v.number && isZeroNumber(s)) {
 		return 0, ""
 	}
+	if !v.number && overflows(s) {
+		// Go's syntax, but past what a duration holds: the largest one,
+		// for the caller's range check to say what the limit is.
+		return time.Duration(math.MaxInt64), ""
+	}
 	if !v.number {
 		if d, err := time.ParseDuration(s); err == nil {
 			return d, ""
@@ -96,6 +102,32 @@ func parseDuration(v value) (time.Duration, string) {
 		return 0, fmt.Sprintf("%s is not a duration (use %s)", v.show(), fix)
 	}
 	return 0, fmt.Sprintf("%s is not a duration (use Go syntax such as 90s, 5m or 1h30m)", v.show())
+}
+
+// goDurationRE is Go's duration syntax, without a sign.
+var goDurationRE = regexp.MustCompile(`^(?:[0-9]*(?:\.[0-9]*)?(?:ns|us|µs|μs|ms|s|m|h))+$`)
+
+// unitNS are the nanoseconds of Go's duration units.
+var unitNS = map[string]float64{"ns": 1, "us": 1e3, "µs": 1e3, "μs": 1e3, "ms": 1e6, "s": 1e9, "m": 60e9, "h": 3600e9}
+
+var goDurationPartRE = regexp.MustCompile(`([0-9]*(?:\.[0-9]*)?)(ns|us|µs|μs|ms|s|m|h)`)
+
+// overflows reports whether s is written in Go's duration syntax but is
+// longer than a time.Duration holds (about 292 years): time.ParseDuration
+// calls it "invalid", as it does a typo.
+func overflows(s string) bool {
+	if !goDurationRE.MatchString(s) {
+		return false
+	}
+	total := 0.0
+	for _, m := range goDurationPartRE.FindAllStringSubmatch(s, -1) {
+		n, err := strconv.ParseFloat(m[1], 64)
+		if err != nil {
+			return false
+		}
+		total += n * unitNS[m[2]]
+	}
+	return total > math.MaxInt64
 }
 
 func isZeroNumber(s string) bool {
@@ -196,13 +228,15 @@ func durationRange(v value, d time.Duration, b bounds, example string) string {
 func parseCount(v value) (int64, string) {
 	s := strings.TrimSpace(v.text)
 	n, err := strconv.ParseInt(s, 10, 64)
-	if err == nil {
+	if err == nil || errors.Is(err, strconv.ErrRange) {
+		// Past int64: the largest (or smallest) one, for the caller's
+		// range check to say what the limit is.
 		return n, ""
 	}
 	if f, ferr := strconv.ParseFloat(s, 64); ferr == nil && !math.IsInf(f, 0) && !math.IsNaN(f) {
 		if f == math.Trunc(f) {
 			if math.Abs(f) >= math.MaxInt64 {
-				return 0, fmt.Sprintf("%s is too large", v.show())
+				return int64(math.Copysign(math.MaxInt64, f)), ""
 			}
 			return 0, fmt.Sprintf("%s is not written as a whole number (use %d)", v.show(), int64(f))
 		}
@@ -291,7 +325,9 @@ func parseSize(v value) (int64, string) {
 	}
 	n, err := strconv.ParseInt(m[1], 10, 64)
 	if err != nil || n > math.MaxInt64/mult {
-		return 0, fmt.Sprintf("%s is too large", v.show())
+		// Past int64: the largest, for the caller's range check to say
+		// what the limit is.
+		return math.MaxInt64, ""
 	}
 	return n * mult, ""
 }
