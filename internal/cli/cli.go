@@ -212,6 +212,26 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
+// tookLastWord reports whether the last of args is a word without a digit
+// that a budget flag before it took as its value ("--max-steps hi"): no
+// duration, count or size, so the person meant it as the prompt. It names
+// the flag.
+func tookLastWord(args []string) (name, value string, ok bool) {
+	if len(args) < 2 {
+		return "", "", false
+	}
+	prev, last := args[len(args)-2], args[len(args)-1]
+	if strings.Contains(prev, "=") || strings.ContainsAny(last, "0123456789") {
+		return "", "", false
+	}
+	for _, s := range config.Settings {
+		if prev == "-"+s.Flag || prev == "--"+s.Flag {
+			return prev, last, true
+		}
+	}
+	return "", "", false
+}
+
 // loadConfig loads the agent file and prints every problem on failure.
 func loadConfig(c *common, fs *flag.FlagSet, o IO) (*config.Agent, bool) {
 	cfg, err := config.Load(c.file, c.overrides(fs, o))

@@ -206,6 +206,9 @@ func cmdRun(ctx context.Context, args []string, o IO) int {
 	}
 	if strings.TrimSpace(prompt) == "" {
 		fmt.Fprintln(o.Err, `usage: timebox run [-f agent.yaml] [--json] "prompt"   (or "-" to read it from stdin)`)
+		if name, value, ok := tookLastWord(args); ok && len(pos) == 0 {
+			fmt.Fprintf(o.Err, "timebox run: no prompt: %s took %q as its value (give the flag its value, then the prompt)\n", name, value)
+		}
 		return ExitUsage
 	}
 	// The checks of POST /v1/turns: a prompt a person can send the model,

@@ -321,6 +321,14 @@ func TestRunChecksItsInputAsServeDoes(t *testing.T) {
 	if code != cli.ExitOK {
 		t.Errorf("a prompt of the limit exactly: exit %d", code)
 	}
+	// A budget flag that took the prompt as its value is named.
+	r := run(t, nil, "run", "--no-store", "-f", file, "--max-steps", "hi")
+	if r.code != cli.ExitUsage || !strings.Contains(r.err, `no prompt: --max-steps took "hi" as its value`) {
+		t.Errorf("--max-steps hi: exit %d, %q", r.code, r.err)
+	}
+	if r := run(t, nil, "run", "--no-store", "-f", file); strings.Contains(r.err, "took") {
+		t.Errorf("-f FILE and no prompt: %q", r.err)
+	}
 }
 
 func TestRunStoresItsTurn(t *testing.T) {
