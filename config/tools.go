@@ -1,12 +1,15 @@
 package config
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"sort"
 	"strconv"
@@ -369,7 +372,70 @@ func (l *loader) program(s string, at pos, path string) (string, bool) {
 		l.errAt(at, path, fmt.Sprintf("%q is not executable (chmod +x %s)", s, s))
 		return abs, false
 	}
+	if problem := l.scriptProblem(s, abs); problem != "" {
+		l.errAt(at, path, problem)
+		return abs, false
+	}
 	return abs, true
+}
+
+// scriptProblem says why the program file at abs (s as written) cannot be
+// run, though it is an executable file: it is empty, or neither a binary
+// nor a script with a #! line (exec does not hand such a file to a shell,
+// as a shell does), or its #! line ends in a carriage return (a file
+// saved with Windows line endings), or names an interpreter that is not
+// there. Each of these would fail every call of the tool. Not checked on
+// Windows, which runs programs by their extension.
+func (l *loader) scriptProblem(s, abs string) string {
+	if runtime.GOOS == "windows" {
+		return ""
+	}
+	f, err := os.Open(abs)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	head := make([]byte, 512)
+	n, _ := io.ReadFull(f, head)
+	head = head[:n]
+	switch {
+	case n == 0:
+		return fmt.Sprintf("%q is empty, so it cannot be run (give it a #! line and its commands)", s)
+	case isBinary(head):
+		return ""
+	case !bytes.HasPrefix(head, []byte("#!")):
+		return fmt.Sprintf("%q has no #! line, so it cannot be run as a program (make its first line #!/bin/sh, or the interpreter it needs)", s)
+	}
+	line, _, _ := bytes.Cut(head[2:], []byte("\n"))
+	if bytes.HasSuffix(line, []byte("\r")) {
+		return fmt.Sprintf("%q has Windows line endings: its #! line ends in a carriage return, so no interpreter is found (convert it: sed -i 's/\\r$//' %s)", s, s)
+	}
+	fields := strings.Fields(string(line))
+	if len(fields) == 0 {
+		return fmt.Sprintf("%q has an empty #! line (name its interpreter, such as #!/bin/sh)", s)
+	}
+	interp := fields[0]
+	if _, err := os.Stat(interp); filepath.IsAbs(interp) && err != nil {
+		return fmt.Sprintf("%q asks for the interpreter %s, which is not there (install it, or change the #! line)", s, interp)
+	}
+	if filepath.Base(interp) == "env" && len(fields) > 1 && !strings.HasPrefix(fields[1], "-") {
+		if problem := l.lookPath(fields[1]); problem != "" {
+			return fmt.Sprintf("%q asks for the interpreter %s (#!%s), which is not found in PATH (install it, or change the #! line)", s, fields[1], strings.TrimSpace(string(line)))
+		}
+	}
+	return ""
+}
+
+// isBinary reports whether head is the start of a program the system
+// runs itself: ELF, Mach-O (either byte order, 32 or 64 bits, universal).
+func isBinary(head []byte) bool {
+	for _, magic := range [][]byte{{0x7f, 'E', 'L', 'F'}, {0xfe, 0xed, 0xfa, 0xce}, {0xfe, 0xed, 0xfa, 0xcf},
+		{0xce, 0xfa, 0xed, 0xfe}, {0xcf, 0xfa, 0xed, 0xfe}, {0xca, 0xfe, 0xba, 0xbe}} {
+		if bytes.HasPrefix(head, magic) {
+			return true
+		}
+	}
+	return false
 }
 
 // lookPath finds a program without a slash in the PATH of Overrides.Env as
