@@ -646,12 +646,12 @@ func TestParseSize(t *testing.T) {
 		}
 	}
 	for in, want := range map[string]string{
-		"1MB":                    `"1MB" is ambiguous (use 1MiB for 1048576 bytes, or 1000000)`,
-		"512k":                   `"512k" is ambiguous (use 512KiB for 524288 bytes, or 512000)`,
-		"1.5MiB":                 `"1.5MiB" is not a whole number of bytes (use 1536KiB)`,
-		"lots":                   `"lots" is not a size (use bytes, or KiB, MiB or GiB, such as 1MiB)`,
-		"1TiB":                   `"1TiB" is not a size (use bytes, or KiB, MiB or GiB, such as 1MiB)`,
-		"-1":                     `"-1" is not a size (use bytes, or KiB, MiB or GiB, such as 1MiB)`,
+		"1MB":    `"1MB" is ambiguous (use 1MiB for 1048576 bytes, or 1000000)`,
+		"512k":   `"512k" is ambiguous (use 512KiB for 524288 bytes, or 512000)`,
+		"1.5MiB": `"1.5MiB" is not a whole number of bytes (use 1536KiB)`,
+		"lots":   `"lots" is not a size (use bytes, or KiB, MiB or GiB, such as 1MiB)`,
+		"1TiB":   `"1TiB" is not a size (use bytes, or KiB, MiB or GiB, such as 1MiB)`,
+		"-1":     `"-1" is not a size (use bytes, or KiB, MiB or GiB, such as 1MiB)`,
 	} {
 		if _, problem := parseSize(value{text: in}); problem != want {
 			t.Errorf("parseSize(%q): %q\nwant %q", in, problem, want)
