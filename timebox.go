@@ -209,7 +209,11 @@ func buildTools(ctx context.Context, cfg *config.Agent, a *Agent) ([]agent.Tool,
 	for _, t := range cfg.Tools {
 		user, err := toolUser(t)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("tools[%s].user: %w", t.Name, err))
+			where := t.UserWhere
+			if where == "" {
+				where = fmt.Sprintf("tools[%s].user", t.Name)
+			}
+			errs = append(errs, fmt.Errorf("%s: %w", where, err))
 			continue
 		}
 		switch {

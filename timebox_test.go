@@ -188,7 +188,8 @@ context: {time_notes: off}  # this test is about the wire, not the notes
 }
 
 // TestBuildChecksToolUsers: a tool's user: is looked up when the agent is
-// built; one that does not exist stops the build, naming the tool.
+// built; one that does not exist stops the build, placed in the file as
+// the loader's problems are.
 func TestBuildChecksToolUsers(t *testing.T) {
 	dir := t.TempDir()
 	script := filepath.Join(dir, "script.jsonl")
@@ -203,7 +204,7 @@ tools:
     user: no-such-user-tb
 `, script))
 	_, err := timebox.Open(context.Background(), path, timebox.Options{})
-	if err == nil || !strings.Contains(err.Error(), `tools[t].user: no user "no-such-user-tb"`) {
+	if err == nil || !strings.Contains(err.Error(), path+`:6:11: tools[0].user: no user "no-such-user-tb"`) {
 		t.Fatalf("Open: %v", err)
 	}
 }

@@ -261,6 +261,7 @@ func (l *loader) decodeTool(rt *rawTool, item ast.Node) {
 				l.errAt(at, key("user"), err.Error())
 			}
 			rt.t.User = s
+			rt.t.UserWhere = fmt.Sprintf("%s:%d:%d: %s", l.path, at.line, at.col, key("user"))
 		}
 	}
 	if re, ok := fs["retries"]; ok {

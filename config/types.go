@@ -161,6 +161,10 @@ type Tool struct {
 	// (user:, NAME[:GROUP] or UID[:GID]); timebox.Build looks it up, and
 	// timebox must run as root.
 	User string
+	// UserWhere is where User is written, as a problem of the file is
+	// placed ("agent.yaml:4:36: tools[0].user"), for what timebox.Build
+	// finds wrong with it.
+	UserWhere string
 	// Workdir is the exec tool's working directory, made absolute; empty is
 	// the agent file's directory. Load fills it with that directory when
 	// the entry has none, so that a tool never runs in whatever directory
