@@ -229,6 +229,16 @@ func TestOutputCapAndInvalidUTF8(t *testing.T) {
 	})
 }
 
+// TestASchemaThatDoesNotCompileSaysWhy: a schema the library cannot
+// resolve is refused saying what is wrong with it, not in the library's
+// own words for the schema.
+func TestASchemaThatDoesNotCompileSaysWhy(t *testing.T) {
+	_, err := tool.CompileSchema(json.RawMessage(`{"type": "object", "properties": {"a": {"type": "string", "pattern": "(("}}}`))
+	if err == nil || !strings.HasPrefix(err.Error(), "input_schema: pattern: error parsing regexp: missing closing )") {
+		t.Fatalf("%v", err)
+	}
+}
+
 func TestSchemaCheck(t *testing.T) {
 	s, err := tool.CompileSchema(json.RawMessage(`{"type": "object", "properties": {"n": {"type": "integer", "minimum": 1},
 		"tags": {"type": "array", "items": {"type": "string"}}}, "required": ["n"], "additionalProperties": false}`))

@@ -27,7 +27,11 @@ func CompileSchema(raw json.RawMessage) (*Schema, error) {
 	}
 	r, err := s.Resolve(nil)
 	if err != nil {
-		return nil, fmt.Errorf("input_schema: %w", err)
+		// Without the library's own words for the schema
+		// ("jsonschema.Schema: <anonymous schema>: pattern: …").
+		msg := strings.TrimPrefix(err.Error(), "jsonschema.Schema: ")
+		msg = strings.TrimPrefix(msg, "<anonymous schema>: ")
+		return nil, fmt.Errorf("input_schema: %s", msg)
 	}
 	return &Schema{resolved: r}, nil
 }
