@@ -29,6 +29,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -121,6 +122,9 @@ func Open(path string, o Options) (*Store, error) {
 	if strings.ContainsAny(path, "?#") {
 		return nil, fmt.Errorf("sqlite: %q: a store path may not contain ? or #", path)
 	}
+	if err := notAFile(path); err != nil {
+		return nil, err
+	}
 	if o.Heartbeat <= 0 {
 		o.Heartbeat = 5 * time.Second
 	}
@@ -145,7 +149,7 @@ func Open(path string, o Options) (*Store, error) {
 	ctx := context.Background()
 	if err := migrate(ctx, w, path); err != nil {
 		w.Close()
-		return nil, fmt.Errorf("opening store %s: %w", path, err)
+		return nil, fmt.Errorf("opening store %s: %w", path, notADatabase(err))
 	}
 	r, err := sql.Open("sqlite", path+"?"+busy+"&_pragma=query_only(1)")
 	if err != nil {
@@ -189,6 +193,9 @@ func OpenReadOnly(path string) (*Store, error) {
 	if _, err := os.Stat(path); err != nil {
 		return nil, err
 	}
+	if err := notAFile(path); err != nil {
+		return nil, err
+	}
 	r, err := sql.Open("sqlite", "file:"+path+"?mode=ro&_pragma=query_only(1)&_pragma=busy_timeout(10000)")
 	if err != nil {
 		return nil, err
@@ -197,7 +204,7 @@ func OpenReadOnly(path string) (*Store, error) {
 	var v int
 	if err := r.QueryRow("PRAGMA user_version").Scan(&v); err != nil {
 		r.Close()
-		return nil, fmt.Errorf("opening store %s: %w", path, err)
+		return nil, fmt.Errorf("opening store %s: %w", path, notADatabase(err))
 	}
 	if v > SchemaVersion || v == 0 {
 		r.Close()
@@ -208,6 +215,34 @@ func OpenReadOnly(path string) (*Store, error) {
 		apart = "''"
 	}
 	return &Store{path: path, r: r, readOnly: true, apart: apart, stop: make(chan struct{}), done: make(chan struct{}), closed: make(chan struct{})}, nil
+}
+
+// notAFile says that path is a directory (or another thing than a file),
+// which SQLite words as "unable to open database file (14)".
+func notAFile(path string) error {
+	fi, err := os.Stat(path)
+	switch {
+	case err != nil:
+		return nil // a new store, or SQLite says why not
+	case fi.IsDir():
+		return fmt.Errorf("opening store %s: it is a directory (name the store's file, such as %s)", path, filepath.Join(path, "timebox.db"))
+	case !fi.Mode().IsRegular():
+		return fmt.Errorf("opening store %s: it is not a regular file (name the store's file, such as ./timebox.db)", path)
+	}
+	return nil
+}
+
+// errNotADatabase is what notADatabase makes of SQLITE_NOTADB.
+var errNotADatabase = errors.New("the file is not a SQLite database, so not a store of timebox's (name the store's file, or a new one for timebox to make)")
+
+// notADatabase words SQLITE_NOTADB ("file is not a database (26)") for a
+// person who gave --db another file; other errors are as they are.
+func notADatabase(err error) error {
+	var ce interface{ Code() int }
+	if errors.As(err, &ce) && ce.Code()&0xff == 26 {
+		return errNotADatabase
+	}
+	return err
 }
 
 func newID() string { return ids.New("") }

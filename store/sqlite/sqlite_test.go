@@ -107,6 +107,27 @@ func TestBadPath(t *testing.T) {
 			t.Errorf("Open(%q) worked", p)
 		}
 	}
+	// A directory, or a file that is no database, is said in a person's
+	// words, not SQLite's ("unable to open database file (14)", "file is
+	// not a database (26)"), and the file is left as it was.
+	dir := t.TempDir()
+	other := filepath.Join(dir, "agent.yaml")
+	if err := os.WriteFile(other, []byte("model: {primary: 'script:m'}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for p, want := range map[string]string{dir: "it is a directory (name the store's file, such as " + filepath.Join(dir, "timebox.db"),
+		other: "the file is not a SQLite database"} {
+		_, err := sqlite.Open(p, sqlite.Options{})
+		_, rerr := sqlite.OpenReadOnly(p)
+		for _, err := range []error{err, rerr} {
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("%s: %v, want %q", p, err, want)
+			}
+		}
+	}
+	if b, _ := os.ReadFile(other); string(b) != "model: {primary: 'script:m'}\n" {
+		t.Errorf("the file that is no database was changed: %q", b)
+	}
 }
 
 var (
