@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -326,6 +327,29 @@ func TestAByteOrderMarkIsNotPartOfTheFile(t *testing.T) {
 	_, err := Load(writeAgent(t, "\xef\xbb\xbfmodel: {primary: 5}\n"), Overrides{})
 	if err == nil || !strings.Contains(err.Error(), "agent.yaml:1:18: model.primary:") || strings.Contains(err.Error(), "unknown key") {
 		t.Fatalf("a bad file with a BOM: %v", err)
+	}
+}
+
+// TestGluedPairsInFlowListsAreStrings: `[script:n]` and `[echo, a:b]` are
+// lists of strings in YAML; the YAML reader takes a:b there for a mapping
+// of one pair, and the loader reads it as YAML means it. A mapping written
+// as one (`{a: b}`) is still refused.
+func TestGluedPairsInFlowListsAreStrings(t *testing.T) {
+	path := writeAgent(t, "model: {primary: script:m, fallbacks: [script:n]}\nproviders: {script: {file: script.jsonl}}\n"+
+		"tools: [{name: a, exec: [/bin/echo, a:b, k:1]}]\n")
+	a, err := Load(path, Overrides{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := a.Model.Fallbacks; len(got) != 1 || got[0].Provider != "script" || got[0].Model != "n" {
+		t.Errorf("fallbacks %+v", got)
+	}
+	if got := a.Tools[0].Exec; !slices.Equal(got, []string{"/bin/echo", "a:b", "k:1"}) {
+		t.Errorf("exec %q", got)
+	}
+	_, err = Load(writeAgent(t, "model: {primary: script:m}\nproviders: {script: {file: script.jsonl}}\ntools: [{name: a, exec: [/bin/echo, {a: b}]}]\n"), Overrides{})
+	if err == nil || !strings.Contains(err.Error(), "tools[0].exec[1]: expected a string, found a mapping") {
+		t.Errorf("{a: b}: %v", err)
 	}
 }
 

@@ -460,8 +460,38 @@ func (t *tree) scalar(n ast.Node, path, what string) (value, pos, bool) {
 	case *ast.IntegerNode, *ast.FloatNode, *ast.InfinityNode, *ast.NanNode:
 		return value{text: nodeText(v), number: !r.str}, r.at, true
 	}
+	if s, ok := glued(r.n); ok {
+		return value{text: s}, r.at, true // what YAML means by it
+	}
 	t.l.errAt(r.at, path, fmt.Sprintf("expected %s, found %s", what, typeName(r.n)))
 	return value{}, r.at, false
+}
+
+// glued returns the text of a mapping of one pair written "key:value",
+// without a space after the colon, and whether n is one. YAML reads that
+// as one string, but the YAML reader (goccy/go-yaml) reads it inside a
+// flow list as a mapping: `fallbacks: [openai:gpt-4o-mini]` in a flow
+// mapping, `exec: [echo, a:b]`. Where a scalar is expected, it is read as
+// YAML means it.
+func glued(n ast.Node) (string, bool) {
+	m, ok := n.(*ast.MappingNode)
+	if !ok || len(m.Values) != 1 {
+		return "", false
+	}
+	kv := m.Values[0]
+	k, v := kv.Key.GetToken(), kv.Value.GetToken()
+	if k == nil || v == nil || k.Position == nil || v.Position == nil {
+		return "", false
+	}
+	switch kv.Value.(type) {
+	case *ast.StringNode, *ast.IntegerNode, *ast.FloatNode, *ast.BoolNode:
+	default:
+		return "", false
+	}
+	if k.Position.Line != v.Position.Line || v.Position.Column != k.Position.Column+len([]rune(k.Value))+1 {
+		return "", false
+	}
+	return k.Value + ":" + v.Value, true
 }
 
 // str reads a scalar as text. Numbers and booleans are taken as written:
