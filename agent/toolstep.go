@@ -137,7 +137,7 @@ func (t *turn) runTool(ctx context.Context, step int, callID string, c model.Too
 	t.live.end(act, true)
 
 	result := tool.ModelResult(c.Name, b, x)
-	if t.a.timeNotes {
+	if t.a.timeNotes && !t.noModel {
 		result = tool.TimedResult(c.Name, b, x)
 	}
 	rec := tool.CallRecord(callID, c.Name, string(e.Tool.Tool.Kind()), args, b, x, result)
@@ -220,10 +220,13 @@ func (t *turn) applyLate(rec *event.ToolCall, lr lateResult) {
 // CallTool runs one call of the named tool under its budget, outside any
 // turn, and returns its record: the `timebox tool call` command. Events
 // (tool_started, tool_progress, tool_finished) go to sinks. Cancelling ctx
-// stops the call as a cancelled turn would.
+// stops the call as a cancelled turn would. Its result is the tool's,
+// without the time note a model is given (context.time_notes): the
+// record's duration and budget say the same.
 func (a *Agent) CallTool(ctx context.Context, name string, input json.RawMessage, sinks ...event.Sink) event.ToolCall {
 	s := &machine.State{TurnID: "tool-call", Start: time.Now(), Budgets: a.budgets, Limits: a.limits}
 	t := a.resume(s, &memTranscript{}, nil, sinks)
+	t.noModel = true
 	t.live = newLiveness(budget.Duration{}, s.Budgets.ProgressNotice.D, time.Time{}, func(v event.Payload) { t.em.Emit(v) }, func(*budget.TimeoutError) {})
 	defer t.live.close()
 	t.runTool(ctx, 1, "call_1_1", model.ToolCall{ID: "call_1_1", Name: name, Arguments: string(input)}, nil)

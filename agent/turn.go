@@ -183,6 +183,9 @@ type turn struct {
 	susp *suspender
 	// emSinks are the emitter's sinks, for a resumed turn's emitter.
 	emSinks []event.Sink
+	// noModel: the calls' results go to a person, not a model
+	// (CallTool), so they carry no time notes.
+	noModel bool
 
 	stopNote // written once, by capture, under its sync.Once
 	records  // shared with the tool calls' goroutines, under records.mu

@@ -205,6 +205,12 @@ func TestToolCall(t *testing.T) {
 	if r.code != 0 || !strings.Contains(r.out, `"outcome": "ok"`) {
 		t.Fatalf("exit %d\n%s", r.code, r.out)
 	}
+	// Its result is the tool's output, as the tool wrote it: the time
+	// note is for a model, and no model reads it here.
+	rec = event.ToolCall{}
+	if err := json.Unmarshal([]byte(r.out), &rec); err != nil || rec.Result != "{\"words\": 2}\n" {
+		t.Fatalf("result %q, %v", rec.Result, err)
+	}
 	if r := run(t, nil, "tool", "call", "nope", "-f", demo); r.code != 2 || !strings.Contains(r.err, "word_count") {
 		t.Fatalf("unknown tool: exit %d %s", r.code, r.err)
 	}
