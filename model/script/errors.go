@@ -214,10 +214,21 @@ func pathAt(b []byte) string {
 	return path
 }
 
-// report notes a problem at byte offset off of the line's JSON.
+// report notes a problem at byte offset off of the line's JSON. A key
+// path longer than maxKeyShown (a line nested ten thousand deep) is shown
+// by its start and end.
 func (p *lineParser) report(off int, key, msg string) {
+	if len(key) > maxKeyShown {
+		key = strings.ToValidUTF8(key[:maxKeyShown/2], "") + "…" + strings.ToValidUTF8(key[len(key)-maxKeyShown/2:], "")
+	}
 	p.problems = append(p.problems, &ParseError{File: p.name, Line: p.n, Col: p.col(off), Key: key, Msg: msg})
 }
+
+// givenTwice is the problem of a field given twice.
+const givenTwice = "given twice (give each field once)"
+
+// maxKeyShown is the longest key path a problem shows whole.
+const maxKeyShown = 120
 
 // col is the 1-based column, in characters, of byte offset off of the
 // line's JSON within the whole line.
@@ -371,6 +382,7 @@ func (p *lineParser) object(t reflect.Type, path string) {
 		return
 	}
 	p.i++
+	seen := map[string]bool{}
 	for k := 0; ; k++ {
 		p.ws()
 		if p.b[p.i] == '}' {
@@ -391,6 +403,16 @@ func (p *lineParser) object(t reflect.Type, path string) {
 			p.ws()
 			p.skip()
 			continue
+		}
+		if name := jsonName(f); seen[name] {
+			// The decoder would keep the last of them without a word, as
+			// the agent file and the API refuse to.
+			p.report(keyAt, join(path, name), givenTwice)
+			p.ws()
+			p.skip()
+			continue
+		} else {
+			seen[name] = true
 		}
 		p.walk(f.Type, join(path, jsonName(f)))
 	}

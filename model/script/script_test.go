@@ -32,7 +32,9 @@ func TestParseErrorsNameTheLine(t *testing.T) {
 		"// a comment\n\n{\"text\": \"ok\"}\n{\"text\": \"ok\"} x": "test:4:16: one JSON object per line, found more after it",
 		// A byte-order mark (Notepad) is not part of the first line: its
 		// columns are the editor's.
-		"\xef\xbb\xbf{\"text\": 5}": `test:1:10: text: 5 is not a string (put it in quotes: "5")`,
+		"\xef\xbb\xbf{\"text\": 5}":                    `test:1:10: text: 5 is not a string (put it in quotes: "5")`,
+		`{"text": "a", "text": "b"}`:                   "test:1:15: text: given twice (give each field once)",
+		`{"tool_calls": [{"name": "x", "Name": "y"}]}`: "test:1:31: tool_calls[0].name: given twice (give each field once)",
 	}
 	for in, want := range cases {
 		_, err := script.Parse(strings.NewReader(in), "test")
