@@ -4,7 +4,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -12,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/timebox-run/timebox"
 	"github.com/timebox-run/timebox/agent"
@@ -112,7 +110,7 @@ func cmdMCP(ctx context.Context, args []string, o IO) int {
 		return serveMCPHTTP(ctx, s, *addr, token, len(tools), cfg.Path, o)
 	}
 	fmt.Fprintf(o.Err, "timebox mcp serve: serving %d tool%s of %s on stdin and stdout\n", len(tools), plural(len(tools)), cfg.Path)
-	err = s.Serve(ctx, &mcp.IOTransport{Reader: io.NopCloser(o.In), Writer: nopWriteCloser{o.Out}})
+	err = s.Serve(ctx, mcpserve.Stdio(o.In, o.Out))
 	switch {
 	case ctx.Err() != nil:
 		return ExitCancelled
@@ -123,11 +121,6 @@ func cmdMCP(ctx context.Context, args []string, o IO) int {
 	return ExitOK
 }
 
-// nopWriteCloser leaves standard output open when the transport closes:
-// it is the process's, not the session's.
-type nopWriteCloser struct{ io.Writer }
-
-func (nopWriteCloser) Close() error { return nil }
 
 // serveMCPHTTP serves s over MCP's streamable HTTP transport on addr until
 // ctx is done (SIGTERM, Ctrl-C): then the calls still running are stopped,
