@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-
 	"github.com/timebox-run/timebox"
 	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/mcpserve"
@@ -120,7 +119,6 @@ func cmdMCP(ctx context.Context, args []string, o IO) int {
 	}
 	return ExitOK
 }
-
 
 // serveMCPHTTP serves s over MCP's streamable HTTP transport on addr until
 // ctx is done (SIGTERM, Ctrl-C): then the calls still running are stopped,
