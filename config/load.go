@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"unicode/utf8"
 	"time"
 
 	"github.com/goccy/go-yaml/ast"
@@ -73,6 +74,35 @@ func readProblem(err error) string {
 		return "cannot read the agent file: " + pe.Err.Error()
 	}
 	return "cannot read the agent file: " + err.Error()
+}
+
+// badByte is where the first byte of a file that is not UTF-8 is: its
+// line and column (in characters), and its offset.
+type badByte struct {
+	pos
+	off int
+}
+
+// invalidUTF8 returns where the first byte of data that is not part of a
+// UTF-8 character is, and false; or true when data is UTF-8.
+func invalidUTF8(data []byte) (badByte, bool) {
+	if utf8.Valid(data) {
+		return badByte{}, true
+	}
+	line, col := 1, 1
+	for i := 0; i < len(data); {
+		r, n := utf8.DecodeRune(data[i:])
+		if r == utf8.RuneError && n <= 1 {
+			return badByte{pos{line, col}, i}, false
+		}
+		if r == '\n' {
+			line, col = line+1, 1
+		} else {
+			col++
+		}
+		i += n
+	}
+	return badByte{}, true
 }
 
 // loader holds the state of one Load: what the file said, what the
@@ -158,6 +188,14 @@ func (l *loader) warnAt(p pos, key, msg string) {
 
 func (l *loader) load(data []byte) (*Agent, error) {
 	data = regular.TrimBOM(data)
+	if p, ok := invalidUTF8(data); !ok {
+		// The YAML reader would read each bad byte as U+FFFD, without a
+		// word: a model's name, a key, an argument changed unseen.
+		l.errAt(p.pos, "", fmt.Sprintf("the file is not UTF-8 text: byte 0x%02x here is not part of a character (save the file as UTF-8)", data[p.off]))
+		l.readOverrides()
+		l.sortErrs()
+		return nil, l.errs
+	}
 	if len(data) > MaxFileBytes {
 		p, msg := fileTooLarge(data)
 		l.errAt(p, "", msg)

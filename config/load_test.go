@@ -353,6 +353,16 @@ func TestGluedPairsInFlowListsAreStrings(t *testing.T) {
 	}
 }
 
+// TestAFileThatIsNotUTF8IsRefused: a byte that is not part of a UTF-8
+// character (a file saved as Latin-1) is refused at its line and column;
+// the YAML reader would have read it as U+FFFD without a word.
+func TestAFileThatIsNotUTF8IsRefused(t *testing.T) {
+	_, err := Load(writeAgent(t, "# caf\xc3\xa9 is fine\nmodel: {primary: \"script:m\xe9\"}\n"), Overrides{})
+	if err == nil || !strings.Contains(err.Error(), "agent.yaml:2:27: the file is not UTF-8 text: byte 0xe9") {
+		t.Fatalf("%v", err)
+	}
+}
+
 // writeAgent writes an agent file (and the script file it may name) into
 // a fresh directory and returns its path.
 func writeAgent(t *testing.T, body string) string {

@@ -35,6 +35,7 @@ func TestParseErrorsNameTheLine(t *testing.T) {
 		"\xef\xbb\xbf{\"text\": 5}":                    `test:1:10: text: 5 is not a string (put it in quotes: "5")`,
 		`{"text": "a", "text": "b"}`:                   "test:1:15: text: given twice (give each field once)",
 		`{"tool_calls": [{"name": "x", "Name": "y"}]}`: "test:1:31: tool_calls[0].name: given twice (give each field once)",
+		"{\"text\": \"caf\xe9\"}":                      "test:1:14: the line is not UTF-8 text: byte 0xe9 here is not part of a character (save the file as UTF-8)",
 	}
 	for in, want := range cases {
 		_, err := script.Parse(strings.NewReader(in), "test")
