@@ -66,3 +66,23 @@ func TestExecProgramsThatCannotRun(t *testing.T) {
 		t.Log(got)
 	}
 }
+
+// TestExecArgumentsHoldNoNUL: a NUL in an exec program or argument (which
+// the system would cut the string at) is refused, and the message shows
+// it escaped, not as a raw byte.
+func TestExecArgumentsHoldNoNUL(t *testing.T) {
+	path := writeAgent(t, "model: {primary: 'script:m'}\nproviders: {script: {file: script.jsonl}}\n"+
+		"tools: [{name: a, exec: [\"ls\\0x\"]}, {name: b, exec: [/bin/echo, \"a\\0b\"]}]\n")
+	_, err := Load(path, Overrides{})
+	if err == nil {
+		t.Fatal("loaded")
+	}
+	for _, want := range []string{`tools[0].exec[0]: "ls\x00x" holds a NUL character`, `tools[1].exec[1]: "a\x00b" holds a NUL character`} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("lacks %q: %v", want, err)
+		}
+	}
+	if strings.ContainsRune(err.Error(), 0) {
+		t.Errorf("the message holds a raw NUL: %q", err)
+	}
+}

@@ -337,6 +337,13 @@ func (l *loader) argv(e entry, path, field string) ([]string, bool) {
 			ok = false
 			continue
 		}
+		if strings.ContainsRune(s, 0) {
+			// No program or argument can hold one: the system ends the
+			// string there.
+			l.errAt(iat, ipath, fmt.Sprintf("%s holds a NUL character (\\0), which no program name or argument can hold (remove it)", strconv.Quote(s)))
+			ok = false
+			continue
+		}
 		if i == 0 {
 			s, iok = l.program(s, iat, ipath)
 			ok = ok && iok
