@@ -121,33 +121,48 @@ func TestTheStreamNeverWaitsForTheStore(t *testing.T) {
 	}
 }
 
-// refusingStore refuses the turn's first llm_finished for good, as a full
-// disk refuses a write (SQLITE_FULL is not tried again): it is not in the
-// store until the turn's end stores what the store lacks (store.EndOf).
-type refusingStore struct {
-	store.Store
+// refusal refuses the turn's first llm_finished for good, as a full disk
+// refuses a write (SQLITE_FULL is not tried again): it is not in the store
+// until the turn's end stores what the store lacks (store.EndOf). With
+// again, it refuses that event each time it is given.
+type refusal struct {
 	mu      sync.Mutex
 	refused int64
+	again   bool
+}
+
+// refuses reports whether e is refused.
+func (r *refusal) refuses(e event.Event) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	refuse := e.Type == event.TypeLLMFinished && (r.refused == 0 || r.again && e.Seq == r.refused)
+	if refuse {
+		r.refused = e.Seq
+	}
+	return refuse
+}
+
+func (r *refusal) refusedSeq() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.refused
+}
+
+// errFull is how a full disk refuses a write.
+var errFull = errors.New("database or disk is full")
+
+// refusingStore is a store with a refusal.
+type refusingStore struct {
+	store.Store
+	refusal
 }
 
 func (s *refusingStore) QueueEvent(e event.Event, committed func(error)) {
-	s.mu.Lock()
-	refuse := s.refused == 0 && e.Type == event.TypeLLMFinished
-	if refuse {
-		s.refused = e.Seq
-	}
-	s.mu.Unlock()
-	if refuse {
-		committed(errors.New("database or disk is full"))
+	if s.refuses(e) {
+		committed(errFull)
 		return
 	}
 	s.Store.QueueEvent(e, committed)
-}
-
-func (s *refusingStore) refusedSeq() int64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.refused
 }
 
 // TestAnEventTheStoreRefusedIsNotLost: a follower that joins the turn
@@ -195,25 +210,16 @@ func TestAnEventTheStoreRefusedIsNotLost(t *testing.T) {
 	}
 }
 
-// refusingSQLite is a SQLite store (a Suspender) that refuses the turn's
-// first llm_finished, as a full disk does, and refuses it again while
-// again is set.
+// refusingSQLite is a SQLite store, with all it can do (suspend turns,
+// keep approvals), and a refusal.
 type refusingSQLite struct {
 	*sqlite.Store
-	mu      sync.Mutex
-	refused int64
-	again   bool
+	refusal
 }
 
 func (s *refusingSQLite) QueueEvent(e event.Event, committed func(error)) {
-	s.mu.Lock()
-	refuse := e.Type == event.TypeLLMFinished && (s.refused == 0 || s.again && e.Seq == s.refused)
-	if refuse {
-		s.refused = e.Seq
-	}
-	s.mu.Unlock()
-	if refuse {
-		committed(errors.New("database or disk is full"))
+	if s.refuses(e) {
+		committed(errFull)
 		return
 	}
 	s.Store.QueueEvent(e, committed)
@@ -232,7 +238,7 @@ func TestARefusedEventOutlivesASuspension(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			st := &refusingSQLite{Store: sq, again: again}
+			st := &refusingSQLite{Store: sq, refusal: refusal{again: again}}
 			var logged syncbuf.Buffer
 			a := newEnv(t, server.Config{Store: st, Agent: newAgent(t, scripted(t, deployThenAnswer...), deployTool(0)),
 				Logger: slog.New(slog.NewTextHandler(&logged, nil))})
@@ -241,7 +247,7 @@ func TestARefusedEventOutlivesASuspension(t *testing.T) {
 			if err := a.stop(); err != nil {
 				t.Fatal(err)
 			}
-			if st.refused == 0 {
+			if st.refusedSeq() == 0 {
 				t.Fatal("the store refused nothing: the test did not test a refusal")
 			}
 			evs, err := sq.Events(context.Background(), acc.TurnID, 0, 0)
@@ -252,8 +258,8 @@ func TestARefusedEventOutlivesASuspension(t *testing.T) {
 			for _, e := range evs {
 				stored[e.Seq] = true
 			}
-			if stored[st.refused] == again {
-				t.Errorf("event %d (llm_finished) stored: %v; events stored: %d", st.refused, stored[st.refused], len(evs))
+			if seq := st.refusedSeq(); stored[seq] == again {
+				t.Errorf("event %d (llm_finished) stored: %v; events stored: %d", seq, stored[seq], len(evs))
 			}
 			log := logged.String()
 			say := "the turn's suspension stored the events the store refused as it ran"
