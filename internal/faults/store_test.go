@@ -49,6 +49,7 @@ func TestStoreFaults(t *testing.T) {
 		{"SQLite file locked 20 s", fileLocked},
 		{"SQLite's disk full, then room again", diskFullThenRoom},
 		{"SQLite's disk full under serve, a client joins", diskFullUnderServe},
+		{"SQLite's disk full, then serve restarted while a call waits for a person", diskFullThenSuspended},
 		{"pg_terminate_backend loop", connectionsKilled},
 		{"two writers number one turn while commits fail", twoWritersNumber},
 		{"pg_ctl restart while a call waits for a person", approvalAcrossRestart},
@@ -610,6 +611,55 @@ func diskFullUnderServe(t *testing.T) {
 	st, evs := stored(t, a.db, f.turnID)
 	sc.records(seen, st, evs)
 	sc.nothingLeft(gw.pid())
+}
+
+// diskFullThenSuspended: the full disk refuses events of a turn under
+// serve; with room again, the turn's next call waits for a person, and
+// serve stops (SIGTERM), suspending the turn. Its end, in the next serve,
+// knows only the events after the checkpoint, so the suspension must store
+// the refused ones; the turn must end with every event stored, no seq
+// missing (docs/decisions/store-outages.md).
+func diskFullThenSuspended(t *testing.T) {
+	sc := begin(t, "SQLite's disk full, then serve restarted while a call waits for a person", "timebox serve ×2 in turn, --db on a 16 MiB tmpfs, SIGTERM while a call waits")
+	a := newAgent(t, scriptAgent("", "", "{name: fill, description: Fills the disk., exec: [./fill.sh]}",
+		"{name: free, description: Frees the disk., exec: [./free.sh]}",
+		"{name: deploy, exec: [./deploy.sh], approval: required, timeout: 5s}"),
+		[]string{callTools("fill"), callTools("free"), `{"tool_calls": [{"name": "deploy", "arguments": {"env": "prod"}}]}`, `{"text": "deployed"}`},
+		map[string]string{"fill.sh": fillTool, "free.sh": freeTool, "deploy.sh": "#!/bin/sh\ncat >/dev/null\necho run >> runs\necho deployed\n"})
+	disk := smallDisk(t, a.dir)
+	a.db = filepath.Join(disk, "timebox.db")
+	gw, url := startServe(t, a, []string{"FILL=" + filepath.Join(disk, "filler")})
+	turnID, callID := waitingCall(t, url, `{"input": "go", "detach": true}`)
+	stopGateways(t, gw)
+	said := gw.stderr.String()
+	saved := strings.Contains(said, "store write failed") && strings.Contains(said, "the turn's suspension stored the events the store refused")
+	sc.truth("serve logged the refused events, then that the suspension stored them", "yes", fmt.Sprint(saved), saved)
+	if !saved {
+		t.Logf("serve's log:\n%s", said)
+	}
+
+	gw2, url2 := startServe(t, a, nil)
+	resp, err := http.Post(url2+"/v1/turns/"+turnID+"/approvals/"+callID, "application/json", strings.NewReader(`{"decision": "approve", "by": "faults"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	sc.count("decision through the new serve (HTTP status)", resp.StatusCode, http.StatusOK)
+	ended := wait.Until(30*time.Second, func() bool {
+		r, err := turnRecord(url2, turnID)
+		return err == nil && r.Status != budget.StatusRunning
+	})
+	sc.truth("the turn ended after the decision", "yes", fmt.Sprint(ended), ended)
+	stopGateways(t, gw2)
+	st, evs := stored(t, a.db, turnID)
+	sc.is("turn status", string(st.Status), string(budget.StatusCompleted))
+	missingSeqs := 0 // the store holds each seq once, in order
+	if n := len(evs); n > 0 {
+		missingSeqs = int(evs[n-1].Seq) - n
+	}
+	sc.count("events missing from the store across the suspension", missingSeqs, 0)
+	sc.count("times the approved call ran", ranTimes(a), 1)
+	sc.nothingLeft(gw.pid(), gw2.pid())
 }
 
 // toolStarted waits up to d for log's tool_started of the tool name.
