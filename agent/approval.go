@@ -25,7 +25,9 @@ type Approver interface {
 	// keeps decisions elsewhere (a store) records the expiry there before
 	// it returns, so that a decision made at the last moment is either
 	// used or refused, never lost. Any other error denies the call, saying
-	// why.
+	// why, and so does a panic. An Approve that has not returned within
+	// budget.CancelGrace of ctx's end is abandoned: the call expires, or
+	// the turn stops, without it.
 	Approve(ctx context.Context, req ApprovalRequest) (Decision, error)
 }
 
@@ -338,7 +340,7 @@ func (t *turn) ask(ctx context.Context, req ApprovalRequest) (Decision, error) {
 	}
 	actx, cancel := context.WithDeadline(ctx, req.ExpiresAt)
 	defer cancel()
-	dec, err := t.approver.Approve(actx, req)
+	dec, err := t.approve(actx, req)
 	switch {
 	case ctx.Err() != nil && (err != nil || dec.Decision == ""):
 		return Decision{}, ctx.Err()
@@ -350,6 +352,42 @@ func (t *turn) ask(ctx context.Context, req ApprovalRequest) (Decision, error) {
 		return Decision{Decision: event.Deny, By: "timebox", Reason: fmt.Sprintf("the approver answered %q, which is not a decision", dec.Decision)}, nil
 	}
 	return Decision{Decision: event.Deny, By: "timebox", Reason: "the decision could not be read: " + err.Error()}, nil
+}
+
+// approve asks the turn's Approver on a goroutine of its own, so that one
+// that panics denies the call (saying so) rather than ending the process,
+// and one that does not return within budget.CancelGrace of ctx's end
+// (the call's approval_timeout, the turn's stop) is abandoned, as a Go
+// tool that ignores its context is: the turn's ceiling holds whatever the
+// Approver does.
+func (t *turn) approve(ctx context.Context, req ApprovalRequest) (Decision, error) {
+	type answer struct {
+		dec Decision
+		err error
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		defer func() {
+			if r := recover(); r != nil {
+				answered <- answer{err: fmt.Errorf("the approver panicked: %v", r)}
+			}
+		}()
+		dec, err := t.approver.Approve(ctx, req)
+		answered <- answer{dec, err}
+	}()
+	select {
+	case a := <-answered:
+		return a.dec, a.err
+	case <-ctx.Done():
+	}
+	grace := time.NewTimer(budget.CancelGrace)
+	defer grace.Stop()
+	select {
+	case a := <-answered:
+		return a.dec, a.err
+	case <-grace.C:
+		return Decision{}, ctx.Err()
+	}
 }
 
 func validDecision(d event.Decision) bool {

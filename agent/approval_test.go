@@ -206,6 +206,41 @@ func TestDeniedCallIsNotRun(t *testing.T) {
 	})
 }
 
+// An Approver that panics denies the call, saying so, rather than ending
+// the process; one that ignores its context is abandoned CancelGrace after
+// the call's approval_timeout, and the call expires: the turn goes on.
+func TestAnApproverThatMisbehaves(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := lines(t, `{"tool_calls": [{"name": "deploy", "arguments": {}}]}`, `{"text": "ok"}`)
+		panics := agent.ApproverFunc(func(context.Context, agent.ApprovalRequest) (agent.Decision, error) { panic("approver") })
+		res, _ := fixture{models: []model.Endpoint{endpoint(p, "m")}, tools: []agent.Tool{sleepy("deploy", time.Second, 0)},
+			budgets: approvalBudgets(), approver: panics}.run(t, t.Context(), "deploy")
+		if tr := toolRecord(t, res, "deploy"); tr.Outcome != event.OutcomeDenied || !strings.Contains(tr.Result, "the approver panicked: approver") {
+			t.Errorf("a panicking approver: %s: %s", tr.Outcome, tr.Result)
+		}
+	})
+	synctest.Test(t, func(t *testing.T) {
+		p := lines(t, `{"tool_calls": [{"name": "deploy", "arguments": {}}]}`, `{"text": "ok"}`)
+		release := make(chan struct{})
+		defer close(release)
+		deaf := agent.ApproverFunc(func(context.Context, agent.ApprovalRequest) (agent.Decision, error) {
+			<-release
+			return agent.Decision{Decision: event.Approve}, nil
+		})
+		dep := sleepy("deploy", time.Second, 0)
+		dep.ApprovalTimeout = secs(5*time.Second, budget.SourceTool, "tools[deploy].approval_timeout in agent.yaml")
+		start := time.Now()
+		res, _ := fixture{models: []model.Endpoint{endpoint(p, "m")}, tools: []agent.Tool{dep},
+			budgets: approvalBudgets(), approver: deaf}.run(t, t.Context(), "deploy")
+		if tr := toolRecord(t, res, "deploy"); tr.Outcome != event.OutcomeApprovalExpired {
+			t.Errorf("a deaf approver: %s: %s", tr.Outcome, tr.Result)
+		}
+		if took := time.Since(start); took != 5*time.Second+budget.CancelGrace {
+			t.Errorf("the turn took %s, want the approval timeout and the grace", took)
+		}
+	})
+}
+
 // Without an Approver nobody can decide: the call is denied at once, saying
 // why.
 func TestNoApproverDenies(t *testing.T) {

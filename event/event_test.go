@@ -308,3 +308,15 @@ type replyKeeper struct{ shared []event.Event }
 func (*replyKeeper) Emit(event.Event) {}
 
 func (k *replyKeeper) ShareReply(deltas []event.Event) { k.shared = append(k.shared, deltas...) }
+
+// TestNilSinksAreSkipped: a nil Sink, or a nil SinkFunc, given among a
+// run's sinks is skipped; the others get every event.
+func TestNilSinksAreSkipped(t *testing.T) {
+	var got []event.Event
+	var nilFunc event.SinkFunc
+	em := event.NewEmitter("t", nil, nilFunc, event.SinkFunc(func(e event.Event) { got = append(got, e) }))
+	em.Emit(&event.StillWorking{Subject: "x"})
+	if len(got) != 1 {
+		t.Fatalf("got %d events", len(got))
+	}
+}

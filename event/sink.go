@@ -46,17 +46,31 @@ type Emitter struct {
 	closed bool
 }
 
-// NewEmitter returns an emitter for the turn that delivers to sinks. It
-// keeps every event it emits for the turn record (Log).
+// NewEmitter returns an emitter for the turn that delivers to sinks; a nil
+// one (a nil Sink, a nil SinkFunc) is skipped. It keeps every event it
+// emits for the turn record (Log).
 func NewEmitter(turnID string, sinks ...Sink) *Emitter {
-	return &Emitter{turnID: turnID, now: time.Now, sinks: sinks}
+	return &Emitter{turnID: turnID, now: time.Now, sinks: present(sinks)}
 }
 
 // NewEmitterAfter returns an emitter for a turn that emitted seq events
 // before (a turn resumed after a restart): its next event is seq+1. Its
 // Log holds only what it emits.
 func NewEmitterAfter(turnID string, seq int64, sinks ...Sink) *Emitter {
-	return &Emitter{turnID: turnID, now: time.Now, sinks: sinks, seq: seq}
+	return &Emitter{turnID: turnID, now: time.Now, sinks: present(sinks), seq: seq}
+}
+
+// present returns sinks without the nil ones: `var s event.Sink; if
+// verbose { s = … }; a.Run(ctx, in, s)` gives a nil one.
+func present(sinks []Sink) []Sink {
+	out := sinks[:0:0]
+	for _, s := range sinks {
+		if f, ok := s.(SinkFunc); s == nil || ok && f == nil {
+			continue
+		}
+		out = append(out, s)
+	}
+	return out
 }
 
 // Seq returns the seq of the last event emitted.
