@@ -119,8 +119,10 @@ type entry struct {
 
 // New returns a server of tools, each run under its Budget, which must be
 // resolved (agent.Agent.Tools gives them so). It returns an error for a
-// tool without a name the model APIs accept, two tools of one name, or an
-// input schema that does not compile or does not describe an object.
+// tool without a name the model APIs accept, two tools of one name, an
+// input schema that does not compile or does not describe an object, or a
+// tool whose calls may need a person's approval (Servable leaves those
+// out).
 func New(tools []agent.Tool, o Options) (*Server, error) {
 	s := &Server{opts: o}
 	if s.opts.Name == "" {
@@ -141,6 +143,9 @@ func New(tools []agent.Tool, o Options) (*Server, error) {
 		if seen[spec.Name] {
 			return nil, fmt.Errorf("mcpserve: two tools are named %q", spec.Name)
 		}
+		if t.NeedsApproval != nil {
+			return nil, fmt.Errorf("mcpserve: tool %s: its calls may need a person's approval, which an MCP client cannot ask for, and it must not run unasked (leave it out: Servable)", spec.Name)
+		}
 		seen[spec.Name] = true
 		sc, err := tool.CompileSchema(spec.InputSchema)
 		if err != nil {
@@ -153,6 +158,22 @@ func New(tools []agent.Tool, o Options) (*Server, error) {
 		s.tools = append(s.tools, &entry{Tool: t, spec: spec, schema: sc, input: input})
 	}
 	return s, nil
+}
+
+// Servable returns the tools a server may serve, and the names of those it
+// may not: a tool whose calls may need a person's approval
+// (agent.Tool.NeedsApproval, docs/approvals.md) cannot be served, since an
+// MCP client has no way to route the question to a person, and such a
+// tool must not run unasked.
+func Servable(tools []agent.Tool) (served []agent.Tool, left []string) {
+	for _, t := range tools {
+		if t.NeedsApproval != nil {
+			left = append(left, t.Tool.Spec().Name)
+			continue
+		}
+		served = append(served, t)
+	}
+	return served, left
 }
 
 // objectSchema returns the input schema a client is shown. MCP requires

@@ -8,7 +8,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/mcpserve"
+	"github.com/timebox-run/timebox/tool"
 )
 
 // TestStdioAnswersWhatIsNoMessage: on stdio, a line that is not JSON, or
@@ -60,5 +62,24 @@ func TestStdioAnswersWhatIsNoMessage(t *testing.T) {
 	}
 	if want := "null:parse null:invalid 7:invalid 1:result"; strings.Join(got, " ") != want {
 		t.Fatalf("answers %q, want %q", strings.Join(got, " "), want)
+	}
+}
+
+// TestToolsThatNeedApprovalAreNotServed: a tool whose calls may need a
+// person's approval is refused by New (a client would run it unasked), and
+// Servable leaves it out, naming it.
+func TestToolsThatNeedApprovalAreNotServed(t *testing.T) {
+	ok := func(context.Context, json.RawMessage, tool.Progress) (any, error) { return "ok", nil }
+	free := agent.Tool{Tool: tool.NewFunc("free", "d", nil, ok)}
+	asks := agent.Tool{Tool: tool.NewFunc("delete_all", "d", nil, ok), NeedsApproval: agent.ApprovalRequired}
+	if _, err := mcpserve.New([]agent.Tool{free, asks}, mcpserve.Options{}); err == nil || !strings.Contains(err.Error(), "tool delete_all: its calls may need a person's approval") {
+		t.Errorf("New: %v", err)
+	}
+	served, left := mcpserve.Servable([]agent.Tool{free, asks})
+	if len(served) != 1 || served[0].Tool.Spec().Name != "free" || len(left) != 1 || left[0] != "delete_all" {
+		t.Errorf("Servable: %d served, left %v", len(served), left)
+	}
+	if _, err := mcpserve.New(served, mcpserve.Options{}); err != nil {
+		t.Errorf("New of the servable tools: %v", err)
 	}
 }

@@ -212,15 +212,7 @@ func (r *mcpRecords) close(o IO) {
 // (docs/approvals.md), saying so: an MCP client has no way to route
 // timebox's question to a person, and such a tool must not run unasked.
 func servedTools(all []agent.Tool, o IO) []agent.Tool {
-	var out []agent.Tool
-	var left []string
-	for _, t := range all {
-		if t.NeedsApproval != nil {
-			left = append(left, t.Tool.Spec().Name)
-			continue
-		}
-		out = append(out, t)
-	}
+	out, left := mcpserve.Servable(all)
 	if len(left) > 0 {
 		fmt.Fprintf(o.Err, "timebox mcp serve: not serving %s: %s approval (approval: required), which an MCP client cannot ask a person for\n",
 			strings.Join(left, ", "), map[bool]string{true: "its calls need", false: "their calls need"}[len(left) == 1])
