@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 
 	"go.opentelemetry.io/otel/trace"
 
@@ -56,12 +57,18 @@ type Options struct {
 type Agent struct {
 	*agent.Agent
 	// Config is the loaded, resolved agent file.
-	Config  *config.Agent
+	Config *config.Agent
+
+	closeMu sync.Mutex
 	closers []func() error
 }
 
-// Close stops everything the agent owns. It is idempotent.
+// Close stops everything the agent owns. It is idempotent, and safe to
+// call from several goroutines: the first call stops it, the others wait
+// for that and return nil.
 func (a *Agent) Close() error {
+	a.closeMu.Lock()
+	defer a.closeMu.Unlock()
 	var errs []error
 	for i := len(a.closers) - 1; i >= 0; i-- {
 		errs = append(errs, a.closers[i]())

@@ -300,3 +300,27 @@ tools:
 		t.Errorf("approvals (-want +got):\n%s", diff)
 	}
 }
+
+// TestCloseFromTwoGoroutines: Close is safe to call at once from two
+// goroutines (go test -race), as from a signal handler and a deferred
+// call.
+func TestCloseFromTwoGoroutines(t *testing.T) {
+	dir := t.TempDir()
+	script := filepath.Join(dir, "script.jsonl")
+	if err := os.WriteFile(script, []byte(`{"text": "hi"}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a, err := timebox.Open(t.Context(), writeAgent(t, fmt.Sprintf("model: {primary: \"script:m\"}\nproviders: {script: {file: %q}}\n", script)), timebox.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 2)
+	for range 2 {
+		go func() { done <- a.Close() }()
+	}
+	for range 2 {
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}
+}
