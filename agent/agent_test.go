@@ -886,8 +886,17 @@ func TestPanickingToolIsAToolError(t *testing.T) {
 			panic("kaboom")
 		})
 		res, _ := fixture{models: []model.Endpoint{endpoint(p, "m")}, tools: []agent.Tool{boom}}.run(t, t.Context(), "go")
-		if tr := toolRecord(t, res, "boom"); tr.Outcome != event.OutcomeError || !strings.Contains(tr.Result, "kaboom") {
+		tr := toolRecord(t, res, "boom")
+		if tr.Outcome != event.OutcomeError || !strings.Contains(tr.Result, "tool panicked: kaboom") {
 			t.Fatalf("record %+v", tr)
+		}
+		// The stack, with this machine's paths, is the record's, not the
+		// model's.
+		if strings.Contains(tr.Result, "goroutine") || strings.Contains(tr.Result, ".go:") {
+			t.Errorf("the model was given the stack: %s", tr.Result)
+		}
+		if !strings.Contains(tr.StderrTail, "goroutine") {
+			t.Errorf("the record lacks the stack: %q", tr.StderrTail)
 		}
 	})
 }

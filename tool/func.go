@@ -57,6 +57,9 @@ func (f *Func) Kind() Kind { return KindGo }
 
 // Call runs the function.
 func (f *Func) Call(ctx context.Context, c *Call) (*Result, error) {
+	if f.fn == nil {
+		return nil, &Error{Message: "the tool has no function (tool.NewFunc was given a nil Handler)"}
+	}
 	v, err := f.fn(ctx, c.Input, c.Progress)
 	var out []byte
 	switch v := v.(type) {

@@ -349,6 +349,9 @@ func CallRecord(callID, name, kind string, args json.RawMessage, b budget.ToolBu
 		if rec.StderrTail == "" {
 			rec.StderrTail = te.StderrTail
 		}
+		if rec.StderrTail == "" {
+			rec.StderrTail = te.Stack
+		}
 	}
 	return rec
 }

@@ -295,7 +295,9 @@ func phaseOf(cause error) budget.Phase {
 func invoke(ctx context.Context, t Tool, c *Call) (res *Result, err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			res, err = nil, &Error{Message: fmt.Sprintf("tool panicked: %v\n%s", v, tail(string(debug.Stack()), 2048))}
+			// The model is told that it panicked, and why; the stack,
+			// with this machine's paths, is for the record only.
+			res, err = nil, &Error{Message: fmt.Sprintf("tool panicked: %v", v), Stack: tail(string(debug.Stack()), 2048)}
 		}
 	}()
 	return t.Call(ctx, c)

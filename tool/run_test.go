@@ -312,3 +312,12 @@ func TestRunLeavesTheCallAlone(t *testing.T) {
 		}
 	})
 }
+
+// TestANilHandlerSaysSo: a Func made with a nil Handler fails each call
+// saying so, not with a nil dereference's panic.
+func TestANilHandlerSaysSo(t *testing.T) {
+	x := tool.Run(context.Background(), tool.NewFunc("f", "d", nil, nil), &tool.Call{ID: "c", Tool: "f", Input: json.RawMessage(`{}`)}, tb(time.Second, budget.Cooperative), tool.Hooks{})
+	if x.Outcome != event.OutcomeError || x.Err == nil || !strings.Contains(x.Err.Error(), "nil Handler") {
+		t.Fatalf("%s: %v", x.Outcome, x.Err)
+	}
+}

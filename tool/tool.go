@@ -138,6 +138,9 @@ type Error struct {
 	Message    string
 	ExitCode   *int
 	StderrTail string
+	// Stack is where a Go tool panicked, for the call's record
+	// (stderr_tail) and its operator; the model is not given it.
+	Stack string
 }
 
 func (e *Error) Error() string {
