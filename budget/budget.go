@@ -103,7 +103,9 @@ func (e Enforcement) Valid() bool {
 }
 
 // Budgets are the process-wide time budgets of a turn, resolved (spec §2).
-// The zero value of a field means off where the spec allows that; Defaults
+// A field that is unset (Duration.Unset: no value and no source) takes its
+// default where budgets are resolved (config.Load, agent.New); a resolved
+// zero, one with a source, is off where the spec allows that. Defaults
 // returns the spec's defaults.
 type Budgets struct {
 	Tool           Duration `json:"tool"`            // default tool call timeout (60s)

@@ -99,8 +99,8 @@ type returned struct {
 // abandoned call is counted by AbandonedRunning until it returns. Run
 // never returns an error; Execution says everything.
 //
-// Run leaves c alone: the tool gets a copy with Progress, Deadline,
-// Timeout and (when c has none) KillGrace filled from b, and the Execution
+// Run leaves in alone: the tool gets a copy with Progress, Deadline,
+// Timeout and (when in has none) KillGrace filled from b, and the Execution
 // says what was decided (Deadline). With advisory enforcement the call's
 // own budget never interrupts it; ctx still does.
 func Run(ctx context.Context, t Tool, in *Call, b budget.ToolBudget, h Hooks) *Execution {
