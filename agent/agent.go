@@ -140,6 +140,19 @@ func New(cfg Config) (*Agent, error) {
 		a.tracer = cfg.TracerProvider.Tracer(instrumentation)
 	}
 	a.budgets, a.limits = withDefaults(cfg.Budgets, cfg.Limits)
+	for _, k := range budget.Knobs {
+		// What config.Load refuses in a file, a Go caller may not set
+		// either: a turn of 0 with a source stopped every turn at once.
+		n := int64(0)
+		if d := k.Duration(&a.budgets); d != nil {
+			n = int64(d.D)
+		} else {
+			n = k.Count(&a.limits).N
+		}
+		if p := k.Check(n); p != "" {
+			return nil, fmt.Errorf("agent: %s", p)
+		}
+	}
 	if a.compactKnob.Source == "" {
 		a.compactKnob.Source = budget.SourceCode
 	}

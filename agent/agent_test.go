@@ -768,10 +768,10 @@ func TestLimits(t *testing.T) {
 				return strings.Repeat("é", 2000), nil // 4000 bytes
 			})
 			l := budget.DefaultLimits()
-			l.MaxToolOutput.N = 1001
+			l.MaxToolOutput.N = 1025 // mid-character: cut before it
 			res, _ := fixture{models: []model.Endpoint{endpoint(p, "m")}, tools: []agent.Tool{big}, limits: l}.run(t, t.Context(), "go")
 			tr := toolRecord(t, res, "big")
-			if !tr.Truncated || !strings.HasPrefix(tr.Result, strings.Repeat("é", 500)+"\n[output truncated") {
+			if !tr.Truncated || !strings.HasPrefix(tr.Result, strings.Repeat("é", 512)+"\n[output truncated") {
 				t.Fatalf("record %+v", tr)
 			}
 		})
@@ -877,6 +877,34 @@ func TestBudgetsSetInCodeSayCode(t *testing.T) {
 			t.Errorf("turn_started's budget of quick %+v", tb)
 		}
 	})
+}
+
+// TestBudgetsSetInCodeAreChecked: agent.New refuses a budget or limit
+// set in Go code that config.Load would refuse in a file: a turn of 0 with
+// a source (it stopped every turn at once), a negative one, one past its
+// bound, a tool timeout turned off.
+func TestBudgetsSetInCodeAreChecked(t *testing.T) {
+	p := lines(t, `{"text": "ok"}`)
+	for _, c := range []struct {
+		b    budget.Budgets
+		l    budget.Limits
+		want string
+	}{
+		{b: budget.Budgets{Turn: budget.Duration{Source: budget.SourceCode}}, want: "timeouts.turn cannot be off"},
+		{b: budget.Budgets{Turn: budget.Duration{D: -time.Second}}, want: "-1s is negative"},
+		{b: budget.Budgets{Turn: budget.Duration{D: 1000 * time.Hour}}, want: "1000h is over 168h, the most timeouts.turn accepts"},
+		{b: budget.Budgets{Tool: budget.Duration{Source: budget.SourceCode}}, want: "timeouts.tool cannot be off"},
+		{l: budget.Limits{MaxSteps: budget.Count{N: 1 << 40}}, want: "the most limits.max_steps accepts"},
+	} {
+		_, err := agent.New(agent.Config{Models: []model.Endpoint{endpoint(p, "m")}, Budgets: c.b, Limits: c.l})
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v %+v: %v, want %q", c.b, c.l, err, c.want)
+		}
+	}
+	off := budget.Budgets{LLMIdle: budget.Duration{Source: budget.SourceCode}}
+	if _, err := agent.New(agent.Config{Models: []model.Endpoint{endpoint(p, "m")}, Budgets: off}); err != nil {
+		t.Errorf("llm_idle off, as the spec allows: %v", err)
+	}
 }
 
 func TestPanickingToolIsAToolError(t *testing.T) {

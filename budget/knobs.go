@@ -1,6 +1,7 @@
 package budget
 
 import (
+	"fmt"
 	"strconv"
 	"time"
 )
@@ -231,6 +232,26 @@ func (k Knob) Set(b *Budgets, l *Limits, n int64, src Source, knob string) {
 		return
 	}
 	*k.Count(l) = Count{N: n, Source: src, Knob: knob}
+}
+
+// Check says why n, a resolved value of the knob (0 is off where it
+// CanBeOff), is not one it takes, or "". config.Load words the file's
+// values with their fixes itself; Check holds what a value set elsewhere
+// (a request, Go code) must keep to.
+func (k Knob) Check(n int64) string {
+	switch {
+	case n < 0:
+		return fmt.Sprintf("%s is negative", k.Format(n))
+	case n == 0 && k.CanBeOff:
+		return ""
+	case n == 0:
+		return fmt.Sprintf("%s cannot be off", k.Key)
+	case n < k.Min:
+		return fmt.Sprintf("%s is under %s, the least %s accepts", k.Format(n), k.Format(k.Min), k.Key)
+	case n > k.Max:
+		return fmt.Sprintf("%s is over %s, the most %s accepts", k.Format(n), k.Format(k.Max), k.Key)
+	}
+	return ""
 }
 
 // Format renders a value of the knob as the agent file writes it: "60s",

@@ -156,13 +156,11 @@ func (k Knob) parse(v string) (int64, string) {
 		}
 		n = c
 	}
-	switch {
-	case n <= 0:
+	if n <= 0 {
 		return 0, fmt.Sprintf("%s must be more than 0: a request may lower a budget but not turn it off", v)
-	case n < k.Min:
-		return 0, fmt.Sprintf("%s is under %s, the least %s accepts", v, k.Format(k.Min), k.Key)
-	case n > k.Max:
-		return 0, fmt.Sprintf("%s is over %s, the most %s accepts", v, k.Format(k.Max), k.Key)
+	}
+	if p := k.Check(n); p != "" {
+		return 0, p
 	}
 	return n, ""
 }
