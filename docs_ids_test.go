@@ -40,6 +40,7 @@ func TestDocsSayTheIDForm(t *testing.T) {
 		"docs/http-api.md":               "`t_` and " + ids.Form,
 		"docs/events.md":                 "`t_` and " + ids.Form,
 		"docs/decisions/server-turns.md": "`s_` and " + ids.Form,
+		"server/openapi.json":            "`t_` and " + ids.Form,
 	} {
 		b, err := os.ReadFile(p)
 		if err != nil {
@@ -49,7 +50,11 @@ func TestDocsSayTheIDForm(t *testing.T) {
 			t.Errorf("%s does not describe the ids as %q", p, want)
 		}
 	}
-	for p, b := range allPages(t) {
+	pages := allPages(t)
+	if b, err := os.ReadFile("server/openapi.json"); err == nil {
+		pages["server/openapi.json"] = b
+	}
+	for p, b := range pages {
 		if m := hexForm.Find(b); m != nil {
 			t.Errorf("%s describes an id as %q; ids are %s", p, m, ids.Form)
 		}

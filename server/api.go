@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net"
 	"net/http"
 	"net/url"
@@ -40,6 +41,9 @@ func (s *Server) routes() {
 			paths.Handle(path, http.NotFoundHandler())
 		}
 		s.allow[path] = append(s.allow[path], method)
+		if method == http.MethodGet {
+			s.allow[path] = append(s.allow[path], http.MethodHead) // the mux serves it
+		}
 	}
 	api("POST /v1/turns", s.postTurn)
 	api("GET /v1/turns", s.listTurns)
@@ -482,8 +486,24 @@ func validText(raw json.RawMessage, s string) bool {
 	return n <= sent
 }
 
+// wantsStream reports whether the request accepts text/event-stream: a
+// media range of it (in any case) whose q is not 0.
 func wantsStream(r *http.Request) bool {
-	return strings.Contains(r.Header.Get("Accept"), "text/event-stream")
+	for _, v := range r.Header.Values("Accept") {
+		for part := range strings.SplitSeq(v, ",") {
+			typ, params, err := mime.ParseMediaType(strings.TrimSpace(part))
+			if err != nil || typ != "text/event-stream" {
+				continue
+			}
+			if q, ok := params["q"]; ok {
+				if f, err := strconv.ParseFloat(q, 64); err == nil && f == 0 {
+					continue
+				}
+			}
+			return true
+		}
+	}
+	return false
 }
 
 func (s *Server) postTurn(w http.ResponseWriter, r *http.Request) {
@@ -771,9 +791,9 @@ func eventsAfter(r *http.Request) (int64, error) {
 	if v == "" {
 		return 0, nil
 	}
-	t := strings.TrimSpace(v)
-	n, err := strconv.ParseInt(t, 10, 64)
-	if err != nil || n < 0 || strings.HasPrefix(t, "-") { // "-0" too
+	// Digits only: no sign ("-0", "+3"), no spaces.
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || strings.Trim(v, "0123456789") != "" {
 		return 0, fmt.Errorf("%s must be an event seq (a whole number ≥ 0), not %s", what, shown(strconv.Quote(v)))
 	}
 	return n, nil
@@ -809,5 +829,13 @@ func (s *Server) getEvents(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	w.Header().Set(HeaderTurnID, id)
+	if r.Method == http.MethodHead {
+		// The headers a GET would get, and no stream: a HEAD that
+		// followed the turn held its connection (and a client's pool)
+		// until the turn ended.
+		sseHeaders(w.Header())
+		w.WriteHeader(http.StatusOK)
+		return
+	}
 	s.stream(w, r, lt, after, nil)
 }

@@ -17,7 +17,7 @@ import (
 
 // FuzzEventsAfter feeds arbitrary Last-Event-ID headers and ?after= values
 // to the parser of where a follower resumes. An accepted value is a seq
-// ≥ 0 that prints back to itself; a refused one gets a message that names
+// ≥ 0, written in decimal digits only, that prints back to itself; a refused one gets a message that names
 // the header or parameter and quotes at most maxShown characters of it.
 // The header wins over the parameter. The corpus is
 // testdata/fuzz/FuzzEventsAfter.
@@ -49,9 +49,12 @@ func FuzzEventsAfter(f *testing.F) {
 			}
 			return
 		}
-		// Accepted: a decimal whole number, perhaps with a + and leading
-		// zeros, around spaces.
-		digits := strings.TrimLeft(strings.TrimPrefix(strings.TrimSpace(used), "+"), "0")
+		// Accepted: decimal digits only (no sign, no spaces), perhaps
+		// with leading zeros.
+		if strings.Trim(used, "0123456789") != "" {
+			t.Fatalf("%q accepted as %d: not digits only", used, n)
+		}
+		digits := strings.TrimLeft(used, "0")
 		if digits == "" {
 			digits = "0"
 		}

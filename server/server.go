@@ -695,7 +695,7 @@ func CheckToken(token string) (warning string, err error) {
 // isLoopback reports whether host (a name or an IP, without port) is a
 // loopback host.
 func isLoopback(host string) bool {
-	if host == "localhost" {
+	if strings.EqualFold(host, "localhost") { // host names have no case
 		return true
 	}
 	if i := strings.IndexByte(host, '%'); i >= 0 { // an IPv6 zone

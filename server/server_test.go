@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -501,7 +502,7 @@ func TestBadRequests(t *testing.T) {
 	if n := len(decode[server.TurnList](t, e.do("GET", "/v1/turns", nil), http.StatusOK).Turns); n != 0 {
 		t.Fatalf("a bad request started %d turns", n)
 	}
-	for path, allow := range map[string]string{"/v1/turns": "POST, GET", "/v1/turns/t_1/approvals/c_1": "POST"} {
+	for path, allow := range map[string]string{"/v1/turns": "POST, GET, HEAD", "/v1/turns/t_1/approvals/c_1": "POST"} {
 		resp := e.do("PUT", path, nil)
 		resp.Body.Close()
 		if got := resp.Header.Get("Allow"); resp.StatusCode != http.StatusMethodNotAllowed || got != allow {
@@ -621,6 +622,7 @@ func TestBrowserGuards(t *testing.T) {
 	}{
 		{"dns rebinding", "GET", "evil.example:8080", "", 403},
 		{"loopback name", "GET", "localhost:8080", "", 200},
+		{"loopback name in capitals", "GET", "LocalHost:8080", "", 200},
 		{"cross-site post", "POST", "127.0.0.1:8080", "https://evil.example", 403},
 		{"same-origin post", "POST", "127.0.0.1:8080", "http://127.0.0.1:8080", 400},
 		{"curl post", "POST", "127.0.0.1:8080", "", 400},
@@ -636,6 +638,54 @@ func TestBrowserGuards(t *testing.T) {
 				t.Fatalf("%d, want %d: %s", w.Code, c.status, w.Body)
 			}
 		})
+	}
+}
+
+// TestHeadAndAcceptOfStreams: HEAD on a live turn's event stream answers
+// its headers and ends, rather than following the turn (and holding the
+// client's connection) until it ends; a POST streams when it accepts
+// text/event-stream in any case, and not when it gives it q=0.
+func TestHeadAndAcceptOfStreams(t *testing.T) {
+	g := newGate("wait")
+	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, waitThenAnswer...), g.tool())})
+	acc := decode[server.TurnAccepted](t, e.do("POST", "/v1/turns", map[string]any{"input": "hi", "detach": true}), http.StatusAccepted)
+	<-g.started
+	// HEAD, then another request on the same connection, as a client's
+	// pool sends them: the second is answered while the turn still runs.
+	c, err := net.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	host := strings.TrimPrefix(e.url, "http://")
+	fmt.Fprintf(c, "HEAD /v1/turns/%s/events HTTP/1.1\r\nHost: %s\r\n\r\nGET /healthz HTTP/1.1\r\nHost: %s\r\n\r\n", acc.TurnID, host, host)
+	br := bufio.NewReader(c)
+	head, err := http.ReadResponse(br, &http.Request{Method: "HEAD"})
+	if err != nil {
+		t.Fatalf("HEAD while the turn runs: %v", err)
+	}
+	if head.StatusCode != http.StatusOK || head.Header.Get("Content-Type") != "text/event-stream" {
+		t.Errorf("HEAD: %d %q", head.StatusCode, head.Header.Get("Content-Type"))
+	}
+	next, err := http.ReadResponse(br, &http.Request{Method: "GET"})
+	if err != nil {
+		t.Fatalf("the request after HEAD, on its connection, while the turn runs: %v", err)
+	}
+	next.Body.Close()
+	g.open()
+	for accept, streams := range map[string]bool{
+		"Text/Event-Stream":                          true,
+		"application/json, text/event-stream;q=0":    false,
+		"text/event-stream; q=0.5, application/json": true,
+		"application/json":                           false,
+	} {
+		q := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, `{"text": "hi"}`))})
+		resp := q.do("POST", "/v1/turns", map[string]any{"input": "hi"}, "Accept", accept)
+		resp.Body.Close()
+		if got := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"); got != streams {
+			t.Errorf("Accept %q: streamed %v, want %v", accept, got, streams)
+		}
 	}
 }
 

@@ -150,16 +150,20 @@ func consume(bs [][]byte, n int) [][]byte {
 
 func (x *sse) comment(text string) { x.write([]byte(": " + text + "\n\n")) }
 
+// sseHeaders sets the headers of an event stream.
+func sseHeaders(h http.Header) {
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Accel-Buffering", "no") // nginx: do not buffer the stream
+}
+
 // stream writes the events of turn id after seq `after` as SSE: first the
 // stored ones, then live ones as they happen, until the turn ends (once
 // its record is stored), the client goes away, or the server shuts down.
 // lt is the turn when it runs in this server, else nil. sb, when set, is a
 // subscription taken before the turn emitted anything.
 func (s *Server) stream(w http.ResponseWriter, r *http.Request, lt *liveTurn, after int64, sb *sub) streamEnd {
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-store")
-	h.Set("X-Accel-Buffering", "no") // nginx: do not buffer the stream
+	sseHeaders(w.Header())
 	st := &streamState{s: s, ctx: r.Context(), id: r.PathValue("id"), last: after}
 	deadline := max(2*s.cfg.KeepAlive, 10*time.Second)
 	if lt != nil && sb == nil && r.Method == http.MethodGet {
