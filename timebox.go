@@ -21,6 +21,7 @@ import (
 
 	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/config"
+	"github.com/timebox-run/timebox/internal/proctree"
 	"github.com/timebox-run/timebox/internal/runas"
 	"github.com/timebox-run/timebox/model"
 	"github.com/timebox-run/timebox/model/anthropic"
@@ -92,6 +93,13 @@ func Build(ctx context.Context, cfg *config.Agent, o Options) (*Agent, error) {
 	getenv := o.Getenv
 	if getenv == nil {
 		getenv = os.Getenv
+	}
+	// The process-tree strategy is read from this process's environment
+	// when a tool runs; one this platform lacks would fail every call of
+	// every exec tool while the turn went on. timebox's commands check it
+	// at start too.
+	if err := proctree.Check(os.Getenv(proctree.EnvStrategy)); err != nil {
+		return nil, err
 	}
 	a := &Agent{Config: cfg}
 	models, err := Endpoints(cfg, getenv)

@@ -324,3 +324,19 @@ func TestCloseFromTwoGoroutines(t *testing.T) {
 		}
 	}
 }
+
+// TestBuildChecksTheProcessTreeStrategy: a TIMEBOX_PROCTREE that this
+// platform lacks stops the build, as it stops timebox's commands, rather
+// than failing every exec call of every turn.
+func TestBuildChecksTheProcessTreeStrategy(t *testing.T) {
+	t.Setenv("TIMEBOX_PROCTREE", "bogus")
+	dir := t.TempDir()
+	script := filepath.Join(dir, "script.jsonl")
+	if err := os.WriteFile(script, []byte(`{"text": "hi"}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := timebox.Open(t.Context(), writeAgent(t, fmt.Sprintf("model: {primary: \"script:m\"}\nproviders: {script: {file: %q}}\n", script)), timebox.Options{})
+	if err == nil || !strings.Contains(err.Error(), `TIMEBOX_PROCTREE="bogus"`) {
+		t.Fatalf("Open: %v", err)
+	}
+}

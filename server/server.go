@@ -192,7 +192,8 @@ func (lt *liveTurn) storedOrLater() {
 const storedWait = 5 * time.Second
 
 // New returns a server. It returns an error if Agent or Store is missing or
-// the metrics cannot be registered in Registry.
+// the metrics cannot be registered in Registry. With Webhooks, New starts
+// their sender: Shutdown stops it, whether or not the server was served.
 func New(cfg Config) (*Server, error) {
 	if cfg.Agent == nil || cfg.Store == nil {
 		return nil, errors.New("server: Config.Agent and Config.Store are required")
