@@ -602,12 +602,8 @@ func diskFullUnderServe(t *testing.T) {
 		return err == nil && r.Status != budget.StatusRunning
 	})
 	stopGateways(t, gw)
-	said := gw.stderr.String()
-	refused := strings.Contains(said, "store write failed") && strings.Contains(said, "the turn's end stored the events the store refused")
-	sc.truth("serve logged the refused events, then that the turn's end stored them", "yes", fmt.Sprint(refused), refused)
-	if !refused {
-		t.Logf("serve's log:\n%s", said)
-	}
+	sc.logSays(gw, "serve logged the refused events, then that the turn's end stored them",
+		"store write failed", "the turn's end stored the events the store refused")
 	st, evs := stored(t, a.db, f.turnID)
 	sc.records(seen, st, evs)
 	sc.nothingLeft(gw.pid())
@@ -631,12 +627,8 @@ func diskFullThenSuspended(t *testing.T) {
 	gw, url := startServe(t, a, []string{"FILL=" + filepath.Join(disk, "filler")})
 	turnID, callID := waitingCall(t, url, `{"input": "go", "detach": true}`)
 	stopGateways(t, gw)
-	said := gw.stderr.String()
-	saved := strings.Contains(said, "store write failed") && strings.Contains(said, "the turn's suspension stored the events the store refused")
-	sc.truth("serve logged the refused events, then that the suspension stored them", "yes", fmt.Sprint(saved), saved)
-	if !saved {
-		t.Logf("serve's log:\n%s", said)
-	}
+	sc.logSays(gw, "serve logged the refused events, then that the suspension stored them",
+		"store write failed", "the turn's suspension stored the events the store refused")
 
 	gw2, url2 := startServe(t, a, nil)
 	resp, err := http.Post(url2+"/v1/turns/"+turnID+"/approvals/"+callID, "application/json", strings.NewReader(`{"decision": "approve", "by": "faults"}`))
@@ -660,6 +652,20 @@ func diskFullThenSuspended(t *testing.T) {
 	sc.count("events missing from the store across the suspension", missingSeqs, 0)
 	sc.count("times the approved call ran", ranTimes(a), 1)
 	sc.nothingLeft(gw.pid(), gw2.pid())
+}
+
+// logSays is the figure what: whether p's standard error holds each of
+// says. The log is shown when it does not.
+func (sc *scenario) logSays(p *proc, what string, says ...string) {
+	log := p.stderr.String()
+	ok := true
+	for _, s := range says {
+		ok = ok && strings.Contains(log, s)
+	}
+	sc.truth(what, "yes", fmt.Sprint(ok), ok)
+	if !ok {
+		sc.t.Logf("the log:\n%s", log)
+	}
 }
 
 // toolStarted waits up to d for log's tool_started of the tool name.
