@@ -907,6 +907,40 @@ func TestBudgetsSetInCodeAreChecked(t *testing.T) {
 	}
 }
 
+// TestASinkThatPanicsReachesRunsCaller: a sink that panics on an event
+// emitted on a call's goroutine (a tool_progress, passed on from a
+// goroutine of its own; a call of a batch running in parallel) panics out
+// of Run, where its caller can recover it, as it does on the turn's own
+// goroutine, instead of ending the process.
+func TestASinkThatPanicsReachesRunsCaller(t *testing.T) {
+	for _, typ := range []event.Type{event.TypeToolProgress, event.TypeToolFinished} {
+		t.Run(string(typ), func(t *testing.T) {
+			p := lines(t, `{"tool_calls": [{"name": "a"}, {"name": "b"}]}`, `{"text": "ok"}`)
+			work := func(_ context.Context, _ json.RawMessage, pr tool.Progress) (any, error) {
+				pr.Report(tool.Report{Message: "half"})
+				return "done", nil
+			}
+			a, err := agent.New(agent.Config{Models: []model.Endpoint{endpoint(p, "m")},
+				Tools: []agent.Tool{goTool("a", budget.Cooperative, time.Minute, work), goTool("b", budget.Cooperative, time.Minute, work)}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got any
+			func() {
+				defer func() { got = recover() }()
+				a.Run(t.Context(), agent.Input{Text: "go"}, event.SinkFunc(func(e event.Event) {
+					if e.Type == typ {
+						panic("sink: " + string(typ))
+					}
+				}))
+			}()
+			if got != "sink: "+string(typ) {
+				t.Fatalf("recovered %v", got)
+			}
+		})
+	}
+}
+
 func TestPanickingToolIsAToolError(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := lines(t, `{"tool_calls": [{"name": "boom"}]}`, `{"text": "ok"}`)

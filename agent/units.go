@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/timebox-run/timebox/budget"
@@ -64,6 +65,11 @@ type group struct {
 	d   *inProcess
 	sem chan struct{}
 	wg  sync.WaitGroup
+	// panicked is the first panic of a call's goroutine (a caller's sink
+	// or hook that panicked there): Wait panics with it on the turn's
+	// goroutine, where Run's caller can recover it, rather than the
+	// call's goroutine ending the process.
+	panicked atomic.Pointer[any]
 }
 
 func (g *group) Acquire() bool {
@@ -84,11 +90,21 @@ func (g *group) Go(f func(machine.Driver)) {
 	g.wg.Add(1)
 	go func() {
 		defer g.wg.Done()
+		defer func() {
+			if v := recover(); v != nil {
+				g.panicked.CompareAndSwap(nil, &v)
+			}
+		}()
 		f(g.d)
 	}()
 }
 
-func (g *group) Wait() { g.wg.Wait() }
+func (g *group) Wait() {
+	g.wg.Wait()
+	if v := g.panicked.Load(); v != nil {
+		panic(*v)
+	}
+}
 
 // unit runs u: Begin, Think or Compact.
 func (t *turn) unit(ctx context.Context, u machine.Unit) {

@@ -55,6 +55,11 @@ type progress struct {
 	// draining is non-nil while a goroutine delivers the outbox; it is
 	// closed when that goroutine ends.
 	draining chan struct{}
+	// panicked is what the first OnProgress that panicked on the drain's
+	// goroutine panicked with: Run panics with it on the call's own
+	// goroutine once the call is over, where its caller can recover it,
+	// rather than the drain's ending the process.
+	panicked any
 }
 
 // report is a Report as made: its values copied, since a tool may reuse
@@ -198,7 +203,37 @@ func (p *progress) drain(done chan struct{}) {
 		r := p.outbox[0]
 		p.outbox = p.outbox[1:]
 		p.mu.Unlock()
-		p.deliver(r.Report())
+		p.deliverOnDrain(r.Report())
+	}
+}
+
+// deliverOnDrain passes r on from the drain's goroutine, keeping a panic
+// of OnProgress for Run (panicked); later reports are dropped.
+func (p *progress) deliverOnDrain(r Report) {
+	p.mu.Lock()
+	broken := p.panicked != nil
+	p.mu.Unlock()
+	if broken {
+		return
+	}
+	defer func() {
+		if v := recover(); v != nil {
+			p.mu.Lock()
+			p.panicked = v
+			p.mu.Unlock()
+		}
+	}()
+	p.deliver(r)
+}
+
+// rethrow panics with what OnProgress panicked with on the drain's
+// goroutine, if it did.
+func (p *progress) rethrow() {
+	p.mu.Lock()
+	v := p.panicked
+	p.mu.Unlock()
+	if v != nil {
+		panic(v)
 	}
 }
 

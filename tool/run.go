@@ -119,6 +119,10 @@ func Run(ctx context.Context, t Tool, in *Call, b budget.ToolBudget, h Hooks) *E
 	callCtx, cancel := context.WithCancelCause(ctx)
 
 	p := newProgress(start, h)
+	// Once the call is over, on the caller's goroutine: a Hooks.OnProgress
+	// that panicked while its reports were passed on, on a goroutine of
+	// their own, panics here, where the caller can recover it.
+	defer p.rethrow()
 	c.Progress = p
 	var idle *idleWindow
 	enforced := b.Enforcement != budget.Advisory
