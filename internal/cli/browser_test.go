@@ -545,6 +545,42 @@ func TestPageAsksForTheToken(t *testing.T) {
 	}
 }
 
+// TestPageTokenDialogClosedOrRefused: closing the token dialog (Escape)
+// fails the request that waited, saying a token is needed, and the next
+// request asks again, where the page used to wait for good; a token the
+// server refuses is dropped and the dialog says so.
+func TestPageTokenDialogClosedOrRefused(t *testing.T) {
+	proctest.AfterTest(t)
+	p := openPage(t, serveDemo(t, "TIMEBOX_TOKEN=s3cret-token"))
+	p.send("Tour the budgets")
+	p.waitFor("the token dialog", q(`#token-dialog`)+`.open`)
+	eval[bool](p, q(`#token-dialog`)+`.close(), true`) // as Escape does
+	p.waitFor("the composer to say a token is needed", q(`#composer-error`)+`.textContent.includes('needs its token')`)
+	p.waitFor("Send to be usable again", `!`+q(`#send`)+`.disabled`)
+	p.send("Tour the budgets")
+	p.waitFor("the token dialog again", q(`#token-dialog`)+`.open`)
+	p.do("giving a wrong token",
+		chromedp.SendKeys(chromedp.CSS("#token-input"), "wrong-token-0123456789"),
+		chromedp.Click(chromedp.CSS(`#token-form button`)))
+	p.waitFor("the dialog to say the token was refused", q(`#token-dialog`)+`.open && !`+q(`#token-refused`)+`.hidden`)
+	if got := eval[string](p, `sessionStorage.getItem('timebox.token') || ''`); got != "" {
+		p.fail("the refused token is kept: %q", got)
+	}
+	p.do("giving the token",
+		chromedp.SendKeys(chromedp.CSS("#token-input"), "s3cret-token"),
+		chromedp.Click(chromedp.CSS(`#token-form button`)))
+	p.waitFor("the closing banner", q(`.banner[data-stop-reason="answered"]`))
+	// Durations of an hour or more read in hours; a malformed link does not
+	// stop the page from changing views.
+	if got := eval[string](p, `fmtMS(24*3600e3) + ' ' + fmtMS(3723e3)`); got != "24h00m 1h02m" {
+		p.fail("fmtMS gives %q", got)
+	}
+	eval[bool](p, `location.hash = '#/turns', true`)
+	p.waitFor("the past turns", `!`+q(`#turns-view`)+`.hidden`)
+	eval[bool](p, `location.hash = '#/chat/%E0%A4%A', true`)
+	p.waitFor("the chat view", `!`+q(`#chat-view`)+`.hidden && `+q(`#turns-view`)+`.hidden`)
+}
+
 // gateAgent writes an agent on the script model whose turn calls one tool,
 // gate, that runs until the test creates the file gate returns, and then
 // answers gateAnswer, a word at a time: a turn that runs exactly as long as

@@ -28,7 +28,8 @@ function fmtMS(ms) {
   if (ms < 0) ms = 0;
   if (ms < 1000) return Math.round(ms) + 'ms';
   if (ms < 60000) return (ms / 1000).toFixed(1) + 's';
-  const m = Math.floor(ms / 60000), s = Math.floor((ms % 60000) / 1000);
+  const h = Math.floor(ms / 3600000), m = Math.floor((ms % 3600000) / 60000), s = Math.floor((ms % 60000) / 1000);
+  if (h > 0) return h + 'h' + String(m).padStart(2, '0') + 'm';
   return m + 'm' + String(s).padStart(2, '0') + 's';
 }
 
@@ -61,16 +62,29 @@ const app = {
 
 let tokenWait = null;
 
-// askToken shows the token dialog once, however many requests wait on it.
-function askToken() {
+// askToken shows the token dialog once, however many requests wait on it;
+// refused says that the token given was refused. Closing the dialog without
+// a token (Escape) fails the requests that wait, saying so: the next one
+// asks again.
+function askToken(refused) {
   if (tokenWait) return tokenWait;
-  tokenWait = new Promise((resolve) => {
+  tokenWait = new Promise((resolve, reject) => {
     const d = $('#token-dialog');
+    $('#token-refused').hidden = !refused;
+    if (refused) $('#token-input').value = '';
+    let given = false;
     $('#token-form').onsubmit = () => {
+      given = true;
       app.token = $('#token-input').value.trim();
       sessionStorage.setItem('timebox.token', app.token);
+    };
+    d.onclose = () => {
       tokenWait = null;
-      resolve();
+      if (given) {
+        resolve();
+      } else {
+        reject(new Error('this server needs its token: give it when the page asks again'));
+      }
     };
     d.showModal();
   });
@@ -80,13 +94,19 @@ function askToken() {
 async function api(path, opts = {}) {
   for (;;) {
     const headers = Object.assign({}, opts.headers);
-    if (app.token) headers['Authorization'] = 'Bearer ' + app.token;
+    const sent = app.token;
+    if (sent) headers['Authorization'] = 'Bearer ' + sent;
     const res = await fetch(path, Object.assign({}, opts, { headers }));
     if (res.status !== 401) {
       noteSkew(res);
       return res;
     }
-    await askToken();
+    if (sent && sent === app.token) {
+      // Refused: ask anew, not with it.
+      app.token = '';
+      sessionStorage.removeItem('timebox.token');
+    }
+    await askToken(sent !== '');
   }
 }
 
@@ -98,6 +118,12 @@ function noteSkew(res) {
   if (isNaN(d)) return;
   const skew = Date.now() - d;
   app.skew = Math.abs(skew) > 2000 ? skew : 0;
+}
+
+// unsent says why a request api threw for was not answered: the server
+// could not be reached (fetch's TypeError), or no token was given.
+function unsent(e) {
+  return e instanceof TypeError ? 'could not reach the server: ' + e.message : e.message;
 }
 
 async function errorText(res) {
@@ -485,10 +511,19 @@ class TurnView {
     c.said = el('span', { class: 'said' });
     const decide = async (decision) => {
       c.approve.disabled = c.deny.disabled = true;
-      const res = await api(`/v1/turns/${encodeURIComponent(this.id)}/approvals/${encodeURIComponent(ev.call_id)}`, {
-        method: 'POST', headers: { 'Content-Type': 'application/json' },
-        body: JSON.stringify({ decision, reason: c.reason.value, by: 'the page' }),
-      });
+      let res;
+      try {
+        res = await api(`/v1/turns/${encodeURIComponent(this.id)}/approvals/${encodeURIComponent(ev.call_id)}`, {
+          method: 'POST', headers: { 'Content-Type': 'application/json' },
+          body: JSON.stringify({ decision, reason: c.reason.value, by: 'the page' }),
+        });
+      } catch (e) {
+        // The server could not be reached: the call still waits, and may
+        // be decided again.
+        c.said.textContent = 'not sent: ' + unsent(e);
+        c.approve.disabled = c.deny.disabled = false;
+        return;
+      }
       if (!res.ok) {
         const b = await res.json().catch(() => ({}));
         c.said.textContent = (b.error && b.error.message) || `refused (${res.status})`;
@@ -800,7 +835,7 @@ async function send(ev) {
       body: JSON.stringify(turnBody(input)),
     });
   } catch (e) {
-    showError('could not reach the server: ' + e.message);
+    showError(unsent(e));
     $('#send').disabled = false;
     return;
   }
@@ -831,7 +866,7 @@ async function cancelTurn() {
     const res = await api(`/v1/turns/${encodeURIComponent(view.id)}/cancel`, { method: 'POST' });
     if (!res.ok && res.status !== 202 && res.status !== 409) showError(await errorText(res));
   } catch (e) {
-    showError('could not reach the server: ' + e.message);
+    showError(unsent(e));
     $('#cancel').disabled = false;
   }
 }
@@ -1079,7 +1114,13 @@ function recordTables(rec) {
 // #/webhooks the webhook deliveries.
 function route() {
   closeTurnPage(); // a records page left stops following its turn
-  const parts = location.hash.replace(/^#\/?/, '').split('/').map(decodeURIComponent);
+  const parts = location.hash.replace(/^#\/?/, '').split('/').map((p) => {
+    try {
+      return decodeURIComponent(p);
+    } catch (_) {
+      return p; // a malformed escape: taken as written
+    }
+  });
   const view = parts[0] || 'chat';
   for (const s of ['chat-view', 'turns-view', 'turn-view', 'stats-view', 'webhooks-view']) $('#' + s).hidden = true;
   $('#nav-chat').classList.toggle('active', view === 'chat');
