@@ -4,11 +4,14 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"sync"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/timebox-run/timebox/budget"
 )
 
 // Stdio returns the transport of a session on a stream of newline-delimited
@@ -54,13 +57,39 @@ func (m *messageLines) Read(p []byte) (int, error) {
 		if m.err != nil {
 			return 0, m.err
 		}
-		line, err := m.r.ReadBytes('\n')
-		m.take(line)
+		line, long, err := m.line()
+		if long {
+			m.answer(nil, -32700, fmt.Sprintf("Parse error: the line is longer than %s, the longest message this server reads", budget.FormatBytes(int64(maxLine))))
+		} else {
+			m.take(line)
+		}
 		m.err = err
 	}
 	n := copy(p, m.buf)
 	m.buf = m.buf[n:]
 	return n, nil
+}
+
+// maxLine is the longest line (message) messageLines reads; the rest of a
+// longer one is skipped, not held. A variable for tests.
+var maxLine = 64 << 20
+
+// line reads the next line, or skips it and reports it long when it is
+// longer than maxLine.
+func (m *messageLines) line() (line []byte, long bool, err error) {
+	for {
+		chunk, err := m.r.ReadSlice('\n')
+		if !long {
+			if len(line)+len(chunk) > maxLine {
+				long, line = true, nil
+			} else {
+				line = append(line, chunk...)
+			}
+		}
+		if err != bufio.ErrBufferFull {
+			return line, long, err
+		}
+	}
 }
 
 // take passes line on, or answers it with an error.

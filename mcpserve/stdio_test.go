@@ -14,11 +14,13 @@ import (
 )
 
 // TestStdioAnswersWhatIsNoMessage: on stdio, a line that is not JSON, or
-// JSON that is no JSON-RPC message, is answered with a JSON-RPC error (id
+// JSON that is no JSON-RPC message, or a line past the longest one read
+// (skipped, not held), is answered with a JSON-RPC error (id
 // null, or the request's id when it can be read) and the session goes on:
 // the initialize after them is answered. With the SDK's transport alone,
 // the first bad line ended the session (timebox mcp serve exited 1).
 func TestStdioAnswersWhatIsNoMessage(t *testing.T) {
+	defer mcpserve.SetMaxLine(1 << 10)() // undone once the server is gone
 	s, err := mcpserve.New(nil, mcpserve.Options{Version: "test"})
 	if err != nil {
 		t.Fatal(err)
@@ -34,7 +36,7 @@ func TestStdioAnswersWhatIsNoMessage(t *testing.T) {
 		outR.Close()
 		<-served
 	}()
-	go io.WriteString(inW, "garbage\n5\n\n"+`{"jsonrpc": "2.0", "id": 7, "method": 5}`+"\n"+
+	go io.WriteString(inW, "garbage\n5\n\n"+`{"jsonrpc": "2.0", "id": 7, "method": 5}`+"\n"+strings.Repeat("x", 5000)+"\n"+
 		`{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}`+"\n")
 	type reply struct {
 		ID    json.RawMessage `json:"id"`
@@ -56,11 +58,11 @@ func TestStdioAnswersWhatIsNoMessage(t *testing.T) {
 		case len(r.Result) > 0:
 			got = append(got, string(r.ID)+":result")
 		}
-		if len(got) == 4 {
+		if len(got) == 5 {
 			break
 		}
 	}
-	if want := "null:parse null:invalid 7:invalid 1:result"; strings.Join(got, " ") != want {
+	if want := "null:parse null:invalid 7:invalid null:parse 1:result"; strings.Join(got, " ") != want {
 		t.Fatalf("answers %q, want %q", strings.Join(got, " "), want)
 	}
 }
