@@ -24,7 +24,7 @@ import (
 // transport closes neither r nor w.
 func Stdio(r io.Reader, w io.Writer) mcp.Transport {
 	lw := &lockedWriter{w: w}
-	return &mcp.IOTransport{Reader: io.NopCloser(&messageLines{r: bufio.NewReader(r), w: lw}), Writer: lw}
+	return &mcp.IOTransport{Reader: io.NopCloser(&messageLines{r: bufio.NewReader(r), w: lw, max: maxLine}), Writer: lw}
 }
 
 // lockedWriter writes whole writes, one at a time: the SDK's messages and
@@ -48,6 +48,7 @@ func (l *lockedWriter) Close() error { return nil }
 type messageLines struct {
 	r   *bufio.Reader
 	w   io.Writer
+	max int    // the longest line read (maxLine)
 	buf []byte // what is left of the lines passed on
 	err error  // r's error, once buf is read
 }
@@ -59,7 +60,7 @@ func (m *messageLines) Read(p []byte) (int, error) {
 		}
 		line, long, err := m.line()
 		if long {
-			m.answer(nil, -32700, fmt.Sprintf("Parse error: the line is longer than %s, the longest message this server reads", budget.FormatBytes(int64(maxLine))))
+			m.answer(nil, -32700, fmt.Sprintf("Parse error: the line is longer than %s, the longest message this server reads", budget.FormatBytes(int64(m.max))))
 		} else {
 			m.take(line)
 		}
@@ -70,8 +71,9 @@ func (m *messageLines) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// maxLine is the longest line (message) messageLines reads; the rest of a
-// longer one is skipped, not held. A variable for tests.
+// maxLine is the longest line (message) a transport made by Stdio reads;
+// the rest of a longer one is skipped, not held. A variable for tests,
+// read when the transport is made.
 var maxLine = 64 << 20
 
 // line reads the next line, or skips it and reports it long when it is
@@ -80,7 +82,7 @@ func (m *messageLines) line() (line []byte, long bool, err error) {
 	for {
 		chunk, err := m.r.ReadSlice('\n')
 		if !long {
-			if len(line)+len(chunk) > maxLine {
+			if len(line)+len(chunk) > m.max {
 				long, line = true, nil
 			} else {
 				line = append(line, chunk...)
