@@ -68,8 +68,10 @@ func WebhookSecret(v string) ([]byte, error) {
 		return nil, fmt.Errorf("is not a whsec_ secret (give one %s)", fix)
 	}
 	key, err := base64.StdEncoding.DecodeString(rest)
-	if err != nil {
-		key, err = base64.RawStdEncoding.DecodeString(rest)
+	if _, rawErr := base64.RawStdEncoding.DecodeString(rest); err != nil && rawErr == nil {
+		// Receivers decode the secret as Standard Webhooks' libraries
+		// do, padded: they could not check what timebox signed.
+		return nil, fmt.Errorf("holds a whsec_ secret whose base64 lacks its padding (end it with = as openssl writes it, so that receivers can decode it)")
 	}
 	if err != nil {
 		return nil, fmt.Errorf("holds a whsec_ secret whose key is not base64 (give one %s)", fix)

@@ -90,3 +90,18 @@ func TestWebhookSecrets(t *testing.T) {
 		t.Fatalf("keys %q, err %v", keys, err)
 	}
 }
+
+// TestAnUnpaddedSecretIsRefused: a whsec_ secret whose base64 lacks its
+// padding is refused, saying so: Standard Webhooks' verifiers (and the
+// docs' Python and Go ones) decode it padded, and could check nothing
+// timebox signed with it.
+func TestAnUnpaddedSecretIsRefused(t *testing.T) {
+	padded := "whsec_6epqvMDTlI1HDjklY3AHmUYNTw/LX9rSqXp5u/5zDy4="
+	if _, err := WebhookSecret(padded); err != nil {
+		t.Fatalf("padded: %v", err)
+	}
+	_, err := WebhookSecret(strings.TrimSuffix(padded, "="))
+	if err == nil || !strings.Contains(err.Error(), "lacks its padding") {
+		t.Fatalf("unpadded: %v", err)
+	}
+}

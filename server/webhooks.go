@@ -381,15 +381,16 @@ func (w *webhooks) attempt(ctx context.Context, d store.Delivery) {
 		case a.Status >= 200 && a.Status < 300:
 			state = store.DeliveryDelivered
 		case ctx.Err() != nil:
-			// Cut by a shutdown: due again at once, wherever it is claimed.
-			a.Error = "the gateway stopped during the attempt"
+			// Cut by a shutdown: due again at once, wherever it is claimed,
+			// and not one of the attempts of the schedule.
+			a.Error = cutByShutdown
 			next = w.o.Now()
-		case len(d.Attempts) < len(w.o.Retries):
-			next = w.o.Now().Add(w.o.Retries[len(d.Attempts)])
+		case madeAttempts(d.Attempts) < len(w.o.Retries):
+			next = w.o.Now().Add(w.o.Retries[madeAttempts(d.Attempts)])
 			a.NextRetryAt = next
 		default:
 			state = store.DeliveryFailed
-			a.Error += fmt.Sprintf("; given up after %d attempts", len(d.Attempts)+1)
+			a.Error += fmt.Sprintf("; given up after %d attempts", madeAttempts(d.Attempts)+1)
 		}
 	}
 	outcome := map[store.DeliveryState]string{store.DeliveryDelivered: webhookDelivered, store.DeliveryFailed: webhookFailed, store.DeliveryPending: webhookRetry}[state]
@@ -407,6 +408,22 @@ func (w *webhooks) attempt(ctx context.Context, d store.Delivery) {
 	if state != store.DeliveryDelivered {
 		w.log.Warn("webhook attempt failed", "id", d.ID, "url", d.URL, "status", a.Status, "err", a.Error, "state", state, "next_attempt_at", next)
 	}
+}
+
+// cutByShutdown is the error of an attempt a stopping gateway cut short.
+const cutByShutdown = "the gateway stopped during the attempt"
+
+// madeAttempts counts the attempts of the retry schedule among as: those
+// a stopping gateway cut short are not, so that each restart during an
+// attempt does not use one up nor move the schedule on.
+func madeAttempts(as []store.DeliveryAttempt) int {
+	n := 0
+	for _, a := range as {
+		if a.Error != cutByShutdown {
+			n++
+		}
+	}
+	return n
 }
 
 func (w *webhooks) hook(url string) (Webhook, bool) {
