@@ -98,7 +98,7 @@ func (t *turn) refuse(step int, callID string, c model.ToolCall, reason, field, 
 func (t *turn) runTool(ctx context.Context, step int, callID string, c model.ToolCall, approved *machine.Approved) string {
 	e, ok := t.a.tools[c.Name]
 	if !ok {
-		return t.refuse(step, callID, c, "unknown_tool", "", fmt.Sprintf("There is no tool named %q. Available tools: %s.",
+		return t.refuse(step, callID, c, event.RefusedUnknownTool, "", fmt.Sprintf("There is no tool named %q. Available tools: %s.",
 			c.Name, strings.Join(t.a.order, ", ")), nil)
 	}
 	args := json.RawMessage(c.Arguments)

@@ -37,6 +37,10 @@ const (
 	OutcomeApprovalExpired Outcome = "approval_expired"
 )
 
+// RefusedUnknownTool is ToolCall.Refused for a call of a tool the agent
+// does not have: its Tool is whatever name the model wrote.
+const RefusedUnknownTool = "unknown_tool"
+
 // ToolCall is the durable record of one tool call (spec §8).
 type ToolCall struct {
 	CallID        string             `json:"call_id"`

@@ -35,11 +35,15 @@ type metrics struct {
 	mcpRestarts    prometheus.CounterFunc
 }
 
+// unknownToolLabel is the tool label of the calls of tools the agent does
+// not have.
+const unknownToolLabel = "(unknown)"
+
 func newMetrics(reg *prometheus.Registry, running func() float64) (*metrics, error) {
 	m := &metrics{
 		toolDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "timebox_tool_call_duration_seconds",
-			Help: "Wall-clock duration of tool calls, by tool and outcome (ok, error, timed_out, cancelled, abandoned).",
+			Help: "Wall-clock duration of tool calls, by tool (\"(unknown)\" for a name the agent has no tool by) and outcome (ok, error, timed_out, cancelled, abandoned, interrupted, denied, approval_expired).",
 			// From a fast lookup to the largest tool_max.
 			Buckets: []float64{.01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600},
 		}, []string{"tool", "outcome"}),
@@ -136,7 +140,13 @@ func defaultRegistry() *prometheus.Registry {
 func (m *metrics) observe(e event.Event) {
 	switch d := e.Data.(type) {
 	case *event.ToolFinished:
-		m.toolDuration.WithLabelValues(d.Tool, string(d.Outcome)).Observe(float64(d.DurationMS) / 1000)
+		tool := d.Tool
+		if d.Refused == event.RefusedUnknownTool {
+			// The model's own text: one series for all, not a series for
+			// each name a prompt can make it write.
+			tool = unknownToolLabel
+		}
+		m.toolDuration.WithLabelValues(tool, string(d.Outcome)).Observe(float64(d.DurationMS) / 1000)
 		if (d.Outcome == event.OutcomeTimedOut || d.Outcome == event.OutcomeAbandoned) &&
 			(d.Phase == budget.PhaseTool || d.Phase == budget.PhaseToolIdle) {
 			m.timeouts.WithLabelValues(string(d.Phase)).Inc()

@@ -818,7 +818,9 @@ func TestMetrics(t *testing.T) {
 		<-ctx.Done()
 		return nil, ctx.Err()
 	})
-	p := scripted(t, `{"tool_calls": [{"name": "slow"}]}`, `{"text": "it timed out"}`)
+	// The model also calls tools the agent does not have: their names are
+	// its own text, and go under one label.
+	p := scripted(t, `{"tool_calls": [{"name": "slow"}, {"name": "user said: my password is hunter2"}, {"name": "ghost"}]}`, `{"text": "it timed out"}`)
 	e := newEnv(t, server.Config{Agent: newAgent(t, p, slow)})
 	resp, sse := e.stream(t.Context(), map[string]any{"input": "go"})
 	sse.all(t)
@@ -829,6 +831,7 @@ func TestMetrics(t *testing.T) {
 	text := string(b)
 	for _, want := range []string{
 		`timebox_tool_call_duration_seconds_count{outcome="timed_out",tool="slow"} 1`,
+		`timebox_tool_call_duration_seconds_count{outcome="error",tool="(unknown)"} 2`,
 		`timebox_timeouts_total{phase="tool"} 1`,
 		`timebox_turns_total{status="completed",stop_reason="answered"} 1`,
 		`timebox_abandoned_calls_running 0`,
@@ -840,6 +843,9 @@ func TestMetrics(t *testing.T) {
 		if !strings.Contains(text, want) {
 			t.Errorf("metrics lack %s", want)
 		}
+	}
+	if strings.Contains(text, "hunter2") || strings.Contains(text, "ghost") {
+		t.Errorf("a tool name the model made up is a label")
 	}
 }
 
