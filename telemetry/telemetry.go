@@ -10,6 +10,7 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"strconv"
 	"strings"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -90,7 +91,11 @@ func settings(getenv func(string) string) (config, error) {
 		}
 		u, err := url.Parse(v)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return config{}, fmt.Errorf("%s=%q is not an http:// or https:// URL (for a collector on this machine: http://localhost:4318)", name, v)
+			shown := "a value that does not parse" // it may hold a password anywhere
+			if err == nil {
+				shown = strconv.Quote(u.Redacted())
+			}
+			return config{}, fmt.Errorf("%s=%s is not an http:// or https:// URL (for a collector on this machine: http://localhost:4318)", name, shown)
 		}
 		if c.endpoint == "" {
 			c.on, c.endpoint = true, v

@@ -361,6 +361,9 @@ func TestFromEnv(t *testing.T) {
 		{"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json"}:          "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
 		{"OTEL_EXPORTER_OTLP_ENDPOINT", "http://[::1"}:               "is not an http:// or https:// URL",
 		{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "https:///v1/traces"}: "is not an http:// or https:// URL",
+		// A password in the value is not shown.
+		{"OTEL_EXPORTER_OTLP_ENDPOINT", "ftp://user:s3cretpw@h"}:     `"ftp://user:xxxxx@h" is not an http://`,
+		{"OTEL_EXPORTER_OTLP_ENDPOINT", "http://user:s3cretpw@[::1"}: "OTEL_EXPORTER_OTLP_ENDPOINT=a value that does not parse",
 	} {
 		err := telemetry.Check(func(k string) string {
 			if k == env[0] {
@@ -368,7 +371,7 @@ func TestFromEnv(t *testing.T) {
 			}
 			return ""
 		})
-		if err == nil || !strings.Contains(err.Error(), want) {
+		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "s3cretpw") {
 			t.Errorf("%s=%s: %v, want %q", env[0], env[1], err, want)
 		}
 	}
