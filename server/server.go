@@ -334,6 +334,11 @@ func (s *Server) start(ctx context.Context, session, input string, budgets budge
 			// Running through another gateway sharing the store.
 			return fail(fmt.Errorf("%w: %v; wait for it to end or cancel it", errBusy, err))
 		}
+		if ctx.Err() == nil {
+			// A write the store failed (timebox_store_errors_total), not
+			// a client that gave up waiting for it.
+			s.m.storeErrors.WithLabelValues("begin_turn").Inc()
+		}
 		if errors.Is(err, store.ErrUnavailable) {
 			return fail(fmt.Errorf("%w: %v", errStoreAway, err))
 		}

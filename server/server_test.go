@@ -849,6 +849,24 @@ func TestMetrics(t *testing.T) {
 	}
 }
 
+// TestARefusedTurnStartIsAStoreError: a turn the store could not begin
+// counts in timebox_store_errors_total, as every failed store write does;
+// it was only logged.
+func TestARefusedTurnStartIsAStoreError(t *testing.T) {
+	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, `{"text": "hi"}`)), Store: awayStore{store.NewMemory()}})
+	resp := e.do("POST", "/v1/turns", map[string]any{"input": "go"})
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("POST: %d", resp.StatusCode)
+	}
+	mresp := e.do("GET", "/metrics", nil)
+	b, _ := io.ReadAll(mresp.Body)
+	mresp.Body.Close()
+	if want := `timebox_store_errors_total{op="begin_turn"} 1`; !strings.Contains(string(b), want) {
+		t.Errorf("metrics lack %s", want)
+	}
+}
+
 func TestHealthzAndPage(t *testing.T) {
 	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, `{"text": "hi"}`))})
 	h := decode[map[string]any](t, e.do("GET", "/healthz", nil), http.StatusOK)
