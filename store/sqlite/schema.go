@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 )
 
@@ -262,6 +263,21 @@ func migrate(ctx context.Context, db *sql.DB, path string) error {
 		}
 		if v == len(migrations) {
 			return tx.Rollback()
+		}
+		if v == 0 {
+			// A new store is an empty file: one that has tables already
+			// is another program's database, which timebox must not
+			// write its own tables into.
+			var name string
+			err := tx.QueryRowContext(ctx, `SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name LIMIT 1`).Scan(&name)
+			if err == nil {
+				tx.Rollback()
+				return fmt.Errorf("%s is a SQLite database, but not a store of timebox's (it has a table %q of its own): name the store's file, or a new one for timebox to make", path, name)
+			}
+			if !errors.Is(err, sql.ErrNoRows) {
+				tx.Rollback()
+				return err
+			}
 		}
 		if _, err := tx.ExecContext(ctx, migrations[v]); err != nil {
 			tx.Rollback()

@@ -128,6 +128,28 @@ func TestBadPath(t *testing.T) {
 	if b, _ := os.ReadFile(other); string(b) != "model: {primary: 'script:m'}\n" {
 		t.Errorf("the file that is no database was changed: %q", b)
 	}
+	// Another program's SQLite database gets no tables of timebox's.
+	foreign := filepath.Join(dir, "other.db")
+	db, err := sql.Open("sqlite", foreign)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`CREATE TABLE foo (x)`); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	if s, err := sqlite.Open(foreign, sqlite.Options{}); err == nil || !strings.Contains(err.Error(), `not a store of timebox's (it has a table "foo" of its own)`) {
+		if s != nil {
+			s.Close()
+		}
+		t.Errorf("another program's database: %v", err)
+	}
+	db, _ = sql.Open("sqlite", foreign)
+	defer db.Close()
+	var n int
+	if err := db.QueryRow(`SELECT count(*) FROM sqlite_master WHERE type = 'table'`).Scan(&n); err != nil || n != 1 {
+		t.Errorf("%d tables in it after, %v", n, err)
+	}
 }
 
 var (
