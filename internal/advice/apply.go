@@ -37,7 +37,21 @@ type Edit struct {
 //
 // The edits are made one after the other, each on the file the one
 // before left, so that they never see stale positions.
+//
+// A file whose every line ends in CRLF is edited as the same file with LF
+// endings, and written back with CRLF: the YAML reader's positions do not
+// follow CRLF lines everywhere (after a comment, say), and edits made by
+// them landed on the wrong lines.
 func Apply(src []byte, edits []Edit) (out []byte, skipped []string, err error) {
+	crlf := bytes.Contains(src, []byte("\r\n")) && bytes.Count(src, []byte("\r\n")) == bytes.Count(src, []byte("\n"))
+	if crlf {
+		src = bytes.ReplaceAll(src, []byte("\r\n"), []byte("\n"))
+		defer func() {
+			if out != nil {
+				out = bytes.ReplaceAll(out, []byte("\n"), []byte("\r\n"))
+			}
+		}()
+	}
 	out = src
 	for _, e := range edits {
 		next, why, err := apply1(out, e)

@@ -74,3 +74,37 @@ func TestApply(t *testing.T) {
 		t.Errorf("a second Apply changed the file:\n%s", advice.Diff("once", "twice", out, again))
 	}
 }
+
+// TestApplyCRLF: a file with Windows line endings is edited as the same
+// file with LF ones, and keeps its CRLF.
+func TestApplyCRLF(t *testing.T) {
+	src, err := os.ReadFile("testdata/agent.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := os.ReadFile("testdata/agent.applied.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	crlf := func(b []byte) []byte { return []byte(strings.ReplaceAll(string(b), "\n", "\r\n")) }
+	s := time.Second
+	edits := []advice.Edit{
+		{Tool: "web_fetch", Key: "timeout", Value: 10 * s},
+		{Tool: "crawl", Key: "timeout", Value: 5 * time.Minute},
+		{Tool: "crawl", Key: "idle_timeout", Value: 30 * s},
+		{Tool: "search", Key: "timeout", Value: 2 * s},
+		{Tool: "search", Key: "idle_timeout", Value: 500 * time.Millisecond},
+		{Tool: "everything__trigger-long-running-operation", Key: "timeout", Value: 1 * time.Minute},
+		{Tool: "everything__echo", Key: "timeout", Value: 200 * time.Millisecond},
+		{Tool: "everything__add", Key: "timeout", Value: time.Second},
+		{Tool: "fs__read_file", Key: "timeout", Value: 15 * s},
+		{Tool: "fs__read_file", Key: "idle_timeout", Value: 5 * s},
+	}
+	out, skipped, err := advice.Apply(crlf(src), edits)
+	if err != nil || len(skipped) != 0 {
+		t.Fatalf("skipped %q, err %v", skipped, err)
+	}
+	if string(out) != string(crlf(want)) {
+		t.Errorf("the CRLF file was edited otherwise:\n%s", advice.Diff("LF, CRLF'd", "CRLF", crlf(want), out))
+	}
+}
