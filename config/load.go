@@ -1,6 +1,7 @@
 package config
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -188,6 +189,10 @@ func (l *loader) warnAt(p pos, key, msg string) {
 
 func (l *loader) load(data []byte) (*Agent, error) {
 	data = regular.TrimBOM(data)
+	// CRLF line endings (a file saved on Windows) are LF ones to YAML; the
+	// YAML reader counts a comment's CRLF as two lines, and every problem
+	// after it was placed lines too far.
+	data = bytes.ReplaceAll(data, []byte("\r\n"), []byte("\n"))
 	if p, ok := invalidUTF8(data); !ok {
 		// The YAML reader would read each bad byte as U+FFFD, without a
 		// word: a model's name, a key, an argument changed unseen.

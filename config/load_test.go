@@ -363,6 +363,19 @@ func TestAFileThatIsNotUTF8IsRefused(t *testing.T) {
 	}
 }
 
+// TestCRLFFilesPlaceProblemsOnTheirLines: an agent file saved with
+// Windows line endings places its problems on the lines its editor shows;
+// the YAML reader counted each comment's CRLF as two lines.
+func TestCRLFFilesPlaceProblemsOnTheirLines(t *testing.T) {
+	body := "# a comment\n# another\nmodel: {primary: 'script:m'}\nproviders: {script: {file: script.jsonl}}\n# c\ntimeouts:\n  tool: 10 mins\n"
+	for _, b := range []string{body, strings.ReplaceAll(body, "\n", "\r\n")} {
+		_, err := Load(writeAgent(t, b), Overrides{})
+		if err == nil || !strings.Contains(err.Error(), "agent.yaml:7:9: timeouts.tool:") {
+			t.Errorf("%q: %v", b[:12], err)
+		}
+	}
+}
+
 // writeAgent writes an agent file (and the script file it may name) into
 // a fresh directory and returns its path.
 func writeAgent(t *testing.T, body string) string {
