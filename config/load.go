@@ -77,35 +77,6 @@ func readProblem(err error) string {
 	return "cannot read the agent file: " + err.Error()
 }
 
-// badByte is where the first byte of a file that is not UTF-8 is: its
-// line and column (in characters), and its offset.
-type badByte struct {
-	pos
-	off int
-}
-
-// invalidUTF8 returns where the first byte of data that is not part of a
-// UTF-8 character is, and false; or true when data is UTF-8.
-func invalidUTF8(data []byte) (badByte, bool) {
-	if utf8.Valid(data) {
-		return badByte{}, true
-	}
-	line, col := 1, 1
-	for i := 0; i < len(data); {
-		r, n := utf8.DecodeRune(data[i:])
-		if r == utf8.RuneError && n <= 1 {
-			return badByte{pos{line, col}, i}, false
-		}
-		if r == '\n' {
-			line, col = line+1, 1
-		} else {
-			col++
-		}
-		i += n
-	}
-	return badByte{}, true
-}
-
 // loader holds the state of one Load: what the file said, what the
 // overrides said, and every problem so far.
 type loader struct {
@@ -193,10 +164,12 @@ func (l *loader) load(data []byte) (*Agent, error) {
 	// YAML reader counts a comment's CRLF as two lines, and every problem
 	// after it was placed lines too far.
 	data = bytes.ReplaceAll(data, []byte("\r\n"), []byte("\n"))
-	if p, ok := invalidUTF8(data); !ok {
+	if off, problem := regular.NotUTF8(data); off >= 0 {
 		// The YAML reader would read each bad byte as U+FFFD, without a
 		// word: a model's name, a key, an argument changed unseen.
-		l.errAt(p.pos, "", fmt.Sprintf("the file is not UTF-8 text: byte 0x%02x here is not part of a character (save the file as UTF-8)", data[p.off]))
+		line := 1 + bytes.Count(data[:off], []byte("\n"))
+		col := 1 + utf8.RuneCount(data[bytes.LastIndexByte(data[:off], '\n')+1:off])
+		l.errAt(pos{line, col}, "", "the file is not UTF-8 text: "+problem)
 		l.readOverrides()
 		l.sortErrs()
 		return nil, l.errs

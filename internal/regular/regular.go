@@ -13,6 +13,7 @@ import (
 	"io/fs"
 	"os"
 	"syscall"
+	"unicode/utf8"
 )
 
 // NotRegularError is returned for a path that exists but is not a regular
@@ -96,3 +97,21 @@ var utf8BOM = []byte("\xef\xbb\xbf")
 // any: a text file's first line is read as its author sees it, and the
 // columns of its errors are those of the author's editor.
 func TrimBOM(b []byte) []byte { return bytes.TrimPrefix(b, utf8BOM) }
+
+// NotUTF8 returns the offset of the first byte of b that is not part of a
+// UTF-8 character, and what to say of it, ready to follow "the file is not
+// UTF-8 text: "; or -1 and "" when b is UTF-8. A reader that would take
+// such a byte for U+FFFD (goccy/go-yaml, encoding/json) says so instead.
+func NotUTF8(b []byte) (off int, problem string) {
+	if utf8.Valid(b) {
+		return -1, ""
+	}
+	for off < len(b) {
+		r, size := utf8.DecodeRune(b[off:])
+		if r == utf8.RuneError && size <= 1 {
+			break
+		}
+		off += size
+	}
+	return off, fmt.Sprintf("byte 0x%02x here is not part of a character (save the file as UTF-8)", b[off])
+}

@@ -16,6 +16,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/timebox-run/timebox/internal/problem"
+	"github.com/timebox-run/timebox/internal/regular"
 )
 
 // ParseError is one problem of a script, in the form of every problem of
@@ -71,17 +72,9 @@ type lineParser struct {
 // line without the spaces around it.
 func parseLine(name string, n int, text, raw []byte) (Line, []*ParseError) {
 	p := &lineParser{name: name, n: n, text: text, at: map[string]int{}}
-	if !utf8.Valid(raw) {
+	if off, problem := regular.NotUTF8(raw); off >= 0 {
 		// The decoder would read each bad byte as U+FFFD, without a word.
-		off := 0
-		for off < len(raw) {
-			r, size := utf8.DecodeRune(raw[off:])
-			if r == utf8.RuneError && size <= 1 {
-				break
-			}
-			off += size
-		}
-		p.report(off, "", fmt.Sprintf("the line is not UTF-8 text: byte 0x%02x here is not part of a character (save the file as UTF-8)", raw[off]))
+		p.report(off, "", "the line is not UTF-8 text: "+problem)
 		return Line{}, p.problems
 	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
