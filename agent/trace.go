@@ -269,6 +269,9 @@ func (sp *spans) Emit(e event.Event) {
 			attrOverran.Bool(rec.Overran), attrAbandoned.Bool(rec.Abandoned)}
 		if rec.Phase != "" {
 			attrs = append(attrs, attrPhase.String(string(rec.Phase)))
+			if fired, ok := sp.toolPhaseBudget(d.Tool, rec.Phase); ok {
+				attrs = append(attrs, budgetAttrs(fired)...)
+			}
 		}
 		if rec.ExitCode != nil {
 			attrs = append(attrs, attribute.Int("process.exit.code", *rec.ExitCode))
@@ -301,6 +304,25 @@ func toolType(kind string) string {
 		return "extension"
 	}
 	return "function"
+}
+
+// toolPhaseBudget returns the budget of the phase that ended a call of
+// tool, when it is not the tool's timeout the span started with: its
+// idle timeout, the step's or the turn's. (The span then names the budget
+// that fired, as a model call's does.)
+func (sp *spans) toolPhaseBudget(tool string, p budget.Phase) (budget.Duration, bool) {
+	b := &sp.t.s.Budgets
+	switch p {
+	case budget.PhaseToolIdle:
+		if e, ok := sp.t.a.tools[tool]; ok {
+			return turnToolBudget(e, b).IdleTimeout, true
+		}
+	case budget.PhaseStep:
+		return b.Step, true
+	case budget.PhaseTurn:
+		return b.Turn, true
+	}
+	return budget.Duration{}, false
 }
 
 // phaseBudget returns the budget of the phase that ended a model call.

@@ -1,0 +1,74 @@
+package agent_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/timebox-run/timebox/agent"
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/model"
+	"github.com/timebox-run/timebox/tool"
+)
+
+// TestToolSpanNamesTheBudgetThatFired: a call stopped by its idle
+// timeout or by the turn's ceiling ends a span that names that budget,
+// not the tool's timeout it started with (docs/observability.md).
+func TestToolSpanNamesTheBudgetThatFired(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		idle     time.Duration
+		budgets  budget.Budgets
+		phase    budget.Phase
+		wantMS   int64
+		wantKnob string
+	}{
+		{"idle", 2 * time.Second, budget.Budgets{}, budget.PhaseToolIdle, 2000, "tools[wait].idle_timeout"},
+		{"turn", 0, budget.Budgets{Turn: secs(4*time.Second, budget.SourceFile, budget.KeyTurn)}, budget.PhaseTurn, 4000, budget.KeyTurn},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				rec := tracetest.NewSpanRecorder()
+				tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+				defer tp.Shutdown(context.Background())
+				wait := agent.Tool{Tool: tool.NewFunc("wait", "waits", nil, func(ctx context.Context, _ json.RawMessage, _ tool.Progress) (any, error) {
+					<-ctx.Done()
+					return nil, ctx.Err()
+				}), Budget: budget.ToolBudget{Timeout: budget.Duration{D: time.Minute}, IdleTimeout: budget.Duration{D: c.idle}}}
+				p := lines(t, `{"tool_calls": [{"name": "wait"}]}`, `{"text": "ok"}`)
+				a, err := agent.New(agent.Config{Name: "traced", Models: []model.Endpoint{endpoint(p, "m")},
+					Tools: []agent.Tool{wait}, Budgets: c.budgets, TracerProvider: tp})
+				if err != nil {
+					t.Fatal(err)
+				}
+				res := a.Run(t.Context(), agent.Input{Text: "go"})
+				if r := toolRecord(t, res, "wait"); r.Phase != c.phase {
+					t.Fatalf("the call ended in phase %q (%s), want %q", r.Phase, r.Result, c.phase)
+				}
+				var found bool
+				for _, s := range rec.Ended() {
+					if s.Name() != "execute_tool wait" {
+						continue
+					}
+					found = true
+					got := map[string]any{}
+					for _, kv := range s.Attributes() {
+						got[string(kv.Key)] = kv.Value.AsInterface()
+					}
+					if got["timebox.budget.ms"] != c.wantMS || got["timebox.budget.knob"] != c.wantKnob || got["timebox.phase"] != string(c.phase) {
+						t.Errorf("the span's budget: %v ms, knob %v, phase %v; want %d ms, %s, %s",
+							got["timebox.budget.ms"], got["timebox.budget.knob"], got["timebox.phase"], c.wantMS, c.wantKnob, c.phase)
+					}
+				}
+				if !found {
+					t.Fatal("no execute_tool span")
+				}
+			})
+		})
+	}
+}
