@@ -74,24 +74,36 @@ func Interrupt(t Interrupted) Interruption {
 		running  = map[string]*runningCall{} // by call_id
 		progress = map[string]int{}          // progress reports by call_id
 		model    string                      // a model call under way
+		modelAt  time.Time                   // when it started
 		text     strings.Builder             // the reply of the last model call
+		llm      time.Duration               // the model calls' time, as timeouts.llm_budget counts it
+		ran      []span                      // the finished tool calls' times
+		fails    int                         // failovers
 	)
 	for _, e := range t.Events {
 		last, lastAt = e.Seq, e.At
 		switch d := e.Data.(type) {
 		case *event.LLMStarted:
-			model = d.Model
+			model, modelAt = d.Model, e.At
 			text.Reset()
 		case *event.LLMDelta:
 			text.WriteString(d.Text)
 		case *event.LLMFinished:
 			model = ""
+			if !d.Compaction {
+				llm += time.Duration(d.StreamMS) * time.Millisecond
+			}
+		case *event.Failover:
+			fails++
 		case *event.ToolStarted:
 			running[d.CallID] = &runningCall{started: d, at: e.At}
 		case *event.ToolProgress:
 			progress[d.CallID]++
 		case *event.ToolFinished:
 			delete(running, d.CallID)
+			if d.Refused == "" {
+				ran = append(ran, span{d.StartedAt, d.EndedAt})
+			}
 		}
 	}
 	// The calls that were running get their record, and their log the
@@ -116,11 +128,17 @@ func Interrupt(t Interrupted) Interruption {
 		out.Events = append(out.Events, event.Event{Seq: seq, TurnID: t.TurnID, Type: event.TypeToolFinished, At: now,
 			Data: &event.ToolFinished{ToolCall: tc}})
 		tools = append(tools, c.started.Tool)
+		ran = append(ran, span{tc.StartedAt, tc.EndedAt})
+	}
+	if model != "" && lastAt.After(modelAt) {
+		llm += lastAt.Sub(modelAt)
 	}
 
 	rec := event.Turn{TurnID: t.TurnID, SessionID: t.SessionID, Agent: t.Agent, Input: t.Input, StartedAt: t.StartedAt,
 		Status: budget.StatusInterrupted, StopReason: cmp.Or(t.Reason, budget.Interrupted), Steps: t.Steps,
-		EndedAt: lastAt, WallMS: lastAt.Sub(t.StartedAt).Milliseconds()}
+		EndedAt: lastAt, WallMS: lastAt.Sub(t.StartedAt).Milliseconds(),
+		// Lower bounds, as the wall time is: what the stored events show.
+		LLMMS: llm.Milliseconds(), ToolMS: covered(ran).Milliseconds(), Failovers: fails}
 	if model != "" {
 		rec.Answer = text.String()
 	}
@@ -128,8 +146,31 @@ func Interrupt(t Interrupted) Interruption {
 	out.Record = rec
 	out.Events = append(out.Events, event.Event{Seq: seq + 1, TurnID: t.TurnID, Type: event.TypeTurnFinished, At: now,
 		Data: &event.TurnFinished{Status: rec.Status, StopReason: rec.StopReason, Message: rec.Message, Answer: rec.Answer,
-			Totals: event.Totals{Steps: rec.Steps, ToolCalls: t.ToolCalls + len(out.Calls), WallMS: rec.WallMS}}})
+			Totals: event.Totals{Steps: rec.Steps, ToolCalls: t.ToolCalls + len(out.Calls), WallMS: rec.WallMS,
+				LLMMS: rec.LLMMS, ToolMS: rec.ToolMS, Failovers: rec.Failovers}}})
 	return out
+}
+
+// span is a stretch of time a tool call ran.
+type span struct{ from, to time.Time }
+
+// covered returns the time the spans cover, counted once where they
+// overlap: a batch of concurrent calls counts once, as a turn's tool_ms
+// does, and its waits for people between calls not at all.
+func covered(ss []span) time.Duration {
+	sort.Slice(ss, func(i, j int) bool { return ss[i].from.Before(ss[j].from) })
+	var total time.Duration
+	var end time.Time
+	for _, s := range ss {
+		if s.from.After(end) {
+			end = s.from
+		}
+		if s.to.After(end) {
+			total += s.to.Sub(end)
+			end = s.to
+		}
+	}
+	return total
 }
 
 // runningCall is a tool call a turn's log shows started and not finished.

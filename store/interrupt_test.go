@@ -1,0 +1,64 @@
+package store_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/store"
+)
+
+// TestAnInterruptedTurnKeepsItsTimes: a turn whose process died ends
+// with the model and tool time its stored events show (lower bounds, as
+// its wall time is), not 0ms: the model calls' stream time, the tool
+// calls' time with a batch's overlap counted once, the call that was
+// running until the last event, and its failovers.
+func TestAnInterruptedTurnKeepsItsTimes(t *testing.T) {
+	t0 := time.Date(2026, 11, 28, 0, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	var seq int64
+	ev := func(ms int, d event.Payload) event.Event {
+		seq++
+		return event.Event{Seq: seq, TurnID: "t1", Type: d.Type(), At: at(ms), Data: d}
+	}
+	call := func(id string, from, to int) *event.ToolFinished {
+		return &event.ToolFinished{ToolCall: event.ToolCall{CallID: id, Tool: "sh", StartedAt: at(from), EndedAt: at(to)}}
+	}
+	refused := call("c9", 900, 900)
+	refused.Refused = event.RefusedUnknownTool
+	evs := []event.Event{
+		ev(0, &event.LLMStarted{Step: 1, Model: "a"}),
+		ev(300, &event.LLMFinished{ModelCall: event.ModelCall{Step: 1, StreamMS: 300}}),
+		ev(300, &event.Failover{Step: 1, From: "a", To: "b"}),
+		ev(300, &event.LLMStarted{Step: 1, Model: "b"}),
+		ev(1000, &event.LLMFinished{ModelCall: event.ModelCall{Step: 1, StreamMS: 700}}),
+		ev(1000, &event.ToolStarted{Step: 1, CallID: "c1", Tool: "sh"}),
+		ev(1000, &event.ToolStarted{Step: 1, CallID: "c2", Tool: "sh"}),
+		ev(3000, call("c1", 1000, 3000)),
+		ev(4000, call("c2", 2000, 4000)), // overlaps c1: the batch is 3s
+		ev(4000, refused),
+		ev(4000, &event.LLMStarted{Step: 2, Model: "b"}),
+		ev(4500, &event.LLMFinished{ModelCall: event.ModelCall{Step: 2, StreamMS: 500}}),
+		ev(4500, &event.ToolStarted{Step: 2, CallID: "c3", Tool: "sh"}),
+		ev(6500, &event.ToolProgress{CallID: "c3"}), // the last event: c3 ran at least 2s
+	}
+	out := store.Interrupt(store.Interrupted{TurnID: "t1", StartedAt: t0, Events: evs, ToolCalls: 3, Steps: 2, Why: "it died", Now: at(9000)})
+	r := out.Record
+	if r.LLMMS != 1500 || r.ToolMS != 5000 || r.Failovers != 1 || r.WallMS != 6500 {
+		t.Errorf("record: llm_ms %d (want 1500), tool_ms %d (want 5000), failovers %d (want 1), wall_ms %d (want 6500)",
+			r.LLMMS, r.ToolMS, r.Failovers, r.WallMS)
+	}
+	fin := out.Events[len(out.Events)-1].Data.(*event.TurnFinished)
+	if tot := fin.Totals; tot.LLMMS != r.LLMMS || tot.ToolMS != r.ToolMS || tot.Failovers != r.Failovers {
+		t.Errorf("turn_finished's totals %+v differ from the record's", tot)
+	}
+
+	// A model call under way counts until the last event.
+	seq = 0
+	out = store.Interrupt(store.Interrupted{TurnID: "t1", StartedAt: t0, Events: []event.Event{
+		ev(100, &event.LLMStarted{Step: 1, Model: "a"}), ev(2100, &event.LLMDelta{Step: 1, Text: "hal"}),
+	}, Why: "it died", Now: at(9000)})
+	if out.Record.LLMMS != 2000 || out.Record.ToolMS != 0 {
+		t.Errorf("a model call under way: llm_ms %d (want 2000), tool_ms %d", out.Record.LLMMS, out.Record.ToolMS)
+	}
+}
