@@ -193,11 +193,28 @@ func usageExit(err error) int {
 	return ExitUsage
 }
 
-// parse parses flags and positional arguments in any order.
+// parse parses flags and positional arguments in any order. -h prints
+// the command's usage; a flag error prints the error, the flag meant when
+// one is near, and how to see them all — not the sixty lines of flags,
+// which would scroll the error out of sight.
 func parse(fs *flag.FlagSet, args []string) ([]string, error) {
+	full := fs.Usage
+	if full == nil {
+		full = func() {
+			fmt.Fprintf(fs.Output(), "Usage of %s:\n", fs.Name())
+			fs.PrintDefaults()
+		}
+	}
+	fs.Usage = func() {}
+	defer func() { fs.Usage = full }()
 	var pos []string
 	for {
 		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				full()
+			} else {
+				flagHint(fs, err)
+			}
 			return nil, err
 		}
 		if fs.NArg() == 0 {
@@ -210,6 +227,56 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 		pos = append(pos, rest[0])
 		args = rest[1:]
 	}
+}
+
+// flagHint follows the flag package's line for err (which it printed)
+// with the flag meant, when a defined one is a letter or two away, and
+// where the rest are.
+func flagHint(fs *flag.FlagSet, err error) {
+	w := fs.Output()
+	if name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: -"); ok {
+		best, bestD := "", 3
+		fs.VisitAll(func(f *flag.Flag) {
+			if d := editDistance(name, f.Name); d < bestD || (d == bestD && best != "" && f.Name < best) {
+				best, bestD = f.Name, d
+			}
+		})
+		switch strings.TrimPrefix(name, "-") {
+		case "agent", "agent-file", "file", "config", "c":
+			if fs.Lookup("f") != nil {
+				best = "f" // the agent file, as other tools name it
+			}
+		}
+		switch {
+		case best == "" || len(name) < 2:
+		case len(best) == 1:
+			fmt.Fprintf(w, "Did you mean -%s?\n", best)
+		default:
+			fmt.Fprintf(w, "Did you mean --%s?\n", best)
+		}
+	}
+	fmt.Fprintf(w, "Run '%s -h' for its flags.\n", fs.Name())
+}
+
+// editDistance is the Levenshtein distance between a and b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur := make([]int, len(b)+1)
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev = cur
+	}
+	return prev[len(b)]
 }
 
 // tookLastWord reports whether the last of args is a word without a digit

@@ -129,6 +129,30 @@ func TestHelpExitsZero(t *testing.T) {
 	}
 }
 
+// TestAFlagErrorIsShort: a flag error prints the error, the flag meant
+// when one is near, and where the others are, in three lines — not every
+// flag, which scrolled the error out of sight; -h still prints them all.
+func TestAFlagErrorIsShort(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"serve", "--adr", ":1"}, "flag provided but not defined: -adr\nDid you mean --addr?\nRun 'timebox serve -h' for its flags.\n"},
+		{[]string{"run", "--agent", "a.yaml", "hi"}, "flag provided but not defined: -agent\nDid you mean -f?\nRun 'timebox run -h' for its flags.\n"},
+		{[]string{"runs", "list", "--jsn"}, "flag provided but not defined: -jsn\nDid you mean --json?\nRun 'timebox runs list -h' for its flags.\n"},
+		{[]string{"run", "--zzzzzz", "hi"}, "flag provided but not defined: -zzzzzz\nRun 'timebox run -h' for its flags.\n"},
+		{[]string{"stats", "--since"}, "flag needs an argument: -since\nRun 'timebox stats -h' for its flags.\n"},
+	} {
+		r := run(t, nil, c.args...)
+		if r.code != cli.ExitUsage || r.err != c.want || r.out != "" {
+			t.Errorf("timebox %s: exit %d, stderr\n%s\nwant\n%s", strings.Join(c.args, " "), r.code, r.err, c.want)
+		}
+	}
+	if r := run(t, nil, "serve", "-h"); r.code != cli.ExitOK || !strings.Contains(r.out+r.err, "-shutdown-grace") {
+		t.Errorf("serve -h: exit %d, %s", r.code, r.out+r.err)
+	}
+}
+
 func TestConfigurationErrorsExit2(t *testing.T) {
 	bad := filepath.Join(t.TempDir(), "agent.yaml")
 	os.WriteFile(bad, []byte("model:\n  primary: script:m\ntimeouts:\n  tol: 5s\n  turn: 10 mins\n"), 0o644)
