@@ -125,6 +125,40 @@ func helper(mode string) int {
 		}
 		fmt.Println(sc.Text())
 		time.Sleep(time.Hour)
+	case "tty-owner":
+		// A timebox on a terminal (its controlling one): says whether it
+		// can open /dev/tty, then starts "tty-open" as a tree and relays
+		// what the tool says.
+		if f, err := os.OpenFile("/dev/tty", os.O_RDWR, 0); err == nil {
+			f.Close()
+			fmt.Println("owner: tty open")
+		} else {
+			fmt.Println("owner: tty refused:", err)
+		}
+		cmd := exec.Command(self(), helperArg, "tty-open")
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			return 1
+		}
+		tree, err := Start(context.Background(), cmd, Auto)
+		if err != nil {
+			fmt.Println("error", err)
+			return 1
+		}
+		sc := bufio.NewScanner(out)
+		if sc.Scan() {
+			fmt.Println(sc.Text())
+		}
+		tree.Wait()
+		return 0
+	case "tty-open":
+		if f, err := os.OpenFile("/dev/tty", os.O_RDWR, 0); err == nil {
+			f.Close()
+			fmt.Println("tool: tty open")
+		} else {
+			fmt.Println("tool: tty refused")
+		}
+		return 0
 	case "setsid-child", "leave-child":
 		c := exec.Command(self(), helperArg, "hang")
 		c.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -267,6 +301,11 @@ func TestMarkerAndProcessGroup(t *testing.T) {
 		if err != nil || ps.pgrp != st.tree.PID() {
 			t.Errorf("the root's process group is %d (%v), want its own, %d", ps.pgrp, err, st.tree.PID())
 		}
+		// A session of its own, without timebox's terminal (a tool in
+		// timebox's session could type into it).
+		if sid, err := unix.Getsid(st.tree.PID()); err != nil || sid != st.tree.PID() {
+			t.Errorf("the root's session is %d (%v), want its own, %d", sid, err, st.tree.PID())
+		}
 		procs, err := Running()
 		if err != nil {
 			t.Fatal(err)
@@ -283,6 +322,60 @@ func TestMarkerAndProcessGroup(t *testing.T) {
 			t.Error("a stopped process reports success")
 		}
 	})
+}
+
+// TestAToolHasNoTerminal: a tool started by a timebox that runs on a
+// terminal cannot open it (/dev/tty), so it cannot type into the shell
+// that started timebox, answer its approval prompt, or stop it by taking
+// the terminal's foreground.
+func TestAToolHasNoTerminal(t *testing.T) {
+	master, err := os.OpenFile("/dev/ptmx", os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		t.Skip("no pseudo-terminals:", err)
+	}
+	defer master.Close()
+	fd := int(master.Fd())
+	if err := unix.IoctlSetPointerInt(fd, unix.TIOCSPTLCK, 0); err != nil {
+		t.Fatal(err)
+	}
+	n, err := unix.IoctlGetInt(fd, unix.TIOCGPTN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tty, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	owner := exec.Command(self(), helperArg, "tty-owner")
+	owner.Stdin, owner.Stdout, owner.Stderr = tty, tty, tty
+	owner.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	if err := owner.Start(); err != nil {
+		t.Fatal(err)
+	}
+	tty.Close()
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second): // a deadline, not a wait
+			owner.Process.Kill()
+			master.Close()
+		}
+	}()
+	var said []string
+	sc := bufio.NewScanner(master)
+	for len(said) < 2 && sc.Scan() {
+		said = append(said, strings.TrimRight(sc.Text(), "\r"))
+	}
+	owner.Wait()
+	if len(said) != 2 || said[0] != "owner: tty open" {
+		t.Fatalf("the owner said %q", said)
+	}
+	if said[1] != "tool: tty refused" {
+		t.Errorf("the tool said %q: it could open timebox's terminal", said[1])
+	}
+	noLeaks(t)
 }
 
 func TestStopReachesEscapedChild(t *testing.T) {

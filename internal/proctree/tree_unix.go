@@ -68,9 +68,9 @@ func UnkilledRunning() int64 { return unkilledRunning.Load() }
 
 // Start starts cmd, which must not have been started, as the root of a new
 // tree owned with strategy s (see Resolve; Auto picks). It sets
-// cmd.SysProcAttr (a copy of the caller's, with Setpgid unless Setsid is
-// set, Pdeathsig SIGKILL unless the caller set another, and the cgroup to
-// start in) and cmd.Env (the marker TIMEBOX_CALL is added; a nil Env
+// cmd.SysProcAttr (a copy of the caller's, with Setsid: a session and
+// process group of its own, without a terminal; Pdeathsig SIGKILL unless
+// the caller set another; and the cgroup to start in) and cmd.Env (the marker TIMEBOX_CALL is added; a nil Env
 // becomes this process's environment first, as exec.Cmd would have used).
 //
 // The root gets SIGKILL if this process dies without stopping it (killed
@@ -102,11 +102,14 @@ func Start(ctx context.Context, cmd *exec.Cmd, s Strategy) (*Tree, error) {
 		cp := *cmd.SysProcAttr
 		attr = &cp
 	}
-	if !attr.Setsid {
-		// A process group of its own: the tracking strategy signals it,
-		// and a terminal's Ctrl-C reaches timebox, not its tools.
-		attr.Setpgid, attr.Pgid = true, 0
-	}
+	// A session of its own, so a process group of its own too: the
+	// tracking strategy signals it, and a terminal's Ctrl-C reaches
+	// timebox, not its tools. A session, not only a group: in timebox's
+	// session a tool could open /dev/tty, type into the shell that started
+	// timebox (TIOCSTI), answer its approval prompt, or take the
+	// terminal's foreground and stop timebox with SIGTTIN; and a process
+	// could join another call's group. A new session has no terminal.
+	attr.Setsid, attr.Setpgid, attr.Pgid = true, false, 0
 	dieWithParent(attr)
 	cmd.Env = withMarker(cmd.Env, t.marker)
 	if st == Cgroup {
