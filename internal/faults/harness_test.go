@@ -60,8 +60,6 @@ func newAgent(t *testing.T, yaml string, script []string, tools map[string]strin
 	return a
 }
 
-// scriptAgent is the YAML of an agent on the script model with the given
-// timeouts, limits and tools (each a YAML flow mapping).
 // toolOutput returns what the tool itself returned of a call's result:
 // the result without timebox's notes after it (the output truncated, the
 // time the call took: context.time_notes).
@@ -72,6 +70,8 @@ func toolOutput(result string) string {
 	return result
 }
 
+// scriptAgent is the YAML of an agent on the script model with the given
+// timeouts, limits and tools (each a YAML flow mapping).
 func scriptAgent(timeouts, limits string, tools ...string) string {
 	y := "name: faults\nmodel: {primary: 'script:m'}\nproviders: {script: {file: script.jsonl}}\n"
 	if timeouts != "" {
@@ -253,6 +253,13 @@ type proc struct {
 // is read as JSON lines into p.log unless stdout is given.
 func startTimebox(t *testing.T, dir string, env []string, stdout io.Writer, args ...string) *proc {
 	t.Helper()
+	return startTimeboxWith(t, dir, env, stdout, nil, args...)
+}
+
+// startTimeboxWith is startTimebox with setup applied to the command
+// before it starts (a terminal for its standard files, say).
+func startTimeboxWith(t *testing.T, dir string, env []string, stdout io.Writer, setup func(*exec.Cmd), args ...string) *proc {
+	t.Helper()
 	p := &proc{t: t, log: newEventLog(), done: make(chan struct{})}
 	p.cmd = exec.Command(binary(t), args...)
 	p.cmd.Dir = dir
@@ -267,6 +274,9 @@ func startTimebox(t *testing.T, dir string, env []string, stdout io.Writer, args
 			t.Fatal(err)
 		}
 		out = r
+	}
+	if setup != nil {
+		setup(p.cmd)
 	}
 	p.start = time.Now()
 	if err := p.cmd.Start(); err != nil {

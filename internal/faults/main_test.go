@@ -69,6 +69,7 @@ func TestFaults(t *testing.T) {
 		{"progress flood", progressFlood},
 		{"output", outputFloods},
 		{"process trees", processTrees},
+		{"tool on timebox's terminal", toolOnTerminal},
 		{"burst", burst},
 		{"wind-down", windDown},
 		{"wind-down, stored", windDownStored},
