@@ -31,7 +31,7 @@ func TestErrorInfoStringIsJSONMarshal(t *testing.T) {
 			Message: `Tool "wait" was stopped after 13.005s because the turn was stopped (turn limit of 13s, timeouts.turn).`}},
 		{"every field", tool.ErrorInfo{Type: "tool_timeout", Tool: "crawl", Reason: "limit", Phase: "tool", Limit: "10s",
 			Elapsed: "10.001s", Source: "file", Knob: "tools[crawl].timeout", ExitCode: &code, Message: tricky,
-			StderrTail: tricky, PartialOutput: tricky, Field: "/q", Overran: true}},
+			StderrTail: tricky, PartialOutput: tricky, PartialTruncated: true, Field: "/q", Overran: true}},
 		{"negative exit", tool.ErrorInfo{Type: "tool_error", Tool: "x", ExitCode: &neg, Message: "m"}},
 		{"tricky", tool.ErrorInfo{Type: tricky, Tool: tricky, Reason: tricky, Phase: tricky, Limit: tricky, Elapsed: tricky,
 			Source: tricky, Knob: tricky, Message: tricky, Field: tricky}},
@@ -58,4 +58,28 @@ func FuzzErrorInfoString(f *testing.F) {
 			t.Errorf("String() = %q, want %q", got, want)
 		}
 	})
+}
+
+// TestCutAt: a cut at max bytes moves back to the start of the character
+// max falls inside, and only then.
+func TestCutAt(t *testing.T) {
+	for _, tc := range []struct {
+		b        string
+		max, cut int
+	}{
+		{"abcdef", 3, 3},
+		{"ab", 5, 2},
+		{"aé", 2, 1},             // inside é's two bytes
+		{"aé", 3, 3},             // after it
+		{"a日本", 2, 1},            // inside 日's three bytes, after its first
+		{"a日本", 3, 1},            // after its second
+		{"a日本", 4, 4},            // at 本's start
+		{"a🙂b", 4, 1},            // inside a four-byte character
+		{"a\x80\x80\x80b", 2, 2}, // not UTF-8: cut where asked
+		{"\xe2\x82", 1, 1},       // a sequence that never ends
+	} {
+		if got := tool.CutAt([]byte(tc.b), tc.max); got != tc.cut {
+			t.Errorf("CutAt(%q, %d) = %d, want %d", tc.b, tc.max, got, tc.cut)
+		}
+	}
 }

@@ -32,7 +32,10 @@ type ErrorInfo struct {
 	Message       string `json:"message"`
 	StderrTail    string `json:"stderr_tail,omitempty"`
 	PartialOutput string `json:"partial_output,omitempty"`
-	Field         string `json:"field,omitempty"`
+	// PartialTruncated says that PartialOutput is the end of a longer
+	// output: what the tool wrote before it is not in the result.
+	PartialTruncated bool   `json:"partial_output_truncated,omitempty"`
+	Field            string `json:"field,omitempty"`
 	// Overran is set, with time notes on, on the error of an advisory
 	// call that ran past its budget.
 	Overran bool `json:"overran,omitempty"`
@@ -72,6 +75,9 @@ func (e ErrorInfo) String() string {
 	b = appendJSONString(b, e.Message)
 	field("stderr_tail", e.StderrTail)
 	field("partial_output", e.PartialOutput)
+	if e.PartialTruncated {
+		b = append(b, `,"partial_output_truncated":true`...)
+	}
 	field("field", e.Field)
 	if e.Overran {
 		b = append(b, `,"overran":true`...)
@@ -132,9 +138,24 @@ func appendJSONString(b []byte, s string) []byte {
 	return append(b, '"')
 }
 
-// maxPartial is how much partial output a timeout result carries; the
-// record keeps all of it up to max_tool_output.
-const maxPartial = 16 << 10
+// PartialBytes is how much partial output a stopped or failed call's
+// result carries: the end of what the tool wrote. The record keeps the
+// start of it, up to max_tool_output.
+const PartialBytes = 16 << 10
+
+// partial returns the partial_output of a stopped or failed call whose
+// tool returned r, and whether it is the end of a longer output.
+func partial(r *Result) (string, bool) {
+	if r == nil {
+		return "", false
+	}
+	out := r.Output
+	if len(r.OutputTail) > 0 {
+		out = r.OutputTail
+	}
+	t := tail(string(out), PartialBytes)
+	return validText(t), r.Truncated || len(t) < len(r.Output)
+}
 
 // ModelResult returns what the model is told about an execution of the
 // named tool under budget b, and whether that is the tool's own output.
@@ -220,7 +241,7 @@ func errorInfo(name string, x *Execution) ErrorInfo {
 		if info.ExitCode == nil {
 			info.ExitCode = x.Result.ExitCode
 		}
-		info.PartialOutput = validText(tail(x.Result.outputString(), maxPartial))
+		info.PartialOutput, info.PartialTruncated = partial(x.Result)
 	}
 	info.Message = fmt.Sprintf("Tool %q failed: %s", name, strings.TrimSpace(info.Message))
 	return info
@@ -232,7 +253,7 @@ func cancelledInfo(name string, x *Execution) ErrorInfo {
 		Message: "Tool " + strconv.Quote(name) + " was stopped after " + elapsed +
 			" because the turn was stopped (" + causeText(x.Cause) + ")." + restartedText(x)}
 	if x.Result != nil {
-		info.PartialOutput = validText(tail(x.Result.outputString(), maxPartial))
+		info.PartialOutput, info.PartialTruncated = partial(x.Result)
 	}
 	return info
 }
@@ -262,7 +283,7 @@ func timeoutInfo(name string, b budget.ToolBudget, x *Execution) ErrorInfo {
 	// thousands of these at once.
 	info.Message = what + " It may be hung (for example on an unreachable service). Try a narrower request or a different tool; an operator can raise " + te.Knob + "." + restartedText(x)
 	if x.Result != nil {
-		info.PartialOutput = validText(tail(x.Result.outputString(), maxPartial))
+		info.PartialOutput, info.PartialTruncated = partial(x.Result)
 	}
 	return info
 }

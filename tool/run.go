@@ -312,14 +312,28 @@ func capOutput(r *Result, max int64) *Result {
 	if r == nil || max <= 0 || int64(len(r.Output)) <= max {
 		return r
 	}
-	cut := int(max)
-	for cut > 0 && !utf8.RuneStart(r.Output[cut]) {
-		cut--
-	}
 	cp := *r
-	cp.Output = r.Output[:cut]
+	cp.Output = r.Output[:CutAt(r.Output, int(max))]
 	cp.Truncated = true
 	return &cp
+}
+
+// CutAt returns where to cut b to keep at most max bytes without splitting
+// a UTF-8 sequence: max, or the start of the sequence max falls inside.
+// b must hold the bytes after max that the sequence has (utf8.UTFMax-1
+// more are enough); bytes that are not UTF-8 are cut at max.
+func CutAt(b []byte, max int) int {
+	if max >= len(b) {
+		return len(b)
+	}
+	cut := max
+	for cut > 0 && cut > max-(utf8.UTFMax-1) && !utf8.RuneStart(b[cut]) {
+		cut--
+	}
+	if r, size := utf8.DecodeRune(b[cut:]); r == utf8.RuneError && size <= 1 || cut+size <= max {
+		return max // not a sequence that max splits
+	}
+	return cut
 }
 
 // tail returns the last n bytes of s, starting at a rune boundary.

@@ -119,6 +119,11 @@ type Result struct {
 	Output []byte
 	// Truncated is true when output beyond MaxOutput was discarded.
 	Truncated bool
+	// OutputTail is, when Truncated, the end of everything the tool wrote
+	// (up to PartialBytes), which Output, its start, does not hold: a
+	// stopped or failed call's partial_output. nil when Output is all of
+	// it, or the tool kept no tail.
+	OutputTail []byte
 	// ExitCode is a subprocess's exit status, nil for other kinds or when
 	// the process was killed by a signal.
 	ExitCode *int

@@ -36,6 +36,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/internal/proctree"
@@ -234,7 +235,8 @@ func (t *Tool) Call(ctx context.Context, c *tool.Call) (*tool.Result, error) {
 	p.out.Close()
 	p.err.Close()
 
-	res := &tool.Result{Output: out.bytes(), Truncated: out.truncated, StderrTail: log.tail()}
+	output, truncated, end := out.result()
+	res := &tool.Result{Output: output, Truncated: truncated, OutputTail: end, StderrTail: log.tail()}
 	if pids := tree.Escaped(); len(pids) > 0 {
 		res.StderrTail = note(res.StderrTail, fmt.Sprintf("timebox: process %s had left the call's cgroup (a privileged process can move itself); found by the call's marker and stopped with the call",
 			pidList(pids)))
@@ -405,24 +407,32 @@ func (p *pipes) closeParentEnds() {
 	p.err.Close()
 }
 
-// capped keeps the first max bytes of what it reads and discards the rest.
+// capped keeps the first max bytes of what it reads, and the last
+// tool.PartialBytes of the rest (a stopped or failed call's
+// partial_output is the end of what the tool wrote); it discards the
+// bytes between.
 type capped struct {
-	max       int64
-	buf       []byte
-	truncated bool
+	max int64
+	buf []byte
+	// rest holds the end of what came after buf: up to twice
+	// tool.PartialBytes, halved when full.
+	rest []byte
 }
 
 func (c *capped) drain(r io.Reader) {
 	chunk := make([]byte, 32<<10)
+	// buf keeps a sequence's last bytes past max, so that its cut does
+	// not split a character (tool.CutAt).
+	room := c.max + utf8.UTFMax - 1
 	for {
 		n, err := r.Read(chunk)
 		if n > 0 {
-			keep := min(int64(n), c.max-int64(len(c.buf)))
+			keep := min(int64(n), room-int64(len(c.buf)))
 			if keep > 0 {
 				c.buf = append(c.buf, chunk[:keep]...)
 			}
 			if keep < int64(n) {
-				c.truncated = true
+				c.keepEnd(chunk[keep:n])
 			}
 		}
 		if err != nil {
@@ -431,4 +441,33 @@ func (c *capped) drain(r io.Reader) {
 	}
 }
 
-func (c *capped) bytes() []byte { return c.buf }
+// keepEnd adds b to the end kept of what came after buf.
+func (c *capped) keepEnd(b []byte) {
+	if len(b) >= tool.PartialBytes {
+		c.rest = append(c.rest[:0], b[len(b)-tool.PartialBytes:]...)
+		return
+	}
+	if len(c.rest)+len(b) > 2*tool.PartialBytes {
+		n := copy(c.rest, c.rest[len(c.rest)-tool.PartialBytes:])
+		c.rest = c.rest[:n]
+	}
+	c.rest = append(c.rest, b...)
+}
+
+// result returns what was kept: the output's first max bytes, cut at a
+// character's start, whether more was written, and the end of what was
+// written when it is not all in the output.
+func (c *capped) result() (out []byte, truncated bool, end []byte) {
+	if int64(len(c.buf)) <= c.max && len(c.rest) == 0 {
+		return c.buf, false, nil
+	}
+	out = c.buf[:tool.CutAt(c.buf, int(c.max))]
+	all := append(c.buf[len(out):len(c.buf):len(c.buf)], c.rest...) // what came after out
+	if len(all) >= tool.PartialBytes {
+		return out, true, all[len(all)-tool.PartialBytes:]
+	}
+	// The end reaches back into out.
+	end = make([]byte, 0, tool.PartialBytes)
+	end = append(end, out[max(0, len(out)-(tool.PartialBytes-len(all))):]...)
+	return out, true, append(end, all...)
+}

@@ -357,6 +357,63 @@ func TestOutputCap(t *testing.T) {
 	})
 }
 
+// TestPartialOutputIsTheEnd: a failed or stopped call's partial_output
+// is the end of what the tool wrote, past the cap too, and says when it is
+// not all of it; the record keeps the output's start. (It was the end of
+// the kept start: a tool's last lines, often what explains its failure,
+// never reached the model.)
+func TestPartialOutputIsTheEnd(t *testing.T) {
+	forEachStrategy(t, func(t *testing.T, s proctree.Strategy) {
+		for _, tc := range []struct {
+			name, script string
+			outcome      event.Outcome
+		}{
+			{"failed", "seq 1 100000; echo FINAL; exit 1", event.OutcomeError},
+			{"stopped", "seq 1 100000; echo FINAL; exec sleep 100", event.OutcomeTimedOut},
+		} {
+			tl, err := exectool.New(exectool.Config{Spec: tool.Spec{Name: "helper"}, Argv: []string{"/bin/sh", "-c", tc.script}, ProcTree: s})
+			if err != nil {
+				t.Fatal(err)
+			}
+			b := hard(time.Second, 100*time.Millisecond)
+			x := tool.Run(t.Context(), tl, &tool.Call{ID: "c1", Tool: "helper", MaxOutput: 4096}, b, tool.Hooks{})
+			if x.Outcome != tc.outcome {
+				t.Fatalf("%s: outcome %s, want %s (%v)", tc.name, x.Outcome, tc.outcome, x.Err)
+			}
+			if !x.Result.Truncated || len(x.Result.Output) != 4096 || !strings.HasPrefix(string(x.Result.Output), "1\n2\n3\n") {
+				t.Errorf("%s: the record's output: %d bytes, truncated %v", tc.name, len(x.Result.Output), x.Result.Truncated)
+			}
+			var got struct {
+				Error struct {
+					Partial   string `json:"partial_output"`
+					Truncated bool   `json:"partial_output_truncated"`
+				} `json:"error"`
+			}
+			if err := json.Unmarshal([]byte(tool.ModelResult("helper", b, x)), &got); err != nil {
+				t.Fatal(err)
+			}
+			if p := got.Error.Partial; !strings.HasSuffix(p, "99999\n100000\nFINAL\n") || len(p) > tool.PartialBytes || !got.Error.Truncated {
+				t.Errorf("%s: partial_output of %d bytes ends %q, truncated %v; want the end of what the tool wrote",
+					tc.name, len(p), p[max(0, len(p)-40):], got.Error.Truncated)
+			}
+		}
+	})
+}
+
+// TestOutputCapKeepsCharactersWhole: the cap falls inside a character; the
+// output is cut before it, not in it.
+func TestOutputCapKeepsCharactersWhole(t *testing.T) {
+	tl, err := exectool.New(exectool.Config{Spec: tool.Spec{Name: "helper"},
+		Argv: []string{"/bin/sh", "-c", `head -c 1023 /dev/zero | tr '\0' a; printf '\303\251 and more'`}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := tool.Run(t.Context(), tl, &tool.Call{ID: "c1", Tool: "helper", MaxOutput: 1024}, hard(10*time.Second, time.Second), tool.Hooks{})
+	if x.Outcome != event.OutcomeOK || !x.Result.Truncated || string(x.Result.Output) != strings.Repeat("a", 1023) {
+		t.Errorf("outcome %s, truncated %v, output ends %q", x.Outcome, x.Result.Truncated, x.Result.Output[max(0, len(x.Result.Output)-4):])
+	}
+}
+
 func TestEnvAllowlist(t *testing.T) {
 	t.Setenv("TB_TEST_VISIBLE", "yes")
 	t.Setenv("TB_TEST_HIDDEN", "no")
