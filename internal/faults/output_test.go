@@ -3,6 +3,7 @@
 package faults
 
 import (
+	"encoding/json"
 	"fmt"
 	"os/exec"
 	"strings"
@@ -29,6 +30,14 @@ for i in 1 2 3 4 5 6 7 8; do
   yes "$(printf '%-127s' "log line $i: all work and no play makes jack a dull boy")" | head -n 1048576 >&2
 done
 echo -n 'logged'
+`
+	// 1 GiB on stdout, then a last line, and a failure: the model's
+	// partial_output is the end of what it wrote.
+	gibStdoutFails = `#!/usr/bin/env bash
+cat >/dev/null
+yes 'all work and no play makes jack a dull boy' | head -c 1073741824
+echo 'the last line, which says what went wrong'
+exit 1
 `
 	// One line of 100 MB, without a newline, on stdout.
 	lineStdout = `#!/usr/bin/env bash
@@ -76,6 +85,21 @@ func outputFloods(t *testing.T) {
 		check func(t *testing.T, sc *scenario, rec *event.ToolFinished)
 	}{
 		{name: "1 GiB stdout", program: gibStdout, outcome: event.OutcomeOK, result: 1 << 20, truncated: true, memoryMB: 150, floor: true},
+		{name: "1 GiB stdout, then a failure", program: gibStdoutFails, outcome: event.OutcomeError, result: -1, memoryMB: 150,
+			check: func(t *testing.T, sc *scenario, rec *event.ToolFinished) {
+				var r struct {
+					Error struct {
+						Partial   string `json:"partial_output"`
+						Truncated bool   `json:"partial_output_truncated"`
+					} `json:"error"`
+				}
+				json.Unmarshal([]byte(rec.Result), &r)
+				p := r.Error.Partial
+				sc.truth("the model's partial_output", "≤ 16 KiB, the end of what the tool wrote, said to be cut",
+					fmt.Sprintf("%s ending %q, cut %v", byteCount(len(p)), p[max(0, len(p)-42):], r.Error.Truncated),
+					len(p) <= 16<<10 && strings.HasSuffix(p, "the last line, which says what went wrong\n") && r.Error.Truncated)
+				sc.truth("the record says truncated", "true", fmt.Sprint(rec.Truncated), rec.Truncated)
+			}},
 		{name: "1 GiB stderr", program: gibStderr, outcome: event.OutcomeOK, result: len("logged"), progress: 8, memoryMB: 150, floor: true,
 			check: func(t *testing.T, sc *scenario, rec *event.ToolFinished) {
 				sc.truth("stderr tail kept", "≤ 4 KiB", byteCount(len(rec.StderrTail)), len(rec.StderrTail) <= 4<<10 && strings.Contains(rec.StderrTail, "log line 8"))
