@@ -79,6 +79,7 @@ func TestFaults(t *testing.T) {
 		{"kill -9 then restart", kill9ThenRestart},
 		{"reader of stdout gone", readerGoesAway},
 		{"MCP server ignoring a cancel", mcpIgnoredCancel},
+		{"MCP server busy without answering pings", mcpBusyServer},
 		{"serve restarted while a call waits for a person", serveRestartWhileApproving},
 	} {
 		t.Run(s.name, s.run)

@@ -71,3 +71,38 @@ func mcpIgnoredCancel(t *testing.T) {
 	st, evs := stored(t, a.db, "")
 	sc.records(seen, st, evs)
 }
+
+// mcpBusyServer: an MCP entry's stdio server whose tool blocks its
+// reading for 27 s (as a tool that blocks a server's event loop does: its
+// pings go unanswered), reporting progress every second, under the tool's
+// own `timeout: 2m`, through `timebox run`. The call is answered: a
+// server busy with a call within its budget is not taken for hung (it
+// was, at the second unanswered ping, 25 s in).
+func mcpBusyServer(t *testing.T) {
+	sc := begin(t, "MCP server busy 27s without answering pings, timeout: 2m", "timebox run --json")
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := newAgent(t, scriptAgent("", "", fmt.Sprintf("{name: srv, mcp: {command: [%q]}, timeout: 2m}", exe)),
+		[]string{callTools("srv__busy"), `{"text": "done"}`}, nil)
+	p := startTimebox(t, a.dir, []string{mcptest.EnvServe + "=1"}, nil, "run", "-f", a.file, "--db", a.db, "--json", "go")
+	if code := p.wait(90 * time.Second); code != 0 {
+		t.Fatalf("exit %d\n%s", code, p.stderr.String())
+	}
+	seen := p.log.snapshot()
+	var rec *event.ToolFinished
+	for _, r := range toolRecords(seen) {
+		rec = r
+	}
+	if rec == nil {
+		t.Fatalf("no tool_finished\n%s", p.stderr.String())
+	}
+	sc.is("outcome", string(rec.Outcome), string(event.OutcomeOK))
+	sc.truth("answered", "done, after its 27 s", fmt.Sprintf("%q after %s", toolOutput(rec.Result), ms(time.Duration(rec.DurationMS)*time.Millisecond)),
+		toolOutput(rec.Result) == "done" && rec.DurationMS >= 27000)
+	sc.atMost("progress reports short of 27", 27-rec.ProgressCount, 2)
+	sc.nothingLeft(p.pid())
+	st, evs := stored(t, a.db, "")
+	sc.records(seen, st, evs)
+}

@@ -10,15 +10,20 @@
 //   - stubborn ignores its cancellation: it goes on reporting progress
 //     every 100ms for 5 minutes, with a child process (sleep 300) in a
 //     session of its own, whose pid and its own it appends to the file
-//     named by EnvPids.
+//     named by EnvPids;
+//   - busy blocks the server's reading for 27 seconds, as a tool that
+//     blocks a server's event loop does (pings go unanswered), reporting
+//     progress every second, then answers.
 package mcptest
 
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -86,9 +91,54 @@ func Serve() {
 			}
 			return text("done"), nil, nil
 		})
-	_ = s.Run(context.Background(), &mcp.StdioTransport{})
+	mcp.AddTool(s, &mcp.Tool{Name: "busy", Description: "Blocks the server's reading for 27s, reporting progress, then answers."},
+		func(ctx context.Context, req *mcp.CallToolRequest, _ none) (*mcp.CallToolResult, any, error) {
+			const busyFor = 27
+			in.block(busyFor * time.Second)
+			token := req.Params.GetProgressToken()
+			for i := range busyFor {
+				time.Sleep(time.Second)
+				if token != nil {
+					_ = req.Session.NotifyProgress(context.Background(), &mcp.ProgressNotificationParams{
+						ProgressToken: token, Progress: float64(i + 1), Total: busyFor, Message: "busy"})
+				}
+			}
+			return text("done"), nil, nil
+		})
+	_ = s.Run(context.Background(), &mcp.IOTransport{Reader: in, Writer: nopCloser{os.Stdout}})
 	os.Exit(0)
 }
+
+// in is the server's stdin, which busy blocks.
+var in = &gatedReader{r: os.Stdin}
+
+// gatedReader hands on what it reads only once its gate is open.
+type gatedReader struct {
+	r     io.ReadCloser
+	mu    sync.Mutex
+	until time.Time
+}
+
+func (g *gatedReader) block(d time.Duration) {
+	g.mu.Lock()
+	g.until = time.Now().Add(d)
+	g.mu.Unlock()
+}
+
+func (g *gatedReader) Read(p []byte) (int, error) {
+	n, err := g.r.Read(p)
+	g.mu.Lock()
+	until := g.until
+	g.mu.Unlock()
+	time.Sleep(time.Until(until))
+	return n, err
+}
+
+func (g *gatedReader) Close() error { return g.r.Close() }
+
+type nopCloser struct{ io.Writer }
+
+func (nopCloser) Close() error { return nil }
 
 func text(s string) *mcp.CallToolResult {
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: s}}}

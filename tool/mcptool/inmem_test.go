@@ -446,23 +446,38 @@ func TestCrashMidCall(t *testing.T) {
 	}
 }
 
-// TestHungServer: a server that stops answering, pings included, fails its
-// call with a tool error once two pings went unanswered, and is replaced.
+// TestHungServer: a server that stops answering, pings included, while a
+// call runs is left to the call's own budget, which stops the call at its
+// deadline, not at the second unanswered ping (a server whose tool blocks
+// its event loop answers no ping, and is busy); once no call runs, two
+// unanswered pings mean it is hung, and it is replaced before the next call.
 func TestHungServer(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFake()
 		s := openFake(t, f, func(c *Config) { c.KeepAlive = 10 * time.Second })
-		x, _ := call(context.Background(), t, s, "freeze", `{}`, tb(time.Hour, 0))
-		wantOutcome(t, x, event.OutcomeError, "")
-		if !strings.Contains(x.Err.Error(), "stopped answering (2 pings in a row went unanswered for 5s each)") {
-			t.Errorf("error %q does not say the server hung", x.Err)
+		x, _ := call(context.Background(), t, s, "freeze", `{}`, tb(time.Minute, 0))
+		wantOutcome(t, x, event.OutcomeTimedOut, budget.PhaseTool)
+		if x.Elapsed() != time.Minute {
+			t.Errorf("the call ended after %s, want its timeout, 1m (pings went unanswered from 15s)", x.Elapsed())
 		}
-		// Pings at 10s and 20s, each unanswered when its 5s are up.
-		if want := 25 * time.Second; x.Elapsed() != want {
-			t.Errorf("the hang surfaced after %s, want %s", x.Elapsed(), want)
+		if st := s.Stats(); st.Starts != 1 {
+			t.Errorf("starts %d while the call ran", st.Starts)
+		}
+		// No call runs now: the pings at 70s and 80s go unanswered, and
+		// at 85s the server is stopped.
+		time.Sleep(30 * time.Second)
+		synctest.Wait()
+		s.mu.Lock()
+		down, why := s.cur == nil, fmt.Sprint(s.lastErr)
+		s.mu.Unlock()
+		if !down || !strings.Contains(why, "stopped answering (2 pings in a row went unanswered for 5s each)") {
+			t.Errorf("30s after the call the server is down: %v (%s)", down, why)
 		}
 		x, _ = call(context.Background(), t, s, "echo", `{"text": "back"}`, tb(2*time.Second, 0))
 		wantOutcome(t, x, event.OutcomeOK, "")
+		if st := s.Stats(); st.Starts != 2 {
+			t.Errorf("starts %d, want 2", st.Starts)
+		}
 	})
 }
 

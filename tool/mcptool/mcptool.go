@@ -50,9 +50,14 @@ import (
 const DefaultStartTimeout = 30 * time.Second
 
 // DefaultKeepAlive is the interval between the pings that tell a hung server
-// from a busy one. A server that leaves two pings in a row unanswered for
-// half an interval each is declared hung: its in-flight calls fail with a
-// tool error and it is restarted for the next call.
+// while it has no call to run. A server that leaves two pings in a row
+// unanswered for half an interval each, with no call in flight, is
+// declared hung and is stopped; it is started again for the next call.
+// While a call is in flight, an unanswered ping is not held against the
+// server: a server whose tool blocks its event loop answers no ping and is
+// busy, not hung, and the call's own budgets (its timeout, its
+// idle_timeout) say how long it may be. A ping the transport fails (the
+// server's address refuses connections) counts whatever runs.
 const DefaultKeepAlive = 10 * time.Second
 
 // Config describes one mcp entry of an agent file. Exactly one of Command
@@ -174,10 +179,11 @@ type Server struct {
 	closing  chan struct{} // closed by Close
 	closeMu  sync.Mutex    // serialises Close
 
-	calls  sync.Map // progress token (string) → *active
-	seq    atomic.Int64
-	stats  counters
-	linkWG sync.WaitGroup // each link's watcher and keepalive goroutines
+	calls    sync.Map // progress token (string) → *active
+	seq      atomic.Int64
+	inFlight atomic.Int64 // calls begun and not ended
+	stats    counters
+	linkWG   sync.WaitGroup // each link's watcher and keepalive goroutines
 }
 
 type counters struct {
@@ -449,6 +455,7 @@ func (s *Server) begin(ctx context.Context, c *tool.Call) *active {
 	a := &active{token: fmt.Sprintf("%s#%d", id, s.seq.Add(1)), progress: p,
 		cause: func() error { return context.Cause(ctx) }, cancelSent: make(chan chan struct{}, 1)}
 	s.calls.Store(a.token, a)
+	s.inFlight.Add(1)
 	return a
 }
 
@@ -457,7 +464,10 @@ type discard struct{}
 func (discard) Report(tool.Report) {}
 
 // end forgets the call: any progress for its token is now late.
-func (s *Server) end(a *active) { s.calls.Delete(a.token) }
+func (s *Server) end(a *active) {
+	s.calls.Delete(a.token)
+	s.inFlight.Add(-1)
+}
 
 // callSucceeded records that the server answered a call, which ends a run of
 // failures and its backoff.

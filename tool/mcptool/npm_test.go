@@ -73,6 +73,13 @@ func (s *Server) pid(t *testing.T) int {
 	return s.cur.proc.pid
 }
 
+// down reports whether the server is down (its link gone).
+func (s *Server) down() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cur == nil
+}
+
 const longOp = "trigger-long-running-operation"
 
 func longArgs(duration float64, steps int) string {
@@ -239,22 +246,23 @@ func TestEverythingKilledMidCall(t *testing.T) {
 	}
 }
 
-// TestEverythingHung: a stopped (SIGSTOP) server answers nothing; pings
-// tell, its call gets a tool error, and it is replaced.
+// TestEverythingHung: a stopped (SIGSTOP) server answers nothing; its
+// call is stopped at its own timeout, and once no call runs the pings
+// tell it is hung, and it is replaced.
 func TestEverythingHung(t *testing.T) {
 	s := openEverything(t, func(c *Config) { c.KeepAlive = 200 * time.Millisecond })
 	pid := s.pid(t)
 	time.AfterFunc(100*time.Millisecond, func() { syscall.Kill(pid, syscall.SIGSTOP) })
-	x, _ := call(context.Background(), t, s, longOp, longArgs(5, 10), tb(10*time.Second, 0))
-	wantOutcome(t, x, event.OutcomeError, "")
-	if msg := x.Err.Error(); !strings.Contains(msg, "stopped answering") {
-		t.Errorf("error %q", msg)
-	}
-	if x.Elapsed() > 2*time.Second {
-		t.Errorf("the hang took %s to notice", x.Elapsed())
+	x, _ := call(context.Background(), t, s, longOp, longArgs(5, 10), tb(2*time.Second, 0))
+	wantOutcome(t, x, event.OutcomeTimedOut, budget.PhaseTool)
+	if !wait.Until(10*time.Second, func() bool { return s.Stats().Starts == 1 && s.down() }) {
+		t.Fatalf("the hung server was not stopped once its call had ended")
 	}
 	x, _ = call(context.Background(), t, s, "get-sum", `{"a": 1, "b": 2}`, tb(10*time.Second, 0))
 	wantOutcome(t, x, event.OutcomeOK, "")
+	if st := s.Stats(); st.Starts != 2 || s.pid(t) == pid {
+		t.Errorf("starts %d: want a restarted server", st.Starts)
+	}
 }
 
 // TestServerChildrenDie: a server started through a wrapper (as npx starts

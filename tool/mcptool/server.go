@@ -178,11 +178,12 @@ func (l *link) watch() {
 	close(l.done)
 }
 
-// keepalive pings the server. Two pings in a row left unanswered mean the
-// server is hung, not busy (a busy server still answers pings): its link is
-// killed, which fails its in-flight calls with a tool error. A ping is
-// judged by the clock, not by its return: writing it may itself block on a
-// server that stopped reading.
+// keepalive pings the server. Two pings in a row left unanswered while no
+// call is in flight mean the server is hung: its link is killed, and the
+// next call starts it again. While a call runs, a ping that times out is
+// not held against the server (DefaultKeepAlive says why); one the
+// transport fails is. A ping is judged by the clock, not by its return:
+// writing it may itself block on a server that stopped reading.
 func (l *link) keepalive(every time.Duration) {
 	defer l.s.linkWG.Done()
 	t := time.NewTicker(every)
@@ -205,7 +206,11 @@ func (l *link) keepalive(every time.Duration) {
 				defer l.s.linkWG.Done()
 				ctx, cancel := context.WithTimeout(context.Background(), wait)
 				defer cancel()
-				res <- l.sess.Ping(ctx, nil)
+				err := l.sess.Ping(ctx, nil)
+				if err != nil && ctx.Err() != nil {
+					err = context.DeadlineExceeded // unanswered, whatever the SDK made of it
+				}
+				res <- err
 			}(pending)
 		}
 		timer := time.NewTimer(wait + wait/4)
@@ -229,6 +234,9 @@ func (l *link) keepalive(every time.Duration) {
 			return // the server does not do pings; its calls' timeouts still hold
 		case errors.Is(err, mcp.ErrConnectionClosed):
 			return // watch handles a closed connection
+		case errors.Is(err, context.DeadlineExceeded) && l.s.inFlight.Load() > 0:
+			misses = 0 // busy with a call: its own budgets judge it
+			continue
 		}
 		misses++
 		if misses < 2 {
