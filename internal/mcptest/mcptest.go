@@ -13,7 +13,13 @@
 //     named by EnvPids;
 //   - busy blocks the server's reading for 27 seconds, as a tool that
 //     blocks a server's event loop does (pings go unanswered), reporting
-//     progress every second, then answers.
+//     progress every second, then answers;
+//   - noise writes a line that is not JSON-RPC to stdout, then answers
+//     "after the noise", as a server that logs to stdout by mistake does;
+//   - garble writes a line that starts as JSON and is not, then hangs;
+//   - big answers with {"bytes": N} bytes of text.
+//
+// With EnvBanner set, the server first prints that line to stdout.
 package mcptest
 
 import (
@@ -23,6 +29,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -36,6 +43,10 @@ const EnvServe = "MCPTEST_SERVE"
 // EnvPids names the file stubborn appends its pids to (the server's, then
 // its child's), one a line.
 const EnvPids = "MCPTEST_PIDS"
+
+// EnvBanner, when set, is a line the server prints to stdout before it
+// serves, as a server that greets its user there does.
+const EnvBanner = "MCPTEST_BANNER"
 
 // Serving reports whether this process was started to be the server: a
 // TestMain calls Serve, and nothing else, when it is.
@@ -105,7 +116,28 @@ func Serve() {
 			}
 			return text("done"), nil, nil
 		})
-	_ = s.Run(context.Background(), &mcp.IOTransport{Reader: in, Writer: nopCloser{os.Stdout}})
+	mcp.AddTool(s, &mcp.Tool{Name: "noise", Description: "Writes a line that is not JSON-RPC to stdout, then answers."},
+		func(context.Context, *mcp.CallToolRequest, none) (*mcp.CallToolResult, any, error) {
+			out.write("Processing request... done\n")
+			return text("after the noise"), nil, nil
+		})
+	mcp.AddTool(s, &mcp.Tool{Name: "garble", Description: "Writes a broken JSON line to stdout, then hangs."},
+		func(ctx context.Context, _ *mcp.CallToolRequest, _ none) (*mcp.CallToolResult, any, error) {
+			out.write("{\"jsonrpc\": \"2.0\", oops}\n")
+			<-ctx.Done()
+			return text("stopped"), nil, nil
+		})
+	type size struct {
+		Bytes int `json:"bytes"`
+	}
+	mcp.AddTool(s, &mcp.Tool{Name: "big", Description: "Answers with that many bytes."},
+		func(_ context.Context, _ *mcp.CallToolRequest, a size) (*mcp.CallToolResult, any, error) {
+			return text(strings.Repeat("x", a.Bytes)), nil, nil
+		})
+	if b := os.Getenv(EnvBanner); b != "" {
+		out.write(b + "\n")
+	}
+	_ = s.Run(context.Background(), &mcp.IOTransport{Reader: in, Writer: out})
 	os.Exit(0)
 }
 
@@ -136,9 +168,21 @@ func (g *gatedReader) Read(p []byte) (int, error) {
 
 func (g *gatedReader) Close() error { return g.r.Close() }
 
-type nopCloser struct{ io.Writer }
+// out is the server's stdout, shared by the SDK's messages and the
+// tools' stray lines, a line at a time.
+var out = &lockedStdout{}
 
-func (nopCloser) Close() error { return nil }
+type lockedStdout struct{ mu sync.Mutex }
+
+func (o *lockedStdout) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return os.Stdout.Write(p)
+}
+
+func (o *lockedStdout) write(s string) { _, _ = o.Write([]byte(s)) }
+
+func (*lockedStdout) Close() error { return nil }
 
 func text(s string) *mcp.CallToolResult {
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: s}}}

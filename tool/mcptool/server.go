@@ -72,7 +72,11 @@ func (s *Server) dial(ctx context.Context) (*link, error) {
 			return nil, fmt.Errorf("starting MCP server %q (%s): %w", s.cfg.Name, strings.Join(s.cfg.Command, " "), err)
 		}
 		l.proc = p
-		t = &mcp.IOTransport{Reader: p.stdout, Writer: p.stdin}
+		note := func(line string) {
+			_, _ = p.stderr.Write([]byte(line + "\n"))
+			s.log.Info("mcp server wrote a line on stdout that is not JSON-RPC; left out", "entry", s.cfg.Name, "line", line)
+		}
+		t = &mcp.IOTransport{Reader: newJSONLines(p.stdout, note), Writer: p.stdin, MaxLineLength: -1}
 	default:
 		ht := &headerTransport{headers: s.cfg.Headers, base: http.DefaultTransport, link: l}
 		t = &mcp.StreamableClientTransport{Endpoint: s.cfg.URL, HTTPClient: &http.Client{Transport: ht}}
@@ -109,6 +113,11 @@ func (s *Server) startError(ctx context.Context, l *link, err error) error {
 		select {
 		case <-l.proc.exited:
 		case <-time.After(500 * time.Millisecond):
+		}
+		if l.conn != nil {
+			if why := l.conn.messageProblem(); why != "" {
+				return fmt.Errorf("%s %s before it was ready, so its connection was closed (MCP servers write only JSON-RPC messages on stdout; logs go to stderr)%s", what, why, l.proc.stderrText())
+			}
 		}
 		if l.proc.hasExited() {
 			return fmt.Errorf("%s exited before it was ready (%s)%s", what, l.proc.exitText(), l.proc.stderrText())
@@ -149,6 +158,9 @@ func (l *link) watch() {
 			l.proc.kill()
 		}
 		<-l.proc.exited
+		if what := l.conn.messageProblem(); what != "" {
+			l.setWhy(what + ", so its connection was closed")
+		}
 		if l.proc.killedByUs() {
 			l.setWhy("closed its connection and was stopped")
 		} else {

@@ -3,8 +3,11 @@ package mcptool
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"os"
 	"strconv"
 	"sync"
 	"time"
@@ -64,6 +67,28 @@ type wireConn struct {
 	// broken is closed when a read fails: the connection is over.
 	broken    chan struct{}
 	brokenOne sync.Once
+	readErr   error // the failed read's error, set before broken is closed
+}
+
+// messageProblem says what was wrong with what a stdio server wrote on
+// stdout, when that is what ended the connection — a message past
+// MaxMessage, one that is not JSON-RPC — and "" when the connection ended
+// otherwise (the server exited, or was stopped). The SDK closes the
+// server's input then, and the server's exit, which follows, says nothing
+// of why.
+func (c *wireConn) messageProblem() string {
+	if !c.isBroken() {
+		return ""
+	}
+	err := c.readErr
+	switch {
+	case errors.Is(err, errMessageTooLong):
+		return err.Error()
+	case err == nil, errors.Is(err, io.EOF), errors.Is(err, os.ErrClosed), errors.Is(err, io.ErrClosedPipe),
+		errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return ""
+	}
+	return fmt.Sprintf("wrote a line on stdout that is not a JSON-RPC message (%v)", err)
 }
 
 // isBroken reports whether the connection's reading side has failed.
@@ -83,7 +108,10 @@ const maxCancelled = 1024
 func (c *wireConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 	msg, err := c.Connection.Read(ctx)
 	if err != nil {
-		c.brokenOne.Do(func() { close(c.broken) })
+		c.brokenOne.Do(func() {
+			c.readErr = err
+			close(c.broken)
+		})
 		return msg, err
 	}
 	switch m := msg.(type) {
