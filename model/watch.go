@@ -42,6 +42,12 @@ type item struct {
 // chunks ahead of the reader, so the watchdogs and the context are heard
 // even while the provider blocks mid-event; once the context is done,
 // Recv reports it before any chunk still buffered.
+//
+// The watchdogs time the provider, not the reader: each runs while that
+// goroutine waits on the provider (for the request and its first chunk,
+// then for each next chunk), and never while it waits for a reader that
+// fell behind — a slow consumer of the turn's events must not make the
+// model look silent (docs/decisions/liveness.md).
 type Watched struct {
 	w       Watchdog
 	subject string
@@ -49,11 +55,9 @@ type Watched struct {
 	ctx     context.Context
 	items   chan item
 	done    chan struct{}
-	timer   *time.Timer
 
 	started    time.Time
 	firstChunk time.Time
-	lastChunk  time.Time
 	resp       Response
 	err        error
 	held       *item // an end of stream found by Ready, for the next Recv
@@ -73,9 +77,6 @@ func Open(ctx context.Context, p Provider, req Request, w Watchdog, subject stri
 		items: make(chan item, 64), done: make(chan struct{}),
 		started: time.Now(),
 	}
-	if !w.FirstChunk.Off() {
-		s.timer = time.NewTimer(w.FirstChunk.D)
-	}
 	go s.pump(p, req)
 	return s
 }
@@ -86,8 +87,13 @@ func (s *Watched) pump(p Provider, req Request) {
 	// reader's: what came before the cap is still delivered, then the cap.
 	pctx, pcancel := context.WithCancelCause(s.ctx)
 	defer pcancel(nil)
+	// The first chunk's watchdog runs from the request to the first chunk.
+	wait := s.watch(s.w.FirstChunk, budget.PhaseLLMFirstChunk, s.started)
 	st, err := p.Stream(pctx, req)
 	if err != nil {
+		if te := wait.stop(); te != nil {
+			err = te
+		}
 		s.send(item{err: err, at: time.Now()})
 		return
 	}
@@ -96,8 +102,18 @@ func (s *Watched) pump(p Provider, req Request) {
 	s.mu.Unlock()
 	defer st.Close()
 	var size int64
-	for {
+	for first := true; ; first = false {
+		if !first {
+			// The idle watchdog runs while the provider is waited on
+			// for the next chunk, from now: not while send waited for
+			// the reader.
+			wait = s.watch(s.w.Idle, budget.PhaseLLMIdle, time.Now())
+		}
 		c, err := st.Recv()
+		if te := wait.stop(); te != nil {
+			s.send(item{err: te, at: time.Now()})
+			return
+		}
 		if err == nil {
 			size += c.Size()
 		}
@@ -126,6 +142,38 @@ func (s *Watched) pump(p Provider, req Request) {
 			return
 		}
 	}
+}
+
+// waiting is one wait on the provider under a watchdog.
+type waiting struct {
+	timer *time.Timer
+	fired chan *budget.TimeoutError // holds the timeout once the watchdog fired
+}
+
+// watch starts the watchdog d (phase) for a wait on the provider that began
+// at from: when it fires, the stream is ended with the timeout (its
+// context cancelled with it, which Recv reports at once, even if the
+// provider does not return). A zero d watches nothing.
+func (s *Watched) watch(d budget.Duration, phase budget.Phase, from time.Time) *waiting {
+	w := &waiting{fired: make(chan *budget.TimeoutError, 1)}
+	if d.Off() {
+		return w
+	}
+	w.timer = time.AfterFunc(d.D-time.Since(from), func() {
+		te := d.Expired(phase, s.subject, time.Since(from))
+		w.fired <- te
+		s.cancel(te)
+	})
+	return w
+}
+
+// stop ends the wait: it returns the timeout when the watchdog fired (the
+// provider's answer, if any, came too late), nil when it did not.
+func (w *waiting) stop() *budget.TimeoutError {
+	if w.timer == nil || w.timer.Stop() {
+		return nil
+	}
+	return <-w.fired
 }
 
 // cutText returns the longest start of s of at most n bytes that does not
@@ -182,25 +230,9 @@ func (s *Watched) Recv() (Chunk, error) {
 		s.held = nil
 		return s.take(*it)
 	}
-	var fire <-chan time.Time
-	if s.timer != nil {
-		fire = s.timer.C
-	}
 	select {
 	case it := <-s.items:
 		return s.take(it)
-	case <-fire:
-		now := time.Now()
-		var te *budget.TimeoutError
-		if s.firstChunk.IsZero() {
-			te = s.w.FirstChunk.Expired(budget.PhaseLLMFirstChunk, s.subject, now.Sub(s.started))
-		} else {
-			te = s.w.Idle.Expired(budget.PhaseLLMIdle, s.subject, now.Sub(s.lastChunk))
-		}
-		s.timer = nil
-		s.cancel(te)
-		s.err = te
-		return Chunk{}, te
 	case <-s.ctx.Done():
 		return Chunk{}, s.fail(budget.Cause(s.ctx))
 	}
@@ -239,35 +271,13 @@ func (s *Watched) take(it item) (Chunk, error) {
 	if s.firstChunk.IsZero() {
 		s.firstChunk = it.at
 	}
-	s.lastChunk = it.at
-	s.resetTimer()
 	return it.chunk, nil
 }
 
 // fail ends the stream with err.
 func (s *Watched) fail(err error) error {
-	s.stopTimer()
 	s.err = err
 	return err
-}
-
-func (s *Watched) stopTimer() {
-	if s.timer != nil {
-		s.timer.Stop()
-		s.timer = nil
-	}
-}
-
-func (s *Watched) resetTimer() {
-	if s.w.Idle.Off() {
-		s.stopTimer()
-		return
-	}
-	if s.timer == nil {
-		s.timer = time.NewTimer(s.w.Idle.D)
-		return
-	}
-	s.timer.Reset(s.w.Idle.D)
 }
 
 // Response returns the complete reply after Recv returned io.EOF.
@@ -288,7 +298,6 @@ func (s *Watched) Started() time.Time { return s.started }
 // provider's goroutine has returned. It is idempotent.
 func (s *Watched) Close() error {
 	s.closeOnce.Do(func() {
-		s.stopTimer()
 		s.cancel(&budget.CancelError{Reason: budget.Cancelled, By: "the stream's reader"})
 		<-s.done
 	})

@@ -303,3 +303,36 @@ func TestReady(t *testing.T) {
 		}
 	})
 }
+
+// TestASlowReaderIsNotTheModelsSilence: a provider that sends its whole
+// reply at once, read by a reader slower than llm_idle between chunks (a
+// sink that blocks on a slow pipe), gets no idle timeout: the watchdogs
+// time the provider, and it was never silent. (The idle timer was reset
+// when the reader took a chunk, so a reader that fell behind found it
+// fired, and the model was blamed, and failed over.) And the provider
+// held back by a reader that fell behind 64 chunks is not silent either.
+func TestASlowReaderIsNotTheModelsSilence(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		chunks := make([]model.Chunk, 200)
+		for i := range chunks {
+			chunks[i] = model.Chunk{Text: "x"}
+		}
+		s := model.Open(t.Context(), burst{chunks: chunks, resp: model.Response{Text: "done"}}, model.Request{}, wd(time.Second, 300*time.Millisecond), "model m")
+		defer s.Close()
+		n := 0
+		for {
+			_, err := s.Recv()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatalf("after %d chunks: %v", n, err)
+			}
+			n++
+			time.Sleep(500 * time.Millisecond) // the reader, slower than llm_idle
+		}
+		if n != len(chunks) {
+			t.Errorf("%d chunks of %d", n, len(chunks))
+		}
+	})
+}
