@@ -62,6 +62,7 @@ func TestFaults(t *testing.T) {
 	}{
 		{"endless stream", endlessStream},
 		{"endless stream, library", endlessStreamLibrary},
+		{"slow reader of a reply", slowReaderOfAReply},
 		{"long reply", longReply},
 		{"long reply, idle followers", longReplyIdleFollowers},
 		{"idle followers", idleFollowers},

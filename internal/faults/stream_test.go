@@ -201,3 +201,50 @@ func (s *scenario) goroutines(baseline int) {
 	}
 	s.addKind(kindLeft, "goroutines above the baseline", "≤ 0", fmt.Sprint(n-baseline), n <= baseline)
 }
+
+// slowWriter is the reader of a pipe that stops reading for pause at its
+// first write, then reads at once: a `timebox run --json | (sleep 3; cat)`.
+type slowWriter struct {
+	pause  time.Duration
+	paused bool
+	n      int
+}
+
+func (w *slowWriter) Write(p []byte) (int, error) {
+	if !w.paused {
+		w.paused = true
+		time.Sleep(w.pause)
+	}
+	w.n += len(p)
+	return len(p), nil
+}
+
+// slowReaderOfAReply: a model sends a whole reply of 3,000 chunks at
+// once, while the reader of `timebox run --json` stops reading for 3 s,
+// longer than --llm-idle-timeout 1s. timebox's sink waits on the pipe,
+// and its stream's reader with it: the model was not silent, so the turn
+// is answered on its first attempt (it was stopped llm_idle, blamed on
+// the model, in most runs: the idle clock ran while timebox waited on its
+// own reader).
+func slowReaderOfAReply(t *testing.T) {
+	sc := begin(t, "a reader of the events slower than llm_idle", "timebox run --json | (sleep 3; cat)")
+	chunks := make([]fakellm.Chunk, 3000)
+	for i := range chunks {
+		chunks[i] = fakellm.Chunk{Text: "x"}
+	}
+	srv := fakellm.New(fakellm.OpenAI, fakellm.Reply{Chunks: chunks})
+	defer srv.Close()
+	a := openAIAgent(t, srv)
+	w := &slowWriter{pause: 3 * time.Second}
+	p := startTimebox(t, a.dir, []string{"FAKE_KEY=k"}, w, "run", "-f", a.file, "--db", a.db, "--json", "--llm-idle-timeout", "1s", "Say x.")
+	code := p.wait(60 * time.Second)
+	sc.is("exit code", fmt.Sprint(code), "0")
+	rec, _ := stored(t, a.db, "")
+	if rec == nil {
+		t.Fatalf("no stored turn\n%s", p.stderr.String())
+	}
+	sc.is("stop reason", string(rec.StopReason), string(budget.Answered))
+	sc.count("model attempts", len(rec.ModelCalls), 1)
+	sc.count("bytes of answer", len(rec.Answer), 3000)
+	sc.nothingLeft(p.pid())
+}
