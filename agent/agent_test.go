@@ -511,6 +511,27 @@ func TestLLMBudgetExcludesToolTime(t *testing.T) {
 	})
 }
 
+// TestLLMBudgetSpentByAFailedAttempt: a first attempt that spends what is
+// left of llm_budget before it fails (here on llm_first_chunk, as long as
+// the budget) ends the turn llm_budget_exhausted; the next link is not
+// asked. (It was, with no bound at all: a budget of 0 left read as none.)
+func TestLLMBudgetSpentByAFailedAttempt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		stalls := lines(t, `{"text": "x", "stall_after": 0}`)
+		trickles := lines(t, `{"text": "`+strings.Repeat("word ", 100)+`", "chunk_delay": "1s"}`)
+		b := budget.Defaults()
+		b.LLMFirstChunk = secs(3*time.Second, budget.SourceFile, budget.KeyLLMFirstChunk)
+		b.LLMBudget = secs(3*time.Second, budget.SourceFile, budget.KeyLLMBudget)
+		b.Turn = secs(time.Minute, budget.SourceFile, budget.KeyTurn)
+		res, _ := fixture{models: []model.Endpoint{endpoint(stalls, "a"), endpoint(trickles, "b")}, budgets: b}.run(t, t.Context(), "go")
+		r := res.Record
+		if r.StopReason != budget.LLMBudgetExhausted || r.LLMMS != 3000 || len(r.ModelCalls) != 1 || r.Failovers != 0 {
+			t.Fatalf("stopped %s after %d ms of model time, %d model calls, %d failovers: %s",
+				r.StopReason, r.LLMMS, len(r.ModelCalls), r.Failovers, r.Message)
+		}
+	})
+}
+
 func TestStepWatchdog(t *testing.T) {
 	t.Run("a declared-long tool inside its timeout is alive", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {

@@ -240,15 +240,18 @@ func (t *turn) compact(ctx context.Context, step int, force bool) (shrunk, stopp
 	req := model.Request{Model: ep.Model, System: compactionInstructions, Conversation: t.conversationID(),
 		Messages: []model.Message{{Role: model.RoleUser, Content: text}}, Compaction: true}
 
-	out := t.callModel(ctx, modelCall{step: step, attempt: 1, ep: ep, req: req,
-		within: b.Compaction.D,
-		expired: func() error {
-			return b.Compaction.Expired(budget.PhaseCompaction, "history compaction", b.Compaction.D)
-		},
+	mc := modelCall{step: step, attempt: 1, ep: ep, req: req,
 		chunk: func(_ *model.Watched, c model.Chunk) string {
 			t.live.progress(act)
 			return c.Text
-		}})
+		}}
+	if !b.Compaction.Off() {
+		mc.within = b.Compaction.D
+		mc.expired = func() error {
+			return b.Compaction.Expired(budget.PhaseCompaction, "history compaction", b.Compaction.D)
+		}
+	}
+	out := t.callModel(ctx, mc)
 	elapsed, err := out.elapsed, out.err
 	if err == nil && strings.TrimSpace(out.resp.Text) == "" {
 		err = &model.Error{Provider: ep.ProviderName, Message: "the compaction reply was empty"}

@@ -18,8 +18,9 @@ type modelCall struct {
 	step, attempt int
 	ep            model.Endpoint
 	req           model.Request
-	// within, when positive, ends the call after that long with the cause
-	// expired returns (the rest of llm_budget, the compaction budget).
+	// within, when expired is set, ends the call after that long with the
+	// cause expired returns (the rest of llm_budget, the compaction
+	// budget); at once when it is not positive.
 	within  time.Duration
 	expired func() error
 	// chunk takes each chunk as it arrives and returns the text to keep
@@ -66,8 +67,8 @@ const collectEvery = 2 << 20
 func (t *turn) callModel(ctx context.Context, mc modelCall) modelCalled {
 	callCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	if mc.within > 0 {
-		timer := time.AfterFunc(mc.within, func() { cancel(mc.expired()) })
+	if mc.expired != nil {
+		timer := time.AfterFunc(max(mc.within, 0), func() { cancel(mc.expired()) })
 		defer timer.Stop()
 	}
 	w := model.Open(callCtx, mc.ep.Provider, mc.req, t.watchdog(), "model "+mc.ep.Model)

@@ -134,6 +134,13 @@ func (t *turn) modelStep(ctx context.Context, step int) (model.Response, *stop) 
 				return model.Response{}, &stop{reason: budget.ModelUnresponsive, cause: err, message: notesText(notes)}
 			}
 		}
+		// The failed attempt's time counts too: when it spent what was
+		// left of llm_budget, no other link is asked (it would run with
+		// nothing left to bound it).
+		if b := t.s.Budgets.LLMBudget; !b.Off() && t.s.LLMUsed >= b.D {
+			return model.Response{}, &stop{reason: budget.LLMBudgetExhausted,
+				cause: b.Expired(budget.PhaseLLMBudget, "model streaming in this turn", t.s.LLMUsed)}
+		}
 		// An empty reply is asked again once, of the same endpoint, before
 		// the chain moves on — unless the model spent its whole output
 		// allowance, which asking again would only repeat
