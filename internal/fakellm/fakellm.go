@@ -88,6 +88,9 @@ type Chunk struct {
 	// Tool is a tool-call fragment: the first fragment of a call carries
 	// its ID and Name, later ones more of its Arguments.
 	Tool *ToolFragment
+	// Tools are more fragments in the same delta, after Tool (OpenAI
+	// only): several calls at once, as some compatible servers send them.
+	Tools []*ToolFragment
 }
 
 // ToolFragment is a piece of a streamed tool call. Index picks the call an
@@ -99,6 +102,9 @@ type ToolFragment struct {
 	ID        string
 	Name      string
 	Arguments string
+	// NoIndex leaves "index" out of an OpenAI fragment, as some
+	// compatible servers do.
+	NoIndex bool
 }
 
 // Text returns a reply streaming words as chunks with delay between them.
@@ -314,7 +320,7 @@ func (s *Server) play(w http.ResponseWriter, r *http.Request, rep Reply) {
 		if c.Delay > 0 && i > 0 && !s.wait(r, c.Delay) {
 			return
 		}
-		hasTools = hasTools || c.Tool != nil
+		hasTools = hasTools || c.Tool != nil || len(c.Tools) > 0
 		k := min(i, len(rep.Chunks)-1)
 		if rendered[k] == "" {
 			rendered[k] = "data: " + openAIChunk(c, "") + "\n\n"
@@ -411,8 +417,15 @@ func openAIChunk(c Chunk, finish string) string {
 	if c.Text != "" {
 		delta["content"] = c.Text
 	}
-	if t := c.Tool; t != nil {
-		tc := map[string]any{"index": t.Index, "function": map[string]any{"arguments": t.Arguments}}
+	var tcs []any
+	for _, t := range append([]*ToolFragment{c.Tool}, c.Tools...) {
+		if t == nil {
+			continue
+		}
+		tc := map[string]any{"function": map[string]any{"arguments": t.Arguments}}
+		if !t.NoIndex {
+			tc["index"] = t.Index
+		}
 		if t.ID != "" {
 			tc["id"] = t.ID
 			tc["type"] = "function"
@@ -420,7 +433,10 @@ func openAIChunk(c Chunk, finish string) string {
 		if t.Name != "" {
 			tc["function"].(map[string]any)["name"] = t.Name
 		}
-		delta["tool_calls"] = []any{tc}
+		tcs = append(tcs, tc)
+	}
+	if tcs != nil {
+		delta["tool_calls"] = tcs
 	}
 	choice := map[string]any{"index": 0, "delta": delta, "finish_reason": nil}
 	if finish != "" {

@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"sort"
 	"strings"
 	"time"
 
@@ -97,7 +96,7 @@ func (p *Provider) Stream(ctx context.Context, req model.Request) (model.Stream,
 		opts = append(opts, option.WithHeader("traceparent", req.TraceParent))
 	}
 	s := p.client.Chat.Completions.NewStreaming(ctx, params, opts...)
-	return &stream{ctx: ctx, s: s, calls: map[int64]*call{}, textKept: req.TextKept}, nil
+	return &stream{ctx: ctx, s: s, byIndex: map[int64]*call{}, textKept: req.TextKept}, nil
 }
 
 func toParams(req model.Request) (sdk.ChatCompletionNewParams, error) {
@@ -161,11 +160,14 @@ type stream struct {
 	// textKept: the caller keeps the text (Request.TextKept); text
 	// stays empty.
 	textKept bool
-	calls    map[int64]*call
-	finish   string
-	usage    model.Usage
-	done     bool
-	err      error
+	// calls are the reply's tool calls in the order they began; byIndex
+	// the one each stream index now adds to.
+	calls   []*call
+	byIndex map[int64]*call
+	finish  string
+	usage   model.Usage
+	done    bool
+	err     error
 }
 
 // call is a tool call being assembled. Its pieces go to builders: a reply
@@ -207,16 +209,31 @@ func (s *stream) Recv() (model.Chunk, error) {
 			continue
 		}
 		out.Text += ch.Delta.Content
+		var seen map[int64]bool // the indexes of this delta
 		for _, tc := range ch.Delta.ToolCalls {
-			c := s.calls[tc.Index]
-			if c == nil {
+			c := s.byIndex[tc.Index]
+			// A fragment begins a new call when its index is new, or
+			// when it names another id than its index's call has, or when
+			// the same delta already had its index: some compatible
+			// servers (Gemini's among them) send every call at index 0,
+			// or none, and parallel calls must not be merged into one.
+			if c == nil || (tc.ID != "" && c.id != "" && tc.ID != c.id) || seen[tc.Index] {
 				c = &call{}
-				s.calls[tc.Index] = c
+				s.calls = append(s.calls, c)
+				s.byIndex[tc.Index] = c
 			}
+			if seen == nil {
+				seen = map[int64]bool{}
+			}
+			seen[tc.Index] = true
 			if tc.ID != "" {
 				c.id = tc.ID
 			}
-			c.name.WriteString(tc.Function.Name)
+			// A name sent again in a later fragment is the same name, not
+			// more of it.
+			if n := tc.Function.Name; n != "" && n != c.name.String() {
+				c.name.WriteString(n)
+			}
 			c.args.WriteString(tc.Function.Arguments)
 			out.ToolBytes += len(tc.Function.Name) + len(tc.Function.Arguments)
 		}
@@ -258,13 +275,7 @@ func (s *stream) classify(err error) error {
 // Response returns the assembled reply.
 func (s *stream) Response() model.Response {
 	r := model.Response{Text: s.text.String(), FinishReason: s.finish, Usage: s.usage}
-	idx := make([]int64, 0, len(s.calls))
-	for i := range s.calls {
-		idx = append(idx, i)
-	}
-	sort.Slice(idx, func(a, b int) bool { return idx[a] < idx[b] })
-	for _, i := range idx {
-		c := s.calls[i]
+	for _, c := range s.calls {
 		r.ToolCalls = append(r.ToolCalls, model.ToolCall{ID: c.id, Name: c.name.String(), Arguments: c.args.String()})
 	}
 	return r

@@ -3,6 +3,7 @@ package openai_test
 import (
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -72,6 +73,38 @@ func TestToolCallsAssembleFromFragments(t *testing.T) {
 	_, resp, err = providertest.Collect(t, p, model.Request{Model: "m"})
 	if err != nil || resp.ToolCalls[0].Arguments != `{"url": ` {
 		t.Fatalf("invalid JSON arguments must be kept as sent: %+v %v", resp, err)
+	}
+}
+
+// TestParallelCallsAtOneIndex: compatible servers that send every
+// parallel call at index 0 (Gemini's), or in one delta without an index,
+// or that repeat a call's name in each fragment, give each call its own
+// name and arguments: they were merged into one call "echoecho" with the
+// arguments of both.
+func TestParallelCallsAtOneIndex(t *testing.T) {
+	frag := func(id, name, args string) *fakellm.ToolFragment {
+		return &fakellm.ToolFragment{ID: id, Name: name, Arguments: args}
+	}
+	atZero := fakellm.Reply{Chunks: []fakellm.Chunk{
+		{Tool: frag("call_0", "echo", `{"city":"Paris"}`)},
+		{Tool: frag("call_1", "echo", `{"city":"Rome"}`)},
+	}}
+	noIndex := fakellm.Reply{Chunks: []fakellm.Chunk{{Tool: &fakellm.ToolFragment{NoIndex: true, Name: "echo", Arguments: `{"city":"Paris"}`},
+		Tools: []*fakellm.ToolFragment{{NoIndex: true, Name: "echo", Arguments: `{"city":"Rome"}`}}}}}
+	nameRepeated := fakellm.Reply{Chunks: []fakellm.Chunk{
+		{Tool: frag("call_0", "echo", `{"city":`)},
+		{Tool: &fakellm.ToolFragment{Name: "echo", Arguments: `"Paris"}`}},
+	}}
+	s := fakellm.New(fakellm.OpenAI, atZero, noIndex, nameRepeated)
+	defer s.Close()
+	p := provider(s)
+	two := []model.ToolCall{{ID: "call_0", Name: "echo", Arguments: `{"city":"Paris"}`}, {ID: "call_1", Name: "echo", Arguments: `{"city":"Rome"}`}}
+	for _, want := range [][]model.ToolCall{two, {{Name: "echo", Arguments: `{"city":"Paris"}`}, {Name: "echo", Arguments: `{"city":"Rome"}`}},
+		{{ID: "call_0", Name: "echo", Arguments: `{"city":"Paris"}`}}} {
+		_, resp, err := providertest.Collect(t, p, model.Request{Model: "m"})
+		if err != nil || !slices.Equal(resp.ToolCalls, want) {
+			t.Errorf("tool calls %+v (%v), want %+v", resp.ToolCalls, err, want)
+		}
 	}
 }
 
