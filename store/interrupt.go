@@ -79,6 +79,8 @@ func Interrupt(t Interrupted) Interruption {
 		llm      time.Duration               // the model calls' time, as timeouts.llm_budget counts it
 		ran      []span                      // the finished tool calls' times
 		fails    int                         // failovers
+		ended    *event.TurnFinished         // the turn's own end, when its log has it
+		endedAt  time.Time
 	)
 	for _, e := range t.Events {
 		last, lastAt = e.Seq, e.At
@@ -104,7 +106,20 @@ func Interrupt(t Interrupted) Interruption {
 			if d.Refused == "" {
 				ran = append(ran, span{d.StartedAt, d.EndedAt})
 			}
+		case *event.TurnFinished:
+			ended, endedAt = d, e.At
 		}
+	}
+	if ended != nil {
+		// The turn ended, and its turn_finished was stored, but not its
+		// record (its process stopped, or its store closed, before the
+		// end's own write): the record is the end its log tells, and the
+		// log gets no second turn_finished.
+		return Interruption{Record: event.Turn{TurnID: t.TurnID, SessionID: t.SessionID, Agent: t.Agent, Input: t.Input,
+			StartedAt: t.StartedAt, EndedAt: endedAt, Status: ended.Status, StopReason: ended.StopReason,
+			Message: ended.Message, Answer: ended.Answer, Flags: ended.Flags, Steps: ended.Totals.Steps,
+			LLMMS: ended.Totals.LLMMS, ToolMS: ended.Totals.ToolMS, WallMS: ended.Totals.WallMS,
+			ApprovalMS: ended.Totals.ApprovalMS, Failovers: ended.Totals.Failovers}}
 	}
 	// The calls that were running get their record, and their log the
 	// tool_finished the process never wrote, so that every tool_started

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/store"
 )
@@ -60,5 +61,27 @@ func TestAnInterruptedTurnKeepsItsTimes(t *testing.T) {
 	}, Why: "it died", Now: at(9000)})
 	if out.Record.LLMMS != 2000 || out.Record.ToolMS != 0 {
 		t.Errorf("a model call under way: llm_ms %d (want 2000), tool_ms %d", out.Record.LLMMS, out.Record.ToolMS)
+	}
+}
+
+// TestAnEndedTurnIsNotInterruptedAgain: a turn whose turn_finished was
+// stored, but not its record (its store closed before the end's own
+// write), ends as its log says, with no second turn_finished.
+func TestAnEndedTurnIsNotInterruptedAgain(t *testing.T) {
+	t0 := time.Date(2026, 11, 28, 0, 0, 0, 0, time.UTC)
+	fin := &event.TurnFinished{Status: budget.StatusCompleted, StopReason: budget.Answered, Answer: "slow done", Message: "",
+		Totals: event.Totals{Steps: 2, ToolCalls: 1, WallMS: 3500, LLMMS: 20, ToolMS: 3000}}
+	evs := []event.Event{
+		{Seq: 1, TurnID: "t1", Type: event.TypeLLMStarted, At: t0, Data: &event.LLMStarted{Step: 1, Model: "m"}},
+		{Seq: 9, TurnID: "t1", Type: event.TypeTurnFinished, At: t0.Add(3500 * time.Millisecond), Data: fin},
+	}
+	out := store.Interrupt(store.Interrupted{TurnID: "t1", SessionID: "s", StartedAt: t0, Events: evs, Why: "the store was closed", Now: t0.Add(time.Minute)})
+	if len(out.Events) != 0 || len(out.Calls) != 0 {
+		t.Errorf("%d events and %d calls added to a turn that ended", len(out.Events), len(out.Calls))
+	}
+	r := out.Record
+	if r.Status != budget.StatusCompleted || r.StopReason != budget.Answered || r.Answer != "slow done" || r.WallMS != 3500 ||
+		r.ToolMS != 3000 || !r.EndedAt.Equal(t0.Add(3500*time.Millisecond)) || r.SessionID != "s" {
+		t.Errorf("record %+v", r)
 	}
 }

@@ -45,6 +45,7 @@ func TestStoreFaults(t *testing.T) {
 		{"PostgreSQL stopped 8 s", func(t *testing.T) { databaseStopped(t, 8*time.Second) }},
 		{"PostgreSQL stopped 30 s", func(t *testing.T) { databaseStopped(t, 30*time.Second) }},
 		{"pg_ctl restart ×2", databaseRestarted},
+		{"SIGTERM to serve during an outage", shutdownDuringOutage},
 		{"events table locked 20 s", tableLocked},
 		{"SQLite file locked 20 s", fileLocked},
 		{"SQLite's disk full, then room again", diskFullThenRoom},
@@ -841,4 +842,48 @@ func twoWritersNumber(t *testing.T) {
 	sc.count("seqs out of place (gaps, duplicates)", gaps, 0)
 	sc.count("a writer's events out of its order", outOfOrder, 0)
 	sc.within(fmt.Sprintf("%d events written", 2*each), took, 60*time.Second)
+}
+
+// shutdownDuringOutage: PostgreSQL is stopped mid-turn; the turn ends
+// during the outage (its client gets turn_finished), then its gateway gets
+// SIGTERM, and the database comes back 33 s later: past the 30 s serve
+// waits for running turns to store their ends, within the store's own
+// 30 s close after it. The turn's end is stored as it ended: answered, one
+// turn_finished, its session's conversation kept. (Before 2026-11-28 the
+// closing store refused the end that waited for it, stored the queued
+// turn_finished, then marked the turn interrupted, with a second
+// turn_finished and no conversation.)
+func shutdownDuringOutage(t *testing.T) {
+	sc := begin(t, "SIGTERM to serve during a PostgreSQL outage, a turn's end waiting", "timebox serve --shutdown-grace 0, --db postgres://…, an SSE client")
+	d := newSharedDB(t)
+	a := workAgent(t, "")
+	// --shutdown-grace 0: serve waits 30 s for the turns' ends, no more.
+	gw, url := startServe(t, a, []string{"PIDFILE=" + a.pidfile, "WORK_SECONDS=2"}, "--db", d.dsn, "--shutdown-grace", "0")
+	f := postTurn(t, url, `{"input": "go", "session_id": "outage-shutdown"}`)
+	pids := a.waitPIDs(t, 1, gw)
+	d.pg.Stop()
+	_, ok := streamEnd(f, 20*time.Second)
+	sc.truth("the client got turn_finished while the database was down", "yes", fmt.Sprint(ok), ok)
+	gw.cmd.Process.Signal(syscall.SIGTERM)
+	time.Sleep(33 * time.Second)
+	d.pg.Start()
+	code := gw.wait(60 * time.Second)
+	// 1: serve says a turn did not end within its 30 s (it had not).
+	sc.truth("serve exited", "once the end was stored", fmt.Sprintf("exit code %d", code), code >= 0)
+	rec, evs, _ := d.ended(f.turnID, 30*time.Second)
+	if rec == nil {
+		t.Fatalf("no record\n%s", gw.stderr.String())
+	}
+	sc.is("stored status", fmt.Sprintf("%s/%s", rec.Status, rec.StopReason), "completed/answered")
+	sc.count("turn_finished events stored", countType(evs, event.TypeTurnFinished), 1)
+	lost, twice := missing(f.log.snapshot(), evs)
+	sc.count("events lost or stored twice", lost+twice, 0)
+	sess, err := d.st.Session(context.Background(), "outage-shutdown")
+	n := 0
+	if err == nil {
+		n = len(sess.Messages)
+	}
+	sc.truth("the session's conversation stored", "the question and the answer", fmt.Sprintf("%d messages (%v)", n, err), n >= 2)
+	sc.allDead(pids)
+	sc.nothingLeft(gw.pid())
 }

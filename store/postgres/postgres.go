@@ -121,6 +121,55 @@ type Store struct {
 	closeOnce sync.Once
 	closeErr  error
 	closed    chan struct{}
+	// ending counts the ends under way (FinishTurn, durable writes),
+	// which Close lets finish before it closes.
+	ending ending
+}
+
+// ending counts writes under way; wait returns once there are none.
+type ending struct {
+	mu   sync.Mutex
+	n    int
+	idle chan struct{} // closed when n drops to 0, for a wait
+}
+
+func (e *ending) begin() {
+	e.mu.Lock()
+	e.n++
+	e.mu.Unlock()
+}
+
+func (e *ending) end() {
+	e.mu.Lock()
+	e.n--
+	if e.n == 0 && e.idle != nil {
+		close(e.idle)
+		e.idle = nil
+	}
+	e.mu.Unlock()
+}
+
+// wait returns once no write is under way, or after d; it reports
+// whether none is.
+func (e *ending) wait(d time.Duration) bool {
+	e.mu.Lock()
+	if e.n == 0 {
+		e.mu.Unlock()
+		return true
+	}
+	if e.idle == nil {
+		e.idle = make(chan struct{})
+	}
+	idle := e.idle
+	e.mu.Unlock()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-idle:
+		return true
+	case <-t.C:
+		return false
+	}
 }
 
 const (
@@ -322,8 +371,17 @@ func (s *Store) isClosed() bool {
 // store.ErrClosed.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
+		// The ends under way are let finish first, the queue with them (a
+		// FinishTurn waits for its turn's events): closed at once, a
+		// turn's end that waited for the database was refused while its
+		// turn_finished, queued, was stored, and the turn was then marked
+		// interrupted. The 30 s are for both.
+		start := time.Now()
+		if !s.ending.wait(closeWithin) {
+			s.log.Warn("postgres store: closing with turn ends not stored", "db", s.where)
+		}
 		close(s.closed)
-		s.q.Close()
+		s.q.CloseWithin(closeWithin - time.Since(start))
 		s.stopAll()
 		s.bg.Wait()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -358,6 +416,10 @@ func (s *Store) crash() {
 	})
 }
 
+// closeWithin bounds how long Close goes on storing what is under way
+// while the database is away.
+const closeWithin = 30 * time.Second
+
 // tx runs fn in a transaction.
 func (s *Store) tx(ctx context.Context, fn func(pgx.Tx) error) error {
 	if s.isClosed() {
@@ -381,6 +443,8 @@ func (s *Store) durable(ctx context.Context, what string, fn func(pgx.Tx) error)
 // (nil: none), such as storing a long text's pieces on their own
 // (prestore), whose failures are retried the same way.
 func (s *Store) durableAfter(ctx context.Context, what string, before func() error, fn func(pgx.Tx) error) error {
+	s.ending.begin()
+	defer s.ending.end()
 	return retry.Do(ctx, retry.Policy{Transient: transient, Stop: s.closed, Log: s.log, What: "postgres store: " + what, Attrs: []any{"db", s.where},
 		Stopped: func(err error) error {
 			return fmt.Errorf("%w while %s could not be stored: %w", store.ErrClosed, what, err)

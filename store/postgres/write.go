@@ -607,6 +607,11 @@ func queueModelCall(b *pgx.Batch, turnID string, mc event.ModelCall) error {
 // FinishTurn returns an error wrapping store.ErrNotRunning, and stores
 // nothing.
 func (s *Store) FinishTurn(ctx context.Context, rec *event.Turn, msgs []model.Message) error {
+	if s.isClosed() {
+		return store.ErrClosed
+	}
+	s.ending.begin() // from the Flush on: Close waits for it
+	defer s.ending.end()
 	if err := s.Flush(ctx); err != nil {
 		return err
 	}

@@ -215,11 +215,15 @@ func (q *Queue) statusLocked() Status {
 // Close refuses new events and returns once the writer has committed
 // everything queued before it — going on while commits fail for at most
 // Options.CloseTimeout, after which what is left fails. It is idempotent.
-func (q *Queue) Close() {
+func (q *Queue) Close() { q.CloseWithin(q.o.CloseTimeout) }
+
+// CloseWithin is Close going on for at most d (what is left of a longer
+// close's time), in place of Options.CloseTimeout.
+func (q *Queue) CloseWithin(d time.Duration) {
 	q.mu.Lock()
 	if !q.closed {
 		q.closed, q.closing = true, time.Now()
-		time.AfterFunc(q.o.CloseTimeout, func() { close(q.stop) })
+		time.AfterFunc(max(d, 0), func() { close(q.stop) })
 	}
 	q.room.Broadcast()
 	q.mu.Unlock()
