@@ -64,3 +64,25 @@ func isConnClosed(err error) bool {
 func (s *Store) Backlog() store.Backlog { return s.q.Backlog() }
 
 var _ store.Backlogged = (*Store)(nil)
+
+// again runs fn, a read or a write that may be repeated (a cancel request
+// is kept once), again at once while it fails on a connection that was
+// cut: the pool has dropped it, and the next is likely sound. A database
+// that cannot be reached is not tried again here (each try could wait for
+// the connection): it is reported as before (503 store_unavailable at the
+// HTTP API).
+//
+// It tries once more than the pool holds connections: every one of them
+// may have been cut while idle, each found dead only when used (the pool
+// pings only those idle for more than a second before it hands them out).
+func again[T any](ctx context.Context, s *Store, fn func() (T, error)) (T, error) {
+	tries := int(s.pool.Config().MaxConns) + 1
+	for i := 1; ; i++ {
+		v, err := fn()
+		var ce *pgconn.ConnectError
+		if err == nil || i == tries || ctx.Err() != nil || !transient(err) || errors.As(err, &ce) ||
+			errors.Is(err, context.DeadlineExceeded) {
+			return v, err
+		}
+	}
+}

@@ -29,6 +29,13 @@ func (s *Store) WatchCancel(turnID string) (<-chan struct{}, func()) {
 // lost. A turn whose store is gone is not cancelled: it is marked
 // interrupted once its owner's heartbeat window has passed.
 func (s *Store) RequestCancel(ctx context.Context, turnID string) error {
+	// Again on a connection found dead: the request is kept once however
+	// often it is stored.
+	_, err := again(ctx, s, func() (struct{}, error) { return struct{}{}, s.requestCancel(ctx, turnID) })
+	return err
+}
+
+func (s *Store) requestCancel(ctx context.Context, turnID string) error {
 	return s.tx(ctx, func(tx pgx.Tx) error {
 		var status string
 		err := tx.QueryRow(ctx, `SELECT status FROM turns WHERE turn_id = $1 FOR SHARE`, turnID).Scan(&status)
@@ -58,6 +65,10 @@ func requestCancelTx(ctx context.Context, tx pgx.Tx, turnID string, reason budge
 
 // CancelReason implements store.CancelReasons.
 func (s *Store) CancelReason(ctx context.Context, turnID string) (*budget.CancelError, error) {
+	return again(ctx, s, func() (*budget.CancelError, error) { return s.cancelReason(ctx, turnID) })
+}
+
+func (s *Store) cancelReason(ctx context.Context, turnID string) (*budget.CancelError, error) {
 	var reason, by string
 	err := s.pool.QueryRow(ctx, `SELECT reason, requested_by FROM cancel_requests WHERE turn_id = $1`, turnID).Scan(&reason, &by)
 	switch {

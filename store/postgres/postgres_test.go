@@ -1045,3 +1045,39 @@ func TestLongTextsGoOnAfterCuts(t *testing.T) {
 		t.Errorf("stored conversation of %d messages, not the one given", len(hist))
 	}
 }
+
+// TestReadsAfterConnectionsAreCut: right after pg_terminate_backend cut
+// every connection (the pool's idle ones are found dead only when used),
+// reads and a cancel request from another store succeed: they are tried
+// again on a fresh connection. (A cancel through another gateway failed
+// with 500, and the turn ran on.)
+func TestReadsAfterConnectionsAreCut(t *testing.T) {
+	dsn := testenv.Postgres(t)
+	a := open(t, dsn, postgres.Options{})
+	defer a.Close()
+	if _, _, err := storetest.WriteRunningTurn(a, "t1"); err != nil {
+		t.Fatal(err)
+	}
+	b := open(t, dsn, postgres.Options{})
+	defer b.Close()
+	ctx := context.Background()
+	for round := range 3 {
+		// Several idle connections in b's pool.
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Go(func() { b.Turn(ctx, "t1") })
+		}
+		wg.Wait()
+		sql(t, dsn, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`)
+		if rec, err := b.Turn(ctx, "t1"); err != nil || rec.Status != budget.StatusRunning {
+			t.Fatalf("round %d: reading the turn after the cut: %v", round, err)
+		}
+		if _, err := b.Events(ctx, "t1", 0, 0); err != nil {
+			t.Fatalf("round %d: its events: %v", round, err)
+		}
+		sql(t, dsn, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`)
+		if err := b.RequestCancel(ctx, "t1"); err != nil {
+			t.Fatalf("round %d: a cancel after the cut: %v", round, err)
+		}
+	}
+}
