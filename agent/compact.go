@@ -350,7 +350,7 @@ func (t *turn) compactionFailedMessage(cause error, wall time.Duration) string {
 	return fmt.Sprintf("Stopped after %s: the conversation (about %d tokens by timebox's estimate) does not fit; %s.%s "+
 		"Lower context.compact_at (now %d) so that older history is summarised before the model's limit, or make tool results smaller "+
 		"(%s, now %s, or narrower requests); a new session starts with an empty history.",
-		roundHuman(wall), estimateTokens(t.request()), why, help, t.a.compactAt, l.Knob, budget.FormatBytes(l.N))
+		budget.RoundHuman(wall), estimateTokens(t.request()), why, help, t.a.compactAt, l.Knob, budget.FormatBytes(l.N))
 }
 
 // tooLongNote explains, for a refusal of a conversation too long for the

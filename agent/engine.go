@@ -162,7 +162,7 @@ func (t *turn) lost(step int, callID string, c model.ToolCall, l machine.Loss) s
 		started, ended = noticed, noticed
 	} else {
 		ran = fmt.Sprintf("It had run for at least %s (its last heartbeat); the loss was noticed %s after that.",
-			roundHuman(l.Ran), roundHuman(noticed.Sub(ended)))
+			budget.RoundHuman(l.Ran), budget.RoundHuman(noticed.Sub(ended)))
 	}
 	msg := fmt.Sprintf("The call was lost: %s. %s It was not run again, so it may or may not have done its work; check before asking for it again.", l.Why, ran)
 	res := tool.Refusal(c.Name, "worker_lost", "", msg)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/machine"
 )
 
 // activity is one running thing of a turn: a model call or a tool call.
@@ -457,7 +458,7 @@ func (s stopSnap) describe() (desc string, tools []string) {
 	switch {
 	case len(tools) == 1:
 		a := firstTool
-		return "tool " + a.tool + ", running for " + roundHuman(now.Sub(a.started)).String(), tools
+		return "tool " + a.tool + ", running for " + budget.RoundHuman(now.Sub(a.started)).String(), tools
 	case len(tools) > 1:
 		var b strings.Builder
 		b.WriteString("tools ")
@@ -468,29 +469,20 @@ func (s stopSnap) describe() (desc string, tools []string) {
 			if b.Len() > len("tools ") {
 				b.WriteString(", ")
 			}
-			b.WriteString(a.tool + " (" + roundHuman(now.Sub(a.started)).String() + ")")
+			b.WriteString(a.tool + " (" + budget.RoundHuman(now.Sub(a.started)).String() + ")")
 		}
 		b.WriteString(" running")
 		return b.String(), tools
 	case first != nil:
 		if s.streaming {
-			return first.subject + ", streaming its reply (" + roundHuman(now.Sub(first.started)).String() + ")", nil
+			return first.subject + ", streaming its reply (" + budget.RoundHuman(now.Sub(first.started)).String() + ")", nil
 		}
-		return first.subject + ", waiting for its reply (" + roundHuman(now.Sub(first.started)).String() + ")", nil
+		return first.subject + ", waiting for its reply (" + budget.RoundHuman(now.Sub(first.started)).String() + ")", nil
 	case firstWait != nil:
 		a := firstWait
-		return "tool " + a.approvalOf + ", waiting for a person's decision (" + roundHuman(now.Sub(a.started)).String() + ")", nil
+		return machine.WaitingDesc(a.approvalOf, now.Sub(a.started)), nil
 	case s.last != nil:
-		return s.last.subject + ", finished " + roundHuman(now.Sub(s.lastEnded)).String() + " ago", nil
+		return s.last.subject + ", finished " + budget.RoundHuman(now.Sub(s.lastEnded)).String() + " ago", nil
 	}
 	return "none", nil
-}
-
-// roundHuman rounds for a sentence: whole seconds above ten seconds, tenths
-// below.
-func roundHuman(d time.Duration) time.Duration {
-	if d >= 10*time.Second {
-		return d.Round(time.Second)
-	}
-	return d.Round(100 * time.Millisecond)
 }

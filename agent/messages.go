@@ -17,7 +17,7 @@ import (
 // §5). Messages never blame the model for a budget that fired elsewhere.
 func (t *turn) message(st machine.Ending, note *machine.StopNote, now time.Time) string {
 	b, l := t.s.Budgets, t.s.Limits
-	wall := roundHuman(now.Sub(t.s.Start))
+	wall := budget.RoundHuman(now.Sub(t.s.Start))
 	cause := st.Cause.Err()
 	var last string
 	var stopTools []string
@@ -52,7 +52,7 @@ func (t *turn) message(st machine.Ending, note *machine.StopNote, now time.Time)
 		return fmt.Sprintf("Stopped: nothing progressed for %s (%s). Last step: %s. %s", budget.FormatDuration(b.Step.D), t.named(budget.KeyStep), last, advice)
 	case budget.LLMBudgetExhausted:
 		return fmt.Sprintf("Stopped after %s: the model streamed for %s in this turn, its budget (%s); time spent in tools is not counted. Last step: %s. Ask for a shorter task, or raise %s.",
-			wall, roundHuman(t.s.LLMUsed), t.named(budget.KeyLLMBudget), last, b.LLMBudget.Knob)
+			wall, budget.RoundHuman(t.s.LLMUsed), t.named(budget.KeyLLMBudget), last, b.LLMBudget.Knob)
 	case budget.MaxSteps:
 		return fmt.Sprintf("Stopped after %d model calls, the limit for one turn (%s), in %s. Last step: %s. The task may need more steps: split the request, or raise %s.",
 			l.MaxSteps.N, t.named(budget.KeyMaxSteps), wall, last, l.MaxSteps.Knob)

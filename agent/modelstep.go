@@ -157,7 +157,7 @@ func (t *turn) modelStep(ctx context.Context, step int) (model.Response, *stop) 
 				next := t.a.models[notes[n].index]
 				t.s.Failovers++
 				t.em.Emit(&event.Failover{Step: step, From: endpointLabel(ep), To: endpointLabel(next), Phase: phase,
-					Reason:  fmt.Sprintf("%v; every link failed, retrying %s after its Retry-After (%s)", err, endpointLabel(next), roundHuman(wait)),
+					Reason:  fmt.Sprintf("%v; every link failed, retrying %s after its Retry-After (%s)", err, endpointLabel(next), budget.RoundHuman(wait)),
 					Attempt: t.s.Attempts + k + 2})
 				if st := t.waitRetry(ctx, step, next, wait); st != nil {
 					return model.Response{}, st

@@ -208,6 +208,15 @@ func Round(d time.Duration) time.Duration {
 	return d.Round(time.Millisecond)
 }
 
+// RoundHuman rounds for a sentence: whole seconds above ten seconds,
+// tenths below.
+func RoundHuman(d time.Duration) time.Duration {
+	if d >= 10*time.Second {
+		return d.Round(time.Second)
+	}
+	return d.Round(100 * time.Millisecond)
+}
+
 // FormatDuration renders d the way a person writes it in the agent file:
 // whole seconds under two minutes as "60s", whole minutes as "5m", whole
 // hours as "2h", and Go's syntax otherwise ("1m30s", "750ms").

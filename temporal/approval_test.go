@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -125,5 +126,65 @@ func TestApprovalsOnTemporal(t *testing.T) {
 				t.Errorf("waited %dms (turn %dms), ran %dms, by %q", call.ApprovalMS, rec.ApprovalMS, call.DurationMS, call.Approval.By)
 			}
 		})
+	}
+}
+
+// TestCancelWhileWaitingForAPerson: a turn cancelled (its caller's
+// context, as Ctrl-C does) while its call waits for a person ends at
+// once, not after the kill grace and cancelGrace its units would get (a
+// wait has nothing to wind down), and says what it was waiting for.
+func TestCancelWhileWaitingForAPerson(t *testing.T) {
+	defer proctest.CheckNoLeaks(t)
+	c, s, queue := setup(t)
+	dir := t.TempDir()
+	a, err := timebox.Open(context.Background(), approvalAgent(t, dir, "1h"), timebox.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	q := queue + "-cancel-waiting"
+	startWorker(t, c, s, q, a.Agent)
+	r, err := temporal.NewRunner(c, s, q, a.Agent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	asked := make(chan struct{}, 1)
+	done := make(chan *agent.Result, 1)
+	go func() {
+		done <- r.Run(ctx, agent.Input{Text: "deploy"}, event.SinkFunc(func(e event.Event) {
+			if e.Type == event.TypeApprovalRequested {
+				asked <- struct{}{}
+			}
+		}))
+	}()
+	select {
+	case <-asked:
+	case <-time.After(60 * time.Second):
+		t.Fatal("no approval_requested")
+	}
+	time.Sleep(time.Second) // a person deciding
+	cancelled := time.Now()
+	cancel(&budget.CancelError{Reason: budget.Cancelled, By: "you (Ctrl-C)"})
+	var res *agent.Result
+	select {
+	case res = <-done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the turn did not end")
+	}
+	// The kill grace (500ms) and cancelGrace (2s) are not waited.
+	if took := time.Since(cancelled); took > 2*time.Second {
+		t.Errorf("the turn ended %s after its cancellation", took)
+	}
+	rec := res.Record
+	if rec.Status != budget.StatusCancelled {
+		t.Fatalf("turn ended %s (%s): %s", rec.Status, rec.StopReason, rec.Message)
+	}
+	if !strings.Contains(rec.Message, "Cancelled by you (Ctrl-C) after 1") ||
+		!strings.Contains(rec.Message, "Last step: tool deploy, waiting for a person's decision (1") {
+		t.Errorf("message %q", rec.Message)
+	}
+	if call := callNamed(t, rec, "deploy"); call.Outcome == event.OutcomeOK {
+		t.Errorf("the call ran: %+v", call)
 	}
 }

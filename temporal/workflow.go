@@ -58,6 +58,7 @@ func (w *turnWorkflow) run(ctx workflow.Context, s machine.State) (*Outcome, err
 	r := &turnRun{w: w, s: &s, root: ctx, signals: workflow.GetSignalChannel(ctx, SignalCancel), ceiling: s.Ceiling(),
 		rearm: workflow.NewBufferedChannel(ctx, 1)}
 	r.work, r.cancelWork = workflow.WithCancel(ctx)
+	r.halted, r.halt = workflow.WithCancel(ctx)
 	workflow.Go(ctx, r.watch)
 	d := &driver{r: r, ctx: r.work}
 	end := machine.Drive(d, r.s)
@@ -84,6 +85,11 @@ type turnRun struct {
 	// stopped is what stopped the turn from outside its units, first
 	// come: the ceiling, a cancel signal, the workflow's cancellation.
 	stopped *machine.Cause
+	// halted is done once stopped is set: a wait for people ends then at
+	// once, while units get the grace of a cancel signal (halt cancels
+	// it).
+	halted workflow.Context
+	halt   workflow.CancelFunc
 	// ended is how the turn ended, when a unit ended it.
 	ended *Outcome
 	// losses counts the model steps lost in a row.
@@ -177,6 +183,7 @@ func (r *turnRun) note(c *machine.Cause) bool {
 		return false
 	}
 	r.stopped = c
+	r.halt()
 	return true
 }
 
@@ -325,6 +332,10 @@ func (d *driver) Refuse(s *machine.State, step int, cs []machine.Call, reason st
 // calls (workflow.GetVersion).
 const refuseBatch = "refuse-batch"
 
+// haltWaits is the change of a wait for people to end at a cancel
+// signal's stop at once (workflow.GetVersion).
+const haltWaits = "halt-waits"
+
 // refuseShare is how many calls one RefuseCalls refuses: its local
 // activity writes their records and messages well within its
 // StartToClose, and its result (a Called each, in the workflow's history)
@@ -445,6 +456,7 @@ func (d *driver) Approve(s *machine.State, step int, c machine.Call) (bool, mach
 	r := d.r
 	sig := workflow.GetSignalChannel(r.root, SignalApproval+":"+machine.CallID(step, c.Index))
 	var began time.Time
+	var waiting *machine.StopNote // the wait a stop ended
 	for round := 1; ; round++ {
 		var ask asked
 		if err := r.local(d.ctx, actAsk, &unitIn{State: *s, Step: step, Call: c, Round: round, Began: began}, &ask); err != nil {
@@ -460,6 +472,11 @@ func (d *driver) Approve(s *machine.State, step int, c machine.Call) (bool, mach
 		for {
 			if in.Decision == nil {
 				d.wait(sig, ask.Asked.ExpiresAt, in)
+				if in.Stopped && waiting == nil {
+					// What the turn was doing when it was stopped, for its
+					// message, as the embedded engine says it.
+					waiting = &machine.StopNote{Desc: machine.WaitingDesc(c.Name, workflow.Now(d.ctx).Sub(ask.Asked.Began))}
+				}
 			}
 			if err := r.local(d.ctx, actDecided, in, &out); err != nil {
 				in.Decision = &machine.Decision{Decision: event.Deny, By: "timebox", Reason: "the decision could not be read: " + lostWhy(err)}
@@ -470,6 +487,7 @@ func (d *driver) Approve(s *machine.State, step int, c machine.Call) (bool, mach
 			}
 		}
 		if !out.Again {
+			out.Out.Stopped = out.Out.Stopped.Merge(waiting)
 			return out.Run, out.Out
 		}
 	}
@@ -478,7 +496,12 @@ func (d *driver) Approve(s *machine.State, step int, c machine.Call) (bool, mach
 // wait waits for a signal that a decision was stored, the wait's expiry at
 // expires, or the turn's stop, and notes which in in.
 func (d *driver) wait(sig workflow.ReceiveChannel, expires time.Time, in *unitIn) {
-	if d.ctx.Err() != nil {
+	// A stop (a cancel signal too, whose units get a grace to stop by
+	// themselves) ends a wait for people at once: it has nothing to wind
+	// down. Waits recorded before did not see a signal's stop until the
+	// grace was over, and replay so.
+	halted := workflow.GetVersion(d.ctx, haltWaits, workflow.DefaultVersion, 1) >= 1
+	if d.ctx.Err() != nil || (halted && d.r.stopped != nil) {
 		in.Stopped = true
 		return
 	}
@@ -488,6 +511,9 @@ func (d *driver) wait(sig workflow.ReceiveChannel, expires time.Time, in *unitIn
 	sel.AddReceive(sig, func(c workflow.ReceiveChannel, _ bool) { c.Receive(d.ctx, nil) })
 	sel.AddFuture(timer, func(f workflow.Future) { in.Expired = f.Get(d.ctx, nil) == nil })
 	sel.AddReceive(d.ctx.Done(), func(workflow.ReceiveChannel, bool) { in.Stopped = true })
+	if halted {
+		sel.AddReceive(d.r.halted.Done(), func(workflow.ReceiveChannel, bool) { in.Stopped = true })
+	}
 	sel.Select(d.ctx)
 	if !in.Expired {
 		cancel()

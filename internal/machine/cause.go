@@ -121,6 +121,12 @@ type StopNote struct {
 	DuringCompact bool `json:"during_compact,omitempty"`
 }
 
+// WaitingDesc says that a call of tool waits for a person's decision, and
+// has for waited: a stop note's Desc, on either engine.
+func WaitingDesc(tool string, waited time.Duration) string {
+	return "tool " + tool + ", waiting for a person's decision (" + budget.RoundHuman(waited).String() + ")"
+}
+
 // Merge returns n with what o says ran added: the notes of units stopped
 // at the same time in different places (the calls of one batch).
 func (n *StopNote) Merge(o *StopNote) *StopNote {
