@@ -167,6 +167,21 @@ type CancelReasons interface {
 	CancelReason(ctx context.Context, turnID string) (*budget.CancelError, error)
 }
 
+// EngineCancels is a store that tells an engine's workers of the cancel
+// requests of the turns the engine runs, so that they pass them on to the
+// turns' workflows: a request stored by a process with no hold on the
+// workflow (a gateway that found the turn's caller gone) reaches a turn
+// that runs no unit to watch for it — one waiting for a person.
+// PostgreSQL implements it.
+type EngineCancels interface {
+	// EngineCancels returns the running engine turns with a pending
+	// cancel request.
+	EngineCancels(ctx context.Context) ([]string, error)
+	// WatchCancels returns a channel signalled when any cancel request is
+	// stored (a hint: look again), and the function that stops it.
+	WatchCancels() (<-chan struct{}, func())
+}
+
 // TurnStart is what is known of a turn when it begins.
 type TurnStart struct {
 	TurnID string

@@ -188,3 +188,50 @@ func TestCancelWhileWaitingForAPerson(t *testing.T) {
 		t.Errorf("the call ran: %+v", call)
 	}
 }
+
+// TestAStoredCancelReachesAWaitForAPerson: a cancel request stored with
+// no signal to the workflow — as a gateway that found the turn's caller
+// gone stores it — ends a turn waiting for a person: the workers pass it
+// on. (The turn went on until its wait expired, then ran its next step.)
+func TestAStoredCancelReachesAWaitForAPerson(t *testing.T) {
+	defer proctest.CheckNoLeaks(t)
+	c, s, queue := setup(t)
+	a, err := timebox.Open(context.Background(), approvalAgent(t, t.TempDir(), "1h"), timebox.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	q := queue + "-stored-cancel"
+	startWorker(t, c, s, q, a.Agent)
+	r, err := temporal.NewRunner(c, s, q, a.Agent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	asked := make(chan string, 1)
+	done := make(chan *agent.Result, 1)
+	go func() {
+		// Detached from this Run's context: only the store says cancel.
+		done <- r.Run(context.Background(), agent.Input{Text: "deploy"}, event.SinkFunc(func(e event.Event) {
+			if e.Type == event.TypeApprovalRequested {
+				asked <- e.TurnID
+			}
+		}))
+	}()
+	var id string
+	select {
+	case id = <-asked:
+	case <-time.After(60 * time.Second):
+		t.Fatal("no approval_requested")
+	}
+	if err := s.RequestCancel(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case res := <-done:
+		if rec := res.Record; rec.Status != budget.StatusCancelled {
+			t.Fatalf("turn ended %s (%s): %s", rec.Status, rec.StopReason, rec.Message)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the stored cancel request did not end the turn waiting for a person")
+	}
+}

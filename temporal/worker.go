@@ -1,6 +1,7 @@
 package temporal
 
 import (
+	"context"
 	"log/slog"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"go.temporal.io/sdk/workflow"
 
 	"github.com/timebox-run/timebox/agent"
+	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/internal/machine"
 	"github.com/timebox-run/timebox/store"
 )
@@ -70,7 +72,46 @@ func NewWorker(o WorkerOptions) (worker.Worker, error) {
 	}
 	w := worker.New(o.Client, o.TaskQueue, o.Options)
 	register(w, units, o.Store, p, o.Heartbeat, o.Logger)
-	return w, nil
+	return &relaying{Worker: w, o: o}, nil
+}
+
+// relaying is a worker that passes the store's cancel requests on to the
+// turns' workflows while it runs (RelayCancels).
+type relaying struct {
+	worker.Worker
+	o    WorkerOptions
+	stop context.CancelFunc
+	done chan struct{}
+}
+
+func (r *relaying) Start() error {
+	if err := r.Worker.Start(); err != nil {
+		return err
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	r.stop, r.done = stop, make(chan struct{})
+	go func() {
+		defer close(r.done)
+		RelayCancels(ctx, r.o.Client, r.o.Store, r.o.Logger)
+	}()
+	return nil
+}
+
+func (r *relaying) Run(interruptCh <-chan any) error {
+	if err := r.Start(); err != nil {
+		return err
+	}
+	<-interruptCh
+	r.Stop()
+	return nil
+}
+
+func (r *relaying) Stop() {
+	if r.stop != nil {
+		r.stop()
+		<-r.done
+	}
+	r.Worker.Stop()
 }
 
 // registry is what a worker, a test environment and a replayer register
@@ -92,3 +133,68 @@ func register(r registry, units machine.Units, st store.Store, p store.Payloads,
 		r.RegisterActivityWithOptions(fn, activity.RegisterOptions{Name: name})
 	}
 }
+
+// RelayCancels passes the cancel requests of the turns st's engine runs on
+// to their workflows, as SignalCancel with the stored reason, until ctx
+// ends. A request stored where no one signals the workflow — a gateway
+// that found a turn's caller gone (client_gone), a cancel through a
+// gateway that does not run the turn — otherwise reaches only the units
+// that run and watch the store: a turn waiting for a person runs none,
+// and went on until its wait expired. Each worker runs it; a turn
+// signalled twice is cancelled once. It looks when the store says a
+// request was stored, and every relayEvery besides (a notification may be
+// lost).
+func RelayCancels(ctx context.Context, c client.Client, st store.Store, log *slog.Logger) {
+	feed, ok := st.(store.EngineCancels)
+	if !ok {
+		return
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	reasons, _ := st.(store.CancelReasons)
+	wake, stop := feed.WatchCancels()
+	defer stop()
+	t := time.NewTicker(relayEvery)
+	defer t.Stop()
+	signalled := map[string]bool{}
+	for {
+		ids, err := feed.EngineCancels(ctx)
+		if err == nil {
+			pending := make(map[string]bool, len(ids))
+			for _, id := range ids {
+				pending[id] = true
+				if signalled[id] {
+					continue
+				}
+				ce := &budget.CancelError{Reason: budget.Cancelled, By: "a client"}
+				if reasons != nil {
+					if r, err := reasons.CancelReason(ctx, id); err == nil && r != nil {
+						ce = r
+					}
+				}
+				sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				err := c.SignalWorkflow(sctx, WorkflowID(id), "", SignalCancel, ce)
+				cancel()
+				if err == nil {
+					signalled[id] = true
+					log.Info("cancel request passed on to its turn's workflow", "turn_id", id, "reason", ce.Reason)
+				}
+			}
+			for id := range signalled {
+				if !pending[id] {
+					delete(signalled, id) // ended: forgotten
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-wake:
+		case <-t.C:
+		}
+	}
+}
+
+// relayEvery is how often RelayCancels looks without being told.
+const relayEvery = 5 * time.Second

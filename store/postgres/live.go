@@ -63,6 +63,24 @@ func requestCancelTx(ctx context.Context, tx pgx.Tx, turnID string, reason budge
 	return err
 }
 
+// anyCancel is the key of the watchers of every cancel request
+// (WatchCancels) in the set of the turns' own.
+const anyCancel = "*"
+
+// WatchCancels implements store.EngineCancels.
+func (s *Store) WatchCancels() (<-chan struct{}, func()) { return s.cancels.Add(anyCancel) }
+
+// EngineCancels implements store.EngineCancels.
+func (s *Store) EngineCancels(ctx context.Context) ([]string, error) {
+	if s.isClosed() {
+		return nil, store.ErrClosed
+	}
+	return again(ctx, s, func() ([]string, error) {
+		return queryStrings(ctx, s.pool, `SELECT c.turn_id FROM cancel_requests c JOIN turns t ON t.turn_id = c.turn_id
+			WHERE t.status = 'running' AND starts_with(t.owner_id, $1) AND t.owner_id <> $2 ORDER BY t.n`, enginePrefix, suspendedOwner)
+	})
+}
+
 // CancelReason implements store.CancelReasons.
 func (s *Store) CancelReason(ctx context.Context, turnID string) (*budget.CancelError, error) {
 	return again(ctx, s, func() (*budget.CancelError, error) { return s.cancelReason(ctx, turnID) })
@@ -123,6 +141,7 @@ func (s *Store) listen(conn *pgx.Conn) {
 				s.watch.Wake(n.Payload)
 			case chanCancel:
 				s.cancels.Wake(n.Payload)
+				s.cancels.Wake(anyCancel)
 			}
 		}
 		conn.Close(context.Background())
