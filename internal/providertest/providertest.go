@@ -7,7 +7,11 @@ package providertest
 
 import (
 	"context"
+	"errors"
 	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -135,6 +139,28 @@ func TextKept(t *testing.T, format fakellm.Format, newProvider New) {
 		}
 		if streamed != "abcd" || resp.Text != want {
 			t.Errorf("TextKept %v: streamed %q, Response's text %q, want %q", kept, streamed, resp.Text, want)
+		}
+	}
+}
+
+// DocumentForAStream: a server that answers a streamed request with status
+// 200 and a JSON document — a gateway's quota error, a completion it
+// would not stream — fails the attempt saying what the document says,
+// not that the stream ended early.
+func DocumentForAStream(t *testing.T, newURLProvider func(baseURL string) model.Provider) {
+	for _, tc := range []struct{ body, want string }{
+		{`{"error": {"message": "You exceeded your current quota", "type": "insufficient_quota"}}`, "answered with an error instead of a stream: You exceeded your current quota"},
+		{`{"id": "chatcmpl-1", "choices": [{"message": {"content": "hi"}}]}`, "answered with a JSON document instead of a stream"},
+	} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, tc.body)
+		}))
+		_, _, err := Collect(t, newURLProvider(srv.URL), model.Request{Model: "m", Messages: []model.Message{{Role: model.RoleUser, Content: "hi"}}})
+		srv.Close()
+		var me *model.Error
+		if !errors.As(err, &me) || !strings.Contains(me.Message, tc.want) {
+			t.Errorf("a 200 with %s: %v, want a model error saying %q", tc.body, err, tc.want)
 		}
 	}
 }

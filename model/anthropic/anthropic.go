@@ -65,10 +65,12 @@ func New(o Options) *Provider {
 	if base == "" {
 		base = DefaultBaseURL
 	}
-	hc := o.HTTPClient
-	if hc == nil {
-		hc = &http.Client{}
+	hc := &http.Client{}
+	if o.HTTPClient != nil {
+		c := *o.HTTPClient
+		hc = &c
 	}
+	hc.Transport = model.StreamsOnly(hc.Transport, "anthropic")
 	mt := o.MaxTokens
 	if mt <= 0 {
 		mt = DefaultMaxTokens
@@ -339,6 +341,10 @@ var errorStatus = map[string]int{
 func (s *stream) classify(err error) error {
 	if s.ctx.Err() != nil {
 		return context.Cause(s.ctx)
+	}
+	var me *model.Error // model.StreamsOnly's
+	if errors.As(err, &me) {
+		return me
 	}
 	var apiErr *sdk.Error
 	if errors.As(err, &apiErr) {

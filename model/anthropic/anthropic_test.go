@@ -326,3 +326,9 @@ func TestLengthRefusal(t *testing.T) {
 		}
 	}
 }
+
+func TestDocumentForAStream(t *testing.T) {
+	providertest.DocumentForAStream(t, func(url string) model.Provider {
+		return anthropic.New(anthropic.Options{BaseURL: url, APIKey: "sk-test"})
+	})
+}

@@ -63,10 +63,12 @@ func New(o Options) *Provider {
 	if base == "" {
 		base = DefaultBaseURL
 	}
-	hc := o.HTTPClient
-	if hc == nil {
-		hc = &http.Client{}
+	hc := &http.Client{}
+	if o.HTTPClient != nil {
+		c := *o.HTTPClient
+		hc = &c
 	}
+	hc.Transport = model.StreamsOnly(hc.Transport, "openai")
 	mt := o.MaxTokens
 	if mt <= 0 {
 		mt = DefaultMaxTokens
@@ -252,6 +254,10 @@ func (s *stream) Recv() (model.Chunk, error) {
 func (s *stream) classify(err error) error {
 	if s.ctx.Err() != nil {
 		return context.Cause(s.ctx)
+	}
+	var me *model.Error // model.StreamsOnly's
+	if errors.As(err, &me) {
+		return me
 	}
 	var apiErr *sdk.Error
 	if errors.As(err, &apiErr) {

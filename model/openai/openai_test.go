@@ -274,3 +274,7 @@ func TestLengthRefusal(t *testing.T) {
 		}
 	}
 }
+
+func TestDocumentForAStream(t *testing.T) {
+	providertest.DocumentForAStream(t, func(url string) model.Provider { return openai.New(openai.Options{BaseURL: url, APIKey: "sk-test"}) })
+}
