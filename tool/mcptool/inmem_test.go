@@ -20,6 +20,7 @@ import (
 
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/wait"
 	"github.com/timebox-run/timebox/tool"
 )
 
@@ -610,5 +611,29 @@ func TestInputSchema(t *testing.T) {
 	raw, warn = inputSchema(map[string]any{"type": "object", "properties": map[string]any{"a": map[string]any{"$ref": "#/nowhere"}}})
 	if warn == "" || string(raw) != `{"type":"object"}` {
 		t.Errorf("a broken schema: %s, %q", raw, warn)
+	}
+}
+
+// TestCancelWrittenBeforeClose: a call stopped at its deadline, then the
+// server closed at once (the turn ended), still sends the server its
+// notifications/cancelled: the SDK writes it after CallTool returned, and
+// a Close right after cut it off about one time in three.
+func TestCancelWrittenBeforeClose(t *testing.T) {
+	for i := range 20 {
+		f := newFake()
+		cfg := Config{Name: "fake", Budget: tb(5*time.Second, 0), dial: f.dial, KeepAlive: -1}
+		s, err := Open(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		x, _ := call(context.Background(), t, s, "block", `{}`, tb(20*time.Millisecond, 0))
+		s.Close()
+		if x.Outcome != event.OutcomeTimedOut {
+			t.Fatalf("round %d: outcome %s", i, x.Outcome)
+		}
+		// The server reads what was written on its own time.
+		if !wait.Until(2*time.Second, func() bool { return len(f.cancels()) == 1 }) {
+			t.Fatalf("round %d: the server received %d cancellations, want 1", i, len(f.cancels()))
+		}
 	}
 }

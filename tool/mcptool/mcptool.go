@@ -393,6 +393,17 @@ func (t *Tool) Call(ctx context.Context, c *tool.Call) (*tool.Result, error) {
 				}
 				return s.awaitCancel(l, a, t.remote, budget.GraceFor(cause, grace)), cause
 			}
+			// The SDK writes the cancellation from a goroutine of its own
+			// after CallTool returned: wait for it (briefly: a request
+			// never sent gets none), so that a turn ending now, and
+			// closing the server, does not close its input under it.
+			t := time.NewTimer(cancelWriteWait)
+			select {
+			case <-a.cancelWritten:
+			case <-l.done:
+			case <-t.C:
+			}
+			t.Stop()
 			return nil, cause
 		}
 		return nil, s.callError(ctx, l, t.remote, err)
@@ -408,6 +419,10 @@ func (t *Tool) Call(ctx context.Context, c *tool.Call) (*tool.Result, error) {
 	}
 	return &tool.Result{Output: out}, nil
 }
+
+// cancelWriteWait bounds how long a stopped call waits for its
+// cancellation to be written.
+const cancelWriteWait = 500 * time.Millisecond
 
 // detach returns a context for the SDK that is cancelled when ctx is, but
 // whose cause is its own. The runner fills in the Elapsed field of a
@@ -439,6 +454,10 @@ type active struct {
 	// cancelSent receives, once the call's cancellation is written, the
 	// channel closed when the server answers the call after all.
 	cancelSent chan chan struct{}
+	// cancelWritten is closed once the call's cancellation has been
+	// written (or failed to be).
+	cancelWritten chan struct{}
+	cancelOnce    sync.Once
 }
 
 type activeKey struct{}
@@ -453,7 +472,7 @@ func (s *Server) begin(ctx context.Context, c *tool.Call) *active {
 		p = discard{}
 	}
 	a := &active{token: fmt.Sprintf("%s#%d", id, s.seq.Add(1)), progress: p,
-		cause: func() error { return context.Cause(ctx) }, cancelSent: make(chan chan struct{}, 1)}
+		cause: func() error { return context.Cause(ctx) }, cancelSent: make(chan chan struct{}, 1), cancelWritten: make(chan struct{})}
 	s.calls.Store(a.token, a)
 	s.inFlight.Add(1)
 	return a

@@ -149,6 +149,9 @@ func (c *wireConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 func (c *wireConn) Write(ctx context.Context, msg jsonrpc.Message) error {
 	if m, ok := msg.(*jsonrpc.Request); ok && m.Method == methodCancelled {
 		msg = c.cancelling(ctx, m)
+		if a, _ := ctx.Value(activeKey{}).(*active); a != nil {
+			defer a.cancelOnce.Do(func() { close(a.cancelWritten) })
+		}
 	}
 	return c.Connection.Write(ctx, msg)
 }
