@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -505,6 +507,27 @@ func (s *Server) grace() time.Duration {
 // context: a JSON-RPC error from the server, a server that died, hung or
 // was shut down during the call, or a request the SDK could not make.
 func (s *Server) callError(ctx context.Context, l *link, name string, err error) error {
+	// The request did not reach the server (the SDK wraps the HTTP
+	// client's error in its -32005 "rejected by transport", which is no
+	// answer of the server's): the connection is taken down, and the next
+	// call connects again.
+	var ue *url.Error
+	if l.proc == nil && errors.As(err, &ue) {
+		why := fmt.Sprintf("could not be reached (%v)", ue.Err)
+		if errors.Is(ue.Err, io.EOF) {
+			why = "closed the connection"
+		}
+		l.setWhy(why)
+		l.kill()
+		// Retired before the next call looks for a link.
+		t := time.NewTimer(time.Second)
+		select {
+		case <-l.done:
+		case <-t.C:
+		}
+		t.Stop()
+		return &tool.Error{Message: fmt.Sprintf("MCP server %q %s for the call to %q; timebox will connect again for the next call", s.cfg.Name, why, name)}
+	}
 	var we *jsonrpc.Error
 	if errors.As(err, &we) {
 		return &tool.Error{Message: fmt.Sprintf("MCP server %q refused the call to %q: %s (JSON-RPC error %d)", s.cfg.Name, name, we.Message, we.Code)}
