@@ -77,6 +77,11 @@ func parseStat(b []byte) (procStat, error) {
 	}
 	var s procStat
 	s.state = f[0][0]
+	ppid, err := strconv.Atoi(string(f[1]))
+	if err != nil {
+		return procStat{}, errBadStat
+	}
+	s.ppid = ppid
 	pgrp, err := strconv.Atoi(string(f[2]))
 	if err != nil {
 		return procStat{}, errBadStat

@@ -11,6 +11,7 @@ import (
 // procStat is what a scan needs from /proc/<pid>/stat.
 type procStat struct {
 	state byte   // R, S, D, Z, X, ...
+	ppid  int    // parent (Linux only; 0 elsewhere)
 	pgrp  int    // process group
 	start uint64 // start time, clock ticks after boot
 }

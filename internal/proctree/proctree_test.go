@@ -151,6 +151,39 @@ func helper(mode string) int {
 		}
 		tree.Wait()
 		return 0
+	case "subreaper":
+		// A process that adopts orphans, as a container's PID 1 does,
+		// reaping them: runs trees whose roots leave a child behind and
+		// exit, then says how many zombies it is the parent of, and
+		// whether each root's own exit status was still its own.
+		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+			fmt.Println("error", err)
+			return 1
+		}
+		ReapAdopted(true)
+		for range 10 {
+			// A child left behind, killed with the tree once the root
+			// has exited: an orphan, adopted, dead.
+			tree, err := Start(context.Background(), exec.Command("sh", "-c", "sleep 0.3 & sleep 0.1; exit 0"), Auto)
+			if err != nil {
+				fmt.Println("error", err)
+				return 1
+			}
+			// The root is reaped by Tree.Wait, not the reaper.
+			if err := tree.Wait(); err != nil && strings.Contains(err.Error(), "no child processes") {
+				fmt.Println("root's wait:", err)
+			}
+		}
+		time.Sleep(2500 * time.Millisecond) // the orphans die at 0.1s; the reaper looks every second
+		zombies := 0
+		ps, _ := pids()
+		for _, pid := range ps {
+			if st, err := readStat(pid); err == nil && st.ppid == os.Getpid() && st.state == 'Z' {
+				zombies++
+			}
+		}
+		fmt.Println("zombies", zombies)
+		return 0
 	case "tty-open":
 		if f, err := os.OpenFile("/dev/tty", os.O_RDWR, 0); err == nil {
 			f.Close()
@@ -376,6 +409,20 @@ func TestAToolHasNoTerminal(t *testing.T) {
 		t.Errorf("the tool said %q: it could open timebox's terminal", said[1])
 	}
 	noLeaks(t)
+}
+
+// TestOrphansAreReapedAsInit: a process that adopts the orphans of its
+// tools (a container's PID 1) reaps them with ReapAdopted, and the roots
+// of its trees keep their exit status (Tree.Wait reaps them).
+func TestOrphansAreReapedAsInit(t *testing.T) {
+	forEachStrategy(t, func(t *testing.T, s Strategy) {
+		cmd := exec.Command(self(), helperArg, "subreaper")
+		cmd.Env = append(os.Environ(), EnvStrategy+"="+string(s))
+		out, err := cmd.CombinedOutput()
+		if err != nil || strings.TrimSpace(string(out)) != "zombies 0" {
+			t.Fatalf("%s (%v)", out, err)
+		}
+	})
 }
 
 func TestStopReachesEscapedChild(t *testing.T) {

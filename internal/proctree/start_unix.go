@@ -103,7 +103,12 @@ func (s *starter) loop() {
 				r.done <- notStarted(r.ctx)
 				continue
 			}
-			r.done <- r.cmd.Start()
+			r.done <- startOwn(func() (int, error) {
+				if err := r.cmd.Start(); err != nil {
+					return 0, err
+				}
+				return r.cmd.Process.Pid, nil
+			})
 		case <-s.check:
 			s.mu.Lock()
 			if s.holds == 0 {

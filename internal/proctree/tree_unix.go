@@ -283,6 +283,7 @@ func (t *Tree) Unkilled() []int {
 // finish closes the handles of a tree whose root was reaped, releases its
 // cgroup and its hold on the starter's thread.
 func (t *Tree) finish(members map[int]*handle) {
+	forgetOwn(t.pid) // reaped
 	for _, h := range members {
 		h.close()
 	}

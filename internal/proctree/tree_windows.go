@@ -371,3 +371,6 @@ func Close() {}
 
 // CgroupMembers returns nil: Windows has no cgroups.
 func CgroupMembers(owner int) ([]int, error) { return nil, nil }
+
+// ReapAdopted does nothing on Windows, which has no zombies to reap.
+func ReapAdopted(force bool) {}
