@@ -289,7 +289,10 @@ func cmdRun(ctx context.Context, args []string, o IO) int {
 		ca.ask = newPrompter(o.In, o.Out, v)
 	}
 	in.Approver = ca
-	rs := openRunStore(fs, *db, *noStore, o)
+	rs, ok := openRunStore(fs, *db, *noStore, o)
+	if !ok {
+		return ExitFailed
+	}
 	var runner interface {
 		Run(context.Context, agent.Input, ...event.Sink) *agent.Result
 	} = a
@@ -314,7 +317,11 @@ func cmdRun(ctx context.Context, args []string, o IO) int {
 		runner, rs.engine = r, r.Engine()
 		sinks = func() []event.Sink { return []event.Sink{sink} }
 	}
-	rs.begin(ctx, &in, cfg.Name, o)
+	if err := rs.begin(ctx, &in, cfg.Name, o); err != nil {
+		fmt.Fprintln(o.Err, "timebox run:", err)
+		rs.finish(nil, nil, o) // closes the store
+		return ExitFailed
+	}
 	runCtx, unwatch := rs.cancellable(ctx)
 	res := runner.Run(runCtx, in, sinks()...)
 	unwatch()

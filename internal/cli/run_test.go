@@ -553,3 +553,30 @@ func TestValidateShowsApprovals(t *testing.T) {
 		t.Errorf("exit %d, want 2 with %s\n%s", r.code, want, r.err)
 	}
 }
+
+// TestRunRefusesABusySession: a second `timebox run --session S` while a
+// turn of S runs is refused (exit 1, saying so), as serve's 409 is: it ran
+// on a history without the first turn and was not stored. And a --db the
+// user named that is no database is refused, not a warning.
+func TestRunRefusesABusySession(t *testing.T) {
+	f := agentFile(t, `{"text": "first", "first_chunk_delay": "2s"}`, `{"text": "second"}`)
+	db := filepath.Join(t.TempDir(), "timebox.db")
+	first := make(chan result, 1)
+	go func() { first <- run(t, nil, "run", "-f", f, "--db", db, "--session", "s2", "one") }()
+	wait.For(t, 10*time.Second, "the first turn is stored as running", func() bool {
+		r := run(t, nil, "runs", "list", "--db", db, "--json")
+		return strings.Contains(r.out, `"running"`)
+	})
+	r := run(t, nil, "run", "-f", f, "--db", db, "--session", "s2", "two")
+	if r.code != cli.ExitFailed || !strings.Contains(r.err, "session s2 has a turn running; wait for it to end") {
+		t.Errorf("a second turn on the session: exit %d\n%s%s", r.code, r.out, r.err)
+	}
+	if r := <-first; r.code != cli.ExitOK {
+		t.Fatalf("the first turn: exit %d\n%s", r.code, r.err)
+	}
+	text := filepath.Join(t.TempDir(), "text.db")
+	os.WriteFile(text, []byte("hello\n"), 0o644)
+	if r := run(t, nil, "run", "-f", f, "--db", text, "hi"); r.code != cli.ExitFailed || !strings.Contains(r.err, "(from --db); nothing was run") {
+		t.Errorf("--db naming a text file: exit %d\n%s%s", r.code, r.out, r.err)
+	}
+}

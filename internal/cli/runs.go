@@ -381,27 +381,36 @@ func stateDB(o IO) string {
 }
 
 // openRunStore opens the store `timebox run` writes to: --db, else
-// TIMEBOX_DB, else stateDB; nothing with --no-store or --db "". A store
-// that cannot be opened is a warning, not a failure: the turn is what the
-// user asked for.
-func openRunStore(fs *flag.FlagSet, db string, noStore bool, o IO) *runStore {
-	path := setting(fs, "db", db, "TIMEBOX_DB", o, stateDB(o))
+// TIMEBOX_DB, else stateDB; nothing with --no-store or --db "". The
+// default store that cannot be opened is a warning, not a failure: the
+// turn is what the user asked for. One the user named (--db, TIMEBOX_DB)
+// that cannot be opened — a directory, a file that is no database — is
+// refused (ok false), as the README says: they asked for the turn there.
+func openRunStore(fs *flag.FlagSet, db string, noStore bool, o IO) (rs *runStore, ok bool) {
+	path, from := settingFrom(fs, "db", db, "TIMEBOX_DB", o, stateDB(o))
 	if noStore || path == "" {
-		return nil
+		return nil, true
 	}
 	st, err := openStore(path, false, o)
 	if err != nil {
+		if from != "the default" {
+			fmt.Fprintf(o.Err, "timebox run: %v (from %s); nothing was run (--no-store runs without storing)\n", err, from)
+			return nil, false
+		}
 		fmt.Fprintf(o.Err, "warning: %v; the turn will not be stored (--no-store silences this)\n", err)
-		return nil
+		return nil, true
 	}
-	return &runStore{st: st, rec: store.NewRecorder(st)}
+	return &runStore{st: st, rec: store.NewRecorder(st)}, true
 }
 
 // begin records the turn as running and fills its id and session history.
-// On failure it warns and stores nothing more.
-func (r *runStore) begin(ctx context.Context, in *agent.Input, agentName string, o IO) {
+// On failure it warns and stores nothing more — but for a session that has
+// a turn running, which it refuses (an error): one turn runs at a time in
+// a session, whoever runs it, and a second would read the history without
+// the first's and not be stored in it.
+func (r *runStore) begin(ctx context.Context, in *agent.Input, agentName string, o IO) error {
 	if r == nil {
-		return
+		return nil
 	}
 	in.TurnID = agent.NewTurnID()
 	r.turnID = in.TurnID
@@ -414,9 +423,12 @@ func (r *runStore) begin(ctx context.Context, in *agent.Input, agentName string,
 		ts.Caller = o.Owner()
 	}
 	if err := r.rec.Begin(ctx, ts); err != nil {
-		fmt.Fprintf(o.Err, "warning: %v; the turn will not be stored\n", err)
 		r.rec = nil
 		r.unwatch()
+		if errors.Is(err, store.ErrSessionBusy) {
+			return fmt.Errorf("session %s has a turn running; wait for it to end (timebox runs list --session %s), or use another --session", in.SessionID, in.SessionID)
+		}
+		fmt.Fprintf(o.Err, "warning: %v; the turn will not be stored\n", err)
 	}
 	// Read once the turn holds the session, so that a turn of the session
 	// another process was ending meanwhile is in it.
@@ -427,6 +439,7 @@ func (r *runStore) begin(ctx context.Context, in *agent.Input, agentName string,
 		}
 		in.History = h
 	}
+	return nil
 }
 
 // cancellable returns ctx cancelled (stop reason cancelled) when a cancel
