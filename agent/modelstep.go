@@ -106,6 +106,11 @@ func (t *turn) modelStep(ctx context.Context, step int) (model.Response, *stop) 
 		i := tries[k]
 		ep := t.a.models[i]
 		req.Model = ep.Model
+		if t.a.timeNotes && k > 0 {
+			// The time a failed attempt, or a Retry-After, took is gone:
+			// the note says what is left now.
+			req.TimeNote = t.timeNote(time.Now())
+		}
 		resp, err := t.attempt(ctx, step, t.s.Attempts+k+1, ep, req)
 		if err == nil {
 			t.s.IdleStreak = 0

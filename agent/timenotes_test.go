@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/timebox-run/timebox/agent"
@@ -255,4 +256,24 @@ func TestTurnNoteNamesTheModelBudget(t *testing.T) {
 	if res := a.Run(t.Context(), agent.Input{Text: "hi"}); res.Record.StopReason != budget.Answered {
 		t.Fatalf("stopped %s: %s", res.Record.StopReason, res.Record.Message)
 	}
+}
+
+// TestTheNoteAfterAFailover: the request of the attempt after a failed
+// one says the time left now, not what was left before the failed
+// attempt (it was sent the same note, 3s of turn and model time too many).
+func TestTheNoteAfterAFailover(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		stalls := lines(t, `{"text": "x", "stall_after": 0}`)
+		answers := lines(t, `{"text": "done", "expect_in_request": ["Time left in this turn: 17s of 20s.", "Model time left: 7s of 10s."]}`)
+		b := budget.Budgets{Turn: secs(20*time.Second, budget.SourceCode, budget.KeyTurn),
+			LLMFirstChunk: secs(3*time.Second, budget.SourceCode, budget.KeyLLMFirstChunk),
+			LLMBudget:     secs(10*time.Second, budget.SourceCode, budget.KeyLLMBudget)}
+		a, err := agent.New(agent.Config{TimeNotes: true, Models: []model.Endpoint{endpoint(stalls, "a"), endpoint(answers, "b")}, Budgets: b})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res := a.Run(t.Context(), agent.Input{Text: "hi"}); res.Record.StopReason != budget.Answered {
+			t.Fatalf("stopped %s: %s", res.Record.StopReason, res.Record.Message)
+		}
+	})
 }
