@@ -321,3 +321,22 @@ func TestANilHandlerSaysSo(t *testing.T) {
 		t.Fatalf("%s: %v", x.Outcome, x.Err)
 	}
 }
+
+// TestTypeMismatchesInJSONsWords: a wrong type is said in JSON's words —
+// a null was "<invalid reflect.Value> has type \"null\"" to the model.
+func TestTypeMismatchesInJSONsWords(t *testing.T) {
+	s, err := tool.CompileSchema(json.RawMessage(`{"type": "object", "properties": {"who": {"type": "string"}, "n": {"type": ["integer", "null"]}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for args, want := range map[string]string{
+		`{"who": null}`: `Argument "who" is invalid: it is null, and the tool takes a string.`,
+		`{"who": 5}`:    `Argument "who" is invalid: it is an integer, and the tool takes a string.`,
+		`{"n": "x"}`:    `Argument "n" is invalid: it is a string, and the tool takes an integer or null.`,
+	} {
+		var ae *tool.ArgumentError
+		if err := s.Check(json.RawMessage(args)); !errors.As(err, &ae) || ae.Message != want {
+			t.Errorf("%s: %v, want %q", args, err, want)
+		}
+	}
+}

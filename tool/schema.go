@@ -103,6 +103,11 @@ func (s *Schema) Check(args json.RawMessage) error {
 		if i := strings.LastIndex(msg, ": "); i >= 0 {
 			detail = msg[i+2:]
 		}
+		// The validator says a type mismatch in Go's words ("<invalid
+		// reflect.Value> has type \"null\"" for a null): said in JSON's.
+		if m := typeRE.FindStringSubmatch(detail); m != nil {
+			detail = fmt.Sprintf("it is %s, and the tool takes %s", jsonKind(m[1]), wanted(m[2]))
+		}
 		if field != "" {
 			return &ArgumentError{Reason: "invalid_arguments", Field: field,
 				Message: fmt.Sprintf("Argument %q is invalid: %s.", strings.TrimPrefix(field, "/"), detail)}
@@ -110,4 +115,30 @@ func (s *Schema) Check(args json.RawMessage) error {
 		return &ArgumentError{Reason: "invalid_arguments", Message: "The arguments do not match the tool's input schema: " + detail + "."}
 	}
 	return nil
+}
+
+// typeRE matches the validator's type mismatch: the value, its JSON type,
+// the type (or types) the schema wants.
+var typeRE = regexp.MustCompile(`^.* has type "([a-z]+)", want (.+)$`)
+
+// jsonKind names a JSON type with its article: "a string", "null".
+func jsonKind(t string) string {
+	switch t {
+	case "null":
+		return "null"
+	case "array", "integer", "object":
+		return "an " + t
+	}
+	return "a " + t
+}
+
+// wanted says the validator's wanted types ("\"string\"", "one of
+// \"integer, null\"") in words: "a string", "an integer or null".
+func wanted(w string) string {
+	w = strings.TrimPrefix(w, "one of ")
+	ts := strings.Split(strings.Trim(w, `"`), ", ")
+	for i, t := range ts {
+		ts[i] = jsonKind(t)
+	}
+	return strings.Join(ts, " or ")
 }
