@@ -340,3 +340,16 @@ func TestTypeMismatchesInJSONsWords(t *testing.T) {
 		}
 	}
 }
+
+// TestASchemaTypeThatIsNoJSONTypeIsRefused: "type": "strng" is refused when
+// the schema is compiled (at load, so validate says it), not at every
+// call; a property named "type", and data holding one, are not types.
+func TestASchemaTypeThatIsNoJSONTypeIsRefused(t *testing.T) {
+	_, err := tool.CompileSchema(json.RawMessage(`{"type": "object", "properties": {"who": {"type": ["strng", "null"]}}}`))
+	if err == nil || err.Error() != `input_schema: properties: who: type "strng" is not a JSON type (string, number, integer, boolean, object, array or null)` {
+		t.Errorf("%v", err)
+	}
+	if _, err := tool.CompileSchema(json.RawMessage(`{"type": "object", "properties": {"type": {"type": "string", "default": {"type": "custom"}, "enum": [{"type": "x"}]}}}`)); err != nil {
+		t.Errorf("a property named type: %v", err)
+	}
+}

@@ -25,6 +25,9 @@ func CompileSchema(raw json.RawMessage) (*Schema, error) {
 	if err := json.Unmarshal(raw, &s); err != nil {
 		return nil, fmt.Errorf("input_schema is not a JSON Schema: %w", err)
 	}
+	if err := checkTypes(raw); err != nil {
+		return nil, err
+	}
 	r, err := s.Resolve(nil)
 	if err != nil {
 		// Without the library's own words for the schema
@@ -141,4 +144,54 @@ func wanted(w string) string {
 		ts[i] = jsonKind(t)
 	}
 	return strings.Join(ts, " or ")
+}
+
+// jsonTypes are the types a JSON Schema's "type" may name.
+var jsonTypes = map[string]bool{"string": true, "number": true, "integer": true, "boolean": true, "object": true, "array": true, "null": true}
+
+// checkTypes refuses a schema whose "type" names no JSON type ("strng"):
+// the validator takes it, and every call's arguments would then be
+// refused, as if the model had sent bad ones. Values that are data
+// (enum, const, default, examples) are not looked into.
+func checkTypes(raw json.RawMessage) error {
+	var v any
+	if json.Unmarshal(raw, &v) != nil {
+		return nil // said by the caller's own unmarshalling
+	}
+	var walk func(v any, at string) error
+	walk = func(v any, at string) error {
+		switch x := v.(type) {
+		case map[string]any:
+			for k, c := range x {
+				switch k {
+				case "enum", "const", "default", "examples":
+					continue
+				case "type":
+					names, _ := c.([]any)
+					if s, ok := c.(string); ok {
+						names = []any{s}
+					}
+					for _, n := range names {
+						if s, ok := n.(string); ok && !jsonTypes[s] {
+							return fmt.Errorf("input_schema: %stype %q is not a JSON type (string, number, integer, boolean, object, array or null)", at, s)
+						}
+					}
+					if _, isSchema := c.(map[string]any); !isSchema {
+						continue
+					}
+				}
+				if err := walk(c, at+k+": "); err != nil {
+					return err
+				}
+			}
+		case []any:
+			for _, c := range x {
+				if err := walk(c, at); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	return walk(v, "")
 }
