@@ -612,14 +612,6 @@ type TurnList struct {
 	NextBefore string `json:"next_before,omitempty"`
 }
 
-var (
-	statuses = []budget.Status{budget.StatusRunning, budget.StatusCompleted, budget.StatusStopped, budget.StatusFailed,
-		budget.StatusCancelled, budget.StatusInterrupted}
-	stopReasons = []budget.StopReason{budget.Answered, budget.TurnTimeout, budget.NoProgress, budget.LLMBudgetExhausted,
-		budget.MaxSteps, budget.MaxToolCalls, budget.ModelUnresponsive, budget.ReplyTooLong, budget.ModelUnavailable, budget.ModelRejected,
-		budget.CompactionFailed, budget.Cancelled, budget.ClientGone, budget.Shutdown, budget.Interrupted, budget.AgentMismatch, budget.EngineLost}
-)
-
 func oneOf[T ~string](v string, valid []T) bool {
 	for _, x := range valid {
 		if string(x) == v {
@@ -652,12 +644,8 @@ func (s *Server) listTurns(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	f := store.Filter{Status: budget.Status(q.Get("status")), StopReason: budget.StopReason(q.Get("stop_reason")),
 		SessionID: q.Get("session_id"), Before: q.Get("before")}
-	if f.Status != "" && !oneOf(string(f.Status), statuses) {
-		writeError(w, http.StatusBadRequest, "bad_request", fmt.Sprintf(`"status" must be one of %s`, joined(statuses)))
-		return
-	}
-	if f.StopReason != "" && !oneOf(string(f.StopReason), stopReasons) {
-		writeError(w, http.StatusBadRequest, "bad_request", fmt.Sprintf(`"stop_reason" must be one of %s`, joined(stopReasons)))
+	if err := f.Check(`"status"`, `"stop_reason"`); err != nil {
+		writeError(w, http.StatusBadRequest, "bad_request", err.Error())
 		return
 	}
 	var err error

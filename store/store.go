@@ -16,6 +16,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -182,6 +184,37 @@ type EngineCancels interface {
 	WatchCancels() (<-chan struct{}, func())
 }
 
+// FilterStatuses and FilterStopReasons are what a Filter's Status and
+// StopReason can be: the API's and the CLI's one list.
+var (
+	FilterStatuses = []budget.Status{budget.StatusRunning, budget.StatusCompleted, budget.StatusStopped, budget.StatusFailed,
+		budget.StatusCancelled, budget.StatusInterrupted}
+	FilterStopReasons = []budget.StopReason{budget.Answered, budget.TurnTimeout, budget.NoProgress, budget.LLMBudgetExhausted,
+		budget.MaxSteps, budget.MaxToolCalls, budget.ModelUnresponsive, budget.ReplyTooLong, budget.ModelUnavailable, budget.ModelRejected,
+		budget.CompactionFailed, budget.Cancelled, budget.ClientGone, budget.Shutdown, budget.Interrupted, budget.AgentMismatch, budget.EngineLost}
+)
+
+// Check refuses a status or stop reason no turn can have (a misspelt
+// filter would match nothing, silently): it names the field, as
+// statusField and reasonField call them, and the values there are.
+func (f Filter) Check(statusField, reasonField string) error {
+	if f.Status != "" && !slices.Contains(FilterStatuses, f.Status) {
+		return fmt.Errorf("%s must be one of %s", statusField, joinStrings(FilterStatuses))
+	}
+	if f.StopReason != "" && !slices.Contains(FilterStopReasons, f.StopReason) {
+		return fmt.Errorf("%s must be one of %s", reasonField, joinStrings(FilterStopReasons))
+	}
+	return nil
+}
+
+func joinStrings[T ~string](vs []T) string {
+	s := make([]string, len(vs))
+	for i, v := range vs {
+		s[i] = string(v)
+	}
+	return strings.Join(s, ", ")
+}
+
 // TurnStart is what is known of a turn when it begins.
 type TurnStart struct {
 	TurnID string
@@ -209,7 +242,8 @@ type TurnStart struct {
 // newest turns.
 type Filter struct {
 	// Status, StopReason and SessionID keep only the turns that match;
-	// empty matches any.
+	// empty matches any (Check refuses a status or stop reason there is
+	// none of).
 	Status     budget.Status
 	StopReason budget.StopReason
 	SessionID  string

@@ -580,3 +580,20 @@ func TestRunRefusesABusySession(t *testing.T) {
 		t.Errorf("--db naming a text file: exit %d\n%s%s", r.code, r.out, r.err)
 	}
 }
+
+// TestRunsListRefusesUnknownFilters: a --status or --stop-reason no turn
+// can have is refused naming the values there are, as GET /v1/turns
+// refuses them; it listed "no turns match", exit 0.
+func TestRunsListRefusesUnknownFilters(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "timebox.db")
+	run(t, nil, "run", "-f", agentFile(t, `{"text": "hi"}`), "--db", db, "hi")
+	for _, args := range [][]string{{"--status", "done"}, {"--stop-reason", "timeout"}} {
+		r := run(t, nil, append([]string{"runs", "list", "--db", db}, args...)...)
+		if r.code != cli.ExitUsage || !strings.Contains(r.err, args[0]+" must be one of ") {
+			t.Errorf("%v: exit %d\n%s%s", args, r.code, r.out, r.err)
+		}
+	}
+	if r := run(t, nil, "runs", "list", "--db", db, "--status", "completed"); r.code != cli.ExitOK {
+		t.Errorf("--status completed: exit %d %s", r.code, r.err)
+	}
+}

@@ -51,7 +51,10 @@ func cmdRuns(ctx context.Context, args []string, o IO) int {
 	fs := flag.NewFlagSet("timebox runs "+sub, flag.ContinueOnError)
 	fs.SetOutput(o.Err)
 	dbFlag := fs.String("db", "", "the store file (env TIMEBOX_DB; default "+stateDB(o)+")")
-	asJSON := fs.Bool("json", false, "write JSON instead of a table")
+	asJSON := new(bool) // export writes JSON lines, whatever it is told
+	if sub != "export" {
+		fs.BoolVar(asJSON, "json", false, "write JSON instead of a table")
+	}
 	var f store.Filter
 	var status, reason string
 	var timeline bool
@@ -79,6 +82,11 @@ func cmdRuns(ctx context.Context, args []string, o IO) int {
 	}
 	if (sub == "list") != (len(pos) == 0) || len(pos) > 1 {
 		fmt.Fprintln(o.Err, runsUsage)
+		return ExitUsage
+	}
+	f.Status, f.StopReason = budget.Status(status), budget.StopReason(reason)
+	if err := f.Check("--status", "--stop-reason"); err != nil {
+		fmt.Fprintln(o.Err, "timebox runs list:", err)
 		return ExitUsage
 	}
 	if timeline && *asJSON {
@@ -114,7 +122,6 @@ func cmdRuns(ctx context.Context, args []string, o IO) int {
 	r := runsStore{st: st, where: storeName(db)}
 	switch sub {
 	case "list":
-		f.Status, f.StopReason = budget.Status(status), budget.StopReason(reason)
 		return r.list(ctx, f, *asJSON, o)
 	case "show":
 		if timeline {
