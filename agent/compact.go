@@ -284,7 +284,7 @@ func (t *turn) compact(ctx context.Context, step int, force bool) (shrunk, stopp
 		s.CompactionFailed = machine.CauseOf(err)
 	} else {
 		t.tr.SetSummary(strings.TrimSpace(out.resp.Text))
-		s.Summarised = true
+		s.Summarised, s.SummarisedHere = true, true
 		s.CompactedUpTo = cut
 		s.CompactionFailed, s.Insufficient = nil, false
 		shrunk = true

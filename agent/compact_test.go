@@ -62,9 +62,44 @@ func TestCompaction(t *testing.T) {
 		if !r.ModelCalls[0].Compaction || r.Steps != 1 {
 			t.Fatalf("records %+v steps %d", r.ModelCalls, r.Steps)
 		}
-		// What the session keeps is the whole exchange, not the summary.
-		if len(res.Messages) != 2 {
-			t.Fatalf("session messages %d", len(res.Messages))
+		// What the session keeps is the whole exchange, then the note of
+		// the summary the next turn starts from.
+		if len(res.Messages) != 3 || res.Messages[2].Role != model.RoleSummary ||
+			res.Messages[2].Content != "They asked four questions and got long answers." || res.Messages[2].Covers != 8 {
+			t.Fatalf("session messages %+v", res.Messages)
+		}
+	})
+}
+
+// TestTheNextTurnStartsFromTheSummary: the turn after a compaction sends
+// the summary and what came after it, without summarising the session
+// again (it summarised the whole session at every turn's first step, a
+// call that grew with the session until it no longer fit).
+func TestTheNextTurnStartsFromTheSummary(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := lines(t, `{"compaction": true, "text": "They asked four questions."}`, `{"text": "the answer"}`, `{"text": "the second answer"}`)
+		res, _ := runCompacting(t, p, []model.Endpoint{endpoint(p, "m")}, budget.Budgets{})
+		a, err := agent.New(agent.Config{Models: []model.Endpoint{endpoint(p, "m")}, CompactAt: 500})
+		if err != nil {
+			t.Fatal(err)
+		}
+		history := append(longHistory(), res.Messages...)
+		rec := &recorder{}
+		next := a.Run(t.Context(), agent.Input{SessionID: "s", History: history, Text: "and then?"}, rec)
+		if next.Record.StopReason != budget.Answered || len(rec.ofType(event.TypeCompactionStarted)) != 0 {
+			t.Fatalf("stopped %s after %d compactions: %s", next.Record.StopReason, len(rec.ofType(event.TypeCompactionStarted)), next.Record.Message)
+		}
+		last := p.last()
+		var roles []string
+		for _, m := range last.Messages {
+			roles = append(roles, string(m.Role)+": "+m.Content)
+		}
+		if !strings.Contains(last.System, "They asked four questions.") ||
+			strings.Join(roles, " | ") != "user: and now? | assistant: the answer | user: and then?" {
+			t.Fatalf("the next turn's request: system %q, messages %q", last.System, roles)
+		}
+		if n := len(next.Messages); n != 2 {
+			t.Errorf("the next turn added %d messages (no new summary): %+v", n, next.Messages)
 		}
 	})
 }

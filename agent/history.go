@@ -76,3 +76,32 @@ func interrupted(name string) string {
 		"Tool %q has no result: the turn that called it was interrupted before the call finished (for example by a crash or a restart). "+
 			"It may or may not have run; check before relying on what it would have done.", name)}.String()
 }
+
+// SplitSummary takes a session's history apart: its messages, without the
+// notes of its compactions (model.RoleSummary), and the last of those
+// notes — the summary the next turn starts from, and how many of the
+// messages it stands for (at most all of them). A session's turns each
+// leave such a note when they compacted, so that the next one sends the
+// summary and what came after it, rather than summarising the whole
+// session again at its first step: that grew by the session's every
+// turn until the summarising call itself no longer fit.
+func SplitSummary(h []model.Message) (msgs []model.Message, summary string, covers int) {
+	for i, m := range h {
+		if m.Role != model.RoleSummary {
+			continue
+		}
+		if msgs == nil {
+			msgs = append(make([]model.Message, 0, len(h)), h[:i]...)
+		}
+		summary, covers = m.Content, m.Covers
+	}
+	if msgs == nil {
+		return h, "", 0
+	}
+	for _, m := range h[len(msgs):] {
+		if m.Role != model.RoleSummary {
+			msgs = append(msgs, m)
+		}
+	}
+	return msgs, summary, min(max(covers, 0), len(msgs))
+}

@@ -111,8 +111,13 @@ func (a *Agent) newState(in Input) (*machine.State, *memTranscript) {
 		s.TurnID = NewTurnID()
 	}
 	tr := &memTranscript{text: in.Text}
+	// The session's last compaction is where this turn starts from.
+	h, summary, covers := SplitSummary(in.History)
 	// A history cut by a crash would be refused by the providers.
-	tr.history, s.Repaired = RepairHistory(in.History)
+	tr.history, s.Repaired = RepairHistory(h)
+	if summary != "" {
+		tr.summary, s.Summarised, s.CompactedUpTo = summary, true, min(covers, len(tr.history))
+	}
 	tr.Put(0, model.Message{Role: model.RoleUser, Content: in.Text})
 	s.Messages = 1
 	return s, tr
@@ -319,6 +324,17 @@ func (t *turn) request() model.Request {
 	return req
 }
 
+// sessionMessages are what the turn adds to its session's history: its
+// messages, then, when it compacted the conversation, the note of the
+// summary the next turn starts from (SplitSummary).
+func (t *turn) sessionMessages() []model.Message {
+	msgs := t.tr.Messages()
+	if !t.s.SummarisedHere {
+		return msgs
+	}
+	return append(slices.Clip(msgs), model.Message{Role: model.RoleSummary, Content: t.tr.Summary(), Covers: t.s.CompactedUpTo})
+}
+
 // conversationID is the conversation the turn's model requests name.
 func (t *turn) conversationID() string {
 	if t.s.SessionID != "" {
@@ -387,5 +403,5 @@ func (t *turn) finish(end machine.Ending) *Result {
 	t.em.Close()
 	rec.Events = t.em.Log()
 	s.Finished, s.End = true, &end
-	return &Result{Record: rec, Messages: t.tr.Messages()}
+	return &Result{Record: rec, Messages: t.sessionMessages()}
 }

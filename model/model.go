@@ -25,6 +25,12 @@ const (
 	RoleUser      Role = "user"
 	RoleAssistant Role = "assistant"
 	RoleTool      Role = "tool"
+	// RoleSummary is a session's note, kept in its history, that a history
+	// compaction summarised the conversation before it: its Content is the
+	// summary, Covers how many messages it stands for. It is never sent to
+	// a provider as a message: the next turn of the session starts from
+	// it (agent.SplitSummary).
+	RoleSummary Role = "summary"
 )
 
 // Message is one message of a conversation.
@@ -36,6 +42,10 @@ type Message struct {
 	// ToolCallID and ToolName identify the call a tool message answers.
 	ToolCallID string `json:"tool_call_id,omitempty"`
 	ToolName   string `json:"tool_name,omitempty"`
+	// Covers, on a RoleSummary message, is how many messages of the
+	// conversation before it (not counting summaries) the summary stands
+	// for.
+	Covers int `json:"covers,omitempty"`
 }
 
 // ToolCall is a call the model asked for. Arguments are the raw text the

@@ -118,6 +118,11 @@ func (r *Runner) run(ctx context.Context, in agent.Input, s *machine.State, hist
 	}
 	var run client.WorkflowRun
 	err := putInput(bg, r.payloads, in.TurnID, in.Text, history)
+	if _, summary, _ := agent.SplitSummary(in.History); err == nil && s.Summarised {
+		// The session's last summary, which the state says the turn
+		// starts from: its units read it as they read one of its own.
+		err = r.payloads.PutPayloads(bg, in.TurnID, map[string][]byte{keySummary: []byte(summary)})
+	}
 	if err != nil {
 		return f.end(bg, budget.Interrupted, fmt.Sprintf("its conversation could not be stored (%v)", err))
 	}

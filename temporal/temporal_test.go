@@ -24,6 +24,7 @@ import (
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/proctest"
 	"github.com/timebox-run/timebox/internal/testenv"
+	"github.com/timebox-run/timebox/model"
 	"github.com/timebox-run/timebox/store"
 	"github.com/timebox-run/timebox/store/postgres"
 	"github.com/timebox-run/timebox/temporal"
@@ -390,5 +391,44 @@ func TestCancelWithoutWorker(t *testing.T) {
 	}
 	if st := desc.WorkflowExecutionInfo.Status.String(); st != "Terminated" {
 		t.Errorf("the workflow is %s, want Terminated", st)
+	}
+}
+
+// TestASessionSummaryOnTemporal: a session turn on Temporal that starts
+// from the summary an earlier turn left sends it and only what came after
+// it, as the embedded engine does (docs/decisions/session-summaries.md).
+func TestASessionSummaryOnTemporal(t *testing.T) {
+	defer proctest.CheckNoLeaks(t)
+	c, s, queue := setup(t)
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"text": "the next answer", "expect_in_request": ["They asked four questions.", "and now?", "the answer"]}`+"\n"), 0o644)
+	p := filepath.Join(dir, "agent.yaml")
+	os.WriteFile(p, []byte("name: summaries\nmodel: {primary: 'script:m'}\nproviders: {script: {file: script.jsonl}}\ncontext: {compact_at: 500}\n"), 0o644)
+	a, err := timebox.Open(context.Background(), p, timebox.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	q := queue + "-summary"
+	startWorker(t, c, s, q, a.Agent)
+	r, err := temporal.NewRunner(c, s, q, a.Agent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var history []model.Message
+	for i := range 4 {
+		history = append(history, model.Message{Role: model.RoleUser, Content: strings.Repeat("question ", 100) + fmt.Sprint(i)},
+			model.Message{Role: model.RoleAssistant, Content: strings.Repeat("answer ", 150)})
+	}
+	history = append(history, model.Message{Role: model.RoleUser, Content: "and now?"}, model.Message{Role: model.RoleAssistant, Content: "the answer"},
+		model.Message{Role: model.RoleSummary, Content: "They asked four questions.", Covers: 8})
+	var compactions int
+	res := r.Run(context.Background(), agent.Input{SessionID: "sum", History: history, Text: "and then?"}, event.SinkFunc(func(e event.Event) {
+		if e.Type == event.TypeCompactionStarted {
+			compactions++
+		}
+	}))
+	if rec := res.Record; rec.StopReason != budget.Answered || compactions != 0 {
+		t.Fatalf("turn ended %s after %d compactions: %s", rec.StopReason, compactions, rec.Message)
 	}
 }

@@ -81,8 +81,11 @@ type State struct {
 
 	// History compaction: the summary (in the Transcript) stands for the
 	// first CompactedUpTo messages of the conversation.
-	Summarised        bool   `json:"summarised,omitempty"`
-	CompactedUpTo     int    `json:"compacted_up_to,omitempty"`
+	Summarised    bool `json:"summarised,omitempty"`
+	CompactedUpTo int  `json:"compacted_up_to,omitempty"`
+	// SummarisedHere: this turn made the summary (it did not come with
+	// the session's history): the turn's messages end with it.
+	SummarisedHere    bool   `json:"summarised_here,omitempty"`
 	CompactionFailed  *Cause `json:"compaction_failed,omitempty"`
 	CompactionTimeout bool   `json:"compaction_timeout,omitempty"`
 	// Insufficient: the last compaction left the conversation over
