@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -107,5 +108,39 @@ func TestEngineRunnerTurnsAreNotStoredTwice(t *testing.T) {
 	}
 	if n, f := ws.queued.Load(), ws.finished.Load(); n != 0 || f != 0 {
 		t.Errorf("the server stored %d events and %d records of the engine's turn, want none", n, f)
+	}
+}
+
+// followingRunner is an engine's Runner whose turns run until the server
+// stops following them: it notes why its context ended.
+type followingRunner struct {
+	started chan struct{}
+	cause   chan error
+}
+
+func (followingRunner) Engine() string { return "fake" }
+
+func (r followingRunner) Run(ctx context.Context, in agent.Input, sinks ...event.Sink) *agent.Result {
+	close(r.started)
+	<-ctx.Done()
+	r.cause <- context.Cause(ctx)
+	return &agent.Result{Record: &event.Turn{TurnID: in.TurnID, SessionID: in.SessionID, Status: budget.StatusRunning}}
+}
+
+// TestShutdownLeavesEngineTurnsRunning: a gateway whose turns run on an
+// engine's workers stops following them when it shuts down, and does not
+// cancel them (a detached Temporal turn was cancelled "shutdown", though
+// it is meant to outlive its gateway).
+func TestShutdownLeavesEngineTurnsRunning(t *testing.T) {
+	r := followingRunner{started: make(chan struct{}), cause: make(chan error, 1)}
+	e := newEnv(t, server.Config{Agent: r})
+	resp := e.do(http.MethodPost, "/v1/turns", map[string]any{"input": "go", "detach": true})
+	resp.Body.Close()
+	<-r.started
+	if err := e.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if cause := <-r.cause; !errors.Is(cause, agent.StopFollowing) {
+		t.Errorf("the turn's Run ended by %v, want agent.StopFollowing", cause)
 	}
 }

@@ -563,8 +563,14 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			left = append(left, lt)
 		}
 		s.mu.Unlock()
+		var stop error = &budget.CancelError{Reason: budget.Shutdown, By: "the server"}
+		if engineOf(s.cfg.Agent) != "" {
+			// An engine's turns run on without this gateway: it stops
+			// following them (docs/temporal.md).
+			stop = agent.StopFollowing
+		}
 		for _, lt := range left {
-			s.cancelTurn(lt, &budget.CancelError{Reason: budget.Shutdown, By: "the server"})
+			s.cancelTurn(lt, stop)
 		}
 		if len(left) > 0 {
 			s.log.Info("shutting down: cancelled running turns", "turns", len(left))

@@ -265,6 +265,10 @@ func (f *follow) run(ctx context.Context, run client.WorkflowRun) *agent.Result 
 			}
 		case <-done:
 			done = nil
+			if errors.Is(context.Cause(ctx), agent.StopFollowing) {
+				// The server is going; the turn runs on on the workers.
+				return f.result(bg)
+			}
 			r.cancel(bg, id, budget.Cause(ctx))
 			t := time.NewTimer(CancelWait)
 			defer t.Stop()

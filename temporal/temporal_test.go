@@ -432,3 +432,58 @@ func TestASessionSummaryOnTemporal(t *testing.T) {
 		t.Fatalf("turn ended %s after %d compactions: %s", rec.StopReason, compactions, rec.Message)
 	}
 }
+
+// TestStopFollowingLeavesTheTurnRunning: a Run stopped with
+// agent.StopFollowing (its gateway shutting down) returns at once without
+// cancelling the turn, which its workers end as it would have ended.
+func TestStopFollowingLeavesTheTurnRunning(t *testing.T) {
+	defer proctest.CheckNoLeaks(t)
+	c, s, queue := setup(t)
+	dir := t.TempDir()
+	a, err := timebox.Open(context.Background(), agentFile(t, dir, "sleep 1; echo slow done"), timebox.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	q := queue + "-stop-following"
+	startWorker(t, c, s, q, a.Agent)
+	r, err := temporal.NewRunner(c, s, q, a.Agent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	started := make(chan string, 1)
+	done := make(chan *agent.Result, 1)
+	go func() {
+		done <- r.Run(ctx, agent.Input{Text: "go"}, event.SinkFunc(func(e event.Event) {
+			if e.Type == event.TypeToolStarted {
+				select {
+				case started <- e.TurnID:
+				default:
+				}
+			}
+		}))
+	}()
+	id := <-started
+	cancel(agent.StopFollowing)
+	select {
+	case res := <-done:
+		if res.Record.Status != budget.StatusRunning {
+			t.Errorf("the Run that stopped following says %s", res.Record.Status)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the Run did not return")
+	}
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		rec, err := s.Turn(context.Background(), id)
+		if err == nil && rec.Status != budget.StatusRunning {
+			if rec.Status != budget.StatusCompleted || rec.Answer != "All done." {
+				t.Fatalf("the turn ended %s (%s): %s", rec.Status, rec.StopReason, rec.Message)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the turn did not end on its workers")
+		}
+	}
+}
