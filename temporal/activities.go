@@ -702,6 +702,13 @@ func (k *storeSink) Emit(e event.Event) {
 	if p, ok := e.Data.(*event.ToolProgress); ok && k.unit != nil {
 		k.unit.progress(p)
 	}
+	if k.unit != nil && k.unit.engine.Load() {
+		// Temporal gave the unit up: what it says now — its call stopped
+		// "cancelled" by that — is not the turn's. The workflow takes the
+		// unit for lost, records the loss, and runs a tool that declares
+		// retries again; a record stored here would stand for it.
+		return
+	}
 	e.Seq = 0
 	// A refused call's record is queued like the rest (store.Enqueue):
 	// nothing ran, and the unit's flush stores it before the unit ends.

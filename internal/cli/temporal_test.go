@@ -245,3 +245,87 @@ func TestTemporalRunnerFlags(t *testing.T) {
 		t.Errorf("the call: %s after %dms, timeout %dms from %s; want timed_out at 1s, from the flag", call.Outcome, call.DurationMS, call.TimeoutMS, call.TimeoutSource)
 	}
 }
+
+// TestTemporalWorkerStalledMidTool: a worker stopped (SIGSTOP) past its
+// heartbeat timeout while two calls run, then let go on: Temporal has
+// given its attempts up, so what they report when it comes back is not
+// the turn's. The call of a tool without retries is recorded lost
+// (interrupted, worker_lost) and the one with retries: 1 runs again,
+// its result the model's. (Both were recorded "cancelled" by the stalled
+// worker, and the retry's result refused.)
+func TestTemporalWorkerStalledMidTool(t *testing.T) {
+	bin := timeboxBinary(t)
+	addr := testenv.Temporal(t)
+	dsn := testenv.Postgres(t)
+	dir := t.TempDir()
+	script := `{"tool_calls": [{"name": "idem"}, {"name": "once"}]}
+{"text": "Done with both."}
+`
+	agentYAML := fmt.Sprintf(`name: stalled
+model: {primary: script:m}
+providers: {script: {file: script.jsonl}}
+timeouts: {kill_grace: 500ms, turn: 2m}
+tools:
+  - name: idem
+    exec: [sh, -c, 'echo $$ >> %[1]s/idem.pids; sleep 6; echo idem']
+    timeout: 1m
+    retries: 1
+  - name: once
+    exec: [sh, -c, 'echo $$ >> %[1]s/once.pids; sleep 6; echo once']
+    timeout: 1m
+`, dir)
+	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(script), 0o644)
+	file := filepath.Join(dir, "agent.yaml")
+	os.WriteFile(file, []byte(agentYAML), 0o644)
+	common := []string{"-f", file, "--db", dsn, "--temporal-address", addr, "--task-queue", "tq-stalled"}
+	var errA, errB, runErr syncbuf.Buffer
+	workerA := startWorker(t, bin, append(common, "--worker-heartbeat", "1s"), &errA)
+	run := exec.Command(bin, append([]string{"run", "--engine", "temporal", "--json"}, append(common, "go")...)...)
+	run.Stderr = &runErr
+	var out syncbuf.Buffer
+	run.Stdout = &out
+	if err := run.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { run.Process.Kill(); run.Wait() })
+	logs := func() string { return errA.String() + runErr.String() }
+	waitPid(t, filepath.Join(dir, "idem.pids"), 1, logs)
+	waitPid(t, filepath.Join(dir, "once.pids"), 1, logs)
+	workerA.Process.Signal(syscall.SIGSTOP)
+	startWorker(t, bin, append(common, "--worker-heartbeat", "1s"), &errB)
+	time.Sleep(3500 * time.Millisecond) // the stall: past the 1s heartbeat timeout
+	workerA.Process.Signal(syscall.SIGCONT)
+	done := make(chan error, 1)
+	go func() { done <- run.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("run exited with %v\n%s", err, runErr.String())
+		}
+	case <-time.After(90 * time.Second):
+		t.Fatalf("the turn did not end\nrun: %s\nA: %s\nB: %s", runErr.String(), errA.String(), errB.String())
+	}
+	calls := map[string]event.ToolCall{}
+	for line := range strings.Lines(out.String()) {
+		var e event.Event
+		if json.Unmarshal([]byte(line), &e) == nil {
+			if d, ok := e.Data.(*event.ToolFinished); ok {
+				calls[d.Tool] = d.ToolCall
+			}
+		}
+	}
+	if c := calls["once"]; c.Outcome != event.OutcomeInterrupted || c.Phase != budget.PhaseWorkerLost {
+		t.Errorf("once: %s/%s (%s); want interrupted/worker_lost", c.Outcome, c.Phase, c.Result)
+	}
+	// The retry runs where Temporal sends it: often on the other worker,
+	// to the result; sometimes to the stalled worker's poll sent before
+	// the stall, where it is lost in turn. Either way it is never the
+	// stalled attempt's "cancelled".
+	switch c := calls["idem"]; {
+	case c.Outcome == event.OutcomeOK && strings.HasPrefix(c.Result, "idem\n"):
+	case c.Outcome == event.OutcomeInterrupted && c.Phase == budget.PhaseWorkerLost:
+		t.Logf("idem's retry was lost too (sent to the stalled worker's poll)")
+	default:
+		t.Errorf("idem: %s/%s (%s); want ok (run again) or interrupted/worker_lost", c.Outcome, c.Phase, c.Result)
+	}
+}
