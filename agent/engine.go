@@ -183,11 +183,28 @@ func (t *turn) lost(step int, callID string, c model.ToolCall, l machine.Loss) s
 // Ref returns what identifies the agent to an engine: its name, where it
 // was defined (Config.Origin) and its fingerprint.
 func (a *Agent) Ref() machine.AgentRef {
-	return machine.AgentRef{Name: a.name, Origin: a.origin, Fingerprint: a.fingerprint}
+	return machine.AgentRef{Name: a.name, Origin: a.origin, Fingerprint: a.fingerprint, Context: a.contextSettings()}
+}
+
+// contextSettings are the agent's context settings, which its fingerprint
+// holds, for a mismatch's message.
+func (a *Agent) contextSettings() string {
+	notes := "off"
+	if a.timeNotes {
+		notes = "on"
+	}
+	return fmt.Sprintf("context.compact_at %d, context.time_notes %s", a.compactAt, notes)
 }
 
 // mismatch says why a turn started for agent want is refused by agent have.
 func mismatch(want *machine.AgentRef, have machine.AgentRef) string {
+	if want.Context != "" && have.Context != "" && want.Context != have.Context && want.Origin == have.Origin && want.Name == have.Name {
+		// The same file, as often, but a flag or variable of the runner's
+		// (--compact-at, --time-notes) changed its context settings.
+		return fmt.Sprintf("Refused: the turn was started with the agent of %s with %s, but the worker that took it runs %s with %s "+
+			"(a --compact-at or --time-notes flag, or TIMEBOX_COMPACT_AT or TIMEBOX_TIME_NOTES, of one and not the other). Nothing was run. "+
+			"Give the gateway or run the same settings as its workers, or none.", describeRef(*want), want.Context, describeRef(have), have.Context)
+	}
 	return fmt.Sprintf("Refused: the turn was started with the agent of %s, but the worker that took it runs %s, a different agent "+
 		"(its instructions, models or tools differ). Nothing was run. Run workers built from %s on a task queue of their own (--task-queue), "+
 		"or start the turn with %s.", describeRef(*want), describeRef(have), describeRef(*want), describeRef(have))

@@ -501,6 +501,23 @@ func TestSuiteAgentMismatch(t *testing.T) {
 	}
 }
 
+// TestSuiteContextMismatch: a turn started with the worker's agent file
+// but other context settings (a gateway's --compact-at) is refused saying
+// so, not that the agent's instructions, models or tools differ.
+func TestSuiteContextMismatch(t *testing.T) {
+	a := newAgent(t, `{"tool_calls": [{"name": "echo"}]}`+"\n", budget.Budgets{}, budget.Limits{}, echoTool())
+	s := newSuite(t, a)
+	st := s.start(t, "t1", "go")
+	ref := *st.Agent
+	ref.Fingerprint, ref.Context = "0123456789abcdef", "context.compact_at 0, context.time_notes on"
+	st.Agent = &ref
+	rec, _ := s.run(t, st)
+	if rec.StopReason != budget.AgentMismatch || !strings.Contains(rec.Message, "with context.compact_at 0, context.time_notes on, but the worker") ||
+		!strings.Contains(rec.Message, "--compact-at or --time-notes") {
+		t.Fatalf("turn ended %s: %s", rec.StopReason, rec.Message)
+	}
+}
+
 // TestSuiteContinueAsNew: a turn whose history Temporal finds long goes
 // on in new runs, and ends as it would have in one.
 func TestSuiteContinueAsNew(t *testing.T) {

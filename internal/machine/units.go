@@ -20,6 +20,9 @@ type AgentRef struct {
 	// model chain, tools with their own budgets. Turn-level budgets are
 	// not in it: they travel with the turn.
 	Fingerprint string `json:"fingerprint"`
+	// Context says the agent's context settings (compact_at, time_notes),
+	// which the fingerprint holds too, for a mismatch's message.
+	Context string `json:"context,omitempty"`
 }
 
 // Units are the units of work of an agent's turns, run in this process:
