@@ -363,3 +363,29 @@ func TestHistoryThatCannotFit(t *testing.T) {
 		})
 	}
 }
+
+// TestAStoppedReplyIsKeptInTheSession: a turn stopped while the model
+// streamed its reply adds that reply to the session, as far as it got and
+// said to be cut off, so that the next turn's model knows what it had
+// said (the next request had two user messages in a row).
+func TestAStoppedReplyIsKeptInTheSession(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := lines(t, `{"chunks": ["Partial ", "answer "], "stall_after": 2}`, `{"text": "going on", "expect_in_request": ["Partial answer \n[timebox: the reply was cut off here: the turn was stopped (turn_timeout)]"]}`)
+		b := budget.Budgets{Turn: secs(10*time.Second, budget.SourceCode, budget.KeyTurn)}
+		a, err := agent.New(agent.Config{Models: []model.Endpoint{endpoint(p, "m")}, Budgets: b})
+		if err != nil {
+			t.Fatal(err)
+		}
+		first := a.Run(t.Context(), agent.Input{SessionID: "s", Text: "one"})
+		if first.Record.StopReason != budget.TurnTimeout || first.Record.Answer != "Partial answer " {
+			t.Fatalf("first turn: %s, answer %q", first.Record.StopReason, first.Record.Answer)
+		}
+		if n := len(first.Messages); n != 2 || first.Messages[1].Role != model.RoleAssistant {
+			t.Fatalf("the first turn added %+v", first.Messages)
+		}
+		next := a.Run(t.Context(), agent.Input{SessionID: "s", History: first.Messages, Text: "go on"})
+		if next.Record.StopReason != budget.Answered {
+			t.Fatalf("the next turn: %s: %s", next.Record.StopReason, next.Record.Message)
+		}
+	})
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -333,15 +334,24 @@ func (t *turn) request() model.Request {
 	return req
 }
 
-// sessionMessages are what the turn adds to its session's history: its
-// messages, then, when it compacted the conversation, the note of the
-// summary the next turn starts from (SplitSummary).
-func (t *turn) sessionMessages() []model.Message {
+// sessionMessages are what the turn that ended as end adds to its
+// session's history: its messages; the reply it was streaming when it was
+// stopped, as far as it got, said to be cut off (the record keeps it as
+// the partial answer; the next turn's model is told it too, so that
+// "go on" has something to go on from); then, when it compacted the
+// conversation, the note of the summary the next turn starts from
+// (SplitSummary).
+func (t *turn) sessionMessages(end machine.Ending) []model.Message {
 	msgs := t.tr.Messages()
-	if !t.s.SummarisedHere {
-		return msgs
+	if p := t.tr.Partial(); end.Reason != budget.Answered && strings.TrimSpace(p) != "" &&
+		(len(msgs) == 0 || msgs[len(msgs)-1].Role != model.RoleAssistant || msgs[len(msgs)-1].Content != p) {
+		msgs = append(slices.Clip(msgs), model.Message{Role: model.RoleAssistant,
+			Content: p + "\n[timebox: the reply was cut off here: the turn was stopped (" + string(end.Reason) + ")]"})
 	}
-	return append(slices.Clip(msgs), model.Message{Role: model.RoleSummary, Content: t.tr.Summary(), Covers: t.s.CompactedUpTo})
+	if t.s.SummarisedHere {
+		msgs = append(slices.Clip(msgs), model.Message{Role: model.RoleSummary, Content: t.tr.Summary(), Covers: t.s.CompactedUpTo})
+	}
+	return msgs
 }
 
 // conversationID is the conversation the turn's model requests name.
@@ -412,5 +422,5 @@ func (t *turn) finish(end machine.Ending) *Result {
 	t.em.Close()
 	rec.Events = t.em.Log()
 	s.Finished, s.End = true, &end
-	return &Result{Record: rec, Messages: t.sessionMessages()}
+	return &Result{Record: rec, Messages: t.sessionMessages(end)}
 }
