@@ -133,12 +133,24 @@ func shareOut(results []model.Message, room int) {
 }
 
 // cutResult keeps the first n bytes of a tool result (whole characters
-// only) and says so to the model.
+// only) and says so to the model. timebox's own notes at its end — the
+// output truncated, the time the call took — are kept after the cut: the
+// model is told each result's duration, cut or not.
 func cutResult(s string, n int) string {
-	for n > 0 && n < len(s) && !utf8.RuneStart(s[n]) {
+	body, notes := s, ""
+	for _, note := range []string{"\n[output truncated", "\n[timebox: took "} {
+		if i := strings.LastIndex(body, note); i >= 0 && len(s)-i < 512 {
+			body, notes = s[:i], s[i:]
+			break
+		}
+	}
+	for n > 0 && n < len(body) && !utf8.RuneStart(body[n]) {
 		n--
 	}
-	return s[:n] + fmt.Sprintf("\n[output cut: only the first %d of its %d bytes are sent to the model, to keep the conversation within context.compact_at; ask for a narrower result if more is needed]", n, len(s))
+	if n > len(body) {
+		n = len(body)
+	}
+	return body[:n] + fmt.Sprintf("\n[output cut: only the first %d of its %d bytes are sent to the model, to keep the conversation within context.compact_at; ask for a narrower result if more is needed]", n, len(body)) + notes
 }
 
 // transcript renders messages as text for the compaction call, so that it

@@ -389,3 +389,24 @@ func TestAStoppedReplyIsKeptInTheSession(t *testing.T) {
 		}
 	})
 }
+
+// TestACutResultKeepsItsTime: a result cut for context keeps timebox's
+// note of the time the call took (time notes on): it was cut away with
+// the output's end.
+func TestACutResultKeepsItsTime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := lines(t, `{"tool_calls": [{"name": "out"}]}`, `{"text": "done"}`)
+		a, err := agent.New(agent.Config{Models: []model.Endpoint{endpoint(p, "m")}, Tools: []agent.Tool{output(strings.Repeat("x", 200000))},
+			CompactAt: 1000, TimeNotes: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res := a.Run(t.Context(), agent.Input{Text: "go"}); res.Record.StopReason != budget.Answered {
+			t.Fatalf("stopped %s: %s", res.Record.StopReason, res.Record.Message)
+		}
+		sent := p.last().Messages[2].Content
+		if !strings.Contains(sent, "[output cut: only the first ") || !strings.HasSuffix(sent, "\n[timebox: took 0s of 60s]") {
+			t.Fatalf("sent ...%q", sent[max(0, len(sent)-300):])
+		}
+	})
+}
