@@ -21,6 +21,7 @@ import (
 	"github.com/anthropics/anthropic-sdk-go/packages/ssestream"
 
 	"github.com/timebox-run/timebox/model"
+	"github.com/timebox-run/timebox/model/internal/streams"
 )
 
 // DefaultBaseURL is Anthropic's own endpoint.
@@ -70,7 +71,7 @@ func New(o Options) *Provider {
 		c := *o.HTTPClient
 		hc = &c
 	}
-	hc.Transport = model.StreamsOnly(hc.Transport, "anthropic")
+	hc.Transport = streams.Only(hc.Transport, "anthropic")
 	mt := o.MaxTokens
 	if mt <= 0 {
 		mt = DefaultMaxTokens
@@ -342,7 +343,7 @@ func (s *stream) classify(err error) error {
 	if s.ctx.Err() != nil {
 		return context.Cause(s.ctx)
 	}
-	var me *model.Error // model.StreamsOnly's
+	var me *model.Error // streams.Only's
 	if errors.As(err, &me) {
 		return me
 	}

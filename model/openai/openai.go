@@ -22,6 +22,7 @@ import (
 	"github.com/openai/openai-go/v3/shared"
 
 	"github.com/timebox-run/timebox/model"
+	"github.com/timebox-run/timebox/model/internal/streams"
 )
 
 // DefaultBaseURL is OpenAI's own endpoint.
@@ -68,7 +69,7 @@ func New(o Options) *Provider {
 		c := *o.HTTPClient
 		hc = &c
 	}
-	hc.Transport = model.StreamsOnly(hc.Transport, "openai")
+	hc.Transport = streams.Only(hc.Transport, "openai")
 	mt := o.MaxTokens
 	if mt <= 0 {
 		mt = DefaultMaxTokens
@@ -255,7 +256,7 @@ func (s *stream) classify(err error) error {
 	if s.ctx.Err() != nil {
 		return context.Cause(s.ctx)
 	}
-	var me *model.Error // model.StreamsOnly's
+	var me *model.Error // streams.Only's
 	if errors.As(err, &me) {
 		return me
 	}

@@ -1,4 +1,6 @@
-package model
+// Package streams holds what the streaming providers share of HTTP (it
+// keeps net/http out of package model, which the core imports).
+package streams
 
 import (
 	"encoding/json"
@@ -7,16 +9,18 @@ import (
 	"mime"
 	"net/http"
 	"strings"
+
+	"github.com/timebox-run/timebox/model"
 )
 
-// StreamsOnly returns the transport of a provider's streamed requests: a
+// Only returns the transport of a provider's streamed requests: a
 // successful answer that is a JSON document, not an event stream — a
 // gateway's quota or error object sent with status 200, a completion a
 // server would not stream — is refused as a *Error saying what it says.
 // The SDKs skip its lines as not being events, and the attempt said
 // only that the stream ended before the reply was complete. rt nil is
 // http.DefaultTransport.
-func StreamsOnly(rt http.RoundTripper, provider string) http.RoundTripper {
+func Only(rt http.RoundTripper, provider string) http.RoundTripper {
 	if rt == nil {
 		rt = http.DefaultTransport
 	}
@@ -43,7 +47,7 @@ func (s streamsOnly) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, documentBytes))
 	resp.Body.Close()
-	return nil, &Error{Provider: s.provider, Message: documentMessage(b)}
+	return nil, &model.Error{Provider: s.provider, Message: documentMessage(b)}
 }
 
 // documentMessage says what a JSON document answered for a stream says:
