@@ -15,6 +15,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 
 	"go.opentelemetry.io/otel/trace"
@@ -179,6 +181,36 @@ func Endpoints(cfg *config.Agent, getenv func(string) string) ([]model.Endpoint,
 		}
 	}
 	return out, nil
+}
+
+// NoCredential returns an error, saying which variables to set, when no
+// link of the model chain can be called: every one is of a provider whose
+// credential variables are all unset. A turn would fail at once, every
+// attempt "not set in the environment"; commands that run turns refuse to
+// start instead, as for any error of configuration. A chain with one link
+// that can be called is not refused: failover moves past the others.
+func NoCredential(cfg *config.Agent, getenv func(string) string) error {
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	var unset []string
+	for _, ref := range cfg.Model.All() {
+		p := cfg.Providers[ref.Provider]
+		if ref.Provider != "openai" && ref.Provider != "anthropic" {
+			return nil // script: nothing to set
+		}
+		for _, c := range p.Credentials {
+			if getenv(c.APIKeyEnv) != "" {
+				return nil
+			}
+			unset = append(unset, c.APIKeyEnv+" (for "+ref.String()+")")
+		}
+	}
+	if len(unset) == 0 {
+		return nil
+	}
+	return fmt.Errorf("no model of the chain can be called: %s %s not set in the environment; set one (export NAME=…), or use the script model to try timebox without a key (docs/script-model.md)",
+		strings.Join(slices.Compact(unset), ", "), map[bool]string{true: "is", false: "are"}[len(unset) == 1])
 }
 
 // unsetCredential stands for a credential whose environment variable is

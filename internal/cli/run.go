@@ -262,6 +262,12 @@ func cmdRun(ctx context.Context, args []string, o IO) int {
 	defer stopTracing(tracing, o)
 	// A timebox run as another traced program's tool joins its trace.
 	ctx = agent.WithTraceParent(ctx, o.getenv(tool.EnvTraceParent))
+	if es.Engine != engineTemporal { // there, the workers call the models
+		if err := timebox.NoCredential(cfg, o.getenv); err != nil {
+			fmt.Fprintln(o.Err, "timebox run:", err)
+			return ExitUsage
+		}
+	}
 	a, err := timebox.Build(ctx, cfg, timebox.Options{Getenv: o.getenv, Record: recording, TracerProvider: tracing.Provider})
 	if err != nil {
 		fmt.Fprintln(o.Err, "timebox:", err)

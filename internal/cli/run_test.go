@@ -597,3 +597,24 @@ func TestRunsListRefusesUnknownFilters(t *testing.T) {
 		t.Errorf("--status completed: exit %d %s", r.code, r.err)
 	}
 }
+
+// TestNoCredentialIsAConfigurationError: a chain none of whose models can
+// be called (every credential variable unset) is refused before the turn
+// (exit 2, naming the variables), not run into model_unavailable as an
+// llm_http failure (exit 1); one callable link is enough.
+func TestNoCredentialIsAConfigurationError(t *testing.T) {
+	dir := t.TempDir()
+	f := filepath.Join(dir, "agent.yaml")
+	os.WriteFile(f, []byte("model: {primary: 'openai:gpt-4o-mini', fallbacks: ['anthropic:claude-x']}\n"), 0o644)
+	env := []string{"OPENAI_API_KEY=", "ANTHROPIC_API_KEY="}
+	r := run(t, env, "run", "-f", f, "--no-store", "hi")
+	if r.code != cli.ExitUsage || !strings.Contains(r.err, "no model of the chain can be called: OPENAI_API_KEY (for openai:gpt-4o-mini), ANTHROPIC_API_KEY (for anthropic:claude-x) are not set") {
+		t.Errorf("exit %d\n%s", r.code, r.err)
+	}
+	if r := run(t, env, "serve", "-f", f, "--addr", "127.0.0.1:0", "--db", ""); r.code != cli.ExitUsage || !strings.Contains(r.err, "no model of the chain can be called") {
+		t.Errorf("serve: exit %d\n%s", r.code, r.err)
+	}
+	if r := run(t, env, "validate", "-f", f); r.code != cli.ExitOK {
+		t.Errorf("validate (a warning there): exit %d\n%s", r.code, r.err)
+	}
+}

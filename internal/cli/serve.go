@@ -138,6 +138,12 @@ func cmdServe(ctx context.Context, args []string, o IO) int {
 	}
 	defer stopTracing(tracing, o)
 	// Late results reach the server through each turn's sink.
+	if es.Engine != engineTemporal { // there, the workers call the models
+		if err := timebox.NoCredential(cfg, o.getenv); err != nil {
+			fmt.Fprintln(o.Err, "timebox serve:", err)
+			return ExitUsage
+		}
+	}
 	a, err := timebox.Build(ctx, cfg, timebox.Options{Getenv: o.getenv, TracerProvider: tracing.Provider})
 	if err != nil {
 		fmt.Fprintln(o.Err, "timebox:", err)

@@ -54,6 +54,10 @@ func cmdWorker(ctx context.Context, args []string, o IO) int {
 		return ExitUsage
 	}
 	defer stopTracing(tracing, o)
+	if err := timebox.NoCredential(cfg, o.getenv); err != nil {
+		fmt.Fprintln(o.Err, "timebox worker:", err)
+		return ExitUsage
+	}
 	a, err := timebox.Build(ctx, cfg, timebox.Options{Getenv: o.getenv, TracerProvider: tracing.Provider})
 	if err != nil {
 		fmt.Fprintln(o.Err, "timebox:", err)
