@@ -10,6 +10,7 @@ package advice
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
 
@@ -359,7 +360,12 @@ func NewTool(st store.ToolStat, b Budgets) Tool {
 	}
 	idle := SuggestIdle(IdleFigures{Progressed: st.Progressed, Sample: st.Sample, IdleCutOff: st.IdleCutOff,
 		IdleCutOffAtMS: st.IdleCutOffTimeoutMS, MaxSilenceMS: st.MaxSilenceMS}, timeout)
-	t.Flags, t.Notes = append(t.Flags, idle.Flags...), append(t.Notes, idle.Notes...)
+	t.Notes = append(t.Notes, idle.Notes...)
+	for _, f := range idle.Flags {
+		if !slices.Contains(t.Flags, f) { // a flag is a set: the notes say which suggestion it was
+			t.Flags = append(t.Flags, f)
+		}
+	}
 	t.SuggestedIdleTimeoutMS, t.SuggestedIdleTimeout = suggested(idle.D)
 	if profile, ok := strings.CutPrefix(t.TimeoutSource, "profile:"); ok && s.D > 0 && s.D != current {
 		t.Flags = append(t.Flags, FlagProfile)

@@ -184,3 +184,26 @@ func TestTextOfNoCalls(t *testing.T) {
 		t.Errorf("a report of no calls as JSON:\n%s", buf.String())
 	}
 }
+
+// TestFlagsAreASet: a tool with too few calls for both suggestions (its
+// timeout's and its idle timeout's) says too_few_calls once; the notes
+// say which suggestions it stands for.
+func TestFlagsAreASet(t *testing.T) {
+	tools := []store.ToolStat{{Tool: "rare", Calls: 3, Sample: 3, P50MS: 10, P95MS: 10, P99MS: 10, MaxMS: 10, MaxOKMS: 10,
+		TimeoutMS: 5000, Progressed: 3, MaxSilenceMS: 5}}
+	r := advice.NewReport("x.db", time.Now(), tools, nil, advice.Budgets{ToolMax: time.Hour})
+	var buf bytes.Buffer
+	if err := r.WriteJSON(&buf); err != nil {
+		t.Fatal(err)
+	}
+	var v struct {
+		Tools []struct {
+			Flags []string `json:"flags"`
+			Notes []string `json:"notes"`
+		} `json:"tools"`
+	}
+	json.Unmarshal(buf.Bytes(), &v)
+	if len(v.Tools) != 1 || !slices.Equal(v.Tools[0].Flags, []string{advice.FlagTooFew}) || len(v.Tools[0].Notes) < 2 {
+		t.Errorf("%s", buf.Bytes())
+	}
+}
