@@ -458,7 +458,7 @@ func (s stopSnap) describe() (desc string, tools []string) {
 	switch {
 	case len(tools) == 1:
 		a := firstTool
-		return "tool " + a.tool + ", running for " + budget.RoundHuman(now.Sub(a.started)).String(), tools
+		return machine.RunningDesc(a.tool, now.Sub(a.started)), tools
 	case len(tools) > 1:
 		var b strings.Builder
 		b.WriteString("tools ")

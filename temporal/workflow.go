@@ -285,9 +285,17 @@ func (d *driver) Call(s *machine.State, step int, c machine.Call) machine.Called
 	// the workflow's history — 300 KB each.
 	in.State.Batch = nil
 	var out machine.Called
+	started := workflow.Now(d.ctx)
 	err := workflow.ExecuteActivity(r.options(d.ctx, limit, attempts, key), actCall, in).Get(d.ctx, &out)
 	if err == nil || r.recover(d.ctx, s, key, &out) {
 		return out
+	}
+	// The turn stopped (its ceiling, a cancel) while the call ran on a
+	// worker that is gone: the call says what ran, as its unit would have
+	// (for the turn's message, and its flag timed_out_during_tool_execution).
+	var stopped *machine.StopNote
+	if r.stopped != nil {
+		stopped = &machine.StopNote{Desc: machine.RunningDesc(c.Name, workflow.Now(d.ctx).Sub(started)), Tools: []string{c.Name}, DuringRun: true}
 	}
 	lost := *in
 	lost.Why, lost.Noticed = lostWhy(err), workflow.Now(d.ctx)
@@ -302,6 +310,9 @@ func (d *driver) Call(s *machine.State, step int, c machine.Call) machine.Called
 		// Not even a record could be written: the turn goes on, and its
 		// end says what is missing.
 		s.Stop = &machine.Cause{Text: "the record of a lost call could not be written: " + err.Error()}
+	}
+	if out.Stopped == nil {
+		out.Stopped = stopped
 	}
 	return out
 }

@@ -329,3 +329,61 @@ tools:
 		t.Errorf("idem: %s/%s (%s); want ok (run again) or interrupted/worker_lost", c.Outcome, c.Phase, c.Result)
 	}
 }
+
+// TestTemporalCeilingWhileTheWorkerIsDead: the turn's ceiling falls while
+// its tool's worker is dead: the turn ends as on the embedded engine,
+// saying the tool was running and flagged timed_out_during_tool_execution
+// (it said "Last step: model m", without the flag).
+func TestTemporalCeilingWhileTheWorkerIsDead(t *testing.T) {
+	bin := timeboxBinary(t)
+	addr := testenv.Temporal(t)
+	dsn := testenv.Postgres(t)
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"tool_calls": [{"name": "work"}]}`+"\n"+`{"text": "done"}`+"\n"), 0o644)
+	file := filepath.Join(dir, "agent.yaml")
+	os.WriteFile(file, []byte(fmt.Sprintf(`name: ceiling
+model: {primary: script:m}
+providers: {script: {file: script.jsonl}}
+timeouts: {kill_grace: 500ms, turn: 3s}
+tools:
+  - name: work
+    exec: [sh, -c, 'echo $$ >> %s/work.pids; sleep 20; echo work']
+    timeout: 30s
+`, dir)), 0o644)
+	common := []string{"-f", file, "--db", dsn, "--temporal-address", addr, "--task-queue", "tq-ceiling-dead"}
+	var errA, errB, runErr, out syncbuf.Buffer
+	workerA := startWorker(t, bin, append(common, "--worker-heartbeat", "5s"), &errA)
+	run := exec.Command(bin, append([]string{"run", "--engine", "temporal", "--json"}, append(common, "go")...)...)
+	run.Stderr, run.Stdout = &runErr, &out
+	if err := run.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { run.Process.Kill(); run.Wait() })
+	waitPid(t, filepath.Join(dir, "work.pids"), 1, func() string { return errA.String() + runErr.String() })
+	workerA.Process.Signal(syscall.SIGKILL)
+	workerA.Wait()
+	startWorker(t, bin, append(common, "--worker-heartbeat", "5s"), &errB)
+	done := make(chan error, 1)
+	go func() { done <- run.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("the turn did not end\n%s", runErr.String())
+	}
+	var fin *event.TurnFinished
+	for line := range strings.Lines(out.String()) {
+		var e event.Event
+		if json.Unmarshal([]byte(line), &e) == nil {
+			if d, ok := e.Data.(*event.TurnFinished); ok {
+				fin = d
+			}
+		}
+	}
+	if fin == nil {
+		t.Fatalf("no turn_finished\n%s", runErr.String())
+	}
+	if fin.StopReason != budget.TurnTimeout || !strings.Contains(fin.Message, "Last step: tool work, running for ") ||
+		!fin.Flags.TimedOutDuringToolExecution || !fin.Flags.TimedOutByTurnBudget {
+		t.Errorf("turn ended %s with flags %+v: %s", fin.StopReason, fin.Flags, fin.Message)
+	}
+}

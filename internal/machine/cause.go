@@ -121,6 +121,12 @@ type StopNote struct {
 	DuringCompact bool `json:"during_compact,omitempty"`
 }
 
+// RunningDesc says that a call of tool runs, and has for ran: a stop
+// note's Desc, on either engine.
+func RunningDesc(tool string, ran time.Duration) string {
+	return "tool " + tool + ", running for " + budget.RoundHuman(ran).String()
+}
+
 // WaitingDesc says that a call of tool waits for a person's decision, and
 // has for waited: a stop note's Desc, on either engine.
 func WaitingDesc(tool string, waited time.Duration) string {
