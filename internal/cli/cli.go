@@ -130,6 +130,17 @@ func Run(ctx context.Context, args []string, o IO) int {
 		fmt.Fprint(o.Out, usage)
 		return ExitOK
 	}
+	meant := ""
+	best := 3
+	for _, c := range []string{"run", "validate", "tool", "serve", "mcp", "worker", "runs", "stats", "schema", "version", "help"} {
+		if d := editDistance(args[0], c); d < best {
+			meant, best = c, d
+		}
+	}
+	if meant != "" && len(args[0]) > 1 {
+		fmt.Fprintf(o.Err, "timebox: unknown command %q; did you mean %q?\n\n%s", args[0], meant, usage)
+		return ExitUsage
+	}
 	fmt.Fprintf(o.Err, "timebox: unknown command %q\n\n%s", args[0], usage)
 	return ExitUsage
 }

@@ -618,3 +618,13 @@ func TestNoCredentialIsAConfigurationError(t *testing.T) {
 		t.Errorf("validate (a warning there): exit %d\n%s", r.code, r.err)
 	}
 }
+
+// TestAMisspeltCommandIsNamed: a command a letter or two away from one
+// gets the one meant, as a misspelt flag does.
+func TestAMisspeltCommandIsNamed(t *testing.T) {
+	for cmd, want := range map[string]string{"valdiate": `did you mean "validate"?`, "stat": `did you mean "stats"?`, "frob": `unknown command "frob"` + "\n"} {
+		if r := run(t, nil, cmd); r.code != cli.ExitUsage || !strings.Contains(r.err, want) {
+			t.Errorf("timebox %s: exit %d, %q", cmd, r.code, r.err[:min(len(r.err), 80)])
+		}
+	}
+}
