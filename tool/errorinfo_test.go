@@ -31,7 +31,7 @@ func TestErrorInfoStringIsJSONMarshal(t *testing.T) {
 			Message: `Tool "wait" was stopped after 13.005s because the turn was stopped (turn limit of 13s, timeouts.turn).`}},
 		{"every field", tool.ErrorInfo{Type: "tool_timeout", Tool: "crawl", Reason: "limit", Phase: "tool", Limit: "10s",
 			Elapsed: "10.001s", Source: "file", Knob: "tools[crawl].timeout", ExitCode: &code, Message: tricky,
-			StderrTail: tricky, PartialOutput: tricky, PartialTruncated: true, Field: "/q", Overran: true}},
+			StderrTail: tricky, PartialOutput: tricky, PartialTruncated: true, LastProgress: tricky, Field: "/q", Overran: true}},
 		{"negative exit", tool.ErrorInfo{Type: "tool_error", Tool: "x", ExitCode: &neg, Message: "m"}},
 		{"tricky", tool.ErrorInfo{Type: tricky, Tool: tricky, Reason: tricky, Phase: tricky, Limit: tricky, Elapsed: tricky,
 			Source: tricky, Knob: tricky, Message: tricky, Field: tricky}},

@@ -39,6 +39,7 @@ type progress struct {
 	mu     sync.Mutex
 	ended  bool
 	count  int
+	latest report    // the last report made, when count > 0
 	sent   bool      // a report has been passed on
 	sentAt time.Time // when the last one was
 	// maxPct is the highest whole percent of a total passed on so far,
@@ -68,6 +69,25 @@ type report struct {
 	progress, total       float64
 	hasProgress, hasTotal bool
 	message               string
+}
+
+// lastReport returns the last report made, nil when none was.
+func (p *progress) lastReport() *Report {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.count == 0 {
+		return nil
+	}
+	r := Report{Message: p.latest.message}
+	if p.latest.hasProgress {
+		v := p.latest.progress
+		r.Progress = &v
+	}
+	if p.latest.hasTotal {
+		v := p.latest.total
+		r.Total = &v
+	}
+	return &r
 }
 
 func copyReport(r Report) report {
@@ -107,6 +127,7 @@ func (p *progress) Report(rep Report) {
 		return
 	}
 	p.count++
+	p.latest = r
 	p.last.Store(int64(now.Sub(p.start)))
 	if p.alive != nil {
 		p.alive()

@@ -34,8 +34,12 @@ type ErrorInfo struct {
 	PartialOutput string `json:"partial_output,omitempty"`
 	// PartialTruncated says that PartialOutput is the end of a longer
 	// output: what the tool wrote before it is not in the result.
-	PartialTruncated bool   `json:"partial_output_truncated,omitempty"`
-	Field            string `json:"field,omitempty"`
+	PartialTruncated bool `json:"partial_output_truncated,omitempty"`
+	// LastProgress is the last progress report of a stopped call ("3 of
+	// 10: fetching page 3"): how far it got, when its output does not say
+	// (an MCP call has none).
+	LastProgress string `json:"last_progress,omitempty"`
+	Field        string `json:"field,omitempty"`
 	// Overran is set, with time notes on, on the error of an advisory
 	// call that ran past its budget.
 	Overran bool `json:"overran,omitempty"`
@@ -47,7 +51,7 @@ type ErrorInfo struct {
 func (e ErrorInfo) String() string {
 	n := len(`{"error":{"type":"","tool":"","message":""}}`) + len(e.Type) + len(e.Tool) + len(e.Message) +
 		len(e.Reason) + len(e.Phase) + len(e.Limit) + len(e.Elapsed) + len(e.Source) + len(e.Knob) +
-		len(e.StderrTail) + len(e.PartialOutput) + len(e.Field) + 160
+		len(e.StderrTail) + len(e.PartialOutput) + len(e.Field) + len(e.LastProgress) + 190
 	b := make([]byte, 0, n)
 	b = append(b, `{"error":{"type":`...)
 	b = appendJSONString(b, e.Type)
@@ -78,6 +82,7 @@ func (e ErrorInfo) String() string {
 	if e.PartialTruncated {
 		b = append(b, `,"partial_output_truncated":true`...)
 	}
+	field("last_progress", e.LastProgress)
 	field("field", e.Field)
 	if e.Overran {
 		b = append(b, `,"overran":true`...)
@@ -255,6 +260,7 @@ func cancelledInfo(name string, x *Execution) ErrorInfo {
 	if x.Result != nil {
 		info.PartialOutput, info.PartialTruncated = partial(x.Result)
 	}
+	info.LastProgress = progressText(x.LastReport)
 	return info
 }
 
@@ -285,6 +291,7 @@ func timeoutInfo(name string, b budget.ToolBudget, x *Execution) ErrorInfo {
 	if x.Result != nil {
 		info.PartialOutput, info.PartialTruncated = partial(x.Result)
 	}
+	info.LastProgress = progressText(x.LastReport)
 	return info
 }
 
@@ -375,4 +382,26 @@ func CallRecord(callID, name, kind string, args json.RawMessage, b budget.ToolBu
 		}
 	}
 	return rec
+}
+
+// progressText says a progress report in words: "3 of 10: fetching",
+// "40: fetching", "fetching"; "" for none.
+func progressText(r *Report) string {
+	if r == nil {
+		return ""
+	}
+	var s string
+	switch {
+	case r.Progress != nil && r.Total != nil:
+		s = strconv.FormatFloat(*r.Progress, 'g', -1, 64) + " of " + strconv.FormatFloat(*r.Total, 'g', -1, 64)
+	case r.Progress != nil:
+		s = strconv.FormatFloat(*r.Progress, 'g', -1, 64)
+	}
+	if m := strings.TrimSpace(r.Message); m != "" {
+		if s != "" {
+			s += ": "
+		}
+		s += validText(m)
+	}
+	return s
 }

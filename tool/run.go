@@ -58,6 +58,9 @@ type Execution struct {
 	Abandoned bool
 	// Progress is the number of progress reports the call made.
 	Progress int
+	// LastReport is the last progress report the call made, nil when it
+	// made none: a stopped call tells the model how far it got with it.
+	LastReport *Report
 }
 
 // Elapsed returns the call's wall-clock duration.
@@ -180,6 +183,7 @@ func Run(ctx context.Context, t Tool, in *Call, b budget.ToolBudget, h Hooks) *E
 		idle.stop()
 	}
 	x.Progress = p.end()
+	x.LastReport = p.lastReport()
 
 	if x.Abandoned {
 		x.Ended = time.Now()

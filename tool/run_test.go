@@ -353,3 +353,25 @@ func TestASchemaTypeThatIsNoJSONTypeIsRefused(t *testing.T) {
 		t.Errorf("a property named type: %v", err)
 	}
 }
+
+// TestAStoppedCallSaysHowFarItGot: a call stopped at its deadline tells
+// the model its last progress report, which is all an MCP call's result
+// can say of how far it got.
+func TestAStoppedCallSaysHowFarItGot(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tl := tool.NewFunc("fetch", "fetches", nil, func(ctx context.Context, _ json.RawMessage, p tool.Progress) (any, error) {
+			two, ten := 2.0, 10.0
+			p.Report(tool.Report{Progress: &two, Total: &ten, Message: "fetching page 2"})
+			<-ctx.Done()
+			return nil, ctx.Err()
+		})
+		b := budget.ToolBudget{Timeout: budget.Duration{D: time.Second, Source: budget.SourceTool, Knob: "tools[fetch].timeout"}, Enforcement: budget.Hard}
+		x := tool.Run(t.Context(), tl, &tool.Call{ID: "c1", Tool: "fetch"}, b, tool.Hooks{})
+		if x.Outcome != event.OutcomeTimedOut {
+			t.Fatalf("outcome %s", x.Outcome)
+		}
+		if res := tool.ModelResult("fetch", b, x); !strings.Contains(res, `"last_progress":"2 of 10: fetching page 2"`) {
+			t.Errorf("result %s", res)
+		}
+	})
+}
