@@ -279,11 +279,15 @@ func timeoutInfo(name string, b budget.ToolBudget, x *Execution) ErrorInfo {
 	} else {
 		what = "Tool " + strconv.Quote(name) + " did not finish within " + te.Limit.String() + " and was stopped."
 	}
-	if x.Abandoned {
+	switch {
+	case x.Abandoned:
 		if cut, ok := strings.CutSuffix(what, " and was stopped."); ok {
 			what = cut + "."
 		}
 		what += " It was asked to stop and had not after " + budget.Round(b.KillGrace.D).String() + ", so timebox stopped waiting for it."
+	case x.Result != nil && x.Result.StopUnconfirmed && !x.Result.ServerRestarted:
+		what = strings.Replace(what, " and was stopped", ", and was asked to stop", 1) +
+			" Its work may still go on: check before asking for it again."
 	}
 	// Plain concatenation, here and above: a burst of deadlines builds
 	// thousands of these at once.

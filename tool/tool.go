@@ -135,6 +135,11 @@ type Result struct {
 	// grace and was restarted for it (mcp.on_ignored_cancel: restart);
 	// StderrTail then says so.
 	ServerRestarted bool
+	// StopUnconfirmed is set on what a stopped call returns when the stop
+	// was asked of something that may not have obeyed: an MCP server sent
+	// the call's cancellation and not waited for (mcp.on_ignored_cancel:
+	// keep). The model is told its work may still go on.
+	StopUnconfirmed bool
 }
 
 // Error is a tool's own failure: a non-zero exit, an MCP error result, a Go

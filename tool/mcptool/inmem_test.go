@@ -637,3 +637,18 @@ func TestCancelWrittenBeforeClose(t *testing.T) {
 		}
 	}
 }
+
+// TestAKeptServerMayGoOn: a call stopped at its deadline on a server that
+// is kept (mcp.on_ignored_cancel: keep, the default) tells the model that
+// it was asked to stop and its work may go on, not that it "was stopped":
+// MCP lets a server go on with a cancelled call, and timebox did not wait.
+func TestAKeptServerMayGoOn(t *testing.T) {
+	s := openFake(t, newFake(), nil)
+	b := tb(50*time.Millisecond, 0)
+	x, _ := call(context.Background(), t, s, "block", `{}`, b)
+	wantOutcome(t, x, event.OutcomeTimedOut, budget.PhaseTool)
+	res := tool.ModelResult("fake__block", b, x)
+	if !strings.Contains(res, `did not finish within 50ms, and was asked to stop. Its work may still go on: check before asking for it again.`) {
+		t.Errorf("result %s", res)
+	}
+}

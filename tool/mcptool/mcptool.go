@@ -404,7 +404,9 @@ func (t *Tool) Call(ctx context.Context, c *tool.Call) (*tool.Result, error) {
 			case <-t.C:
 			}
 			t.Stop()
-			return nil, cause
+			// The server may go on with the call (MCP lets it; keep
+			// leaves it be): the model is told so.
+			return &tool.Result{StopUnconfirmed: true}, cause
 		}
 		return nil, s.callError(ctx, l, t.remote, err)
 	}
