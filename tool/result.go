@@ -336,9 +336,14 @@ func Refusal(name, reason, field, message string) string {
 }
 
 // Denied returns the tool_denied result of a call a person denied: it was
-// not run. by says who, reason why, when they said.
+// not run. by says who, reason why, when they said. A call timebox itself
+// denied (by "timebox …": no one could be asked, the request could not be
+// made) is not said to be a person's decision.
 func Denied(name, by, reason string) string {
 	msg := "A person denied this call"
+	if by == "timebox" || strings.HasPrefix(by, "timebox ") {
+		msg = "This call was denied without a person's decision"
+	}
 	if by != "" {
 		msg += " (" + by + ")"
 	}

@@ -375,3 +375,15 @@ func TestAStoppedCallSaysHowFarItGot(t *testing.T) {
 		}
 	})
 }
+
+// TestDeniedSaysWhoDecided: a call timebox denied because no person could
+// be asked is not said to be a person's decision.
+func TestDeniedSaysWhoDecided(t *testing.T) {
+	if got := tool.Denied("deploy", "alice", "not now"); !strings.Contains(got, `A person denied this call (alice): not now.`) {
+		t.Errorf("%s", got)
+	}
+	got := tool.Denied("deploy", "timebox run", "nobody could be asked (no terminal, or --json)")
+	if !strings.Contains(got, `This call was denied without a person's decision (timebox run): nobody could be asked`) || strings.Contains(got, "A person") {
+		t.Errorf("%s", got)
+	}
+}
