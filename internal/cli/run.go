@@ -331,7 +331,13 @@ func cmdRun(ctx context.Context, args []string, o IO) int {
 	runCtx, unwatch := rs.cancellable(ctx)
 	res := runner.Run(runCtx, in, sinks()...)
 	unwatch()
-	rs.finish(res.Record, res.Messages, o)
+	// A Ctrl-C after the turn ended (its first: the turn was not
+	// cancelled by one) stops waiting for a store that is away.
+	var stopWaiting <-chan struct{}
+	if ctx.Err() == nil {
+		stopWaiting = ctx.Done()
+	}
+	rs.finishUnless(res.Record, res.Messages, stopWaiting, o)
 	if v != nil {
 		v.close()
 	}

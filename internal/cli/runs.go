@@ -483,11 +483,39 @@ func (r *runStore) sinks(others ...event.Sink) []event.Sink {
 
 // finish stores the record and closes the store.
 func (r *runStore) finish(rec *event.Turn, msgs []model.Message, o IO) {
+	r.finishUnless(rec, msgs, nil, o)
+}
+
+// finishWait bounds how long `timebox run` waits, its turn over, for a
+// store that is away to take the turn's end; waitNoteAfter is when it says
+// that it waits.
+const (
+	finishWait    = 30 * time.Second
+	waitNoteAfter = 2 * time.Second
+)
+
+// finishUnless stores the turn's end and closes the store, waiting for a
+// store that is away at most finishWait, or until stop is closed (a
+// Ctrl-C after the turn ended), and saying so while it waits.
+func (r *runStore) finishUnless(rec *event.Turn, msgs []model.Message, stop <-chan struct{}, o IO) {
 	if r == nil {
 		return
 	}
 	if r.rec != nil && r.engine == "" && rec != nil {
-		if err := r.rec.Finish(context.Background(), rec, msgs); err != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), finishWait)
+		defer cancel()
+		note := time.AfterFunc(waitNoteAfter, func() {
+			fmt.Fprintf(o.Err, "timebox run: waiting for the store to take the turn's end (it is away; at most %s more; Ctrl-C stops waiting)\n", finishWait-waitNoteAfter)
+		})
+		defer note.Stop()
+		go func() {
+			select {
+			case <-stop:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		if err := r.rec.Finish(ctx, rec, msgs); err != nil {
 			if errors.Is(err, sqlite.ErrDiskFull) {
 				fmt.Fprintf(o.Err, "timebox run: the disk holding the store is full: %v. The answer above is all there is of this turn's events; `timebox runs show %s` shows what was stored. Free space on that disk.\n", err, rec.TurnID)
 			} else {
