@@ -2,6 +2,8 @@ package cli
 
 import (
 	"context"
+	"io"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -38,5 +40,43 @@ func TestRunStopsWaitingForAnAwayStore(t *testing.T) {
 	}
 	if s := errb.String(); !strings.Contains(s, "waiting for the store to take the turn's end") || !strings.Contains(s, "Ctrl-C stops waiting") {
 		t.Errorf("stderr %q", s)
+	}
+}
+
+// TestASilentDatabaseIsNamed: a PostgreSQL address that takes the
+// connection and never answers is said to be one, with its URL (no
+// password) and the time waited: it was a bare "context deadline
+// exceeded" after a minute.
+func TestASilentDatabaseIsNamed(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	conns := make(chan net.Conn, 16)
+	accepted := make(chan struct{})
+	go func() {
+		defer close(accepted)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns <- c // taken, never answered
+		}
+	}()
+	defer func() {
+		ln.Close()
+		<-accepted
+		close(conns)
+		for c := range conns {
+			c.Close()
+		}
+	}()
+	defer func(d time.Duration) { openWithin = d }(openWithin)
+	openWithin = 500 * time.Millisecond
+	_, err = openPostgres("postgres://u:s3cret@"+ln.Addr().String()+"/x?sslmode=disable", IO{Err: io.Discard})
+	if err == nil || !strings.Contains(err.Error(), "did not answer within 500ms") || strings.Contains(err.Error(), "s3cret") {
+		t.Errorf("%v", err)
 	}
 }

@@ -315,11 +315,21 @@ func sqlitePath(db string) string { return strings.TrimPrefix(db, "sqlite:") }
 // timebox_heartbeat parameter sets, if any (postgres.ParseURL). Its log
 // lines (a gateway taken for gone, a lost LISTEN connection) go to stderr.
 func openPostgres(url string, o IO) (*postgres.Store, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), openWithin)
 	defer cancel()
 	st, err := postgres.Open(ctx, url, postgres.Options{Logger: slog.New(slog.NewTextHandler(o.Err, nil))})
+	if err != nil && errors.Is(err, context.DeadlineExceeded) {
+		// A bare "context deadline exceeded", after a minute, said
+		// neither what timed out nor why.
+		return nil, fmt.Errorf("opening the store: the database at %s did not answer within %s: its host or port may be wrong, or a firewall drops the connection (connect_timeout=SECONDS in the URL bounds each try)",
+			postgres.Redact(url), openWithin)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("opening the store: %w", err)
+		return nil, err
 	}
 	return st, nil
 }
+
+// openWithin bounds opening a PostgreSQL store: connecting, migrating,
+// registering.
+var openWithin = 60 * time.Second
