@@ -104,7 +104,7 @@ func (t *turn) message(st machine.Ending, note *machine.StopNote, now time.Time)
 			case budget.Cancelled:
 				s = fmt.Sprintf("Cancelled by %s after %s", ce.By, wall)
 			case budget.ClientGone:
-				s = fmt.Sprintf("Cancelled after %s: %s went away", wall, ce.By)
+				s = fmt.Sprintf("Cancelled after %s: %s", wall, budget.WentAway(ce.By))
 			}
 		}
 		switch {

@@ -136,6 +136,16 @@ func (e *CancelError) Error() string {
 	return string(e.Reason)
 }
 
+// WentAway says that who, a client or the process that followed a turn
+// for it, went away; a who that ends in a clause of its own (", which
+// stopped sending heartbeats 3s ago") is closed by a comma.
+func WentAway(who string) string {
+	if strings.Contains(who, ", which ") {
+		return who + ", went away"
+	}
+	return who + " went away"
+}
+
 // Is lets errors.Is(err, context.Canceled) hold for a cancellation.
 func (e *CancelError) Is(target error) bool { return target == context.Canceled }
 

@@ -315,6 +315,18 @@ func causeText(cause error) string {
 	if te, ok := budget.AsTimeout(cause); ok {
 		return string(te.Phase) + " limit of " + te.Limit.String() + ", " + te.Knob
 	}
+	if ce, ok := budget.AsCancel(cause); ok {
+		// In words, not "client_gone by the client".
+		switch ce.Reason {
+		case budget.ClientGone:
+			if ce.By == "" || ce.By == "the client" {
+				return "its client went away"
+			}
+			return budget.WentAway(ce.By)
+		case budget.Shutdown:
+			return "the server is shutting down"
+		}
+	}
 	return cause.Error()
 }
 

@@ -387,3 +387,19 @@ func TestDeniedSaysWhoDecided(t *testing.T) {
 		t.Errorf("%s", got)
 	}
 }
+
+// TestStoppedByWords: a call stopped because its turn's client went
+// away, or the server shuts down, says so in words ("client_gone by the
+// client" before), with the comma a heartbeat clause wants.
+func TestStoppedByWords(t *testing.T) {
+	for cause, want := range map[error]string{
+		&budget.CancelError{Reason: budget.ClientGone, By: "the client"}:                                                                        "because the turn was stopped (its client went away).",
+		&budget.CancelError{Reason: budget.ClientGone, By: "the timebox process following it (pid 7), which stopped sending heartbeats 3s ago"}: "which stopped sending heartbeats 3s ago, went away).",
+		&budget.CancelError{Reason: budget.Shutdown, By: "the server"}:                                                                          "because the turn was stopped (the server is shutting down).",
+	} {
+		x := &tool.Execution{Outcome: event.OutcomeCancelled, Phase: budget.PhaseCancel, Cause: cause}
+		if got := tool.ModelResult("t", budget.ToolBudget{Timeout: budget.Duration{D: time.Second}}, x); !strings.Contains(got, want) {
+			t.Errorf("%v: %s", cause, got)
+		}
+	}
+}
