@@ -117,7 +117,9 @@ func (s *Server) decide(w http.ResponseWriter, r *http.Request) {
 	// Whether the decision reaches a turn of this server is known before
 	// it is stored: once stored, the waiting call may take it, run, and
 	// its turn end before this handler looks again.
-	here := s.live(id) != nil
+	// A turn an engine's workers run is not here, though this server
+	// follows it: the decision reaches its workflow by signal (202).
+	here := s.live(id) != nil && engineOf(s.cfg.Agent) == ""
 	var ap store.Approval
 	if rec.Status == budget.StatusRunning {
 		ap, err = st.Decide(r.Context(), id, callID, store.Approval{Decision: req.Decision, By: req.By, Reason: req.Reason, DecidedAt: time.Now()})

@@ -300,3 +300,21 @@ func TestRestartWhileWaitingForApproval(t *testing.T) {
 	// The session is free again.
 	decode[server.TurnAccepted](t, b.do("POST", "/v1/turns", map[string]any{"input": "again", "detach": true, "session_id": "s_restart"}), http.StatusAccepted)
 }
+
+// TestADecisionForAnEngineTurnIsAccepted: a decision for a call that
+// waits on an engine's worker is 202, as the docs say, even through the
+// gateway that follows its turn (it was 200 there: the call does not
+// wait in that server).
+func TestADecisionForAnEngineTurnIsAccepted(t *testing.T) {
+	st := openStore(t)
+	e := newEnv(t, server.Config{Store: st, Agent: engineRunner{a: newAgent(t, scripted(t, deployThenAnswer...), deployTool(0)), st: st}})
+	resp, sse := e.stream(context.Background(), map[string]any{"input": "deploy"})
+	defer resp.Body.Close()
+	var req event.ApprovalRequested
+	if err := json.Unmarshal([]byte(waitFor(t, sse, "approval_requested")), &req); err != nil {
+		t.Fatal(err)
+	}
+	turnID := resp.Header.Get("Timebox-Turn-Id")
+	decode[store.Approval](t, e.do("POST", "/v1/turns/"+turnID+"/approvals/"+req.CallID, map[string]any{"decision": "approve", "by": "alice"}), http.StatusAccepted)
+	waitFor(t, sse, "turn_finished")
+}
