@@ -2,11 +2,13 @@ package temporal
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -108,13 +110,23 @@ type Outcome struct {
 // long it had run, and a tool call's last progress report — what a
 // workflow knows of a unit whose worker was lost.
 type beat struct {
-	CallID   string    `json:"call_id,omitempty"`
+	CallID string `json:"call_id,omitempty"`
+	// Worker names the worker that runs the unit ("pid 4242 on host"):
+	// Temporal's timeout of a heartbeat does not, and the call's lost
+	// result names it.
+	Worker   string    `json:"worker,omitempty"`
 	Started  time.Time `json:"started"`
 	RanMS    int64     `json:"ran_ms"`
 	Progress *float64  `json:"progress,omitempty"`
 	Total    *float64  `json:"total,omitempty"`
 	Message  string    `json:"message,omitempty"`
 }
+
+// thisWorker names this process among the workers, for its heartbeats.
+var thisWorker = func() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("pid %d on %s", os.Getpid(), cmp.Or(host, "an unnamed host"))
+}()
 
 // maxBeatMessage bounds a progress message in a heartbeat: Temporal fails
 // the activity whose heartbeat details pass its payload limit.
@@ -567,7 +579,7 @@ type running struct {
 func (x *activities) unit(actx context.Context, turnID, callID string) *running {
 	u := &running{quit: make(chan struct{})}
 	u.ctx, u.cancel = context.WithCancelCause(context.WithoutCancel(actx))
-	u.beat.Store(&beat{CallID: callID, Started: time.Now()})
+	u.beat.Store(&beat{CallID: callID, Started: time.Now(), Worker: thisWorker})
 	local := activity.IsActivity(actx) && activity.GetInfo(actx).IsLocalActivity
 	u.stopEngine = context.AfterFunc(actx, func() {
 		switch cause := context.Cause(actx); {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.temporal.io/api/enums/v1"
@@ -304,6 +305,9 @@ func (d *driver) Call(s *machine.State, step int, c machine.Call) machine.Called
 		var b beat
 		if te.LastHeartbeatDetails(&b) == nil {
 			lost.Beat = &b
+			if rest, ok := strings.CutPrefix(lost.Why, "its worker "); ok && b.Worker != "" {
+				lost.Why = "its worker (" + b.Worker + ") " + rest
+			}
 		}
 	}
 	if err := r.local(d.ctx, actLost, &lost, &out); err != nil {

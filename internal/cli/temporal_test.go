@@ -141,6 +141,10 @@ tools:
 	if slow.Outcome != event.OutcomeInterrupted || !strings.Contains(slow.Result, "worker_lost") {
 		t.Errorf("slow call: outcome %s, result %s; want interrupted, reported to the model as worker_lost", slow.Outcome, slow.Result)
 	}
+	// It names the worker (Temporal's heartbeat timeout does not).
+	if !strings.Contains(slow.Result, fmt.Sprintf("its worker (pid %d on ", workerA.Process.Pid)) {
+		t.Errorf("slow call's result does not name its worker (pid %d): %s", workerA.Process.Pid, slow.Result)
+	}
 	// A tool that declares retries runs again on the other worker.
 	// What the tool printed, then the time the model is told it took.
 	if a := calls["again"]; a.Outcome != event.OutcomeOK || !strings.HasPrefix(a.Result, "again\n[timebox: took ") {
