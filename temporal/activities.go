@@ -597,6 +597,11 @@ func (x *activities) unit(actx context.Context, turnID, callID string) *running 
 	requested, unwatch := x.store.WatchCancel(turnID)
 	u.unwatch = unwatch
 	hctx := context.WithoutCancel(actx)
+	if activity.IsActivity(actx) && !local {
+		// At once: a worker that dies before its first tick leaves its
+		// name and the call's start with Temporal all the same.
+		activity.RecordHeartbeat(hctx, *u.beat.Load())
+	}
 	u.wg.Add(1)
 	go func() {
 		defer u.wg.Done()
