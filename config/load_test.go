@@ -847,3 +847,20 @@ tools:
 		t.Errorf("retries (-want +got):\n%s", diff)
 	}
 }
+
+// TestFixCommandsWorkFromHere: the fix a problem with a tool's program
+// suggests (chmod +x, sed) names it as a command run here can use: not
+// as the agent file writes it, relative to the file's own directory.
+func TestFixCommandsWorkFromHere(t *testing.T) {
+	dir := t.TempDir() // not under the working directory
+	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"text": "a"}`+"\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "tool.sh"), []byte("#!/bin/sh\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "crlf.sh"), []byte("#!/bin/sh\r\necho\r\n"), 0o755)
+	file := filepath.Join(dir, "agent.yaml")
+	os.WriteFile(file, []byte("model: {primary: 'script:m'}\nproviders: {script: {file: script.jsonl}}\ntools:\n  - {name: a, exec: [./tool.sh]}\n  - {name: b, exec: [./crlf.sh]}\n"), 0o644)
+	_, err := Load(file, Overrides{})
+	if err == nil || !strings.Contains(err.Error(), "(chmod +x "+filepath.Join(dir, "tool.sh")+")") ||
+		!strings.Contains(err.Error(), "sed -i 's/\\r$//' "+filepath.Join(dir, "crlf.sh")+")") {
+		t.Errorf("%v", err)
+	}
+}

@@ -377,7 +377,7 @@ func (l *loader) program(s string, at pos, path string) (string, bool) {
 		return abs, false
 	}
 	if fi, err := os.Stat(abs); err == nil && fi.Mode()&0o111 == 0 {
-		l.errAt(at, path, fmt.Sprintf("%q is not executable (chmod +x %s)", s, s))
+		l.errAt(at, path, fmt.Sprintf("%q is not executable (chmod +x %s)", s, shellPath(abs)))
 		return abs, false
 	}
 	if problem := l.scriptProblem(s, abs); problem != "" {
@@ -416,7 +416,7 @@ func (l *loader) scriptProblem(s, abs string) string {
 	}
 	line, _, _ := bytes.Cut(head[2:], []byte("\n"))
 	if bytes.HasSuffix(line, []byte("\r")) {
-		return fmt.Sprintf("%q has Windows line endings: its #! line ends in a carriage return, so no interpreter is found (convert it: sed -i 's/\\r$//' %s)", s, s)
+		return fmt.Sprintf("%q has Windows line endings: its #! line ends in a carriage return, so no interpreter is found (convert it: sed -i 's/\\r$//' %s)", s, shellPath(abs))
 	}
 	fields := strings.Fields(string(line))
 	if len(fields) == 0 {
@@ -839,4 +839,20 @@ func (l *loader) checkIdle(idle *rawDuration, path string, timeout budget.Durati
 	if idle.d > 0 && timeout.D > 0 && idle.d >= timeout.D {
 		l.warnAt(idle.at, path, fmt.Sprintf("%s is not shorter than the call's timeout (%s, from %s), so it can never fire", fmtDuration(idle.d), fmtDuration(timeout.D), timeout.Knob))
 	}
+}
+
+// shellPath is the path of abs as a command run where timebox was can use
+// it: relative to the working directory when under it, else absolute. (A
+// fix said with the path as the agent file writes it — relative to the
+// file's own directory — failed when pasted elsewhere.)
+func shellPath(abs string) string {
+	wd, err := os.Getwd()
+	if err != nil {
+		return abs
+	}
+	rel, err := filepath.Rel(wd, abs)
+	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+		return abs
+	}
+	return "./" + rel
 }
