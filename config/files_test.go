@@ -45,7 +45,7 @@ func TestFilesAreCheckedAsTheyWillBeUsed(t *testing.T) {
 		{name: "only compaction lines", script: `{"compaction": true, "text": "a summary"}`,
 			want: []string{`agent.yaml:2:28: providers.script.file: "script.jsonl": every line is a compaction line; add a reply for the turn`}},
 		{name: "not in PATH", script: `{"text": "hi"}`, tools: "tools: [{name: a, exec: [tool-missing]}]\n", env: env,
-			want: []string{`agent.yaml:3:26: tools[0].exec[0]: "tool-missing" is not found in PATH (install it, or give its path, such as ./tools/tool-missing)`}},
+			want: []string{`agent.yaml:3:26: tools[0].exec[0]: "tool-missing" is not found in PATH (install it, or give its path from the agent file's directory, such as ./tool-missing)`}},
 		{name: "in PATH but not executable", script: `{"text": "hi"}`, tools: "tools: [{name: a, mcp: {command: [tool-noexec]}}]\n", env: env,
 			want: []string{`tools[0].mcp.command[0]: "tool-noexec" is found in PATH as ` + bin + `/tool-noexec, which is not executable`}},
 		{name: "PATH not given: not looked up", script: `{"text": "hi"}`, tools: "tools: [{name: a, exec: [tool-missing]}]\n"},

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -861,6 +862,23 @@ func TestFixCommandsWorkFromHere(t *testing.T) {
 	_, err := Load(file, Overrides{})
 	if err == nil || !strings.Contains(err.Error(), "(chmod +x "+filepath.Join(dir, "tool.sh")+")") ||
 		!strings.Contains(err.Error(), "sed -i 's/\\r$//' "+filepath.Join(dir, "crlf.sh")+")") {
+		t.Errorf("%v", err)
+	}
+}
+
+// TestAWindowsPathSaysToUseSlashes: a program written with backslashes
+// (".\tools\greet.sh") is said to need slashes, with the path meant, not
+// looked up in PATH and suggested as "./tools/.\tools\greet.sh".
+func TestAWindowsPathSaysToUseSlashes(t *testing.T) {
+	if runtime.GOOS == "windows" {
+		t.Skip("backslashes are paths there")
+	}
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"text": "a"}`+"\n"), 0o644)
+	file := filepath.Join(dir, "agent.yaml")
+	os.WriteFile(file, []byte("model: {primary: 'script:m'}\nproviders: {script: {file: script.jsonl}}\ntools:\n  - {name: a, exec: ['.\\tools\\greet.sh']}\n"), 0o644)
+	_, err := Load(file, Overrides{Env: []string{"PATH=/usr/bin"}})
+	if err == nil || !strings.Contains(err.Error(), `has backslashes: write paths with / (such as ./tools/greet.sh)`) {
 		t.Errorf("%v", err)
 	}
 }

@@ -364,6 +364,16 @@ func (l *loader) program(s string, at pos, path string) (string, bool) {
 		l.errAt(at, path, "the program is empty (such as ./tools/x.sh)")
 		return s, false
 	}
+	if runtime.GOOS != "windows" && strings.Contains(s, `\`) {
+		// A Windows path: here it is a program's name with backslashes
+		// in it, looked up in PATH.
+		fixed := strings.ReplaceAll(s, `\`, "/")
+		if !strings.HasPrefix(fixed, "/") && !strings.HasPrefix(fixed, "./") && !strings.HasPrefix(fixed, "../") {
+			fixed = "./" + fixed
+		}
+		l.errAt(at, path, fmt.Sprintf("%q has backslashes: write paths with / (such as %s), as on every system timebox runs on", s, fixed))
+		return s, false
+	}
 	if !strings.Contains(s, "/") {
 		if problem := l.lookPath(s); problem != "" {
 			l.errAt(at, path, problem)
@@ -476,7 +486,7 @@ func (l *loader) lookPath(name string) string {
 	if notExec != "" {
 		return fmt.Sprintf("%q is found in PATH as %s, which is not executable (chmod +x %s)", name, notExec, notExec)
 	}
-	return fmt.Sprintf("%q is not found in PATH (install it, or give its path, such as ./tools/%s)", name, name)
+	return fmt.Sprintf("%q is not found in PATH (install it, or give its path from the agent file's directory, such as ./%s)", name, name)
 }
 
 // argvFix splits a shell-looking string into the list it probably meant.
