@@ -14,13 +14,13 @@ import (
 	"github.com/timebox-run/timebox/model"
 )
 
-// StopFollowing is the cause a server cancels the Run of a turn an
+// ErrStopFollowing is the cause a server cancels the Run of a turn an
 // engine's workers run with when the server shuts down: such a Run stops
 // following the turn and returns its record as stored (running), leaving
 // the turn to run on (a detached one outlives its gateway; one whose
 // client was following it ends client_gone once the gateway is taken for
 // gone). A Run of this process takes it as any cancellation.
-var StopFollowing = errors.New("the server following the turn is shutting down")
+var ErrStopFollowing = errors.New("the server following the turn is shutting down")
 
 // Input is one turn's input.
 type Input struct {

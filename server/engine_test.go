@@ -140,7 +140,7 @@ func TestShutdownLeavesEngineTurnsRunning(t *testing.T) {
 	if err := e.stop(); err != nil {
 		t.Fatal(err)
 	}
-	if cause := <-r.cause; !errors.Is(cause, agent.StopFollowing) {
-		t.Errorf("the turn's Run ended by %v, want agent.StopFollowing", cause)
+	if cause := <-r.cause; !errors.Is(cause, agent.ErrStopFollowing) {
+		t.Errorf("the turn's Run ended by %v, want agent.ErrStopFollowing", cause)
 	}
 }

@@ -567,7 +567,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		if engineOf(s.cfg.Agent) != "" {
 			// An engine's turns run on without this gateway: it stops
 			// following them (docs/temporal.md).
-			stop = agent.StopFollowing
+			stop = agent.ErrStopFollowing
 		}
 		for _, lt := range left {
 			s.cancelTurn(lt, stop)

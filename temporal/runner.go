@@ -265,7 +265,7 @@ func (f *follow) run(ctx context.Context, run client.WorkflowRun) *agent.Result 
 			}
 		case <-done:
 			done = nil
-			if errors.Is(context.Cause(ctx), agent.StopFollowing) {
+			if errors.Is(context.Cause(ctx), agent.ErrStopFollowing) {
 				// The server is going; the turn runs on on the workers.
 				return f.result(bg)
 			}

@@ -434,7 +434,7 @@ func TestASessionSummaryOnTemporal(t *testing.T) {
 }
 
 // TestStopFollowingLeavesTheTurnRunning: a Run stopped with
-// agent.StopFollowing (its gateway shutting down) returns at once without
+// agent.ErrStopFollowing (its gateway shutting down) returns at once without
 // cancelling the turn, which its workers end as it would have ended.
 func TestStopFollowingLeavesTheTurnRunning(t *testing.T) {
 	defer proctest.CheckNoLeaks(t)
@@ -465,7 +465,7 @@ func TestStopFollowingLeavesTheTurnRunning(t *testing.T) {
 		}))
 	}()
 	id := <-started
-	cancel(agent.StopFollowing)
+	cancel(agent.ErrStopFollowing)
 	select {
 	case res := <-done:
 		if res.Record.Status != budget.StatusRunning {
