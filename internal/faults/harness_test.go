@@ -304,6 +304,20 @@ func startTimeboxWith(t *testing.T, dir string, env []string, stdout io.Writer, 
 
 func (p *proc) pid() int { return p.cmd.Process.Pid }
 
+// theCall returns the tool_finished of the one call p's --json log holds,
+// failing t when there is none.
+func (p *proc) theCall(t *testing.T) *event.ToolFinished {
+	t.Helper()
+	var rec *event.ToolFinished
+	for _, r := range toolRecords(p.log.snapshot()) {
+		rec = r
+	}
+	if rec == nil {
+		t.Fatalf("no tool_finished\n%s", p.stderr.String())
+	}
+	return rec
+}
+
 func (p *proc) exited() bool {
 	select {
 	case <-p.done:

@@ -91,13 +91,7 @@ func mcpBusyServer(t *testing.T) {
 		t.Fatalf("exit %d\n%s", code, p.stderr.String())
 	}
 	seen := p.log.snapshot()
-	var rec *event.ToolFinished
-	for _, r := range toolRecords(seen) {
-		rec = r
-	}
-	if rec == nil {
-		t.Fatalf("no tool_finished\n%s", p.stderr.String())
-	}
+	rec := p.theCall(t)
 	sc.is("outcome", string(rec.Outcome), string(event.OutcomeOK))
 	sc.truth("answered", "done, after its 27 s", fmt.Sprintf("%q after %s", toolOutput(rec.Result), ms(time.Duration(rec.DurationMS)*time.Millisecond)),
 		toolOutput(rec.Result) == "done" && rec.DurationMS >= 27000)

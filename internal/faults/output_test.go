@@ -129,13 +129,7 @@ func outputFloods(t *testing.T) {
 				t.Fatalf("exit %d\n%s", code, p.stderr.String())
 			}
 			seen := p.log.snapshot()
-			var rec *event.ToolFinished
-			for _, r := range toolRecords(seen) {
-				rec = r
-			}
-			if rec == nil {
-				t.Fatalf("no tool_finished\n%s", p.stderr.String())
-			}
+			rec := p.theCall(t)
 			sc.is("outcome", string(rec.Outcome), string(tc.outcome))
 			call := time.Duration(rec.DurationMS) * time.Millisecond
 			sc.within("call duration", call, 30*time.Second)

@@ -3,14 +3,12 @@
 package faults
 
 import (
-	"fmt"
-	"os"
 	"os/exec"
 	"syscall"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/timebox-run/timebox/internal/testenv"
 )
 
 // peekTerminal is a tool that tries to open the terminal timebox runs on:
@@ -27,24 +25,7 @@ echo "ready $$" >> "$PIDFILE"
 // from a shell) runs a tool that tries to open that terminal; the tool,
 // in a session of its own, cannot.
 func toolOnTerminal(t *testing.T) {
-	master, err := os.OpenFile("/dev/ptmx", os.O_RDWR|syscall.O_NOCTTY, 0)
-	if err != nil {
-		t.Skip("no pseudo-terminals:", err)
-	}
-	defer master.Close()
-	fd := int(master.Fd())
-	if err := unix.IoctlSetPointerInt(fd, unix.TIOCSPTLCK, 0); err != nil {
-		t.Fatal(err)
-	}
-	n, err := unix.IoctlGetInt(fd, unix.TIOCGPTN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tty, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|syscall.O_NOCTTY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tty.Close()
+	_, tty := testenv.PTY(t)
 	sc := begin(t, "a tool reaching for timebox's terminal", "timebox run --json, on a terminal")
 	a := newAgent(t, scriptAgent("", "", "{name: peek, description: Peeks., exec: [./peek.sh], timeout: 10s}"),
 		[]string{callTools("peek"), `{"text": "done"}`}, map[string]string{"peek.sh": peekTerminal})

@@ -21,6 +21,8 @@ import (
 
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
+
+	"github.com/timebox-run/timebox/internal/testenv"
 )
 
 // The leak check lives in internal/proctest, which imports this package;
@@ -108,18 +110,11 @@ func helper(mode string) int {
 		// A timebox-like owner: starts "setsid-child" as a tree with the
 		// strategy named in TIMEBOX_PROCTREE, prints the root's pid and
 		// then the grandchild's, and waits to be killed.
-		cmd := exec.Command(self(), helperArg, "setsid-child")
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			return 1
-		}
-		tree, err := Start(context.Background(), cmd, Auto)
-		if err != nil {
-			fmt.Println("error", err)
+		tree, sc, ok := helperTree("setsid-child")
+		if !ok {
 			return 1
 		}
 		fmt.Println(tree.PID())
-		sc := bufio.NewScanner(out)
 		if !sc.Scan() {
 			return 1
 		}
@@ -135,17 +130,10 @@ func helper(mode string) int {
 		} else {
 			fmt.Println("owner: tty refused:", err)
 		}
-		cmd := exec.Command(self(), helperArg, "tty-open")
-		out, err := cmd.StdoutPipe()
-		if err != nil {
+		tree, sc, ok := helperTree("tty-open")
+		if !ok {
 			return 1
 		}
-		tree, err := Start(context.Background(), cmd, Auto)
-		if err != nil {
-			fmt.Println("error", err)
-			return 1
-		}
-		sc := bufio.NewScanner(out)
 		if sc.Scan() {
 			fmt.Println(sc.Text())
 		}
@@ -240,6 +228,23 @@ func helper(mode string) int {
 		time.Sleep(time.Hour)
 	}
 	return 2
+}
+
+// helperTree starts the helper in mode as a tree (Auto), as an owner
+// helper does, with a scanner of its stdout; false, having said why, when
+// it could not.
+func helperTree(mode string) (*Tree, *bufio.Scanner, bool) {
+	cmd := exec.Command(self(), helperArg, mode)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, nil, false
+	}
+	tree, err := Start(context.Background(), cmd, Auto)
+	if err != nil {
+		fmt.Println("error", err)
+		return nil, nil, false
+	}
+	return tree, bufio.NewScanner(out), true
 }
 
 func self() string {
@@ -362,23 +367,7 @@ func TestMarkerAndProcessGroup(t *testing.T) {
 // that started timebox, answer its approval prompt, or stop it by taking
 // the terminal's foreground.
 func TestAToolHasNoTerminal(t *testing.T) {
-	master, err := os.OpenFile("/dev/ptmx", os.O_RDWR|syscall.O_NOCTTY, 0)
-	if err != nil {
-		t.Skip("no pseudo-terminals:", err)
-	}
-	defer master.Close()
-	fd := int(master.Fd())
-	if err := unix.IoctlSetPointerInt(fd, unix.TIOCSPTLCK, 0); err != nil {
-		t.Fatal(err)
-	}
-	n, err := unix.IoctlGetInt(fd, unix.TIOCGPTN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tty, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|syscall.O_NOCTTY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	master, tty := testenv.PTY(t)
 	owner := exec.Command(self(), helperArg, "tty-owner")
 	owner.Stdin, owner.Stdout, owner.Stderr = tty, tty, tty
 	owner.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
