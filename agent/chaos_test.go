@@ -549,7 +549,9 @@ func TestChaosRetryAfterNotWaited(t *testing.T) {
 					t.Fatalf("failover %+v", f)
 				}
 			}
-			if tc.reason == budget.ModelUnavailable && !strings.Contains(r.Message, "1) openai:gpt-a with A1: HTTP 429: slow down (llm_http)") {
+			// It says the wait the provider asked for, which the turn
+			// could not give it.
+			if tc.reason == budget.ModelUnavailable && !strings.Contains(r.Message, "1) openai:gpt-a with A1: HTTP 429: slow down; it asked to be tried again after ") {
 				t.Fatalf("message %q", r.Message)
 			}
 		})

@@ -193,6 +193,10 @@ func attemptReason(err error) string {
 	var me *model.Error
 	if errors.As(err, &me) {
 		switch {
+		case me.Status != 0 && me.RetryAfter > 0:
+			// Said, so that a turn that did not wait it out shows why it
+			// could not (longer than the turn or the step had left).
+			return fmt.Sprintf("HTTP %d: %s; it asked to be tried again after %s (llm_http)", me.Status, me.Message, budget.RoundHuman(me.RetryAfter))
 		case me.Status != 0:
 			return fmt.Sprintf("HTTP %d: %s (llm_http)", me.Status, me.Message)
 		case me.Malformed:
