@@ -46,20 +46,59 @@ func (t *turn) conversation() []model.Message {
 }
 
 // estimateTokens estimates the prompt size of req in tokens: about four
-// bytes a token, which is close for English text and JSON and errs on the
-// side of compacting early for other scripts.
+// bytes a token, which is close for English text and JSON, with each
+// character of the scripts whose words are a character or two (see
+// weight) counted as a token.
 func estimateTokens(req model.Request) int {
-	n := len(req.System) + len(req.TimeNote)
+	n := weight(req.System) + weight(req.TimeNote)
 	for _, m := range req.Messages {
-		n += len(m.Content) + 4
+		n += weight(m.Content) + 4
 		for _, c := range m.ToolCalls {
-			n += len(c.Name) + len(c.Arguments) + 8
+			n += weight(c.Name) + weight(c.Arguments) + 8
 		}
 	}
 	for _, d := range req.Tools {
-		n += len(d.Name) + len(d.Description) + len(d.Parameters)
+		n += weight(d.Name) + weight(d.Description) + weight(d.Parameters)
 	}
-	return n / 4
+	return n / bytesPerToken
+}
+
+// weight is the size of s for the estimate, in bytes of English text:
+// its bytes, with each character from U+3000 to U+D7FF (CJK punctuation
+// and ideographs, kana, Hangul; three bytes in UTF-8, about a token each
+// to the providers' tokenizers) counted as bytesPerToken bytes, and each
+// four-byte character (emoji, rarer ideographs) as itself, a token. At
+// four bytes a token alone, Chinese, Japanese and Korean text came to
+// 0.75 of a token a character, fewer than the providers count, and a
+// conversation in those scripts reached the model's limit before
+// context.compact_at.
+func weight[S ~string | ~[]byte](s S) int {
+	n := len(s)
+	for i := 0; i < len(s); i++ {
+		if b := s[i]; b >= 0xE3 && b <= 0xED {
+			n++
+		}
+	}
+	return n
+}
+
+// weightCut returns where the first w of s's weight ends, at the start of
+// a character.
+func weightCut(s string, w int) int {
+	i := 0
+	for ; i < len(s) && w > 0; i++ {
+		w--
+		if b := s[i]; b >= 0xE3 && b <= 0xED {
+			w--
+		}
+	}
+	if w < 0 {
+		i-- // the character that began there is over w
+	}
+	for i > 0 && i < len(s) && !utf8.RuneStart(s[i]) {
+		i--
+	}
+	return i
 }
 
 // compactionCut returns where the messages kept as they are begin: at the
@@ -80,7 +119,7 @@ func compactionCut(all []model.Message, from int) int {
 
 // sendable cuts, in msgs (a copy the caller owns), the tool results of
 // each step to what the model is sent: together at most half of
-// context.compact_at (in bytes, at bytesPerToken), shared so that a small
+// context.compact_at (by weight, at bytesPerToken), shared so that a small
 // result is sent whole and the large ones split what is left. The session
 // history and the tool call records keep every result whole; only the
 // requests see the cut. Off when compaction is off.
@@ -104,13 +143,15 @@ func (t *turn) sendable(msgs []model.Message) []model.Message {
 	return msgs
 }
 
-// shareOut cuts the results of one step so that together they take at most
-// room bytes: the smallest first, each given at most an equal share of
-// what the ones before left.
+// shareOut cuts the results of one step so that together they weigh at
+// most room (see weight): the lightest first, each given at most an equal
+// share of what the ones before left.
 func shareOut(results []model.Message, room int) {
+	weights := make([]int, len(results))
 	total := 0
-	for _, m := range results {
-		total += len(m.Content)
+	for i, m := range results {
+		weights[i] = weight(m.Content)
+		total += weights[i]
 	}
 	if total <= room {
 		return
@@ -119,11 +160,11 @@ func shareOut(results []model.Message, room int) {
 	for i := range order {
 		order[i] = i
 	}
-	sort.SliceStable(order, func(a, b int) bool { return len(results[order[a]].Content) < len(results[order[b]].Content) })
+	sort.SliceStable(order, func(a, b int) bool { return weights[order[a]] < weights[order[b]] })
 	left := room
 	for k, i := range order {
 		share := left / (len(order) - k)
-		n := len(results[i].Content)
+		n := weights[i]
 		if n > share {
 			results[i].Content = cutResult(results[i].Content, share)
 			n = share
@@ -132,11 +173,11 @@ func shareOut(results []model.Message, room int) {
 	}
 }
 
-// cutResult keeps the first n bytes of a tool result (whole characters
-// only) and says so to the model. timebox's own notes at its end — the
+// cutResult keeps the first w of a tool result's weight (whole characters
+// only) and says so to the model, in bytes. timebox's own notes at its end — the
 // output truncated, the time the call took — are kept after the cut: the
 // model is told each result's duration, cut or not.
-func cutResult(s string, n int) string {
+func cutResult(s string, w int) string {
 	body, notes := s, ""
 	for _, note := range []string{"\n[output truncated", "\n[timebox: took "} {
 		if i := strings.LastIndex(body, note); i >= 0 && len(s)-i < 512 {
@@ -144,12 +185,7 @@ func cutResult(s string, n int) string {
 			break
 		}
 	}
-	for n > 0 && n < len(body) && !utf8.RuneStart(body[n]) {
-		n--
-	}
-	if n > len(body) {
-		n = len(body)
-	}
+	n := weightCut(body, w)
 	return body[:n] + fmt.Sprintf("\n[output cut: only the first %d of its %d bytes are sent to the model, to keep the conversation within context.compact_at; ask for a narrower result if more is needed]", n, len(body)) + notes
 }
 

@@ -410,3 +410,40 @@ func TestACutResultKeepsItsTime(t *testing.T) {
 		}
 	})
 }
+
+// Chinese, Japanese and Korean text is estimated at a token a character:
+// a conversation of 2,000 such characters (6,000 bytes, which four bytes
+// a token put at 1,500 tokens) passes a compact_at of 1,800 and is
+// compacted, before the provider refuses it.
+func TestACJKConversationIsEstimatedAtATokenACharacter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		history := []model.Message{
+			{Role: model.RoleUser, Content: strings.Repeat("时间", 500)},
+			{Role: model.RoleAssistant, Content: strings.Repeat("予算", 250) + strings.Repeat("시간", 250)},
+		}
+		res, rec, _ := compacting(t, "", 1800, history, nil,
+			`{"compaction": true, "text": "They talked about time."}`, `{"text": "done"}`)
+		r := res.Record
+		f := finishedCompactions(rec)
+		if r.StopReason != budget.Answered || len(f) != 1 {
+			t.Fatalf("got %s with %d compactions: %s", r.StopReason, len(f), r.Message)
+		}
+		if f[0].TokensBefore < 2000 || f[0].TokensBefore > 2020 {
+			t.Fatalf("estimated %d tokens before, want 2,000 and the messages' overhead", f[0].TokensBefore)
+		}
+	})
+}
+
+// A result in those scripts is cut by the same estimate: half of a
+// compact_at of 1,000 tokens is 500 characters, whole.
+func TestACJKResultIsCutByTheEstimate(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		big := strings.Repeat("字", 100000) // 300,000 bytes
+		_, _, p := compacting(t, "", 1000, nil, []agent.Tool{output(big)},
+			`{"tool_calls": [{"name": "out"}]}`, `{"text": "done"}`)
+		sent := p.last().Messages[2].Content
+		if !strings.HasPrefix(sent, strings.Repeat("字", 500)+"\n[output cut: only the first 1500 of its 300000 bytes") {
+			t.Fatalf("sent %.1600q", sent)
+		}
+	})
+}
