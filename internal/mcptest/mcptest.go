@@ -19,10 +19,14 @@
 //   - garble writes a line that starts as JSON and is not, then hangs;
 //   - big answers with {"bytes": N} bytes of text.
 //
-// With EnvBanner set, the server first prints that line to stdout.
+// With EnvBanner set, the server first prints that line to stdout. With
+// EnvOld set, it never answers server/discover, as a server written before
+// that method existed, which ignores requests it does not know, does.
 package mcptest
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -47,6 +51,10 @@ const EnvPids = "MCPTEST_PIDS"
 // EnvBanner, when set, is a line the server prints to stdout before it
 // serves, as a server that greets its user there does.
 const EnvBanner = "MCPTEST_BANNER"
+
+// EnvOld, set to "1", makes the server drop every server/discover request
+// it reads, unanswered.
+const EnvOld = "MCPTEST_OLD"
 
 // Serving reports whether this process was started to be the server: a
 // TestMain calls Serve, and nothing else, when it is.
@@ -137,7 +145,11 @@ func Serve() {
 	if b := os.Getenv(EnvBanner); b != "" {
 		out.write(b + "\n")
 	}
-	_ = s.Run(context.Background(), &mcp.IOTransport{Reader: in, Writer: out})
+	var r io.ReadCloser = in
+	if os.Getenv(EnvOld) == "1" {
+		r = &dropReader{r: bufio.NewReader(in), c: in, method: []byte(`"method":"server/discover"`)}
+	}
+	_ = s.Run(context.Background(), &mcp.IOTransport{Reader: r, Writer: out})
 	os.Exit(0)
 }
 
@@ -167,6 +179,31 @@ func (g *gatedReader) Read(p []byte) (int, error) {
 }
 
 func (g *gatedReader) Close() error { return g.r.Close() }
+
+// dropReader hands on the lines it reads, except those that contain method.
+type dropReader struct {
+	r      *bufio.Reader
+	c      io.Closer
+	method []byte
+	rest   []byte // what is left of the line being handed on
+}
+
+func (d *dropReader) Read(p []byte) (int, error) {
+	for len(d.rest) == 0 {
+		line, err := d.r.ReadBytes('\n')
+		if !bytes.Contains(line, d.method) {
+			d.rest = line
+		}
+		if err != nil && len(d.rest) == 0 {
+			return 0, err
+		}
+	}
+	n := copy(p, d.rest)
+	d.rest = d.rest[n:]
+	return n, nil
+}
+
+func (d *dropReader) Close() error { return d.c.Close() }
 
 // out is the server's stdout, shared by the SDK's messages and the
 // tools' stray lines, a line at a time.

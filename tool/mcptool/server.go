@@ -57,6 +57,16 @@ func (l *link) reason() string {
 	return l.why
 }
 
+// protocolVersion is the MCP version timebox asks for: the newest one
+// started with initialize. Asked for a newer one, the SDK (v1.8.0) first
+// sends server/discover and waits for its answer; a server written before
+// that method, which ignores requests it does not know, never answers, and
+// the start hung until its timeout. Every server accepts initialize, and
+// the stateless protocol brings timebox nothing it uses (one session per
+// server; progress and cancellation are the same). A server may still
+// choose an older version in its answer.
+const protocolVersion = "2025-11-25"
+
 // dial starts the server (or connects to it) and initializes a session.
 // On failure nothing is left running.
 func (s *Server) dial(ctx context.Context) (*link, error) {
@@ -83,7 +93,7 @@ func (s *Server) dial(ctx context.Context) (*link, error) {
 		ht := &headerTransport{headers: s.cfg.Headers, base: http.DefaultTransport, link: l}
 		t = &mcp.StreamableClientTransport{Endpoint: s.cfg.URL, HTTPClient: &http.Client{Transport: ht}}
 	}
-	sess, err := s.client.Connect(ctx, &wireTransport{t: t, link: l}, nil)
+	sess, err := s.client.Connect(ctx, &wireTransport{t: t, link: l}, &mcp.ClientSessionOptions{ProtocolVersion: protocolVersion})
 	if err != nil {
 		err = s.startError(ctx, l, err)
 		l.stop(s.grace())

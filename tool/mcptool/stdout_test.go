@@ -123,3 +123,26 @@ func TestJSONLines(t *testing.T) {
 		t.Errorf("a line past max: %v", err)
 	}
 }
+
+// TestAServerThatIgnoresDiscoverStarts: a stdio server that never answers
+// a request it does not know, as one written before server/discover does,
+// starts at once. (The SDK asked server/discover first and waited for it
+// until the start timeout: "did not answer initialize and tools/list
+// within 5s".)
+func TestAServerThatIgnoresDiscoverStarts(t *testing.T) {
+	noLeftovers(t)
+	t.Setenv(mcptest.EnvServe, "1")
+	t.Setenv(mcptest.EnvOld, "1")
+	start := time.Now()
+	s, err := Open(context.Background(), Config{Name: "old", Command: mcptest.Command(), Budget: tb(10*time.Second, 0),
+		KeepAlive: -1, StartTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatalf("a server that ignores server/discover: %v", err)
+	}
+	defer s.Close()
+	if took := time.Since(start); took > 3*time.Second {
+		t.Errorf("the start took %s", took)
+	}
+	x, _ := call(context.Background(), t, s, "echo", `{}`, tb(10*time.Second, 0))
+	wantOutcome(t, x, event.OutcomeOK, "")
+}
