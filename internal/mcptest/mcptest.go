@@ -17,7 +17,9 @@
 //   - noise writes a line that is not JSON-RPC to stdout, then answers
 //     "after the noise", as a server that logs to stdout by mistake does;
 //   - garble writes a line that starts as JSON and is not, then hangs;
-//   - big answers with {"bytes": N} bytes of text.
+//   - big answers with {"bytes": N} bytes of text;
+//   - late answers {"ms": N} milliseconds after it started, cancelled or
+//     not, as a server whose work was nearly done when it was cancelled does.
 //
 // With EnvBanner set, the server first prints that line to stdout. With
 // EnvOld set, it never answers server/discover, as a server written before
@@ -141,6 +143,14 @@ func Serve() {
 	mcp.AddTool(s, &mcp.Tool{Name: "big", Description: "Answers with that many bytes."},
 		func(_ context.Context, _ *mcp.CallToolRequest, a size) (*mcp.CallToolResult, any, error) {
 			return text(strings.Repeat("x", a.Bytes)), nil, nil
+		})
+	type after struct {
+		MS int `json:"ms"`
+	}
+	mcp.AddTool(s, &mcp.Tool{Name: "late", Description: "Answers after that many milliseconds, cancelled or not."},
+		func(_ context.Context, _ *mcp.CallToolRequest, a after) (*mcp.CallToolResult, any, error) {
+			time.Sleep(time.Duration(a.MS) * time.Millisecond)
+			return text("late"), nil, nil
 		})
 	if b := os.Getenv(EnvBanner); b != "" {
 		out.write(b + "\n")

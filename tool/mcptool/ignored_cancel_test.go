@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/mcptest"
@@ -181,5 +183,52 @@ func TestAnsweredCancelKeepsTheServer(t *testing.T) {
 	x, _ = call(ctx, t, s, "echo", `{}`, budget.ToolBudget{})
 	if output(x) != first || s.Stats().IgnoredCancelRestarts != 0 {
 		t.Errorf("echo answered by pid %s (first %s): want the same server", output(x), first)
+	}
+}
+
+// TestAReplyBeforeItsCancelIsAnAnswer: a server whose reply comes after
+// the call was stopped but before its notifications/cancelled went out
+// (the SDK writes it from a goroutine of its own, a moment later) has
+// answered the call. With RestartOnIgnoredCancel it is kept, not killed
+// kill_grace later for a cancel it "ignored"; without, the record does not
+// say its work may go on. The test holds the cancellation until the reply
+// has been read, which makes the moment's race certain. (The reply was
+// counted only after a written cancel: the server was restarted, and the
+// kept one's call said its work may go on.)
+func TestAReplyBeforeItsCancelIsAnAnswer(t *testing.T) {
+	for _, restart := range []bool{true, false} {
+		t.Run("restart="+strconv.FormatBool(restart), func(t *testing.T) {
+			noLeftovers(t)
+			t.Setenv(mcptest.EnvServe, "1")
+			replied := make(chan struct{})
+			var once sync.Once
+			s, err := Open(context.Background(), Config{Name: "slow", Command: mcptest.Command(), Budget: tb(10*time.Second, 0),
+				KeepAlive: -1, RestartOnIgnoredCancel: restart,
+				onRead: func(m jsonrpc.Message) {
+					if r, ok := m.(*jsonrpc.Response); ok && strings.Contains(string(r.Result), `"text":"late"`) {
+						once.Do(func() { close(replied) })
+					}
+				},
+				onCancel: func(string, time.Time) {
+					select {
+					case <-replied:
+					case <-time.After(5 * time.Second):
+						t.Error("the reply did not come")
+					}
+				}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			x, _ := call(context.Background(), t, s, "late", `{"ms": 600}`, tb(300*time.Millisecond, 0))
+			wantOutcome(t, x, event.OutcomeTimedOut, budget.PhaseTool)
+			if x.Result != nil && (x.Result.ServerRestarted || x.Result.StopUnconfirmed) {
+				t.Errorf("result %+v: the server had answered", x.Result)
+			}
+			st := s.Stats()
+			if st.IgnoredCancelRestarts != 0 || st.Starts != 1 || st.LateReplies != 1 {
+				t.Errorf("stats %+v: want no restart, one start, one late reply", st)
+			}
+		})
 	}
 }

@@ -34,6 +34,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/timebox-run/timebox/budget"
@@ -129,8 +130,12 @@ type Config struct {
 	// dial replaces Command and URL in tests: it returns a fresh transport
 	// for each start.
 	dial func(ctx context.Context) (mcp.Transport, error)
-	// onCancel, in tests, sees each call's cancellation as it is written.
+	// onCancel, in tests, sees each call's cancellation before it is
+	// written; the write waits for it to return.
 	onCancel func(token string, at time.Time)
+	// onRead, in tests, sees each message read once timebox has noted it,
+	// before the SDK does.
+	onRead func(jsonrpc.Message)
 }
 
 // Override is one tool's budget override inside an mcp entry. A zero field
@@ -151,7 +156,8 @@ type Stats struct {
 	CancelsSent int64
 	// LateProgress counts progress notifications that arrived for a call
 	// that had already ended; LateReplies, replies to calls that had been
-	// cancelled. Both are dropped quietly.
+	// stopped, whether their cancellation had gone out yet or not. Both are
+	// dropped quietly.
 	LateProgress int64
 	LateReplies  int64
 	// IgnoredCancelRestarts counts the restarts RestartOnIgnoredCancel
@@ -404,6 +410,9 @@ func (t *Tool) Call(ctx context.Context, c *tool.Call) (*tool.Result, error) {
 			case <-t.C:
 			}
 			t.Stop()
+			if a.answeredFirst.Load() { // its work was over: the cancel came too late
+				return nil, cause
+			}
 			// The server may go on with the call (MCP lets it; keep
 			// leaves it be): the model is told so.
 			return &tool.Result{StopUnconfirmed: true}, cause
@@ -451,11 +460,15 @@ type active struct {
 	token    string
 	progress tool.Progress
 	// cause says why the call's context ended, for the cancellation's
-	// reason; it is only read once the context is done.
+	// reason; it is nil while the call runs.
 	cause func() error
-	// cancelSent receives, once the call's cancellation is written, the
-	// channel closed when the server answers the call after all.
-	cancelSent chan chan struct{}
+	// answered is closed when the server's reply to the call is read,
+	// before or after the call was stopped.
+	answered   chan struct{}
+	answerOnce sync.Once
+	// answeredFirst is set when the reply came before the call's
+	// cancellation was written.
+	answeredFirst atomic.Bool
 	// cancelWritten is closed once the call's cancellation has been
 	// written (or failed to be).
 	cancelWritten chan struct{}
@@ -474,11 +487,14 @@ func (s *Server) begin(ctx context.Context, c *tool.Call) *active {
 		p = discard{}
 	}
 	a := &active{token: fmt.Sprintf("%s#%d", id, s.seq.Add(1)), progress: p,
-		cause: func() error { return context.Cause(ctx) }, cancelSent: make(chan chan struct{}, 1), cancelWritten: make(chan struct{})}
+		cause: func() error { return context.Cause(ctx) }, answered: make(chan struct{}), cancelWritten: make(chan struct{})}
 	s.calls.Store(a.token, a)
 	s.inFlight.Add(1)
 	return a
 }
+
+// answer notes that the server replied to the call.
+func (a *active) answer() { a.answerOnce.Do(func() { close(a.answered) }) }
 
 type discard struct{}
 

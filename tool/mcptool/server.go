@@ -325,14 +325,10 @@ func (l *link) stop(grace time.Duration) {
 func (s *Server) awaitCancel(l *link, a *active, remote string, grace time.Duration) *tool.Result {
 	timer := time.NewTimer(grace)
 	defer timer.Stop()
-	var answered chan struct{} // nil until the cancellation is written
-	sent := a.cancelSent
 wait:
 	for {
 		select {
-		case answered = <-sent:
-			sent = nil
-		case <-answered:
+		case <-a.answered: // perhaps before its cancellation was written
 			return nil
 		case <-l.done:
 			if !l.ignored.Load() {

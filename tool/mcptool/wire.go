@@ -58,11 +58,13 @@ type wireConn struct {
 	link *link
 
 	mu sync.Mutex
-	// cancelled holds the IDs of calls cancelled and not yet answered, to
-	// recognise a late reply, each with the channel closed when it comes.
-	// It is bounded: a server that never answers cancelled calls must not
-	// grow it forever.
-	cancelled map[jsonrpc.ID]chan struct{}
+	// pending holds the tool calls written and not yet answered, by request
+	// ID, so that a reply is matched with its call however it races the
+	// call's stop: the SDK forgets a call the moment its context ends and
+	// writes the cancellation a moment later, and a reply may come in
+	// between. It is bounded: a server that never answers stopped calls
+	// must not grow it forever.
+	pending   map[jsonrpc.ID]*active
 	closeOnce sync.Once
 	// broken is closed when a read fails: the connection is over.
 	broken    chan struct{}
@@ -101,7 +103,8 @@ func (c *wireConn) isBroken() bool {
 	}
 }
 
-const maxCancelled = 1024
+// maxPending bounds pending; past it, the stopped calls are forgotten.
+const maxPending = 1024
 
 // Read reports progress notifications before handing them on, so that a
 // call's progress is reported before its reply is delivered.
@@ -132,66 +135,82 @@ func (c *wireConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 		}
 		if m.ID.IsValid() {
 			c.mu.Lock()
-			answered, late := c.cancelled[m.ID]
-			delete(c.cancelled, m.ID)
+			a, ok := c.pending[m.ID]
+			delete(c.pending, m.ID)
 			c.mu.Unlock()
-			if late {
-				close(answered)
-				c.s.stats.lateReplies.Add(1)
-				c.s.log.Debug("mcp reply after cancellation dropped", "entry", c.s.cfg.Name, "id", m.ID.Raw())
+			if ok {
+				a.answer()
+				if a.cause() != nil { // the call was stopped: the SDK drops the reply
+					c.s.stats.lateReplies.Add(1)
+					c.s.log.Debug("mcp reply after the call was stopped dropped", "entry", c.s.cfg.Name, "id", m.ID.Raw())
+				}
 			}
 		}
+	}
+	if c.s.cfg.onRead != nil {
+		c.s.cfg.onRead(msg)
 	}
 	return msg, nil
 }
 
-// Write names the cause in a call's cancellation and notes its time.
+// Write notes each tool call it writes, to match its reply, and names the
+// cause in a call's cancellation. What is not a tool call's (its context
+// carries none: a ping, initialize) goes through as it is.
 func (c *wireConn) Write(ctx context.Context, msg jsonrpc.Message) error {
-	if m, ok := msg.(*jsonrpc.Request); ok && m.Method == methodCancelled {
-		msg = c.cancelling(ctx, m)
-		if a, _ := ctx.Value(activeKey{}).(*active); a != nil {
-			defer a.cancelOnce.Do(func() { close(a.cancelWritten) })
+	m, ok := msg.(*jsonrpc.Request)
+	a, _ := ctx.Value(activeKey{}).(*active)
+	if !ok || a == nil {
+		return c.Connection.Write(ctx, msg)
+	}
+	if m.Method == methodCancelled {
+		if c.s.cfg.onCancel != nil {
+			c.s.cfg.onCancel(a.token, time.Now())
+		}
+		select {
+		case <-a.answered: // a cancel for a finished request, which MCP allows
+			a.answeredFirst.Store(true)
+		default:
+		}
+		defer a.cancelOnce.Do(func() { close(a.cancelWritten) })
+		return c.Connection.Write(ctx, c.cancelling(m, a))
+	}
+	if !m.ID.IsValid() {
+		return c.Connection.Write(ctx, msg)
+	}
+	// Noted before it is written, so that no reply can come first.
+	c.mu.Lock()
+	if len(c.pending) >= maxPending {
+		for id, p := range c.pending {
+			if p.cause() != nil {
+				delete(c.pending, id)
+			}
 		}
 	}
-	return c.Connection.Write(ctx, msg)
+	if c.pending == nil {
+		c.pending = map[jsonrpc.ID]*active{}
+	}
+	c.pending[m.ID] = a
+	c.mu.Unlock()
+	err := c.Connection.Write(ctx, msg)
+	if err != nil {
+		c.mu.Lock()
+		delete(c.pending, m.ID)
+		c.mu.Unlock()
+	}
+	return err
 }
 
-// cancelling records an outgoing cancellation. For a tool call (its context
-// carries the call), the reason becomes the budget or stop that ended it,
-// so that the server's log says "tool timeout: … exceeded 1s" rather than
-// "context canceled".
-func (c *wireConn) cancelling(ctx context.Context, m *jsonrpc.Request) jsonrpc.Message {
+// cancelling counts a tool call's outgoing cancellation and makes its
+// reason the budget or stop that ended the call, so that the server's log
+// says "tool timeout: … exceeded 1s" rather than "context canceled".
+func (c *wireConn) cancelling(m *jsonrpc.Request, a *active) jsonrpc.Message {
 	var p struct {
 		RequestID any    `json:"requestId"`
 		Reason    string `json:"reason,omitempty"`
 	}
-	a, _ := ctx.Value(activeKey{}).(*active)
-	if a == nil { // not a tool call: a ping that went unanswered
-		return m
-	}
+	c.s.stats.cancels.Add(1)
 	if err := json.Unmarshal(m.Params, &p); err != nil {
 		return m
-	}
-	if id, err := jsonrpc.MakeID(p.RequestID); err == nil {
-		answered := make(chan struct{})
-		c.mu.Lock()
-		if len(c.cancelled) >= maxCancelled {
-			clear(c.cancelled)
-		}
-		if c.cancelled == nil {
-			c.cancelled = map[jsonrpc.ID]chan struct{}{}
-		}
-		c.cancelled[id] = answered
-		c.mu.Unlock()
-		select {
-		case a.cancelSent <- answered:
-		default: // the SDK cancels a request once
-		}
-	}
-	now := time.Now()
-	c.s.stats.cancels.Add(1)
-	if c.s.cfg.onCancel != nil {
-		c.s.cfg.onCancel(a.token, now)
 	}
 	if cause := a.cause(); cause != nil {
 		p.Reason = reasonOf(cause)
