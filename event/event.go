@@ -166,6 +166,11 @@ type StillWorking struct {
 	// Calls are the silent calls the notice names, in the order the model
 	// asked for them. It is empty in notices stored before it existed.
 	Calls []SilentCall `json:"calls,omitempty"`
+	// Waiting is set on a notice that nothing of the turn runs: what its
+	// work waits for and what to do, for a person. The Temporal engine
+	// sends one when no worker has taken the turn's work for a while
+	// (every worker died, or none runs); Calls is then empty.
+	Waiting string `json:"waiting,omitempty"`
 }
 
 // SilentCall is one call a still_working notice names: running, and silent

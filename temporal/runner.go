@@ -11,8 +11,10 @@ import (
 
 	"go.temporal.io/api/enums/v1"
 	"go.temporal.io/api/serviceerror"
+	"go.temporal.io/api/workflowservice/v1"
 	"go.temporal.io/sdk/client"
 	sdktemporal "go.temporal.io/sdk/temporal"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/budget"
@@ -79,6 +81,13 @@ var (
 	EngineCheck = 2 * time.Second
 	EngineGrace = 30 * time.Second
 )
+
+// WorkerWait is how long a turn's work may wait for a worker to take it
+// before the turn says so: a still_working notice whose waiting field says
+// that no worker has taken it, and on which task queue one must run. It
+// is a notice, not a stop: the turn goes on when a worker comes. Without
+// it a turn whose every worker died looked like a call running on.
+var WorkerWait = 10 * time.Second
 
 // Run starts the turn as a workflow and returns once it has ended, with
 // its record as the workers stored it. Cancelling ctx cancels the turn as
@@ -148,6 +157,9 @@ type follow struct {
 	// record was read ended (recorded).
 	finished bool
 	rec      *event.Turn
+	// waitNoted is since when the work the last waiting notice was about
+	// had waited for a worker, so that one wait is noted once.
+	waitNoted time.Time
 	// The questions put to in.Approver (ask), by call and round, and
 	// what ends them with the Run.
 	asked     map[string]bool
@@ -249,7 +261,7 @@ func (f *follow) run(ctx context.Context, run client.WorkflowRun) *agent.Result 
 			}
 			// Out of reach: the checks below decide.
 		case <-check.C:
-			gone, err := f.describe(bg)
+			d, gone, err := f.describe(bg)
 			switch {
 			case gone != "":
 				if f.readToEnd(bg) {
@@ -258,6 +270,7 @@ func (f *follow) run(ctx context.Context, run client.WorkflowRun) *agent.Result 
 				return f.end(bg, budget.EngineLost, gone)
 			case err == nil:
 				unreachable = time.Time{}
+				f.noteWait(bg, waitingSince(d), time.Now())
 			case unreachable.IsZero():
 				unreachable = time.Now()
 			case time.Since(unreachable) >= EngineGrace:
@@ -289,22 +302,77 @@ func (f *follow) run(ctx context.Context, run client.WorkflowRun) *agent.Result 
 // describe asks Temporal how the turn's workflow is: gone says why it can
 // no longer end the turn (it is gone, or closed), err that Temporal could
 // not be asked.
-func (f *follow) describe(ctx context.Context) (gone string, err error) {
+func (f *follow) describe(ctx context.Context) (d *workflowservice.DescribeWorkflowExecutionResponse, gone string, err error) {
 	dctx, cancel := context.WithTimeout(ctx, EngineCheck)
 	defer cancel()
-	d, err := f.r.client.DescribeWorkflowExecution(dctx, WorkflowID(f.in.TurnID), "")
+	d, err = f.r.client.DescribeWorkflowExecution(dctx, WorkflowID(f.in.TurnID), "")
 	switch {
 	case isGone(err):
-		return "Temporal lost its workflow (was the server restarted without its data?)", nil
+		return nil, "Temporal lost its workflow (was the server restarted without its data?)", nil
 	case err != nil:
-		return "", err
+		return nil, "", err
 	}
 	switch st := d.GetWorkflowExecutionInfo().GetStatus(); st {
 	case enums.WORKFLOW_EXECUTION_STATUS_RUNNING, enums.WORKFLOW_EXECUTION_STATUS_CONTINUED_AS_NEW, enums.WORKFLOW_EXECUTION_STATUS_COMPLETED:
-		return "", nil // a completed one has stored the turn's end: read
+		return d, "", nil // a completed one has stored the turn's end: read
 	default:
-		return fmt.Sprintf("its workflow ended %s", st), nil
+		return d, fmt.Sprintf("its workflow ended %s", st), nil
 	}
+}
+
+// waitingSince returns since when the oldest work of the workflow that no
+// worker has taken has waited for one — a workflow task (a model step, or
+// the turn's next move after a call ended or its worker was lost) or a
+// tool call's activity — and zero when every piece of its work is taken.
+// A turn waiting for a person, or for a timer, has no such work.
+func waitingSince(d *workflowservice.DescribeWorkflowExecutionResponse) time.Time {
+	var since time.Time
+	note := func(ts ...*timestamppb.Timestamp) {
+		var t time.Time
+		for _, x := range ts { // the latest: a retry waits from its next attempt
+			if x != nil && x.IsValid() && x.AsTime().After(t) {
+				t = x.AsTime()
+			}
+		}
+		if !t.IsZero() && (since.IsZero() || t.Before(since)) {
+			since = t
+		}
+	}
+	if wt := d.GetPendingWorkflowTask(); wt.GetState() == enums.PENDING_WORKFLOW_TASK_STATE_SCHEDULED {
+		note(wt.GetScheduledTime())
+	}
+	for _, a := range d.GetPendingActivities() {
+		if a.GetState() == enums.PENDING_ACTIVITY_STATE_SCHEDULED {
+			note(a.GetScheduledTime(), a.GetNextAttemptScheduleTime())
+		}
+	}
+	return since
+}
+
+// noteWait stores a still_working notice, once for each wait, when the
+// turn's work has waited WorkerWait or longer for a worker at now.
+func (f *follow) noteWait(ctx context.Context, since, now time.Time) {
+	if since.IsZero() || now.Sub(since) < WorkerWait || since.Equal(f.waitNoted) || f.finished {
+		return
+	}
+	f.waitNoted = since
+	waited := now.Sub(since)
+	step := 0
+	for _, e := range f.events {
+		switch d := e.Data.(type) {
+		case *event.LLMStarted:
+			step = max(step, d.Step)
+		case *event.ToolStarted:
+			step = max(step, d.Step)
+		}
+	}
+	n := &event.StillWorking{Step: step, Subject: "no worker", ElapsedMS: waited.Milliseconds(),
+		Waiting: fmt.Sprintf("no timebox worker has taken this turn's work for %s. Is one running on task queue %q, "+
+			"with this agent file? The turn goes on when one does (its ceiling counts meanwhile); "+
+			"a cancel ends it %s after it is asked if none comes.", budget.Round(waited), f.r.taskQueue, CancelWait)}
+	// Numbered by the store (seq 0), among the workers' events; a turn
+	// that ended meanwhile takes no more events.
+	_ = f.r.store.AppendEvent(ctx, event.Event{TurnID: f.in.TurnID, Type: event.TypeStillWorking, At: now, Data: n})
 }
 
 func isGone(err error) bool {

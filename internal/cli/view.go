@@ -178,6 +178,10 @@ func (v *view) Emit(e event.Event) {
 			v.println(fmt.Sprintf("  %s %s %s %s", v.c(dim, "·"), d.Tool, progressText(d.Progress, d.Total), d.Message))
 		}
 	case *event.StillWorking:
+		if d.Waiting != "" {
+			v.println(v.c(yellow, "…") + " waiting: " + d.Waiting)
+			break
+		}
 		v.println(v.c(yellow, "…") + " still working: " + stillWorkingText(d))
 	case *event.ToolFinished:
 		v.remove(d.CallID)

@@ -578,6 +578,12 @@ class TurnView {
   // names (calls); a notice stored before notices named their calls is its
   // own one call.
   on_still_working(ev) {
+    if (ev.waiting) {
+      // Nothing of the turn runs (the Temporal engine: no worker takes its
+      // work); the engine says so once for each wait.
+      this.steps.append(el('div', { class: 'notice waiting', text: 'Waiting: ' + ev.waiting }));
+      return;
+    }
     for (const call of ev.calls || [ev]) this.stillWorking(call);
   }
 
