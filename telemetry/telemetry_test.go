@@ -1,28 +1,21 @@
 package telemetry_test
 
 import (
-	"compress/gzip"
 	"context"
 	"encoding/hex"
 	"encoding/json"
 	"flag"
 	"fmt"
-	"io"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	coltrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"go.uber.org/goleak"
-	"google.golang.org/protobuf/proto"
 
 	timebox "github.com/timebox-run/timebox"
 	"github.com/timebox-run/timebox/agent"
@@ -30,6 +23,7 @@ import (
 	"github.com/timebox-run/timebox/internal/fakellm"
 	"github.com/timebox-run/timebox/internal/proctest"
 	"github.com/timebox-run/timebox/internal/proctree"
+	"github.com/timebox-run/timebox/internal/testenv"
 	"github.com/timebox-run/timebox/telemetry"
 )
 
@@ -37,75 +31,12 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) { proctree.Close(); os.Exit(code) }))
 }
 
-// receiver is an OTLP/HTTP trace receiver: it decodes what the exporter
-// posts (protobuf, gzip or not) as a collector would.
-type receiver struct {
-	*httptest.Server
-	mu       sync.Mutex
-	spans    []*tracepb.Span
-	resource map[string]string
-	bad      []string
-}
+// receiver is an OTLP/HTTP trace receiver (testenv.OTLP).
+type receiver = testenv.OTLP
 
-func newReceiver(t *testing.T) *receiver {
-	r := &receiver{resource: map[string]string{}}
-	r.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		if req.Method != http.MethodPost || req.URL.Path != "/v1/traces" || req.Header.Get("Content-Type") != "application/x-protobuf" {
-			r.bad = append(r.bad, fmt.Sprintf("%s %s %s", req.Method, req.URL.Path, req.Header.Get("Content-Type")))
-			http.Error(w, "not OTLP/HTTP protobuf", http.StatusBadRequest)
-			return
-		}
-		var body io.Reader = req.Body
-		if req.Header.Get("Content-Encoding") == "gzip" {
-			zr, err := gzip.NewReader(req.Body)
-			if err != nil {
-				http.Error(w, err.Error(), http.StatusBadRequest)
-				return
-			}
-			body = zr
-		}
-		b, _ := io.ReadAll(body)
-		var msg coltrace.ExportTraceServiceRequest
-		if err := proto.Unmarshal(b, &msg); err != nil {
-			r.bad = append(r.bad, "undecodable: "+err.Error())
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		for _, rs := range msg.GetResourceSpans() {
-			for _, kv := range rs.GetResource().GetAttributes() {
-				r.resource[kv.GetKey()] = kv.GetValue().GetStringValue()
-			}
-			for _, ss := range rs.GetScopeSpans() {
-				r.spans = append(r.spans, ss.GetSpans()...)
-			}
-		}
-		out, _ := proto.Marshal(&coltrace.ExportTraceServiceResponse{})
-		w.Header().Set("Content-Type", "application/x-protobuf")
-		w.Write(out)
-	}))
-	t.Cleanup(r.Close)
-	return r
-}
+func newReceiver(t *testing.T) *receiver { return testenv.NewOTLP(t) }
 
-func (r *receiver) byName() map[string][]*tracepb.Span {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	m := map[string][]*tracepb.Span{}
-	for _, s := range r.spans {
-		m[s.GetName()] = append(m[s.GetName()], s)
-	}
-	return m
-}
-
-func attrs(s *tracepb.Span) map[string]*commonpb.AnyValue {
-	m := map[string]*commonpb.AnyValue{}
-	for _, kv := range s.GetAttributes() {
-		m[kv.GetKey()] = kv.GetValue()
-	}
-	return m
-}
+func attrs(s *tracepb.Span) map[string]*commonpb.AnyValue { return testenv.SpanAttrs(s) }
 
 func str(s *tracepb.Span, k string) string { return attrs(s)[k].GetStringValue() }
 func num(s *tracepb.Span, k string) int64  { return attrs(s)[k].GetIntValue() }
@@ -182,9 +113,9 @@ timeouts: {kill_grace: 200ms}
 		t.Fatal(err)
 	}
 
-	spans := recv.byName()
-	if len(recv.bad) > 0 {
-		t.Fatalf("the receiver refused: %v", recv.bad)
+	spans := recv.ByName()
+	if bad := recv.Refused(); len(bad) > 0 {
+		t.Fatalf("the receiver refused: %v", bad)
 	}
 	one := func(name string) *tracepb.Span {
 		if len(spans[name]) != 1 {
@@ -260,8 +191,8 @@ timeouts: {kill_grace: 200ms}
 			t.Errorf("model request %d: traceparent %q, want %q", i+1, r.TraceParent, want)
 		}
 	}
-	if recv.resource["service.name"] != "tb-test" || recv.resource["deployment.environment"] != "test" {
-		t.Errorf("resource %v", recv.resource)
+	if res := recv.Resource(); res["service.name"] != "tb-test" || res["deployment.environment"] != "test" {
+		t.Errorf("resource %v", res)
 	}
 	doctest.Part(t, "../docs/observability.md", "spans", "```json\n"+spansJSON(t, recv, turn)+"```\n", *update,
 		"go test ./telemetry -run TestTurnSpans -update")
@@ -273,9 +204,7 @@ var update = flag.Bool("update", false, "rewrite the generated parts of docs/obs
 // parent's name, kind, attributes, status and events, in start order;
 // ids and times, which change from run to run, are left out or masked.
 func spansJSON(t *testing.T, recv *receiver, turn *tracepb.Span) string {
-	recv.mu.Lock()
-	spans := append([]*tracepb.Span(nil), recv.spans...)
-	recv.mu.Unlock()
+	spans := recv.Spans()
 	// The turn, then each step's model call before its tool calls.
 	key := func(s *tracepb.Span) string {
 		if s == turn {
