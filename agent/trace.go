@@ -187,16 +187,7 @@ func (sp *spans) Emit(e event.Event) {
 	b := &sp.t.s.Budgets
 	switch d := e.Data.(type) {
 	case *event.LLMStarted:
-		attrs := []attribute.KeyValue{
-			attribute.String("gen_ai.operation.name", "chat"),
-			attribute.String("gen_ai.provider.name", d.Provider),
-			attribute.String("gen_ai.request.model", d.Model),
-			attrStep.Int(d.Step), attrAttempt.Int(d.Attempt),
-			attrEnforcement.String(string(budget.Hard)),
-		}
-		attrs = append(attrs, budgetAttrs(b.LLMFirstChunk)...)
-		_, sp.chat = sp.tracer.Start(sp.parent, "chat "+d.Model, trace.WithTimestamp(e.At),
-			trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
+		sp.chat = sp.startChat(d.Step, d.Attempt, d.Model, d.Provider, e.At)
 		if f := sp.failover; f != nil {
 			sp.failover = nil
 			sp.chat.AddEvent("failover", trace.WithTimestamp(e.At), trace.WithAttributes(
@@ -204,10 +195,16 @@ func (sp *spans) Emit(e event.Event) {
 				attrPhase.String(string(f.Phase)), attribute.String("timebox.failover.reason", f.Reason)))
 		}
 	case *event.LLMFinished:
+		rec := d.ModelCall
+		if sp.chat == nil && rec.Phase == budget.PhaseWorkerLost {
+			// An attempt lost with its worker: the span that worker
+			// began died with it, unexported. This one, from the record
+			// of the loss, says so.
+			sp.chat = sp.startChat(rec.Step, rec.Attempt, rec.Model, rec.Provider, rec.StartedAt)
+		}
 		if sp.chat == nil {
 			return
 		}
-		rec := d.ModelCall
 		attrs := []attribute.KeyValue{attrOutcome.String(string(rec.Outcome))}
 		if rec.InputTokens > 0 || rec.OutputTokens > 0 {
 			attrs = append(attrs, attribute.Int64("gen_ai.usage.input_tokens", rec.InputTokens),
@@ -224,18 +221,7 @@ func (sp *spans) Emit(e event.Event) {
 	case *event.Failover:
 		sp.failover = d
 	case *event.ToolStarted:
-		attrs := []attribute.KeyValue{
-			attribute.String("gen_ai.operation.name", "execute_tool"),
-			attribute.String("gen_ai.tool.name", d.Tool),
-			attribute.String("gen_ai.tool.call.id", d.CallID),
-			attribute.String("gen_ai.tool.type", toolType(d.Kind)),
-			attrStep.Int(d.Step), attrEnforcement.String(string(d.Enforcement)),
-		}
-		if e, ok := sp.t.a.tools[d.Tool]; ok {
-			attrs = append(attrs, budgetAttrs(turnToolBudget(e, b).Timeout)...)
-		}
-		_, sp.calls[d.CallID] = sp.tracer.Start(sp.parent, "execute_tool "+d.Tool, trace.WithTimestamp(e.At),
-			trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(attrs...))
+		sp.calls[d.CallID] = sp.startTool(d.Step, d.CallID, d.Tool, d.Kind, d.Enforcement, e.At)
 	case *event.ToolProgress:
 		if s := sp.calls[d.CallID]; s != nil {
 			attrs := []attribute.KeyValue{attribute.String("timebox.progress.message", d.Message)}
@@ -259,12 +245,19 @@ func (sp *spans) Emit(e event.Event) {
 			}
 		}
 	case *event.ToolFinished:
+		rec := d.ToolCall
 		s := sp.calls[d.CallID]
+		if s == nil && rec.Phase == budget.PhaseWorkerLost {
+			// A call lost with its worker, recorded by another: the span
+			// its worker began died with it, unexported. This one, from
+			// the record, runs as long as the call is known to have run
+			// (to its last heartbeat) and says it was lost.
+			s = sp.startTool(rec.Step, rec.CallID, rec.Tool, rec.Kind, rec.Enforcement, rec.StartedAt)
+		}
 		if s == nil {
 			return
 		}
 		delete(sp.calls, d.CallID)
-		rec := d.ToolCall
 		attrs := []attribute.KeyValue{attrOutcome.String(string(rec.Outcome)),
 			attrOverran.Bool(rec.Overran), attrAbandoned.Bool(rec.Abandoned)}
 		if rec.Phase != "" {
@@ -278,6 +271,38 @@ func (sp *spans) Emit(e event.Event) {
 		}
 		endSpan(s, rec.EndedAt, rec.Outcome, rec.Result, attrs)
 	}
+}
+
+// startChat starts a model attempt's chat span at start.
+func (sp *spans) startChat(step, attempt int, model, provider string, start time.Time) trace.Span {
+	attrs := []attribute.KeyValue{
+		attribute.String("gen_ai.operation.name", "chat"),
+		attribute.String("gen_ai.provider.name", provider),
+		attribute.String("gen_ai.request.model", model),
+		attrStep.Int(step), attrAttempt.Int(attempt),
+		attrEnforcement.String(string(budget.Hard)),
+	}
+	attrs = append(attrs, budgetAttrs(sp.t.s.Budgets.LLMFirstChunk)...)
+	_, s := sp.tracer.Start(sp.parent, "chat "+model, trace.WithTimestamp(start),
+		trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
+	return s
+}
+
+// startTool starts a tool call's execute_tool span at start.
+func (sp *spans) startTool(step int, callID, tool, kind string, enf budget.Enforcement, start time.Time) trace.Span {
+	attrs := []attribute.KeyValue{
+		attribute.String("gen_ai.operation.name", "execute_tool"),
+		attribute.String("gen_ai.tool.name", tool),
+		attribute.String("gen_ai.tool.call.id", callID),
+		attribute.String("gen_ai.tool.type", toolType(kind)),
+		attrStep.Int(step), attrEnforcement.String(string(enf)),
+	}
+	if e, ok := sp.t.a.tools[tool]; ok {
+		attrs = append(attrs, budgetAttrs(turnToolBudget(e, &sp.t.s.Budgets).Timeout)...)
+	}
+	_, s := sp.tracer.Start(sp.parent, "execute_tool "+tool, trace.WithTimestamp(start),
+		trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(attrs...))
+	return s
 }
 
 // endSpan ends a call's span at end with its outcome: error.type and an

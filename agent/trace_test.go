@@ -7,11 +7,13 @@ import (
 	"testing/synctest"
 	"time"
 
+	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/internal/machine"
 	"github.com/timebox-run/timebox/model"
 	"github.com/timebox-run/timebox/tool"
 )
@@ -70,5 +72,40 @@ func TestToolSpanNamesTheBudgetThatFired(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// TestLostAttemptSpan: a model attempt lost with its worker is recorded by
+// the worker that takes the step again; the span the dead worker began
+// died with it, so the record's gets one: from the attempt's start,
+// error.type interrupted, phase worker_lost — not no span, which reads as
+// an attempt that never happened.
+func TestLostAttemptSpan(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	defer tp.Shutdown(context.Background())
+	a, err := agent.New(agent.Config{Name: "traced", Models: []model.Endpoint{endpoint(lines(t, `{"text": "ok"}`), "m")}, TracerProvider: tp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, ok := machine.UnitsOf(a)
+	if !ok {
+		t.Fatal("no units")
+	}
+	s, _ := u.NewState("t_lost", "", nil, budget.Request{})
+	started := time.Now().Add(-3 * time.Second)
+	u.LostAttempts(s, 1, []machine.LostAttempt{{Attempt: 1, Model: "m", Provider: "script", Started: started}}, "its worker died")
+	ended := rec.Ended()
+	if len(ended) != 1 || ended[0].Name() != "chat m" {
+		t.Fatalf("spans %v; want the lost attempt's chat span", ended)
+	}
+	sp := ended[0]
+	got := map[string]any{}
+	for _, kv := range sp.Attributes() {
+		got[string(kv.Key)] = kv.Value.AsInterface()
+	}
+	if got["error.type"] != "interrupted" || got["timebox.phase"] != "worker_lost" || got["timebox.attempt"] != int64(1) ||
+		!sp.StartTime().Equal(started) || sp.Status().Code != codes.Error {
+		t.Errorf("the lost attempt's span: %v, from %s, status %v", got, sp.StartTime(), sp.Status())
 	}
 }

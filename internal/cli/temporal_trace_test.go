@@ -1,0 +1,134 @@
+//go:build !windows
+
+package cli_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/syncbuf"
+	"github.com/timebox-run/timebox/internal/testenv"
+)
+
+// TestTemporalLostCallTraced: a turn on Temporal, traced to a real OTLP
+// receiver by the runner and by each worker; the worker running a tool is
+// killed with SIGKILL and another takes the turn on. The span the dead
+// worker began for the call died with it, so the worker that records the
+// call lost gives it a span of its own: under the turn's, ending where
+// its last heartbeat did, error.type interrupted, phase worker_lost — not
+// no span at all, which reads as a call that never ran. The next step's
+// model call is traced by the second worker, in the same trace.
+func TestTemporalLostCallTraced(t *testing.T) {
+	bin := timeboxBinary(t)
+	addr := testenv.Temporal(t)
+	dsn := testenv.Postgres(t)
+	recv := testenv.NewOTLP(t)
+	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", recv.URL+"/v1/traces")
+	t.Setenv("OTEL_TRACES_EXPORTER", "")
+	t.Setenv("OTEL_SDK_DISABLED", "")
+	dir := t.TempDir()
+	pidfile := filepath.Join(dir, "pids")
+	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"tool_calls": [{"name": "slow"}]}`+"\n"+`{"text": "done"}`+"\n"), 0o644)
+	file := filepath.Join(dir, "agent.yaml")
+	os.WriteFile(file, []byte(fmt.Sprintf(`name: lost-traced
+model: {primary: script:m}
+providers: {script: {file: script.jsonl}}
+timeouts: {kill_grace: 500ms, turn: 2m}
+tools:
+  - name: slow
+    exec: [sh, -c, 'echo $$ >> %s; sleep 30; echo slow']
+    timeout: 1m
+`, pidfile)), 0o644)
+	common := []string{"-f", file, "--db", dsn, "--temporal-address", addr, "--task-queue", "tq-lost-traced"}
+	worker := append([]string{"--worker-heartbeat", "1s"}, common...)
+	var errA, errB, runErr syncbuf.Buffer
+	workerA := startWorker(t, bin, worker, &errA)
+	run := exec.Command(bin, append(append([]string{"run", "--engine", "temporal", "--json"}, common...), "go")...)
+	var out syncbuf.Buffer
+	run.Stderr, run.Stdout = &runErr, &out
+	if err := run.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { run.Process.Kill(); run.Wait() })
+	waitPid(t, pidfile, 1, func() string { return errA.String() + runErr.String() })
+	workerA.Process.Signal(syscall.SIGKILL)
+	workerA.Wait()
+	workerB := startWorker(t, bin, worker, &errB)
+	if err := run.Wait(); err != nil {
+		t.Fatalf("run: %v\n%s\nB: %s", err, runErr.String(), errB.String())
+	}
+	// The second worker exports what it still holds as it stops.
+	workerB.Process.Signal(syscall.SIGTERM)
+	workerB.Wait()
+
+	if bad := recv.Refused(); len(bad) > 0 {
+		t.Fatalf("the receiver refused: %v", bad)
+	}
+	spans := recv.ByName()
+	turns := spans["invoke_agent lost-traced"]
+	if len(turns) != 1 {
+		t.Fatalf("%d turn spans; all: %v", len(turns), names(spans))
+	}
+	turn := turns[0]
+	child := func(s *tracepb.Span) bool {
+		return string(s.GetTraceId()) == string(turn.GetTraceId()) && string(s.GetParentSpanId()) == string(turn.GetSpanId())
+	}
+	var lost *tracepb.Span
+	for _, s := range spans["execute_tool slow"] {
+		if testenv.SpanAttrs(s)["timebox.phase"].GetStringValue() == "worker_lost" {
+			lost = s
+		}
+	}
+	if lost == nil {
+		t.Fatalf("no span says the call of slow was lost with its worker; all: %v", names(spans))
+	}
+	a := testenv.SpanAttrs(lost)
+	if !child(lost) || a["error.type"].GetStringValue() != "interrupted" || a["timebox.outcome"].GetStringValue() != "interrupted" ||
+		a["gen_ai.tool.call.id"].GetStringValue() != "call_1_1" || a["timebox.budget.ms"].GetIntValue() != 60000 ||
+		lost.GetStatus().GetCode() != tracepb.Status_STATUS_CODE_ERROR || !strings.Contains(lost.GetStatus().GetMessage(), "worker_lost") {
+		t.Errorf("the lost call's span: child of the turn's %v, attributes %v, status %v", child(lost), a, lost.GetStatus())
+	}
+	// It runs as the record says the call is known to have run.
+	var rec *event.ToolCall
+	for line := range strings.Lines(out.String()) {
+		var e event.Event
+		if json.Unmarshal([]byte(line), &e) == nil {
+			if d, ok := e.Data.(*event.ToolFinished); ok && d.Tool == "slow" {
+				rec = &d.ToolCall
+			}
+		}
+	}
+	if rec == nil || rec.Phase != budget.PhaseWorkerLost {
+		t.Fatalf("the call's record: %+v", rec)
+	}
+	if start, end := int64(lost.GetStartTimeUnixNano()), int64(lost.GetEndTimeUnixNano()); start != rec.StartedAt.UnixNano() || end != rec.EndedAt.UnixNano() {
+		t.Errorf("the lost call's span runs from %d to %d; its record from %s to %s", start, end, rec.StartedAt, rec.EndedAt)
+	}
+	step2 := 0
+	for _, s := range spans["chat m"] {
+		if testenv.SpanAttrs(s)["timebox.step"].GetIntValue() == 2 && child(s) {
+			step2++
+		}
+	}
+	if step2 != 1 {
+		t.Errorf("%d spans of step 2's model call under the turn's, want 1 (from the second worker); all: %v", step2, names(spans))
+	}
+}
+
+func names(spans map[string][]*tracepb.Span) map[string]int {
+	m := map[string]int{}
+	for n, ss := range spans {
+		m[n] = len(ss)
+	}
+	return m
+}
