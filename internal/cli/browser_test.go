@@ -822,6 +822,7 @@ func storedEvents(t *testing.T, base, id string, ok func([]map[string]any) bool)
 type tlRow struct {
 	Label, Kind, Outcome, Num   string
 	Deadline, Later, Over, Tail bool
+	Lost                        bool
 	Ticks, Notices              int
 	Mark                        bool
 	Left, Right, Top            float64 // the bar's, in pixels
@@ -836,7 +837,7 @@ func (p *page) timelineRows(fig string) []tlRow {
 		const dl = r.querySelector('.tl-deadline:not(.later)');
 		return { Label: r.dataset.label, Kind: r.dataset.kind, Outcome: r.dataset.outcome, Num: r.querySelector('.tl-num').textContent,
 			Deadline: !!dl, Later: !!r.querySelector('.tl-deadline.later'), Over: !!r.querySelector('.tl-over'),
-			Tail: !!r.querySelector('.tl-tail'), Ticks: r.querySelectorAll('.tl-tick').length,
+			Tail: !!r.querySelector('.tl-tail'), Lost: !!r.querySelector('.tl-lost'), Ticks: r.querySelectorAll('.tl-tick').length,
 			Notices: r.querySelectorAll('.tl-notice').length, Mark: !!r.querySelector('.tl-mark'),
 			Left: bar.left, Right: bar.right, Top: bar.top, DeadlineX: dl ? dl.getBoundingClientRect().left + 1 : 0 };
 	}))`
@@ -856,7 +857,7 @@ func (r tlRow) words() string {
 // what `runs show --timeline` drew of the same turn (its head, its axis,
 // then a row for each): the same calls in the same order, the same outcome
 // characters and words, and the same marks (deadline, deadline after the
-// end, overrun, abandoned tail, progress).
+// end, overrun, abandoned tail, a lost worker's stretch, progress).
 func (p *page) sameAsTerminal(rows []tlRow, lines []string) {
 	p.t.Helper()
 	chars := map[string]string{"ok": "=", "running": "-", "timed_out": "#", "cancelled": "~", "error": "x",
@@ -881,6 +882,7 @@ func (p *page) sameAsTerminal(rows []tlRow, lines []string) {
 			"a deadline after the axis (>)":     strings.Contains(rest, ">") == r.Later,
 			"an overrun past its budget (+)":    strings.Contains(rest, "+") == r.Over,
 			"an abandoned call's tail (..)":     strings.Contains(rest, "..") == r.Tail,
+			"a lost worker's stretch (__)":      strings.Contains(rest, "__") == r.Lost,
 			"progress reports (')":              strings.Contains(rest, "'") == (r.Ticks > 0),
 		} {
 			if !ok {
@@ -1079,6 +1081,34 @@ func TestPageTimelineOutcomes(t *testing.T) {
 		if n := p.count(sel); n != want {
 			p.fail("%d of %s, want %d", n, sel, want)
 		}
+	}
+}
+
+// TestPageTimelineLostWorker: a turn of the Temporal engine whose worker
+// was killed while two tools ran, drawn on the page from its stored record
+// and events as `runs show --timeline` draws it: the call lost with its
+// worker ends at its last heartbeat, then a stretch to when the loss was
+// noticed; the call of a tool with retries: 1 is one row, its lost first
+// attempt a stretch before the attempt that answered — not a second row of
+// a call "cancelled" after running the whole turn.
+func TestPageTimelineLostWorker(t *testing.T) {
+	proctest.AfterTest(t)
+	base, id := serveFixture(t, serveDemo(t), "testdata/timeline/lost.json")
+	p := openPage(t, base)
+	eval[string](p, `location.hash = `+strconv.Quote("#/turns/"+id))
+	fig := `#turn-view figure.tl`
+	p.waitFor("the stored turn's timeline", q(`#turn-view[data-state="ended"] figure.tl[data-state="ended"] .tl-row`))
+	rows := p.timelineRows(fig)
+	golden, err := os.ReadFile("testdata/timeline/lost.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(golden), "\n") - 2 - 2; n != len(rows) { // head, axis, 2 lines of legend
+		p.fail("the page draws %d rows, the terminal %d: %+v", len(rows), n, rows)
+	}
+	p.sameAsTerminal(rows, strings.Split(string(golden), "\n"))
+	if n := p.count(fig + ` .tl-lost`); n != 2 {
+		p.fail("%d stretches of a lost worker, want 2", n)
 	}
 }
 

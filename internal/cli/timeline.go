@@ -42,9 +42,17 @@ type tlRow struct {
 	overran  bool
 	// late is when an abandoned call returned; zero when it did not
 	// within the turn.
-	late  time.Time
-	ticks []time.Time // progress reports (still_working notices: the page only)
-	right string      // the row's numbers and words, after its bar
+	late time.Time
+	// lost are the stretches in which nothing was known of the call
+	// because its worker was lost (Temporal): from the start of an
+	// attempt lost and run again (retries:) to the start of the next,
+	// and from a lost call's last heartbeat to when its loss was noticed.
+	lost [][2]time.Time
+	// retried: an attempt of the call was lost and run again;
+	// workerLost: the call was lost with its worker (phase worker_lost).
+	retried, workerLost bool
+	ticks               []time.Time // progress reports (still_working notices: the page only)
+	right               string      // the row's numbers and words, after its bar
 }
 
 // tlTurn is a turn's timeline: its rows on the axis from start to end.
@@ -86,6 +94,7 @@ var tlMarks = []struct {
 }{
 	{'+', yellow, "past its budget, let run (advisory)"},
 	{'.', dim, "abandoned, still running"},
+	{'_', cyan, "worker lost, nothing known"},
 	{'\'', "", "progress report"},
 	{'|', bold, "deadline"},
 	{'>', dim, "deadline after the end"},
@@ -106,7 +115,8 @@ func buildTimeline(rec *event.Turn, evs []event.Event, now time.Time) tlTurn {
 	progress := map[string][]time.Time{}
 	late := map[string]time.Time{}
 	started := map[string]tlRow{}
-	var order []string // tool calls started, in order
+	attempts := map[string][]time.Time{} // each tool_started of a call: more than one, it was run again
+	var order []string                   // tool calls started, in order
 	var llm, comp *tlRow
 	var rows []tlRow
 	for _, e := range evs {
@@ -130,8 +140,13 @@ func buildTimeline(rec *event.Turn, evs []event.Event, now time.Time) tlTurn {
 		case *event.CompactionFinished:
 			comp = nil
 		case *event.ToolStarted:
-			started[d.CallID] = tlRow{kind: "tool", label: d.Tool, step: d.Step, callID: d.CallID, start: e.At, deadline: d.Deadline, outcome: "running"}
-			order = append(order, d.CallID)
+			if _, again := started[d.CallID]; !again {
+				order = append(order, d.CallID)
+			}
+			attempts[d.CallID] = append(attempts[d.CallID], e.At)
+			r := tlRow{kind: "tool", label: d.Tool, step: d.Step, callID: d.CallID, start: e.At, deadline: d.Deadline, outcome: "running"}
+			r.lostAttempts(attempts[d.CallID])
+			started[d.CallID] = r
 		case *event.ToolProgress:
 			progress[d.CallID] = append(progress[d.CallID], e.At)
 		case *event.LateResult:
@@ -169,6 +184,13 @@ func buildTimeline(rec *event.Turn, evs []event.Event, now time.Time) tlTurn {
 		}
 		if c.Outcome == event.OutcomeAbandoned {
 			r.late = late[c.CallID]
+		}
+		r.lostAttempts(attempts[c.CallID])
+		if c.Phase == budget.PhaseWorkerLost {
+			r.workerLost = true
+			if c.NoticedAt.After(r.end) {
+				r.lost = append(r.lost, [2]time.Time{r.end, c.NoticedAt})
+			}
 		}
 		r.right = ms(c.DurationMS) + tlBudget(c.TimeoutMS) + " " + tlWord(r)
 		if c.Refused != "" {
@@ -242,6 +264,18 @@ func tlBefore(a, b tlRow) bool {
 	return a.start.Before(b.start)
 }
 
+// lostAttempts notes the attempts of a call before its last (each
+// tool_started of it, in order): each was lost with its worker and the
+// call run again, so nothing is known of it from its start to the next's.
+func (r *tlRow) lostAttempts(starts []time.Time) {
+	for i := 1; i < len(starts); i++ {
+		if starts[i].After(starts[i-1]) {
+			r.lost = append(r.lost, [2]time.Time{starts[i-1], starts[i]})
+		}
+		r.retried = true
+	}
+}
+
 func after(t time.Time, ms int64) time.Time {
 	if ms <= 0 || t.IsZero() {
 		return time.Time{}
@@ -271,6 +305,12 @@ func tlWord(r tlRow) string {
 	}
 	if r.overran {
 		w += ", overran"
+	}
+	if r.workerLost { // interrupted, as only a worker's loss is
+		w = "worker lost"
+	}
+	if r.retried {
+		w += ", run again"
 	}
 	return w
 }
@@ -345,6 +385,13 @@ func (tl tlTurn) write(w io.Writer, width int, color bool) {
 			if r.overran && !r.deadline.IsZero() && r.deadline.Before(end) {
 				for c := col(r.deadline); c <= to; c++ {
 					set(c, '+', yellow)
+				}
+			}
+			for _, l := range r.lost {
+				for c := col(l[0]); c <= min(col(l[1]), cols-1); c++ {
+					if c < from || c > to {
+						set(c, '_', cyan)
+					}
 				}
 			}
 			if r.outcome == "abandoned" {

@@ -63,7 +63,7 @@ func runningAt(rec *event.Turn, at time.Time) *event.Turn {
 // advisory overrun, plain and in colour on a wider terminal; and the same
 // turn two seconds in, still running.
 func TestTimelineGolden(t *testing.T) {
-	demo, outcomes := readTurn(t, "demo.json"), readTurn(t, "outcomes.json")
+	demo, outcomes, lost := readTurn(t, "demo.json"), readTurn(t, "outcomes.json"), readTurn(t, "lost.json")
 	twoSecondsIn := outcomes.StartedAt.Add(2 * time.Second)
 	for _, tc := range []struct {
 		golden string
@@ -76,6 +76,7 @@ func TestTimelineGolden(t *testing.T) {
 		{"outcomes.txt", outcomes, time.Time{}, 80, false},
 		{"outcomes-color-120.txt", outcomes, time.Time{}, 120, true},
 		{"outcomes-running.txt", runningAt(outcomes, twoSecondsIn), twoSecondsIn, 80, false},
+		{"lost.txt", lost, time.Time{}, 80, false},
 	} {
 		t.Run(tc.golden, func(t *testing.T) {
 			var b bytes.Buffer

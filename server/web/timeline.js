@@ -15,7 +15,8 @@ const tlWords = {
 
 // The marks drawn over the bars, as the legend names them.
 const tlMarks = {
-  over: 'past its budget, let run (advisory)', tail: 'abandoned, still running', tick: 'progress report',
+  over: 'past its budget, let run (advisory)', tail: 'abandoned, still running', lost: 'worker lost, nothing known',
+  tick: 'progress report',
   notice: 'still working notice', deadline: 'deadline', later: 'deadline after the end', failover: 'failover',
 };
 
@@ -98,7 +99,7 @@ class Timeline {
 
   // row adds a row; its DOM is made once and redrawn by draw.
   row(r) {
-    r = Object.assign({ step: 0, callID: '', end: 0, deadline: 0, outcome: 'running', ticks: [], notices: [], n: this.rows.length }, r);
+    r = Object.assign({ step: 0, callID: '', end: 0, deadline: 0, outcome: 'running', ticks: [], notices: [], lost: [], n: this.rows.length }, r);
     r.node = el('div', { class: 'tl-row', 'data-kind': r.kind, 'data-call-id': r.callID || null, 'data-label': r.label });
     r.track = el('div', { class: 'tl-track' });
     r.num = el('span', { class: 'tl-num' });
@@ -155,9 +156,19 @@ class Timeline {
         break;
       }
       case 'tool_started':
-        r = this.row({ kind: 'tool', label: ev.tool, step: ev.step, callID: ev.call_id, start: at,
-          deadline: tlTime(ev.deadline) || tlAfter(at, ev.timeout_ms), timeout: ev.timeout_ms });
-        this.calls.set(ev.call_id, r);
+        r = this.calls.get(ev.call_id);
+        if (r) {
+          // A second start: the attempt before was lost with its worker
+          // and the call run again (retries:); nothing is known of it
+          // from its start to this one's.
+          if (at > r.start) r.lost.push([r.start, at]);
+          Object.assign(r, { start: at, end: 0, outcome: 'running', retried: true, ticks: [], notices: [] });
+        } else {
+          r = this.row({ kind: 'tool', label: ev.tool, step: ev.step, callID: ev.call_id, start: at });
+          this.calls.set(ev.call_id, r);
+        }
+        r.deadline = tlTime(ev.deadline) || tlAfter(at, ev.timeout_ms);
+        r.timeout = ev.timeout_ms;
         break;
       case 'tool_progress':
         r = this.calls.get(ev.call_id);
@@ -184,6 +195,13 @@ class Timeline {
         r.outcome = ev.refused ? 'refused' : ev.outcome;
         r.refused = ev.refused;
         r.overran = !!ev.overran;
+        if (ev.phase === 'worker_lost') {
+          // Lost with its worker: nothing is known of it from its last
+          // heartbeat (its end) to when the loss was noticed.
+          r.workerLost = true;
+          const noticed = tlTime(ev.noticed_at);
+          if (noticed > r.end) r.lost.push([r.end, noticed]);
+        }
         break;
       }
       case 'late_result':
@@ -285,6 +303,10 @@ class Timeline {
           kids.push(from(el('div', { class: 'tl-over' }), r.deadline, stop));
           used.add('over');
         }
+        for (const [a, b] of r.lost) {
+          kids.push(from(el('div', { class: 'tl-lost' }), a, b));
+          used.add('lost');
+        }
         if (r.outcome === 'abandoned') {
           kids.push(from(el('div', { class: 'tl-tail' }), stop, r.late || end));
           used.add('tail');
@@ -323,7 +345,9 @@ class Timeline {
   right(r, now) {
     if (r.right) return r.right;
     if (r.outcome === 'refused') return 'refused: ' + r.refused;
-    const word = (tlWords[r.outcome] || r.outcome) + (r.overran ? ', overran' : '');
+    // Interrupted, as only a worker's loss is on an engine.
+    const word = (r.workerLost ? 'worker lost' : tlWords[r.outcome] || r.outcome) + (r.overran ? ', overran' : '') +
+      (r.retried ? ', run again' : '');
     const took = r.end ? fmtMS(r.end - r.start) : fmtMS(now - r.start) + '…';
     return took + (r.kind === 'tool' && r.timeout ? ' / ' + fmtLimit(r.timeout) : '') + ' ' + word;
   }
