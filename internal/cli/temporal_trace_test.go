@@ -21,13 +21,17 @@ import (
 )
 
 // TestTemporalLostCallTraced: a turn on Temporal, traced to a real OTLP
-// receiver by the runner and by each worker; the worker running a tool is
-// killed with SIGKILL and another takes the turn on. The span the dead
+// receiver by the runner and by each worker; the worker running two tools
+// is killed with SIGKILL and another takes the turn on: the call of slow
+// is lost, the call of again (retries: 1) is run again. The span the dead
 // worker began for the call died with it, so the worker that records the
 // call lost gives it a span of its own: under the turn's, ending where
 // its last heartbeat did, error.type interrupted, phase worker_lost — not
 // no span at all, which reads as a call that never ran. The next step's
-// model call is traced by the second worker, in the same trace.
+// model call is traced by the second worker, in the same trace. What the
+// real store holds then draws as it should: `runs show --timeline` says
+// the call was lost and the other run again, and `stats` leaves the lost
+// call out of its figures.
 func TestTemporalLostCallTraced(t *testing.T) {
 	bin := timeboxBinary(t)
 	addr := testenv.Temporal(t)
@@ -38,7 +42,7 @@ func TestTemporalLostCallTraced(t *testing.T) {
 	t.Setenv("OTEL_SDK_DISABLED", "")
 	dir := t.TempDir()
 	pidfile := filepath.Join(dir, "pids")
-	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"tool_calls": [{"name": "slow"}]}`+"\n"+`{"text": "done"}`+"\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"tool_calls": [{"name": "slow"}, {"name": "again"}]}`+"\n"+`{"text": "done"}`+"\n"), 0o644)
 	file := filepath.Join(dir, "agent.yaml")
 	os.WriteFile(file, []byte(fmt.Sprintf(`name: lost-traced
 model: {primary: script:m}
@@ -48,7 +52,11 @@ tools:
   - name: slow
     exec: [sh, -c, 'echo $$ >> %s; sleep 30; echo slow']
     timeout: 1m
-`, pidfile)), 0o644)
+  - name: again
+    exec: [sh, -c, 'echo $$ >> %s.again; sleep 2; echo again']
+    timeout: 1m
+    retries: 1
+`, pidfile, pidfile)), 0o644)
 	common := []string{"-f", file, "--db", dsn, "--temporal-address", addr, "--task-queue", "tq-lost-traced"}
 	worker := append([]string{"--worker-heartbeat", "1s"}, common...)
 	var errA, errB, runErr syncbuf.Buffer
@@ -61,6 +69,7 @@ tools:
 	}
 	t.Cleanup(func() { run.Process.Kill(); run.Wait() })
 	waitPid(t, pidfile, 1, func() string { return errA.String() + runErr.String() })
+	waitPid(t, pidfile+".again", 1, func() string { return errA.String() + runErr.String() })
 	workerA.Process.Signal(syscall.SIGKILL)
 	workerA.Wait()
 	workerB := startWorker(t, bin, worker, &errB)
@@ -100,9 +109,11 @@ tools:
 	}
 	// It runs as the record says the call is known to have run.
 	var rec *event.ToolCall
+	var turnID string
 	for line := range strings.Lines(out.String()) {
 		var e event.Event
 		if json.Unmarshal([]byte(line), &e) == nil {
+			turnID = e.TurnID
 			if d, ok := e.Data.(*event.ToolFinished); ok && d.Tool == "slow" {
 				rec = &d.ToolCall
 			}
@@ -114,6 +125,9 @@ tools:
 	if start, end := int64(lost.GetStartTimeUnixNano()), int64(lost.GetEndTimeUnixNano()); start != rec.StartedAt.UnixNano() || end != rec.EndedAt.UnixNano() {
 		t.Errorf("the lost call's span runs from %d to %d; its record from %s to %s", start, end, rec.StartedAt, rec.EndedAt)
 	}
+	if ok := spans["execute_tool again"]; len(ok) != 1 || testenv.SpanAttrs(ok[0])["timebox.outcome"].GetStringValue() != "ok" || !child(ok[0]) {
+		t.Errorf("the call run again: spans %v; want one, ok, under the turn's", ok)
+	}
 	step2 := 0
 	for _, s := range spans["chat m"] {
 		if testenv.SpanAttrs(s)["timebox.step"].GetIntValue() == 2 && child(s) {
@@ -122,6 +136,57 @@ tools:
 	}
 	if step2 != 1 {
 		t.Errorf("%d spans of step 2's model call under the turn's, want 1 (from the second worker); all: %v", step2, names(spans))
+	}
+
+	// The timeline of the stored turn.
+	tl, err := exec.Command(bin, "runs", "show", turnID, "--timeline", "--db", dsn).CombinedOutput()
+	if err != nil {
+		t.Fatalf("runs show --timeline: %v\n%s", err, tl)
+	}
+	t.Logf("the stored turn:\n%s", tl)
+	rows := map[string]string{}
+	for line := range strings.Lines(string(tl)) {
+		if f := strings.Fields(line); len(f) > 0 {
+			rows[f[0]] = line
+		}
+	}
+	if r := rows["slow"]; !strings.Contains(r, "worker lost") || !strings.Contains(r, "?") {
+		t.Errorf("the lost call's row: %q\n%s", r, tl)
+	}
+	if r := rows["again"]; !strings.Contains(r, "ok, run again") || !strings.Contains(r, "__") {
+		t.Errorf("the call run again: %q; want its lost attempt marked (__) and its words\n%s", r, tl)
+	}
+	if n := strings.Count(string(tl), "\nagain "); n != 1 {
+		t.Errorf("the call run again has %d rows, want 1\n%s", n, tl)
+	}
+	// stats: the lost call is counted, and left out of the figures.
+	js, err := exec.Command(bin, "stats", "--json", "--db", dsn, "--since", "all", "-f", file).Output()
+	if err != nil {
+		t.Fatalf("stats: %v\n%s", err, js)
+	}
+	var report struct {
+		Tools []struct {
+			Tool        string `json:"tool"`
+			Calls       int64  `json:"calls"`
+			Sample      int64  `json:"sample"`
+			Interrupted int64  `json:"interrupted"`
+			MaxMS       int64  `json:"max_ms"`
+		} `json:"tools"`
+	}
+	if err := json.Unmarshal(js, &report); err != nil {
+		t.Fatalf("stats --json: %v\n%s", err, js)
+	}
+	for _, l := range report.Tools {
+		switch l.Tool {
+		case "slow":
+			if l.Calls != 1 || l.Sample != 0 || l.Interrupted != 1 || l.MaxMS != 0 {
+				t.Errorf("stats of the lost call: %+v; want one call, interrupted, out of the sample", l)
+			}
+		case "again":
+			if l.Calls != 1 || l.Sample != 1 || l.Interrupted != 0 || l.MaxMS < 2000 || l.MaxMS > 5000 {
+				t.Errorf("stats of the call run again: %+v; want one call of about 2s", l)
+			}
+		}
 	}
 }
 
