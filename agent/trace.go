@@ -42,6 +42,7 @@ const (
 	attrStopReason   = attribute.Key("timebox.stop_reason")
 	attrStep         = attribute.Key("timebox.step")
 	attrAttempt      = attribute.Key("timebox.attempt")
+	attrCompaction   = attribute.Key("timebox.compaction")
 	attrErrorType    = attribute.Key("error.type")
 )
 
@@ -187,7 +188,7 @@ func (sp *spans) Emit(e event.Event) {
 	b := &sp.t.s.Budgets
 	switch d := e.Data.(type) {
 	case *event.LLMStarted:
-		sp.chat = sp.startChat(d.Step, d.Attempt, d.Model, d.Provider, e.At)
+		sp.chat = sp.startChat(d.Step, d.Attempt, d.Model, d.Provider, e.At, b.LLMFirstChunk)
 		if f := sp.failover; f != nil {
 			sp.failover = nil
 			sp.chat.AddEvent("failover", trace.WithTimestamp(e.At), trace.WithAttributes(
@@ -200,7 +201,7 @@ func (sp *spans) Emit(e event.Event) {
 			// An attempt lost with its worker: the span that worker
 			// began died with it, unexported. This one, from the record
 			// of the loss, says so.
-			sp.chat = sp.startChat(rec.Step, rec.Attempt, rec.Model, rec.Provider, rec.StartedAt)
+			sp.chat = sp.startChat(rec.Step, rec.Attempt, rec.Model, rec.Provider, rec.StartedAt, b.LLMFirstChunk)
 		}
 		if sp.chat == nil {
 			return
@@ -218,6 +219,20 @@ func (sp *spans) Emit(e event.Event) {
 		}
 		endSpan(sp.chat, e.At, rec.Outcome, rec.Error, attrs)
 		sp.chat = nil
+	case *event.CompactionFinished:
+		// A compaction is a model call the turn waits for: its span, made
+		// from its record, fills what would be a gap in the trace.
+		if d.Record == nil {
+			return
+		}
+		rec := *d.Record
+		s := sp.startChat(rec.Step, rec.Attempt, rec.Model, rec.Provider, rec.StartedAt, b.Compaction)
+		s.SetAttributes(attrCompaction.Bool(true))
+		attrs := []attribute.KeyValue{attrOutcome.String(string(rec.Outcome))}
+		if rec.Phase != "" {
+			attrs = append(attrs, attrPhase.String(string(rec.Phase)))
+		}
+		endSpan(s, rec.StartedAt.Add(time.Duration(rec.StreamMS)*time.Millisecond), rec.Outcome, rec.Error, attrs)
 	case *event.Failover:
 		sp.failover = d
 	case *event.ToolStarted:
@@ -273,8 +288,8 @@ func (sp *spans) Emit(e event.Event) {
 	}
 }
 
-// startChat starts a model attempt's chat span at start.
-func (sp *spans) startChat(step, attempt int, model, provider string, start time.Time) trace.Span {
+// startChat starts a model attempt's chat span at start, under budget b.
+func (sp *spans) startChat(step, attempt int, model, provider string, start time.Time, b budget.Duration) trace.Span {
 	attrs := []attribute.KeyValue{
 		attribute.String("gen_ai.operation.name", "chat"),
 		attribute.String("gen_ai.provider.name", provider),
@@ -282,7 +297,7 @@ func (sp *spans) startChat(step, attempt int, model, provider string, start time
 		attrStep.Int(step), attrAttempt.Int(attempt),
 		attrEnforcement.String(string(budget.Hard)),
 	}
-	attrs = append(attrs, budgetAttrs(sp.t.s.Budgets.LLMFirstChunk)...)
+	attrs = append(attrs, budgetAttrs(b)...)
 	_, s := sp.tracer.Start(sp.parent, "chat "+model, trace.WithTimestamp(start),
 		trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
 	return s

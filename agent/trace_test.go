@@ -109,3 +109,44 @@ func TestLostAttemptSpan(t *testing.T) {
 		t.Errorf("the lost attempt's span: %v, from %s, status %v", got, sp.StartTime(), sp.Status())
 	}
 }
+
+// TestCompactionSpan: a compaction is a model call the turn waits for, up
+// to timeouts.compaction: it has its chat span, marked as a compaction and
+// carrying that budget, between the turn's other spans — not a gap in
+// the trace.
+func TestCompactionSpan(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := tracetest.NewSpanRecorder()
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+		defer tp.Shutdown(context.Background())
+		p := lines(t, `{"compaction": true, "text": "A summary.", "first_chunk_delay": "2s"}`, `{"text": "the answer"}`)
+		a, err := agent.New(agent.Config{Name: "traced", Models: []model.Endpoint{endpoint(p, "m")}, CompactAt: 500, TracerProvider: tp})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res := a.Run(t.Context(), agent.Input{SessionID: "s", History: longHistory(), Text: "and now?"})
+		if res.Record.StopReason != budget.Answered || len(res.Record.ModelCalls) != 2 || !res.Record.ModelCalls[0].Compaction {
+			t.Fatalf("turn %s, calls %+v", res.Record.StopReason, res.Record.ModelCalls)
+		}
+		var compaction []sdktrace.ReadOnlySpan
+		for _, s := range rec.Ended() {
+			for _, kv := range s.Attributes() {
+				if kv.Key == "timebox.compaction" && kv.Value.AsBool() {
+					compaction = append(compaction, s)
+				}
+			}
+		}
+		if len(compaction) != 1 {
+			t.Fatalf("%d compaction spans, want 1", len(compaction))
+		}
+		s := compaction[0]
+		got := map[string]any{}
+		for _, kv := range s.Attributes() {
+			got[string(kv.Key)] = kv.Value.AsInterface()
+		}
+		if s.Name() != "chat m" || got["timebox.budget.knob"] != "timeouts.compaction" || got["timebox.outcome"] != "ok" ||
+			s.EndTime().Sub(s.StartTime()) < 2*time.Second || !s.StartTime().Equal(res.Record.ModelCalls[0].StartedAt) {
+			t.Errorf("the compaction's span %s: %v, %s to %s", s.Name(), got, s.StartTime(), s.EndTime())
+		}
+	})
+}
