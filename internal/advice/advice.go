@@ -350,6 +350,14 @@ func NewTool(st store.ToolStat, b Budgets) Tool {
 			t.Notes = append(t.Notes, "not declared in the agent file (a Go tool, or one since renamed or removed): its budget is that of its latest call")
 		}
 	}
+	// A lost worker's call says how long the worker lived: no reason to
+	// raise a timeout (store.ToolSample leaves it out).
+	switch n := st.Interrupted; {
+	case n == 1:
+		t.Notes = append(t.Notes, "1 call was interrupted — the process or Temporal worker running it died — and is left out of the figures: the time it ran says how long its worker lived, not how long the tool takes")
+	case n > 1:
+		t.Notes = append(t.Notes, fmt.Sprintf("%d calls were interrupted — the process or Temporal worker running them died — and are left out of the figures: the time they ran says how long their worker lived, not how long the tool takes", n))
+	}
 	current := time.Duration(t.TimeoutMS) * time.Millisecond
 	s := SuggestTimeout(Figures{Sample: st.Sample, CutOff: st.CutOff, CutOffAtMS: st.CutOffTimeoutMS, P99MS: st.P99MS, MaxOKMS: st.MaxOKMS}, b.ToolMax)
 	t.Flags, t.Notes = append(t.Flags, s.Flags...), append(t.Notes, s.Notes...)

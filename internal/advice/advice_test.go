@@ -207,3 +207,26 @@ func TestFlagsAreASet(t *testing.T) {
 		t.Errorf("%s", buf.Bytes())
 	}
 }
+
+// TestInterruptedCallsAreSaidLeftOut: calls whose process or worker died
+// (interrupted: a Temporal worker killed mid-call) are counted, left out
+// of the figures, and the report says so — their time is how long their
+// worker lived, not how long the tool takes, and no reason to raise its
+// timeout.
+func TestInterruptedCallsAreSaidLeftOut(t *testing.T) {
+	tools := []store.ToolStat{{Tool: "crawl", Calls: 25, Sample: 22, P50MS: 900, P95MS: 1000, P99MS: 1000, MaxMS: 1000, MaxOKMS: 1000,
+		TimeoutMS: 60000, Interrupted: 3}}
+	r := advice.NewReport("x.db", time.Now(), tools, nil, advice.Budgets{ToolMax: time.Hour})
+	notes := strings.Join(r.Tools[0].Notes, "\n")
+	if !strings.Contains(notes, "3 calls were interrupted") || !strings.Contains(notes, "left out of the figures") {
+		t.Errorf("notes: %q", notes)
+	}
+	if s := r.Tools[0].SuggestedTimeoutMS; s == nil || *s != 2000 {
+		t.Errorf("suggestion %v, want 2s: the interrupted calls' time counts for nothing", s)
+	}
+	var buf bytes.Buffer
+	r.WriteText(&buf)
+	if !strings.Contains(buf.String(), "crawl: 3 calls were interrupted") {
+		t.Errorf("the text report does not say so:\n%s", buf.String())
+	}
+}
