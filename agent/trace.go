@@ -197,6 +197,10 @@ func (sp *spans) Emit(e event.Event) {
 		}
 	case *event.LLMFinished:
 		rec := d.ModelCall
+		if sp.disowned() {
+			sp.chat = nil // as if its process had died: another records it lost
+			return
+		}
 		if sp.chat == nil && rec.Phase == budget.PhaseWorkerLost {
 			// An attempt lost with its worker: the span that worker
 			// began died with it, unexported. This one, from the record
@@ -261,6 +265,10 @@ func (sp *spans) Emit(e event.Event) {
 		}
 	case *event.ToolFinished:
 		rec := d.ToolCall
+		if sp.disowned() {
+			delete(sp.calls, d.CallID) // as if its process had died: another records it lost
+			return
+		}
 		s := sp.calls[d.CallID]
 		if s == nil && rec.Phase == budget.PhaseWorkerLost {
 			// A call lost with its worker, recorded by another: the span
@@ -286,6 +294,18 @@ func (sp *spans) Emit(e event.Event) {
 		}
 		endSpan(s, rec.EndedAt, rec.Outcome, rec.Result, attrs)
 	}
+}
+
+// disowned reports whether the engine gave the unit up
+// (event.Disowner): what it says of its calls' ends is not the turn's, and
+// their spans are left unended, unexported, as a dead worker's are.
+func (sp *spans) disowned() bool {
+	for _, s := range sp.t.sinks {
+		if d, ok := s.(event.Disowner); ok && d.Disowned() {
+			return true
+		}
+	}
+	return false
 }
 
 // startChat starts a model attempt's chat span at start, under budget b.

@@ -26,6 +26,16 @@ type LateSink interface {
 	LateResult(ToolCall)
 }
 
+// Disowner is a Sink that may stop taking a unit of work's account of its
+// calls: an engine that gave the unit up (Temporal no longer has it, and
+// another worker records its calls lost). While Disowned reports true, the
+// unit's other sinks that mark a call's end — its trace span — leave it
+// unsaid, as a process that died would.
+type Disowner interface {
+	Sink
+	Disowned() bool
+}
+
 // SinkFunc adapts a function to a Sink.
 type SinkFunc func(Event)
 

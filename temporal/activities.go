@@ -719,7 +719,7 @@ func (k *storeSink) Emit(e event.Event) {
 	if p, ok := e.Data.(*event.ToolProgress); ok && k.unit != nil {
 		k.unit.progress(p)
 	}
-	if k.unit != nil && k.unit.engine.Load() {
+	if k.Disowned() {
 		// Temporal gave the unit up: what it says now — its call stopped
 		// "cancelled" by that — is not the turn's. The workflow takes the
 		// unit for lost, records the loss, and runs a tool that declares
@@ -735,6 +735,10 @@ func (k *storeSink) Emit(e event.Event) {
 	}
 	k.s.QueueEvent(e, k.fail)
 }
+
+// Disowned implements event.Disowner: Temporal gave the unit up, and the
+// events it emits now are not stored.
+func (k *storeSink) Disowned() bool { return k.unit != nil && k.unit.engine.Load() }
 
 // LateResult implements event.LateSink.
 func (k *storeSink) LateResult(rec event.ToolCall) {

@@ -2,8 +2,11 @@ package temporal_test
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -11,7 +14,9 @@ import (
 	timebox "github.com/timebox-run/timebox"
 	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/proctest"
+	"github.com/timebox-run/timebox/internal/wait"
 	"github.com/timebox-run/timebox/temporal"
 )
 
@@ -75,5 +80,74 @@ func TestTracesOnTemporal(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestTracesOfAWorkerStopped: a worker stopped (SIGTERM, a deploy) while
+// a tool runs gives the call up — Temporal no longer has it — and another
+// worker records it lost. The trace has one span for the call, the lost
+// one, as the record says; not also one "cancelled" by the stopping
+// worker, whose account of the call the store never took.
+func TestTracesOfAWorkerStopped(t *testing.T) {
+	defer proctest.CheckNoLeaks(t)
+	c, s, queue := setup(t)
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"tool_calls": [{"name": "slow"}]}`+"\n"+`{"text": "done"}`+"\n"), 0o644)
+	file := filepath.Join(dir, "agent.yaml")
+	os.WriteFile(file, []byte("name: stopped\nmodel: {primary: script:test}\nproviders: {script: {file: script.jsonl}}\n"+
+		"timeouts: {kill_grace: 200ms, turn: 1m}\ntools:\n  - name: slow\n    exec: [sleep, \"30\"]\n    timeout: 30s\n"), 0o644)
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	defer tp.Shutdown(context.Background())
+	open := func() *agent.Agent {
+		a, err := timebox.Open(context.Background(), file, timebox.Options{TracerProvider: tp})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { a.Close() })
+		return a.Agent
+	}
+	wa, err := temporal.NewWorker(temporal.WorkerOptions{Client: c, TaskQueue: queue, Agent: open(), Store: s, Heartbeat: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := wa.Start(); err != nil {
+		t.Fatal(err)
+	}
+	r, err := temporal.NewRunner(c, s, queue, open())
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan *agent.Result, 1)
+	go func() { done <- r.Run(context.Background(), agent.Input{TurnID: "t_stopped", Text: "go"}) }()
+	wait.For(t, 30*time.Second, "the call to start", func() bool {
+		evs, _ := s.Events(context.Background(), "t_stopped", 0, 0)
+		for _, e := range evs {
+			if e.Type == event.TypeToolStarted {
+				return true
+			}
+		}
+		return false
+	})
+	wa.Stop()
+	startWorker(t, c, s, queue, open())
+	res := <-done
+	if res.Record.Status != budget.StatusCompleted || len(res.Record.ToolCalls) != 1 || res.Record.ToolCalls[0].Phase != budget.PhaseWorkerLost {
+		t.Fatalf("turn %s (%s), calls %+v", res.Record.Status, res.Record.Message, res.Record.ToolCalls)
+	}
+	var calls []string
+	for _, sp := range rec.Ended() {
+		if sp.Name() == "execute_tool slow" {
+			var outcome string
+			for _, kv := range sp.Attributes() {
+				if kv.Key == "timebox.outcome" {
+					outcome = kv.Value.AsString()
+				}
+			}
+			calls = append(calls, outcome)
+		}
+	}
+	if len(calls) != 1 || calls[0] != "interrupted" {
+		t.Errorf("the call's spans end %v; want one, interrupted (its record: %s)", calls, res.Record.ToolCalls[0].Result)
 	}
 }
