@@ -558,8 +558,10 @@ type running struct {
 	wg         sync.WaitGroup
 	unwatch    func()
 	stopEngine func() bool
-	// engine is set when the engine gave the unit up.
+	// engine is set when the engine gave the unit up; by says who
+	// (engineWhy).
 	engine atomic.Bool
+	by     atomic.Pointer[string]
 }
 
 // unit starts what every long unit of work runs beside it: a heartbeat on a
@@ -590,8 +592,10 @@ func (x *activities) unit(actx context.Context, turnID, callID string) *running 
 		case sdktemporal.IsCanceledError(cause):
 			u.cancel(&budget.CancelError{Reason: budget.Cancelled, By: "the turn's workflow"})
 		case isGivenUp(cause):
+			by := engineWhy(cause)
+			u.by.Store(&by)
 			u.engine.Store(true)
-			u.cancel(&budget.CancelError{Reason: budget.EngineLost, By: engineWhy(cause)})
+			u.cancel(&budget.CancelError{Reason: budget.EngineLost, By: by})
 		}
 	})
 	requested, unwatch := x.store.WatchCancel(turnID)
@@ -659,14 +663,19 @@ func (u *running) close() {
 	u.cancel(nil)
 }
 
-// engineErr returns errEngine when the engine gave the unit up: what the
-// unit met (cause) is then no stop of the turn's, and the workflow takes
-// the unit for lost.
+// engineErr returns an error of type "engine" when the engine gave the
+// unit up: what the unit met (cause) is then no stop of the turn's, and
+// the workflow takes the unit for lost. Its message is who gave it up
+// (lostWhy says it to the model and the record).
 func (u *running) engineErr(cause *machine.Cause) error {
 	if !u.engine.Load() {
 		return nil
 	}
-	return sdktemporal.NewApplicationErrorWithCause(errEngine.Error(), "engine", cause.Err())
+	msg := errEngine.Error()
+	if by := u.by.Load(); by != nil {
+		msg = *by
+	}
+	return sdktemporal.NewApplicationErrorWithCause(msg, "engine", cause.Err())
 }
 
 // isGivenUp reports whether a cancellation of an activity's context by

@@ -135,6 +135,12 @@ func TestTracesOfAWorkerStopped(t *testing.T) {
 	if res.Record.Status != budget.StatusCompleted || len(res.Record.ToolCalls) != 1 || res.Record.ToolCalls[0].Phase != budget.PhaseWorkerLost {
 		t.Fatalf("turn %s (%s), calls %+v", res.Record.Status, res.Record.Message, res.Record.ToolCalls)
 	}
+	// Its record says in words who gave it up, for the model and for
+	// the person reading it: no error's Go formatting.
+	if why := res.Record.ToolCalls[0].Result; !strings.Contains(why, "The call was lost: it was given up by the worker, stopping (worker ") ||
+		strings.Contains(why, "(type:") {
+		t.Errorf("the lost call's result: %s", why)
+	}
 	var calls []string
 	for _, sp := range rec.Ended() {
 		if sp.Name() == "execute_tool slow" {

@@ -454,7 +454,9 @@ func lostWhy(err error) string {
 	}
 	var app *sdktemporal.ApplicationError
 	if errors.As(err, &app) && app.Type() == "engine" {
-		return worker + " gave it up: " + app.Error()
+		// In words: Error() adds the SDK's "(type: …, retryable: …)" and
+		// the cause's.
+		return "it was given up by " + app.Message() + " (" + worker + ")"
 	}
 	return fmt.Sprintf("%s failed: %v", worker, errors.Unwrap(err))
 }
