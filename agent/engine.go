@@ -113,7 +113,15 @@ func (u engineUnits) LostAttempts(s *machine.State, step int, lost []machine.Los
 			StartedAt: at.Started, Outcome: event.OutcomeInterrupted, Phase: budget.PhaseWorkerLost,
 			Error: "the attempt was lost: " + why + "; it was asked again"}
 		if !at.Started.IsZero() {
-			rec.StreamMS = now.Sub(at.Started).Milliseconds()
+			// What it is known to have run: to its last chunk stored. The
+			// wait until the loss was noticed is no model's time.
+			last := at.Started
+			if at.Last.After(last) {
+				last = at.Last
+			}
+			rec.StreamMS = last.Sub(at.Started).Milliseconds()
+			rec.Error = fmt.Sprintf("the attempt was lost: %s; it was last heard from %s after it began, and the loss noticed %s after that; it was asked again",
+				why, budget.RoundHuman(last.Sub(at.Started)), budget.RoundHuman(now.Sub(last)))
 		}
 		t.em.Emit(&event.LLMFinished{ModelCall: rec})
 		s.Attempts = max(s.Attempts, at.Attempt)

@@ -221,7 +221,11 @@ func (sp *spans) Emit(e event.Event) {
 				attrs = append(attrs, budgetAttrs(fired)...)
 			}
 		}
-		endSpan(sp.chat, e.At, rec.Outcome, rec.Error, attrs)
+		end := e.At
+		if rec.Phase == budget.PhaseWorkerLost {
+			end = rec.StartedAt.Add(time.Duration(rec.StreamMS) * time.Millisecond) // as long as it is known to have run
+		}
+		endSpan(sp.chat, end, rec.Outcome, rec.Error, attrs)
 		sp.chat = nil
 	case *event.CompactionFinished:
 		// A compaction is a model call the turn waits for: its span, made

@@ -94,7 +94,7 @@ func TestLostAttemptSpan(t *testing.T) {
 	}
 	s, _ := u.NewState("t_lost", "", nil, budget.Request{})
 	started := time.Now().Add(-3 * time.Second)
-	u.LostAttempts(s, 1, []machine.LostAttempt{{Attempt: 1, Model: "m", Provider: "script", Started: started}}, "its worker died")
+	u.LostAttempts(s, 1, []machine.LostAttempt{{Attempt: 1, Model: "m", Provider: "script", Started: started, Last: started.Add(time.Second)}}, "its worker died")
 	ended := rec.Ended()
 	if len(ended) != 1 || ended[0].Name() != "chat m" {
 		t.Fatalf("spans %v; want the lost attempt's chat span", ended)
@@ -105,8 +105,9 @@ func TestLostAttemptSpan(t *testing.T) {
 		got[string(kv.Key)] = kv.Value.AsInterface()
 	}
 	if got["error.type"] != "interrupted" || got["timebox.phase"] != "worker_lost" || got["timebox.attempt"] != int64(1) ||
-		!sp.StartTime().Equal(started) || sp.Status().Code != codes.Error {
-		t.Errorf("the lost attempt's span: %v, from %s, status %v", got, sp.StartTime(), sp.Status())
+		!sp.StartTime().Equal(started) || sp.Status().Code != codes.Error ||
+		!sp.EndTime().Equal(started.Add(time.Second)) { // to its last chunk, not to when the loss was noticed
+		t.Errorf("the lost attempt's span: %v, from %s to %s, status %v", got, sp.StartTime(), sp.EndTime(), sp.Status())
 	}
 }
 

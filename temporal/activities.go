@@ -186,6 +186,7 @@ func (x *activities) catchUp(ctx context.Context, s *machine.State, sink *storeS
 	}
 	step := s.Steps + 1
 	begun := map[int]machine.LostAttempt{}
+	current := 0 // the step's attempt streaming: a step's attempts run one after another
 	for _, e := range evs {
 		s.Seen = e.Seq
 		switch d := e.Data.(type) {
@@ -195,6 +196,12 @@ func (x *activities) catchUp(ctx context.Context, s *machine.State, sink *storeS
 			if d.Step == step {
 				begun[d.Attempt] = machine.LostAttempt{Attempt: d.Attempt, Model: d.Model, Provider: d.Provider, Profile: d.Profile, Started: e.At}
 				s.Attempts = max(s.Attempts, d.Attempt)
+				current = d.Attempt
+			}
+		case *event.LLMDelta:
+			if la, ok := begun[current]; ok && d.Step == step {
+				la.Last = e.At
+				begun[current] = la
 			}
 		case *event.LLMFinished:
 			if d.Step == step {

@@ -484,6 +484,40 @@ func TestSuiteLostModelStep(t *testing.T) {
 	}
 }
 
+// TestSuiteLostModelStepTime: the record of a model attempt lost with its
+// worker says how long it is known to have run — to its last stream chunk
+// stored — not until another worker noticed the loss: that wait is no
+// model's slowness, and the timeline would draw it as one.
+func TestSuiteLostModelStepTime(t *testing.T) {
+	a := newAgent(t, `{"text": "done"}`+"\n", budget.Budgets{}, budget.Limits{})
+	s := newSuite(t, a)
+	lost := 0
+	began := time.Now().Add(-3 * time.Second)
+	s.env.OnActivity(actAdvance, mock.Anything, mock.Anything).Return(func(ctx context.Context, in *unitIn) (*advanced, error) {
+		if lost == 0 {
+			lost++
+			// The attempt began 3s ago, streamed a chunk 1s in, and its
+			// worker died.
+			for i, p := range []event.Payload{&event.TurnStarted{Agent: "suite"}, &event.LLMStarted{Step: 1, Model: "m", Provider: "script", Attempt: 1},
+				&event.LLMDelta{Step: 1, Text: "Wor"}} {
+				at := began.Add(time.Duration(max(i-1, 0)) * time.Second)
+				if err := s.store.AppendEvent(ctx, event.Event{TurnID: in.State.TurnID, Type: p.Type(), At: at, Data: p}); err != nil {
+					return nil, err
+				}
+			}
+			return nil, sdktemporal.NewHeartbeatTimeoutError()
+		}
+		return s.x.Advance(ctx, in)
+	})
+	rec, _ := s.run(t, s.start(t, "t1", "go"))
+	if rec.Status != budget.StatusCompleted || len(rec.ModelCalls) != 2 {
+		t.Fatalf("turn ended %s: %s; calls %+v", rec.StopReason, rec.Message, rec.ModelCalls)
+	}
+	if mc := rec.ModelCalls[0]; mc.Phase != budget.PhaseWorkerLost || mc.StreamMS != 1000 || !strings.Contains(mc.Error, "last heard from 1s after it began") {
+		t.Errorf("the lost attempt's record: %dms, %q; want 1000ms, to its last chunk", mc.StreamMS, mc.Error)
+	}
+}
+
 // TestSuiteAgentMismatch: a turn started for another agent is refused by
 // the worker: failed, agent_mismatch, naming both, nothing run.
 func TestSuiteAgentMismatch(t *testing.T) {

@@ -100,13 +100,15 @@ type Loss struct {
 }
 
 // LostAttempt is a model call attempt that began where it was lost: its
-// llm_started.
+// llm_started, and when it was last heard from (its last llm_delta stored;
+// zero: none came).
 type LostAttempt struct {
 	Attempt  int       `json:"attempt"`
 	Model    string    `json:"model"`
 	Provider string    `json:"provider"`
 	Profile  string    `json:"profile,omitempty"`
 	Started  time.Time `json:"started"`
+	Last     time.Time `json:"last,omitzero"`
 }
 
 // unitsOf returns the Units of an agent; package agent sets it.
