@@ -84,8 +84,12 @@ type turnRun struct {
 	cancelWork workflow.CancelFunc
 	signals    workflow.ReceiveChannel
 	// stopped is what stopped the turn from outside its units, first
-	// come: the ceiling, a cancel signal, the workflow's cancellation.
-	stopped *machine.Cause
+	// come: the ceiling, a cancel signal, the workflow's cancellation;
+	// stoppedAt is when: the instant the ceiling fell (its timer may be
+	// seen later, when no worker ran the workflow), or when the workflow
+	// saw the signal or its cancellation.
+	stopped   *machine.Cause
+	stoppedAt time.Time
 	// halted is done once stopped is set: a wait for people ends then at
 	// once, while units get the grace of a cancel signal (halt cancels
 	// it).
@@ -125,7 +129,7 @@ func (r *turnRun) watch(ctx workflow.Context) {
 			sel.AddFuture(timer, func(f workflow.Future) {
 				if f.Get(ctx, nil) == nil {
 					waited := r.ceiling.Sub(r.s.Start) - r.s.Budgets.Turn.D
-					r.stop(&machine.Cause{Timeout: r.s.Budgets.Turn.Expired(budget.PhaseTurn, "the turn", workflow.Now(ctx).Sub(r.s.Start)-waited)})
+					r.stop(&machine.Cause{Timeout: r.s.Budgets.Turn.Expired(budget.PhaseTurn, "the turn", workflow.Now(ctx).Sub(r.s.Start)-waited)}, r.ceiling)
 				}
 			})
 		}
@@ -137,10 +141,10 @@ func (r *turnRun) watch(ctx workflow.Context) {
 		sel.AddReceive(r.signals, func(c workflow.ReceiveChannel, _ bool) {
 			var ce budget.CancelError
 			c.Receive(ctx, &ce)
-			graceful = r.note(cancelCause(&ce))
+			graceful = r.note(cancelCause(&ce), workflow.Now(ctx))
 		})
 		sel.AddReceive(ctx.Done(), func(workflow.ReceiveChannel, bool) {
-			r.stop(&machine.Cause{Cancel: &budget.CancelError{Reason: budget.Cancelled, By: "Temporal (the workflow was cancelled)"}})
+			r.stop(&machine.Cause{Cancel: &budget.CancelError{Reason: budget.Cancelled, By: "Temporal (the workflow was cancelled)"}}, workflow.Now(ctx))
 		})
 		sel.Select(ctx)
 		if !rearm {
@@ -169,21 +173,21 @@ func cancelCause(ce *budget.CancelError) *machine.Cause {
 	return &machine.Cause{Cancel: ce}
 }
 
-// stop notes c as what stopped the turn, first come, and cancels the
-// turn's work at once.
-func (r *turnRun) stop(c *machine.Cause) {
-	if r.note(c) {
+// stop notes c as what stopped the turn at at, first come, and cancels
+// the turn's work at once.
+func (r *turnRun) stop(c *machine.Cause, at time.Time) {
+	if r.note(c, at) {
 		r.cancelWork()
 	}
 }
 
-// note notes c as what stopped the turn, if nothing did before; it
-// reports whether it did.
-func (r *turnRun) note(c *machine.Cause) bool {
+// note notes c as what stopped the turn at at, if nothing did before;
+// it reports whether it did.
+func (r *turnRun) note(c *machine.Cause, at time.Time) bool {
 	if r.stopped != nil {
 		return false
 	}
-	r.stopped = c
+	r.stopped, r.stoppedAt = c, at
 	r.halt()
 	return true
 }
@@ -198,7 +202,7 @@ func (r *turnRun) continueAsNew() bool {
 	}
 	var ce budget.CancelError
 	if r.signals.ReceiveAsync(&ce) {
-		r.stop(cancelCause(&ce))
+		r.stop(cancelCause(&ce), workflow.Now(r.root))
 		return false
 	}
 	return true
@@ -293,10 +297,12 @@ func (d *driver) Call(s *machine.State, step int, c machine.Call) machine.Called
 	}
 	// The turn stopped (its ceiling, a cancel) while the call ran on a
 	// worker that is gone: the call says what ran, as its unit would have
-	// (for the turn's message, and its flag timed_out_during_tool_execution).
+	// (for the turn's message, and its flag timed_out_during_tool_execution),
+	// for as long as it ran when the turn stopped — not until the loss was
+	// seen, a heartbeat timeout and a workflow task later.
 	var stopped *machine.StopNote
 	if r.stopped != nil {
-		stopped = &machine.StopNote{Desc: machine.RunningDesc(c.Name, workflow.Now(d.ctx).Sub(started)), Tools: []string{c.Name}, DuringRun: true}
+		stopped = &machine.StopNote{Desc: machine.RunningDesc(c.Name, max(r.stoppedAt.Sub(started), 0)), Tools: []string{c.Name}, DuringRun: true}
 	}
 	lost := *in
 	lost.Why, lost.Noticed = lostWhy(err), workflow.Now(d.ctx)

@@ -390,4 +390,11 @@ tools:
 		!fin.Flags.TimedOutDuringToolExecution || !fin.Flags.TimedOutByTurnBudget {
 		t.Errorf("turn ended %s with flags %+v: %s", fin.StopReason, fin.Flags, fin.Message)
 	}
+	// It ran until the ceiling fell, not until the workflow heard of the
+	// loss, a heartbeat timeout and a workflow task later (it said
+	// "running for 8s" of a turn stopped after 3s).
+	_, after, _ := strings.Cut(fin.Message, "running for ")
+	if ran, err := time.ParseDuration(strings.TrimSuffix(strings.SplitN(after, " ", 2)[0], ".")); err != nil || ran > 3*time.Second {
+		t.Errorf("the tool ran longer than the turn, or for no time said: %s", fin.Message)
+	}
 }
