@@ -3,13 +3,21 @@
 package faults
 
 import (
+	"context"
+	"fmt"
+	"io"
 	"net/http"
+	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/testenv"
+	"github.com/timebox-run/timebox/internal/wait"
+	"github.com/timebox-run/timebox/store"
 )
 
 // workerKilledWhileApproving: on the Temporal engine, the worker of a turn
@@ -51,4 +59,70 @@ func workerKilledWhileApproving(t *testing.T) {
 	stop(wb)
 	stopGateways(t, gw)
 	sc.nothingLeft(gw.pid())
+}
+
+// runKilledWhileApproving: `timebox run --engine temporal` (not detached)
+// asks on its terminal for a decision on a call, and is killed (SIGKILL)
+// while the call waits. The wait runs no unit to watch the store for the
+// cancel request stored once run is taken for gone (3 heartbeats of 1s):
+// the workers pass it on to the workflow, and the turn ends client_gone
+// at once, the call not run — not when the wait expires, a day later
+// (docs/temporal.md).
+func runKilledWhileApproving(t *testing.T) {
+	sc := begin(t, "run kill -9 while a call waits for a person", "timebox worker, run --engine temporal on a terminal")
+	e := newEngine(t)
+	a := deployAgent(t)
+	w := e.worker(a, nil, "1s")
+	master, tty := testenv.PTY(t)
+	go io.Copy(io.Discard, master) // the live view and the question; ends when the test closes master
+	run := startTimeboxWith(t, a.dir, []string{"TERM=xterm"}, tty, func(c *exec.Cmd) {
+		c.Stdin = tty
+		c.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	}, append(append([]string{"run", "--engine", "temporal"}, e.flags(a)...), "deploy")...)
+	id := e.waitingTurn(run)
+	killed := time.Now()
+	run.cmd.Process.Kill()
+	<-run.done
+	const bound = 15 * time.Second
+	rec, evs, ok := e.endsWithin(id, 2*bound)
+	if !ok {
+		sc.within("kill to turn_finished", time.Since(killed), bound)
+		t.Fatalf("the turn still waits %s after its run was killed", ms(time.Since(killed)))
+	}
+	sc.within("kill to turn_finished", rec.EndedAt.Sub(killed), bound)
+	sc.is("stop reason", string(rec.StopReason), string(budget.ClientGone))
+	sc.count("times the call ran", ranTimes(a), 0)
+	if c := rec.ToolCalls; len(c) == 1 {
+		sc.truth("its record", "not run", fmt.Sprintf("%s/%s", c[0].Outcome, c[0].Phase), c[0].Outcome != event.OutcomeOK)
+	} else {
+		sc.count("tool call records", len(c), 1)
+	}
+	sc.integrity(evs, nil)
+	stop(w)
+	sc.nothingLeft()
+}
+
+// waitingTurn waits until a turn in the engine's store has a call waiting
+// for a person, started by p, and returns its id.
+func (e *engine) waitingTurn(p *proc) string {
+	e.t.Helper()
+	ctx := context.Background()
+	var id string
+	wait.For(e.t, 60*time.Second, "a call waiting for a person", func() bool {
+		if p.exited() {
+			e.t.Fatalf("timebox exited\n%s", p.stderr.String())
+		}
+		list, _ := e.st.Turns(ctx, store.Filter{})
+		for _, s := range list {
+			evs, _ := e.st.Events(ctx, s.TurnID, 0, 0)
+			for _, ev := range evs {
+				if ev.Type == event.TypeApprovalRequested {
+					id = s.TurnID
+					return true
+				}
+			}
+		}
+		return false
+	})
+	return id
 }

@@ -46,6 +46,7 @@ func TestEngineFaults(t *testing.T) {
 		{"agent file mismatch", agentMismatch},
 		{"1,000 steps", thousandSteps},
 		{"worker kill -9 while a call waits for a person", workerKilledWhileApproving},
+		{"run kill -9 while a call waits for a person", runKilledWhileApproving},
 	} {
 		t.Run(s.name, s.run)
 	}
@@ -112,6 +113,17 @@ func (e *engine) run(a agentDir, env []string, extra ...string) *proc {
 // record with its stored events.
 func (e *engine) ended(id string, d time.Duration) (*event.Turn, []event.Event) {
 	e.t.Helper()
+	rec, evs, ok := e.endsWithin(id, d)
+	if !ok {
+		e.t.Fatalf("turn %s had not ended after %s", id, d)
+	}
+	return rec, evs
+}
+
+// endsWithin is ended for a scenario that measures whether the turn ends
+// in time: false when it is still running after d.
+func (e *engine) endsWithin(id string, d time.Duration) (*event.Turn, []event.Event, bool) {
+	e.t.Helper()
 	changed, unwatch := e.st.Watch(id)
 	defer unwatch()
 	deadline := time.After(d)
@@ -122,13 +134,13 @@ func (e *engine) ended(id string, d time.Duration) (*event.Turn, []event.Event) 
 			if err != nil {
 				e.t.Fatal(err)
 			}
-			return rec, evs
+			return rec, evs, true
 		}
 		select {
 		case <-changed:
 		case <-time.After(500 * time.Millisecond):
 		case <-deadline:
-			e.t.Fatalf("turn %s had not ended after %s", id, d)
+			return nil, nil, false
 		}
 	}
 }
