@@ -21,6 +21,7 @@ import (
 	"github.com/timebox-run/timebox/internal/procmem"
 	"github.com/timebox-run/timebox/internal/syncbuf"
 	"github.com/timebox-run/timebox/internal/testenv"
+	"github.com/timebox-run/timebox/internal/wait"
 	"github.com/timebox-run/timebox/store/postgres"
 	"github.com/timebox-run/timebox/temporal"
 )
@@ -47,6 +48,7 @@ func TestEngineFaults(t *testing.T) {
 		{"1,000 steps", thousandSteps},
 		{"worker kill -9 while a call waits for a person", workerKilledWhileApproving},
 		{"run kill -9 while a call waits for a person", runKilledWhileApproving},
+		{"worker SIGSTOP mid-tool, retries", workerStalledMidTool},
 	} {
 		t.Run(s.name, s.run)
 	}
@@ -573,4 +575,128 @@ func workflowRuns(t *testing.T, addr, turnID string) int {
 			return runs + 1
 		}
 	}
+}
+
+// retryTool is a tool safe to run twice: its first run hangs (the run
+// whose worker stalls), a later one answers after 4s. Each run writes
+// "$WORKER pid" to $PIDFILE, naming the worker that ran it.
+const retryTool = `#!/usr/bin/env bash
+cat >/dev/null
+first=yes
+[ -s "$PIDFILE" ] && first=no
+echo "$WORKER $$" >> "$PIDFILE"
+if [ $first = yes ]; then exec sleep 300; fi
+sleep 4
+echo done
+`
+
+// workerStalledMidTool: the worker running a call of a tool with
+// retries: 5 is stopped (SIGSTOP) past its heartbeat timeout, a second
+// worker running. Temporal gives the attempt up and the call runs again on
+// the second worker; the stalled worker is then let go on (SIGCONT) while
+// the retry runs. What it says of the attempt Temporal gave up — its call
+// stopped "cancelled" by that — is not the turn's: it stores nothing, the
+// call's one record is the retry's result. (The stalled worker's open
+// polls take retries too, each lost after the heartbeat timeout: 4
+// attempts in all, the last on the other worker; hence 5 retries.)
+func workerStalledMidTool(t *testing.T) {
+	sc := begin(t, "worker SIGSTOP mid-tool, retries: 5", "timebox worker ×2, run --engine temporal")
+	e := newEngine(t)
+	a := newAgent(t, scriptAgent("kill_grace: 500ms", "", "{name: idem, description: Safe to run twice., exec: [./idem.sh], timeout: 1m, retries: 5}"),
+		[]string{callTools("idem"), `{"text": "All done."}`}, map[string]string{"idem.sh": retryTool})
+	env := func(name string) []string { return []string{"PIDFILE=" + a.pidfile, "WORKER=" + name} }
+	workers := map[string]*proc{"A": e.worker(a, env("A"), "1s"), "B": e.worker(a, env("B"), "1s")}
+	run := e.run(a, nil)
+	id := turnID(t, run)
+	var stalledName, healthyName string
+	var stalledPID int
+	for name, pids := range a.waitPIDs(t, 1, run) {
+		stalledName, stalledPID = name, pids[0]
+	}
+	healthyName = map[string]string{"A": "B", "B": "A"}[stalledName]
+	stalled := workers[stalledName]
+	stalled.cmd.Process.Signal(syscall.SIGSTOP)
+	stopped := time.Now()
+	retried := wait.Until(30*time.Second, func() bool { return len(a.pids()[healthyName]) > 0 })
+	if !retried {
+		t.Fatalf("no retry on worker %s 30s after worker %s stopped", healthyName, stalledName)
+	}
+	sc.within("stop to the retry's start on the other worker", time.Since(stopped), 15*time.Second)
+	stalled.cmd.Process.Signal(syscall.SIGCONT)
+	resumed := time.Now()
+	gone := waitGone([]int{stalledPID}, 10*time.Second)
+	sc.truth("the stalled attempt's tool", "stopped once its worker is back", fmt.Sprintf("gone %s after the resume", ms(gone)), gone < 10*time.Second)
+	rec, evs := e.ended(id, 60*time.Second)
+	code := run.wait(10 * time.Second)
+	sc.is("status", string(rec.Status), string(budget.StatusCompleted))
+	sc.count("run's exit code", code, 0)
+	sc.integrity(evs, run.log.snapshot())
+	var runs []string
+	written, _ := os.ReadFile(a.pidfile)
+	for line := range strings.Lines(string(written)) {
+		role, _, _ := strings.Cut(line, " ")
+		runs = append(runs, role)
+	}
+	sc.truth("the tool's runs (attempts), by worker", "the stalled one first, the last on the other",
+		fmt.Sprintf("%d: %s", len(runs), strings.Join(runs, ", ")), len(runs) >= 2 && runs[0] == stalledName && runs[len(runs)-1] == healthyName)
+	if c := rec.ToolCalls; len(c) == 1 {
+		sc.truth("the call", "ok, the retry's result", fmt.Sprintf("%s/%s %q", c[0].Outcome, c[0].Phase, toolOutput(c[0].Result)),
+			c[0].Outcome == event.OutcomeOK && strings.TrimSpace(toolOutput(c[0].Result)) == "done")
+	} else {
+		sc.count("tool call records", len(c), 1)
+	}
+	attempts := callAttempts(t, e.srv.Addr(), id)
+	sc.truth("Temporal's attempts of the call", "≥ 2", fmt.Sprint(attempts), attempts >= 2)
+	// What the stalled worker said of the attempt Temporal gave up once it
+	// was let go on: its call stopped, a tool_finished "cancelled"; the
+	// tool reports no progress. (The retry's tool_started may be stored
+	// just after the resume: it is not counted.)
+	late := 0
+	for _, ev := range evs {
+		if ev.At.Before(resumed) {
+			continue
+		}
+		switch d := ev.Data.(type) {
+		case *event.ToolProgress:
+			late++
+		case *event.ToolFinished:
+			if d.Outcome != event.OutcomeOK {
+				late++
+				t.Logf("stored after the resume: %s %s/%s", ev.Type, d.Outcome, d.Phase)
+			}
+		}
+	}
+	sc.count("records of the given-up attempt stored after its worker resumed", late, 0)
+	sc.allDead(a.pids())
+	for _, w := range workers {
+		stop(w)
+	}
+	sc.nothingLeft()
+}
+
+// callAttempts returns the attempt of the last tool call a turn's workflow
+// started: 1, and one more for each time Temporal ran it again.
+func callAttempts(t *testing.T, addr, turnID string) int {
+	t.Helper()
+	c, err := client.Dial(client.Options{HostPort: addr, Logger: sdklog.NewStructuredLogger(slog.New(slog.DiscardHandler))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	it := c.GetWorkflowHistory(context.Background(), temporal.WorkflowID(turnID), "", false, enums.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
+	scheduled := map[int64]string{}
+	attempt := 0
+	for it.HasNext() {
+		ev, err := it.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a := ev.GetActivityTaskScheduledEventAttributes(); a != nil {
+			scheduled[ev.GetEventId()] = a.GetActivityType().GetName()
+		}
+		if a := ev.GetActivityTaskStartedEventAttributes(); a != nil && scheduled[a.GetScheduledEventId()] == "timebox.Call" {
+			attempt = int(a.GetAttempt())
+		}
+	}
+	return attempt
 }
