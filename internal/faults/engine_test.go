@@ -49,6 +49,7 @@ func TestEngineFaults(t *testing.T) {
 		{"worker kill -9 while a call waits for a person", workerKilledWhileApproving},
 		{"run kill -9 while a call waits for a person", runKilledWhileApproving},
 		{"worker SIGSTOP mid-tool, retries", workerStalledMidTool},
+		{"worker kill -9 mid-tool, then the ceiling", ceilingWhileWorkerDead},
 	} {
 		t.Run(s.name, s.run)
 	}
@@ -699,4 +700,45 @@ func callAttempts(t *testing.T, addr, turnID string) int {
 		}
 	}
 	return attempt
+}
+
+// ceilingWhileWorkerDead: the worker running a call is killed (SIGKILL)
+// and the turn's ceiling (3s) falls before Temporal takes the worker for
+// gone (heartbeat 4s); a worker started after the kill runs the workflow
+// on. The turn ends as on the embedded engine: its message says the tool
+// was running (machine.RunningDesc), flagged
+// timed_out_during_tool_execution — not "Last step: model m".
+func ceilingWhileWorkerDead(t *testing.T) {
+	sc := begin(t, "worker kill -9 mid-tool, then the turn's ceiling", "timebox worker ×2 in turn, run --engine temporal")
+	e := newEngine(t)
+	const ceiling = 3 * time.Second
+	a := newAgent(t, scriptAgent("kill_grace: 500ms, turn: "+ceiling.String(), "", "{name: hang, description: Hangs., exec: [./hang.sh], timeout: 30s}"),
+		[]string{callTools("hang"), `{"text": "never"}`}, map[string]string{"hang.sh": hangTool})
+	wa, run, id, pids := e.hanging(a, "4s")
+	wa.cmd.Process.Kill()
+	<-wa.done
+	wb := e.worker(a, []string{"PIDFILE=" + a.pidfile}, "4s")
+	rec, evs := e.ended(id, 60*time.Second)
+	code := run.wait(10 * time.Second)
+	sc.within("past the ceiling", rec.EndedAt.Sub(rec.StartedAt.Add(ceiling)), 10*time.Second)
+	sc.is("stop reason", string(rec.StopReason), string(budget.TurnTimeout))
+	sc.count("run's exit code", code, 3)
+	// "running for" is until the ceiling fell, as on the embedded engine,
+	// not until the workflow heard of the lost call (the heartbeat timeout
+	// and a workflow task later): it was 7s in a turn stopped after 3s.
+	_, after, says := strings.Cut(rec.Message, "Last step: tool hang, running for ")
+	ran, err := time.ParseDuration(strings.TrimSuffix(strings.SplitN(after, " ", 2)[0], "."))
+	says = says && err == nil && ran <= ceiling
+	sc.truth("its message", "says the tool was running, until the ceiling", fmt.Sprintf("%v: %q", says, rec.Message), says)
+	sc.truth("its flags", "timed out by the turn budget, during a tool", fmt.Sprintf("%+v", rec.Flags),
+		rec.Flags.TimedOutDuringToolExecution && rec.Flags.TimedOutByTurnBudget)
+	if c := rec.ToolCalls; len(c) == 1 {
+		sc.is("the lost call", string(c[0].Outcome)+"/"+string(c[0].Phase), "interrupted/worker_lost")
+	} else {
+		sc.count("tool call records", len(c), 1)
+	}
+	sc.integrity(evs, run.log.snapshot())
+	sc.allDead(pids)
+	stop(wb)
+	sc.nothingLeft()
 }
