@@ -126,3 +126,61 @@ func (e *engine) waitingTurn(p *proc) string {
 	})
 	return id
 }
+
+// gatewayStoppedMidTurns: `timebox serve --engine temporal` (grace 1s)
+// gets SIGTERM while it runs a detached turn and a turn its SSE client
+// follows, both mid-tool. A gateway shutting down stops following its
+// engine turns and cancels none (docs/temporal.md): the detached turn runs
+// on on the worker and answers; the followed one, whose client's stream
+// ended with its gateway, ends client_gone once the gateway is taken for
+// gone — neither is cancelled "shutdown". A second gateway follows both
+// to their turn_finished.
+func gatewayStoppedMidTurns(t *testing.T) {
+	sc := begin(t, "serve SIGTERM, its engine turns running", "timebox worker, serve --engine temporal ×2 in turn, SSE clients")
+	e := newEngine(t)
+	a := newAgent(t, scriptAgent("", "", `{name: slow, description: Slow., exec: [./slow.sh, "8"], timeout: 1m}`),
+		[]string{callTools("slow"), `{"text": "All done."}`}, map[string]string{"slow.sh": slowTool})
+	w := e.worker(a, []string{"PIDFILE=" + a.pidfile}, "1s")
+	serve := append([]string{"--engine", "temporal", "--shutdown-grace", "1s"}, e.flags(a)...)
+	gwA, urlA := startServe(t, a, nil, serve...)
+	resp, err := http.Post(urlA+"/v1/turns", "application/json", strings.NewReader(`{"input": "go", "detach": true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	detached := resp.Header.Get("Timebox-Turn-Id")
+	resp.Body.Close()
+	followed := postTurn(t, urlA, `{"input": "go"}`)
+	a.waitPIDs(t, 2, gwA)
+	sent := time.Now()
+	gwA.cmd.Process.Signal(syscall.SIGTERM)
+	code := gwA.wait(30 * time.Second)
+	sc.count("A's exit code", code, 0)
+	sc.within("A exited after SIGTERM (grace 1s)", gwA.took-sent.Sub(gwA.start), 3*time.Second)
+	<-followed.done
+	_, got := followed.log.waitFor(event.TypeTurnFinished, 0)
+	sc.truth("the followed turn's client: its stream ended with A", "without turn_finished", fmt.Sprint(!got), !got)
+
+	gwB, urlB := startServe(t, a, nil, serve...)
+	for _, tc := range []struct{ name, id, want string }{
+		{"detached", detached, "completed/answered"},
+		{"followed", followed.turnID, "cancelled/client_gone"},
+	} {
+		name, id := tc.name, tc.id
+		f := replayTurn(t, urlB, id)
+		ev, ok := f.log.waitFor(event.TypeTurnFinished, 60*time.Second)
+		if !ok {
+			sc.truth(name+" turn followed through B", "to turn_finished", "no turn_finished", false)
+			continue
+		}
+		fin := ev.Data.(*event.TurnFinished)
+		sc.is(name+" turn's end, through B", fmt.Sprintf("%s/%s", fin.Status, fin.StopReason), tc.want)
+		sc.within("  SIGTERM to its turn_finished", ev.At.Sub(sent), 20*time.Second)
+		_, evs := e.ended(id, 10*time.Second)
+		sc.integrity(evs, f.log.snapshot())
+		sc.count(name+" turn's stored events missing from B's stream", len(evs)-len(f.log.snapshot()), 0)
+		f.leave()
+	}
+	stopGateways(t, gwB)
+	stop(w)
+	sc.nothingLeft(gwA.pid(), gwB.pid())
+}

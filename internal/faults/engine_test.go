@@ -50,6 +50,7 @@ func TestEngineFaults(t *testing.T) {
 		{"run kill -9 while a call waits for a person", runKilledWhileApproving},
 		{"worker SIGSTOP mid-tool, retries", workerStalledMidTool},
 		{"worker kill -9 mid-tool, then the ceiling", ceilingWhileWorkerDead},
+		{"serve SIGTERM, its engine turns running", gatewayStoppedMidTurns},
 	} {
 		t.Run(s.name, s.run)
 	}
