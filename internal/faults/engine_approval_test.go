@@ -174,7 +174,7 @@ func gatewayStoppedMidTurns(t *testing.T) {
 		}
 		fin := ev.Data.(*event.TurnFinished)
 		sc.is(name+" turn's end, through B", fmt.Sprintf("%s/%s", fin.Status, fin.StopReason), tc.want)
-		sc.within("  SIGTERM to its turn_finished", ev.At.Sub(sent), 20*time.Second)
+		sc.within(name+" turn: SIGTERM to its turn_finished", ev.At.Sub(sent), 20*time.Second)
 		_, evs := e.ended(id, 10*time.Second)
 		sc.integrity(evs, f.log.snapshot())
 		sc.count(name+" turn's stored events missing from B's stream", len(evs)-len(f.log.snapshot()), 0)

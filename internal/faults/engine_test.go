@@ -642,7 +642,7 @@ func workerStalledMidTool(t *testing.T) {
 	sc.truth("the tool's runs (attempts), by worker", "the stalled one first, the last on the other",
 		fmt.Sprintf("%d: %s", len(runs), strings.Join(runs, ", ")), len(runs) >= 2 && runs[0] == stalledName && runs[len(runs)-1] == healthyName)
 	if c := rec.ToolCalls; len(c) == 1 {
-		sc.truth("the call", "ok, the retry's result", fmt.Sprintf("%s/%s %q", c[0].Outcome, c[0].Phase, toolOutput(c[0].Result)),
+		sc.truth("the call", "ok, the retry's result", fmt.Sprintf("%s %q", c[0].Outcome, toolOutput(c[0].Result)),
 			c[0].Outcome == event.OutcomeOK && strings.TrimSpace(toolOutput(c[0].Result)) == "done")
 	} else {
 		sc.count("tool call records", len(c), 1)
