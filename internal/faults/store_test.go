@@ -52,6 +52,7 @@ func TestStoreFaults(t *testing.T) {
 		{"SQLite's disk full under serve, a client joins", diskFullUnderServe},
 		{"SQLite's disk full, then serve restarted while a call waits for a person", diskFullThenSuspended},
 		{"pg_terminate_backend loop", connectionsKilled},
+		{"pg_terminate_backend loop, read and cancelled through the other gateway", cutUnderReadsAndCancel},
 		{"two writers number one turn while commits fail", twoWritersNumber},
 		{"pg_ctl restart while a call waits for a person", approvalAcrossRestart},
 		{"long reply on PostgreSQL", longReplyPostgres},
