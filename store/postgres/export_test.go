@@ -35,3 +35,6 @@ func TakeHeartbeat(dsn string) (string, time.Duration, error) { return takeHeart
 
 // HasParam is hasParam: whether dsn sets key.
 func HasParam(dsn, key string) bool { return hasParam(dsn, key) }
+
+// Beat renews the store's heartbeat now, as its heartbeat does.
+func (s *Store) Beat() error { return s.beat(s.ctx) }

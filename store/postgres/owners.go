@@ -13,9 +13,27 @@ import (
 	"github.com/timebox-run/timebox/store"
 )
 
-const beatSQL = `INSERT INTO owners (owner_id, host, pid, heartbeat_ms) VALUES ($1, $2, $3, $4)
+// beatSQL registers an owner or renews its heartbeat; it returns the
+// database's time and the heartbeat it replaced (NULL for a new row).
+const beatSQL = `WITH prev AS (SELECT heartbeat_at FROM owners WHERE owner_id = $1)
+	INSERT INTO owners (owner_id, host, pid, heartbeat_ms) VALUES ($1, $2, $3, $4)
 	ON CONFLICT (owner_id) DO UPDATE SET heartbeat_at = now()
-	RETURNING now(), xmax = 0`
+	RETURNING now(), (SELECT heartbeat_at FROM prev)`
+
+// judgeIsFresh is the condition, in a judge's statements, that the
+// judge's own last heartbeat ($5 its owner id) is at most freshBeats ($4)
+// of its intervals old, on the statement's clock: a judge whose statement
+// waited for a database that hung must not take the others' heartbeats,
+// which waited as long, for their silence.
+const judgeIsFresh = `EXISTS (SELECT 1 FROM owners me WHERE me.owner_id = $5
+	AND me.heartbeat_at >= now() - make_interval(secs => $4 * me.heartbeat_ms / 1000.0))`
+
+// freshBeats is how many of its own intervals a store's last heartbeat
+// may be old while it judges others, and the longest gap between two of
+// its heartbeats that does not start its window again. A database that
+// hangs (a frozen VM, a stalled disk) fails no heartbeat: each waits, and
+// is answered when it is back, as late as the others'.
+const freshBeats = 1.5
 
 // beat registers s as an owner, or renews its heartbeat, and notes that it
 // sees the database (seen). After a pause so long that another store took
@@ -24,39 +42,67 @@ const beatSQL = `INSERT INTO owners (owner_id, host, pid, heartbeat_ms) VALUES (
 // so; its new turns are its own.
 func (s *Store) beat(ctx context.Context) error {
 	var (
-		now      time.Time
-		inserted bool
+		now  time.Time
+		prev *time.Time
 	)
-	err := s.pool.QueryRow(ctx, beatSQL, s.owner, s.host, os.Getpid(), s.hb.Milliseconds()).Scan(&now, &inserted)
-	s.upMu.Lock()
-	defer s.upMu.Unlock()
+	err := s.pool.QueryRow(ctx, beatSQL, s.owner, s.host, os.Getpid(), s.hb.Milliseconds()).Scan(&now, &prev)
 	if err != nil {
+		s.upMu.Lock()
 		s.upSince = time.Time{}
+		s.upMu.Unlock()
 		return err
 	}
-	if s.upSince.IsZero() {
-		s.upSince = now
-	}
-	if inserted && s.beaten {
+	if prev == nil && s.beatenOnce() {
 		s.log.Warn("postgres store: another timebox process sharing the database took this one for gone (its heartbeats were not seen for three of its intervals) and marked its running turns interrupted; they end here as recorded there",
 			"db", s.where, "owner", s.owner)
 	}
-	s.beaten = true
+	s.beaten(now, prev)
 	return nil
 }
 
 func (s *Store) beatTx(ctx context.Context, tx pgx.Tx) error {
-	_, err := tx.Exec(ctx, beatSQL, s.owner, s.host, os.Getpid(), s.hb.Milliseconds())
-	return err
+	var (
+		now  time.Time
+		prev *time.Time
+	)
+	if err := tx.QueryRow(ctx, beatSQL, s.owner, s.host, os.Getpid(), s.hb.Milliseconds()).Scan(&now, &prev); err != nil {
+		return err
+	}
+	s.beaten(now, prev)
+	return nil
+}
+
+func (s *Store) beatenOnce() bool {
+	s.upMu.Lock()
+	defer s.upMu.Unlock()
+	return s.beatOnce
+}
+
+// beaten notes a heartbeat stored at now that replaced prev (nil: none).
+// A heartbeat after a gap of more than freshBeats intervals starts the
+// store's window again, as a failed one does: the database did not answer
+// in between, and the others' heartbeats waited as its did.
+func (s *Store) beaten(now time.Time, prev *time.Time) {
+	s.upMu.Lock()
+	defer s.upMu.Unlock()
+	if prev == nil || now.Sub(*prev) > time.Duration(freshBeats*float64(s.hb)) {
+		s.upSince = now
+	}
+	if s.upSince.IsZero() {
+		s.upSince = now
+	}
+	s.beatOnce = true
 }
 
 // seen returns since when, on the database's clock, this store has seen
-// the database without a failed heartbeat; false when its last one failed.
+// the database without a failed heartbeat or a gap between two; false
+// when its last one failed.
 //
 // A store judges another gone only once it has itself seen the database
-// for a full window of the other's heartbeats: after an outage every
-// heartbeat is old, and the first store back would otherwise take every
-// other for gone (docs/decisions/store-outages.md).
+// for a full window of the other's heartbeats, and while its own last
+// heartbeat is fresh (freshBeats): after an outage every heartbeat is old,
+// and the first store back would otherwise take every other for gone
+// (docs/decisions/store-outages.md).
 func (s *Store) seen() (time.Time, bool) {
 	s.upMu.Lock()
 	defer s.upMu.Unlock()
@@ -102,7 +148,8 @@ func (s *Store) recover(ctx context.Context) ([]string, error) {
 		var err error
 		gone, err = queryStrings(ctx, s.pool, `SELECT owner_id FROM owners
 			WHERE owner_id <> $1 AND heartbeat_at < now() - make_interval(secs => $2 * heartbeat_ms / 1000.0)
-			AND $3::timestamptz < now() - make_interval(secs => $2 * heartbeat_ms / 1000.0)`, s.owner, Heartbeats, since)
+			AND $3::timestamptz < now() - make_interval(secs => $2 * heartbeat_ms / 1000.0) AND `+judgeIsFresh,
+			s.owner, Heartbeats, since, freshBeats, s.owner)
 		if err != nil {
 			return nil, err
 		}
@@ -192,8 +239,8 @@ func (s *Store) claim(ctx context.Context, o string, since time.Time) ([]string,
 		)
 		err := tx.QueryRow(ctx, `DELETE FROM owners
 			WHERE owner_id = $1 AND heartbeat_at < now() - make_interval(secs => $2 * heartbeat_ms / 1000.0)
-			AND $3::timestamptz < now() - make_interval(secs => $2 * heartbeat_ms / 1000.0)
-			RETURNING host, pid, now() - heartbeat_at`, o, Heartbeats, since).Scan(&host, &pid, &quiet)
+			AND $3::timestamptz < now() - make_interval(secs => $2 * heartbeat_ms / 1000.0) AND `+judgeIsFresh+`
+			RETURNING host, pid, now() - heartbeat_at`, o, Heartbeats, since, freshBeats, s.owner).Scan(&host, &pid, &quiet)
 		if isNoRows(err) {
 			return nil // claimed by another store, or alive again
 		}

@@ -99,11 +99,11 @@ type Store struct {
 	recovered []string
 
 	// upSince is when, on the database's clock, this store began to see
-	// the database without a failed heartbeat (seen); beaten, that it has
-	// beaten once.
-	upMu    sync.Mutex
-	upSince time.Time
-	beaten  bool
+	// the database without a failed heartbeat or a gap between two
+	// (seen); beatOnce, that it has beaten once.
+	upMu     sync.Mutex
+	upSince  time.Time
+	beatOnce bool
 
 	q       *groupq.Queue
 	watch   watch.Set // followers of turns (Watch)

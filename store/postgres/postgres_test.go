@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -796,6 +797,44 @@ func TestAnOutageKillsNothing(t *testing.T) {
 	}
 	if rec, err := b.Turn(context.Background(), "t1"); err != nil || rec.Status != budget.StatusRunning {
 		t.Fatalf("%v %v", rec.Status, err)
+	}
+}
+
+// TestAHungDatabaseKillsNothing: a database that hangs (SIGSTOP, a
+// frozen VM) fails no heartbeat: each waits and is answered once it is
+// back, and every heartbeat is then as old as the hang. A judge that saw
+// the database before it hung must not take the others for gone: not in
+// a statement that waited through the hang (its own heartbeat is as old
+// as theirs), nor right after its own next heartbeat (the gap starts its
+// window again), only once it has seen the database for a full window.
+func TestAHungDatabaseKillsNothing(t *testing.T) {
+	dsn := testenv.Postgres(t)
+	judge := open(t, dsn, postgres.Options{Heartbeat: time.Hour})
+	defer judge.Close()
+	other := open(t, dsn, postgres.Options{Heartbeat: time.Hour})
+	defer other.Close()
+	if _, _, err := storetest.WriteRunningTurn(other, "t1"); err != nil {
+		t.Fatal(err)
+	}
+	judge.SeenFor(24 * time.Hour) // it has seen the database for long
+	// The database hung for a day: nobody's heartbeat was answered.
+	sql(t, dsn, `UPDATE owners SET heartbeat_at = heartbeat_at - interval '1 day'`)
+	if ids, err := judge.Recover(); err != nil || len(ids) != 0 {
+		t.Fatalf("a judge whose own heartbeat is as old took %v for gone (%v)", ids, err)
+	}
+	if err := judge.Beat(); err != nil {
+		t.Fatal(err)
+	}
+	if ids, err := judge.Recover(); err != nil || len(ids) != 0 {
+		t.Fatalf("a judge that has just come back from the hang took %v for gone (%v)", ids, err)
+	}
+	if rec, err := judge.Turn(context.Background(), "t1"); err != nil || rec.Status != budget.StatusRunning {
+		t.Fatalf("%v %v", rec.Status, err)
+	}
+	// A full window later, the other still silent, it is gone.
+	judge.SeenFor(24 * time.Hour)
+	if ids, err := judge.Recover(); err != nil || !slices.Equal(ids, []string{"t1"}) {
+		t.Fatalf("a silent store's turn was not taken for gone: %v (%v)", ids, err)
 	}
 }
 
