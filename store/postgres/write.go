@@ -24,8 +24,24 @@ const (
 	chanCancel = "timebox_cancel" // payload: a turn id a cancel was requested for
 )
 
-// BeginTurn implements store.Store.
+// beginWithin bounds beginning a turn: a database that takes the
+// statements and does not answer (it hangs) refuses the turn, as one that
+// is away does, rather than holding its client until it is back.
+var beginWithin = 5 * time.Second
+
+// BeginTurn implements store.Store. A database that does not answer
+// within beginWithin is store.ErrUnavailable.
 func (s *Store) BeginTurn(ctx context.Context, t store.TurnStart) error {
+	bctx, cancel := context.WithTimeout(ctx, beginWithin)
+	defer cancel()
+	err := s.begins(bctx, t)
+	if err != nil && ctx.Err() == nil && bctx.Err() != nil {
+		return fmt.Errorf("%w: the database at %s did not answer within %s", store.ErrUnavailable, s.where, beginWithin)
+	}
+	return err
+}
+
+func (s *Store) begins(ctx context.Context, t store.TurnStart) error {
 	err := s.tx(ctx, func(tx pgx.Tx) error {
 		// A store that others took for gone (a long pause) is an owner
 		// again before it begins anything, so that its new turn is not
