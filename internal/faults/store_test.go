@@ -44,6 +44,7 @@ func TestStoreFaults(t *testing.T) {
 	}{
 		{"PostgreSQL stopped 8 s", func(t *testing.T) { databaseStopped(t, 8*time.Second) }},
 		{"PostgreSQL stopped 30 s", func(t *testing.T) { databaseStopped(t, 30*time.Second) }},
+		{"PostgreSQL SIGSTOPped 12 s", func(t *testing.T) { databaseHung(t, 12*time.Second) }},
 		{"pg_ctl restart ×2", databaseRestarted},
 		{"SIGTERM to serve during an outage", shutdownDuringOutage},
 		{"events table locked 20 s", tableLocked},
