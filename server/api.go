@@ -138,6 +138,15 @@ func (s *Server) storeFailed(w http.ResponseWriter, r *http.Request, err error, 
 		writeError(w, http.StatusNotFound, "not_found", what+" not found")
 		return
 	}
+	if errors.Is(err, store.ErrUnavailable) {
+		// The database is away: a request made again shortly, or through
+		// another gateway, is answered (a person deciding a call during an
+		// outage was told only that reading failed).
+		w.Header().Set("Retry-After", "5")
+		s.failed(w, r, http.StatusServiceUnavailable, "store_unavailable",
+			"reading "+what+" from the store failed: its database cannot be reached for now; ask again shortly, or through another gateway", err)
+		return
+	}
 	s.failed(w, r, http.StatusInternalServerError, "store_error", "reading "+what+" from the store failed", err)
 }
 

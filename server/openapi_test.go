@@ -358,39 +358,58 @@ func (awayStore) BeginTurn(context.Context, store.TurnStart) error {
 }
 
 // failingStore is a store whose reads, BeginTurn and RequestCancel fail,
-// for the 500s.
-type failingStore struct{ store.Store }
+// for the 500s; with away, as a database that cannot be reached fails
+// them (store.ErrUnavailable), for the 503s.
+type failingStore struct {
+	store.Store
+	away bool
+}
 
 var errDisk = errors.New("disk I/O error")
 
-func (failingStore) BeginTurn(context.Context, store.TurnStart) error  { return errDisk }
-func (failingStore) Turn(context.Context, string) (*event.Turn, error) { return nil, errDisk }
-func (failingStore) RequestCancel(context.Context, string) error       { return errDisk }
-func (failingStore) Turns(context.Context, store.Filter) ([]store.TurnSummary, error) {
-	return nil, errDisk
-}
-func (failingStore) Events(context.Context, string, int64, int) ([]event.Event, error) {
-	return nil, errDisk
-}
-func (failingStore) Session(context.Context, string) (*store.Session, error) { return nil, errDisk }
-func (failingStore) Sessions(context.Context, int) ([]store.SessionSummary, error) {
-	return nil, errDisk
+// errAway is a read of a database that cannot be reached.
+var errAway = fmt.Errorf("%w: dial tcp 127.0.0.1:5432: connect: connection refused", store.ErrUnavailable)
+
+func (f failingStore) err() error {
+	if f.away {
+		return errAway
+	}
+	return errDisk
 }
 
-func (failingStore) RequestApproval(context.Context, store.Approval) error { return errDisk }
-func (failingStore) Decide(context.Context, string, string, store.Approval) (store.Approval, error) {
-	return store.Approval{}, errDisk
+func (f failingStore) BeginTurn(context.Context, store.TurnStart) error  { return f.err() }
+func (f failingStore) Turn(context.Context, string) (*event.Turn, error) { return nil, f.err() }
+func (f failingStore) RequestCancel(context.Context, string) error       { return f.err() }
+func (f failingStore) Turns(context.Context, store.Filter) ([]store.TurnSummary, error) {
+	return nil, f.err()
 }
-func (failingStore) Approval(context.Context, string, string) (store.Approval, error) {
-	return store.Approval{}, errDisk
+func (f failingStore) Events(context.Context, string, int64, int) ([]event.Event, error) {
+	return nil, f.err()
 }
-func (failingStore) Approvals(context.Context, string) ([]store.Approval, error) { return nil, errDisk }
+func (f failingStore) Session(context.Context, string) (*store.Session, error) { return nil, f.err() }
+func (f failingStore) Sessions(context.Context, int) ([]store.SessionSummary, error) {
+	return nil, f.err()
+}
+
+func (f failingStore) RequestApproval(context.Context, store.Approval) error { return f.err() }
+func (f failingStore) Decide(context.Context, string, string, store.Approval) (store.Approval, error) {
+	return store.Approval{}, f.err()
+}
+func (f failingStore) Approval(context.Context, string, string) (store.Approval, error) {
+	return store.Approval{}, f.err()
+}
+func (f failingStore) Approvals(context.Context, string) ([]store.Approval, error) {
+	return nil, f.err()
+}
 
 // failingDeliveries keeps deliveries it cannot list.
-type failingDeliveries struct{ *store.Memory }
+type failingDeliveries struct {
+	*store.Memory
+	away bool
+}
 
-func (failingDeliveries) ListDeliveries(context.Context, store.DeliveryFilter) ([]store.Delivery, error) {
-	return nil, errDisk
+func (f failingDeliveries) ListDeliveries(context.Context, store.DeliveryFilter) ([]store.Delivery, error) {
+	return nil, failingStore{away: f.away}.err()
 }
 
 // statsStore sums up canned calls (store.CallStats), for GET /v1/stats's
@@ -495,7 +514,8 @@ func TestOpenAPIStatuses(t *testing.T) {
 		busy := newServer(server.Config{Agent: newAgent(t, scripted(t, waitThenAnswer...), gated.tool())})
 		release := make(chan struct{})
 		stuck := newServer(server.Config{Agent: stubborn{release: release}})
-		broken := newServer(server.Config{Store: failingStore{store.NewMemory()}})
+		broken := newServer(server.Config{Store: failingStore{Store: store.NewMemory()}})
+		readsAway := newServer(server.Config{Store: failingStore{Store: store.NewMemory(), away: true}})
 		unreachable := newServer(server.Config{Store: unreachableStore{store.NewMemory()}})
 		behind := newServer(server.Config{Store: behindStore{store.NewMemory()}})
 		away := newServer(server.Config{Store: awayStore{store.NewMemory()}})
@@ -508,7 +528,8 @@ func TestOpenAPIStatuses(t *testing.T) {
 			t.Fatal(err)
 		}
 		withDeliveries := newServer(server.Config{Store: hooked})
-		deliveriesFail := newServer(server.Config{Store: failingDeliveries{store.NewMemory()}})
+		deliveriesFail := newServer(server.Config{Store: failingDeliveries{Memory: store.NewMemory()}})
+		deliveriesAway := newServer(server.Config{Store: failingDeliveries{Memory: store.NewMemory(), away: true}})
 		draining := newServer(server.Config{})
 		if err := draining.Shutdown(context.Background()); err != nil {
 			t.Fatal(err)
@@ -554,18 +575,21 @@ func TestOpenAPIStatuses(t *testing.T) {
 			{"before no turn", quick, "GET /v1/turns", "GET", "/v1/turns?before=t_nope", "", nil, 404},
 			{"a misspelt filter", quick, "GET /v1/turns", "GET", "/v1/turns?sesion_id=s1", "", nil, 400},
 			{"list store fails", broken, "GET /v1/turns", "GET", "/v1/turns", "", nil, 500},
+			{"list store away", readsAway, "GET /v1/turns", "GET", "/v1/turns", "", nil, 503},
 
 			{"record", quick, "GET /v1/turns/{id}", "GET", "/v1/turns/" + done, "", nil, 200},
 			{"record without events", quick, "GET /v1/turns/{id}", "GET", "/v1/turns/" + done + "?events=false", "", nil, 200},
 			{"no such turn", quick, "GET /v1/turns/{id}", "GET", "/v1/turns/t_nope", "", nil, 404},
 			{"record, a parameter it does not take", quick, "GET /v1/turns/{id}", "GET", "/v1/turns/" + done + "?event=false", "", nil, 400},
 			{"record store fails", broken, "GET /v1/turns/{id}", "GET", "/v1/turns/t_x", "", nil, 500},
+			{"record store away", readsAway, "GET /v1/turns/{id}", "GET", "/v1/turns/t_x", "", nil, 503},
 
 			{"replay", quick, "GET /v1/turns/{id}/events", "GET", "/v1/turns/" + done + "/events?after=1", "", nil, 200},
 			{"nothing after", quick, "GET /v1/turns/{id}/events", "GET", "/v1/turns/" + done + "/events", "", []string{"Last-Event-ID", fmt.Sprint(lastSeq)}, 204},
 			{"bad after", quick, "GET /v1/turns/{id}/events", "GET", "/v1/turns/" + done + "/events?after=x", "", nil, 400},
 			{"events of no turn", quick, "GET /v1/turns/{id}/events", "GET", "/v1/turns/t_nope/events", "", nil, 404},
 			{"events store fails", broken, "GET /v1/turns/{id}/events", "GET", "/v1/turns/t_x/events", "", nil, 500},
+			{"events store away", readsAway, "GET /v1/turns/{id}/events", "GET", "/v1/turns/t_x/events", "", nil, 503},
 
 			{"cancel ends it", busy, "POST /v1/turns/{id}/cancel", "POST", "/v1/turns/" + running + "/cancel", "", nil, 200},
 			{"already ended", quick, "POST /v1/turns/{id}/cancel", "POST", "/v1/turns/" + done + "/cancel", "", nil, 409},
@@ -573,11 +597,13 @@ func TestOpenAPIStatuses(t *testing.T) {
 			{"cancel no turn", quick, "POST /v1/turns/{id}/cancel", "POST", "/v1/turns/t_nope/cancel", "", nil, 404},
 			{"cancel with a parameter", quick, "POST /v1/turns/{id}/cancel", "POST", "/v1/turns/" + done + "/cancel?reason=x", "", nil, 400},
 			{"cancel store fails", broken, "POST /v1/turns/{id}/cancel", "POST", "/v1/turns/t_x/cancel", "", nil, 500},
+			{"cancel store away", readsAway, "POST /v1/turns/{id}/cancel", "POST", "/v1/turns/t_x/cancel", "", nil, 503},
 
 			{"approvals", quick, "GET /v1/turns/{id}/approvals", "GET", "/v1/turns/t_elsewhere/approvals", "", nil, 200},
 			{"approvals of no turn", quick, "GET /v1/turns/{id}/approvals", "GET", "/v1/turns/t_nope/approvals", "", nil, 404},
 			{"approvals with a parameter", quick, "GET /v1/turns/{id}/approvals", "GET", "/v1/turns/t_elsewhere/approvals?pending=1", "", nil, 400},
 			{"approvals store fails", broken, "GET /v1/turns/{id}/approvals", "GET", "/v1/turns/t_x/approvals", "", nil, 500},
+			{"approvals store away", readsAway, "GET /v1/turns/{id}/approvals", "GET", "/v1/turns/t_x/approvals", "", nil, 503},
 			{"approve here", asking, "POST /v1/turns/{id}/approvals/{call_id}", "POST", "/v1/turns/" + waiting + "/approvals/call_1_1", `{"decision": "approve"}`, nil, 200},
 			{"decided twice", asking, "POST /v1/turns/{id}/approvals/{call_id}", "POST", "/v1/turns/" + waiting + "/approvals/call_1_1", `{"decision": "deny"}`, nil, 409},
 			{"deny elsewhere", quick, "POST /v1/turns/{id}/approvals/{call_id}", "POST", "/v1/turns/t_elsewhere/approvals/call_1_1", `{"decision": "deny", "reason": "no"}`, nil, 202},
@@ -585,15 +611,18 @@ func TestOpenAPIStatuses(t *testing.T) {
 			{"decision too long", quick, "POST /v1/turns/{id}/approvals/{call_id}", "POST", "/v1/turns/t_elsewhere/approvals/call_1_1", `{"decision": "deny", "reason": "` + strings.Repeat("x", 1000) + `"}`, nil, 413},
 			{"no such call", quick, "POST /v1/turns/{id}/approvals/{call_id}", "POST", "/v1/turns/t_elsewhere/approvals/call_9_9", `{"decision": "approve"}`, nil, 404},
 			{"decide store fails", broken, "POST /v1/turns/{id}/approvals/{call_id}", "POST", "/v1/turns/t_x/approvals/call_1_1", `{"decision": "approve"}`, nil, 500},
+			{"decide store away", readsAway, "POST /v1/turns/{id}/approvals/{call_id}", "POST", "/v1/turns/t_x/approvals/call_1_1", `{"decision": "approve"}`, nil, 503},
 
 			{"sessions", quick, "GET /v1/sessions", "GET", "/v1/sessions?limit=10", "", nil, 200},
 			{"bad limit", quick, "GET /v1/sessions", "GET", "/v1/sessions?limit=0", "", nil, 400},
 			{"sessions store fails", broken, "GET /v1/sessions", "GET", "/v1/sessions", "", nil, 500},
+			{"sessions store away", readsAway, "GET /v1/sessions", "GET", "/v1/sessions", "", nil, 503},
 
 			{"session", quick, "GET /v1/sessions/{id}", "GET", "/v1/sessions/s1", "", nil, 200},
 			{"no such session", quick, "GET /v1/sessions/{id}", "GET", "/v1/sessions/nope", "", nil, 404},
 			{"session with a parameter", quick, "GET /v1/sessions/{id}", "GET", "/v1/sessions/s1?limit=1", "", nil, 400},
 			{"session store fails", broken, "GET /v1/sessions/{id}", "GET", "/v1/sessions/s1", "", nil, 500},
+			{"session store away", readsAway, "GET /v1/sessions/{id}", "GET", "/v1/sessions/s1", "", nil, 503},
 
 			{"stats", stats, "GET /v1/stats", "GET", "/v1/stats?since=7d&tool=fetch", "", nil, 200},
 			{"stats since when", stats, "GET /v1/stats", "GET", "/v1/stats?since=lately", "", nil, 400},
@@ -603,6 +632,7 @@ func TestOpenAPIStatuses(t *testing.T) {
 			{"deliveries", withDeliveries, "GET /v1/webhooks/deliveries", "GET", "/v1/webhooks/deliveries?state=pending&turn_id=t_1&limit=5", "", nil, 200},
 			{"bad delivery state", withDeliveries, "GET /v1/webhooks/deliveries", "GET", "/v1/webhooks/deliveries?state=lost", "", nil, 400},
 			{"deliveries store fails", deliveriesFail, "GET /v1/webhooks/deliveries", "GET", "/v1/webhooks/deliveries", "", nil, 500},
+			{"deliveries store away", deliveriesAway, "GET /v1/webhooks/deliveries", "GET", "/v1/webhooks/deliveries", "", nil, 503},
 
 			{"the document", quick, "GET /v1/openapi.json", "GET", "/v1/openapi.json", "", nil, 200},
 			{"the document with a parameter", quick, "GET /v1/openapi.json", "GET", "/v1/openapi.json?v=2", "", nil, 400},

@@ -43,9 +43,10 @@ var ErrSessionBusy = errors.New("session has a turn running")
 
 // ErrUnavailable is returned (wrapped) by BeginTurn when the store cannot
 // be written for now — the database is away, another process holds the
-// file's lock — so that the turn can be asked again later or elsewhere
+// file's lock — and by a read when its database cannot be reached for now
+// (PostgreSQL), so that the request can be made again later or elsewhere
 // (HTTP 503 store_unavailable) rather than taken for a failure.
-var ErrUnavailable = errors.New("the store cannot be written for now")
+var ErrUnavailable = errors.New("the store cannot be reached for now")
 
 // ErrNotRunning is returned (wrapped) by RequestCancel for a turn that has
 // already ended.

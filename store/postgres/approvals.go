@@ -59,6 +59,10 @@ func (s *Store) Decide(ctx context.Context, turnID, callID string, d store.Appro
 
 // Approval implements store.Approvals.
 func (s *Store) Approval(ctx context.Context, turnID, callID string) (store.Approval, error) {
+	return again(ctx, s, func() (store.Approval, error) { return s.approvalOnce(ctx, turnID, callID) })
+}
+
+func (s *Store) approvalOnce(ctx context.Context, turnID, callID string) (store.Approval, error) {
 	if s.isClosed() {
 		return store.Approval{}, store.ErrClosed
 	}
@@ -72,6 +76,10 @@ func (s *Store) Approval(ctx context.Context, turnID, callID string) (store.Appr
 
 // Approvals implements store.Approvals.
 func (s *Store) Approvals(ctx context.Context, turnID string) ([]store.Approval, error) {
+	return again(ctx, s, func() ([]store.Approval, error) { return s.approvalsOnce(ctx, turnID) })
+}
+
+func (s *Store) approvalsOnce(ctx context.Context, turnID string) ([]store.Approval, error) {
 	if s.isClosed() {
 		return nil, store.ErrClosed
 	}

@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strings"
@@ -69,8 +70,9 @@ var _ store.Backlogged = (*Store)(nil)
 // is kept once), again at once while it fails on a connection that was
 // cut: the pool has dropped it, and the next is likely sound. A database
 // that cannot be reached is not tried again here (each try could wait for
-// the connection): it is reported as before (503 store_unavailable at the
-// HTTP API).
+// the connection): it is reported at once, as store.ErrUnavailable (503
+// store_unavailable at the HTTP API), as is a failure that passes on the
+// last try.
 //
 // It tries once more than the pool holds connections: every one of them
 // may have been cut while idle, each found dead only when used (the pool
@@ -80,9 +82,11 @@ func again[T any](ctx context.Context, s *Store, fn func() (T, error)) (T, error
 	for i := 1; ; i++ {
 		v, err := fn()
 		var ce *pgconn.ConnectError
-		if err == nil || i == tries || ctx.Err() != nil || !transient(err) || errors.As(err, &ce) ||
-			errors.Is(err, context.DeadlineExceeded) {
+		if err == nil || ctx.Err() != nil || !transient(err) {
 			return v, err
+		}
+		if i == tries || errors.As(err, &ce) || errors.Is(err, context.DeadlineExceeded) {
+			return v, fmt.Errorf("%w: %w", store.ErrUnavailable, err)
 		}
 	}
 }

@@ -1120,3 +1120,33 @@ func TestReadsAfterConnectionsAreCut(t *testing.T) {
 		}
 	}
 }
+
+// TestReadsOfAnAwayDatabaseAreUnavailable: a read whose database cannot be
+// reached says so (store.ErrUnavailable: 503 store_unavailable at the HTTP
+// API, ask again shortly), not as a failure of the store (500): a person
+// deciding a call during an outage was told only that reading the turn
+// failed.
+func TestReadsOfAnAwayDatabaseAreUnavailable(t *testing.T) {
+	pg := testenv.StartPostgres(t)
+	st := open(t, pg.Database(), postgres.Options{})
+	defer st.Close()
+	ctx := context.Background()
+	if err := st.BeginTurn(ctx, store.TurnStart{TurnID: "t1", Input: "go"}); err != nil {
+		t.Fatal(err)
+	}
+	pg.Stop()
+	defer pg.Start()
+	_, err := st.Turn(ctx, "t1")
+	if !errors.Is(err, store.ErrUnavailable) {
+		t.Errorf("Turn: %v", err)
+	}
+	if _, err := st.Approvals(ctx, "t1"); !errors.Is(err, store.ErrUnavailable) {
+		t.Errorf("Approvals: %v", err)
+	}
+	if _, err := st.ListDeliveries(ctx, store.DeliveryFilter{}); !errors.Is(err, store.ErrUnavailable) {
+		t.Errorf("ListDeliveries: %v", err)
+	}
+	if err := st.RequestCancel(ctx, "t1"); !errors.Is(err, store.ErrUnavailable) {
+		t.Errorf("RequestCancel: %v", err)
+	}
+}
