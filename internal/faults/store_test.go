@@ -56,6 +56,7 @@ func TestStoreFaults(t *testing.T) {
 		{"pg_terminate_backend loop, read and cancelled through the other gateway", cutUnderReadsAndCancel},
 		{"two writers number one turn while commits fail", twoWritersNumber},
 		{"pg_ctl restart while a call waits for a person", approvalAcrossRestart},
+		{"PostgreSQL stopped 10 s while a call waits for a person", func(t *testing.T) { approvalDuringOutage(t, 10*time.Second) }},
 		{"long reply on PostgreSQL", longReplyPostgres},
 		{"long reply on PostgreSQL, connections killed", longReplyConnectionsKilled},
 	} {
