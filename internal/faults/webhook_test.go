@@ -26,6 +26,7 @@ import (
 func TestWebhookFaults(t *testing.T) {
 	t.Run("receiver hangs", webhookReceiverHangs)
 	t.Run("receiver down across a restart", webhookReceiverDown)
+	t.Run("PostgreSQL restarted under two gateways", webhooksAcrossRestarts)
 }
 
 var faultsWhsec = "whsec_" + base64.StdEncoding.EncodeToString([]byte("faults-webhook-key-of-32-bytes!!"))
