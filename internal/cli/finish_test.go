@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"io"
 	"net"
 	"strings"
 	"testing"
@@ -90,10 +89,16 @@ func TestASilentDatabaseIsNamed(t *testing.T) {
 			c.Close()
 		}
 	}()
-	defer func(d time.Duration) { openWithin = d }(openWithin)
-	openWithin = 500 * time.Millisecond
-	_, err = openPostgres("postgres://u:s3cret@"+ln.Addr().String()+"/x?sslmode=disable", IO{Err: io.Discard})
+	defer func(d, n time.Duration) { openWithin, openNoteAfter = d, n }(openWithin, openNoteAfter)
+	openWithin, openNoteAfter = 500*time.Millisecond, 100*time.Millisecond
+	var said syncbuf.Buffer
+	_, err = openPostgres("postgres://u:s3cret@"+ln.Addr().String()+"/x?sslmode=disable", IO{Err: &said})
 	if err == nil || !strings.Contains(err.Error(), "did not answer within 500ms") || strings.Contains(err.Error(), "s3cret") {
 		t.Errorf("%v", err)
+	}
+	// While it waits, it says so: a database that hangs held `timebox
+	// run` silent for as long as it hung.
+	if s := said.String(); !strings.Contains(s, "waiting for the database at postgres://u:xxxxx@") || !strings.Contains(s, "giving up after 500ms") {
+		t.Errorf("said while it waited: %q", s)
 	}
 }

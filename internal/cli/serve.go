@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -317,11 +318,29 @@ func sqlitePath(db string) string { return strings.TrimPrefix(db, "sqlite:") }
 func openPostgres(url string, o IO) (*postgres.Store, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), openWithin)
 	defer cancel()
+	// A database that takes the connection and answers nothing (it
+	// hangs) held `timebox run` silent for as long as it hung.
+	var (
+		mu     sync.Mutex
+		opened bool
+	)
+	note := time.AfterFunc(openNoteAfter, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if !opened {
+			fmt.Fprintf(o.Err, "timebox: waiting for the database at %s: it has not answered for %s (it may be hung, or not PostgreSQL); giving up after %s\n",
+				postgres.Redact(url), openNoteAfter, openWithin)
+		}
+	})
 	st, err := postgres.Open(ctx, url, postgres.Options{Logger: slog.New(slog.NewTextHandler(o.Err, nil))})
+	note.Stop()
+	mu.Lock()
+	opened = true
+	mu.Unlock()
 	if err != nil && errors.Is(err, context.DeadlineExceeded) {
 		// A bare "context deadline exceeded", after a minute, said
 		// neither what timed out nor why.
-		return nil, fmt.Errorf("opening the store: the database at %s did not answer within %s: its host or port may be wrong, or a firewall drops the connection (connect_timeout=SECONDS in the URL bounds each try)",
+		return nil, fmt.Errorf("opening the store: the database at %s did not answer within %s: its host or port may be wrong, a firewall drops the connection, or the database hangs (connect_timeout=SECONDS in the URL bounds each try)",
 			postgres.Redact(url), openWithin)
 	}
 	if err != nil {
@@ -331,5 +350,8 @@ func openPostgres(url string, o IO) (*postgres.Store, error) {
 }
 
 // openWithin bounds opening a PostgreSQL store: connecting, migrating,
-// registering.
-var openWithin = 60 * time.Second
+// registering; openNoteAfter is when it says that it waits.
+var (
+	openWithin    = 60 * time.Second
+	openNoteAfter = 2 * time.Second
+)
