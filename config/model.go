@@ -9,6 +9,8 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/goccy/go-yaml/ast"
+
 	"github.com/timebox-run/timebox/internal/regular"
 	"github.com/timebox-run/timebox/model/script"
 )
@@ -25,6 +27,18 @@ var exampleModel = map[string]string{"openai": "gpt-4o-mini", "anthropic": "clau
 var envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 func (l *loader) decodeModel(e entry) {
+	r, ok := l.t.resolve(e.val, "model")
+	if _, isStr := r.n.(*ast.StringNode); !ok || isStr {
+		l.modelAt = e.keyAt
+		l.hasModel = true // the problem is reported; do not also call it missing
+		if isStr {
+			// model: openai:gpt-4o-mini, the model named where its
+			// mapping goes.
+			s := nodeText(r.n)
+			l.errAt(r.at, "model", fmt.Sprintf("expected a mapping with primary and fallbacks, found the string %q (write model: {primary: %s}, or primary: %s on the next line, indented under model:)", s, s, s))
+		}
+		return
+	}
 	es, ok := l.t.mapping(e.val, "model", "a mapping with primary and fallbacks")
 	l.modelAt = e.keyAt
 	if !ok {

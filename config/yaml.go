@@ -95,9 +95,11 @@ func parseYAML(data []byte) (f *ast.File, p pos, key, msg string) {
 			// A key set twice is ambiguous: which one did the author mean?
 			return nil, tokenPos(ye.GetToken()), "", fmt.Sprintf("%q is set twice (first at line %s); keep one", m[1], m[2])
 		}
-		return nil, tokenPos(ye.GetToken()), "", "YAML syntax: " + msg
+		p, msg := syntaxProblem(data, tokenPos(ye.GetToken()), msg)
+		return nil, p, "", msg
 	}
-	return nil, pos{}, "", "YAML syntax: " + firstLine(err.Error())
+	p, msg = syntaxProblem(data, pos{}, firstLine(err.Error()))
+	return nil, p, "", msg
 }
 
 var duplicateKeyRE = regexp.MustCompile(`^mapping key "(.*)" already defined at \[(\d+):\d+\]`)
@@ -297,7 +299,15 @@ func (t *tree) mappingDepth(n ast.Node, path, what string, depth int) ([]entry, 
 	}
 	m, isMap := r.n.(*ast.MappingNode)
 	if !isMap {
-		t.l.errAt(r.at, path, fmt.Sprintf("expected %s, found %s", what, typeName(r.n)))
+		fix := ""
+		switch r.n.(type) {
+		case *ast.StringNode, *ast.IntegerNode, *ast.FloatNode, *ast.BoolNode:
+			if strings.Contains(what, "{") {
+				break // what already shows the mapping
+			}
+			fix = " (write its keys on the lines below it, indented, or as {key: value, …} on its line)"
+		}
+		t.l.errAt(r.at, path, fmt.Sprintf("expected %s, found %s%s", what, typeName(r.n), fix))
 		return nil, false
 	}
 	if depth > maxDepth {
