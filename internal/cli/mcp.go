@@ -4,7 +4,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -125,7 +124,7 @@ func cmdMCP(ctx context.Context, args []string, o IO) int {
 // their trees gone, and answered before it returns ExitCancelled, as the
 // stdio mode does.
 func serveMCPHTTP(ctx context.Context, s *mcpserve.Server, addr, token string, tools int, file string, o IO) int {
-	ln, err := net.Listen("tcp", addr)
+	ln, err := listen(addr, "--addr")
 	if err != nil {
 		fmt.Fprintln(o.Err, "timebox mcp serve:", err)
 		return ExitFailed

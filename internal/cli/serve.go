@@ -51,6 +51,30 @@ func settingFrom(fs *flag.FlagSet, name, value, env string, o IO, def string) (v
 	return def, "the default"
 }
 
+// listen listens on addr, which from gave ("--addr", "TIMEBOX_ADDR" or
+// "the default"). An address another process holds, or a port the system
+// keeps for privileged processes, is said in words with the fix: the
+// system's "bind: address already in use" names neither the flag nor what
+// to do.
+func listen(addr, from string) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err == nil {
+		return ln, nil
+	}
+	host, port, _ := net.SplitHostPort(addr)
+	switch {
+	case errors.Is(err, syscall.EADDRINUSE) || errors.Is(err, syscall.Errno(10048)): // WSAEADDRINUSE
+		other := net.JoinHostPort(host, "0")
+		if n, perr := strconv.Atoi(port); perr == nil && n > 0 && n < 65535 {
+			other = net.JoinHostPort(host, strconv.Itoa(n+1))
+		}
+		return nil, fmt.Errorf("%s (from %s) is already in use by another process; stop that process, or listen on another port, such as --addr %s", addr, from, other)
+	case errors.Is(err, os.ErrPermission):
+		return nil, fmt.Errorf("%s (from %s): this process may not listen on port %s (ports below 1024 need privileges); listen on a higher port, such as --addr %s", addr, from, port, net.JoinHostPort(host, "8080"))
+	}
+	return nil, err
+}
+
 // serveToken returns the bearer token from --token, else TIMEBOX_TOKEN. A
 // token that was given must be one a client can send: an empty or blank
 // one is refused rather than taken as "no token", which would serve
@@ -152,7 +176,7 @@ func cmdServe(ctx context.Context, args []string, o IO) int {
 	}
 	defer a.Close()
 
-	ln, err := net.Listen("tcp", addr)
+	ln, err := listen(addr, addrFrom)
 	if err != nil {
 		fmt.Fprintf(o.Err, "timebox serve: %v\n", err)
 		return ExitFailed

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -422,5 +423,35 @@ func TestRunStoresInTheStateDirectory(t *testing.T) {
 	}
 	if _, err := os.Stat("timebox.db"); err == nil {
 		t.Error("a store was made in the working directory")
+	}
+}
+
+// TestAnAddressInUseIsSaidWithTheFix: serve and mcp serve on a port
+// another process holds say so, name where the address came from and the
+// flag that changes it, instead of the system's "bind: address already in
+// use".
+func TestAnAddressInUseIsSaidWithTheFix(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	addr := ln.Addr().String()
+	file := agentFile(t, `{"text": "x"}`)
+	db := "TIMEBOX_DB=" + filepath.Join(t.TempDir(), "timebox.db")
+	for _, c := range []struct {
+		env  []string
+		args []string
+		from string
+	}{
+		{[]string{db}, []string{"serve", "-f", file, "--addr", addr}, "(from --addr)"},
+		{[]string{db, "TIMEBOX_ADDR=" + addr}, []string{"serve", "-f", file}, "(from TIMEBOX_ADDR)"},
+		{[]string{db}, []string{"mcp", "serve", "-f", file, "--addr", addr}, "(from --addr)"},
+	} {
+		r := run(t, c.env, c.args...)
+		want := addr + " " + c.from + " is already in use by another process; stop that process, or listen on another port, such as --addr 127.0.0.1:"
+		if r.code != cli.ExitFailed || !strings.Contains(r.err, want) {
+			t.Errorf("%v %v: %d %q, want %q", c.env, c.args, r.code, r.err, want)
+		}
 	}
 }
