@@ -99,6 +99,12 @@ func cmdStats(ctx context.Context, args []string, o IO) int {
 		fmt.Fprintln(o.Err, "timebox stats:", err)
 		return ExitFailed
 	}
+	if len(tools) == 0 {
+		if err := advice.CheckTool(ctx, cs, where, *toolFlag); err != nil {
+			fmt.Fprintln(o.Err, "timebox stats: --tool:", err)
+			return ExitUsage
+		}
+	}
 	models, err := cs.ModelStats(ctx, f)
 	if err != nil {
 		fmt.Fprintln(o.Err, "timebox stats:", err)

@@ -117,6 +117,19 @@ func TestStats(t *testing.T) {
 				!strings.Contains(r.out, `"models": []`) {
 				t.Errorf("stats --tool quick: exit %d\n%s%s", r.code, r.out, r.err)
 			}
+			// A tool no call was ever recorded of is not "no calls": the
+			// name is wrong, and the one meant, or those recorded, said.
+			for _, c := range []struct{ tool, say string }{
+				{"quik", `--tool: no call of a tool named "quik" was ever recorded in ` + db + ` (did you mean quick?)`},
+				{"nosuch", `--tool: no call of a tool named "nosuch" was ever recorded in ` + db + ` (the tools recorded: quick, slow)`},
+			} {
+				if r := run(t, nil, "stats", "--db", db, "--tool", c.tool); r.code != 2 || r.out != "" || !strings.Contains(r.err, c.say) {
+					t.Errorf("stats --tool %s: exit %d\n%s%s", c.tool, r.code, r.out, r.err)
+				}
+			}
+			if r := run(t, nil, "stats", "--db", db, "--tool", "quick", "--since", "1ms"); r.code != 0 || !strings.Contains(r.out, "widen --since") {
+				t.Errorf("stats --tool quick --since 1ms: exit %d\n%s%s", r.code, r.out, r.err)
+			}
 
 			r = run(t, nil, "validate", "-f", agent, "--db", db)
 			if r.code != 0 ||
