@@ -230,3 +230,20 @@ func TestInterruptedCallsAreSaidLeftOut(t *testing.T) {
 		t.Errorf("the text report does not say so:\n%s", buf.String())
 	}
 }
+
+// TestParseSinceRefusesTheFuture: a --since after now selects nothing,
+// and one past 2262 wrapped the SQLite store's nanoseconds round and
+// selected every call; it is refused, saying what to give.
+func TestParseSinceRefusesTheFuture(t *testing.T) {
+	now := time.Date(2026, 11, 28, 3, 0, 0, 0, time.UTC)
+	for _, in := range []string{"2999-01-01", "2026-12-01", "2026-11-28T04:00:00Z"} {
+		if _, err := advice.ParseSince(in, now); err == nil || !strings.Contains(err.Error(), "is in the future: give a date or time before now (2026-11-28 03:00)") {
+			t.Errorf("%s: %v", in, err)
+		}
+	}
+	for _, in := range []string{"2026-11-01", "7d", "90m", "0", "all", "2026-11-28T02:00:00Z"} {
+		if _, err := advice.ParseSince(in, now); err != nil {
+			t.Errorf("%s: %v", in, err)
+		}
+	}
+}
