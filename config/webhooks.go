@@ -21,6 +21,9 @@ type Webhook struct {
 	// SecretEnv names the variable that holds the signing secret, a
 	// whsec_ secret (WebhookSecret). The secret itself is never in the file.
 	SecretEnv string
+	// at is where the file names SecretEnv, for the problems of
+	// WebhookSecrets; zero for a Webhook made in code.
+	at pos
 }
 
 // WebhookEvent is one event type a webhook subscribes to.
@@ -68,7 +71,11 @@ func WebhookSecret(v string) ([]byte, error) {
 		return nil, fmt.Errorf("is not a whsec_ secret (give one %s)", fix)
 	}
 	key, err := base64.StdEncoding.DecodeString(rest)
-	if _, rawErr := base64.RawStdEncoding.DecodeString(rest); err != nil && rawErr == nil {
+	raw, rawErr := base64.RawStdEncoding.DecodeString(rest)
+	if err != nil && rawErr == nil && (len(raw) < 24 || len(raw) > 64) {
+		key, err = raw, nil // its size is the problem to name, not only its padding
+	}
+	if err != nil && rawErr == nil {
 		// Receivers decode the secret as Standard Webhooks' libraries
 		// do, padded: they could not check what timebox signed.
 		return nil, fmt.Errorf("holds a whsec_ secret whose base64 lacks its padding (end it with = as openssl writes it, so that receivers can decode it)")
@@ -87,22 +94,30 @@ func WebhookSecret(v string) ([]byte, error) {
 // whsec_ secret: `timebox serve` does not start without them.
 func (a *Agent) WebhookSecrets(getenv func(string) string) ([][]byte, error) {
 	var keys [][]byte
-	var problems []string
+	var problems Errors
 	for i, w := range a.Server.Webhooks {
+		p := &Error{Key: fmt.Sprintf("server.webhooks[%d].secret_env", i)}
+		if w.at.line > 0 {
+			// Placed where the file names the variable, as every other
+			// problem of the file is.
+			p.File, p.Line, p.Col = a.Path, w.at.line, w.at.col
+		}
 		v := getenv(w.SecretEnv)
 		if v == "" {
-			problems = append(problems, fmt.Sprintf("server.webhooks[%d].secret_env: %s is not set (set it to the receiver's whsec_ secret)", i, w.SecretEnv))
+			p.Msg = fmt.Sprintf("%s is not set (set it to the receiver's whsec_ secret)", w.SecretEnv)
+			problems = append(problems, p)
 			continue
 		}
 		k, err := WebhookSecret(v)
 		if err != nil {
-			problems = append(problems, fmt.Sprintf("server.webhooks[%d].secret_env: %s %v", i, w.SecretEnv, err))
+			p.Msg = fmt.Sprintf("%s %v", w.SecretEnv, err)
+			problems = append(problems, p)
 			continue
 		}
 		keys = append(keys, k)
 	}
 	if len(problems) > 0 {
-		return nil, fmt.Errorf("%s", strings.Join(problems, "\n"))
+		return nil, problems
 	}
 	return keys, nil
 }
@@ -173,7 +188,7 @@ func (l *loader) decodeWebhooks(e entry) {
 				l.errAt(at, ipath+".secret_env", fmt.Sprintf("%q is not a variable name (name the variable that holds the whsec_ secret, such as TIMEBOX_WEBHOOK_SECRET; never the secret itself)", short(s)))
 				good = false
 			default:
-				w.SecretEnv = s
+				w.SecretEnv, w.at = s, at
 				if v, set := env[s]; set {
 					if _, err := WebhookSecret(v); err != nil {
 						l.errAt(at, ipath+".secret_env", fmt.Sprintf("%s %v", s, err))

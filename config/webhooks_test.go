@@ -105,3 +105,24 @@ func TestAnUnpaddedSecretIsRefused(t *testing.T) {
 		t.Fatalf("unpadded: %v", err)
 	}
 }
+
+// TestAnUnsetSecretIsPlacedInTheFile: the secret serve cannot start
+// without is named at the line and column of its secret_env, as every
+// other problem of the file is, and a secret too short to sign with is
+// said to be too short, not only unpadded (adding the padding would not
+// have been the fix).
+func TestAnUnsetSecretIsPlacedInTheFile(t *testing.T) {
+	path := writeAgent(t, "model: {primary: script:s}\nproviders: {script: {file: script.jsonl}}\nserver:\n  webhooks:\n    - url: https://h.example/x\n      events: [turn_finished]\n      secret_env: WH\n")
+	a, err := Load(path, Overrides{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = a.WebhookSecrets(func(string) string { return "" })
+	if want := path + ":7:19: server.webhooks[0].secret_env: WH is not set (set it to the receiver's whsec_ secret)"; err == nil || err.Error() != want {
+		t.Errorf("err = %v, want %s", err, want)
+	}
+	_, err = a.WebhookSecrets(func(string) string { return "whsec_abc" })
+	if err == nil || !strings.Contains(err.Error(), path+":7:19: server.webhooks[0].secret_env: WH holds a whsec_ secret of 2 bytes; Standard Webhooks keys are 24 to 64") {
+		t.Errorf("err = %v", err)
+	}
+}

@@ -76,7 +76,7 @@ func TestServeRefusesWebhooksWithoutTheirSecret(t *testing.T) {
 	path := webhookAgent(t, "https://hooks.example.com/x")
 	db := filepath.Join(t.TempDir(), "timebox.db")
 	r := run(t, nil, "serve", "-f", path, "--db", db, "--addr", "127.0.0.1:0")
-	if r.code != cli.ExitUsage || !strings.Contains(r.err, "server.webhooks[0].secret_env: HOOK_SECRET is not set") {
+	if r.code != cli.ExitUsage || !strings.Contains(r.err, path+":9:79: server.webhooks[0].secret_env: HOOK_SECRET is not set") {
 		t.Fatalf("serve without the secret: exit %d, %s", r.code, r.err)
 	}
 	r = run(t, []string{"HOOK_SECRET=s3cret-value"}, "serve", "-f", path, "--db", db, "--addr", "127.0.0.1:0")
@@ -90,7 +90,7 @@ func TestServeRefusesWebhooksWithoutTheirSecret(t *testing.T) {
 	}
 
 	r = run(t, nil, "validate", "-f", path, "--db", db)
-	if r.code != cli.ExitOK || !strings.Contains(r.err, "warning: server.webhooks[0].secret_env: HOOK_SECRET is not set") ||
+	if r.code != cli.ExitOK || !strings.Contains(r.err, "warning: "+path+":9:79: server.webhooks[0].secret_env: HOOK_SECRET is not set") ||
 		!strings.Contains(r.out, "https://hooks.example.com/x") || !strings.Contains(r.out, "HOOK_SECRET (NOT SET)") {
 		t.Fatalf("validate: exit %d\n%s\n%s", r.code, r.out, r.err)
 	}
