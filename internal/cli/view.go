@@ -300,6 +300,12 @@ func (v *view) finishedLine(r *event.ToolCall) string {
 		return fmt.Sprintf("%s %s %s  stopped (%s)", v.c(yellow, "⊘"), name, took, r.Phase)
 	case event.OutcomeInterrupted:
 		return fmt.Sprintf("%s %s at least %s  interrupted: timebox stopped before it ended", v.c(yellow, "⊘"), name, took)
+	case event.OutcomeDenied:
+		// Not an error of the tool's, and it never ran: no time against
+		// its timeout to show.
+		return fmt.Sprintf("%s %s not run: denied, %s was told", v.c(red, "✗"), name, v.told)
+	case event.OutcomeApprovalExpired:
+		return fmt.Sprintf("%s %s not run: nobody decided within %s (its approval_timeout), %s was told", v.c(red, "✗"), name, ms(r.ApprovalMS), v.told)
 	}
 	reason := firstLine(errorMessage(r.Result))
 	return fmt.Sprintf("%s %s %s  error: %s", v.c(red, "✗"), name, took, reason)

@@ -196,3 +196,25 @@ func TestTermSafe(t *testing.T) {
 		t.Errorf("clean text costs %v allocations, want none", n)
 	}
 }
+
+// TestADeniedCallIsNotAnError: a call a person denied, or nobody decided
+// on in time, never ran; its line says so, and not "error:" with time
+// against a timeout it never started.
+func TestADeniedCallIsNotAnError(t *testing.T) {
+	var out bytes.Buffer
+	v := &view{w: termSafe{&out}, raw: &out, now: time.Now, told: "the model", running: map[string]*chip{}}
+	v.Emit(event.Event{Data: &event.ToolFinished{ToolCall: event.ToolCall{CallID: "c1", Tool: "deploy", Outcome: event.OutcomeDenied,
+		Refused: "denied", TimeoutMS: 120000, Result: `{"error": {"type": "tool_denied", "message": "A person denied this call."}}`}}})
+	v.Emit(event.Event{Data: &event.ToolFinished{ToolCall: event.ToolCall{CallID: "c2", Tool: "deploy", Outcome: event.OutcomeApprovalExpired,
+		Refused: "approval_expired", Phase: "approval", TimeoutMS: 120000, ApprovalMS: 4000}}})
+	s := out.String()
+	for _, want := range []string{"✗ deploy         not run: denied, the model was told\n",
+		"✗ deploy         not run: nobody decided within 4.0s (its approval_timeout), the model was told\n"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("lacks %q:\n%s", want, s)
+		}
+	}
+	if strings.Contains(s, "error:") || strings.Contains(s, "/ 2m") {
+		t.Errorf("a call that never ran is drawn as an error against its timeout:\n%s", s)
+	}
+}
