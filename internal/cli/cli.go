@@ -17,6 +17,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/timebox-run/timebox/config"
+	"github.com/timebox-run/timebox/internal/problem"
 	"github.com/timebox-run/timebox/internal/proctree"
 	"github.com/timebox-run/timebox/telemetry"
 )
@@ -107,6 +108,9 @@ func Run(ctx context.Context, args []string, o IO) int {
 				fmt.Fprintln(o.Out, toolUsage)
 				return ExitOK
 			}
+			if len(args) >= 2 && !strings.HasPrefix(args[1], "-") {
+				fmt.Fprintln(o.Err, unknownWord("tool", args[1], []string{"call"}))
+			}
 			fmt.Fprintln(o.Err, toolUsage)
 			return ExitUsage
 		}
@@ -130,14 +134,7 @@ func Run(ctx context.Context, args []string, o IO) int {
 		fmt.Fprint(o.Out, usage)
 		return ExitOK
 	}
-	meant := ""
-	best := 3
-	for _, c := range []string{"run", "validate", "tool", "serve", "mcp", "worker", "runs", "stats", "schema", "version", "help"} {
-		if d := editDistance(args[0], c); d < best {
-			meant, best = c, d
-		}
-	}
-	if meant != "" && len(args[0]) > 1 {
+	if meant := problem.Suggest(args[0], commands); meant != "" && len(args[0]) > 1 {
 		fmt.Fprintf(o.Err, "timebox: unknown command %q; did you mean %q?\n\n%s", args[0], meant, usage)
 		return ExitUsage
 	}
@@ -246,12 +243,9 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 func flagHint(fs *flag.FlagSet, err error) {
 	w := fs.Output()
 	if name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: -"); ok {
-		best, bestD := "", 3
-		fs.VisitAll(func(f *flag.Flag) {
-			if d := editDistance(name, f.Name); d < bestD || (d == bestD && best != "" && f.Name < best) {
-				best, bestD = f.Name, d
-			}
-		})
+		var names []string
+		fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) }) // in name order
+		best := problem.Suggest(name, names)
 		switch strings.TrimPrefix(name, "-") {
 		case "agent", "agent-file", "file", "config", "c":
 			if fs.Lookup("f") != nil {
@@ -269,25 +263,14 @@ func flagHint(fs *flag.FlagSet, err error) {
 	fmt.Fprintf(w, "Run '%s -h' for its flags.\n", fs.Name())
 }
 
-// editDistance is the Levenshtein distance between a and b.
-func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur := make([]int, len(b)+1)
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev = cur
-	}
-	return prev[len(b)]
+// commands are timebox's commands, for the one meant by a misspelt one.
+var commands = []string{"run", "validate", "tool", "serve", "mcp", "worker", "runs", "stats", "schema", "version", "help"}
+
+// unknownWord is the line for a subcommand of cmd that is none of known:
+// `timebox runs: unknown subcommand "lsit" (did you mean list?)`, by the
+// rule every misspelt name of timebox's is met with (problem.Suggest).
+func unknownWord(cmd, word string, known []string) string {
+	return fmt.Sprintf("timebox %s: unknown subcommand %q%s", cmd, word, problem.DidYouMean(word, known))
 }
 
 // tookLastWord reports whether the last of args is a word without a digit

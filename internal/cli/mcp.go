@@ -33,6 +33,9 @@ func cmdMCP(ctx context.Context, args []string, o IO) int {
 			fmt.Fprintln(o.Out, mcpUsage)
 			return ExitOK
 		}
+		if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+			fmt.Fprintln(o.Err, unknownWord("mcp", args[0], []string{"serve"}))
+		}
 		fmt.Fprintln(o.Err, mcpUsage)
 		return ExitUsage
 	}

@@ -628,3 +628,27 @@ func TestAMisspeltCommandIsNamed(t *testing.T) {
 		}
 	}
 }
+
+// TestAMisspeltSubcommandIsNamed: a subcommand a letter away from one of
+// runs, mcp or tool gets the one meant, by the rule a misspelt command,
+// flag or key gets; runs show and export without a turn say to give one.
+func TestAMisspeltSubcommandIsNamed(t *testing.T) {
+	db := "TIMEBOX_DB=" + filepath.Join(t.TempDir(), "timebox.db")
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"runs", "lsit"}, `timebox runs: unknown subcommand "lsit" (did you mean list?)`},
+		{[]string{"runs", "exprot", "t_x"}, `timebox runs: unknown subcommand "exprot" (did you mean export?)`},
+		{[]string{"mcp", "serv"}, `timebox mcp: unknown subcommand "serv" (did you mean serve?)`},
+		{[]string{"tool", "cal", "x"}, `timebox tool: unknown subcommand "cal" (did you mean call?)`},
+		{[]string{"runs", "show"}, `timebox runs show: give the turn's ID (timebox runs list shows them)`},
+		{[]string{"runs", "export"}, `timebox runs export: give the turn's ID`},
+		{[]string{"runs", "list", "completed"}, `timebox runs list: unexpected argument "completed" (filter with --status`},
+		{[]string{"run", "--tol-timeout", "3s", "x"}, "Did you mean --tool-timeout?"},
+	} {
+		if r := run(t, []string{db}, c.args...); r.code != cli.ExitUsage || !strings.Contains(r.err, c.want) {
+			t.Errorf("timebox %s: exit %d, %q", strings.Join(c.args, " "), r.code, r.err[:min(len(r.err), 120)])
+		}
+	}
+}

@@ -73,15 +73,22 @@ func cmdRuns(ctx context.Context, args []string, o IO) int {
 		fmt.Fprintln(o.Out, runsUsage)
 		return ExitOK
 	default:
-		fmt.Fprintf(o.Err, "timebox runs: unknown subcommand %q\n%s\n", sub, runsUsage)
+		fmt.Fprintf(o.Err, "%s\n%s\n", unknownWord("runs", sub, []string{"list", "show", "export"}), runsUsage)
 		return ExitUsage
 	}
 	pos, err := parse(fs, args[1:])
 	if err != nil {
 		return usageExit(err)
 	}
-	if (sub == "list") != (len(pos) == 0) || len(pos) > 1 {
-		fmt.Fprintln(o.Err, runsUsage)
+	switch {
+	case sub == "list" && len(pos) > 0:
+		fmt.Fprintf(o.Err, "timebox runs list: unexpected argument %q (filter with --status, --stop-reason or --session)\n%s\n", pos[0], runsUsage)
+		return ExitUsage
+	case sub != "list" && len(pos) == 0:
+		fmt.Fprintf(o.Err, "timebox runs %s: give the turn's ID (timebox runs list shows them), as in timebox runs %s t_…\n", sub, sub)
+		return ExitUsage
+	case len(pos) > 1:
+		fmt.Fprintf(o.Err, "timebox runs %s: one turn at a time: %q is one argument too many\n", sub, pos[1])
 		return ExitUsage
 	}
 	f.Status, f.StopReason = budget.Status(status), budget.StopReason(reason)

@@ -374,7 +374,7 @@ func TestRunsUsage(t *testing.T) {
 	}{
 		{[]string{"runs"}, cli.ExitUsage, "usage"},
 		{[]string{"runs", "frobnicate"}, cli.ExitUsage, "unknown subcommand"},
-		{[]string{"runs", "show"}, cli.ExitUsage, "usage"},
+		{[]string{"runs", "show"}, cli.ExitUsage, "give the turn's ID"},
 		{[]string{"runs", "list", "extra"}, cli.ExitUsage, "usage"},
 		{[]string{"runs", "list", "--db", missing}, cli.ExitFailed, "no store at"},
 	} {
