@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/timebox-run/timebox/internal/exactjson"
+	"github.com/timebox-run/timebox/internal/problem"
 )
 
 // Request holds the budgets one turn's caller asks for, by knob name
@@ -84,7 +85,7 @@ func (r Request) Apply(b Budgets, l Limits, max map[string]int64) (Budgets, Limi
 		k, ok := KnobByName(name)
 		if !ok || !k.Request {
 			return b, l, &RequestError{Name: name, Asked: asked,
-				Msg: "not a budget a request may set; it may set " + strings.Join(RequestNames(), ", ")}
+				Msg: "not a budget a request may set" + problem.DidYouMean(name, RequestNames()) + "; it may set " + strings.Join(RequestNames(), ", ")}
 		}
 		n, problem := k.parse(asked)
 		if problem != "" {

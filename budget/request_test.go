@@ -52,3 +52,17 @@ func TestRequestUnmarshalJSON(t *testing.T) {
 		t.Errorf("a name twice inside a body: %v, error %v", body.Budgets, err)
 	}
 }
+
+// TestAMisspeltRequestBudgetIsNamed: a request's budget a letter away
+// from one it may set gets the one meant, as a misspelt agent-file key
+// does.
+func TestAMisspeltRequestBudgetIsNamed(t *testing.T) {
+	_, _, err := budget.Request{"trun": "1m"}.Apply(budget.Budgets{}, budget.Limits{}, nil)
+	if err == nil || !strings.Contains(err.Error(), "not a budget a request may set (did you mean turn?); it may set ") {
+		t.Fatalf("%v", err)
+	}
+	_, _, err = budget.Request{"kill_grace": "1s"}.Apply(budget.Budgets{}, budget.Limits{}, nil)
+	if err == nil || strings.Contains(err.Error(), "did you mean") {
+		t.Fatalf("%v", err)
+	}
+}

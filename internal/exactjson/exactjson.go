@@ -12,6 +12,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/timebox-run/timebox/internal/problem"
 )
 
 // Object returns the fields of b, which must be one JSON object and
@@ -36,7 +38,11 @@ func Object(b []byte, keys []string) (map[string]json.RawMessage, error) {
 		}
 		key, _ := t.(string)
 		if keys != nil && !slices.Contains(keys, key) {
-			return nil, fmt.Errorf("unknown field %s (the keys are %s, matched exactly)", strconv.Quote(key), strings.Join(keys, ", "))
+			meant := ""
+			if m := problem.Suggest(key, keys); m != "" {
+				meant = "did you mean " + m + "? "
+			}
+			return nil, fmt.Errorf("unknown field %s (%sthe keys are %s, matched exactly)", strconv.Quote(key), meant, strings.Join(keys, ", "))
 		}
 		if _, dup := fields[key]; dup {
 			return nil, fmt.Errorf("field %s given twice: give each key once", strconv.Quote(key))
