@@ -85,6 +85,17 @@ func (s *Server) getStats(w http.ResponseWriter, r *http.Request) {
 		s.failed(w, r, http.StatusInternalServerError, "store_error", "reading the call stats from the store failed", err)
 		return
 	}
+	if len(tools) == 0 && f.Tool != "" && len(f.Tool) <= 256 { // no tool's name is longer; nor is what an answer repeats
+		problem, err := advice.UnknownTool(ctx, cs, "this server's store", f.Tool)
+		switch {
+		case err != nil:
+			s.failed(w, r, http.StatusInternalServerError, "store_error", "reading the call stats from the store failed", err)
+			return
+		case problem != "":
+			writeError(w, http.StatusBadRequest, "bad_request", `"tool": `+problem)
+			return
+		}
+	}
 	models, err := cs.ModelStats(ctx, f)
 	if err != nil {
 		s.failed(w, r, http.StatusInternalServerError, "store_error", "reading the call stats from the store failed", err)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -170,6 +171,12 @@ func TestStatsRoute(t *testing.T) {
 		t.Errorf("all of fetch: histogram %+v", h)
 	}
 
+	// A tool no call was ever recorded of is a wrong name, not "no
+	// calls": the one meant is named, as `timebox stats --tool` does.
+	if b := decode[apiError](t, e.do("GET", "/v1/stats?tool=fecth", nil, auth...), 400); b.Error.Code != "bad_request" ||
+		!strings.Contains(b.Error.Message, `"tool": no call of a tool named "fecth" was ever recorded in this server's store (did you mean fetch?)`) {
+		t.Errorf("a misspelt tool: %+v", b)
+	}
 	if b := decode[apiError](t, e.do("GET", "/v1/stats?since=lately", nil, auth...), 400); b.Error.Code != "bad_request" {
 		t.Errorf("a bad since: %+v", b)
 	}

@@ -100,8 +100,13 @@ func cmdStats(ctx context.Context, args []string, o IO) int {
 		return ExitFailed
 	}
 	if len(tools) == 0 {
-		if err := advice.CheckTool(ctx, cs, where, *toolFlag); err != nil {
-			fmt.Fprintln(o.Err, "timebox stats: --tool:", err)
+		problem, err := advice.UnknownTool(ctx, cs, where, *toolFlag)
+		switch {
+		case err != nil:
+			fmt.Fprintln(o.Err, "timebox stats:", err)
+			return ExitFailed
+		case problem != "":
+			fmt.Fprintln(o.Err, "timebox stats: --tool:", problem)
 			return ExitUsage
 		}
 	}
