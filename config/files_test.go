@@ -136,3 +136,23 @@ func TestTurnMayLastAWeek(t *testing.T) {
 		t.Errorf("--turn-timeout 100h: %v", err)
 	}
 }
+
+// TestAMisspeltFileGetsTheOneMeant: an agent file, a script or a program
+// that does not exist, a letter away from one that does, is met with the
+// one meant, as a misspelt key is.
+func TestAMisspeltFileGetsTheOneMeant(t *testing.T) {
+	path := writeAgent(t, "model: {primary: script:m}\nproviders: {script: {file: scirpt.jsonl}}\ntools:\n  - {name: a, exec: [./agent.yml]}\n")
+	_, err := Load(filepath.Join(filepath.Dir(path), "agnet.yaml"), Overrides{})
+	if err == nil || !strings.HasSuffix(err.Error(), "agnet.yaml: the agent file does not exist (did you mean "+filepath.Join(filepath.Dir(path), "agent.yaml")+"?)") {
+		t.Errorf("agnet.yaml: %v", err)
+	}
+	_, err = Load(path, Overrides{})
+	for _, want := range []string{
+		`providers.script.file: "scirpt.jsonl" does not exist (did you mean script.jsonl? relative paths are relative to the agent file's directory)`,
+		`tools[0].exec[0]: "./agent.yml" does not exist (did you mean ./agent.yaml? relative paths`,
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("want %q in\n%v", want, err)
+		}
+	}
+}

@@ -54,7 +54,7 @@ func Load(path string, o Overrides) (*Agent, error) {
 	l := newLoader(path, o)
 	data, err := regular.ReadFile(path, MaxFileBytes)
 	if err != nil {
-		l.errs = append(l.errs, &Error{File: path, Msg: readProblem(err)})
+		l.errs = append(l.errs, &Error{File: path, Msg: readProblem(path, err)})
 		l.readOverrides()
 		l.sortErrs()
 		return nil, l.errs
@@ -62,8 +62,13 @@ func Load(path string, o Overrides) (*Agent, error) {
 	return l.load(data)
 }
 
-func readProblem(err error) string {
+func readProblem(path string, err error) string {
 	if errors.Is(err, fs.ErrNotExist) {
+		if abs, aerr := filepath.Abs(path); aerr == nil {
+			if m := nearFile(path, abs); m != "" {
+				return "the agent file does not exist (did you mean " + m + "?)"
+			}
+		}
 		return "the agent file does not exist"
 	}
 	var nr *regular.NotRegularError

@@ -318,7 +318,11 @@ func fileProblem(written, abs string) string {
 	fi, err := os.Stat(abs)
 	switch {
 	case err != nil && os.IsNotExist(err):
-		return fmt.Sprintf("%q does not exist (relative paths are relative to the agent file's directory)", written)
+		meant := ""
+		if m := nearFile(written, abs); m != "" {
+			meant = "did you mean " + m + "? "
+		}
+		return fmt.Sprintf("%q does not exist (%srelative paths are relative to the agent file's directory)", written, meant)
 	case err != nil:
 		return fmt.Sprintf("%q cannot be read: %v", written, unwrapPath(err))
 	case fi.IsDir():
@@ -327,6 +331,25 @@ func fileProblem(written, abs string) string {
 		return fmt.Sprintf("%q is %s, not a regular file", written, regular.Describe(fi.Mode()))
 	}
 	return ""
+}
+
+// nearFile returns the file beside abs whose name is close to abs's (a
+// typo: agnet.yaml, script.jsonl for scirpt.jsonl), written as written
+// is, or "".
+func nearFile(written, abs string) string {
+	entries, err := os.ReadDir(filepath.Dir(abs))
+	if err != nil || len(entries) > 10000 {
+		return ""
+	}
+	names := make([]string, 0, len(entries))
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	m := suggest(filepath.Base(abs), names)
+	if m == "" {
+		return ""
+	}
+	return written[:len(written)-len(filepath.Base(written))] + m
 }
 
 func unwrapPath(err error) error {
