@@ -256,8 +256,14 @@ func writeRecord(w io.Writer, r *event.Turn) {
 	if r.Status == budget.StatusRunning {
 		fmt.Fprintf(w, "status   running for %s · %d step%s so far\n", fmtElapsed(time.Since(r.StartedAt)), r.Steps, plural(r.Steps))
 	} else {
-		fmt.Fprintf(w, "status   %s (%s) after %s · %d step%s · model %s · tools %s\n", r.Status, r.StopReason, ms(r.WallMS),
-			r.Steps, plural(r.Steps), ms(r.LLMMS), ms(r.ToolMS))
+		people := ""
+		if r.ApprovalMS > 0 {
+			// Part of the wall clock, and not of the turn's ceiling: said,
+			// so that "after 2h" is not read as a slow turn.
+			people = " · waiting for people " + ms(r.ApprovalMS)
+		}
+		fmt.Fprintf(w, "status   %s (%s) after %s · %d step%s · model %s · tools %s%s\n", r.Status, r.StopReason, ms(r.WallMS),
+			r.Steps, plural(r.Steps), ms(r.LLMMS), ms(r.ToolMS), people)
 		var flags []string
 		if r.Flags.TimedOutByTurnBudget {
 			flags = append(flags, "timed_out_by_turn_budget")
@@ -313,6 +319,9 @@ func callNotes(c event.ToolCall) string {
 	var n []string
 	if c.Phase != "" {
 		n = append(n, "phase "+string(c.Phase))
+	}
+	if c.ApprovalMS > 0 {
+		n = append(n, "waited "+ms(c.ApprovalMS)+" for a person")
 	}
 	if c.Overran {
 		n = append(n, "overran")

@@ -218,3 +218,18 @@ func TestADeniedCallIsNotAnError(t *testing.T) {
 		t.Errorf("a call that never ran is drawn as an error against its timeout:\n%s", s)
 	}
 }
+
+// TestRunsShowSaysTheWaitForPeople: a turn that waited for a person's
+// decision says how long, beside its wall clock, and so does the call
+// that waited: "after 2h" is not a slow turn when 2h were a person's.
+func TestRunsShowSaysTheWaitForPeople(t *testing.T) {
+	var out bytes.Buffer
+	writeRecord(&out, &event.Turn{TurnID: "t_x", Status: "completed", StopReason: "answered", Steps: 2, WallMS: 7_202_000, ApprovalMS: 7_200_000,
+		ToolCalls: []event.ToolCall{{CallID: "call_1_1", Tool: "deploy", Outcome: event.OutcomeDenied, TimeoutMS: 120000, ApprovalMS: 7_200_000}}})
+	s := out.String()
+	for _, want := range []string{"model 0s · tools 0s · waiting for people 2h0m0s\n", "waited 2h0m0s for a person"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("lacks %q:\n%s", want, s)
+		}
+	}
+}
