@@ -86,8 +86,12 @@ func (t *turn) message(st machine.Ending, note *machine.StopNote, now time.Time)
 	case budget.ModelRejected:
 		var me *model.Error
 		if errors.As(cause, &me) {
-			return fmt.Sprintf("Failed: %s rejected the request (HTTP %d): %s. This is not a timeout; it was not retried with another credential or model. Fix the request, the model name or the credential.%s%s",
-				me.Provider, me.Status, strings.TrimRight(me.Message, ". "), t.compactionNote(), tooLongNote(cause))
+			tried := "it was not retried with another credential or model. Fix the request, the model name or the credential."
+			if st.Message != "" {
+				tried = st.Message + ", and no other model was tried. Fix the credentials (or their access to the model)."
+			}
+			return fmt.Sprintf("Failed: %s rejected the request (HTTP %d): %s. This is not a timeout; %s%s%s",
+				me.Provider, me.Status, strings.TrimRight(me.Message, ". "), tried, t.compactionNote(), tooLongNote(cause))
 		}
 		return fmt.Sprintf("Failed: the provider rejected the request: %v.", cause)
 	case budget.CompactionFailed:

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/timebox-run/timebox/budget"
@@ -130,7 +131,12 @@ func (t *turn) modelStep(ctx context.Context, step int) (model.Response, *stop) 
 		}
 		var me *model.Error
 		if errors.As(err, &me) && me.Rejected() {
-			return model.Response{}, &stop{reason: budget.ModelRejected, cause: err}
+			// A credential refused moves on to the same model's next
+			// credential; any other refusal, or the model's last
+			// credential refused too, ends the turn.
+			if !me.CredentialRefused() || k+1 == len(tries) || !sameModel(ep, t.a.models[tries[k+1]]) {
+				return model.Response{}, &stop{reason: budget.ModelRejected, cause: err, message: credentialsRefused(notes, ep, me)}
+			}
 		}
 		notes = append(notes, attemptNote{endpoint: ep.Name(), profile: ep.Profile, err: err, index: i, at: time.Now()})
 		if phase == budget.PhaseLLMIdle || phase == budget.PhaseLLMFirstChunk {
@@ -334,4 +340,28 @@ func modelOutcome(err error) event.Outcome {
 		return event.OutcomeCancelled
 	}
 	return event.OutcomeError
+}
+
+// sameModel reports whether b is a's model with another credential.
+func sameModel(a, b model.Endpoint) bool {
+	return a.ProviderName == b.ProviderName && a.Model == b.Model && a.Profile != b.Profile
+}
+
+// credentialsRefused says, for a refusal of ep's credential, that the credentials
+// of its model before it were refused too; "" when none was.
+func credentialsRefused(notes []attemptNote, ep model.Endpoint, me *model.Error) string {
+	if !me.CredentialRefused() {
+		return ""
+	}
+	var profiles []string
+	for _, n := range notes {
+		var nme *model.Error
+		if n.endpoint == ep.Name() && errors.As(n.err, &nme) && nme.CredentialRefused() {
+			profiles = append(profiles, n.profile)
+		}
+	}
+	if len(profiles) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("each credential of %s was refused: %s", ep.Name(), strings.Join(append(profiles, ep.Profile), ", "))
 }

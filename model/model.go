@@ -245,14 +245,23 @@ func (e *EmptyReplyError) OutOfTokens() bool {
 }
 
 // Rejected reports whether the provider refused the request itself (400,
-// 401, 403, 404, 422): retrying with another credential or model will not
-// help, and the turn fails with model_rejected.
+// 401, 403, 404, 413, 422): retrying with another model will not help,
+// and the turn fails with model_rejected — after the model's other
+// credentials, when the refusal was of the credential (CredentialRefused).
 func (e *Error) Rejected() bool {
 	switch e.Status {
 	case 400, 401, 403, 404, 413, 422:
 		return true
 	}
 	return false
+}
+
+// CredentialRefused reports whether the refusal may be the credential's
+// own (401: a key revoked, expired or mistyped; 403: a key without access
+// to the model), so that the same model's next credential may be
+// accepted: what a list of credentials is for (spec §6, "auth profiles").
+func (e *Error) CredentialRefused() bool {
+	return e.Status == 401 || e.Status == 403
 }
 
 // Phase classifies a model call failure. Timeouts keep their own phase;
