@@ -276,7 +276,11 @@ func (t *turn) compact(ctx context.Context, step int, force bool) (shrunk, stopp
 	}
 	b := s.Budgets
 	ep := t.a.models[0]
-	t.em.Emit(&event.CompactionStarted{Step: step, EstimatedTokens: before, CompactAt: limit, LimitMS: b.Compaction.MS()})
+	// Attempts of the step's compactions are numbered on from those made
+	// before, lost ones included (a Temporal worker lost mid-compaction).
+	s.CompactAttempts++
+	attempt := s.CompactAttempts
+	t.em.Emit(&event.CompactionStarted{Step: step, Attempt: attempt, EstimatedTokens: before, CompactAt: limit, LimitMS: b.Compaction.MS()})
 	act := &activity{step: step, subject: "compaction (model " + ep.Model + ")", compaction: true}
 	t.live.begin(act)
 
@@ -288,7 +292,7 @@ func (t *turn) compact(ctx context.Context, step int, force bool) (shrunk, stopp
 	req := model.Request{Model: ep.Model, System: compactionInstructions, Conversation: t.conversationID(),
 		Messages: []model.Message{{Role: model.RoleUser, Content: text}}, Compaction: true}
 
-	mc := modelCall{step: step, attempt: 1, ep: ep, req: req,
+	mc := modelCall{step: step, attempt: attempt, ep: ep, req: req,
 		chunk: func(_ *model.Watched, c model.Chunk) string {
 			t.live.progress(act)
 			return c.Text

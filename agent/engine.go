@@ -123,8 +123,23 @@ func (u engineUnits) LostAttempts(s *machine.State, step int, lost []machine.Los
 			rec.Error = fmt.Sprintf("the attempt was lost: %s; it was last heard from %s after it began, and the loss noticed %s after that; it was asked again",
 				why, budget.RoundHuman(last.Sub(at.Started)), budget.RoundHuman(now.Sub(last)))
 		}
-		t.em.Emit(&event.LLMFinished{ModelCall: rec})
-		s.Attempts = max(s.Attempts, at.Attempt)
+		if !at.Compaction {
+			t.em.Emit(&event.LLMFinished{ModelCall: rec})
+			s.Attempts = max(s.Attempts, at.Attempt)
+			continue
+		}
+		// A compaction runs on the primary model (compact), and is
+		// recorded as one: compaction_finished with its record. The turn
+		// compacts again when it is still due.
+		ep := u.a.models[0]
+		rec.Step, rec.Model, rec.Provider, rec.Profile, rec.Compaction = at.Step, ep.Model, ep.ProviderName, ep.Profile, true
+		rec.Error = "the compaction was lost: " + why + "; it is tried again when still due"
+		t.em.Emit(&event.CompactionFinished{Step: at.Step, Outcome: rec.Outcome, Phase: rec.Phase, DurationMS: rec.StreamMS,
+			TokensBefore: at.EstimatedTokens, TokensAfter: at.EstimatedTokens,
+			Message: "The compaction was lost: " + why + ". It is tried again when still due.", Record: &rec})
+		if at.Step == step {
+			s.CompactAttempts = max(s.CompactAttempts, at.Attempt)
+		}
 	}
 }
 

@@ -42,6 +42,7 @@ func (t *turn) thinkUnit(ctx context.Context, u machine.Unit) {
 		return
 	}
 	s.Steps = u.Step
+	s.CompactAttempts = 0 // they were the compactions before this step
 	resp, st := t.modelStep(ctx, u.Step)
 	s.Attempts = 0
 	switch {

@@ -258,7 +258,11 @@ type LateResult struct {
 
 // CompactionStarted is sent when older history is being summarised.
 type CompactionStarted struct {
-	Step            int   `json:"step"`
+	Step int `json:"step"`
+	// Attempt numbers the compactions begun for the step, from 1: one
+	// asked again after its worker was lost numbers on (omitted by
+	// versions before it; read as 1).
+	Attempt         int   `json:"attempt,omitempty"`
 	EstimatedTokens int   `json:"estimated_tokens"`
 	CompactAt       int   `json:"compact_at"`
 	LimitMS         int64 `json:"limit_ms"`

@@ -175,18 +175,22 @@ func (x *activities) Advance(ctx context.Context, in *unitIn) (*advanced, error)
 
 // catchUp looks at what was stored for the turn since its last model step
 // began (State.Seen) for what a unit lost with its worker left: a
-// turn_started (the turn is begun), and the model call attempts of the
-// step about to be made that began and have no record — each gets one
-// (outcome interrupted, phase worker_lost), and the step numbers its
-// attempts on after every one that began.
+// turn_started (the turn is begun); the model call attempts of the step
+// about to be made that began and have no record; and the compactions
+// that began and did not finish. Each gets one record (outcome
+// interrupted, phase worker_lost), and the step numbers its attempts, and
+// its compactions', on after every one that began.
 func (x *activities) catchUp(ctx context.Context, s *machine.State, sink *storeSink) error {
 	evs, err := x.store.Events(ctx, s.TurnID, s.Seen, 0)
 	if err != nil {
 		return fmt.Errorf("reading turn %s: %w", s.TurnID, err)
 	}
 	step := s.Steps + 1
+	type compaction struct{ step, attempt int }
 	begun := map[int]machine.LostAttempt{}
 	current := 0 // the step's attempt streaming: a step's attempts run one after another
+	compacting := map[compaction]machine.LostAttempt{}
+	var order []compaction
 	for _, e := range evs {
 		s.Seen = e.Seq
 		switch d := e.Data.(type) {
@@ -207,16 +211,35 @@ func (x *activities) catchUp(ctx context.Context, s *machine.State, sink *storeS
 			if d.Step == step {
 				delete(begun, d.Attempt)
 			}
+		case *event.CompactionStarted:
+			// Every compaction the lost unit began, whatever its step: a
+			// forced one is of the step after the one it ran.
+			c := compaction{d.Step, max(d.Attempt, 1)}
+			compacting[c] = machine.LostAttempt{Step: d.Step, Compaction: true, Attempt: c.attempt, EstimatedTokens: d.EstimatedTokens, Started: e.At}
+			order = append(order, c)
+			if d.Step == step {
+				s.CompactAttempts = max(s.CompactAttempts, c.attempt)
+			}
+		case *event.CompactionFinished:
+			if d.Record != nil {
+				delete(compacting, compaction{d.Step, max(d.Record.Attempt, 1)})
+			}
 		}
-	}
-	if len(begun) == 0 {
-		return nil
 	}
 	var lost []machine.LostAttempt
 	for a := 1; a <= s.Attempts; a++ {
 		if la, ok := begun[a]; ok {
 			lost = append(lost, la)
 		}
+	}
+	for _, c := range order {
+		if la, ok := compacting[c]; ok {
+			lost = append(lost, la)
+			delete(compacting, c)
+		}
+	}
+	if len(lost) == 0 {
+		return nil
 	}
 	x.units.LostAttempts(s, step, lost, "the worker running it was lost (it died, or stopped answering) before it ended", sink)
 	return nil

@@ -484,6 +484,78 @@ func TestSuiteLostModelStep(t *testing.T) {
 	}
 }
 
+// TestSuiteLostCompaction: a compaction whose worker died mid-call gets a
+// record, as a lost model attempt does (compaction_finished, outcome
+// interrupted, phase worker_lost), and the compaction asked again numbers
+// its attempt on from it.
+func TestSuiteLostCompaction(t *testing.T) {
+	ls, err := script.Parse(strings.NewReader(`{"text": "They asked four questions."}`+"\n"+`{"text": "done"}`+"\n"), "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := script.New(ls)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := agent.New(agent.Config{Name: "suite", Origin: "suite.yaml", Models: []model.Endpoint{{Provider: p, ProviderName: "script", Model: "m"}},
+		CompactAt: 500})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var history []model.Message
+	for i := range 4 {
+		history = append(history, model.Message{Role: model.RoleUser, Content: strings.Repeat("question ", 100) + string(rune('a'+i))},
+			model.Message{Role: model.RoleAssistant, Content: strings.Repeat("answer ", 150)})
+	}
+	s := newSuite(t, a)
+	lost := 0
+	s.env.OnActivity(actAdvance, mock.Anything, mock.Anything).Return(func(ctx context.Context, in *unitIn) (*advanced, error) {
+		if lost == 0 {
+			lost++
+			// The worker began the turn and its compaction, and died.
+			for _, p := range []event.Payload{&event.TurnStarted{Agent: "suite"},
+				&event.CompactionStarted{Step: 1, Attempt: 1, EstimatedTokens: 1300, CompactAt: 500, LimitMS: 60000}} {
+				if err := s.store.AppendEvent(ctx, event.Event{TurnID: in.State.TurnID, Type: p.Type(), At: time.Now(), Data: p}); err != nil {
+					return nil, err
+				}
+			}
+			return nil, sdktemporal.NewHeartbeatTimeoutError()
+		}
+		return s.x.Advance(ctx, in)
+	})
+	rec, _ := s.run(t, s.start(t, "t1", "and now?", history...))
+	if rec.Status != budget.StatusCompleted {
+		t.Fatalf("turn ended %s: %s", rec.StopReason, rec.Message)
+	}
+	var fins []event.CompactionFinished
+	var started []int
+	for _, e := range rec.Events {
+		switch d := e.Data.(type) {
+		case *event.CompactionStarted:
+			started = append(started, d.Attempt)
+		case *event.CompactionFinished:
+			fins = append(fins, *d)
+		}
+	}
+	if !cmp.Equal(started, []int{1, 2}) {
+		t.Errorf("compaction_started attempts %v, want [1 2]", started)
+	}
+	if len(fins) != 2 || fins[0].Outcome != event.OutcomeInterrupted || fins[0].Phase != budget.PhaseWorkerLost || fins[0].Record == nil ||
+		fins[0].Record.Attempt != 1 || !strings.Contains(fins[0].Message, "lost") || fins[1].Outcome != event.OutcomeOK || fins[1].Record.Attempt != 2 {
+		t.Fatalf("compaction_finished: %+v", fins)
+	}
+	var comps []event.ModelCall
+	for _, mc := range rec.ModelCalls {
+		if mc.Compaction {
+			comps = append(comps, mc)
+		}
+	}
+	if len(comps) != 2 || comps[0].Attempt != 1 || comps[0].Outcome != event.OutcomeInterrupted || comps[0].Phase != budget.PhaseWorkerLost ||
+		comps[0].Model != "m" || comps[1].Attempt != 2 || comps[1].Outcome != event.OutcomeOK {
+		t.Errorf("compaction records: %+v", comps)
+	}
+}
+
 // TestSuiteLostModelStepTime: the record of a model attempt lost with its
 // worker says how long it is known to have run — to its last stream chunk
 // stored — not until another worker noticed the loss: that wait is no

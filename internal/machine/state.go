@@ -56,9 +56,13 @@ type State struct {
 	// Attempts counts the model call attempts of the step under way, so
 	// that a step asked again after its worker was lost numbers its
 	// attempts on from the lost ones.
-	Attempts int           `json:"attempts,omitempty"`
-	LLMUsed  time.Duration `json:"llm_used"`
-	ToolTime time.Duration `json:"tool_time"`
+	Attempts int `json:"attempts,omitempty"`
+	// CompactAttempts counts the compaction attempts made before the
+	// step under way (Steps+1), so that a compaction asked again after
+	// its worker was lost numbers its attempt on from the lost ones.
+	CompactAttempts int           `json:"compact_attempts,omitempty"`
+	LLMUsed         time.Duration `json:"llm_used"`
+	ToolTime        time.Duration `json:"tool_time"`
 	// ApprovalWait is the time the turn has waited for nothing but
 	// people's decisions on its calls: its ceiling is
 	// Start+Budgets.Turn+ApprovalWait (Ceiling).

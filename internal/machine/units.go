@@ -56,7 +56,8 @@ type Units interface {
 	Lost(s *State, step int, c Call, l Loss, tr Transcript, sinks ...event.Sink) Called
 	// LostAttempts records the model call attempts of step that began
 	// where they were lost (their worker died mid-step): outcome
-	// interrupted, phase worker_lost.
+	// interrupted, phase worker_lost. A lost compaction is recorded as a
+	// compaction (compaction_finished), of its own step.
 	LostAttempts(s *State, step int, lost []LostAttempt, why string, sinks ...event.Sink)
 	// End ends the turn as e says.
 	End(s *State, e Ending, tr Transcript, sinks ...event.Sink) *Ended
@@ -101,14 +102,18 @@ type Loss struct {
 
 // LostAttempt is a model call attempt that began where it was lost: its
 // llm_started, and when it was last heard from (its last llm_delta stored;
-// zero: none came).
+// zero: none came); or a compaction's compaction_started (Compaction, with
+// the step and the estimate it began with).
 type LostAttempt struct {
-	Attempt  int       `json:"attempt"`
-	Model    string    `json:"model"`
-	Provider string    `json:"provider"`
-	Profile  string    `json:"profile,omitempty"`
-	Started  time.Time `json:"started"`
-	Last     time.Time `json:"last,omitzero"`
+	Step            int       `json:"step,omitempty"`
+	Compaction      bool      `json:"compaction,omitempty"`
+	EstimatedTokens int       `json:"estimated_tokens,omitempty"`
+	Attempt         int       `json:"attempt"`
+	Model           string    `json:"model"`
+	Provider        string    `json:"provider"`
+	Profile         string    `json:"profile,omitempty"`
+	Started         time.Time `json:"started"`
+	Last            time.Time `json:"last,omitzero"`
 }
 
 // unitsOf returns the Units of an agent; package agent sets it.
