@@ -171,27 +171,42 @@ func (u engineUnits) End(s *machine.State, e machine.Ending, tr machine.Transcri
 // lost records a call that was running where it was lost — a worker that
 // died, or stopped answering — and emits its tool_finished: outcome
 // interrupted, phase worker_lost, the time it is known to have run (to its
-// last heartbeat) apart from when the loss was noticed, and a tool_error
-// for the model saying that the call was not run again, so it may or may
-// not have done its work.
+// last heartbeat) apart from when the loss was noticed, the progress it
+// reported, and a tool_error for the model saying that the call was not
+// run again (or how many times it was, for a tool that declares retries),
+// so it may or may not have done its work.
 func (t *turn) lost(step int, callID string, c model.ToolCall, l machine.Loss) string {
 	noticed := l.Noticed
 	if noticed.IsZero() {
 		noticed = time.Now()
 	}
-	ran := "It had not reported starting."
+	it, they := "It", "It"
+	again := "It was not run again, so it may or may not have done its work"
+	if l.Runs > 1 {
+		// A tool that declares retries: each run was lost in turn.
+		it, they = "Its last run", "Its runs"
+		again = fmt.Sprintf("It was run %d times (tools[%s].retries), each lost with its worker, and is not run again: it may or may not have done its work, once or more",
+			l.Runs, c.Name)
+	}
+	ran := it + " had not reported starting."
 	started, ended := l.Started, l.Started.Add(l.Ran)
 	if l.Started.IsZero() {
 		started, ended = noticed, noticed
 	} else {
-		ran = fmt.Sprintf("It had run for at least %s (its last heartbeat); the loss was noticed %s after that.",
-			budget.RoundHuman(l.Ran), budget.RoundHuman(noticed.Sub(ended)))
+		ran = fmt.Sprintf("%s had run for at least %s (its last heartbeat); the loss was noticed %s after that.",
+			it, budget.RoundHuman(l.Ran), budget.RoundHuman(noticed.Sub(ended)))
 	}
-	msg := fmt.Sprintf("The call was lost: %s. %s It was not run again, so it may or may not have done its work; check before asking for it again.", l.Why, ran)
+	if l.Reports > 0 {
+		ran += fmt.Sprintf(" %s had reported progress %d times.", they, l.Reports)
+	}
+	msg := fmt.Sprintf("The call was lost: %s. %s %s; check before asking for it again.", l.Why, ran, again)
 	res := tool.Refusal(c.Name, "worker_lost", "", msg)
 	rec := event.ToolCall{CallID: callID, TurnID: t.s.TurnID, Step: step, Tool: c.Name, Arguments: arguments(c.Arguments),
 		StartedAt: started, EndedAt: ended, DurationMS: ended.Sub(started).Milliseconds(), NoticedAt: noticed,
-		Outcome: event.OutcomeInterrupted, Phase: budget.PhaseWorkerLost, Result: res}
+		Outcome: event.OutcomeInterrupted, Phase: budget.PhaseWorkerLost, Result: res, ProgressCount: l.Reports}
+	if l.Runs > 1 {
+		rec.Runs, rec.FirstStartedAt = l.Runs, l.First
+	}
 	if e, ok := t.a.tools[c.Name]; ok {
 		rec.Kind = string(e.Tool.Tool.Kind())
 		tb := t.toolBudget(e)

@@ -20,7 +20,7 @@ import (
 // view is the state the batch began with.
 func (t *turn) callUnit(ctx context.Context, view *machine.State, step int, c machine.Call) {
 	mc := t.askedFor(view, c)
-	result := t.runTool(ctx, step, machine.CallID(step, c.Index), mc, c.Approval)
+	result := t.runTool(ctx, step, machine.CallID(step, c.Index), mc, c.Approval, c.Earlier)
 	t.tr.Put(view.Messages+c.Index, toolMessage(mc, result))
 }
 
@@ -94,8 +94,10 @@ func (t *turn) refuse(step int, callID string, c model.ToolCall, reason, field, 
 }
 
 // runTool runs one tool call under its budget and returns what the model is
-// told; approved, for a call that waited for a person, is that wait.
-func (t *turn) runTool(ctx context.Context, step int, callID string, c model.ToolCall, approved *machine.Approved) string {
+// told; approved, for a call that waited for a person, is that wait;
+// earlier, for a call run again after its worker was lost, its earlier
+// runs.
+func (t *turn) runTool(ctx context.Context, step int, callID string, c model.ToolCall, approved *machine.Approved, earlier *machine.Earlier) string {
 	e, ok := t.a.tools[c.Name]
 	if !ok {
 		return t.refuse(step, callID, c, event.RefusedUnknownTool, "", fmt.Sprintf("There is no tool named %q. Available tools: %s.",
@@ -128,7 +130,10 @@ func (t *turn) runTool(ctx context.Context, step int, callID string, c model.Too
 	x := tool.Run(ctx, e.Tool.Tool, call, b, tool.Hooks{
 		// Every report keeps the turn alive; the coalesced ones become
 		// events (tool.Hooks).
-		OnAlive: func() { t.live.alive(act) },
+		OnAlive: func() {
+			t.live.alive(act)
+			t.reported(callID)
+		},
 		OnProgress: func(r tool.Report) {
 			t.em.Emit(&event.ToolProgress{CallID: callID, Tool: c.Name, Progress: r.Progress, Total: r.Total, Message: r.Message})
 		},
@@ -143,9 +148,23 @@ func (t *turn) runTool(ctx context.Context, step int, callID string, c model.Too
 	rec := tool.CallRecord(callID, c.Name, string(e.Tool.Tool.Kind()), args, b, x, result)
 	rec.TurnID, rec.Step = t.s.TurnID, step
 	applyApproval(&rec, approved)
+	if earlier != nil {
+		rec.Runs, rec.FirstStartedAt = earlier.Runs+1, earlier.First
+		rec.ProgressCount += earlier.Reports
+	}
 	rec = t.addToolRecord(rec)
 	t.em.Emit(&event.ToolFinished{ToolCall: rec})
 	return result
+}
+
+// reported tells the run's event.ReportSinks of a progress report of
+// call callID.
+func (t *turn) reported(callID string) {
+	for _, s := range t.sinks {
+		if rs, ok := s.(event.ReportSink); ok {
+			rs.Reported(callID)
+		}
+	}
 }
 
 type lateResult struct {
@@ -229,7 +248,7 @@ func (a *Agent) CallTool(ctx context.Context, name string, input json.RawMessage
 	t.noModel = true
 	t.live = newLiveness(budget.Duration{}, s.Budgets.ProgressNotice.D, time.Time{}, func(v event.Payload) { t.em.Emit(v) }, func(*budget.TimeoutError) {})
 	defer t.live.close()
-	t.runTool(ctx, 1, "call_1_1", model.ToolCall{ID: "call_1_1", Name: name, Arguments: string(input)}, nil)
+	t.runTool(ctx, 1, "call_1_1", model.ToolCall{ID: "call_1_1", Name: name, Arguments: string(input)}, nil, nil)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.ended = true

@@ -69,8 +69,15 @@ type ToolCall struct {
 	Abandoned     bool         `json:"abandoned"`
 	LateResult    bool         `json:"late_result"`
 	ProgressCount int          `json:"progress_count"`
-	ExitCode      *int         `json:"exit_code"`
-	StderrTail    string       `json:"stderr_tail"`
+	// Runs counts the times the call was run, when more than once: a
+	// call of a tool that declares retries, run again after its worker
+	// was lost (--engine temporal). FirstStartedAt is then when the first
+	// run started; StartedAt, EndedAt and DurationMS are the last run's,
+	// and ProgressCount counts the reports of every run.
+	Runs           int       `json:"runs,omitempty"`
+	FirstStartedAt time.Time `json:"first_started_at,omitzero"`
+	ExitCode       *int      `json:"exit_code"`
+	StderrTail     string    `json:"stderr_tail"`
 	// Result is what the model was given for this call. A result larger
 	// than a step's share of context.compact_at is sent to the model cut;
 	// Result keeps it whole (docs/decisions/compaction-convergence.md).

@@ -36,6 +36,16 @@ type Disowner interface {
 	Disowned() bool
 }
 
+// ReportSink is a Sink that is also told of every progress report of a
+// tool call, before tool_progress events are coalesced: a Temporal unit's
+// heartbeat counts them, so that a call lost with its worker still has
+// its progress_count. Reported is called on the reporting goroutine, and
+// must be quick and never block.
+type ReportSink interface {
+	Sink
+	Reported(callID string)
+}
+
 // SinkFunc adapts a function to a Sink.
 type SinkFunc func(Event)
 

@@ -120,6 +120,14 @@ type beat struct {
 	Progress *float64  `json:"progress,omitempty"`
 	Total    *float64  `json:"total,omitempty"`
 	Message  string    `json:"message,omitempty"`
+	// Attempt is the activity's attempt: a tool that declares retries is
+	// run again after its worker was lost. First is when the call's first
+	// attempt started, and Reports counts the progress reports of all its
+	// attempts so far (Temporal keeps an attempt's last heartbeat for the
+	// next).
+	Attempt int32     `json:"attempt,omitempty"`
+	First   time.Time `json:"first,omitzero"`
+	Reports int       `json:"reports,omitempty"`
 }
 
 // thisWorker names this process among the workers, for its heartbeats.
@@ -152,7 +160,7 @@ func (x *activities) Advance(ctx context.Context, in *unitIn) (*advanced, error)
 	if err != nil {
 		return nil, err
 	}
-	u := x.unit(ctx, s.TurnID, "")
+	u := x.unit(ctx, s.TurnID, beat{})
 	defer u.close()
 	sink := x.sink(u.ctx, u)
 	if err := x.catchUp(ctx, s, sink); err != nil {
@@ -274,7 +282,19 @@ func (x *activities) Call(ctx context.Context, in *unitIn) (*machine.Called, err
 			return out, tr.flush(ctx, doneKey(in.Key), out)
 		}
 	}
-	u := x.unit(ctx, s.TurnID, callID)
+	b := beat{CallID: callID}
+	if info := activity.GetInfo(ctx); info.Attempt > 1 {
+		// Run again after its worker was lost: what the attempts before
+		// did, as their last heartbeat said, goes on in this one's and
+		// into the call's record.
+		var prev beat
+		if activity.HasHeartbeatDetails(ctx) && activity.GetHeartbeatDetails(ctx, &prev) == nil && prev.CallID == callID {
+			b.First, b.Reports = cmp.Or(prev.First, prev.Started), prev.Reports
+		}
+		b.Attempt = info.Attempt
+		in.Call.Earlier = &machine.Earlier{Runs: int(info.Attempt) - 1, First: b.First, Reports: b.Reports}
+	}
+	u := x.unit(ctx, s.TurnID, b)
 	defer u.close()
 	sink := x.sink(u.ctx, u)
 	out := x.units.Call(u.ctx, s, in.Step, in.Call, tr, sink)
@@ -354,6 +374,7 @@ func (x *activities) Lost(ctx context.Context, in *unitIn) (*machine.Called, err
 	l.Recorded = rec
 	if b := in.Beat; b != nil && b.CallID == callID {
 		l.Started, l.Ran = b.Started, time.Duration(b.RanMS)*time.Millisecond
+		l.Runs, l.First, l.Reports = int(b.Attempt), cmp.Or(b.First, b.Started), b.Reports
 	} else if l.Recorded == nil {
 		if l.Started, err = x.toolStarted(ctx, s.TurnID, callID); err != nil {
 			return nil, err
@@ -581,9 +602,12 @@ func doneKey(key string) string {
 
 // running is a unit under way on this worker: what it runs beside it.
 type running struct {
-	ctx        context.Context
-	cancel     context.CancelCauseFunc
-	beat       atomic.Pointer[beat]
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	beat   atomic.Pointer[beat]
+	// reports counts a call's progress reports in this attempt
+	// (storeSink.Reported), for its heartbeats.
+	reports    atomic.Int64
 	quit       chan struct{}
 	wg         sync.WaitGroup
 	unwatch    func()
@@ -608,10 +632,11 @@ type running struct {
 // the engine means reaches the unit: the workflow cancelled it, Temporal
 // gave the attempt up (its heartbeat timed out), the worker is stopping,
 // or the activity's own deadline passed.
-func (x *activities) unit(actx context.Context, turnID, callID string) *running {
+func (x *activities) unit(actx context.Context, turnID string, b beat) *running {
 	u := &running{quit: make(chan struct{})}
 	u.ctx, u.cancel = context.WithCancelCause(context.WithoutCancel(actx))
-	u.beat.Store(&beat{CallID: callID, Started: time.Now(), Worker: thisWorker})
+	b.Started, b.Worker = time.Now(), thisWorker
+	u.beat.Store(&b)
 	local := activity.IsActivity(actx) && activity.GetInfo(actx).IsLocalActivity
 	u.stopEngine = context.AfterFunc(actx, func() {
 		switch cause := context.Cause(actx); {
@@ -634,7 +659,7 @@ func (x *activities) unit(actx context.Context, turnID, callID string) *running 
 	if activity.IsActivity(actx) && !local {
 		// At once: a worker that dies before its first tick leaves its
 		// name and the call's start with Temporal all the same.
-		activity.RecordHeartbeat(hctx, *u.beat.Load())
+		activity.RecordHeartbeat(hctx, u.beating())
 	}
 	u.wg.Add(1)
 	go func() {
@@ -646,9 +671,7 @@ func (x *activities) unit(actx context.Context, turnID, callID string) *running 
 		for {
 			select {
 			case <-tick.C:
-				b := *u.beat.Load()
-				b.RanMS = time.Since(b.Started).Milliseconds()
-				activity.RecordHeartbeat(hctx, b)
+				activity.RecordHeartbeat(hctx, u.beating())
 			case <-requested:
 				requested = nil
 				u.cancel(x.cancelReason(hctx, turnID))
@@ -673,6 +696,14 @@ func (x *activities) cancelReason(ctx context.Context, turnID string) *budget.Ca
 		}
 	}
 	return ce
+}
+
+// beating returns the unit's heartbeat now.
+func (u *running) beating() beat {
+	b := *u.beat.Load()
+	b.RanMS = time.Since(b.Started).Milliseconds()
+	b.Reports += int(u.reports.Load())
+	return b
 }
 
 // progress keeps a call's progress report for its next heartbeat.
@@ -778,6 +809,14 @@ func (k *storeSink) Emit(e event.Event) {
 // Disowned implements event.Disowner: Temporal gave the unit up, and the
 // events it emits now are not stored.
 func (k *storeSink) Disowned() bool { return k.unit != nil && k.unit.engine.Load() }
+
+// Reported implements event.ReportSink: the unit's heartbeats count every
+// progress report, coalesced into tool_progress events or not.
+func (k *storeSink) Reported(string) {
+	if k.unit != nil {
+		k.unit.reports.Add(1)
+	}
+}
 
 // LateResult implements event.LateSink.
 func (k *storeSink) LateResult(rec event.ToolCall) {

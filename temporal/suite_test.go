@@ -5,15 +5,18 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/stretchr/testify/mock"
+	"go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/converter"
 	sdktemporal "go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/testsuite"
@@ -364,8 +367,16 @@ func (s *suite) lostCall(name string, times int, attempts *int) {
 		if *attempts > times {
 			return s.x.Call(ctx, in)
 		}
-		// It started, and its last heartbeat said it had run 1.1s.
-		b := beat{CallID: machine.CallID(in.Step, in.Call.Index), Started: time.Now().Add(-5 * time.Second), RanMS: 1100}
+		// It started, and its last heartbeat said it had run 1.1s and
+		// reported progress 3 times (in all its attempts so far: 3 more
+		// each). The beat is read from JSON, as Temporal passes it.
+		var b beat
+		attempt := activity.GetInfo(ctx).Attempt
+		if err := json.Unmarshal(fmt.Appendf(nil, `{"call_id": %q, "started": %q, "ran_ms": 1100, "reports": %d, "attempt": %d}`,
+			machine.CallID(in.Step, in.Call.Index), time.Now().Add(-5*time.Second).Format(time.RFC3339Nano), 3*attempt, attempt), &b); err != nil {
+			return nil, err
+		}
+		activity.RecordHeartbeat(ctx, b)
 		return nil, sdktemporal.NewHeartbeatTimeoutError(b)
 	})
 }
@@ -393,8 +404,82 @@ func TestSuiteLostCall(t *testing.T) {
 	}
 	c := rec.ToolCalls[0]
 	if c.Outcome != event.OutcomeInterrupted || c.Phase != budget.PhaseWorkerLost || c.DurationMS != 1100 || c.NoticedAt.IsZero() ||
-		!c.NoticedAt.After(c.EndedAt) || !strings.Contains(c.Result, "worker_lost") || !strings.Contains(c.Result, "at least 1.1s") {
+		!c.NoticedAt.After(c.EndedAt) || !strings.Contains(c.Result, "worker_lost") || !strings.Contains(c.Result, "at least 1.1s") ||
+		!strings.Contains(c.Result, "not run again") {
 		t.Errorf("the lost call's record: %+v", c)
+	}
+	// The progress it reported before the loss is counted.
+	if c.ProgressCount != 3 || !strings.Contains(c.Result, "reported progress 3 times") {
+		t.Errorf("the lost call's progress_count %d, result %s; want 3, said", c.ProgressCount, c.Result)
+	}
+}
+
+// TestSuiteBeatCountsReports: a call's heartbeat counts every progress
+// report it made, coalesced into tool_progress events or not, so that a
+// call lost with its worker keeps its progress_count.
+func TestSuiteBeatCountsReports(t *testing.T) {
+	const reports = 50 // far more than one tool_progress every 100ms
+	counted := make(chan struct{})
+	progress := goTool("progress", 5*time.Second, func(ctx context.Context, _ json.RawMessage, p tool.Progress) (any, error) {
+		for i := range reports {
+			v := float64(i)
+			p.Report(tool.Report{Progress: &v})
+		}
+		select {
+		case <-counted:
+			return "counted", nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	})
+	a := newAgent(t, `{"tool_calls": [{"name": "progress"}]}
+{"text": "done"}
+`, budget.Budgets{}, budget.Limits{}, progress)
+	s := newSuite(t, a)
+	var once sync.Once
+	s.env.SetOnActivityHeartbeatListener(func(_ *activity.Info, d converter.EncodedValues) {
+		var b struct {
+			Reports int `json:"reports"`
+		}
+		if d.Get(&b) == nil && b.Reports == reports {
+			once.Do(func() { close(counted) })
+		}
+	})
+	rec, _ := s.run(t, s.start(t, "t1", "go"))
+	if len(rec.ToolCalls) != 1 || !strings.Contains(rec.ToolCalls[0].Result, "counted") {
+		t.Fatalf("no heartbeat counted the %d reports: %+v", reports, rec.ToolCalls)
+	}
+}
+
+// TestSuiteRetriedCallLost: a tool that declares retries, whose every run
+// is lost with its worker, gets one record that says it was run again —
+// how many times, since when — with the progress of every run.
+func TestSuiteRetriedCallLost(t *testing.T) {
+	echo := echoTool()
+	echo.Retries = 1
+	a := newAgent(t, `{"tool_calls": [{"name": "echo", "arguments": {"x": 1}}]}
+{"text": "done"}
+`, budget.Budgets{}, budget.Limits{}, echo)
+	s := newSuite(t, a)
+	var attempts int
+	s.lostCall("echo", 2, &attempts)
+	rec, _ := s.run(t, s.start(t, "t1", "go"))
+	if attempts != 2 || len(rec.ToolCalls) != 1 {
+		t.Fatalf("the call was run %d times, with %d records; want twice, one", attempts, len(rec.ToolCalls))
+	}
+	c := rec.ToolCalls[0]
+	b, _ := json.Marshal(c)
+	var got struct {
+		Runs           int       `json:"runs"`
+		FirstStartedAt time.Time `json:"first_started_at"`
+		ProgressCount  int       `json:"progress_count"`
+	}
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	if c.Outcome != event.OutcomeInterrupted || c.Phase != budget.PhaseWorkerLost || strings.Contains(c.Result, "It was not run again") ||
+		!strings.Contains(c.Result, "run 2 times") || got.Runs != 2 || got.FirstStartedAt.IsZero() || got.ProgressCount != 6 {
+		t.Errorf("the lost call's record: %s", b)
 	}
 }
 
@@ -415,6 +500,21 @@ func TestSuiteRetriedCall(t *testing.T) {
 	}
 	if n := count(rec, event.TypeToolFinished); n != 1 || len(rec.ToolCalls) != 1 || rec.ToolCalls[0].Outcome != event.OutcomeOK {
 		t.Fatalf("%d tool_finished, records %+v; want one, ok", n, rec.ToolCalls)
+	}
+	// Its record says it ran twice, since when, and the progress the lost
+	// run reported.
+	b, _ := json.Marshal(rec.ToolCalls[0])
+	var got struct {
+		Runs           int       `json:"runs"`
+		FirstStartedAt time.Time `json:"first_started_at"`
+		StartedAt      time.Time `json:"started_at"`
+		ProgressCount  int       `json:"progress_count"`
+	}
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Runs != 2 || got.FirstStartedAt.IsZero() || !got.FirstStartedAt.Before(got.StartedAt) || got.ProgressCount != 3 {
+		t.Errorf("the retried call's record: %s", b)
 	}
 }
 

@@ -158,6 +158,19 @@ type Call struct {
 	// when the batch was suspended, is its request: it waits again
 	// without asking again.
 	Waited *Asked `json:"waited,omitempty"`
+	// Earlier, for a call run again after its worker was lost (a tool
+	// that declares retries), is what its earlier runs are known to have
+	// done: its record counts them.
+	Earlier *Earlier `json:"earlier,omitempty"`
+}
+
+// Earlier is what is known of the earlier runs of a call run again after
+// its worker was lost: how many there were, when the first started (zero
+// if unknown), and the progress reports they made.
+type Earlier struct {
+	Runs    int       `json:"runs"`
+	First   time.Time `json:"first,omitzero"`
+	Reports int       `json:"reports,omitempty"`
 }
 
 // Approved is the wait of a call for a person's decision, as its record

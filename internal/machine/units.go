@@ -98,6 +98,13 @@ type Loss struct {
 	// Recorded is the call's record, when it reached the store before the
 	// loss: the call ended, and only its report was lost.
 	Recorded *event.ToolCall
+	// Runs counts the times the call was run, the lost one included: more
+	// than 1 for a tool that declares retries. First is when the first
+	// run started (zero if unknown); Reports counts the progress reports
+	// all of them made, as far as their heartbeats said.
+	Runs    int
+	First   time.Time
+	Reports int
 }
 
 // LostAttempt is a model call attempt that began where it was lost: its
