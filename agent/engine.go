@@ -162,6 +162,46 @@ func (u engineUnits) Decided(s *machine.State, step int, c machine.Call, a machi
 	return t.decidedUnit(s, step, c, a, d)
 }
 
+func (u engineUnits) StillWorking(s *machine.State, calls []machine.Running, now time.Time, sinks ...event.Sink) {
+	notice := s.Budgets.ProgressNotice.D
+	if notice <= 0 || len(calls) == 0 {
+		return
+	}
+	// The turn's liveness, with the calls as its running activities: the
+	// notice is the one its own beat would make (noticeLocked).
+	base := now
+	for _, c := range calls {
+		base = minTime(base, c.Started, c.LastReport)
+	}
+	l := &liveness{notice: notice, base: base}
+	for _, c := range calls {
+		a := &activity{step: c.Step, subject: "tool " + c.Tool, callID: c.CallID, tool: c.Tool, started: c.Started, limit: c.Limit}
+		if !c.LastReport.IsZero() {
+			a.lastReport.Store(int64(c.LastReport.Sub(base)) + 1)
+		}
+		l.running = append(l.running, a)
+	}
+	l.mu.Lock()
+	n := l.noticeLocked(now)
+	l.mu.Unlock()
+	if n == nil {
+		return
+	}
+	t := u.a.resume(s, &memTranscript{}, nil, sinks)
+	t.em.Emit(n)
+	t.em.Close()
+}
+
+// minTime returns the earliest of a and the non-zero times of ts.
+func minTime(a time.Time, ts ...time.Time) time.Time {
+	for _, t := range ts {
+		if !t.IsZero() && t.Before(a) {
+			a = t
+		}
+	}
+	return a
+}
+
 func (u engineUnits) End(s *machine.State, e machine.Ending, tr machine.Transcript, sinks ...event.Sink) *machine.Ended {
 	t := u.a.resume(s, tr, nil, sinks)
 	res := t.finish(e)

@@ -69,6 +69,10 @@ type unitIn struct {
 	Decision *machine.Decision `json:"decision,omitempty"`
 	Expired  bool              `json:"expired,omitempty"`
 	Stopped  bool              `json:"stopped,omitempty"`
+	// Beaten is Call's: the workflow keeps the beat of the call's batch
+	// and sends its still_working notices (Notice); the call sends none
+	// of its own.
+	Beaten bool `json:"beaten,omitempty"`
 }
 
 // asked is what Ask returns: the request, and a decision made at once (a
@@ -282,6 +286,9 @@ func (x *activities) Call(ctx context.Context, in *unitIn) (*machine.Called, err
 			return out, tr.flush(ctx, doneKey(in.Key), out)
 		}
 	}
+	if in.Beaten {
+		s.Budgets.ProgressNotice = budget.Duration{}
+	}
 	b := beat{CallID: callID}
 	if info := activity.GetInfo(ctx); info.Attempt > 1 {
 		// Run again after its worker was lost: what the attempts before
@@ -305,6 +312,46 @@ func (x *activities) Call(ctx context.Context, in *unitIn) (*machine.Called, err
 		return nil, err
 	}
 	return &out, tr.flush(ctx, doneKey(in.Key), &out)
+}
+
+// Notice sends the still_working of a beat of the batch of step in.Step
+// (machine.Units.StillWorking): its calls that run, as the store's events
+// say — tool_started and no tool_finished, their last tool_progress — one
+// notice naming those that were silent, none when none was.
+func (x *activities) Notice(ctx context.Context, in *unitIn) error {
+	s := &in.State
+	evs, err := x.store.Events(ctx, s.TurnID, s.Seen, 0)
+	if err != nil {
+		return fmt.Errorf("reading turn %s: %w", s.TurnID, err)
+	}
+	running := map[string]*machine.Running{}
+	var order []string
+	for _, e := range evs {
+		switch d := e.Data.(type) {
+		case *event.ToolStarted:
+			if d.Step == in.Step {
+				running[d.CallID] = &machine.Running{Step: d.Step, CallID: d.CallID, Tool: d.Tool, Started: e.At,
+					Limit: time.Duration(d.TimeoutMS) * time.Millisecond}
+				order = append(order, d.CallID)
+			}
+		case *event.ToolProgress:
+			if r, ok := running[d.CallID]; ok {
+				r.LastReport = e.At
+			}
+		case *event.ToolFinished:
+			delete(running, d.CallID)
+		}
+	}
+	var calls []machine.Running
+	for _, id := range order {
+		if r, ok := running[id]; ok {
+			calls = append(calls, *r)
+			delete(running, id) // a call run again started twice
+		}
+	}
+	sink := x.sink(ctx, nil)
+	x.units.StillWorking(s, calls, time.Now(), sink)
+	return sink.flush(ctx)
 }
 
 // Refuse records a call that is not run (machine.Units.Refuse): the

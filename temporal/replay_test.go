@@ -49,6 +49,11 @@ var replayScenarios = []struct {
 	// The calls past max_tool_calls refused in one local activity
 	// (refuseBatch): recorded with it; max_tool_calls, before it.
 	{name: "refuse_batch", budgets: budget.Request{"tool": "1s", "max_tool_calls": "1"}},
+	// A batch's still_working notices sent by the workflow, one a beat
+	// (batchBeat): the wait call is silent for 2s, two beats of
+	// timeouts.progress_notice (700ms in agent.yaml since this scenario;
+	// the state the others were recorded with has the default).
+	{name: "batch_beat", budgets: budget.Request{"tool": "2s"}},
 }
 
 // TestReplay replays the workflow histories recorded in testdata/replay
@@ -150,6 +155,11 @@ func recordHistories(t *testing.T, units machine.Units) {
 			}
 			res := r.Run(ctx, agent.Input{Text: "go", Budgets: sc.budgets})
 			t.Logf("%s: %s/%s: %s", sc.name, res.Record.Status, res.Record.StopReason, res.Record.Message)
+			// The turn ends in the store before its workflow completes:
+			// the history is read once it has.
+			if err := c.GetWorkflow(context.Background(), WorkflowID(res.Record.TurnID), "").Get(context.Background(), nil); err != nil {
+				t.Logf("%s: the workflow ended with %v", sc.name, err)
+			}
 			writeHistories(t, c, WorkflowID(res.Record.TurnID), sc.name)
 		}()
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/machine"
+	"github.com/timebox-run/timebox/internal/wait"
 	"github.com/timebox-run/timebox/model"
 	"github.com/timebox-run/timebox/model/script"
 	"github.com/timebox-run/timebox/store"
@@ -448,6 +449,43 @@ func TestSuiteBeatCountsReports(t *testing.T) {
 	rec, _ := s.run(t, s.start(t, "t1", "go"))
 	if len(rec.ToolCalls) != 1 || !strings.Contains(rec.ToolCalls[0].Result, "counted") {
 		t.Fatalf("no heartbeat counted the %d reports: %+v", reports, rec.ToolCalls)
+	}
+}
+
+// TestSuiteOneNoticeABeat: the silent calls of a batch are named in one
+// still_working a beat, as on the embedded engine — not one a call.
+func TestSuiteOneNoticeABeat(t *testing.T) {
+	var st *store.Memory
+	both := func() bool { // a notice named both calls
+		evs, _ := st.Events(context.Background(), "t1", 0, 0)
+		for _, e := range evs {
+			if d, ok := e.Data.(*event.StillWorking); ok && len(d.Calls) == 2 {
+				return true
+			}
+		}
+		return false
+	}
+	silent := goTool("silent", 10*time.Second, func(ctx context.Context, _ json.RawMessage, _ tool.Progress) (any, error) {
+		if !wait.Until(2*time.Second, both) {
+			return nil, errors.New("no still_working named both calls")
+		}
+		return "named", nil
+	})
+	a := newAgent(t, `{"tool_calls": [{"name": "silent"}, {"name": "silent"}]}
+{"text": "done"}
+`, budget.Budgets{ProgressNotice: dur(300 * time.Millisecond)}, budget.Limits{}, silent)
+	s := newSuite(t, a)
+	st = s.store
+	rec, _ := s.run(t, s.start(t, "t1", "go"))
+	for _, c := range rec.ToolCalls {
+		if c.Outcome != event.OutcomeOK {
+			t.Errorf("call %s: %s %s", c.CallID, c.Outcome, c.Result)
+		}
+	}
+	for _, e := range rec.Events {
+		if d, ok := e.Data.(*event.StillWorking); ok && len(d.Calls) != 2 {
+			t.Errorf("a still_working named %d calls, want both: %+v", len(d.Calls), d)
+		}
 	}
 }
 

@@ -55,6 +55,7 @@ const (
 	actDecided = "timebox.Decided"
 	actRecover = "timebox.Recover"
 	actEnd     = "timebox.End"
+	actNotice  = "timebox.Notice"
 )
 
 // WorkflowID is the workflow id of a turn: one workflow per turn id, so

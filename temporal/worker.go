@@ -128,7 +128,7 @@ func register(r registry, units machine.Units, st store.Store, p store.Payloads,
 	x := &activities{units: units, store: st, payloads: p, heartbeat: heartbeat, log: log}
 	for name, fn := range map[string]any{
 		actAdvance: x.Advance, actCall: x.Call, actRefuse: x.Refuse, actRefuses: x.RefuseCalls, actLost: x.Lost, actAsk: x.Ask, actDecided: x.Decided,
-		actRecover: x.Recover, actEnd: x.End,
+		actRecover: x.Recover, actEnd: x.End, actNotice: x.Notice,
 	} {
 		r.RegisterActivityWithOptions(fn, activity.RegisterOptions{Name: name})
 	}

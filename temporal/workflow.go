@@ -57,7 +57,7 @@ const thinkLosses = 3
 // began it, or as the run before this one left it (continue-as-new).
 func (w *turnWorkflow) run(ctx workflow.Context, s machine.State) (*Outcome, error) {
 	r := &turnRun{w: w, s: &s, root: ctx, signals: workflow.GetSignalChannel(ctx, SignalCancel), ceiling: s.Ceiling(),
-		rearm: workflow.NewBufferedChannel(ctx, 1)}
+		rearm: workflow.NewBufferedChannel(ctx, 1), called: workflow.NewBufferedChannel(ctx, 1)}
 	r.work, r.cancelWork = workflow.WithCancel(ctx)
 	r.halted, r.halt = workflow.WithCancel(ctx)
 	workflow.Go(ctx, r.watch)
@@ -101,6 +101,12 @@ type turnRun struct {
 	losses int
 	// seq numbers the units, for their keys.
 	seq int
+	// calling counts the calls of the batch under way whose activity
+	// runs; called tells the batch's beat of one that starts (beat).
+	// beating is set while the workflow keeps the batch's beat.
+	calling int
+	called  workflow.Channel
+	beating bool
 	// ceiling is when the turn's ceiling falls: its start plus
 	// timeouts.turn plus its waits for nothing but people; paused while it
 	// waits for them (Paused). rearm tells watch of a change.
@@ -284,14 +290,21 @@ func (d *driver) Call(s *machine.State, step int, c machine.Call) machine.Called
 		}
 	}
 	key := r.key("call")
-	in := &unitIn{State: *s, Key: key, Step: step, Call: c}
+	in := &unitIn{State: *s, Key: key, Step: step, Call: c, Beaten: r.beating}
 	// A call needs none of its batch's calls (the step's message has
 	// them): a reply of 10,000 would put them in every call's input, in
 	// the workflow's history — 300 KB each.
 	in.State.Batch = nil
 	var out machine.Called
 	started := workflow.Now(d.ctx)
+	if r.beating {
+		r.calling++
+		r.called.SendAsync(struct{}{})
+	}
 	err := workflow.ExecuteActivity(r.options(d.ctx, limit, attempts, key), actCall, in).Get(d.ctx, &out)
+	if r.beating {
+		r.calling--
+	}
 	if err == nil || r.recover(d.ctx, s, key, &out) {
 		return out
 	}
@@ -364,7 +377,62 @@ const haltWaits = "halt-waits"
 const refuseShare = 1000
 
 func (d *driver) Group(slots int) machine.Group {
-	return &group{d: d, sem: workflow.NewSemaphore(d.ctx, int64(slots)), wg: workflow.NewWaitGroup(d.ctx)}
+	g := &group{d: d, sem: workflow.NewSemaphore(d.ctx, int64(slots)), wg: workflow.NewWaitGroup(d.ctx)}
+	r := d.r
+	if r.s.Budgets.ProgressNotice.D > 0 && workflow.GetVersion(d.ctx, batchBeat, workflow.DefaultVersion, 1) >= 1 {
+		var bctx workflow.Context
+		bctx, g.unbeat = workflow.WithCancel(d.ctx)
+		r.beating, r.calling = true, 0
+		r.called.ReceiveAsync(nil)
+		workflow.Go(bctx, func(ctx workflow.Context) { r.beat(ctx, r.s.Steps) })
+	}
+	return g
+}
+
+// batchBeat is the change of a batch's still_working notices from one a
+// call (each call's activity kept a beat of its own) to one a beat of
+// the batch, naming its silent calls, as the embedded engine sends them
+// (workflow.GetVersion).
+const batchBeat = "batch-beat"
+
+// beat keeps the beat of the batch of step while its calls run, as the
+// embedded engine's turn does (docs/decisions/quieter-notices.md): the
+// first progress_notice after a call starts when none ran, then every
+// interval while any runs; each beat runs Notice, which sends one
+// still_working naming the calls that were silent, or none. While no
+// call's activity runs (the calls wait for people, or for a slot) it
+// keeps no timer.
+func (r *turnRun) beat(ctx workflow.Context, step int) {
+	notice := r.s.Budgets.ProgressNotice.D
+	for {
+		if r.calling == 0 {
+			sel := workflow.NewSelector(ctx)
+			sel.AddReceive(r.called, func(c workflow.ReceiveChannel, _ bool) { c.Receive(ctx, nil) })
+			sel.AddReceive(ctx.Done(), func(workflow.ReceiveChannel, bool) {})
+			sel.Select(ctx)
+			if ctx.Err() != nil {
+				return
+			}
+		}
+		for r.calling > 0 {
+			if workflow.NewTimer(ctx, notice).Get(ctx, nil) != nil {
+				return // the batch ended
+			}
+			if r.calling == 0 || r.stopped != nil {
+				break
+			}
+			lctx := workflow.WithLocalActivityOptions(ctx, workflow.LocalActivityOptions{
+				StartToCloseTimeout: 30 * time.Second,
+				RetryPolicy:         &sdktemporal.RetryPolicy{MaximumAttempts: 1},
+			})
+			// A notice that could not be sent is no loss worth a retry:
+			// the next beat sends what is silent then.
+			st := *r.s
+			st.Batch = nil
+			_ = workflow.ExecuteLocalActivity(lctx, actNotice, &unitIn{State: st, Step: step}).Get(ctx, nil)
+		}
+		r.called.ReceiveAsync(nil)
+	}
 }
 
 // group runs the calls of a batch on workflow coroutines.
@@ -372,11 +440,20 @@ type group struct {
 	d   *driver
 	sem workflow.Semaphore
 	wg  workflow.WaitGroup
+	// unbeat ends the batch's beat, if the workflow keeps one.
+	unbeat workflow.CancelFunc
 }
 
 func (g *group) Acquire() bool { return g.sem.Acquire(g.d.ctx, 1) == nil }
 func (g *group) Release()      { g.sem.Release(1) }
-func (g *group) Wait()         { g.wg.Wait(g.d.ctx) }
+
+func (g *group) Wait() {
+	g.wg.Wait(g.d.ctx)
+	if g.unbeat != nil {
+		g.unbeat()
+		g.d.r.beating = false
+	}
+}
 
 func (g *group) Go(f func(machine.Driver)) {
 	g.wg.Add(1)

@@ -59,6 +59,11 @@ type Units interface {
 	// interrupted, phase worker_lost. A lost compaction is recorded as a
 	// compaction (compaction_finished), of its own step.
 	LostAttempts(s *State, step int, lost []LostAttempt, why string, sinks ...event.Sink)
+	// StillWorking emits the still_working of a beat at now for calls
+	// running elsewhere (an engine whose calls run as units of their own
+	// keeps the beat of their batch), by the rule of every turn: one
+	// notice naming each silent call, none when none is.
+	StillWorking(s *State, calls []Running, now time.Time, sinks ...event.Sink)
 	// End ends the turn as e says.
 	End(s *State, e Ending, tr Transcript, sinks ...event.Sink) *Ended
 	// AsksApproval reports whether the named tool's calls may need a
@@ -121,6 +126,17 @@ type LostAttempt struct {
 	Profile         string    `json:"profile,omitempty"`
 	Started         time.Time `json:"started"`
 	Last            time.Time `json:"last,omitzero"`
+}
+
+// Running is a tool call of a batch that runs, as its events say: its
+// tool_started and its last tool_progress.
+type Running struct {
+	Step       int
+	CallID     string
+	Tool       string
+	Started    time.Time
+	Limit      time.Duration
+	LastReport time.Time // zero when it reported none
 }
 
 // unitsOf returns the Units of an agent; package agent sets it.
