@@ -48,6 +48,13 @@ type suite struct {
 	x     *activities
 	// suggest: Temporal suggests continue-as-new to every run.
 	suggest bool
+	// logger, when set, is the SDK's logger (quietLogger otherwise).
+	logger interface {
+		Debug(string, ...any)
+		Info(string, ...any)
+		Warn(string, ...any)
+		Error(string, ...any)
+	}
 }
 
 func newSuite(t *testing.T, a *agent.Agent) *suite {
@@ -66,6 +73,9 @@ func newSuite(t *testing.T, a *agent.Agent) *suite {
 
 func (s *suite) newEnv() *testsuite.TestWorkflowEnvironment {
 	s.SetLogger(quietLogger{})
+	if s.logger != nil {
+		s.SetLogger(s.logger)
+	}
 	env := s.NewTestWorkflowEnvironment()
 	register(env, s.units, s.store, s.store, time.Second, s.x.log)
 	env.SetContinueAsNewSuggested(s.suggest)
@@ -380,6 +390,46 @@ func (s *suite) lostCall(name string, times int, attempts *int) {
 		activity.RecordHeartbeat(ctx, b)
 		return nil, sdktemporal.NewHeartbeatTimeoutError(b)
 	})
+}
+
+// warnings is an SDK logger that keeps its warnings.
+type warnings struct {
+	quietLogger
+	mu    sync.Mutex
+	warns []string
+}
+
+func (w *warnings) Warn(msg string, kv ...any) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.warns = append(w.warns, fmt.Sprint(append([]any{msg}, kv...)...))
+}
+
+// TestSuiteNoUnhandledSignals: the signals a turn's workflow does not
+// read — a second cancel (the runner's and a worker's relay of the
+// store's request), a decision's wake-up for a call that waits for none —
+// are taken as it ends: the worker logs no "unhandled signals".
+func TestSuiteNoUnhandledSignals(t *testing.T) {
+	a := newAgent(t, `{"tool_calls": [{"name": "wait"}]}`+"\n", budget.Budgets{}, budget.Limits{}, waitTool(5*time.Second))
+	s := newSuite(t, a)
+	w := &warnings{}
+	s.logger = w
+	s.env = s.newEnv()
+	for i, d := range []time.Duration{100 * time.Millisecond, 200 * time.Millisecond} {
+		s.env.RegisterDelayedCallback(func() {
+			s.env.SignalWorkflow(SignalCancel, &budget.CancelError{Reason: budget.Cancelled, By: fmt.Sprintf("canceller %d", i+1)})
+			s.env.SignalWorkflow(SignalApproval+":call_1_1", nil)
+		}, d)
+	}
+	rec, _ := s.run(t, s.start(t, "t1", "go"))
+	if rec.StopReason != budget.Cancelled || !strings.Contains(rec.Message, "canceller 1") {
+		t.Errorf("turn ended %s: %s", rec.StopReason, rec.Message)
+	}
+	for _, m := range w.warns {
+		if strings.Contains(m, "unhandled signals") {
+			t.Errorf("the SDK warned: %s", m)
+		}
+	}
 }
 
 // TestSuiteLostCall: a call whose worker is lost gets one record —

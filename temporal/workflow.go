@@ -63,6 +63,8 @@ func (w *turnWorkflow) run(ctx workflow.Context, s machine.State) (*Outcome, err
 	workflow.Go(ctx, r.watch)
 	d := &driver{r: r, ctx: r.work}
 	end := machine.Drive(d, r.s)
+	// Every return drains the signals no one will read (drain).
+	defer r.drain()
 	switch {
 	case r.ended != nil:
 		return r.ended, nil
@@ -70,6 +72,22 @@ func (w *turnWorkflow) run(ctx workflow.Context, s machine.State) (*Outcome, err
 		return nil, workflow.NewContinueAsNewError(ctx, WorkflowName, *r.s)
 	}
 	return r.end(*end.End)
+}
+
+// drain takes the signals the run has not read, as it ends: a cancel
+// signal after the first (the runner's, and each worker's relay of the
+// store's request: watch reads one), one that came as the turn ended, a
+// decision's wake-up for a call whose wait had ended. None matters once
+// the run ends — a cancel not yet read before a continue-as-new was taken
+// by continueAsNew, a decision is in the store — and Temporal's SDK warns
+// of each left unread ("Workflow has unhandled signals") on the worker.
+// Reading them takes no command: replay-safe.
+func (r *turnRun) drain() {
+	for _, name := range workflow.GetUnhandledSignalNames(r.root) {
+		ch := workflow.GetSignalChannel(r.root, name)
+		for ch.ReceiveAsync(nil) {
+		}
+	}
 }
 
 // turnRun is one run of the workflow.
