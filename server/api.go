@@ -725,6 +725,13 @@ func (s *Server) cancelElsewhere(w http.ResponseWriter, r *http.Request, id stri
 		s.storeFailed(w, r, err, "turn "+shown(id))
 		return
 	}
+	// An engine's turn is told through the engine too: the store's
+	// request reaches its workflow only through a worker, and a turn
+	// whose gateway is gone may have none.
+	ec, engine := s.cfg.Agent.(EngineCanceller)
+	if engine {
+		ec.CancelTurn(r.Context(), id, &budget.CancelError{Reason: budget.Cancelled, By: "a client"})
+	}
 	t := time.NewTimer(cancelWait)
 	defer t.Stop()
 	for {
@@ -740,6 +747,15 @@ func (s *Server) cancelElsewhere(w http.ResponseWriter, r *http.Request, id stri
 		select {
 		case <-changed:
 		case <-t.C:
+			if engine {
+				// Still running: ended here if no worker will end it.
+				engine = false
+				if ended, err := ec.EndUnworked(r.Context(), id, cancelWait); ended {
+					continue
+				} else if err != nil {
+					s.log.Warn("ending a cancelled turn no worker runs", "turn_id", id, "err", err)
+				}
+			}
 			writeJSON(w, http.StatusAccepted, TurnAccepted{TurnID: id, SessionID: rec.SessionID, Status: budget.StatusRunning,
 				Events: "/v1/turns/" + id + "/events"})
 			return

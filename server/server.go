@@ -54,6 +54,18 @@ type EngineRunner interface {
 	Engine() string
 }
 
+// EngineCanceller is an EngineRunner that reaches, through its engine, a
+// turn it does not follow — one a gateway that is gone started, which no
+// worker may be running (package temporal's Runner). The server's cancel
+// of a turn it does not run tells the turn's workflow (CancelTurn) besides
+// storing the request, and, when the turn still runs after the cancel's
+// wait, ends it if no worker will (EndUnworked reports whether it did).
+type EngineCanceller interface {
+	EngineRunner
+	CancelTurn(ctx context.Context, turnID string, ce *budget.CancelError)
+	EndUnworked(ctx context.Context, turnID string, waited time.Duration) (bool, error)
+}
+
 // engineOf returns the engine of r's turns, "" for turns r runs in this
 // process.
 func engineOf(r Runner) string {

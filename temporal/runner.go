@@ -1,6 +1,7 @@
 package temporal
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -290,11 +291,8 @@ func (f *follow) run(ctx context.Context, run client.WorkflowRun) *agent.Result 
 			// No worker ended the turn: none is running, or none can
 			// reach the store. The workflow is terminated so that no
 			// worker starts it later.
-			tctx, cancel := context.WithTimeout(bg, 10*time.Second)
-			_ = r.client.TerminateWorkflow(tctx, WorkflowID(id), "", "cancelled, and no worker ended it within "+CancelWait.String())
-			cancel()
-			return f.end(bg, budget.Interrupted, fmt.Sprintf("it was cancelled, and no worker ended it within %s (is a timebox worker running on task queue %s?)",
-				CancelWait, r.taskQueue))
+			why := r.unworked(bg, id, CancelWait)
+			return f.end(bg, budget.Interrupted, why)
 		}
 	}
 }
@@ -516,6 +514,69 @@ const workflowTaskTimeout = 5 * time.Second
 // worker to end the turn before it terminates the workflow and returns:
 // without a worker a turn would never end.
 var CancelWait = 30 * time.Second
+
+// unworked terminates the workflow of turn id, cancelled waited ago and
+// still not ended by any worker, so that no worker starts it later, and
+// says why for its record.
+func (r *Runner) unworked(ctx context.Context, id string, waited time.Duration) string {
+	why := fmt.Sprintf("it was cancelled, and no timebox worker ended it within %s", budget.Round(waited))
+	tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_ = r.client.TerminateWorkflow(tctx, WorkflowID(id), "", why)
+	return fmt.Sprintf("%s (none ran on task queue %s, or none reached the store), so its workflow was terminated", why, r.taskQueue)
+}
+
+// CancelTurn tells the workflow of turn turnID, which this runner does
+// not follow (a gateway's cancel of a turn another, perhaps gone, started),
+// that it is cancelled, for ce: the store's cancel request reaches the
+// workflow through the workers otherwise, and a turn no worker runs has
+// none (server.EngineCanceller).
+func (r *Runner) CancelTurn(ctx context.Context, turnID string, ce *budget.CancelError) {
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_ = r.client.SignalWorkflow(sctx, WorkflowID(turnID), "", SignalCancel, ce)
+}
+
+// EndUnworked ends turn turnID, cancelled waited ago and still running,
+// when no worker will end it: its workflow runs, and no worker has polled
+// its task queue for workflow tasks within livePoll. It terminates the
+// workflow, so that no worker starts it later, ends the turn in the store
+// (interrupted, saying so) and reports true. With a worker about, or no
+// workflow of the turn's (a turn of the embedded engine), it does
+// nothing (server.EngineCanceller).
+func (r *Runner) EndUnworked(ctx context.Context, turnID string, waited time.Duration) (bool, error) {
+	dctx, cancel := context.WithTimeout(ctx, EngineCheck)
+	defer cancel()
+	d, err := r.client.DescribeWorkflowExecution(dctx, WorkflowID(turnID), "")
+	switch {
+	case isGone(err):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("asking Temporal for the workflow of turn %s: %w", turnID, err)
+	case d.GetWorkflowExecutionInfo().GetStatus() != enums.WORKFLOW_EXECUTION_STATUS_RUNNING:
+		return false, nil
+	}
+	queue := cmp.Or(d.GetWorkflowExecutionInfo().GetTaskQueue(), r.taskQueue)
+	q, err := r.client.DescribeTaskQueue(dctx, queue, enums.TASK_QUEUE_TYPE_WORKFLOW)
+	if err != nil {
+		return false, fmt.Errorf("asking Temporal for the workers of task queue %s: %w", queue, err)
+	}
+	for _, p := range q.GetPollers() {
+		if time.Since(p.GetLastAccessTime().AsTime()) < livePoll {
+			return false, nil
+		}
+	}
+	why := r.unworked(ctx, turnID, waited)
+	if _, err := r.ends.InterruptTurn(ctx, turnID, budget.Interrupted, why); err != nil && !errors.Is(err, store.ErrNotFound) {
+		return false, fmt.Errorf("%s, and its end could not be stored: %w", why, err)
+	}
+	return true, nil
+}
+
+// livePoll is how recently a worker must have polled a task queue to be
+// taken for running (EndUnworked): a worker's poll waits up to a minute
+// for a task.
+const livePoll = 90 * time.Second
 
 // SignalApproval wakes the call of turn turnID waiting for a person's
 // decision: the decision is in the store already (server.ApprovalSignaler).

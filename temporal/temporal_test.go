@@ -2,8 +2,11 @@ package temporal_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -24,7 +27,9 @@ import (
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/proctest"
 	"github.com/timebox-run/timebox/internal/testenv"
+	"github.com/timebox-run/timebox/internal/wait"
 	"github.com/timebox-run/timebox/model"
+	"github.com/timebox-run/timebox/server"
 	"github.com/timebox-run/timebox/store"
 	"github.com/timebox-run/timebox/store/postgres"
 	"github.com/timebox-run/timebox/temporal"
@@ -382,10 +387,73 @@ func TestCancelWithoutWorker(t *testing.T) {
 	if d := time.Since(start); d > 10*time.Second {
 		t.Errorf("Run returned after %v", d)
 	}
-	if res.Record.Status != budget.StatusInterrupted || !strings.Contains(res.Record.Message, "no worker") {
+	if res.Record.Status != budget.StatusInterrupted || !strings.Contains(res.Record.Message, "no timebox worker") {
 		t.Errorf("record: %s: %s", res.Record.Status, res.Record.Message)
 	}
 	desc, err := c.DescribeWorkflowExecution(context.Background(), temporal.WorkflowID(res.Record.TurnID), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := desc.WorkflowExecutionInfo.Status.String(); st != "Terminated" {
+		t.Errorf("the workflow is %s, want Terminated", st)
+	}
+}
+
+// TestCancelWithoutWorkerOnAnotherGateway: a turn no worker runs, whose
+// gateway is gone (it stopped following it), is cancelled on another
+// gateway: that one tells the workflow through Temporal, and when no
+// worker polls the turn's task queue, terminates it and ends the turn,
+// saying so — rather than leave it running until a worker starts.
+func TestCancelWithoutWorkerOnAnotherGateway(t *testing.T) {
+	c, s, queue := setup(t)
+	a, err := timebox.Open(context.Background(), stopAgent(t, "1m"), timebox.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	gone, err := temporal.NewRunner(c, s, queue, a.Agent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The first gateway starts the turn and goes (its store, shared with
+	// the second, lives on: the turn's caller is not gone).
+	id := "t_" + strings.ToLower(strings.ReplaceAll(t.Name(), "/", "_"))
+	ctx, stopFollowing := context.WithCancelCause(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		gone.Run(ctx, agent.Input{TurnID: id, Text: "go"})
+	}()
+	wait.For(t, 30*time.Second, "the turn stored", func() bool {
+		rec, err := s.Turn(context.Background(), id)
+		return err == nil && rec.Status == budget.StatusRunning
+	})
+	stopFollowing(agent.ErrStopFollowing)
+	<-done
+	other, err := temporal.NewRunner(c, s, queue, a.Agent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := server.New(server.Config{Agent: other, AgentName: "stop", Store: s})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv)
+	defer hs.Close()
+	resp, err := http.Post(hs.URL+"/v1/turns/"+id+"/cancel", "application/json", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec event.Turn
+	err = json.NewDecoder(resp.Body).Decode(&rec)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("cancel: HTTP %d (%v)", resp.StatusCode, err)
+	}
+	if rec.Status != budget.StatusInterrupted || !strings.Contains(rec.Message, "no timebox worker") || !strings.Contains(rec.Message, queue) {
+		t.Errorf("record: %s: %s", rec.Status, rec.Message)
+	}
+	desc, err := c.DescribeWorkflowExecution(context.Background(), temporal.WorkflowID(id), "")
 	if err != nil {
 		t.Fatal(err)
 	}
