@@ -83,7 +83,7 @@ func sameToolCall(a, b *event.ToolCall) bool {
 		a.TimeoutMS == b.TimeoutMS && a.TimeoutSource == b.TimeoutSource && a.IdleTimeoutMS == b.IdleTimeoutMS &&
 		a.Enforcement == b.Enforcement && a.Outcome == b.Outcome && a.Refused == b.Refused && a.Phase == b.Phase &&
 		a.Overran == b.Overran && a.Abandoned == b.Abandoned && a.LateResult == b.LateResult &&
-		a.ProgressCount == b.ProgressCount && samePtr(a.ExitCode, b.ExitCode) && a.StderrTail == b.StderrTail &&
+		a.ProgressCount == b.ProgressCount && a.Runs == b.Runs && a.FirstStartedAt == b.FirstStartedAt && samePtr(a.ExitCode, b.ExitCode) && a.StderrTail == b.StderrTail &&
 		a.Result == b.Result && a.Truncated == b.Truncated && a.LateOutput == b.LateOutput &&
 		a.ServerRestarted == b.ServerRestarted && a.NoticedAt == b.NoticedAt && a.ApprovalMS == b.ApprovalMS &&
 		samePtr(a.Approval, b.Approval)
