@@ -132,7 +132,9 @@ func (t *turn) runTool(ctx context.Context, step int, callID string, c model.Too
 		// events (tool.Hooks).
 		OnAlive: func() {
 			t.live.alive(act)
-			t.reported(callID)
+			for _, rs := range t.reporters {
+				rs.Reported(callID)
+			}
 		},
 		OnProgress: func(r tool.Report) {
 			t.em.Emit(&event.ToolProgress{CallID: callID, Tool: c.Name, Progress: r.Progress, Total: r.Total, Message: r.Message})
@@ -155,16 +157,6 @@ func (t *turn) runTool(ctx context.Context, step int, callID string, c model.Too
 	rec = t.addToolRecord(rec)
 	t.em.Emit(&event.ToolFinished{ToolCall: rec})
 	return result
-}
-
-// reported tells the run's event.ReportSinks of a progress report of
-// call callID.
-func (t *turn) reported(callID string) {
-	for _, s := range t.sinks {
-		if rs, ok := s.(event.ReportSink); ok {
-			rs.Reported(callID)
-		}
-	}
 }
 
 type lateResult struct {

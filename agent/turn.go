@@ -137,6 +137,11 @@ func (a *Agent) newState(in Input) (*machine.State, *memTranscript) {
 // the units an engine runs here one at a time.
 func (a *Agent) resume(s *machine.State, tr machine.Transcript, approver Approver, sinks []event.Sink) *turn {
 	t := &turn{a: a, s: s, tr: tr, sinks: sinks, approver: approver}
+	for _, k := range sinks {
+		if rs, ok := k.(event.ReportSink); ok {
+			t.reporters = append(t.reporters, rs)
+		}
+	}
 	if a.tracer != nil {
 		t.spans = newSpans(t, a.tracer)
 		sinks = append([]event.Sink{t.spans}, sinks...)
@@ -188,6 +193,10 @@ type turn struct {
 	// sinks are the run's sinks; those that are event.LateSinks get the
 	// late results that arrive after the turn ended.
 	sinks []event.Sink
+	// reporters are the sinks that are told of every progress report
+	// (event.ReportSink): none but a Temporal unit's, so that a flood of
+	// reports costs the others nothing.
+	reporters []event.ReportSink
 	// approver decides on calls that need a person (Input.Approver).
 	approver Approver
 	// ceiling is the timer of the turn's ceiling, which waits for people
