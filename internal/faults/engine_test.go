@@ -40,6 +40,7 @@ func TestEngineFaults(t *testing.T) {
 		{"worker kill -9 mid-tool", workerKilledMidTool},
 		{"worker kill -9 mid-model-call", workerKilledMidModel},
 		{"worker kill -9 mid-compaction", workerKilledMidCompaction},
+		{"worker kill -9 mid-tool, retried", workerKilledMidRetriedTool},
 		{"run kill -9 (not detached)", runKilled},
 		{"dev server kill -9, restart", serverKilledRestarted},
 		{"dev server restarted without its data", serverLostItsData},

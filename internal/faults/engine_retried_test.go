@@ -1,0 +1,89 @@
+//go:build faults && linux
+
+package faults
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"go.temporal.io/sdk/client"
+	sdklog "go.temporal.io/sdk/log"
+
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/wait"
+	"github.com/timebox-run/timebox/temporal"
+)
+
+// retriedTool reports progress five times and hangs the first time it
+// runs; run again, it answers at once.
+const retriedTool = `#!/usr/bin/env bash
+cat >/dev/null
+echo "root $$" >> "$PIDFILE"
+if [ -e ran ]; then echo again; exit 0; fi
+touch ran
+for i in 1 2 3 4 5; do echo "::progress:: {\"progress\": $i, \"total\": 10}" >&2; done
+exec sleep 300
+`
+
+// workerKilledMidRetriedTool: the worker running a call of a tool that
+// declares retries is killed (SIGKILL); the call is run again on a second
+// worker. Its one record says it ran twice, since when, and counts the
+// progress the lost run reported.
+func workerKilledMidRetriedTool(t *testing.T) {
+	sc := begin(t, "worker kill -9 mid-tool, retries: 1", "timebox worker ×2, run --engine temporal")
+	e := newEngine(t)
+	a := newAgent(t, scriptAgent("kill_grace: 500ms", "", "{name: flaky, description: Safe to run twice., exec: [./flaky.sh], timeout: 10m, retries: 1}"),
+		[]string{callTools("flaky"), `{"text": "All done."}`}, map[string]string{"flaky.sh": retriedTool})
+	env := []string{"PIDFILE=" + a.pidfile}
+	wa := e.worker(a, env, "1s")
+	run := e.run(a, env)
+	id := turnID(t, run)
+	// Killed once a heartbeat has carried the five reports to Temporal.
+	c, err := client.Dial(client.Options{HostPort: e.srv.Addr(), Logger: sdklog.NewStructuredLogger(slog.New(slog.DiscardHandler))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	wait.For(t, 30*time.Second, "a heartbeat with the five reports", func() bool {
+		d, err := c.DescribeWorkflowExecution(context.Background(), temporal.WorkflowID(id), "")
+		if err != nil {
+			return false
+		}
+		for _, pa := range d.GetPendingActivities() {
+			for _, p := range pa.GetHeartbeatDetails().GetPayloads() {
+				if strings.Contains(string(p.GetData()), `"reports":5`) {
+					return true
+				}
+			}
+		}
+		return false
+	})
+	killed := time.Now()
+	wa.cmd.Process.Kill()
+	<-wa.done
+	wb := e.worker(a, env, "1s")
+	rec, evs := e.ended(id, 60*time.Second)
+	took := time.Since(killed)
+	code := run.wait(10 * time.Second)
+	sc.is("status", string(rec.Status), string(budget.StatusCompleted))
+	sc.count("run's exit code", code, 0)
+	sc.within("kill to turn_finished", took, 15*time.Second)
+	sc.integrity(evs, run.log.snapshot())
+	if cs := rec.ToolCalls; len(cs) == 1 {
+		tc := cs[0]
+		sc.is("the call", string(tc.Outcome), string(event.OutcomeOK))
+		sc.count("its runs", tc.Runs, 2)
+		sc.truth("its first_started_at", "before the run that answered", fmt.Sprintf("%s before", ms(tc.StartedAt.Sub(tc.FirstStartedAt))),
+			!tc.FirstStartedAt.IsZero() && tc.FirstStartedAt.Before(tc.StartedAt))
+		sc.count("its progress_count (the lost run's reports)", tc.ProgressCount, 5)
+	} else {
+		sc.count("tool call records", len(cs), 1)
+	}
+	stop(wb)
+	sc.nothingLeft()
+}
