@@ -266,8 +266,11 @@ func TestReapOnlyWhatDeadOwnersLeft(t *testing.T) {
 			t.Errorf("%s: marker %q: reaped %v, want %v", tc.name, tc.marker, !alive, tc.reaped)
 		}
 	}
-	if got.Processes != 2 {
-		t.Errorf("ReapOrphans = %+v, want 2 processes", got)
+	// At least this test's two: what other packages' tests left at the
+	// same moment (a timebox killed with SIGKILL on purpose) is reaped
+	// too, and the cases above say which of this test's were.
+	if got.Processes < 2 {
+		t.Errorf("ReapOrphans = %+v, want this test's 2 processes", got)
 	}
 }
 
