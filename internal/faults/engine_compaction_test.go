@@ -45,12 +45,7 @@ func workerKilledMidCompaction(t *testing.T) {
 	if _, ok := run.log.waitFor(event.TypeCompactionStarted, 30*time.Second); !ok {
 		t.Fatalf("no compaction\n%s", run.stderr.String())
 	}
-	killed := time.Now()
-	wa.cmd.Process.Kill()
-	<-wa.done
-	wb := e.worker(a, nil, "1s")
-	rec, evs := e.ended(id, 60*time.Second)
-	took := time.Since(killed)
+	_, rec, evs, wb, took := e.workerLost(wa, a, nil, id)
 	run.wait(10 * time.Second)
 	sc.is("status", string(rec.Status), string(budget.StatusCompleted))
 	sc.within("kill to turn_finished", took, 20*time.Second)

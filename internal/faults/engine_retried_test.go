@@ -63,12 +63,7 @@ func workerKilledMidRetriedTool(t *testing.T) {
 		}
 		return false
 	})
-	killed := time.Now()
-	wa.cmd.Process.Kill()
-	<-wa.done
-	wb := e.worker(a, env, "1s")
-	rec, evs := e.ended(id, 60*time.Second)
-	took := time.Since(killed)
+	_, rec, evs, wb, took := e.workerLost(wa, a, env, id)
 	code := run.wait(10 * time.Second)
 	sc.is("status", string(rec.Status), string(budget.StatusCompleted))
 	sc.count("run's exit code", code, 0)

@@ -117,6 +117,20 @@ func (e *engine) run(a agentDir, env []string, extra ...string) *proc {
 
 // ended waits up to d for the turn to end in the store and returns its
 // record with its stored events.
+// workerLost kills w (SIGKILL) mid-turn, starts another worker of a (its
+// env, a heartbeat of 1s) and waits for turn id's end: when w was killed,
+// the turn's record and stored events, the new worker, and the time from
+// the kill to the end.
+func (e *engine) workerLost(w *proc, a agentDir, env []string, id string) (killed time.Time, rec *event.Turn, evs []event.Event, wb *proc, took time.Duration) {
+	e.t.Helper()
+	killed = time.Now()
+	w.cmd.Process.Kill()
+	<-w.done
+	wb = e.worker(a, env, "1s")
+	rec, evs = e.ended(id, 60*time.Second)
+	return killed, rec, evs, wb, time.Since(killed)
+}
+
 func (e *engine) ended(id string, d time.Duration) (*event.Turn, []event.Event) {
 	e.t.Helper()
 	rec, evs, ok := e.endsWithin(id, d)
@@ -250,12 +264,7 @@ func workerKilledMidTool(t *testing.T) {
 		[]string{callTools("hang"), `{"text": "All done."}`}, map[string]string{"hang.sh": hangTool})
 	wa, run, id, pids := e.hanging(a, "1s")
 	time.Sleep(500 * time.Millisecond) // the call has run and heartbeaten a while
-	killed := time.Now()
-	wa.cmd.Process.Kill()
-	<-wa.done
-	wb := e.worker(a, []string{"PIDFILE=" + a.pidfile}, "1s")
-	rec, evs := e.ended(id, 60*time.Second)
-	took := time.Since(killed)
+	killed, rec, evs, wb, took := e.workerLost(wa, a, []string{"PIDFILE=" + a.pidfile}, id)
 	code := run.wait(10 * time.Second)
 	sc.is("status", string(rec.Status), string(budget.StatusCompleted))
 	sc.count("run's exit code", code, 0)
@@ -294,12 +303,7 @@ func workerKilledMidModel(t *testing.T) {
 	if _, ok := run.log.waitFor(event.TypeLLMDelta, 30*time.Second); !ok {
 		t.Fatalf("no stream\n%s", run.stderr.String())
 	}
-	killed := time.Now()
-	wa.cmd.Process.Kill()
-	<-wa.done
-	wb := e.worker(a, nil, "1s")
-	rec, evs := e.ended(id, 60*time.Second)
-	took := time.Since(killed)
+	_, rec, evs, wb, took := e.workerLost(wa, a, nil, id)
 	run.wait(10 * time.Second)
 	sc.is("status", string(rec.Status), string(budget.StatusCompleted))
 	sc.within("kill to turn_finished", took, 20*time.Second)

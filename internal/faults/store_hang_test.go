@@ -73,27 +73,7 @@ func databaseHung(t *testing.T, hang time.Duration) {
 	thaw()
 	back := time.Now()
 
-	recA, evsA, _ := d.ended(fA.turnID, 60*time.Second)
-	sc.within("database back to A's stored end", time.Since(back), 10*time.Second)
-	_, okB := streamEnd(fB, 60*time.Second)
-	recB, evsB, _ := d.ended(fB.turnID, 60*time.Second)
-	_, okCross := streamEnd(cross, 30*time.Second)
-	sc.truth("B's client of A's turn got turn_finished", "yes", fmt.Sprint(okCross), okCross)
-	sc.truth("B's client got turn_finished", "yes", fmt.Sprint(okB), okB)
-	sc.count("healthy turns interrupted", interrupted(recA, recB), 0)
-	if recA != nil && recB != nil {
-		sc.records(fA.log.snapshot(), recA, evsA)
-		sc.records(fB.log.snapshot(), recB, evsB)
-		lostX, twiceX := missing(fA.log.snapshot(), cross.log.snapshot())
-		sc.count("events lost in the stream through B", lostX, 0)
-		sc.count("events twice in the stream through B", twiceX, 0)
-		if endA != nil {
-			sc.truth("stored wall_ms of A: the turn's, not the store's", "= turn_finished's",
-				fmt.Sprintf("%d, turn_finished %d", recA.WallMS, endA.Totals.WallMS), recA.WallMS == endA.Totals.WallMS)
-		}
-	}
-	sc.memory("peak memory of gateway A by the database's return", peakA, 150)
-	sc.memory("peak memory of gateway B by the database's return", peakB, 150)
+	recA := d.back(sc, back, fA, fB, cross, endA, peakA, peakB)
 	if recA != nil {
 		sessionBusyAfter(t, sc, urlB, recA.SessionID)
 	}

@@ -155,6 +155,39 @@ func healthyAgain(url string, d time.Duration) bool {
 	return false
 }
 
+// back asserts what two gateways' turns left once the database is back
+// (at back): A's end stored within 10 s, B's turn and the stream of A's
+// through B ended, no healthy turn interrupted, no record or event lost
+// or twice, A's stored wall_ms its turn's, and the gateways' peak memory
+// by then. It returns A's stored turn (nil: none).
+func (d *sharedDB) back(sc *scenario, back time.Time, fA, fB, cross *follower, endA *event.TurnFinished, peakA, peakB int64) *event.Turn {
+	sc.t.Helper()
+	recA, evsA, _ := d.ended(fA.turnID, 60*time.Second)
+	sc.within("database back to A's stored end", time.Since(back), 10*time.Second)
+	_, okB := streamEnd(fB, 60*time.Second)
+	recB, evsB, _ := d.ended(fB.turnID, 60*time.Second)
+	_, okCross := streamEnd(cross, 30*time.Second)
+	sc.truth("B's client of A's turn got turn_finished", "yes", fmt.Sprint(okCross), okCross)
+	sc.truth("B's client got turn_finished", "yes", fmt.Sprint(okB), okB)
+	sc.count("healthy turns interrupted", interrupted(recA, recB), 0)
+	if recA != nil && recB != nil {
+		sc.records(fA.log.snapshot(), recA, evsA)
+		sc.records(fB.log.snapshot(), recB, evsB)
+		lostA, _ := missing(fA.log.snapshot(), evsA)
+		lostB, _ := missing(fB.log.snapshot(), evsB)
+		lostX, twiceX := missing(fA.log.snapshot(), cross.log.snapshot())
+		sc.count("events lost (A's, B's, of the stream through B)", lostA+lostB+lostX, 0)
+		sc.count("events twice in the stream through B", twiceX, 0)
+		if endA != nil {
+			sc.truth("stored wall_ms of A: the turn's, not the store's", "= turn_finished's",
+				fmt.Sprintf("%d, turn_finished %d", recA.WallMS, endA.Totals.WallMS), recA.WallMS == endA.Totals.WallMS)
+		}
+	}
+	sc.memory("peak memory of gateway A by the database's return", peakA, 150)
+	sc.memory("peak memory of gateway B by the database's return", peakB, 150)
+	return recA
+}
+
 // streamEnd waits up to d for a follower's turn_finished.
 func streamEnd(f *follower, d time.Duration) (*event.TurnFinished, bool) {
 	e, ok := f.log.waitFor(event.TypeTurnFinished, d)
@@ -260,29 +293,7 @@ func databaseStopped(t *testing.T, down time.Duration) {
 	d.pg.Start()
 	back := time.Now()
 
-	recA, evsA, _ := d.ended(fA.turnID, 60*time.Second)
-	sc.within("database back to A's stored end", time.Since(back), 10*time.Second)
-	_, okB := streamEnd(fB, 60*time.Second)
-	recB, evsB, _ := d.ended(fB.turnID, 60*time.Second)
-	_, okCross := streamEnd(cross, 30*time.Second)
-	sc.truth("B's client of A's turn got turn_finished", "yes", fmt.Sprint(okCross), okCross)
-	sc.truth("B's client got turn_finished", "yes", fmt.Sprint(okB), okB)
-	sc.count("healthy turns interrupted", interrupted(recA, recB), 0)
-	if recA != nil && recB != nil {
-		sc.records(fA.log.snapshot(), recA, evsA)
-		sc.records(fB.log.snapshot(), recB, evsB)
-		lostA, _ := missing(fA.log.snapshot(), evsA)
-		lostB, _ := missing(fB.log.snapshot(), evsB)
-		lostX, twiceX := missing(fA.log.snapshot(), cross.log.snapshot())
-		sc.count("events lost (A's, B's, of the stream through B)", lostA+lostB+lostX, 0)
-		sc.count("events twice in the stream through B", twiceX, 0)
-		if endA != nil {
-			sc.truth("stored wall_ms of A: the turn's, not the store's", "= turn_finished's",
-				fmt.Sprintf("%d, turn_finished %d", recA.WallMS, endA.Totals.WallMS), recA.WallMS == endA.Totals.WallMS)
-		}
-	}
-	sc.memory("peak memory of gateway A by the database's return", peakA, 150)
-	sc.memory("peak memory of gateway B by the database's return", peakB, 150)
+	recA := d.back(sc, back, fA, fB, cross, endA, peakA, peakB)
 	logged := strings.Contains(gwA.stderr.String(), "cannot store")
 	sc.truth("A logged that it keeps what it cannot store", "yes", fmt.Sprint(logged), logged)
 

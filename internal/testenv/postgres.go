@@ -159,7 +159,7 @@ func newCluster() (*pgCluster, error) {
 func (c *pgCluster) start() error {
 	out, err := c.run("pg_ctl", "-D", c.data(), "-l", filepath.Join(c.dir, "server.log"), "-w", "-t", "60", "-o", c.serverOptions(), "start")
 	if err != nil {
-		return fmt.Errorf("pg_ctl start: %v: %s %s", err, lastLines(out, 3), lastLines(readFile(filepath.Join(c.dir, "server.log")), 5))
+		return fmt.Errorf("pg_ctl start: %v: %s %s", err, lastLines(out, 3), lastLines(readFile(filepath.Join(c.dir, "server.log")), 12))
 	}
 	return nil
 }
