@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"slices"
@@ -12,6 +13,7 @@ import (
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/testenv"
+	"github.com/timebox-run/timebox/internal/wait"
 	"github.com/timebox-run/timebox/model"
 	"github.com/timebox-run/timebox/server"
 	"github.com/timebox-run/timebox/store"
@@ -173,5 +175,56 @@ func TestHistoryFailsAfterBegin(t *testing.T) {
 	// The session is free for the next message.
 	if e.srv.Running() != 0 {
 		t.Fatalf("%d turns running", e.srv.Running())
+	}
+}
+
+// TestReadRoutesOfAnAwayDatabaseAre503: with its PostgreSQL stopped, every
+// route that reads the store answers 503 store_unavailable with
+// Retry-After (ask again shortly, or through another gateway), none 500
+// store_error, which sent the person to the server's log for a database
+// that was merely away: GET /v1/stats did until 2026-11-28.
+func TestReadRoutesOfAnAwayDatabaseAre503(t *testing.T) {
+	pg := testenv.StartPostgres(t)
+	st, err := postgres.Open(context.Background(), pg.Database(), postgres.Options{Poll: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, server.Config{Store: st, Agent: newAgent(t, scripted(t, `{"text": "hi"}`))})
+	rec := decode[rawRecord](t, e.do("POST", "/v1/turns", map[string]any{"input": "go"}), http.StatusOK)
+	// Ended and gone from the gateway's live turns: its routes read the
+	// store.
+	wait.For(t, 10*time.Second, "the turn read from the store", func() bool {
+		resp := e.do("GET", "/v1/turns/"+rec.TurnID+"/events?after=1000", nil)
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusNoContent
+	})
+	pg.Stop()
+	t.Cleanup(pg.Start) // before the store is closed
+	id, session := rec.TurnID, rec.SessionID
+	for _, r := range []struct{ method, path, body string }{
+		{"GET", "/v1/turns", ""},
+		{"GET", "/v1/turns/" + id, ""},
+		{"GET", "/v1/turns/" + id + "/events", ""},
+		{"POST", "/v1/turns/" + id + "/cancel", ""},
+		{"GET", "/v1/turns/" + id + "/approvals", ""},
+		{"POST", "/v1/turns/" + id + "/approvals/call_1_1", `{"decision": "approve"}`},
+		{"GET", "/v1/sessions", ""},
+		{"GET", "/v1/sessions/" + session, ""},
+		{"GET", "/v1/stats", ""},
+		{"GET", "/v1/stats?tool=fetch", ""},
+		{"GET", "/v1/webhooks/deliveries", ""},
+	} {
+		var body any
+		if r.body != "" {
+			body = r.body
+		}
+		resp := e.do(r.method, r.path, body)
+		var er apiError
+		err := json.NewDecoder(resp.Body).Decode(&er)
+		resp.Body.Close()
+		if retry := resp.Header.Get("Retry-After"); err != nil || resp.StatusCode != http.StatusServiceUnavailable ||
+			er.Error.Code != "store_unavailable" || retry == "" {
+			t.Errorf("%s %s: %d %s, Retry-After %q: %s (%v)", r.method, r.path, resp.StatusCode, er.Error.Code, retry, er.Error.Message, err)
+		}
 	}
 }

@@ -413,15 +413,16 @@ func (f failingDeliveries) ListDeliveries(context.Context, store.DeliveryFilter)
 }
 
 // statsStore sums up canned calls (store.CallStats), for GET /v1/stats's
-// 200; with fail, its reads fail, for the 500.
+// 200; with fail, its reads fail, for the 500, and with away too, as a
+// database that cannot be reached fails them, for the 503.
 type statsStore struct {
 	store.Store
-	fail bool
+	fail, away bool
 }
 
 func (s statsStore) ToolStats(context.Context, store.StatsFilter) ([]store.ToolStat, error) {
 	if s.fail {
-		return nil, errDisk
+		return nil, failingStore{away: s.away}.err()
 	}
 	return []store.ToolStat{{Tool: "fetch", Calls: 30, Sample: 30, P50MS: 40, P95MS: 300, P99MS: 900, MaxMS: 900, MinMS: 5,
 		MaxOKMS: 900, TimedOut: 1, TimeoutMS: 1000}}, nil
@@ -522,6 +523,7 @@ func TestOpenAPIStatuses(t *testing.T) {
 		withToken := newServer(server.Config{Token: "docs-token-0123456789abcdef"})
 		stats := newServer(server.Config{Store: statsStore{Store: store.NewMemory()}})
 		statsFail := newServer(server.Config{Store: statsStore{Store: store.NewMemory(), fail: true}})
+		statsAway := newServer(server.Config{Store: statsStore{Store: store.NewMemory(), fail: true, away: true}})
 		hooked := store.NewMemory()
 		if err := hooked.EnqueueDeliveries(context.Background(), []store.Delivery{{ID: "msg_1", URL: "https://hooks.example/x",
 			EventType: "turn_finished", TurnID: "t_1", Seq: 9, Body: []byte("{}"), CreatedAt: time.Now(), NextAttemptAt: time.Now()}}); err != nil {
@@ -627,6 +629,7 @@ func TestOpenAPIStatuses(t *testing.T) {
 			{"stats", stats, "GET /v1/stats", "GET", "/v1/stats?since=7d&tool=fetch", "", nil, 200},
 			{"stats since when", stats, "GET /v1/stats", "GET", "/v1/stats?since=lately", "", nil, 400},
 			{"stats store fails", statsFail, "GET /v1/stats", "GET", "/v1/stats", "", nil, 500},
+			{"stats store away", statsAway, "GET /v1/stats", "GET", "/v1/stats", "", nil, 503},
 			{"no stats in memory", quick, "GET /v1/stats", "GET", "/v1/stats", "", nil, 501},
 
 			{"deliveries", withDeliveries, "GET /v1/webhooks/deliveries", "GET", "/v1/webhooks/deliveries?state=pending&turn_id=t_1&limit=5", "", nil, 200},

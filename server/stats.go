@@ -82,14 +82,14 @@ func (s *Server) getStats(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	tools, err := cs.ToolStats(ctx, f)
 	if err != nil {
-		s.failed(w, r, http.StatusInternalServerError, "store_error", "reading the call stats from the store failed", err)
+		s.storeFailed(w, r, err, "the call stats")
 		return
 	}
 	if len(tools) == 0 && f.Tool != "" && len(f.Tool) <= 256 { // no tool's name is longer; nor is what an answer repeats
 		problem, err := advice.UnknownTool(ctx, cs, "this server's store", f.Tool)
 		switch {
 		case err != nil:
-			s.failed(w, r, http.StatusInternalServerError, "store_error", "reading the call stats from the store failed", err)
+			s.storeFailed(w, r, err, "the call stats")
 			return
 		case problem != "":
 			writeError(w, http.StatusBadRequest, "bad_request", `"tool": `+problem)
@@ -98,7 +98,7 @@ func (s *Server) getStats(w http.ResponseWriter, r *http.Request) {
 	}
 	models, err := cs.ModelStats(ctx, f)
 	if err != nil {
-		s.failed(w, r, http.StatusInternalServerError, "store_error", "reading the call stats from the store failed", err)
+		s.storeFailed(w, r, err, "the call stats")
 		return
 	}
 	rep := advice.NewReport("", since, tools, models, s.statsBudgets())
@@ -106,7 +106,7 @@ func (s *Server) getStats(w http.ResponseWriter, r *http.Request) {
 	for i, t := range rep.Tools {
 		h, err := histogram(ctx, cs, f, tools[i])
 		if err != nil {
-			s.failed(w, r, http.StatusInternalServerError, "store_error", "reading the call stats from the store failed", err)
+			s.storeFailed(w, r, err, "the call stats")
 			return
 		}
 		out.Tools[i] = ToolStats{Tool: t, Histogram: h}

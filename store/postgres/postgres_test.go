@@ -1149,4 +1149,13 @@ func TestReadsOfAnAwayDatabaseAreUnavailable(t *testing.T) {
 	if err := st.RequestCancel(ctx, "t1"); !errors.Is(err, store.ErrUnavailable) {
 		t.Errorf("RequestCancel: %v", err)
 	}
+	if _, err := st.ToolStats(ctx, store.StatsFilter{}); !errors.Is(err, store.ErrUnavailable) {
+		t.Errorf("ToolStats: %v", err)
+	}
+	if _, err := st.ModelStats(ctx, store.StatsFilter{}); !errors.Is(err, store.ErrUnavailable) {
+		t.Errorf("ModelStats: %v", err)
+	}
+	if _, err := st.ToolHistogram(ctx, store.StatsFilter{}, "fetch", []int64{100}); !errors.Is(err, store.ErrUnavailable) {
+		t.Errorf("ToolHistogram: %v", err)
+	}
 }

@@ -23,8 +23,14 @@ var _ store.CallStats = (*Store)(nil)
 // outcome in the one pass took twice as long at a million calls
 // (docs/BENCHMARKS.md).
 
-// ToolStats implements store.CallStats.
+// ToolStats implements store.CallStats. Like every read, it is tried again
+// on a cut connection, and a database that cannot be reached is
+// store.ErrUnavailable (again).
 func (s *Store) ToolStats(ctx context.Context, f store.StatsFilter) ([]store.ToolStat, error) {
+	return again(ctx, s, func() ([]store.ToolStat, error) { return s.toolStats(ctx, f) })
+}
+
+func (s *Store) toolStats(ctx context.Context, f store.StatsFilter) ([]store.ToolStat, error) {
 	if s.isClosed() {
 		return nil, store.ErrClosed
 	}
@@ -127,6 +133,10 @@ func (s *Store) ToolStats(ctx context.Context, f store.StatsFilter) ([]store.Too
 // those of store.CallStats (0 under the first bound, len(bounds) at or
 // above the last).
 func (s *Store) ToolHistogram(ctx context.Context, f store.StatsFilter, tool string, bounds []int64) ([]int64, error) {
+	return again(ctx, s, func() ([]int64, error) { return s.toolHistogram(ctx, f, tool, bounds) })
+}
+
+func (s *Store) toolHistogram(ctx context.Context, f store.StatsFilter, tool string, bounds []int64) ([]int64, error) {
 	if s.isClosed() {
 		return nil, store.ErrClosed
 	}
@@ -159,6 +169,10 @@ func (s *Store) ToolHistogram(ctx context.Context, f store.StatsFilter, tool str
 
 // ModelStats implements store.CallStats.
 func (s *Store) ModelStats(ctx context.Context, f store.StatsFilter) ([]store.ModelStat, error) {
+	return again(ctx, s, func() ([]store.ModelStat, error) { return s.modelStats(ctx, f) })
+}
+
+func (s *Store) modelStats(ctx context.Context, f store.StatsFilter) ([]store.ModelStat, error) {
 	if s.isClosed() {
 		return nil, store.ErrClosed
 	}
