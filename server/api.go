@@ -664,7 +664,11 @@ func (s *Server) listTurns(w http.ResponseWriter, r *http.Request) {
 	}
 	turns, err := s.cfg.Store.Turns(r.Context(), f)
 	if err != nil {
-		s.storeFailed(w, r, err, "turn "+shown(f.Before))
+		what := "the list of turns"
+		if errors.Is(err, store.ErrNotFound) {
+			what = "turn " + shown(f.Before) // the page's "before"
+		}
+		s.storeFailed(w, r, err, what)
 		return
 	}
 	out := TurnList{Turns: turns}

@@ -223,7 +223,7 @@ func TestReadRoutesOfAnAwayDatabaseAre503(t *testing.T) {
 		err := json.NewDecoder(resp.Body).Decode(&er)
 		resp.Body.Close()
 		if retry := resp.Header.Get("Retry-After"); err != nil || resp.StatusCode != http.StatusServiceUnavailable ||
-			er.Error.Code != "store_unavailable" || retry == "" {
+			er.Error.Code != "store_unavailable" || retry == "" || strings.Contains(er.Error.Message, "  ") {
 			t.Errorf("%s %s: %d %s, Retry-After %q: %s (%v)", r.method, r.path, resp.StatusCode, er.Error.Code, retry, er.Error.Message, err)
 		}
 	}
