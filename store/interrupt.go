@@ -22,14 +22,29 @@ type Interrupted struct {
 	// ToolCalls is how many tool call records the turn has stored; Steps
 	// the largest step of its model call records.
 	ToolCalls, Steps int
-	// Why says what happened, for the message: "the timebox process
-	// running it (pid 4242) stopped".
-	Why string
+	// End says how it ends.
+	End
+	// Now is when the turn is marked interrupted.
+	Now time.Time
+}
+
+// End is how a turn ends that is ended from outside its process
+// (Interrupter, Interrupt).
+type End struct {
 	// Reason is the stop reason of the turn's end; empty is
 	// budget.Interrupted.
 	Reason budget.StopReason
-	// Now is when the turn is marked interrupted.
-	Now time.Time
+	// Why says what happened, for the message: "the timebox process
+	// running it (pid 4242) stopped".
+	Why string
+	// Said, when set, is said by one who knows that the turn ran until
+	// now (a cancel no worker took: nothing of it ran since): the turn
+	// ends now, at the store's clock, not at its last stored event, and
+	// its message opens with Said(ran), ran being how long it ran, in
+	// place of the "at least" of a crash, whose real end is unknown.
+	// What was running and what is kept are said after it, as for any
+	// interruption. Nil: the end is not known.
+	Said func(ran time.Duration) string
 }
 
 // Interruption is how an interrupted turn ends, for the store to write in
@@ -149,15 +164,21 @@ func Interrupt(t Interrupted) Interruption {
 		llm += lastAt.Sub(modelAt)
 	}
 
+	end := lastAt
+	if t.Said != nil && now.After(end) {
+		// Its end is known: now.
+		end = now
+	}
 	rec := event.Turn{TurnID: t.TurnID, SessionID: t.SessionID, Agent: t.Agent, Input: t.Input, StartedAt: t.StartedAt,
 		Status: budget.StatusInterrupted, StopReason: cmp.Or(t.Reason, budget.Interrupted), Steps: t.Steps,
-		EndedAt: lastAt, WallMS: lastAt.Sub(t.StartedAt).Milliseconds(),
-		// Lower bounds, as the wall time is: what the stored events show.
+		EndedAt: end, WallMS: end.Sub(t.StartedAt).Milliseconds(),
+		// Lower bounds, as the wall time of an unknown end is: what the
+		// stored events show.
 		LLMMS: llm.Milliseconds(), ToolMS: covered(ran).Milliseconds(), Failovers: fails}
 	if model != "" {
 		rec.Answer = text.String()
 	}
-	rec.Message = interruptMessage(t.Why, lastAt.Sub(t.StartedAt), last, tools, model)
+	rec.Message = interruptMessage(t.End, end.Sub(t.StartedAt), last, tools, model)
 	out.Record = rec
 	out.Events = append(out.Events, event.Event{Seq: seq + 1, TurnID: t.TurnID, Type: event.TypeTurnFinished, At: now,
 		Data: &event.TurnFinished{Status: rec.Status, StopReason: rec.StopReason, Message: rec.Message, Answer: rec.Answer,
@@ -211,9 +232,10 @@ func (c *runningCall) record(turnID string, lastAt time.Time, progress int, why 
 }
 
 // interruptMessage says what happened to an interrupted turn and what was
-// running at the time, for the person who asked. How long the turn ran is
-// known only up to its last stored event, so it says "at least".
-func interruptMessage(why string, ran time.Duration, events int64, tools []string, model string) string {
+// running at the time, for the person who asked. Unless the one ending it
+// knows its end (End.Said), how long the turn ran is known only up to its
+// last stored event, so it says "at least".
+func interruptMessage(end End, ran time.Duration, events int64, tools []string, model string) string {
 	var doing string
 	switch {
 	case len(tools) > 0:
@@ -226,8 +248,15 @@ func interruptMessage(why string, ran time.Duration, events int64, tools []strin
 	case model != "":
 		doing = fmt.Sprintf(" Model %s was answering.", model)
 	}
+	if end.Said != nil {
+		kept := " Nothing of it ran."
+		if events > 0 {
+			kept = fmt.Sprintf(" Everything it emitted is kept (%d event%s).", events, plural(events))
+		}
+		return end.Said(ran) + doing + kept + " Send the message again to retry."
+	}
 	return fmt.Sprintf("Interrupted: %s before the turn ended, at least %s after it started (its last stored event; the real end is unknown).%s Everything it emitted until then is kept (%d event%s). Send the message again to retry.",
-		why, budget.Round(ran), doing, events, plural(events))
+		end.Why, budget.Round(ran), doing, events, plural(events))
 }
 
 func plural(n int64) string {
@@ -244,8 +273,7 @@ func plural(n int64) string {
 // PostgreSQL and Memory implement it; an engine's gateway uses it when the
 // engine that ran the turn is lost (budget.EngineLost).
 type Interrupter interface {
-	// InterruptTurn ends turn id with reason (budget.Interrupted when
-	// empty), why saying what happened, and reports whether it did: false
-	// when the turn had ended already.
-	InterruptTurn(ctx context.Context, turnID string, reason budget.StopReason, why string) (bool, error)
+	// InterruptTurn ends turn id as end says, and reports whether it did:
+	// false when the turn had ended already.
+	InterruptTurn(ctx context.Context, turnID string, end End) (bool, error)
 }

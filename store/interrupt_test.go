@@ -43,7 +43,7 @@ func TestAnInterruptedTurnKeepsItsTimes(t *testing.T) {
 		ev(4500, &event.ToolStarted{Step: 2, CallID: "c3", Tool: "sh"}),
 		ev(6500, &event.ToolProgress{CallID: "c3"}), // the last event: c3 ran at least 2s
 	}
-	out := store.Interrupt(store.Interrupted{TurnID: "t1", StartedAt: t0, Events: evs, ToolCalls: 3, Steps: 2, Why: "it died", Now: at(9000)})
+	out := store.Interrupt(store.Interrupted{TurnID: "t1", StartedAt: t0, Events: evs, ToolCalls: 3, Steps: 2, End: store.End{Why: "it died"}, Now: at(9000)})
 	r := out.Record
 	if r.LLMMS != 1500 || r.ToolMS != 5000 || r.Failovers != 1 || r.WallMS != 6500 {
 		t.Errorf("record: llm_ms %d (want 1500), tool_ms %d (want 5000), failovers %d (want 1), wall_ms %d (want 6500)",
@@ -58,7 +58,7 @@ func TestAnInterruptedTurnKeepsItsTimes(t *testing.T) {
 	seq = 0
 	out = store.Interrupt(store.Interrupted{TurnID: "t1", StartedAt: t0, Events: []event.Event{
 		ev(100, &event.LLMStarted{Step: 1, Model: "a"}), ev(2100, &event.LLMDelta{Step: 1, Text: "hal"}),
-	}, Why: "it died", Now: at(9000)})
+	}, End: store.End{Why: "it died"}, Now: at(9000)})
 	if out.Record.LLMMS != 2000 || out.Record.ToolMS != 0 {
 		t.Errorf("a model call under way: llm_ms %d (want 2000), tool_ms %d", out.Record.LLMMS, out.Record.ToolMS)
 	}
@@ -75,7 +75,7 @@ func TestAnEndedTurnIsNotInterruptedAgain(t *testing.T) {
 		{Seq: 1, TurnID: "t1", Type: event.TypeLLMStarted, At: t0, Data: &event.LLMStarted{Step: 1, Model: "m"}},
 		{Seq: 9, TurnID: "t1", Type: event.TypeTurnFinished, At: t0.Add(3500 * time.Millisecond), Data: fin},
 	}
-	out := store.Interrupt(store.Interrupted{TurnID: "t1", SessionID: "s", StartedAt: t0, Events: evs, Why: "the store was closed", Now: t0.Add(time.Minute)})
+	out := store.Interrupt(store.Interrupted{TurnID: "t1", SessionID: "s", StartedAt: t0, Events: evs, End: store.End{Why: "the store was closed"}, Now: t0.Add(time.Minute)})
 	if len(out.Events) != 0 || len(out.Calls) != 0 {
 		t.Errorf("%d events and %d calls added to a turn that ended", len(out.Events), len(out.Calls))
 	}
@@ -83,5 +83,41 @@ func TestAnEndedTurnIsNotInterruptedAgain(t *testing.T) {
 	if r.Status != budget.StatusCompleted || r.StopReason != budget.Answered || r.Answer != "slow done" || r.WallMS != 3500 ||
 		r.ToolMS != 3000 || !r.EndedAt.Equal(t0.Add(3500*time.Millisecond)) || r.SessionID != "s" {
 		t.Errorf("record %+v", r)
+	}
+}
+
+// TestAKnownEndIsSaid: a turn ended by one who knows it ran until now (a
+// cancel no worker took: store.End.Said) ends now, its wall time the
+// whole of it, and its message opens with what that one says, with how
+// long the turn ran, not the "at least … the real end is unknown" of a
+// crash, which said 0s of a turn cancelled after a minute of waiting.
+func TestAKnownEndIsSaid(t *testing.T) {
+	t0 := time.Date(2026, 11, 28, 0, 0, 0, 0, time.UTC)
+	said := func(ran time.Duration) string { return "Cancelled after " + budget.RoundHuman(ran).String() + "." }
+	for _, tc := range []struct {
+		name string
+		evs  []event.Event
+		want string
+	}{
+		{"nothing ran", nil, "Cancelled after 1m6s. Nothing of it ran. Send the message again to retry."},
+		{"a tool was running", []event.Event{
+			{Seq: 1, TurnID: "t1", Type: event.TypeToolStarted, At: t0.Add(time.Second), Data: &event.ToolStarted{Step: 1, CallID: "c1", Tool: "sh"}},
+		}, "Cancelled after 1m6s. Tool sh was running; its call is recorded as interrupted. Everything it emitted is kept (1 event). Send the message again to retry."},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := store.Interrupt(store.Interrupted{TurnID: "t1", StartedAt: t0, Events: tc.evs,
+				End: store.End{Why: "it was cancelled", Said: said}, Now: t0.Add(66 * time.Second)})
+			r := out.Record
+			if r.Message != tc.want {
+				t.Errorf("message %q, want %q", r.Message, tc.want)
+			}
+			if r.WallMS != 66000 || !r.EndedAt.Equal(t0.Add(66*time.Second)) || r.Status != budget.StatusInterrupted {
+				t.Errorf("record: %s, wall_ms %d, ended_at %s", r.Status, r.WallMS, r.EndedAt)
+			}
+			fin := out.Events[len(out.Events)-1].Data.(*event.TurnFinished)
+			if fin.Message != r.Message || fin.Totals.WallMS != r.WallMS {
+				t.Errorf("turn_finished %+v differs from the record", fin)
+			}
+		})
 	}
 }

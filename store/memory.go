@@ -502,7 +502,7 @@ func (m *Memory) WatchCancel(turnID string) (<-chan struct{}, func()) {
 }
 
 // InterruptTurn implements Interrupter.
-func (m *Memory) InterruptTurn(_ context.Context, turnID string, reason budget.StopReason, why string) (bool, error) {
+func (m *Memory) InterruptTurn(_ context.Context, turnID string, end End) (bool, error) {
 	defer m.watch.Wake(turnID)
 	defer m.cancels.Wake(turnID)
 	m.mu.Lock()
@@ -519,7 +519,7 @@ func (m *Memory) InterruptTurn(_ context.Context, turnID string, reason budget.S
 	}
 	out := Interrupt(Interrupted{TurnID: turnID, SessionID: mt.rec.SessionID, Agent: mt.rec.Agent, Input: mt.rec.Input,
 		StartedAt: mt.rec.StartedAt, Events: mt.events, ToolCalls: len(mt.tools), Steps: stepsOf(mt.models),
-		Why: why, Reason: reason, Now: m.now()})
+		End: end, Now: m.now()})
 	for _, tc := range out.Calls {
 		mt.putTool(tc)
 	}

@@ -291,8 +291,7 @@ func (f *follow) run(ctx context.Context, run client.WorkflowRun) *agent.Result 
 			// No worker ended the turn: none is running, or none can
 			// reach the store. The workflow is terminated so that no
 			// worker starts it later.
-			why := r.unworked(bg, id, CancelWait)
-			return f.end(bg, budget.Interrupted, why)
+			return f.endAs(bg, r.unworked(bg, id, r.taskQueue, CancelWait))
 		}
 	}
 }
@@ -488,8 +487,13 @@ func (f *follow) result(ctx context.Context) *agent.Result {
 // end ends the turn in the store — reason, and why saying what happened —
 // unless a unit ended it first, and returns it with every event followed.
 func (f *follow) end(ctx context.Context, reason budget.StopReason, why string) *agent.Result {
-	if _, err := f.r.ends.InterruptTurn(ctx, f.in.TurnID, reason, why); err != nil && !errors.Is(err, store.ErrNotFound) {
-		return f.failed(ctx, fmt.Errorf("%s, and its end could not be stored: %w", why, err))
+	return f.endAs(ctx, store.End{Reason: reason, Why: why})
+}
+
+// endAs is end, ending the turn as e says.
+func (f *follow) endAs(ctx context.Context, e store.End) *agent.Result {
+	if _, err := f.r.ends.InterruptTurn(ctx, f.in.TurnID, e); err != nil && !errors.Is(err, store.ErrNotFound) {
+		return f.failed(ctx, fmt.Errorf("%s, and its end could not be stored: %w", e.Why, err))
 	}
 	f.readToEnd(ctx)
 	return f.result(ctx)
@@ -516,14 +520,21 @@ const workflowTaskTimeout = 5 * time.Second
 var CancelWait = 30 * time.Second
 
 // unworked terminates the workflow of turn id, cancelled waited ago and
-// still not ended by any worker, so that no worker starts it later, and
-// says why for its record.
-func (r *Runner) unworked(ctx context.Context, id string, waited time.Duration) string {
+// still not ended by any worker (of task queue queue), so that no worker
+// starts it later, and returns its end. Who ends it knows that nothing of
+// the turn runs: it ran until now, and its message says how long
+// (store.End.Said), not the "at least" of a crash.
+func (r *Runner) unworked(ctx context.Context, id, queue string, waited time.Duration) store.End {
 	why := fmt.Sprintf("it was cancelled, and no timebox worker ended it within %s", budget.Round(waited))
 	tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	_ = r.client.TerminateWorkflow(tctx, WorkflowID(id), "", why)
-	return fmt.Sprintf("%s (none ran on task queue %s, or none reached the store), so its workflow was terminated", why, r.taskQueue)
+	none := fmt.Sprintf("none ran on task queue %s, or none reached the store", queue)
+	return store.End{Reason: budget.Interrupted, Why: fmt.Sprintf("%s (%s), so its workflow was terminated", why, none),
+		Said: func(ran time.Duration) string {
+			return fmt.Sprintf("Cancelled after %s: no timebox worker ended it within %s of the cancel (%s), so its workflow was terminated.",
+				budget.RoundHuman(ran), budget.RoundHuman(waited), none)
+		}}
 }
 
 // CancelTurn tells the workflow of turn turnID, which this runner does
@@ -566,9 +577,9 @@ func (r *Runner) EndUnworked(ctx context.Context, turnID string, waited time.Dur
 			return false, nil
 		}
 	}
-	why := r.unworked(ctx, turnID, waited)
-	if _, err := r.ends.InterruptTurn(ctx, turnID, budget.Interrupted, why); err != nil && !errors.Is(err, store.ErrNotFound) {
-		return false, fmt.Errorf("%s, and its end could not be stored: %w", why, err)
+	end := r.unworked(ctx, turnID, queue, waited)
+	if _, err := r.ends.InterruptTurn(ctx, turnID, end); err != nil && !errors.Is(err, store.ErrNotFound) {
+		return false, fmt.Errorf("%s, and its end could not be stored: %w", end.Why, err)
 	}
 	return true, nil
 }

@@ -390,12 +390,31 @@ func TestCancelWithoutWorker(t *testing.T) {
 	if res.Record.Status != budget.StatusInterrupted || !strings.Contains(res.Record.Message, "no timebox worker") {
 		t.Errorf("record: %s: %s", res.Record.Status, res.Record.Message)
 	}
+	// Cancelled at 1s, ended CancelWait later: it ran 1.5s, which is
+	// said, not "at least 0s" (the crash template: its last stored event).
+	checkKnownEnd(t, res.Record, 1500*time.Millisecond, time.Since(start))
 	desc, err := c.DescribeWorkflowExecution(context.Background(), temporal.WorkflowID(res.Record.TurnID), "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if st := desc.WorkflowExecutionInfo.Status.String(); st != "Terminated" {
 		t.Errorf("the workflow is %s, want Terminated", st)
+	}
+}
+
+// checkKnownEnd checks the end of a cancelled turn no worker ran: it ran
+// from at least to at most (as the test's clock saw), its wall time says
+// so, and its message says how long it ran, not the crash template's
+// "at least" until its last stored event.
+func checkKnownEnd(t *testing.T, rec *event.Turn, least, most time.Duration) {
+	t.Helper()
+	wall := time.Duration(rec.WallMS) * time.Millisecond
+	if wall < least-100*time.Millisecond || wall > most+100*time.Millisecond || rec.EndedAt.Sub(rec.StartedAt).Milliseconds() != rec.WallMS {
+		t.Errorf("wall_ms %d, ended_at %s after it started: want %s to %s", rec.WallMS, rec.EndedAt.Sub(rec.StartedAt), least, most)
+	}
+	if want := "Cancelled after " + budget.RoundHuman(wall).String() + ": "; !strings.HasPrefix(rec.Message, want) ||
+		strings.Contains(rec.Message, "at least") || !strings.Contains(rec.Message, "Nothing of it ran.") {
+		t.Errorf("message %q, want it to begin %q and say nothing of it ran", rec.Message, want)
 	}
 }
 
@@ -440,6 +459,7 @@ func TestCancelWithoutWorkerOnAnotherGateway(t *testing.T) {
 	}
 	hs := httptest.NewServer(srv)
 	defer hs.Close()
+	cancelled := time.Now()
 	resp, err := http.Post(hs.URL+"/v1/turns/"+id+"/cancel", "application/json", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -453,6 +473,8 @@ func TestCancelWithoutWorkerOnAnotherGateway(t *testing.T) {
 	if rec.Status != budget.StatusInterrupted || !strings.Contains(rec.Message, "no timebox worker") || !strings.Contains(rec.Message, queue) {
 		t.Errorf("record: %s: %s", rec.Status, rec.Message)
 	}
+	// It ran at least until the end of the cancel's 10s wait.
+	checkKnownEnd(t, &rec, time.Since(rec.StartedAt)-time.Since(cancelled)+10*time.Second, time.Since(rec.StartedAt))
 	desc, err := c.DescribeWorkflowExecution(context.Background(), temporal.WorkflowID(id), "")
 	if err != nil {
 		t.Fatal(err)

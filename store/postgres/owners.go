@@ -193,7 +193,7 @@ func (s *Store) recover(ctx context.Context) ([]string, error) {
 		var done bool
 		err := s.tx(ctx, func(tx pgx.Tx) error {
 			var err error
-			done, err = s.interruptTurn(ctx, tx, id, "", "the timebox process running it stopped", true)
+			done, err = s.interruptTurn(ctx, tx, id, store.End{Why: "the timebox process running it stopped"}, true)
 			return err
 		})
 		if err != nil {
@@ -287,7 +287,7 @@ func (s *Store) interruptOwnerTx(ctx context.Context, tx pgx.Tx, o, why string) 
 	}
 	var ids []string
 	for _, id := range turns {
-		done, err := s.interruptTurn(ctx, tx, id, "", why, false)
+		done, err := s.interruptTurn(ctx, tx, id, store.End{Why: why}, false)
 		if err != nil {
 			return nil, fmt.Errorf("turn %s: %w", id, err)
 		}
@@ -304,8 +304,8 @@ func (s *Store) interruptOwnerTx(ctx context.Context, tx pgx.Tx, o, why string) 
 // notification for its followers. The turn is locked first and must still
 // be running (and, with orphan, still without an owner row), so that two
 // stores never both end it. It reports whether it did.
-func (s *Store) interruptTurn(ctx context.Context, tx pgx.Tx, id string, reason budget.StopReason, why string, orphan bool) (bool, error) {
-	t := store.Interrupted{TurnID: id, Why: why, Reason: reason}
+func (s *Store) interruptTurn(ctx context.Context, tx pgx.Tx, id string, end store.End, orphan bool) (bool, error) {
+	t := store.Interrupted{TurnID: id, End: end}
 	var (
 		started int64
 		status  string
@@ -373,14 +373,14 @@ func (s *Store) interruptTurn(ctx context.Context, tx pgx.Tx, id string, reason 
 }
 
 // InterruptTurn implements store.Interrupter.
-func (s *Store) InterruptTurn(ctx context.Context, turnID string, reason budget.StopReason, why string) (bool, error) {
+func (s *Store) InterruptTurn(ctx context.Context, turnID string, end store.End) (bool, error) {
 	if err := s.Flush(ctx); err != nil {
 		return false, err
 	}
 	var done bool
 	err := s.durable(ctx, "the end of turn "+turnID, func(tx pgx.Tx) error {
 		var err error
-		done, err = s.interruptTurn(ctx, tx, turnID, reason, why, false)
+		done, err = s.interruptTurn(ctx, tx, turnID, end, false)
 		if isNoRows(err) {
 			return fmt.Errorf("turn %s: %w", turnID, store.ErrNotFound)
 		}

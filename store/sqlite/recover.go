@@ -146,7 +146,7 @@ func (s *Store) interruptOwner(ctx context.Context, ownerID, why string) error {
 // log gets the turn_finished the process never wrote, so that whoever
 // follows the log sees it end (store.Interrupt).
 func interruptTurn(ctx context.Context, tx *wtx, id, why string) error {
-	t := store.Interrupted{TurnID: id, Why: why, Now: time.Now()}
+	t := store.Interrupted{TurnID: id, End: store.End{Why: why}, Now: time.Now()}
 	var (
 		started int64
 		status  string
