@@ -379,11 +379,12 @@ func WaitForStore(e event.Event) bool {
 
 // SameEnd reports whether events a and b end the same thing of a turn: the
 // same tool call (tool_finished of one call_id), the same model call
-// attempt (llm_finished of one step and attempt), or the turn itself
-// (turn_finished). Among the events a store numbers (seq 0), whose units
-// run on several machines, a second such end is refused with ErrExists:
-// a unit whose worker was taken for lost, and recorded so, may still
-// finish, and a call has exactly one record.
+// attempt (llm_finished of one step and attempt), the same compaction
+// (compaction_finished whose records are of one step and attempt), or
+// the turn itself (turn_finished). Among the events a store numbers (seq
+// 0), whose units run on several machines, a second such end is refused
+// with ErrExists: a unit whose worker was taken for lost, and recorded
+// so, may still finish, and a call has exactly one record.
 func SameEnd(a, b event.Event) bool {
 	if a.Type != b.Type {
 		return false
@@ -391,13 +392,25 @@ func SameEnd(a, b event.Event) bool {
 	switch d := b.Data.(type) {
 	case *event.ToolFinished:
 		return a.Data.(*event.ToolFinished).CallID == d.CallID
-	case *event.LLMFinished:
-		o := a.Data.(*event.LLMFinished)
-		return o.Step == d.Step && o.Attempt == d.Attempt && o.Compaction == d.Compaction
+	case *event.LLMFinished, *event.CompactionFinished:
+		// A compaction_finished without a record (written by versions
+		// before the records) names no attempt: it is never taken for
+		// another's.
+		_, x := carried(a)
+		_, y := carried(b)
+		return x != nil && y != nil && SameModelCall(*x, *y)
 	case *event.TurnFinished:
 		return true
 	}
 	return false
+}
+
+// SameModelCall reports whether a and b are records of the same model
+// call attempt: one step, one attempt, both compactions or neither. A
+// store that looks for an end among its stored records (SameEnd) compares
+// them by it.
+func SameModelCall(a, b event.ModelCall) bool {
+	return a.Step == b.Step && a.Attempt == b.Attempt && a.Compaction == b.Compaction
 }
 
 // endOf names what e ends, for messages.
@@ -407,6 +420,10 @@ func endOf(e event.Event) string {
 		return "call " + d.CallID
 	case *event.LLMFinished:
 		return fmt.Sprintf("step %d attempt %d", d.Step, d.Attempt)
+	case *event.CompactionFinished:
+		if d.Record != nil {
+			return fmt.Sprintf("the compaction of step %d attempt %d", d.Step, d.Record.Attempt)
+		}
 	}
 	return "the turn"
 }

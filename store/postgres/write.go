@@ -455,11 +455,11 @@ func noteCommitted(ctx context.Context, tx pgx.Tx, group []*groupq.Item) error {
 	return err
 }
 
-// endsSomething reports whether e ends a call, an attempt or the turn
-// (store.SameEnd).
+// endsSomething reports whether e ends a call, an attempt, a compaction or
+// the turn (store.SameEnd).
 func endsSomething(e event.Event) bool {
 	switch e.Type {
-	case event.TypeToolFinished, event.TypeLLMFinished, event.TypeTurnFinished:
+	case event.TypeToolFinished, event.TypeLLMFinished, event.TypeCompactionFinished, event.TypeTurnFinished:
 		return true
 	}
 	return false
@@ -480,8 +480,13 @@ func endedBefore(ctx context.Context, tx pgx.Tx, e event.Event, group []event.Ev
 		err = tx.QueryRow(ctx, `SELECT count(*) FROM tool_calls WHERE turn_id = $1 AND call_id = $2`, e.TurnID, d.CallID).Scan(&n)
 	case *event.TurnFinished:
 		err = tx.QueryRow(ctx, `SELECT count(*) FROM events WHERE turn_id = $1 AND type = 'turn_finished'`, e.TurnID).Scan(&n)
-	case *event.LLMFinished:
-		rows, qerr := tx.Query(ctx, `SELECT record FROM model_calls WHERE turn_id = $1 AND step = $2`, e.TurnID, d.Step)
+	case *event.LLMFinished, *event.CompactionFinished:
+		// A compaction's record is stored among the model calls.
+		_, mc := store.CallRecords(e)
+		if mc == nil {
+			return false, nil // a compaction_finished without a record (store.SameEnd)
+		}
+		rows, qerr := tx.Query(ctx, `SELECT record FROM model_calls WHERE turn_id = $1 AND step = $2`, e.TurnID, mc.Step)
 		if qerr != nil {
 			return false, qerr
 		}
@@ -490,8 +495,8 @@ func endedBefore(ctx context.Context, tx pgx.Tx, e event.Event, group []event.Ev
 			return false, qerr
 		}
 		for _, r := range recs {
-			var mc event.ModelCall
-			if json.Unmarshal([]byte(r), &mc) == nil && mc.Attempt == d.Attempt && mc.Compaction == d.Compaction {
+			var stored event.ModelCall
+			if json.Unmarshal([]byte(r), &stored) == nil && store.SameModelCall(stored, *mc) {
 				n++
 			}
 		}

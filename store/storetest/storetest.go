@@ -904,9 +904,10 @@ func testTurnWithoutResults(t *testing.T, s store.Store) {
 }
 
 // testNumberedEnds: among events the store numbers (seq 0), a second
-// tool_finished for one call, llm_finished for one attempt, or
-// turn_finished is refused with ErrExists and not stored — a unit taken
-// for lost, and recorded so, that finishes after all leaves one record.
+// tool_finished for one call, llm_finished for one attempt,
+// compaction_finished for one compaction, or turn_finished is refused
+// with ErrExists and not stored — a unit taken for lost, and recorded so,
+// that finishes after all leaves one record.
 func testNumberedEnds(t *testing.T, s store.Store) {
 	ctx := context.Background()
 	begin(t, s, "t-ends", "", "go")
@@ -924,6 +925,12 @@ func testNumberedEnds(t *testing.T, s store.Store) {
 	tool := func(outcome event.Outcome) event.Event {
 		return ev(&event.ToolFinished{ToolCall: event.ToolCall{CallID: "call_1_1", Tool: "x", Outcome: outcome, StartedAt: at}})
 	}
+	// A compaction of step 2 recorded lost with its worker (interrupted,
+	// worker_lost), then finished by that worker, slow, not dead.
+	compaction := func(attempt int, outcome event.Outcome) event.Event {
+		return ev(&event.CompactionFinished{Step: 2, Outcome: outcome, Record: &event.ModelCall{Step: 2, Attempt: attempt,
+			Compaction: true, Outcome: outcome, StartedAt: at}})
+	}
 	for _, tc := range []struct {
 		name          string
 		first, second event.Event
@@ -931,6 +938,7 @@ func testNumberedEnds(t *testing.T, s store.Store) {
 		{"tool_finished", tool(event.OutcomeOK), tool(event.OutcomeInterrupted)},
 		{"llm_finished", ev(&event.LLMFinished{ModelCall: event.ModelCall{Step: 1, Attempt: 1, Outcome: event.OutcomeOK}}),
 			ev(&event.LLMFinished{ModelCall: event.ModelCall{Step: 1, Attempt: 1, Outcome: event.OutcomeInterrupted}})},
+		{"compaction_finished", compaction(1, event.OutcomeInterrupted), compaction(1, event.OutcomeOK)},
 		{"turn_finished", ev(&event.TurnFinished{Status: budget.StatusCompleted, StopReason: budget.Answered}),
 			ev(&event.TurnFinished{Status: budget.StatusInterrupted, StopReason: budget.EngineLost})},
 	} {
@@ -944,6 +952,9 @@ func testNumberedEnds(t *testing.T, s store.Store) {
 	if err := s.AppendEvent(ctx, ev(&event.LLMFinished{ModelCall: event.ModelCall{Step: 1, Attempt: 2, Outcome: event.OutcomeOK}})); err != nil {
 		t.Errorf("another attempt's llm_finished: %v", err)
 	}
+	if err := s.AppendEvent(ctx, compaction(2, event.OutcomeOK)); err != nil {
+		t.Errorf("the compaction tried again: %v", err)
+	}
 	evs, err := s.Events(ctx, "t-ends", 0, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -954,11 +965,11 @@ func testNumberedEnds(t *testing.T, s store.Store) {
 			n++
 		}
 	}
-	if n != 5 {
+	if n != 7 {
 		for _, e := range evs {
 			t.Logf("%d %s", e.Seq, e.Type)
 		}
-		t.Errorf("%d events stored after turn_started, want 5 (llm_started and one end of each, and the second attempt's)", n)
+		t.Errorf("%d events stored after turn_started, want 7 (llm_started and one end of each, and the second attempt's and compaction's)", n)
 	}
 	rec, err := s.Turn(ctx, "t-ends")
 	if err != nil {
@@ -966,6 +977,15 @@ func testNumberedEnds(t *testing.T, s store.Store) {
 	}
 	if len(rec.ToolCalls) != 1 || rec.ToolCalls[0].Outcome != event.OutcomeOK {
 		t.Errorf("tool call records: %+v, want the first one only", rec.ToolCalls)
+	}
+	var compactions []string
+	for _, mc := range rec.ModelCalls {
+		if mc.Compaction {
+			compactions = append(compactions, fmt.Sprintf("attempt %d %s", mc.Attempt, mc.Outcome))
+		}
+	}
+	if want := []string{"attempt 1 interrupted", "attempt 2 ok"}; !slices.Equal(compactions, want) {
+		t.Errorf("compaction records: %v, want %v", compactions, want)
 	}
 }
 
