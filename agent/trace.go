@@ -43,6 +43,10 @@ const (
 	attrStep         = attribute.Key("timebox.step")
 	attrAttempt      = attribute.Key("timebox.attempt")
 	attrCompaction   = attribute.Key("timebox.compaction")
+	attrDecision     = attribute.Key("timebox.approval.decision")
+	attrDecidedBy    = attribute.Key("timebox.approval.by")
+	attrRound        = attribute.Key("timebox.approval.round")
+	attrStale        = attribute.Key("timebox.approval.stale")
 	attrErrorType    = attribute.Key("error.type")
 )
 
@@ -243,6 +247,32 @@ func (sp *spans) Emit(e event.Event) {
 		endSpan(s, rec.StartedAt.Add(time.Duration(rec.StreamMS)*time.Millisecond), rec.Outcome, rec.Error, attrs)
 	case *event.Failover:
 		sp.failover = d
+	case *event.ApprovalDecided:
+		// A call's wait for a person: its own span, beside the tool's
+		// (docs/decisions/approval-spans.md), made whole from the
+		// decision, which says how long the call waited — on Temporal
+		// the request and the decision are units of different workers.
+		if sp.disowned() {
+			return
+		}
+		outcome := event.OutcomeOK
+		switch d.Decision {
+		case event.Deny:
+			outcome = event.OutcomeDenied
+		case event.Expired:
+			outcome = event.OutcomeApprovalExpired
+		}
+		attrs := []attribute.KeyValue{attrDecision.String(string(d.Decision))}
+		if d.By != "" {
+			attrs = append(attrs, attrDecidedBy.String(d.By))
+		}
+		if d.Round > 1 {
+			attrs = append(attrs, attrRound.Int(d.Round))
+		}
+		if d.Stale {
+			attrs = append(attrs, attrStale.Bool(true))
+		}
+		sp.approvalSpan(d.CallID, d.Tool, e.At.Add(-time.Duration(d.WaitedMS)*time.Millisecond), e.At, outcome, d.Reason, attrs)
 	case *event.ToolStarted:
 		sp.calls[d.CallID] = sp.startTool(d.Step, d.CallID, d.Tool, d.Kind, d.Enforcement, e.At)
 	case *event.ToolProgress:
@@ -271,6 +301,13 @@ func (sp *spans) Emit(e event.Event) {
 		rec := d.ToolCall
 		if sp.disowned() {
 			delete(sp.calls, d.CallID) // as if its process had died: another records it lost
+			return
+		}
+		if rec.Refused == machine.RefusedCancelled && rec.Approval != nil && rec.Approval.Decision == "" {
+			// The turn was stopped while the call waited for a person:
+			// no decision ends the wait; its record does.
+			start := rec.StartedAt.Add(-time.Duration(rec.ApprovalMS) * time.Millisecond)
+			sp.approvalSpan(rec.CallID, rec.Tool, start, rec.StartedAt, event.OutcomeCancelled, rec.Result, nil)
 			return
 		}
 		s := sp.calls[d.CallID]
@@ -342,6 +379,31 @@ func (sp *spans) startTool(step int, callID, tool, kind string, enf budget.Enfor
 	_, s := sp.tracer.Start(sp.parent, "execute_tool "+tool, trace.WithTimestamp(start),
 		trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(attrs...))
 	return s
+}
+
+// approvalSpan makes the await_approval span of a call's wait for a
+// person, from start to end, a sibling of its execute_tool span: the
+// wait is not the tool's time, and its budget is the approval timeout.
+func (sp *spans) approvalSpan(callID, tool string, start, end time.Time, outcome event.Outcome, msg string, attrs []attribute.KeyValue) {
+	head := []attribute.KeyValue{
+		attribute.String("gen_ai.tool.name", tool),
+		attribute.String("gen_ai.tool.call.id", callID),
+		attrEnforcement.String(string(budget.Hard)),
+	}
+	var step int
+	if _, err := fmt.Sscanf(callID, "call_%d_", &step); err == nil { // machine.CallID
+		head = append(head, attrStep.Int(step))
+	}
+	if e, ok := sp.t.a.tools[tool]; ok {
+		head = append(head, budgetAttrs(sp.t.approvalBudget(e))...)
+	}
+	_, s := sp.tracer.Start(sp.parent, "await_approval "+tool, trace.WithTimestamp(start),
+		trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(head...))
+	attrs = append(attrs, attrOutcome.String(string(outcome)))
+	if outcome == event.OutcomeApprovalExpired {
+		attrs = append(attrs, attrPhase.String(string(budget.PhaseApproval)))
+	}
+	endSpan(s, end, outcome, msg, attrs)
 }
 
 // endSpan ends a call's span at end with its outcome: error.type and an

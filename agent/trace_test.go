@@ -13,6 +13,7 @@ import (
 
 	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/machine"
 	"github.com/timebox-run/timebox/model"
 	"github.com/timebox-run/timebox/tool"
@@ -150,4 +151,97 @@ func TestCompactionSpan(t *testing.T) {
 			t.Errorf("the compaction's span %s: %v, %s to %s", s.Name(), got, s.StartTime(), s.EndTime())
 		}
 	})
+}
+
+// TestApprovalWaitSpan: a call's wait for a person is a span of its own,
+// await_approval, a sibling of the tool's execute_tool span under the
+// turn's, from the request to the decision, saying how the wait ended and
+// who decided — not a gap before the tool's span that reads as the tool's
+// or the model's time. The tool's span starts when the tool does.
+func TestApprovalWaitSpan(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		approver agent.Approver
+		cancel   time.Duration // the turn is cancelled this long in
+		want     map[string]any
+		error    bool
+		runs     bool
+	}{
+		{"approved", after(2*time.Second, event.Approve, "alice", "go ahead"), 0,
+			map[string]any{"timebox.approval.decision": "approve", "timebox.approval.by": "alice", "timebox.outcome": "ok"}, false, true},
+		{"denied", after(2*time.Second, event.Deny, "bob", "not on a Friday"), 0,
+			map[string]any{"timebox.approval.decision": "deny", "timebox.approval.by": "bob", "timebox.outcome": "denied", "error.type": "denied"}, true, false},
+		{"expired", after(time.Hour, event.Approve, "", ""), 0,
+			map[string]any{"timebox.approval.decision": "expired", "timebox.outcome": "approval_expired", "error.type": "approval_expired",
+				"timebox.phase": "approval"}, true, false},
+		{"stopped while it waits", after(time.Hour, event.Approve, "", ""), 2 * time.Second,
+			map[string]any{"timebox.outcome": "cancelled", "error.type": "cancelled"}, true, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				rec := tracetest.NewSpanRecorder()
+				tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+				defer tp.Shutdown(context.Background())
+				dep := sleepy("deploy", time.Second, 900*time.Millisecond)
+				expiry := time.Minute
+				if c.name == "expired" {
+					expiry = 2 * time.Second
+				}
+				dep.ApprovalTimeout = secs(expiry, budget.SourceTool, "tools[deploy].approval_timeout in agent.yaml")
+				p := lines(t, `{"tool_calls": [{"name": "deploy", "arguments": {}}]}`, `{"text": "done"}`)
+				a, err := agent.New(agent.Config{Name: "traced", Models: []model.Endpoint{endpoint(p, "m")}, Tools: []agent.Tool{dep},
+					Budgets: approvalBudgets(), TracerProvider: tp})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx := t.Context()
+				if c.cancel > 0 {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithTimeout(ctx, c.cancel)
+					defer cancel()
+				}
+				begun := time.Now()
+				res := a.Run(ctx, agent.Input{Text: "deploy", Approver: c.approver})
+				byName := map[string]sdktrace.ReadOnlySpan{}
+				for _, s := range rec.Ended() {
+					byName[s.Name()] = s
+				}
+				turn, wait, exec := byName["invoke_agent traced"], byName["await_approval deploy"], byName["execute_tool deploy"]
+				if turn == nil || wait == nil {
+					t.Fatalf("spans %v; want the turn's and the wait's", rec.Ended())
+				}
+				if wait.Parent().SpanID() != turn.SpanContext().SpanID() {
+					t.Errorf("the wait's span is not the turn's child")
+				}
+				got := map[string]any{}
+				for _, kv := range wait.Attributes() {
+					got[string(kv.Key)] = kv.Value.AsInterface()
+				}
+				for k, v := range c.want {
+					if got[k] != v {
+						t.Errorf("%s = %v, want %v (%v)", k, got[k], v, got)
+					}
+				}
+				if got["gen_ai.tool.call.id"] != "call_1_1" || got["gen_ai.tool.name"] != "deploy" || got["timebox.step"] != int64(1) ||
+					got["timebox.budget.knob"] != "tools[deploy].approval_timeout in agent.yaml" || got["gen_ai.operation.name"] != nil {
+					t.Errorf("the wait's span: %v", got)
+				}
+				if (wait.Status().Code == codes.Error) != c.error {
+					t.Errorf("status %v", wait.Status())
+				}
+				tr := toolRecord(t, res, "deploy")
+				if !wait.StartTime().Equal(begun) || wait.EndTime().Sub(wait.StartTime()) != time.Duration(tr.ApprovalMS)*time.Millisecond ||
+					tr.ApprovalMS != 2000 {
+					t.Errorf("the wait's span runs %s to %s; the call waited %d ms from %s", wait.StartTime(), wait.EndTime(), tr.ApprovalMS, begun)
+				}
+				if (exec != nil) != c.runs {
+					t.Fatalf("execute_tool span: %v, want %v", exec != nil, c.runs)
+				}
+				if exec != nil && (exec.Parent().SpanID() != turn.SpanContext().SpanID() || exec.StartTime().Before(wait.EndTime()) ||
+					exec.EndTime().Sub(exec.StartTime()) != 900*time.Millisecond) {
+					t.Errorf("the tool's span runs %s to %s, the wait's ends %s", exec.StartTime(), exec.EndTime(), wait.EndTime())
+				}
+			})
+		})
+	}
 }
