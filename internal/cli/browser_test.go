@@ -822,7 +822,7 @@ func storedEvents(t *testing.T, base, id string, ok func([]map[string]any) bool)
 type tlRow struct {
 	Label, Kind, Outcome, Num   string
 	Deadline, Later, Over, Tail bool
-	Lost                        bool
+	Lost, Wait                  bool
 	Ticks, Notices              int
 	Mark                        bool
 	Left, Right, Top            float64 // the bar's, in pixels
@@ -837,7 +837,7 @@ func (p *page) timelineRows(fig string) []tlRow {
 		const dl = r.querySelector('.tl-deadline:not(.later)');
 		return { Label: r.dataset.label, Kind: r.dataset.kind, Outcome: r.dataset.outcome, Num: r.querySelector('.tl-num').textContent,
 			Deadline: !!dl, Later: !!r.querySelector('.tl-deadline.later'), Over: !!r.querySelector('.tl-over'),
-			Tail: !!r.querySelector('.tl-tail'), Lost: !!r.querySelector('.tl-lost'), Ticks: r.querySelectorAll('.tl-tick').length,
+			Tail: !!r.querySelector('.tl-tail'), Lost: !!r.querySelector('.tl-lost'), Wait: !!r.querySelector('.tl-wait'), Ticks: r.querySelectorAll('.tl-tick').length,
 			Notices: r.querySelectorAll('.tl-notice').length, Mark: !!r.querySelector('.tl-mark'),
 			Left: bar.left, Right: bar.right, Top: bar.top, DeadlineX: dl ? dl.getBoundingClientRect().left + 1 : 0 };
 	}))`
@@ -857,11 +857,12 @@ func (r tlRow) words() string {
 // what `runs show --timeline` drew of the same turn (its head, its axis,
 // then a row for each): the same calls in the same order, the same outcome
 // characters and words, and the same marks (deadline, deadline after the
-// end, overrun, abandoned tail, a lost worker's stretch, progress).
+// end, overrun, abandoned tail, a lost worker's stretch, a wait for a
+// person, progress).
 func (p *page) sameAsTerminal(rows []tlRow, lines []string) {
 	p.t.Helper()
 	chars := map[string]string{"ok": "=", "running": "-", "timed_out": "#", "cancelled": "~", "error": "x",
-		"abandoned": "!", "interrupted": "?", "insufficient": "%", "refused": "/", "failover": "*"}
+		"abandoned": "!", "interrupted": "?", "insufficient": "%", "refused": "/", "failover": "*", "waiting": ":"}
 	if len(lines) < len(rows)+2 {
 		p.fail("the terminal drew %d lines for %d rows:\n%s", len(lines), len(rows), strings.Join(lines, "\n"))
 	}
@@ -883,6 +884,7 @@ func (p *page) sameAsTerminal(rows []tlRow, lines []string) {
 			"an overrun past its budget (+)":    strings.Contains(rest, "+") == r.Over,
 			"an abandoned call's tail (..)":     strings.Contains(rest, "..") == r.Tail,
 			"a lost worker's stretch (__)":      strings.Contains(rest, "__") == r.Lost,
+			"a wait for a person (::)":          strings.Contains(rest, "::") == r.Wait,
 			"progress reports (')":              strings.Contains(rest, "'") == (r.Ticks > 0),
 		} {
 			if !ok {
@@ -1109,6 +1111,52 @@ func TestPageTimelineLostWorker(t *testing.T) {
 	p.sameAsTerminal(rows, strings.Split(string(golden), "\n"))
 	if n := p.count(fig + ` .tl-lost`); n != 2 {
 		p.fail("%d stretches of a lost worker, want 2", n)
+	}
+}
+
+// TestPageTimelineApprovals: a turn whose calls waited for a person —
+// approved by alice, then run; denied by bob; expired — drawn on the page
+// from its stored record and events as `runs show --timeline` draws it:
+// each wait a stretch on its call's row before the call began, saying how
+// it ended and who ended it; not an empty stretch that reads as the tool's
+// or the model's time.
+func TestPageTimelineApprovals(t *testing.T) {
+	proctest.AfterTest(t)
+	base, id := serveFixture(t, serveDemo(t), "testdata/timeline/approvals.json")
+	p := openPage(t, base)
+	eval[string](p, `location.hash = `+strconv.Quote("#/turns/"+id))
+	fig := `#turn-view figure.tl`
+	p.waitFor("the stored turn's timeline", q(`#turn-view[data-state="ended"] figure.tl[data-state="ended"] .tl-row`))
+	rows := p.timelineRows(fig)
+	golden, err := os.ReadFile("testdata/timeline/approvals.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(golden), "\n") - 2 - 2; n != len(rows) { // head, axis, 2 lines of legend
+		p.fail("the page draws %d rows, the terminal %d: %+v", len(rows), n, rows)
+	}
+	p.sameAsTerminal(rows, strings.Split(string(golden), "\n"))
+	words := map[string]string{}
+	for _, r := range rows {
+		words[r.Label] = r.Num
+	}
+	for label, want := range map[string]string{"deploy": "ok, approved by alice", "rollback": "denied by bob", "wipe": "approval expired"} {
+		if !strings.HasSuffix(words[label], want) {
+			p.fail("%s's row says %q, want it to end %q", label, words[label], want)
+		}
+	}
+	if n := p.count(fig + ` .tl-wait`); n != 3 {
+		p.fail("%d waits for a person, want 3", n)
+	}
+	// The wait ends where deploy's bar begins.
+	wait := eval[float64](p, q(fig+` .tl-row[data-label="deploy"] .tl-wait`)+`.getBoundingClientRect().right`)
+	for _, r := range rows {
+		if r.Label == "deploy" && math.Abs(r.Left-wait) > 3 {
+			p.fail("deploy's wait ends at %.0fpx, its bar begins at %.0fpx", wait, r.Left)
+		}
+	}
+	if legend := p.text(fig + " .tl-legend"); !strings.Contains(legend, "waiting for a person") {
+		p.fail("the legend reads %q", legend)
 	}
 }
 

@@ -51,8 +51,14 @@ type tlRow struct {
 	// retried: an attempt of the call was lost and run again;
 	// workerLost: the call was lost with its worker (phase worker_lost).
 	retried, workerLost bool
-	ticks               []time.Time // progress reports (still_working notices: the page only)
-	right               string      // the row's numbers and words, after its bar
+	// wait is the stretch in which the call waited for a person's
+	// decision before it ran (approval: required), its end zero while it
+	// waits; approval says how the wait ended: approved by alice,
+	// denied by bob, approval expired.
+	wait     [2]time.Time
+	approval string
+	ticks    []time.Time // progress reports (still_working notices: the page only)
+	right    string      // the row's numbers and words, after its bar
 }
 
 // tlTurn is a turn's timeline: its rows on the axis from start to end.
@@ -82,6 +88,9 @@ var tlOutcomes = map[string]tlStyle{
 	"interrupted":  {'?', cyan, "interrupted"},
 	"insufficient": {'%', yellow, "insufficient"},
 	"refused":      {'/', red, "refused"},
+	// A call waiting for a person: its row is its wait, drawn as the
+	// mark of one (the legend names the mark).
+	"waiting": {':', dim, "waiting for a person"},
 }
 
 const magenta = "\x1b[35m"
@@ -92,6 +101,7 @@ var tlMarks = []struct {
 	color string
 	what  string
 }{
+	{':', dim, "waiting for a person"},
 	{'+', yellow, "past its budget, let run (advisory)"},
 	{'.', dim, "abandoned, still running"},
 	{'_', cyan, "worker lost, nothing known"},
@@ -116,7 +126,12 @@ func buildTimeline(rec *event.Turn, evs []event.Event, now time.Time) tlTurn {
 	late := map[string]time.Time{}
 	started := map[string]tlRow{}
 	attempts := map[string][]time.Time{} // each tool_started of a call: more than one, it was run again
-	var order []string                   // tool calls started, in order
+	var order []string                   // tool calls started or waiting for a person, in order
+	asked := map[string]tlRow{}          // each call waiting for a person, from its first request
+	decided := map[string]struct {
+		at    time.Time
+		words string
+	}{}
 	var llm, comp *tlRow
 	var rows []tlRow
 	for _, e := range evs {
@@ -139,9 +154,23 @@ func buildTimeline(rec *event.Turn, evs []event.Event, now time.Time) tlTurn {
 			comp = &tlRow{kind: "compaction", label: "compaction", step: d.Step, start: e.At, deadline: after(e.At, d.LimitMS), outcome: "running"}
 		case *event.CompactionFinished:
 			comp = nil
+		case *event.ApprovalRequested:
+			if _, again := asked[d.CallID]; !again { // a later round goes on the same wait
+				asked[d.CallID] = tlRow{kind: "tool", label: d.Tool, step: d.Step, callID: d.CallID, start: e.At, outcome: "waiting"}
+				order = append(order, d.CallID)
+			}
+		case *event.ApprovalDecided:
+			if !d.Stale { // one too old to act on is asked again: the wait goes on
+				decided[d.CallID] = struct {
+					at    time.Time
+					words string
+				}{e.At, tlApproval(d.Decision, d.By)}
+			}
 		case *event.ToolStarted:
 			if _, again := started[d.CallID]; !again {
-				order = append(order, d.CallID)
+				if _, waited := asked[d.CallID]; !waited {
+					order = append(order, d.CallID)
+				}
 			}
 			attempts[d.CallID] = append(attempts[d.CallID], e.At)
 			r := tlRow{kind: "tool", label: d.Tool, step: d.Step, callID: d.CallID, start: e.At, deadline: d.Deadline, outcome: "running"}
@@ -186,6 +215,19 @@ func buildTimeline(rec *event.Turn, evs []event.Event, now time.Time) tlTurn {
 			r.late = late[c.CallID]
 		}
 		r.lostAttempts(attempts[c.CallID])
+		if w, ok := asked[c.CallID]; ok || c.ApprovalMS > 0 {
+			from := w.start
+			if !ok { // its events are gone: the record says how long it waited
+				from = c.StartedAt.Add(-time.Duration(c.ApprovalMS) * time.Millisecond)
+			}
+			r.wait = [2]time.Time{from, c.StartedAt}
+			if dd, ok := decided[c.CallID]; ok && !dd.at.After(c.StartedAt) {
+				r.wait[1] = dd.at
+			}
+			if c.Approval != nil {
+				r.approval = tlApproval(c.Approval.Decision, c.Approval.By)
+			}
+		}
 		if c.Phase == budget.PhaseWorkerLost {
 			r.workerLost = true
 			if c.NoticedAt.After(r.end) {
@@ -195,6 +237,9 @@ func buildTimeline(rec *event.Turn, evs []event.Event, now time.Time) tlTurn {
 		r.right = ms(c.DurationMS) + tlBudget(c.TimeoutMS) + " " + tlWord(r)
 		if c.Refused != "" {
 			r.right = "refused: " + c.Refused
+			if r.approval != "" { // denied, expired: a person's decision, or none in time
+				r.right = r.approval
+			}
 		}
 		rows = append(rows, r)
 	}
@@ -202,20 +247,37 @@ func buildTimeline(rec *event.Turn, evs []event.Event, now time.Time) tlTurn {
 	// without their end, ended with it.
 	open := []*tlRow{llm, comp}
 	for _, id := range order {
-		if !recorded[id] {
-			r := started[id]
-			r.ticks = progress[id]
-			open = append(open, &r)
+		if recorded[id] {
+			continue
 		}
+		r, ok := started[id]
+		if w, waited := asked[id]; waited {
+			if !ok { // still waiting for a person
+				r = w
+			}
+			r.wait = [2]time.Time{w.start, decided[id].at}
+			r.approval = decided[id].words
+		}
+		r.ticks = progress[id]
+		open = append(open, &r)
 	}
 	for _, r := range open {
 		if r == nil {
 			continue
 		}
+		if !running && r.outcome == "waiting" {
+			// The turn ended while the call waited: it never started.
+			r.wait[1], r.start = tl.end, tl.end
+		}
 		if !running {
 			r.outcome, r.end = "cancelled", tl.end
 		}
 		r.right = ms(tl.end.Sub(r.start).Milliseconds()) + "…"
+		if r.outcome == "waiting" {
+			r.right += " " + tlWord(*r)
+			rows = append(rows, *r)
+			continue
+		}
 		if r.kind == "tool" && !r.deadline.IsZero() {
 			r.right += tlBudget(r.deadline.Sub(r.start).Milliseconds())
 		}
@@ -312,6 +374,28 @@ func tlWord(r tlRow) string {
 	if r.retried {
 		w += ", run again"
 	}
+	if r.approval != "" {
+		w += ", " + r.approval
+	}
+	return w
+}
+
+// tlApproval says how a call's wait for a person ended, and who ended it.
+func tlApproval(d event.Decision, by string) string {
+	var w string
+	switch d {
+	case event.Approve:
+		w = "approved"
+	case event.Deny:
+		w = "denied"
+	case event.Expired:
+		return "approval expired"
+	default:
+		return ""
+	}
+	if by != "" {
+		w += " by " + by
+	}
 	return w
 }
 
@@ -326,7 +410,13 @@ func (tl tlTurn) write(w io.Writer, width int, color bool) {
 	labelW, rightW := 5, 0
 	for _, r := range tl.rows {
 		labelW = max(labelW, min(utf8Len(r.label), 18))
-		rightW = max(rightW, min(utf8Len(r.right), 24))
+		// Who decided on a call, or that it waits for a person, is worth
+		// a few of the bar's columns.
+		capW := 24
+		if r.approval != "" || r.outcome == "waiting" {
+			capW = 32
+		}
+		rightW = max(rightW, min(utf8Len(r.right), capW))
 	}
 	cols := max(width-labelW-rightW-2, 10)
 	rightW = max(width-labelW-cols-2, 1) // longer words are cut
@@ -379,6 +469,12 @@ func (tl tlTurn) write(w io.Writer, width int, color bool) {
 				end = tl.end
 			}
 			to := max(from, min(int(math.Ceil(pos(end)))-1, cols-1))
+			if w := r.wait; !w[0].IsZero() && r.outcome != "waiting" {
+				// The wait for a person, up to the column the call began in.
+				for c := col(w[0]); c < from && (w[1].IsZero() || c <= col(w[1])); c++ {
+					set(c, ':', dim)
+				}
+			}
 			for c := from; c <= to; c++ {
 				set(c, o.ch, o.color)
 			}

@@ -61,10 +61,14 @@ func runningAt(rec *event.Turn, at time.Time) *event.Turn {
 // rewrites them): the demo turn; a turn with every outcome, a failover, a
 // compaction, a refused call, an abandoned call's late result and an
 // advisory overrun, plain and in colour on a wider terminal; and the same
-// turn two seconds in, still running.
+// turn two seconds in, still running; a Temporal turn whose worker was
+// lost; and a turn whose calls waited for a person — approved, denied,
+// expired — done, and two seconds in, while two of them still wait.
 func TestTimelineGolden(t *testing.T) {
 	demo, outcomes, lost := readTurn(t, "demo.json"), readTurn(t, "outcomes.json"), readTurn(t, "lost.json")
+	approvals := readTurn(t, "approvals.json")
 	twoSecondsIn := outcomes.StartedAt.Add(2 * time.Second)
+	waiting := approvals.StartedAt.Add(2 * time.Second)
 	for _, tc := range []struct {
 		golden string
 		rec    *event.Turn
@@ -77,6 +81,8 @@ func TestTimelineGolden(t *testing.T) {
 		{"outcomes-color-120.txt", outcomes, time.Time{}, 120, true},
 		{"outcomes-running.txt", runningAt(outcomes, twoSecondsIn), twoSecondsIn, 80, false},
 		{"lost.txt", lost, time.Time{}, 80, false},
+		{"approvals.txt", approvals, time.Time{}, 80, false},
+		{"approvals-waiting.txt", runningAt(approvals, waiting), waiting, 80, false},
 	} {
 		t.Run(tc.golden, func(t *testing.T) {
 			var b bytes.Buffer
@@ -210,4 +216,25 @@ func TestDocsShowTheTimeline(t *testing.T) {
 	doctest.Part(t, "../../docs/observability.md", "timeline",
 		"```console\n$ timebox runs show "+id+" --timeline\n"+string(b)+"```\n", *update,
 		"go test ./internal/cli -run TestDocsShowTheTimeline -update")
+}
+
+// TestTimelineWaitsWithoutEvents: a record whose events are gone still
+// draws each call's wait for a person, from its approval_ms, and says how
+// it ended.
+func TestTimelineWaitsWithoutEvents(t *testing.T) {
+	rec := readTurn(t, "approvals.json")
+	var b bytes.Buffer
+	buildTimeline(rec, nil, time.Time{}).write(&b, 80, false)
+	for _, want := range []string{"approved by alice", "denied by bob", "approval expired"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("no %q:\n%s", want, b.String())
+		}
+	}
+	for _, line := range strings.Split(b.String(), "\n") {
+		for _, label := range []string{"deploy ", "rollback ", "wipe "} {
+			if strings.HasPrefix(line, label) && !strings.Contains(line, "::") {
+				t.Errorf("no wait on %q", line)
+			}
+		}
+	}
 }

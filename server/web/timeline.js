@@ -11,11 +11,12 @@
 const tlWords = {
   ok: 'ok', running: 'running', timed_out: 'timed out', cancelled: 'cancelled', error: 'error',
   abandoned: 'abandoned', interrupted: 'interrupted', insufficient: 'insufficient', refused: 'refused',
+  waiting: 'waiting for a person', // drawn as the wait mark; the legend names the mark
 };
 
 // The marks drawn over the bars, as the legend names them.
 const tlMarks = {
-  over: 'past its budget, let run (advisory)', tail: 'abandoned, still running', lost: 'worker lost, nothing known',
+  wait: 'waiting for a person', over: 'past its budget, let run (advisory)', tail: 'abandoned, still running', lost: 'worker lost, nothing known',
   tick: 'progress report',
   notice: 'still working notice', deadline: 'deadline', later: 'deadline after the end', failover: 'failover',
 };
@@ -49,6 +50,13 @@ function tlTime(iso) {
 
 function tlAfter(t, ms) {
   return ms > 0 && t ? t + ms : 0;
+}
+
+// tlApproval says how a call's wait for a person ended, and who ended it.
+function tlApproval(decision, by) {
+  if (decision === 'expired') return 'approval expired';
+  const w = { approve: 'approved', deny: 'denied' }[decision];
+  return w ? w + (by ? ' by ' + by : '') : '';
 }
 
 function tlModel(model, attempt) {
@@ -155,9 +163,27 @@ class Timeline {
         r.outcome = ev.outcome;
         break;
       }
+      case 'approval_requested':
+        // The call waits for a person before it runs: its row is its
+        // wait until it starts. A later round goes on the same wait.
+        r = this.calls.get(ev.call_id);
+        if (!r) {
+          r = this.row({ kind: 'tool', label: ev.tool, step: ev.step, callID: ev.call_id, start: at, outcome: 'waiting' });
+          this.calls.set(ev.call_id, r);
+        }
+        if (!r.wait) r.wait = [at, 0];
+        break;
+      case 'approval_decided':
+        r = this.calls.get(ev.call_id);
+        if (!r || !r.wait || ev.stale) return; // one too old to act on is asked again: the wait goes on
+        r.wait[1] = at;
+        r.approval = tlApproval(ev.decision, ev.by);
+        break;
       case 'tool_started':
         r = this.calls.get(ev.call_id);
-        if (r) {
+        if (r && !r.started) { // it waited for a person: it starts now
+          Object.assign(r, { start: at, outcome: 'running' });
+        } else if (r) {
           // A second start: the attempt before was lost with its worker
           // and the call run again (retries:); nothing is known of it
           // from its start to this one's.
@@ -167,6 +193,7 @@ class Timeline {
           r = this.row({ kind: 'tool', label: ev.tool, step: ev.step, callID: ev.call_id, start: at });
           this.calls.set(ev.call_id, r);
         }
+        r.started = true;
         r.deadline = tlTime(ev.deadline) || tlAfter(at, ev.timeout_ms);
         r.timeout = ev.timeout_ms;
         break;
@@ -195,6 +222,12 @@ class Timeline {
         r.outcome = ev.refused ? 'refused' : ev.outcome;
         r.refused = ev.refused;
         r.overran = !!ev.overran;
+        if (ev.approval_ms > 0 || r.wait) {
+          // Its events gone, the record says how long it waited.
+          if (!r.wait) r.wait = [r.start - ev.approval_ms, 0];
+          if (!r.wait[1] || r.wait[1] > r.start) r.wait[1] = r.start;
+          if (ev.approval) r.approval = tlApproval(ev.approval.decision, ev.approval.by);
+        }
         if (ev.phase === 'worker_lost') {
           // Lost with its worker: nothing is known of it from its last
           // heartbeat (its end) to when the loss was noticed.
@@ -243,6 +276,10 @@ class Timeline {
     this.ended = true;
     this.end = at || Math.max(this.t0, ...this.rows.map((r) => r.end || 0));
     for (const r of this.rows) {
+      if (r.outcome === 'waiting') {
+        // The turn ended while the call waited: it never started.
+        r.wait[1] = r.start = this.end;
+      }
       if (!r.end) {
         r.end = this.end;
         r.outcome = 'cancelled';
@@ -293,7 +330,16 @@ class Timeline {
       const kids = [];
       const stop = r.end || end;
       r.node.dataset.outcome = r.outcome;
-      if (r.kind === 'failover' || r.outcome === 'refused') {
+      if (r.wait) {
+        // The wait for a person, up to where the call began.
+        const [a, b] = r.wait;
+        kids.push(from(el('div', { class: 'tl-wait', title: 'waiting for a person' + (r.approval ? ': ' + r.approval : '') }),
+          a, r.outcome === 'waiting' ? (b || end) : Math.min(b || r.start, r.start)));
+        used.add('wait');
+      }
+      if (r.outcome === 'waiting') {
+        // No bar: it has not started.
+      } else if (r.kind === 'failover' || r.outcome === 'refused') {
         kids.push(put(el('span', { class: 'tl-mark' }), r.start));
         used.add(r.kind === 'failover' ? 'failover' : r.outcome);
       } else {
@@ -344,10 +390,11 @@ class Timeline {
   // right is a row's numbers and words, after its bar.
   right(r, now) {
     if (r.right) return r.right;
-    if (r.outcome === 'refused') return 'refused: ' + r.refused;
+    if (r.outcome === 'refused') return r.approval || 'refused: ' + r.refused; // denied, expired: said so
+    if (r.outcome === 'waiting') return fmtMS(now - r.start) + '… ' + tlWords.waiting;
     // Interrupted, as only a worker's loss is on an engine.
     const word = (r.workerLost ? 'worker lost' : tlWords[r.outcome] || r.outcome) + (r.overran ? ', overran' : '') +
-      (r.retried ? ', run again' : '');
+      (r.retried ? ', run again' : '') + (r.approval ? ', ' + r.approval : '');
     const took = r.end ? fmtMS(r.end - r.start) : fmtMS(now - r.start) + '…';
     return took + (r.kind === 'tool' && r.timeout ? ' / ' + fmtLimit(r.timeout) : '') + ' ' + word;
   }
