@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
 	"github.com/timebox-run/timebox"
 	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/budget"
@@ -43,7 +46,9 @@ tools:
 // On Temporal a call waits for a person in its workflow: a 3s wait under
 // a 2s turn ceiling and a 1s step, then an approval stored and signalled
 // (as the server's route does), and the call runs on its own 1s timeout.
-// A second turn's call expires by the workflow's timer.
+// A second turn's call expires by the workflow's timer. Each wait is an
+// await_approval span under the turn's, as on the embedded engine, though
+// the request and the decision are units of separate activities.
 func TestApprovalsOnTemporal(t *testing.T) {
 	defer proctest.CheckNoLeaks(t)
 	c, s, queue := setup(t)
@@ -68,7 +73,10 @@ func TestApprovalsOnTemporal(t *testing.T) {
 		{"the Run's approver", "1h", false, denier, event.OutcomeDenied},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			a, err := timebox.Open(context.Background(), approvalAgent(t, t.TempDir(), tc.timeout), timebox.Options{})
+			spans := tracetest.NewSpanRecorder()
+			tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+			defer tp.Shutdown(context.Background())
+			a, err := timebox.Open(context.Background(), approvalAgent(t, t.TempDir(), tc.timeout), timebox.Options{TracerProvider: tp})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -124,6 +132,29 @@ func TestApprovalsOnTemporal(t *testing.T) {
 			}
 			if tc.decide && (call.ApprovalMS < 3000 || call.DurationMS > 1000 || call.Approval.By != "alice" || rec.ApprovalMS < 3000) {
 				t.Errorf("waited %dms (turn %dms), ran %dms, by %q", call.ApprovalMS, rec.ApprovalMS, call.DurationMS, call.Approval.By)
+			}
+			var turn, wait sdktrace.ReadOnlySpan
+			for _, sp := range spans.Ended() {
+				switch {
+				case strings.HasPrefix(sp.Name(), "invoke_agent "):
+					turn = sp
+				case sp.Name() == "await_approval deploy":
+					wait = sp
+				}
+			}
+			if turn == nil || wait == nil {
+				t.Fatalf("spans %v: no turn's or no wait's", spans.Ended())
+			}
+			got := map[string]any{}
+			for _, kv := range wait.Attributes() {
+				got[string(kv.Key)] = kv.Value.AsInterface()
+			}
+			took := wait.EndTime().Sub(wait.StartTime()).Milliseconds()
+			if wait.Parent().SpanID() != turn.SpanContext().SpanID() || got["timebox.approval.decision"] != string(call.Approval.Decision) ||
+				got["timebox.outcome"] != string(tc.want) ||
+				took < call.ApprovalMS-1 || took > call.ApprovalMS+1 {
+				t.Errorf("the wait's span: %v, %dms (the call waited %dms), parent %s (the turn's %s)", got, took, call.ApprovalMS,
+					wait.Parent().SpanID(), turn.SpanContext().SpanID())
 			}
 		})
 	}
