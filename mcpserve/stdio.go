@@ -16,29 +16,137 @@ import (
 
 // Stdio returns the transport of a session on a stream of newline-delimited
 // JSON-RPC messages (`timebox mcp serve` on stdin and stdout), as the SDK's
-// IOTransport but for one thing: a line that is not a JSON-RPC message is
-// answered with a JSON-RPC error (-32700 Parse error for a line that is
-// not JSON, -32600 Invalid Request for JSON that is no message) and the
-// session goes on, as JSON-RPC 2.0 asks, where the SDK's transport ends the
-// session at the first such line. Blank lines are skipped. Closing the
-// transport closes neither r nor w.
-func Stdio(r io.Reader, w io.Writer) mcp.Transport {
-	lw := &lockedWriter{w: w}
-	return &mcp.IOTransport{Reader: io.NopCloser(&messageLines{r: bufio.NewReader(r), w: lw, max: maxLine}), Writer: lw}
+// IOTransport but for two things.
+//
+// A line that is not a JSON-RPC message is answered with a JSON-RPC error
+// (-32700 Parse error for a line that is not JSON, -32600 Invalid Request
+// for JSON that is no message) and the session goes on, as JSON-RPC 2.0
+// asks, where the SDK's transport ends the session at the first such line.
+// Blank lines are skipped.
+//
+// The end of r is the end of the requests, not of the client: every
+// request read before it is answered (a call within its budget) before the
+// session ends, so that a client that writes its requests and closes its
+// side (a shell pipeline, a script) gets every answer. The SDK's transport
+// ends the session at the end of r, and the requests still unanswered get
+// no answer. The wait ends early, and the calls still running are stopped
+// as the client gone, when outGone (if not nil) is closed, meaning w's
+// reader has gone away, or when a write to w fails: their answers could
+// not be read.
+//
+// Closing the transport closes neither r nor w.
+func Stdio(r io.Reader, w io.Writer, outGone <-chan struct{}) mcp.Transport {
+	p := &pending{ids: map[jsonrpc.ID]bool{}, changed: make(chan struct{}), closed: make(chan struct{}), outGone: outGone}
+	lw := &lockedWriter{w: w, p: p}
+	return &mcp.IOTransport{Reader: &messageLines{r: bufio.NewReader(r), w: lw, max: maxLine, p: p}, Writer: lw}
+}
+
+// pending are the requests passed on to the session and not yet answered.
+type pending struct {
+	mu      sync.Mutex
+	ids     map[jsonrpc.ID]bool
+	broken  bool          // a write failed: no answer can be written
+	changed chan struct{} // closed, and made anew, at every change
+	closed  chan struct{} // closed when the transport is
+	close   sync.Once
+	outGone <-chan struct{}
+}
+
+// update applies f to p and wakes wait.
+func (p *pending) update(f func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	f()
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+// read notes the requests of msgs (calls, which are answered).
+func (p *pending) read(msgs []jsonrpc.Message) {
+	p.update(func() {
+		for _, m := range msgs {
+			if r, ok := m.(*jsonrpc.Request); ok && r.IsCall() {
+				p.ids[r.ID] = true
+			}
+		}
+	})
+}
+
+// wrote notes the answers of msgs.
+func (p *pending) wrote(msgs []jsonrpc.Message) {
+	p.update(func() {
+		for _, m := range msgs {
+			if r, ok := m.(*jsonrpc.Response); ok {
+				delete(p.ids, r.ID)
+			}
+		}
+	})
+}
+
+// wait returns once every request read has been answered, or no answer
+// can be: a write failed, w's reader is gone, or the transport is closed
+// (the session ended: a shutdown).
+func (p *pending) wait() {
+	for {
+		p.mu.Lock()
+		done, changed := len(p.ids) == 0 || p.broken, p.changed
+		p.mu.Unlock()
+		if done {
+			return
+		}
+		select {
+		case <-changed:
+		case <-p.outGone:
+			return
+		case <-p.closed:
+			return
+		}
+	}
+}
+
+// messages decodes a line (a message or a batch); what is not a message is
+// left out.
+func messages(line []byte) []jsonrpc.Message {
+	t := bytes.TrimSpace(line)
+	raws := []json.RawMessage{t}
+	if len(t) > 0 && t[0] == '[' && json.Unmarshal(t, &raws) != nil {
+		return nil
+	}
+	var msgs []jsonrpc.Message
+	for _, raw := range raws {
+		if m, err := jsonrpc.DecodeMessage(raw); err == nil {
+			msgs = append(msgs, m)
+		}
+	}
+	return msgs
 }
 
 // lockedWriter writes whole writes, one at a time: the SDK's messages and
-// messageLines' errors share it. Close does nothing (the stream is the
-// process's).
+// messageLines' errors share it. It notes the answers the SDK writes.
+// Close does nothing (the stream is the process's).
 type lockedWriter struct {
 	mu sync.Mutex
 	w  io.Writer
+	p  *pending
 }
 
-func (l *lockedWriter) Write(p []byte) (int, error) {
+func (l *lockedWriter) Write(b []byte) (int, error) {
+	n, err := l.write(b)
+	if err == nil {
+		l.p.wrote(messages(b))
+	}
+	return n, err
+}
+
+// write writes b, and notes that no answer can be written when it fails.
+func (l *lockedWriter) write(b []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.w.Write(p)
+	n, err := l.w.Write(b)
+	if err != nil {
+		l.p.update(func() { l.p.broken = true })
+	}
+	return n, err
 }
 
 func (l *lockedWriter) Close() error { return nil }
@@ -47,15 +155,19 @@ func (l *lockedWriter) Close() error { return nil }
 // batches of them), and answers the others on w.
 type messageLines struct {
 	r   *bufio.Reader
-	w   io.Writer
+	w   *lockedWriter
 	max int    // the longest line read (maxLine)
 	buf []byte // what is left of the lines passed on
 	err error  // r's error, once buf is read
+	p   *pending
 }
 
 func (m *messageLines) Read(p []byte) (int, error) {
 	for len(m.buf) == 0 {
 		if m.err != nil {
+			// The session ends at r's error; the requests it has read
+			// are answered first.
+			m.p.wait()
 			return 0, m.err
 		}
 		line, long, err := m.line()
@@ -111,7 +223,15 @@ func (m *messageLines) take(line []byte) {
 			return
 		}
 	}
+	m.p.read(messages(t))
 	m.buf = append(append(m.buf, t...), '\n')
+}
+
+// Close ends a wait for the answers (the session is over); r is not
+// closed.
+func (m *messageLines) Close() error {
+	m.p.close.Do(func() { close(m.p.closed) })
+	return nil
 }
 
 // idOf returns the id of a request that could not be read, when it has
@@ -142,5 +262,7 @@ func (m *messageLines) answer(id json.RawMessage, code int, msg string) {
 		Code    int    `json:"code"`
 		Message string `json:"message"`
 	}{code, msg}})
-	_, _ = m.w.Write(append(b, '\n'))
+	// Not noted as an answer: the request was not passed on, and its id
+	// may be one a request that was is still waiting for.
+	_, _ = m.w.write(append(b, '\n'))
 }

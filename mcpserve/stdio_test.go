@@ -4,11 +4,16 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/timebox-run/timebox/agent"
+	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/mcpserve"
 	"github.com/timebox-run/timebox/tool"
 )
@@ -29,7 +34,7 @@ func TestStdioAnswersWhatIsNoMessage(t *testing.T) {
 	outR, outW := io.Pipe()
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
-	go func() { served <- s.Serve(ctx, mcpserve.Stdio(inR, outW)) }()
+	go func() { served <- s.Serve(ctx, mcpserve.Stdio(inR, outW, nil)) }()
 	defer func() {
 		cancel()
 		inW.Close()
@@ -83,5 +88,119 @@ func TestToolsThatNeedApprovalAreNotServed(t *testing.T) {
 	}
 	if _, err := mcpserve.New(served, mcpserve.Options{}); err != nil {
 		t.Errorf("New of the servable tools: %v", err)
+	}
+}
+
+// eofReader closes eof once r has said io.EOF.
+type eofReader struct {
+	r    io.Reader
+	eof  chan struct{}
+	once sync.Once
+}
+
+func (e *eofReader) Read(p []byte) (int, error) {
+	n, err := e.r.Read(p)
+	if err == io.EOF {
+		e.once.Do(func() { close(e.eof) })
+	}
+	return n, err
+}
+
+// stdioSession serves tools on a stdio transport whose input is lines, and
+// whose reader of the output may go (outGone); eof is closed once the
+// input has ended. It returns the answers'
+// ids in the order written, and Serve's error, once Serve has returned.
+func stdioSession(t *testing.T, tools []agent.Tool, lines []string, eof, outGone chan struct{}) (ids []string, err error) {
+	t.Helper()
+	s, err := mcpserve.New(tools, mcpserve.Options{Version: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := &eofReader{r: strings.NewReader(strings.Join(lines, "\n") + "\n"), eof: eof}
+	outR, outW := io.Pipe()
+	served := make(chan error, 1)
+	go func() {
+		served <- s.Serve(context.Background(), mcpserve.Stdio(in, outW, outGone))
+		outW.Close()
+	}()
+	sc := bufio.NewScanner(outR)
+	for sc.Scan() {
+		var r struct {
+			ID json.RawMessage `json:"id"`
+		}
+		json.Unmarshal(sc.Bytes(), &r)
+		ids = append(ids, string(r.ID))
+	}
+	select {
+	case err = <-served:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve did not return after the end of its input")
+	}
+	return ids, err
+}
+
+const (
+	initialize  = `{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}`
+	initialized = `{"jsonrpc": "2.0", "method": "notifications/initialized"}`
+)
+
+func waitingTool(name string, f func(ctx context.Context) (any, error)) agent.Tool {
+	return agent.Tool{Tool: tool.NewFunc(name, "d", nil, func(ctx context.Context, _ json.RawMessage, _ tool.Progress) (any, error) { return f(ctx) }),
+		Budget: budget.ToolBudget{Timeout: budget.Duration{D: time.Minute, Source: budget.SourceDefault}, Enforcement: budget.Cooperative}}
+}
+
+// TestStdioAnswersWhatWasReadBeforeTheEnd: a client that writes its
+// requests and closes its side (a shell pipeline) gets every answer, a
+// call still running at the end of the input included, and Serve returns
+// nil then. The SDK's transport ended the session at the end of the
+// input, and nothing read but unanswered was answered.
+func TestStdioAnswersWhatWasReadBeforeTheEnd(t *testing.T) {
+	eof := make(chan struct{})
+	slow := waitingTool("slow", func(context.Context) (any, error) {
+		<-eof // the input has ended before the call answers
+		return "slow done", nil
+	})
+	ids, err := stdioSession(t, []agent.Tool{slow}, []string{initialize, initialized,
+		`{"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "slow", "arguments": {}}}`,
+		`{"jsonrpc": "2.0", "id": 3, "method": "tools/list"}`}, eof, nil)
+	if err != nil {
+		t.Errorf("Serve: %v", err)
+	}
+	slices.Sort(ids)
+	if got := strings.Join(ids, " "); got != "1 2 3" {
+		t.Errorf("answers to %q, want to 1 2 3 (every request, the slow call's too)", got)
+	}
+}
+
+// TestStdioStopsCallsWhenTheOutputsReaderIsGone: after the end of the
+// input, a call still running is stopped as the client gone when the
+// reader of the output goes away: its answer could not be read.
+func TestStdioStopsCallsWhenTheOutputsReaderIsGone(t *testing.T) {
+	eof := make(chan struct{})
+	gone := make(chan struct{})
+	cause := make(chan error, 1)
+	hang := waitingTool("hang", func(ctx context.Context) (any, error) {
+		<-eof
+		close(gone)
+		<-ctx.Done()
+		cause <- context.Cause(ctx)
+		return nil, ctx.Err()
+	})
+	ids, err := stdioSession(t, []agent.Tool{hang}, []string{initialize, initialized,
+		`{"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "hang", "arguments": {}}}`}, eof, gone)
+	if err != nil {
+		t.Errorf("Serve: %v", err)
+	}
+	if got := strings.Join(ids, " "); got != "1" {
+		t.Errorf("answers to %q, want to 1 only", got)
+	}
+	select {
+	case c := <-cause:
+		var ce *budget.CancelError
+		if !errors.As(c, &ce) || ce.Reason != budget.ClientGone {
+			t.Errorf("the call was stopped by %v, want client_gone", c)
+		}
+	default:
+		t.Error("the call never ran")
 	}
 }

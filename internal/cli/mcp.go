@@ -111,7 +111,13 @@ func cmdMCP(ctx context.Context, args []string, o IO) int {
 		return serveMCPHTTP(ctx, s, *addr, token, len(tools), cfg.Path, o)
 	}
 	fmt.Fprintf(o.Err, "timebox mcp serve: serving %d tool%s of %s on stdin and stdout\n", len(tools), plural(len(tools)), cfg.Path)
-	err = s.Serve(ctx, mcpserve.Stdio(o.In, o.Out))
+	// The end of stdin ends the requests: those read are answered first.
+	// A client whose end of stdout is gone reads no answer, so its calls
+	// are stopped then (docs/decisions/mcp-stdin-eof.md).
+	outGone := make(chan struct{})
+	var goneOnce sync.Once
+	defer watchReader(o.Out, func() { goneOnce.Do(func() { close(outGone) }) })()
+	err = s.Serve(ctx, mcpserve.Stdio(o.In, o.Out, outGone))
 	switch {
 	case ctx.Err() != nil:
 		return ExitCancelled

@@ -215,6 +215,50 @@ func TestMCPServeStdio(t *testing.T) {
 	checkMCPRecords(t, db)
 }
 
+// TestMCPServeStdioAnswersAPipeline: a client that writes its requests
+// and closes stdin (a shell pipeline, a script) gets every answer, the
+// call still running when stdin ended included, and timebox exits 0.
+// Before, the end of stdin ended the session and only part was answered.
+func TestMCPServeStdioAnswersAPipeline(t *testing.T) {
+	bin := timeboxBinary(t)
+	proctest.AfterTest(t)
+	dir := writeMCPAgent(t)
+	cmd := exec.Command(bin, "mcp", "serve", "-f", filepath.Join(dir, "agent.yaml"), "--no-store")
+	cmd.Env = proctest.Env(nil)
+	cmd.Stdin = strings.NewReader(strings.Join([]string{
+		`{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "sh", "version": "1"}}}`,
+		`{"jsonrpc": "2.0", "method": "notifications/initialized"}`,
+		`{"jsonrpc": "2.0", "id": 2, "method": "tools/list"}`,
+		`{"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "fast", "arguments": {}}}`,
+		// About half a second: still running when stdin ends.
+		`{"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": "progress", "arguments": {}}}`,
+	}, "\n") + "\n")
+	var stderr syncbuf.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Errorf("exit: %v, want 0\n%s", err, stderr.String())
+	}
+	answered := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		var r struct {
+			ID     json.RawMessage `json:"id"`
+			Result json.RawMessage `json:"result"`
+		}
+		if json.Unmarshal([]byte(line), &r) == nil && len(r.Result) > 0 {
+			answered[string(r.ID)] = string(r.Result)
+		}
+	}
+	for _, id := range []string{"1", "2", "3", "4"} {
+		if answered[id] == "" {
+			t.Errorf("request %s was not answered; stdout:\n%s", id, out)
+		}
+	}
+	if !strings.Contains(answered["4"], `"text":"done\n"`) {
+		t.Errorf("the progress call answered %s, want its output", answered["4"])
+	}
+}
+
 // checkMCPRecords reads the store TestMCPServeStdio's calls were recorded
 // in: four turns (fast ok, hang timed out, progress ok with its 3
 // reports, slow_hang cancelled by the client), all in one mcp_ session,
