@@ -20,9 +20,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"go.opentelemetry.io/otel/trace"
 
@@ -56,6 +58,11 @@ type Options struct {
 	// concurrent calls. A call refused before it ran (arguments that fail
 	// the tool's schema) does not reach it.
 	OnFinished func(Finished)
+	// NeedApproval are the names of the tools left out because their calls
+	// need a person's approval (Servable's left). A tools/call of one is
+	// refused (-32602, as an unknown tool) saying why it is not served and
+	// what would serve it, not that no such tool exists.
+	NeedApproval []string
 	// Logger, if set, receives the MCP SDK's log of the sessions.
 	Logger *slog.Logger
 	// TracerProvider, if set, traces each call that runs: an execute_tool
@@ -230,7 +237,24 @@ func (s *Server) mcpServer(ctx context.Context) *mcp.Server {
 			Meta: mcp.Meta{"timebox/budget": budgetMeta(e.Budget)},
 		}, s.handler(ctx, e))
 	}
+	if len(s.opts.NeedApproval) > 0 {
+		srv.AddReceivingMiddleware(s.refuseApprovalTools)
+	}
 	return srv
+}
+
+// refuseApprovalTools answers a call of a tool left out for its approval
+// with why, where the SDK would say only that the tool is unknown.
+func (s *Server) refuseApprovalTools(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		if r, ok := req.(*mcp.CallToolRequest); ok && r.Params != nil && slices.Contains(s.opts.NeedApproval, r.Params.Name) {
+			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf(
+				"tool %q is not served: its calls need a person's approval (approval: required in the agent file), which an MCP client cannot ask for, "+
+					"and it must not run unasked. Run it in a turn (timebox run, or timebox serve, where a person approves each call), "+
+					"or, if it may run unasked, remove approval: required from its entry and restart timebox mcp serve", r.Params.Name)}
+		}
+		return next(ctx, method, req)
+	}
 }
 
 // ServeStreamableHTTP serves the tools over MCP's streamable HTTP

@@ -101,7 +101,8 @@ func cmdMCP(ctx context.Context, args []string, o IO) int {
 		defer rec.close(o)
 		opts.OnFinished = rec.finished
 	}
-	tools := servedTools(a.Tools(), o)
+	tools, needApproval := servedTools(a.Tools(), o)
+	opts.NeedApproval = needApproval
 	s, err := mcpserve.New(tools, opts)
 	if err != nil {
 		fmt.Fprintln(o.Err, "timebox:", err)
@@ -219,11 +220,12 @@ func (r *mcpRecords) close(o IO) {
 // servedTools leaves out the tools whose calls need a person's approval
 // (docs/approvals.md), saying so: an MCP client has no way to route
 // timebox's question to a person, and such a tool must not run unasked.
-func servedTools(all []agent.Tool, o IO) []agent.Tool {
+// It returns the tools served and the names of those left out.
+func servedTools(all []agent.Tool, o IO) ([]agent.Tool, []string) {
 	out, left := mcpserve.Servable(all)
 	if len(left) > 0 {
 		fmt.Fprintf(o.Err, "timebox mcp serve: not serving %s: %s approval (approval: required), which an MCP client cannot ask a person for\n",
 			strings.Join(left, ", "), map[bool]string{true: "its calls need", false: "their calls need"}[len(left) == 1])
 	}
-	return out
+	return out, left
 }

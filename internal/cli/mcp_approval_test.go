@@ -15,7 +15,8 @@ import (
 )
 
 // `timebox mcp serve` does not serve a tool whose calls need approval —
-// an MCP client cannot ask a person — and says so.
+// an MCP client cannot ask a person — and says so: on stderr when it
+// starts, and to a client that calls it (not "unknown tool").
 func TestMCPServeLeavesOutToolsThatNeedApproval(t *testing.T) {
 	dir := t.TempDir()
 	os.WriteFile(filepath.Join(dir, "tool.sh"), []byte("#!/bin/sh\ncat >/dev/null\necho ok\n"), 0o755)
@@ -46,12 +47,17 @@ func TestMCPServeLeavesOutToolsThatNeedApproval(t *testing.T) {
 	for _, tl := range res.Tools {
 		names = append(names, tl.Name)
 	}
+	_, callErr := cs.CallTool(ctx, &mcp.CallToolParams{Name: "deploy", Arguments: map[string]any{}})
 	cs.Close()
 	inW.Close()
 	cancel()
 	<-exited
 	if strings.Join(names, ",") != "read" {
 		t.Errorf("served %v, want only read", names)
+	}
+	if callErr == nil || !strings.Contains(callErr.Error(), `tool "deploy" is not served: its calls need a person's approval (approval: required`) ||
+		!strings.Contains(callErr.Error(), "remove approval: required") {
+		t.Errorf("calling deploy: %v, want why it is not served and how to serve it", callErr)
 	}
 	if !strings.Contains(errb.String(), "not serving deploy: its calls need approval") {
 		t.Errorf("stderr does not say why deploy is left out:\n%s", errb.String())
