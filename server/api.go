@@ -73,7 +73,41 @@ func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", fmt.Sprintf("%s is not allowed on %s", shown(r.Method), shown(r.URL.Path)))
 		return
 	}
-	writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no API route %s %s", shown(r.Method), shown(r.URL.Path)))
+	writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no API route %s %s%s", shown(r.Method), shown(r.URL.Path), s.likelyRoute(r.URL.Path)))
+}
+
+// likelyRoute is " (did you mean PATH?)" for the route path a misspelt
+// one was likely meant to be, or "": a route's path that differs from it
+// in one segment only, a likely typo of it by problem.Suggest's rule. A
+// route's {id} is the request's segment in its place, so that
+// /v1/turns/t_1/event finds /v1/turns/t_1/events by its one letter.
+func (s *Server) likelyRoute(path string) string {
+	segs := strings.Split(path, "/")
+	var near []string
+	for p := range s.allow {
+		ps := strings.Split(p, "/")
+		if len(ps) != len(segs) {
+			continue
+		}
+		differ := -1
+		for i, seg := range ps {
+			if strings.HasPrefix(seg, "{") {
+				ps[i] = segs[i]
+			} else if seg != segs[i] {
+				if differ >= 0 {
+					differ = -2
+					break
+				}
+				differ = i
+			}
+		}
+		if differ >= 0 && problem.Suggest(segs[differ], []string{ps[differ]}) != "" {
+			near = append(near, strings.Join(ps, "/"))
+		}
+	}
+	// Sorted, so that of two as close the same one is named every time.
+	slices.Sort(near)
+	return problem.DidYouMean(path, near)
 }
 
 // maxShown is how many characters of a value the client sent (an id, a

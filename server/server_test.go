@@ -502,6 +502,20 @@ func TestBadRequests(t *testing.T) {
 	if n := len(decode[server.TurnList](t, e.do("GET", "/v1/turns", nil), http.StatusOK).Turns); n != 0 {
 		t.Fatalf("a bad request started %d turns", n)
 	}
+	// A misspelt route is met with the one meant (problem.Suggest), an id
+	// in it kept; one that is near nothing with nothing.
+	for path, want := range map[string]string{
+		"/v1/turn":             "no API route GET /v1/turn (did you mean /v1/turns?)",
+		"/v1/turns/t_1/event":  "no API route GET /v1/turns/t_1/event (did you mean /v1/turns/t_1/events?)",
+		"/v1/sesions/s_1":      "no API route GET /v1/sesions/s_1 (did you mean /v1/sessions/s_1?)",
+		"/v1/stat":             "no API route GET /v1/stat (did you mean /v1/stats?)",
+		"/v1/nothing":          "no API route GET /v1/nothing",
+		"/v1/turns/t_1/whatis": "no API route GET /v1/turns/t_1/whatis",
+	} {
+		if er := decode[apiError](t, e.do("GET", path, nil), 404); er.Error.Message != want {
+			t.Errorf("GET %s: %q, want %q", path, er.Error.Message, want)
+		}
+	}
 	for path, allow := range map[string]string{"/v1/turns": "POST, GET, HEAD", "/v1/turns/t_1/approvals/c_1": "POST"} {
 		resp := e.do("PUT", path, nil)
 		resp.Body.Close()
