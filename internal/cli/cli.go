@@ -159,7 +159,46 @@ func newFlags(name string, o IO) (*flag.FlagSet, *common) {
 		}
 		c.settings[s.Key] = fs.String(s.Flag, "", fmt.Sprintf("%s (%s; env %s)", s.Doc, s.Key, s.Env))
 	}
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage of %s:\n", fs.Name())
+		printFlags(fs, name)
+	}
 	return fs, c
+}
+
+// budgetFlagsNote heads the budget flags in a command's -h, saying what
+// they do there: not every command runs a turn.
+var budgetFlagsNote = map[string]string{
+	"validate":  "Budget flags (flag > TIMEBOX_* > agent file > default): validate resolves them as run would, and prints and checks what each tool and the turn get:",
+	"stats":     "Budget flags: only the tools' timeouts (--tool-timeout, --tool-max), --llm-first-chunk-timeout and --compaction-timeout change the report (the budget it compares the calls with); the others do nothing here:",
+	"mcp serve": "Budget flags: only the tools' apply (--tool-timeout, --tool-max, --kill-grace, --max-tool-output, --parallel-tools); those of the turn and the model are accepted and do nothing, since there is no turn:",
+}
+
+// printFlags prints the flags of a command made by newFlags: its own
+// first, then the budget settings under a heading that says what they do
+// for this command.
+func printFlags(fs *flag.FlagSet, name string) {
+	budgetFlag := map[string]bool{}
+	for _, s := range config.Settings {
+		budgetFlag[s.Flag] = true
+	}
+	own, budgets := flag.NewFlagSet("", flag.ContinueOnError), flag.NewFlagSet("", flag.ContinueOnError)
+	fs.VisitAll(func(f *flag.Flag) {
+		to := own
+		if budgetFlag[f.Name] {
+			to = budgets
+		}
+		to.Var(f.Value, f.Name, f.Usage)
+	})
+	own.SetOutput(fs.Output())
+	budgets.SetOutput(fs.Output())
+	own.PrintDefaults()
+	note, ok := budgetFlagsNote[name]
+	if !ok {
+		note = "Budget flags (flag > TIMEBOX_* > agent file > default):"
+	}
+	fmt.Fprintf(fs.Output(), "\n%s\n", note)
+	budgets.PrintDefaults()
 }
 
 // overrides returns the flags that were set and the environment.

@@ -504,6 +504,35 @@ func TestServeOnlyFlags(t *testing.T) {
 	}
 }
 
+// TestHelpSaysWhatBudgetFlagsDo: a command's -h lists its own flags
+// first and the budget flags under a heading that says what they do there
+// (mcp serve has no turn; stats only reads some), validate -h says what it
+// does, and runs -h says --db takes a postgres:// URL too.
+func TestHelpSaysWhatBudgetFlagsDo(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"validate", "-h"}, []string{"usage: timebox validate", "Checks the agent file", "validate resolves them as run would"}},
+		{[]string{"mcp", "serve", "-h"}, []string{"only the tools' apply", "there is no turn:\n  -approval-timeout"}},
+		{[]string{"stats", "-h"}, []string{"the others do nothing here:\n  -approval-timeout"}},
+		{[]string{"run", "-h"}, []string{"Budget flags (flag > TIMEBOX_* > agent file > default):\n"}},
+		{[]string{"runs", "list", "-h"}, []string{"the store: a SQLite file or a postgres:// URL"}},
+	} {
+		r := run(t, nil, c.args...)
+		got := r.out + r.err
+		for _, w := range c.want {
+			if r.code != cli.ExitOK || !strings.Contains(got, w) {
+				t.Errorf("timebox %s: exit %d, want %q in\n%s", strings.Join(c.args, " "), r.code, w, got)
+			}
+		}
+		// Its own flags come before the budget flags.
+		if i, j := strings.Index(got, "  -f string"), strings.Index(got, "  -turn-timeout"); c.args[0] != "runs" && (i < 0 || j < i) {
+			t.Errorf("timebox %s: -f at %d, -turn-timeout at %d: want the command's own flags first", strings.Join(c.args, " "), i, j)
+		}
+	}
+}
+
 // TestMissingAgentFileMentionsF: with no -f and no agent.yaml here, the
 // error says how to name one; with -f naming a missing file, it does not
 // pretend the user forgot the flag.

@@ -24,10 +24,10 @@ import (
 )
 
 const runsUsage = `usage:
-  timebox runs list [--status S] [--stop-reason R] [--session ID] [--limit N] [--json] [--db FILE]
-  timebox runs show ID [--json] [--db FILE]      a turn's record: status, message, every call against its budget
-  timebox runs show ID --timeline [--db FILE]    the same as a picture: each call a bar on one time axis
-  timebox runs export ID [--db FILE]             a turn's events as JSON lines (as run --json wrote them)
+  timebox runs list [--status S] [--stop-reason R] [--session ID] [--limit N] [--json] [--db STORE]
+  timebox runs show ID [--json] [--db STORE]      a turn's record: status, message, every call against its budget
+  timebox runs show ID --timeline [--db STORE]    the same as a picture: each call a bar on one time axis
+  timebox runs export ID [--db STORE]             a turn's events as JSON lines (as run --json wrote them)
 
 The store is --db, else TIMEBOX_DB, else timebox.db in $XDG_STATE_HOME/timebox
 (~/.local/state/timebox): the one default of every command that stores or
@@ -50,7 +50,7 @@ func cmdRuns(ctx context.Context, args []string, o IO) int {
 	sub := args[0]
 	fs := flag.NewFlagSet("timebox runs "+sub, flag.ContinueOnError)
 	fs.SetOutput(o.Err)
-	dbFlag := fs.String("db", "", "the store file (env TIMEBOX_DB; default "+stateDB(o)+")")
+	dbFlag := fs.String("db", "", "the store: a SQLite file or a postgres:// URL (env TIMEBOX_DB; default "+stateDB(o)+")")
 	asJSON := new(bool) // export writes JSON lines, whatever it is told
 	if sub != "export" {
 		fs.BoolVar(asJSON, "json", false, "write JSON instead of a table")
@@ -102,7 +102,7 @@ func cmdRuns(ctx context.Context, args []string, o IO) int {
 	}
 	db := setting(fs, "db", *dbFlag, "TIMEBOX_DB", o, stateDB(o))
 	if db == "" {
-		fmt.Fprintln(o.Err, `timebox runs: --db is "": name the store file`)
+		fmt.Fprintln(o.Err, `timebox runs: --db is "": name the store, a SQLite file or a postgres:// URL`)
 		return ExitUsage
 	}
 	if _, err := os.Stat(sqlitePath(db)); !postgres.IsURL(db) && errors.Is(err, os.ErrNotExist) {

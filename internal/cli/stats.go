@@ -47,7 +47,7 @@ func cmdStats(ctx context.Context, args []string, o IO) int {
 	fs, c := newFlags("stats", o)
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), statsUsage)
-		fs.PrintDefaults()
+		printFlags(fs, "stats")
 	}
 	dbFlag := fs.String("db", "", "the store: a SQLite file or a postgres:// URL (env TIMEBOX_DB; default "+stateDB(o)+")")
 	sinceFlag := fs.String("since", "30d", "the calls of this long ago and later: 7d, 12h, a date (2026-10-01), or 0 for all")

@@ -19,6 +19,16 @@ import (
 	"github.com/timebox-run/timebox/tool"
 )
 
+const validateUsage = `usage: timebox validate [-f agent.yaml] [--db STORE] [budget flags]
+
+Checks the agent file as a turn would start from it, without calling the
+model: the file, its flags and variables, each tool built (MCP servers
+started and their tools listed); then prints the budget each tool and the
+turn get, with where each came from, and warns of budgets that cannot be
+right or that the store's calls contradict. Exit 0 when it is fine, 2 when
+not.
+`
+
 // cmdValidate checks everything run would check before a turn starts, by
 // the same code path: the agent file, its flags and variables (config.Load:
 // the script parsed line by line, every program found and executable,
@@ -29,6 +39,10 @@ import (
 // store exists, budgets its calls contradict (internal/advice).
 func cmdValidate(args []string, o IO) int {
 	fs, c := newFlags("validate", o)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), validateUsage)
+		printFlags(fs, "validate")
+	}
 	ef := addEngineFlags(fs, true, true)
 	dbFlag := fs.String("db", "", "the store whose calls each tool's timeout is checked against, when it exists: a SQLite file or a postgres:// URL (env TIMEBOX_DB; default "+stateDB(o)+")")
 	pos, err := parse(fs, args)
