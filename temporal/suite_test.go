@@ -183,8 +183,9 @@ func waitTool(timeout time.Duration) agent.Tool {
 	})
 }
 
-// digits hides the figures of a message ("after 2.1s").
-var digits = regexp.MustCompile(`[0-9]+(\.[0-9]+)?`)
+// digits hides the figures of a message, durations whole ("after 2.1s",
+// "after 900ms": the two engines' turns need not take the same time).
+var digits = regexp.MustCompile(`([0-9]+(\.[0-9]+)?(ns|µs|ms|s|m|h))+|[0-9]+(\.[0-9]+)?`)
 
 func dur(d time.Duration) budget.Duration { return budget.Duration{D: d, Source: budget.SourceCode} }
 

@@ -298,8 +298,9 @@ tools:
 	return filepath.Join(dir, "agent.yaml")
 }
 
-// digits hides the figures of a message ("after 2.1s", "running for 1.9s").
-var digits = regexp.MustCompile(`[0-9]+(\.[0-9]+)?`)
+// digits hides the figures of a message, durations whole ("after 2.1s",
+// "running for 900ms").
+var digits = regexp.MustCompile(`([0-9]+(\.[0-9]+)?(ns|µs|ms|s|m|h))+|[0-9]+(\.[0-9]+)?`)
 
 // TestStopsAsEmbedded checks that a turn stopped by its ceiling during a
 // tool call, and one cancelled by its caller, end on Temporal with the
