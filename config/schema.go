@@ -159,7 +159,7 @@ func sortedProfiles() string {
 func apiProvider(name, doc, baseURL string) *node {
 	return mapping(doc, nil,
 		k("base_url", leaf(kURL, baseURL)),
-		k("credentials", listOf(fmt.Sprintf("The credentials (auth profiles), tried in order when a model call fails in an LLM phase (first chunk, idle, HTTP 429/5xx). Default: the one credential %s.", defaultKeyEnv[name]),
+		k("credentials", listOf(fmt.Sprintf("The credentials (auth profiles), tried in order when a model call fails in an LLM phase (first chunk, idle, HTTP 429/5xx), or the provider refuses a key (401, 403: the same model's next credential). Default: the one credential %s.", defaultKeyEnv[name]),
 			mapping("One credential.", []string{"api_key_env"},
 				k("api_key_env", leaf(kVarName, "The environment variable that holds the API key. The key itself never goes in the file, and records name the variable, never the key."))), 1)),
 	)
