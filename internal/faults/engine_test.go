@@ -52,6 +52,7 @@ func TestEngineFaults(t *testing.T) {
 		{"run kill -9 while a call waits for a person", runKilledWhileApproving},
 		{"worker SIGSTOP mid-tool, retries", workerStalledMidTool},
 		{"worker kill -9 mid-tool, then the ceiling", ceilingWhileWorkerDead},
+		{"every worker kill -9 mid-tool", noWorkerLeft},
 		{"serve SIGTERM, its engine turns running", gatewayStoppedMidTurns},
 	} {
 		t.Run(s.name, s.run)
@@ -115,8 +116,6 @@ func (e *engine) run(a agentDir, env []string, extra ...string) *proc {
 	return startTimebox(e.t, a.dir, env, nil, append(append(args, extra...), "go")...)
 }
 
-// ended waits up to d for the turn to end in the store and returns its
-// record with its stored events.
 // workerLost kills w (SIGKILL) mid-turn, starts another worker of a (its
 // env, a heartbeat of 1s) and waits for turn id's end: when w was killed,
 // the turn's record and stored events, the new worker, and the time from
@@ -131,6 +130,8 @@ func (e *engine) workerLost(w *proc, a agentDir, env []string, id string) (kille
 	return killed, rec, evs, wb, time.Since(killed)
 }
 
+// ended waits up to d for the turn to end in the store and returns its
+// record with its stored events.
 func (e *engine) ended(id string, d time.Duration) (*event.Turn, []event.Event) {
 	e.t.Helper()
 	rec, evs, ok := e.endsWithin(id, d)
