@@ -136,7 +136,7 @@ func FromEnv(ctx context.Context, getenv func(string) string) (*Tracing, error) 
 		return nil, fmt.Errorf("the OTLP trace exporter: %w", err)
 	}
 	res := resource.NewSchemaless(attrs...)
-	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res), sdktrace.WithIDGenerator(IDs{}))
 	return &Tracing{Provider: tp, Endpoint: c.endpoint, sdk: tp}, nil
 }
 
