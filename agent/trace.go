@@ -15,6 +15,7 @@ import (
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/machine"
+	"github.com/timebox-run/timebox/internal/spanid"
 )
 
 // Spans follow OpenTelemetry's GenAI conventions (docs/observability.md):
@@ -101,43 +102,101 @@ func parseTraceParent(tp string) (trace.SpanContext, bool) {
 }
 
 func budgetAttrs(d budget.Duration) []attribute.KeyValue {
-	return []attribute.KeyValue{attrBudgetMS.Int64(d.MS()), attrBudgetSource.String(string(d.Source)), attrBudgetKnob.String(d.Knob)}
+	return budgetKVs(d.MS(), d.Source, d.Knob)
+}
+
+func budgetKVs(ms int64, src budget.Source, knob string) []attribute.KeyValue {
+	return []attribute.KeyValue{attrBudgetMS.Int64(ms), attrBudgetSource.String(string(src)), attrBudgetKnob.String(knob)}
 }
 
 // traceTurn starts the turn's invoke_agent span, a child of the span in ctx
 // (or of the traceparent a server was sent, which its caller put there),
-// records its traceparent in s and returns the function that ends it
-// with the turn's record. Without a tracer it does nothing.
+// records its traceparent, and its caller's, in s and returns the
+// function that ends it with the turn's record. Without a tracer it does
+// nothing.
 func (a *Agent) traceTurn(ctx context.Context, s *machine.State) (end func(*Result)) {
 	if a.tracer == nil {
 		return func(*Result) {}
 	}
+	_, span := a.tracer.Start(ctx, "invoke_agent "+a.name, trace.WithTimestamp(s.Start),
+		trace.WithSpanKind(trace.SpanKindInternal),
+		trace.WithAttributes(turnAttrs(a.name, s.TurnID, s.SessionID, budgetAttrs(s.Budgets.Turn))...))
+	s.TraceCaller = TraceParent(ctx)
+	s.TraceParent = TraceParent(trace.ContextWithSpan(ctx, span))
+	id := span.SpanContext().SpanID()
+	live.Store(id, true)
+	return func(res *Result) {
+		defer live.Delete(id)
+		endTurnSpan(span, res.Record)
+	}
+}
+
+// live are the ids of the turn spans this process has begun and not yet
+// ended: TraceEnded leaves their turns to them.
+var live sync.Map
+
+// turnAttrs are the attributes of a turn's span as it begins.
+func turnAttrs(agent, turnID, sessionID string, turnBudget []attribute.KeyValue) []attribute.KeyValue {
 	attrs := []attribute.KeyValue{
 		attribute.String("gen_ai.operation.name", "invoke_agent"),
-		attribute.String("gen_ai.agent.name", a.name),
-		attrTurnID.String(s.TurnID),
+		attribute.String("gen_ai.agent.name", agent),
+		attrTurnID.String(turnID),
 		attrEnforcement.String(string(budget.Hard)),
 	}
-	if s.SessionID != "" {
-		attrs = append(attrs, attribute.String("gen_ai.conversation.id", s.SessionID))
+	if sessionID != "" {
+		attrs = append(attrs, attribute.String("gen_ai.conversation.id", sessionID))
 	}
-	attrs = append(attrs, budgetAttrs(s.Budgets.Turn)...)
-	_, span := a.tracer.Start(ctx, "invoke_agent "+a.name, trace.WithTimestamp(s.Start),
-		trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(attrs...))
-	s.TraceParent = TraceParent(trace.ContextWithSpan(ctx, span))
-	return func(res *Result) {
-		rec := res.Record
-		span.SetAttributes(attrOutcome.String(string(rec.Status)), attrStopReason.String(string(rec.StopReason)))
-		if rec.Status != budget.StatusCompleted {
-			span.SetAttributes(attrErrorType.String(string(rec.StopReason)))
-			span.SetStatus(codes.Error, rec.Message)
-		}
-		endAt := rec.EndedAt
-		if endAt.IsZero() {
-			endAt = time.Now()
-		}
-		span.End(trace.WithTimestamp(endAt))
+	return append(attrs, turnBudget...)
+}
+
+// endTurnSpan ends a turn's span as its record says the turn ended.
+func endTurnSpan(span trace.Span, rec *event.Turn) {
+	span.SetAttributes(attrOutcome.String(string(rec.Status)), attrStopReason.String(string(rec.StopReason)))
+	if rec.Status != budget.StatusCompleted {
+		span.SetAttributes(attrErrorType.String(string(rec.StopReason)))
+		span.SetStatus(codes.Error, rec.Message)
 	}
+	endAt := rec.EndedAt
+	if endAt.IsZero() {
+		endAt = time.Now()
+	}
+	span.End(trace.WithTimestamp(endAt))
+}
+
+// TraceEnded makes the invoke_agent span of a turn that a process other
+// than its own ended — its process died, and a store marked it
+// interrupted — with the ids it was begun with (started's Traceparent),
+// so that the spans of its calls, already exported under it, have their
+// parent. Nothing is made for a turn begun untraced or unsampled, for one
+// whose span this process has open (its own end makes it), or when tp's
+// IDGenerator does not give the ids asked for (telemetry.IDs does). rec
+// is the turn's final record: the span runs from its start to its end.
+func TraceEnded(tp trace.TracerProvider, turnID string, started *event.TurnStarted, rec *event.Turn) {
+	if tp == nil || started == nil || rec == nil {
+		return
+	}
+	own, ok := parseTraceParent(started.Traceparent)
+	if !ok || !own.IsSampled() {
+		return
+	}
+	if _, open := live.Load(own.SpanID()); open {
+		return
+	}
+	ctx := spanid.With(context.Background(), own.TraceID(), own.SpanID())
+	if caller, ok := parseTraceParent(started.CallerTraceparent); ok {
+		ctx = trace.ContextWithRemoteSpanContext(ctx, caller)
+	}
+	var tb []attribute.KeyValue
+	if v, ok := started.Budgets["timeouts.turn"]; ok {
+		tb = budgetKVs(v.MS, v.Source, v.Knob)
+	}
+	_, span := tp.Tracer(instrumentation).Start(ctx, "invoke_agent "+started.Agent, trace.WithTimestamp(rec.StartedAt),
+		trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(turnAttrs(started.Agent, turnID, started.SessionID, tb)...))
+	if sc := span.SpanContext(); sc.TraceID() != own.TraceID() || sc.SpanID() != own.SpanID() {
+		// Not the span the calls name: left unended, it is never exported.
+		return
+	}
+	endTurnSpan(span, rec)
 }
 
 // TraceTurn is traceTurn for an engine that runs the turn elsewhere

@@ -3,6 +3,8 @@ package agent_test
 import (
 	"context"
 	"encoding/json"
+	"reflect"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -16,6 +18,7 @@ import (
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/machine"
 	"github.com/timebox-run/timebox/model"
+	"github.com/timebox-run/timebox/telemetry"
 	"github.com/timebox-run/timebox/tool"
 )
 
@@ -243,5 +246,98 @@ func TestApprovalWaitSpan(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// TestTraceEnded: a turn whose process died before it ended its span gets
+// that span from the process that ends the turn, with the ids it began
+// with — the parent the spans of its calls name — under the caller's span,
+// with the attributes the turn's own end gives it. Not while the span is
+// open in this process, not for a turn not sampled, and not when the
+// TracerProvider cannot give the ids (the span would be a stranger).
+func TestTraceEnded(t *testing.T) {
+	newTP := func(ids bool) (*sdktrace.TracerProvider, *tracetest.SpanRecorder) {
+		rec := tracetest.NewSpanRecorder()
+		opts := []sdktrace.TracerProviderOption{sdktrace.WithSpanProcessor(rec)}
+		if ids {
+			opts = append(opts, sdktrace.WithIDGenerator(telemetry.IDs{}))
+		}
+		tp := sdktrace.NewTracerProvider(opts...)
+		t.Cleanup(func() { tp.Shutdown(context.Background()) })
+		return tp, rec
+	}
+	first, firstRec := newTP(true)
+	a, err := agent.New(agent.Config{Name: "traced", Models: []model.Endpoint{endpoint(lines(t, `{"text": "ok"}`), "m")},
+		Budgets: budget.Budgets{Turn: secs(time.Minute, budget.SourceFile, budget.KeyTurn)}, TracerProvider: first})
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, againRec := newTP(true)
+	var started *event.TurnStarted
+	caller := agent.WithTraceParent(t.Context(), "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+	res := a.Run(caller, agent.Input{Text: "go", SessionID: "s1"}, event.SinkFunc(func(e event.Event) {
+		if d, ok := e.Data.(*event.TurnStarted); ok {
+			started = d
+			// Its span is open here: its own end makes it.
+			agent.TraceEnded(again, e.TurnID, d, &event.Turn{Status: budget.StatusInterrupted})
+		}
+	}))
+	if started == nil || started.Traceparent == "" || started.CallerTraceparent != "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01" {
+		t.Fatalf("turn_started %+v: want the turn's traceparent and its caller's", started)
+	}
+	if n := len(againRec.Ended()); n != 0 {
+		t.Fatalf("%d spans made for a turn whose span was open", n)
+	}
+	var orig sdktrace.ReadOnlySpan
+	for _, s := range firstRec.Ended() {
+		if s.Name() == "invoke_agent traced" {
+			orig = s
+		}
+	}
+	if orig == nil {
+		t.Fatal("no turn span")
+	}
+
+	rec := *res.Record
+	rec.Status, rec.StopReason, rec.Message = budget.StatusInterrupted, budget.Interrupted, "Interrupted: its process stopped."
+	agent.TraceEnded(again, res.Record.TurnID, started, &rec)
+	made := againRec.Ended()
+	if len(made) != 1 {
+		t.Fatalf("%d spans made; want the turn's", len(made))
+	}
+	s := made[0]
+	if s.Name() != orig.Name() || s.SpanContext().TraceID() != orig.SpanContext().TraceID() ||
+		s.SpanContext().SpanID() != orig.SpanContext().SpanID() || s.Parent().SpanID() != orig.Parent().SpanID() ||
+		!s.StartTime().Equal(orig.StartTime()) || !s.EndTime().Equal(rec.EndedAt) {
+		t.Errorf("made %s %s/%s under %s, %s–%s; want %s %s/%s under %s from %s",
+			s.Name(), s.SpanContext().TraceID(), s.SpanContext().SpanID(), s.Parent().SpanID(), s.StartTime(), s.EndTime(),
+			orig.Name(), orig.SpanContext().TraceID(), orig.SpanContext().SpanID(), orig.Parent().SpanID(), orig.StartTime())
+	}
+	attrs := func(s sdktrace.ReadOnlySpan) map[string]any {
+		m := map[string]any{}
+		for _, kv := range s.Attributes() {
+			m[string(kv.Key)] = kv.Value.AsInterface()
+		}
+		return m
+	}
+	want := attrs(orig)
+	want["timebox.outcome"], want["timebox.stop_reason"], want["error.type"] = "interrupted", "interrupted", "interrupted"
+	if got := attrs(s); !reflect.DeepEqual(got, want) {
+		t.Errorf("attributes %v\nwant %v", got, want)
+	}
+	if s.Status().Code != codes.Error || s.Status().Description != rec.Message {
+		t.Errorf("status %v", s.Status())
+	}
+
+	// A provider that gives ids of its own: no stranger span.
+	foreign, foreignRec := newTP(false)
+	agent.TraceEnded(foreign, res.Record.TurnID, started, &rec)
+	// A turn not sampled, or not traced: nothing.
+	unsampled := *started
+	unsampled.Traceparent = strings.TrimSuffix(started.Traceparent, "01") + "00"
+	agent.TraceEnded(again, res.Record.TurnID, &unsampled, &rec)
+	agent.TraceEnded(again, res.Record.TurnID, &event.TurnStarted{Agent: "traced"}, &rec)
+	if n, m := len(foreignRec.Ended()), len(againRec.Ended()); n != 0 || m != 1 {
+		t.Errorf("%d spans of a provider that cannot give the ids, %d more for untraced turns; want none", n, m-1)
 	}
 }

@@ -289,7 +289,8 @@ func (t *turn) started() *event.TurnStarted {
 			IdleTimeoutMS: tb.IdleTimeout.MS(), Enforcement: tb.Enforcement}
 	}
 	return &event.TurnStarted{SessionID: t.s.SessionID, Agent: a.name, Input: t.tr.Input(),
-		Model: a.models[0].Name(), Budgets: b, Tools: tools, HistoryRepaired: t.s.Repaired}
+		Model: a.models[0].Name(), Budgets: b, Tools: tools, HistoryRepaired: t.s.Repaired,
+		Traceparent: t.s.TraceParent, CallerTraceparent: t.s.TraceCaller}
 }
 
 // toolBudget returns the budget of a tool's calls in this turn: the tool's

@@ -68,6 +68,13 @@ type TurnStarted struct {
 	// were added or dropped so that every tool call has one result (a
 	// turn cut by a crash; see agent.RepairHistory).
 	HistoryRepaired int `json:"history_repaired,omitempty"`
+	// Traceparent is the W3C traceparent of the turn's invoke_agent span,
+	// when the turn is traced: the trace to look for, and the span the
+	// process that ends the turn makes again when the one that began it
+	// died before it could end it. CallerTraceparent is the span that one
+	// is a child of (the traceparent the turn was started under), if any.
+	Traceparent       string `json:"traceparent,omitempty"`
+	CallerTraceparent string `json:"caller_traceparent,omitempty"`
 }
 
 // BudgetValue is one resolved budget as turn_started, turn_finished and

@@ -47,6 +47,9 @@ type State struct {
 	// is traced: the spans of its model and tool calls, wherever a unit
 	// runs them, are its children.
 	TraceParent string `json:"trace_parent,omitempty"`
+	// TraceCaller is the W3C traceparent of the span the turn's span is a
+	// child of (the caller's), when there is one.
+	TraceCaller string `json:"trace_caller,omitempty"`
 
 	// Begun is set once turn_started was emitted.
 	Begun bool `json:"begun,omitempty"`
