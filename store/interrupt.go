@@ -63,6 +63,31 @@ type Interruption struct {
 	Record event.Turn
 }
 
+// Ending is a turn a store ended from outside its process, once the end
+// is committed: what the SQLite and PostgreSQL stores tell their
+// Options.Ended of (a process that exports traces makes the turn's span,
+// which died with the process that began it: agent.TraceEnded).
+type Ending struct {
+	TurnID string
+	// Started is the turn's turn_started, nil when its log has none.
+	Started *event.TurnStarted
+	// Record is the turn's final record.
+	Record event.Turn
+}
+
+// Ending returns what is told of turn t ended as out says.
+func (t Interrupted) Ending(out Interruption) Ending {
+	e := Ending{TurnID: t.TurnID, Record: out.Record}
+	e.Record.TurnID = t.TurnID
+	for _, ev := range t.Events {
+		if d, ok := ev.Data.(*event.TurnStarted); ok {
+			e.Started = d
+			break
+		}
+	}
+	return e
+}
+
 // MaxQueued bounds the events a durable store (SQLite, PostgreSQL) keeps
 // waiting for its database, beside 64 MiB of their JSON: past either, the
 // turns that emit wait for room, so that an outage costs bounded memory.

@@ -190,17 +190,17 @@ func (s *Store) recover(ctx context.Context) ([]string, error) {
 		return ids, err
 	}
 	for _, id := range orphans {
-		var done bool
+		var ended *store.Ending
 		err := s.tx(ctx, func(tx pgx.Tx) error {
 			var err error
-			done, err = s.interruptTurn(ctx, tx, id, store.End{Why: "the timebox process running it stopped"}, true)
+			ended, err = s.interruptTurn(ctx, tx, id, store.End{Why: "the timebox process running it stopped"}, true)
 			return err
 		})
 		if err != nil {
 			return ids, err
 		}
-		if done {
-			s.watch.Wake(id)
+		if ended != nil {
+			s.endedOutside(*ended)
 			s.log.Info("marked a turn interrupted: its owner is unknown", "turn_id", id)
 			ids = append(ids, id)
 		}
@@ -229,9 +229,9 @@ func cancelCalledTx(ctx context.Context, tx pgx.Tx, o, by string) error {
 // running turns, in one transaction; it returns the turns' ids, none when
 // another store claimed o first or o came back.
 func (s *Store) claim(ctx context.Context, o string, since time.Time) ([]string, error) {
-	var ids []string
+	var ended []store.Ending
 	err := s.tx(ctx, func(tx pgx.Tx) error {
-		ids = nil
+		ended = nil
 		var (
 			host  string
 			pid   int
@@ -248,7 +248,7 @@ func (s *Store) claim(ctx context.Context, o string, since time.Time) ([]string,
 			return err
 		}
 		why := fmt.Sprintf("the timebox process running it (pid %d on %s) stopped sending heartbeats %s ago", pid, host, budget.Round(quiet))
-		if ids, err = s.interruptOwnerTx(ctx, tx, o, why); err != nil {
+		if ended, err = s.interruptOwnerTx(ctx, tx, o, why); err != nil {
 			return err
 		}
 		return cancelCalledTx(ctx, tx, o, fmt.Sprintf("the timebox process following it for its client (pid %d on %s), which stopped sending heartbeats %s ago", pid, host, budget.Round(quiet)))
@@ -256,9 +256,7 @@ func (s *Store) claim(ctx context.Context, o string, since time.Time) ([]string,
 	if err != nil {
 		return nil, err
 	}
-	for _, id := range ids {
-		s.watch.Wake(id)
-	}
+	ids := s.endedOutside(ended...)
 	if len(ids) > 0 {
 		s.log.Info("marked turns interrupted: the process running them stopped sending heartbeats", "owner", o, "turns", ids)
 	}
@@ -268,34 +266,48 @@ func (s *Store) claim(ctx context.Context, o string, since time.Time) ([]string,
 // interruptOwner marks every running turn of owner o interrupted, in one
 // transaction.
 func (s *Store) interruptOwner(ctx context.Context, o, why string, _ []string) ([]string, error) {
-	var ids []string
+	var ended []store.Ending
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var err error
-		ids, err = s.interruptOwnerTx(ctx, tx, o, why)
+		ended, err = s.interruptOwnerTx(ctx, tx, o, why)
 		return err
 	})
-	for _, id := range ids {
-		s.watch.Wake(id)
+	if err != nil {
+		ended = nil
 	}
-	return ids, err
+	return s.endedOutside(ended...), err
 }
 
-func (s *Store) interruptOwnerTx(ctx context.Context, tx pgx.Tx, o, why string) ([]string, error) {
+func (s *Store) interruptOwnerTx(ctx context.Context, tx pgx.Tx, o, why string) ([]store.Ending, error) {
 	turns, err := queryStrings(ctx, tx, `SELECT turn_id FROM turns WHERE owner_id = $1 AND status = 'running' ORDER BY n`, o)
 	if err != nil {
 		return nil, err
 	}
-	var ids []string
+	var out []store.Ending
 	for _, id := range turns {
-		done, err := s.interruptTurn(ctx, tx, id, store.End{Why: why}, false)
+		ended, err := s.interruptTurn(ctx, tx, id, store.End{Why: why}, false)
 		if err != nil {
 			return nil, fmt.Errorf("turn %s: %w", id, err)
 		}
-		if done {
-			ids = append(ids, id)
+		if ended != nil {
+			out = append(out, *ended)
 		}
 	}
-	return ids, nil
+	return out, nil
+}
+
+// endedOutside tells the followers of the turns, and Options.Ended, that
+// the store ended them (committed), and returns their ids.
+func (s *Store) endedOutside(ended ...store.Ending) []string {
+	var ids []string
+	for _, e := range ended {
+		s.watch.Wake(e.TurnID)
+		if s.ended != nil {
+			s.ended(e)
+		}
+		ids = append(ids, e.TurnID)
+	}
+	return ids
 }
 
 // interruptTurn ends a turn that its process can no longer end
@@ -303,8 +315,9 @@ func (s *Store) interruptOwnerTx(ctx context.Context, tx pgx.Tx, o, why string) 
 // and its turn_finished appended to its log, its record, and a
 // notification for its followers. The turn is locked first and must still
 // be running (and, with orphan, still without an owner row), so that two
-// stores never both end it. It reports whether it did.
-func (s *Store) interruptTurn(ctx context.Context, tx pgx.Tx, id string, end store.End, orphan bool) (bool, error) {
+// stores never both end it. It returns how it ended the turn, nil when it
+// did not.
+func (s *Store) interruptTurn(ctx context.Context, tx pgx.Tx, id string, end store.End, orphan bool) (*store.Ending, error) {
 	t := store.Interrupted{TurnID: id, End: end}
 	var (
 		started int64
@@ -314,47 +327,47 @@ func (s *Store) interruptTurn(ctx context.Context, tx pgx.Tx, id string, end sto
 	err := tx.QueryRow(ctx, `SELECT session_id, agent, input, started_at, status, owner_id FROM turns WHERE turn_id = $1 FOR UPDATE`, id).
 		Scan(&t.SessionID, &t.Agent, &t.Input, &started, &status, &owner)
 	if err != nil {
-		return false, err
+		return nil, err
 	}
 	if status != string(budget.StatusRunning) {
-		return false, nil // finished meanwhile
+		return nil, nil // finished meanwhile
 	}
 	if orphan {
 		var one int
 		switch err := tx.QueryRow(ctx, `SELECT 1 FROM owners WHERE owner_id = $1`, owner).Scan(&one); {
 		case err == nil:
-			return false, nil // its owner registered meanwhile
+			return nil, nil // its owner registered meanwhile
 		case !isNoRows(err):
-			return false, err
+			return nil, err
 		}
 	}
 	t.StartedAt = fromNanos(started)
 	// An unreadable event does not stop the recovery.
 	if t.Events, err = readEvents(ctx, tx, id, 0, nil, true); err != nil {
-		return false, err
+		return nil, err
 	}
 	if err := tx.QueryRow(ctx, `SELECT (SELECT COUNT(*) FROM tool_calls WHERE turn_id = $1),
 		(SELECT COALESCE(MAX(step), 0) FROM model_calls WHERE turn_id = $1)`, id).Scan(&t.ToolCalls, &t.Steps); err != nil {
-		return false, err
+		return nil, err
 	}
 	if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&t.Now); err != nil {
-		return false, err
+		return nil, err
 	}
 	out := store.Interrupt(t)
 	b := newBatch(tx)
 	for _, tc := range out.Calls {
 		if err := queueToolCall(ctx, b, tc); err != nil {
-			return false, err
+			return nil, err
 		}
 	}
 	for _, e := range out.Events {
 		c, a := store.StoredEvent(e)
 		d, err := event.Marshal(c)
 		if err != nil {
-			return false, err
+			return nil, err
 		}
 		if err := putTexts(ctx, tx, id, a); err != nil {
-			return false, err
+			return nil, err
 		}
 		b.Queue(`INSERT INTO events (turn_id, seq, type, at, data, apart) VALUES ($1, $2, $3, $4, $5, $6)`,
 			id, e.Seq, string(e.Type), nanos(e.At), string(d), a.Column())
@@ -362,14 +375,15 @@ func (s *Store) interruptTurn(ctx context.Context, tx pgx.Tx, id string, end sto
 	rec := out.Record
 	rec.TurnID = id
 	if err := putRecord(ctx, tx, &b.Batch, &rec); err != nil {
-		return false, err
+		return nil, err
 	}
 	b.Queue(`DELETE FROM cancel_requests WHERE turn_id = $1`, id)
 	b.Queue(`SELECT pg_notify($1, $2)`, chanEvents, id)
 	if err := b.send(ctx); err != nil {
-		return false, err
+		return nil, err
 	}
-	return true, nil
+	ended := t.Ending(out)
+	return &ended, nil
 }
 
 // InterruptTurn implements store.Interrupter.
@@ -377,17 +391,18 @@ func (s *Store) InterruptTurn(ctx context.Context, turnID string, end store.End)
 	if err := s.Flush(ctx); err != nil {
 		return false, err
 	}
-	var done bool
+	var ended *store.Ending
 	err := s.durable(ctx, "the end of turn "+turnID, func(tx pgx.Tx) error {
 		var err error
-		done, err = s.interruptTurn(ctx, tx, turnID, end, false)
+		ended, err = s.interruptTurn(ctx, tx, turnID, end, false)
 		if isNoRows(err) {
 			return fmt.Errorf("turn %s: %w", turnID, store.ErrNotFound)
 		}
 		return err
 	})
+	done := err == nil && ended != nil
 	if done {
-		s.watch.Wake(turnID)
+		s.endedOutside(*ended)
 		s.cancels.Wake(turnID)
 		// The units of the turn running elsewhere stop at once, not at
 		// their store's next poll.

@@ -64,6 +64,11 @@ type Options struct {
 	// Logger gets a line for each gone store whose turns this one marked
 	// interrupted, and for each lost LISTEN connection; nil discards them.
 	Logger *slog.Logger
+	// Ended, when set, is told of each turn the store ends from outside
+	// its process (its gateway is gone, or store.Interrupter), once that
+	// is committed — at Open too. It is called on the store's own
+	// goroutines: it must not wait on the store.
+	Ended func(store.Ending)
 }
 
 // Heartbeats is how many heartbeats of its own a store may miss before
@@ -95,6 +100,7 @@ type Store struct {
 	hb      time.Duration
 	poll    time.Duration
 	log     *slog.Logger
+	ended   func(store.Ending) // Options.Ended
 
 	recovered []string
 
@@ -258,7 +264,7 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 		listenCfg.RuntimeParams["application_name"] = "timebox listen " + owner
 	}
 	s := &Store{where: where, pool: pool, connCfg: listenCfg, owner: owner, host: host,
-		hb: o.Heartbeat, poll: o.Poll, log: o.Logger, closed: make(chan struct{})}
+		hb: o.Heartbeat, poll: o.Poll, log: o.Logger, ended: o.Ended, closed: make(chan struct{})}
 	s.ctx, s.stopAll = context.WithCancel(context.Background())
 	if err := s.beat(ctx); err != nil {
 		s.stopAll()

@@ -56,12 +56,12 @@ func TestStore(t *testing.T) {
 }
 
 func TestCrash(t *testing.T) {
-	storetest.RunCrash(t, func(t *testing.T) (store.Store, func() store.Store) {
+	storetest.RunCrash(t, func(t *testing.T) (store.Store, func(func(store.Ending)) store.Store) {
 		dsn := testenv.Postgres(t)
 		s := open(t, dsn, postgres.Options{Heartbeat: 100 * time.Millisecond})
-		return s, func() store.Store {
+		return s, func(ended func(store.Ending)) store.Store {
 			s.Crash()
-			return open(t, dsn, postgres.Options{Heartbeat: 100 * time.Millisecond})
+			return open(t, dsn, postgres.Options{Heartbeat: 100 * time.Millisecond, Ended: ended})
 		}
 	}, "stopped sending heartbeats")
 }

@@ -129,7 +129,8 @@ func (s *Store) interruptOwner(ctx context.Context, ownerID, why string) error {
 		if err != nil {
 			return err
 		}
-		if err := interruptTurn(ctx, &wtx{Tx: tx, prepared: s.prepared}, id, why); err != nil {
+		ended, err := interruptTurn(ctx, &wtx{Tx: tx, prepared: s.prepared}, id, why)
+		if err != nil {
 			tx.Rollback()
 			return fmt.Errorf("turn %s: %w", id, err)
 		}
@@ -137,6 +138,9 @@ func (s *Store) interruptOwner(ctx context.Context, ownerID, why string) error {
 			return err
 		}
 		s.watch.Wake(id)
+		if ended != nil && s.ended != nil {
+			s.ended(*ended)
+		}
 	}
 	return nil
 }
@@ -144,8 +148,9 @@ func (s *Store) interruptOwner(ctx context.Context, ownerID, why string) error {
 // interruptTurn ends a turn that its process can no longer end: its record
 // says interrupted, with a message saying what was running, and its event
 // log gets the turn_finished the process never wrote, so that whoever
-// follows the log sees it end (store.Interrupt).
-func interruptTurn(ctx context.Context, tx *wtx, id, why string) error {
+// follows the log sees it end (store.Interrupt). It returns how, nil when
+// the turn had finished meanwhile.
+func interruptTurn(ctx context.Context, tx *wtx, id, why string) (*store.Ending, error) {
 	t := store.Interrupted{TurnID: id, End: store.End{Why: why}, Now: time.Now()}
 	var (
 		started int64
@@ -154,35 +159,39 @@ func interruptTurn(ctx context.Context, tx *wtx, id, why string) error {
 	err := tx.QueryRowContext(ctx, `SELECT session_id, agent, input, started_at, status FROM turns WHERE turn_id = ?`, id).
 		Scan(&t.SessionID, &t.Agent, &t.Input, &started, &status)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if status != string(budget.StatusRunning) {
-		return nil // finished meanwhile
+		return nil, nil // finished meanwhile
 	}
 	t.StartedAt = fromNanos(started)
 	t.Events, err = readEvents(ctx, tx, "apart", id, 0, -1, true)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM tool_calls WHERE turn_id = ?`, id).Scan(&t.ToolCalls); err != nil {
-		return err
+		return nil, err
 	}
 	if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(step), 0) FROM model_calls WHERE turn_id = ?`, id).Scan(&t.Steps); err != nil {
-		return err
+		return nil, err
 	}
 	out := store.Interrupt(t)
 	for _, tc := range out.Calls {
 		if err := putToolCall(ctx, tx, tc); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	for _, e := range out.Events {
 		e.TurnID = id
 		if _, err := insertEvent(ctx, tx, e); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	rec := out.Record
 	rec.TurnID = id
-	return putRecord(ctx, tx, &rec)
+	if err := putRecord(ctx, tx, &rec); err != nil {
+		return nil, err
+	}
+	ended := t.Ending(out)
+	return &ended, nil
 }

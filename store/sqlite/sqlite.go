@@ -64,6 +64,10 @@ type Options struct {
 	// commit yet, kept and retried), when it has caught up, and when the
 	// disk is full; nil discards them.
 	Logger *slog.Logger
+	// Ended, when set, is told of each turn the store marks interrupted
+	// (its process is gone), once that is committed — at Open too. It is
+	// called on the store's own goroutine: it must not wait on the store.
+	Ended func(store.Ending)
 }
 
 // Store is a store.Store in one SQLite file. It is safe for concurrent use.
@@ -74,6 +78,8 @@ type Store struct {
 	// read-only store of a schema before version 6, which has none.
 	apart string
 	log   *slog.Logger
+	// ended is Options.Ended.
+	ended func(store.Ending)
 	// reserveOnce gives the reserve back once (releaseReserve).
 	reserveOnce sync.Once
 	w           *sql.DB // the single writer connection
@@ -158,7 +164,7 @@ func Open(path string, o Options) (*Store, error) {
 	}
 	r.SetMaxOpenConns(4)
 	r.SetMaxIdleConns(4)
-	s := &Store{path: path, apart: "apart", w: w, r: r, log: o.Logger, owner: newID(), machine: machineID(), hb: o.Heartbeat, stale: o.Stale,
+	s := &Store{path: path, apart: "apart", w: w, r: r, log: o.Logger, ended: o.Ended, owner: newID(), machine: machineID(), hb: o.Heartbeat, stale: o.Stale,
 		stop: make(chan struct{}), done: make(chan struct{}), closed: make(chan struct{})}
 	if s.prepared, err = prepare(ctx, w); err != nil {
 		s.closeDBs()

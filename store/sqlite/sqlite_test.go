@@ -51,12 +51,16 @@ func TestStore(t *testing.T) {
 }
 
 func TestCrash(t *testing.T) {
-	storetest.RunCrash(t, func(t *testing.T) (store.Store, func() store.Store) {
+	storetest.RunCrash(t, func(t *testing.T) (store.Store, func(func(store.Ending)) store.Store) {
 		path := filepath.Join(t.TempDir(), "timebox.db")
 		s := open(t, path)
-		return s, func() store.Store {
+		return s, func(ended func(store.Ending)) store.Store {
 			s.Crash()
-			return open(t, path)
+			after, err := sqlite.Open(path, sqlite.Options{Ended: ended})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return after
 		}
 	}, "the store running it was closed without finishing it")
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,13 +17,15 @@ import (
 // function that makes it stop as a killed process would — nothing marked,
 // nothing removed, its heartbeats stopped — and returns another store on
 // the same database, which is to mark the first one's running turns
-// interrupted: at once, or once its heartbeat window has passed.
-type Crash func(t *testing.T) (s store.Store, crash func() store.Store)
+// interrupted: at once, or once its heartbeat window has passed. The other
+// store is opened with ended as its Options.Ended.
+type Crash func(t *testing.T) (s store.Store, crash func(ended func(store.Ending)) store.Store)
 
 // RunCrash runs the suite of what a crash leaves behind: the crashed
 // store's running turn is marked interrupted by the next store, with
 // every call record kept and the running call recorded as interrupted,
-// and a store that closes cleanly marks its own running turns.
+// and the next store tells its Options.Ended of that end once, with the
+// turn's turn_started (its traceparent) and its final record.
 func RunCrash(t *testing.T, open Crash, why string) {
 	t.Run("CrashLeavesTheTurnInterrupted", func(t *testing.T) {
 		s, crash := open(t)
@@ -30,12 +33,49 @@ func RunCrash(t *testing.T, open Crash, why string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		after := crash()
+		var (
+			mu   sync.Mutex
+			told []store.Ending
+		)
+		after := crash(func(e store.Ending) {
+			mu.Lock()
+			defer mu.Unlock()
+			told = append(told, e)
+		})
 		defer after.Close()
 		WaitInterrupted(t, after, "t1", 30*time.Second)
 		CheckInterrupted(t, after, "t1", n, kept, why)
+		rec, err := after.Turn(context.Background(), "t1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// It is told after the commit that readers saw.
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			mu.Lock()
+			n := len(told)
+			mu.Unlock()
+			if n > 0 || time.Now().After(deadline) {
+				break
+			}
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if len(told) != 1 {
+			t.Fatalf("Options.Ended told of %d ends; want the one of t1", len(told))
+		}
+		e := told[0]
+		if e.TurnID != "t1" || e.Started == nil || e.Started.Traceparent != runningTraceparent ||
+			e.Record.TurnID != "t1" || e.Record.Status != budget.StatusInterrupted || e.Record.Message != rec.Message ||
+			!e.Record.StartedAt.Equal(rec.StartedAt) || !e.Record.EndedAt.Equal(rec.EndedAt) {
+			t.Errorf("told of %s: started %+v, record %s %q from %s to %s; stored %q from %s to %s", e.TurnID, e.Started,
+				e.Record.Status, e.Record.Message, e.Record.StartedAt, e.Record.EndedAt, rec.Message, rec.StartedAt, rec.EndedAt)
+		}
 	})
 }
+
+// runningTraceparent is the traceparent WriteRunningTurn's turn_started
+// names as the turn's span.
+const runningTraceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 // WriteRunningTurn begins turn id (in session "s_"+id) and emits, through a
 // Recorder, what a turn does up to a tool call that is still running: a
@@ -50,7 +90,7 @@ func WriteRunningTurn(s store.Store, id string) (emitted, lastRecord int, err er
 		return 0, 0, err
 	}
 	em := event.NewEmitter(id, rec)
-	em.Emit(&event.TurnStarted{SessionID: session, Input: "crawl it", Model: "script:m"})
+	em.Emit(&event.TurnStarted{SessionID: session, Input: "crawl it", Model: "script:m", Traceparent: runningTraceparent})
 	em.Emit(&event.LLMStarted{Step: 1, Model: "m", Provider: "script", Attempt: 1})
 	em.Emit(&event.LLMDelta{Step: 1, Text: "Let me crawl."})
 	em.Emit(&event.LLMFinished{ModelCall: event.ModelCall{Step: 1, Model: "m", Provider: "script", Attempt: 1, Outcome: event.OutcomeOK}, ToolCalls: 2})
