@@ -16,9 +16,11 @@ import (
 
 	"golang.org/x/term"
 
+	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/config"
 	"github.com/timebox-run/timebox/internal/problem"
 	"github.com/timebox-run/timebox/internal/proctree"
+	"github.com/timebox-run/timebox/store"
 	"github.com/timebox-run/timebox/telemetry"
 )
 
@@ -370,6 +372,19 @@ func startTracing(ctx context.Context, o IO) (*telemetry.Tracing, bool) {
 		return nil, false
 	}
 	return t, true
+}
+
+// tracedEnds returns what a store tells of each turn it ends from outside
+// its process — its own died, or a gateway ends a turn no worker runs —
+// when spans are exported: the turn's invoke_agent span, which died with
+// the process that began it, made again with its ids, so that the spans
+// of its calls have their parent (docs/decisions/turn-span-of-a-lost-turn.md).
+// Nil without tracing.
+func tracedEnds(t *telemetry.Tracing) func(store.Ending) {
+	if t == nil || t.Provider == nil {
+		return nil
+	}
+	return func(e store.Ending) { agent.TraceEnded(t.Provider, e.TurnID, e.Started, &e.Record) }
 }
 
 // stopTracing exports the spans still buffered, waiting at most 5s for

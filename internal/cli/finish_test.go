@@ -92,7 +92,7 @@ func TestASilentDatabaseIsNamed(t *testing.T) {
 	defer func(d, n time.Duration) { openWithin, openNoteAfter = d, n }(openWithin, openNoteAfter)
 	openWithin, openNoteAfter = 500*time.Millisecond, 100*time.Millisecond
 	var said syncbuf.Buffer
-	_, err = openPostgres("postgres://u:s3cret@"+ln.Addr().String()+"/x?sslmode=disable", IO{Err: &said})
+	_, err = openPostgres("postgres://u:s3cret@"+ln.Addr().String()+"/x?sslmode=disable", IO{Err: &said}, nil)
 	if err == nil || !strings.Contains(err.Error(), "did not answer within 500ms") || strings.Contains(err.Error(), "s3cret") {
 		t.Errorf("%v", err)
 	}

@@ -177,7 +177,7 @@ func openMCPRecords(fs *flag.FlagSet, db string, noStore bool, agentName string,
 	if noStore || path == "" {
 		return nil
 	}
-	st, err := openStore(path, false, o)
+	st, err := openStore(path, false, o, nil)
 	if err != nil {
 		fmt.Fprintf(o.Err, "warning: %v; the calls will not be stored (--no-store silences this)\n", err)
 		return nil

@@ -295,7 +295,7 @@ func cmdRun(ctx context.Context, args []string, o IO) int {
 		ca.ask = newPrompter(o.In, o.Out, v)
 	}
 	in.Approver = ca
-	rs, ok := openRunStore(fs, *db, *noStore, o)
+	rs, ok := openRunStore(fs, *db, *noStore, o, tracedEnds(tracing))
 	if !ok {
 		return ExitFailed
 	}

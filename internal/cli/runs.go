@@ -34,8 +34,8 @@ The store is --db, else TIMEBOX_DB, else timebox.db in $XDG_STATE_HOME/timebox
 reads turns (run, serve, runs, stats, validate, mcp serve).
 A postgres:// URL names the PostgreSQL database gateways share.`
 
-func openSQLite(path string) (*sqlite.Store, error) {
-	st, err := sqlite.Open(path, sqlite.Options{})
+func openSQLite(path string, ended func(store.Ending)) (*sqlite.Store, error) {
+	st, err := sqlite.Open(path, sqlite.Options{Ended: ended})
 	if err != nil {
 		return nil, fmt.Errorf("opening the store: %w", err)
 	}
@@ -110,7 +110,7 @@ func cmdRuns(ctx context.Context, args []string, o IO) int {
 			storeName(db), stateDB(o))
 		return ExitFailed
 	}
-	st, err := openStore(db, false, o)
+	st, err := openStore(db, false, o, nil)
 	if err != nil && !postgres.IsURL(db) {
 		// What was stored stays readable when the store cannot be opened
 		// to write (a full disk).
@@ -409,12 +409,12 @@ func stateDB(o IO) string {
 // turn is what the user asked for. One the user named (--db, TIMEBOX_DB)
 // that cannot be opened — a directory, a file that is no database — is
 // refused (ok false), as the README says: they asked for the turn there.
-func openRunStore(fs *flag.FlagSet, db string, noStore bool, o IO) (rs *runStore, ok bool) {
+func openRunStore(fs *flag.FlagSet, db string, noStore bool, o IO, ended func(store.Ending)) (rs *runStore, ok bool) {
 	path, from := settingFrom(fs, "db", db, "TIMEBOX_DB", o, stateDB(o))
 	if noStore || path == "" {
 		return nil, true
 	}
-	st, err := openStore(path, false, o)
+	st, err := openStore(path, false, o, ended)
 	if err != nil {
 		if from != "the default" {
 			fmt.Fprintf(o.Err, "timebox run: %v (from %s); nothing was run (--no-store runs without storing)\n", err, from)

@@ -150,18 +150,20 @@ func cmdServe(ctx context.Context, args []string, o IO) int {
 	}
 	reapOrphans(o)
 
-	st, err := openStore(db, true, o)
+	// Tracing first: the turns the store finds its dead owners left have
+	// their spans made (tracedEnds), and the store closes before it.
+	tracing, ok := startTracing(ctx, o)
+	if !ok {
+		return ExitUsage
+	}
+	defer stopTracing(tracing, o)
+	st, err := openStore(db, true, o, tracedEnds(tracing))
 	if err != nil {
 		fmt.Fprintln(o.Err, "timebox serve:", err)
 		return ExitFailed
 	}
 	defer st.Close()
 
-	tracing, ok := startTracing(ctx, o)
-	if !ok {
-		return ExitUsage
-	}
-	defer stopTracing(tracing, o)
 	// Late results reach the server through each turn's sink.
 	if es.Engine != engineTemporal { // there, the workers call the models
 		if err := timebox.NoCredential(cfg, o.getenv); err != nil {
@@ -294,8 +296,10 @@ func reapOrphans(o IO) {
 // openStore opens the store at path: a postgres:// URL is a PostgreSQL
 // database that several gateways may share, anything else a SQLite file
 // ("sqlite:" may lead it); "" is an in-memory store when memoryOK, an
-// error otherwise. It reports the turns it marked interrupted.
-func openStore(path string, memoryOK bool, o IO) (store.Store, error) {
+// error otherwise. It reports the turns it marked interrupted. ended, if
+// not nil, is told of each turn the store ends from outside its process
+// (tracedEnds).
+func openStore(path string, memoryOK bool, o IO, ended func(store.Ending)) (store.Store, error) {
 	if path == "" {
 		if memoryOK {
 			return store.NewMemory(), nil
@@ -307,7 +311,7 @@ func openStore(path string, memoryOK bool, o IO) (store.Store, error) {
 		ids []string
 	)
 	if postgres.IsURL(path) {
-		pg, err := openPostgres(path, o)
+		pg, err := openPostgres(path, o, ended)
 		if err != nil {
 			return nil, err
 		}
@@ -318,7 +322,7 @@ func openStore(path string, memoryOK bool, o IO) (store.Store, error) {
 		if err := os.MkdirAll(filepath.Dir(sqlitePath(path)), 0o700); err != nil {
 			return nil, fmt.Errorf("opening the store: %w", err)
 		}
-		lite, err := openSQLite(sqlitePath(path))
+		lite, err := openSQLite(sqlitePath(path), ended)
 		if err != nil {
 			return nil, err
 		}
@@ -339,7 +343,7 @@ func sqlitePath(db string) string { return strings.TrimPrefix(db, "sqlite:") }
 // openPostgres opens the PostgreSQL store at url, with the heartbeat its
 // timebox_heartbeat parameter sets, if any (postgres.ParseURL). Its log
 // lines (a gateway taken for gone, a lost LISTEN connection) go to stderr.
-func openPostgres(url string, o IO) (*postgres.Store, error) {
+func openPostgres(url string, o IO, ended func(store.Ending)) (*postgres.Store, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), openWithin)
 	defer cancel()
 	// A database that takes the connection and answers nothing (it
@@ -356,7 +360,7 @@ func openPostgres(url string, o IO) (*postgres.Store, error) {
 				postgres.Redact(url), openNoteAfter, openWithin)
 		}
 	})
-	st, err := postgres.Open(ctx, url, postgres.Options{Logger: slog.New(slog.NewTextHandler(o.Err, nil))})
+	st, err := postgres.Open(ctx, url, postgres.Options{Logger: slog.New(slog.NewTextHandler(o.Err, nil)), Ended: ended})
 	note.Stop()
 	mu.Lock()
 	opened = true

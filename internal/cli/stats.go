@@ -152,7 +152,7 @@ func openStatsStore(db string, o IO) (store.Store, string, int) {
 			where, stateDB(o))
 		return nil, "", ExitFailed
 	}
-	st, err := openStore(db, false, o)
+	st, err := openStore(db, false, o, nil)
 	if err != nil && !postgres.IsURL(db) {
 		var rerr error
 		if st, rerr = sqlite.OpenReadOnly(sqlitePath(db)); rerr == nil {
@@ -335,7 +335,7 @@ func warnFromRecords(ctx context.Context, db string, tools []advice.NamedBudget,
 		octx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		st, err = postgres.Open(octx, db, postgres.Options{})
 		cancel()
-	} else if st, err = openSQLite(sqlitePath(db)); err != nil {
+	} else if st, err = openSQLite(sqlitePath(db), nil); err != nil {
 		st, err = sqlite.OpenReadOnly(sqlitePath(db))
 	}
 	if err != nil {

@@ -43,17 +43,17 @@ func cmdWorker(ctx context.Context, args []string, o IO) int {
 	ctx, stop := interrupts(ctx, o)
 	defer stop()
 
-	st, err := openStore(db, false, o)
-	if err != nil {
-		fmt.Fprintln(o.Err, "timebox worker:", err)
-		return ExitFailed
-	}
-	defer st.Close()
 	tracing, ok := startTracing(ctx, o)
 	if !ok {
 		return ExitUsage
 	}
 	defer stopTracing(tracing, o)
+	st, err := openStore(db, false, o, tracedEnds(tracing))
+	if err != nil {
+		fmt.Fprintln(o.Err, "timebox worker:", err)
+		return ExitFailed
+	}
+	defer st.Close()
 	if err := timebox.NoCredential(cfg, o.getenv); err != nil {
 		fmt.Fprintln(o.Err, "timebox worker:", err)
 		return ExitUsage
