@@ -19,6 +19,7 @@ import (
 	"github.com/timebox-run/timebox/internal/proctest"
 	"github.com/timebox-run/timebox/internal/proctree"
 	"github.com/timebox-run/timebox/internal/syncbuf"
+	"github.com/timebox-run/timebox/internal/testenv"
 )
 
 // hangTool is a tool whose root starts a child in its process group, which
@@ -171,7 +172,11 @@ func kill9ThenRestart(t *testing.T) {
 			}
 			sc := begin(t, "kill -9 mid-tool, then a restart", name)
 			a := hangAgent(t)
-			env := []string{"PIDFILE=" + a.pidfile}
+			// Traced: the turn's span dies with the process, and the
+			// restart makes it again (docs/decisions/turn-span-of-a-lost-turn.md).
+			recv := testenv.NewOTLP(t)
+			env := []string{"PIDFILE=" + a.pidfile, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=" + recv.URL + "/v1/traces",
+				"OTEL_TRACES_EXPORTER=", "OTEL_SDK_DISABLED=", "OTEL_BSP_SCHEDULE_DELAY=50"}
 			if m.strategy != proctree.Auto {
 				env = append(env, proctree.EnvStrategy+"="+string(m.strategy))
 			}
@@ -248,8 +253,39 @@ func kill9ThenRestart(t *testing.T) {
 				t.Log("the stored events have no turn_finished")
 			}
 			sc.addKind(kindLost, "records lost", "= 0", fmt.Sprint(lost), lost == 0) // every call that started is stored, interrupted
+			span := lostTurnSpan(recv, turnOf(t, seen()), seen())
+			sc.truth("the turn's span after the restart", "made once, with the ids turn_started named", span, span == "made once, with the ids turn_started named")
 		})
 	}
+}
+
+// lostTurnSpan says whether the receiver got the invoke_agent span of the
+// turn id once, with the ids its turn_started (in events) named.
+func lostTurnSpan(recv *testenv.OTLP, id string, events []event.Event) string {
+	var tp string
+	for _, e := range events {
+		if d, ok := e.Data.(*event.TurnStarted); ok {
+			tp = d.Traceparent
+		}
+	}
+	if tp == "" {
+		return "turn_started named no traceparent"
+	}
+	var found []string
+	for _, sp := range recv.Spans() {
+		if strings.HasPrefix(sp.GetName(), "invoke_agent ") && testenv.SpanAttrs(sp)["timebox.turn.id"].GetStringValue() == id {
+			found = append(found, fmt.Sprintf("00-%x-%x-01", sp.GetTraceId(), sp.GetSpanId()))
+		}
+	}
+	switch {
+	case len(found) == 0:
+		return "not made"
+	case len(found) > 1:
+		return fmt.Sprintf("made %d times", len(found))
+	case found[0] != tp:
+		return fmt.Sprintf("made as %s, turn_started named %s", found[0], tp)
+	}
+	return "made once, with the ids turn_started named"
 }
 
 // reapedRE finds what a start of timebox says it reaped.
