@@ -97,7 +97,7 @@ func cmdMCP(ctx context.Context, args []string, o IO) int {
 	defer stopTracing(tracing, o)
 	opts := mcpserve.Options{Version: timebox.Version, MaxOutput: a.Limits().MaxToolOutput.N, Parallel: int(a.Limits().ParallelTools.N),
 		TracerProvider: tracing.Provider}
-	if rec := openMCPRecords(fs, *db, *noStore, cfg.Name, o); rec != nil {
+	if rec := openMCPRecords(fs, *db, *noStore, cfg.Name, o, tracedEnds(tracing)); rec != nil {
 		defer rec.close(o)
 		opts.OnFinished = rec.finished
 	}
@@ -172,12 +172,12 @@ type mcpRecords struct {
 // `timebox run` does: --db, else TIMEBOX_DB, else the default store;
 // nothing with --no-store or --db "". A store that cannot be opened is a
 // warning: serving the tools is what the user asked for.
-func openMCPRecords(fs *flag.FlagSet, db string, noStore bool, agentName string, o IO) *mcpRecords {
+func openMCPRecords(fs *flag.FlagSet, db string, noStore bool, agentName string, o IO, ended func(store.Ending)) *mcpRecords {
 	path := setting(fs, "db", db, "TIMEBOX_DB", o, stateDB(o))
 	if noStore || path == "" {
 		return nil
 	}
-	st, err := openStore(path, false, o, nil)
+	st, err := openStore(path, false, o, ended)
 	if err != nil {
 		fmt.Fprintf(o.Err, "warning: %v; the calls will not be stored (--no-store silences this)\n", err)
 		return nil
