@@ -123,6 +123,11 @@ func (a *Agent) traceTurn(ctx context.Context, s *machine.State) (end func(*Resu
 		trace.WithAttributes(turnAttrs(a.name, s.TurnID, s.SessionID, budgetAttrs(s.Budgets.Turn))...))
 	s.TraceCaller = TraceParent(ctx)
 	s.TraceParent = TraceParent(trace.ContextWithSpan(ctx, span))
+	if !span.IsRecording() {
+		// Never exported, so never made again: TraceEnded has nothing
+		// to leave to it.
+		return func(res *Result) { endTurnSpan(span, res.Record) }
+	}
 	id := span.SpanContext().SpanID()
 	live.Store(id, true)
 	return func(res *Result) {
