@@ -391,15 +391,7 @@ func (t *turn) finish(end machine.Ending) *Result {
 	default:
 		answer = t.tr.Partial()
 	}
-	cause := end.Cause.Err()
-	flags := event.Flags{}
-	if te, ok := budget.AsTimeout(cause); ok && (te.Phase == budget.PhaseTurn || te.Phase == budget.PhaseStep) {
-		flags.TimedOutByTurnBudget = te.Phase == budget.PhaseTurn
-		if note != nil {
-			flags.TimedOutDuringToolExecution = note.DuringRun
-			flags.TimedOutDuringCompaction = note.DuringCompact
-		}
-	}
+	flags := stopFlags(end, note)
 	if s.CompactionTimeout {
 		flags.TimedOutDuringCompaction = true
 	}

@@ -45,6 +45,23 @@ type End struct {
 	// What was running and what is kept are said after it, as for any
 	// interruption. Nil: the end is not known.
 	Said func(ran time.Duration) string
+	// Stop, when set, ends the turn stopped by a budget that the one
+	// ending it enforces for a process that could not (the turn's ceiling,
+	// which no worker of the engine was there to enforce): its status is
+	// Reason's (stopped, not interrupted), its end is known (now, as with
+	// Said), and Stop says its message, flags and limit, given the records
+	// of the calls that were running (interrupted, as for any
+	// interruption). What was running is said after its message.
+	Stop func(running []event.ToolCall) Stopped
+}
+
+// Stopped is how a turn stopped by a budget from outside its process
+// ends (End.Stop): its message, as its engine would have written it, its
+// flags, and the budget that stopped it (turn_finished's limit).
+type Stopped struct {
+	Message string
+	Flags   event.Flags
+	Limit   *event.BudgetValue
 }
 
 // Interruption is how an interrupted turn ends, for the store to write in
@@ -190,12 +207,18 @@ func Interrupt(t Interrupted) Interruption {
 	}
 
 	end := lastAt
-	if t.Said != nil && now.After(end) {
+	if (t.Said != nil || t.Stop != nil) && now.After(end) {
 		// Its end is known: now.
 		end = now
 	}
+	status := budget.StatusInterrupted
+	var stopped Stopped
+	if t.Stop != nil {
+		stopped = t.Stop(out.Calls)
+		status = cmp.Or(t.Reason, budget.Interrupted).Status()
+	}
 	rec := event.Turn{TurnID: t.TurnID, SessionID: t.SessionID, Agent: t.Agent, Input: t.Input, StartedAt: t.StartedAt,
-		Status: budget.StatusInterrupted, StopReason: cmp.Or(t.Reason, budget.Interrupted), Steps: t.Steps,
+		Status: status, StopReason: cmp.Or(t.Reason, budget.Interrupted), Steps: t.Steps, Flags: stopped.Flags,
 		EndedAt: end, WallMS: end.Sub(t.StartedAt).Milliseconds(),
 		// Lower bounds, as the wall time of an unknown end is: what the
 		// stored events show.
@@ -203,10 +226,11 @@ func Interrupt(t Interrupted) Interruption {
 	if model != "" {
 		rec.Answer = text.String()
 	}
-	rec.Message = interruptMessage(t.End, end.Sub(t.StartedAt), last, tools, model)
+	rec.Message = interruptMessage(t.End, stopped.Message, end.Sub(t.StartedAt), last, tools, model)
 	out.Record = rec
 	out.Events = append(out.Events, event.Event{Seq: seq + 1, TurnID: t.TurnID, Type: event.TypeTurnFinished, At: now,
 		Data: &event.TurnFinished{Status: rec.Status, StopReason: rec.StopReason, Message: rec.Message, Answer: rec.Answer,
+			Flags: rec.Flags, Limit: stopped.Limit,
 			Totals: event.Totals{Steps: rec.Steps, ToolCalls: t.ToolCalls + len(out.Calls), WallMS: rec.WallMS,
 				LLMMS: rec.LLMMS, ToolMS: rec.ToolMS, Failovers: rec.Failovers}}})
 	return out
@@ -259,8 +283,9 @@ func (c *runningCall) record(turnID string, lastAt time.Time, progress int, why 
 // interruptMessage says what happened to an interrupted turn and what was
 // running at the time, for the person who asked. Unless the one ending it
 // knows its end (End.Said), how long the turn ran is known only up to its
-// last stored event, so it says "at least".
-func interruptMessage(end End, ran time.Duration, events int64, tools []string, model string) string {
+// last stored event, so it says "at least". A turn stopped by a budget
+// (End.Stop) opens with stopped, its engine's words.
+func interruptMessage(end End, stopped string, ran time.Duration, events int64, tools []string, model string) string {
 	var doing string
 	switch {
 	case len(tools) > 0:
@@ -272,6 +297,9 @@ func interruptMessage(end End, ran time.Duration, events int64, tools []string, 
 		}
 	case model != "":
 		doing = fmt.Sprintf(" Model %s was answering.", model)
+	}
+	if end.Stop != nil {
+		return stopped + doing
 	}
 	if end.Said != nil {
 		kept := " Nothing of it ran."

@@ -121,3 +121,37 @@ func TestAKnownEndIsSaid(t *testing.T) {
 		})
 	}
 }
+
+// TestAStopFromOutside: a turn stopped by a budget from outside its
+// process (End.Stop: the ceiling of a turn no worker runs) ends with its
+// reason's status, the message, flags and limit Stop gives for the calls
+// that were running, those calls recorded interrupted, and its end now.
+func TestAStopFromOutside(t *testing.T) {
+	t0 := time.Date(2026, 11, 28, 0, 0, 0, 0, time.UTC)
+	evs := []event.Event{
+		{Seq: 1, TurnID: "t1", Type: event.TypeToolStarted, At: t0.Add(time.Second), Data: &event.ToolStarted{Step: 1, CallID: "c1", Tool: "sh"}},
+	}
+	var got []event.ToolCall
+	limit := &event.BudgetValue{Key: budget.KeyTurn, Value: "1m"}
+	out := store.Interrupt(store.Interrupted{TurnID: "t1", StartedAt: t0, Events: evs, Now: t0.Add(66 * time.Second),
+		End: store.End{Reason: budget.TurnTimeout, Why: "no worker ran it", Stop: func(running []event.ToolCall) store.Stopped {
+			got = running
+			return store.Stopped{Message: "Stopped after 1m0s.", Flags: event.Flags{TimedOutByTurnBudget: true, TimedOutDuringToolExecution: true}, Limit: limit}
+		}}})
+	r := out.Record
+	if len(got) != 1 || got[0].Tool != "sh" || !got[0].StartedAt.Equal(t0.Add(time.Second)) || len(out.Calls) != 1 ||
+		out.Calls[0].Outcome != event.OutcomeInterrupted {
+		t.Errorf("running calls given %+v, recorded %+v", got, out.Calls)
+	}
+	if want := "Stopped after 1m0s. Tool sh was running; its call is recorded as interrupted."; r.Message != want {
+		t.Errorf("message %q, want %q", r.Message, want)
+	}
+	if r.Status != budget.StatusStopped || r.StopReason != budget.TurnTimeout || !r.Flags.TimedOutDuringToolExecution ||
+		r.WallMS != 66000 || !r.EndedAt.Equal(t0.Add(66*time.Second)) {
+		t.Errorf("record: %s (%s), flags %+v, wall_ms %d", r.Status, r.StopReason, r.Flags, r.WallMS)
+	}
+	fin := out.Events[len(out.Events)-1].Data.(*event.TurnFinished)
+	if fin.Status != r.Status || fin.Message != r.Message || fin.Flags != r.Flags || fin.Limit != limit {
+		t.Errorf("turn_finished %+v differs from the record", fin)
+	}
+}

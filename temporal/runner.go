@@ -115,7 +115,7 @@ func (r *Runner) Run(ctx context.Context, in agent.Input, sinks ...event.Sink) *
 
 func (r *Runner) run(ctx context.Context, in agent.Input, s *machine.State, history []model.Message, sinks []event.Sink) *agent.Result {
 	bg := context.WithoutCancel(ctx)
-	f := &follow{r: r, in: in, started: s.Start, sinks: sinks}
+	f := &follow{r: r, in: in, started: s.Start, state: s, sinks: sinks}
 	ts := store.TurnStart{TurnID: in.TurnID, SessionID: in.SessionID, Engine: Engine, Agent: r.agent.Name(), Input: in.Text, StartedAt: s.Start}
 	if o, ok := r.store.(store.Owned); ok {
 		// The turn is this Run's: when its process is gone, the turn is
@@ -151,9 +151,12 @@ type follow struct {
 	r       *Runner
 	in      agent.Input
 	started time.Time
-	sinks   []event.Sink
-	events  []event.Event
-	after   int64
+	// state is the turn's state as it was started: its budgets, and the
+	// start its ceiling counts from.
+	state  *machine.State
+	sinks  []event.Sink
+	events []event.Event
+	after  int64
 	// finished is set once turn_finished was read; rec once the turn's
 	// record was read ended (recorded).
 	finished bool
@@ -271,7 +274,11 @@ func (f *follow) run(ctx context.Context, run client.WorkflowRun) *agent.Result 
 				return f.end(bg, budget.EngineLost, gone)
 			case err == nil:
 				unreachable = time.Time{}
-				f.noteWait(bg, waitingSince(d), time.Now())
+				now, since := time.Now(), waitingSince(d)
+				f.noteWait(bg, since, now)
+				if ceiling, ok := f.unworkedPastCeiling(d, since, now); ok {
+					return f.endAs(bg, r.ceilingEnd(bg, f.state, f.events, ceiling, now.Sub(since), now))
+				}
 			case unreachable.IsZero():
 				unreachable = time.Now()
 			case time.Since(unreachable) >= EngineGrace:
@@ -365,11 +372,122 @@ func (f *follow) noteWait(ctx context.Context, since, now time.Time) {
 	}
 	n := &event.StillWorking{Step: step, Subject: "no worker", ElapsedMS: waited.Milliseconds(),
 		Waiting: fmt.Sprintf("no timebox worker has taken this turn's work for %s. Is one running on task queue %q, "+
-			"with this agent file? The turn goes on when one does (its ceiling counts meanwhile); "+
+			"with this agent file? The turn goes on when one does; its ceiling counts meanwhile, and stops it if none comes; "+
 			"a cancel ends it %s after it is asked if none comes.", budget.Round(waited), f.r.taskQueue, CancelWait)}
 	// Numbered by the store (seq 0), among the workers' events; a turn
 	// that ended meanwhile takes no more events.
 	_ = f.r.store.AppendEvent(ctx, event.Event{TurnID: f.in.TurnID, Type: event.TypeStillWorking, At: now, Data: n})
+}
+
+// CeilingGrace is how long past a turn's ceiling and its kill grace the
+// process following the turn leaves it to a worker before it ends the
+// turn itself, when no worker takes its work (unworkedPastCeiling): a
+// live worker stops the turn's tools at the ceiling and ends the turn
+// within the kill grace, so that its own end, the embedded engine's,
+// always comes first.
+var CeilingGrace = 5 * time.Second
+
+// unworkedPastCeiling reports whether the turn is past its ceiling, and
+// when that fell, while no worker runs it: its work has waited WorkerWait
+// or longer for a worker since since (the judgement of the waiting
+// notice, noteWait), no worker has any of it in hand, and now is
+// CeilingGrace past its ceiling and kill grace. The ceiling is the
+// turn's start plus timeouts.turn plus its waits for nothing but people,
+// as its followed events tell them (machine.Pauses): a turn waiting for a
+// person now is not past it. The events tell a call working from its
+// tool_started, a little later than the workflow counts it, so that the
+// waits counted are never shorter than the workflow's and the ceiling
+// never earlier.
+func (f *follow) unworkedPastCeiling(d *workflowservice.DescribeWorkflowExecutionResponse, since, now time.Time) (time.Time, bool) {
+	b := f.state.Budgets
+	if f.finished || b.Turn.D <= 0 || since.IsZero() || now.Sub(since) < WorkerWait || taken(d) {
+		return time.Time{}, false
+	}
+	p := &machine.Pauses{Total: f.state.ApprovalWait}
+	waits, works := map[string]bool{}, map[string]bool{}
+	unwait := func(id string, at time.Time) {
+		if waits[id] {
+			delete(waits, id)
+			p.Change(at, -1, 0)
+		}
+	}
+	for _, e := range f.events {
+		switch x := e.Data.(type) {
+		case *event.ApprovalRequested:
+			if !waits[x.CallID] {
+				waits[x.CallID] = true
+				p.Change(e.At, 1, 0)
+			}
+		case *event.ApprovalDecided:
+			unwait(x.CallID, e.At)
+		case *event.ToolStarted:
+			unwait(x.CallID, e.At)
+			if !works[x.CallID] {
+				works[x.CallID] = true
+				p.Change(e.At, 0, 1)
+			}
+		case *event.ToolFinished:
+			unwait(x.CallID, e.At)
+			if works[x.CallID] {
+				delete(works, x.CallID)
+				p.Change(e.At, 0, -1)
+			}
+		}
+	}
+	if p.Paused() {
+		return time.Time{}, false
+	}
+	ceiling := f.state.Start.Add(b.Turn.D + p.Total)
+	return ceiling, !now.Before(ceiling.Add(b.KillGrace.D + CeilingGrace))
+}
+
+// taken reports whether a worker has some of the workflow's work in hand:
+// its workflow task, or a call's activity, started.
+func taken(d *workflowservice.DescribeWorkflowExecutionResponse) bool {
+	if d.GetPendingWorkflowTask().GetState() == enums.PENDING_WORKFLOW_TASK_STATE_STARTED {
+		return true
+	}
+	for _, a := range d.GetPendingActivities() {
+		if a.GetState() == enums.PENDING_ACTIVITY_STATE_STARTED || a.GetState() == enums.PENDING_ACTIVITY_STATE_CANCEL_REQUESTED {
+			return true
+		}
+	}
+	return false
+}
+
+// ceilingEnd terminates the workflow of the turn of state s, past its
+// ceiling (which fell at ceiling) at now with its work waiting waited for
+// a worker, so that no worker starts it later, and returns its end as the
+// embedded engine's: stopped, turn_timeout, its message, flags and limit
+// in its words (agent.StopOf), the calls that were running said as a stop
+// note says them (machine.RunningDesc, until the ceiling), then that no
+// worker ran the turn. Those calls get the record of any call whose
+// worker was lost before it ended: interrupted. events are the turn's
+// events followed: the last model asked is its last step when no call
+// runs.
+func (r *Runner) ceilingEnd(ctx context.Context, s *machine.State, events []event.Event, ceiling time.Time, waited time.Duration, now time.Time) store.End {
+	st := *s
+	for _, e := range events {
+		if x, ok := e.Data.(*event.LLMStarted); ok {
+			st.LastStep = "model " + x.Model
+		}
+	}
+	past := now.Sub(ceiling)
+	none := fmt.Sprintf("no timebox worker ran it on task queue %s to stop it there", r.taskQueue)
+	r.terminate(ctx, s.TurnID, "its ceiling fell, and "+none)
+	cause := &machine.Cause{Timeout: s.Budgets.Turn.Expired(budget.PhaseTurn, "the turn", s.Budgets.Turn.D+past)}
+	return store.End{Reason: budget.TurnTimeout, Why: "its ceiling fell, and " + none,
+		Stop: func(running []event.ToolCall) store.Stopped {
+			var note *machine.StopNote
+			for _, c := range running {
+				note = note.Merge(&machine.StopNote{Desc: machine.RunningDesc(c.Tool, max(ceiling.Sub(c.StartedAt), 0)),
+					Tools: []string{c.Tool}, DuringRun: true})
+			}
+			msg, flags, limit := agent.StopOf(&st, machine.Ending{Reason: budget.TurnTimeout, Cause: cause}, note, now)
+			msg += fmt.Sprintf(" No timebox worker ran the turn on task queue %s to stop it there (its work waited %s for one): it was stopped %s past its ceiling, and its workflow was terminated.",
+				r.taskQueue, budget.RoundHuman(waited), budget.RoundHuman(past))
+			return store.Stopped{Message: msg, Flags: flags, Limit: limit}
+		}}
 }
 
 func isGone(err error) bool {
@@ -526,15 +644,22 @@ var CancelWait = 30 * time.Second
 // (store.End.Said), not the "at least" of a crash.
 func (r *Runner) unworked(ctx context.Context, id, queue string, waited time.Duration) store.End {
 	why := fmt.Sprintf("it was cancelled, and no timebox worker ended it within %s", budget.Round(waited))
-	tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	_ = r.client.TerminateWorkflow(tctx, WorkflowID(id), "", why)
+	r.terminate(ctx, id, why)
 	none := fmt.Sprintf("none ran on task queue %s, or none reached the store", queue)
 	return store.End{Reason: budget.Interrupted, Why: fmt.Sprintf("%s (%s), so its workflow was terminated", why, none),
 		Said: func(ran time.Duration) string {
 			return fmt.Sprintf("Cancelled after %s: no timebox worker ended it within %s of the cancel (%s), so its workflow was terminated.",
 				budget.RoundHuman(ran), budget.RoundHuman(waited), none)
 		}}
+}
+
+// terminate terminates the workflow of turn id, for why, so that no
+// worker starts it later: the turn is ended in the store by whoever
+// terminates it.
+func (r *Runner) terminate(ctx context.Context, id, why string) {
+	tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_ = r.client.TerminateWorkflow(tctx, WorkflowID(id), "", why)
 }
 
 // CancelTurn tells the workflow of turn turnID, which this runner does

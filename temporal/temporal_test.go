@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -576,5 +577,90 @@ func TestStopFollowingLeavesTheTurnRunning(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("the turn did not end on its workers")
 		}
+	}
+}
+
+// TestCeilingWithoutWorker: the only worker of a turn stops while a tool
+// runs, and the turn's ceiling (6s) falls with no worker to enforce it.
+// The process following the turn ends it, as the embedded engine would
+// have — stopped, turn_timeout, "Last step: tool long, running for …",
+// timed_out_by_turn_budget and timed_out_during_tool_execution — saying
+// that no worker ran it, and terminates its workflow so that no worker
+// starts it later. (It stayed running until a worker came.)
+func TestCeilingWithoutWorker(t *testing.T) {
+	defer proctest.CheckNoLeaks(t)
+	c, s, queue := setup(t)
+	defer func(w, g time.Duration) { temporal.WorkerWait, temporal.CeilingGrace = w, g }(temporal.WorkerWait, temporal.CeilingGrace)
+	temporal.WorkerWait, temporal.CeilingGrace = 2*time.Second, time.Second
+	const ceiling = 6 * time.Second
+	a := openAgent(t, stopAgent(t, ceiling.String()))
+	w, err := temporal.NewWorker(temporal.WorkerOptions{Client: c, TaskQueue: queue, Agent: a.Agent, Store: s, Heartbeat: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(); err != nil {
+		t.Fatal(err)
+	}
+	r, err := temporal.NewRunner(c, s, queue, a.Agent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := "t_" + strings.ToLower(t.Name())
+	started := make(chan struct{})
+	var once sync.Once
+	sink := event.SinkFunc(func(e event.Event) {
+		if e.Type == event.TypeToolStarted {
+			once.Do(func() { close(started) })
+		}
+	})
+	done := make(chan *agent.Result, 1)
+	go func() { done <- r.Run(context.Background(), agent.Input{TurnID: id, Text: "go"}, sink) }()
+	select {
+	case <-started:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the tool did not start")
+	}
+	w.Stop()
+	var res *agent.Result
+	select {
+	case res = <-done:
+	case <-time.After(ceiling + 30*time.Second):
+		t.Fatal("the turn was still running 30s past its ceiling")
+	}
+	rec := res.Record
+	past := rec.EndedAt.Sub(rec.StartedAt.Add(ceiling))
+	t.Logf("ended %v past its ceiling: %s", past.Round(time.Millisecond), rec.Message)
+	// Its ceiling, its kill grace (500ms) and CeilingGrace, then the
+	// follower's next look (every 2s), and some slack.
+	if past < 1500*time.Millisecond || past > 6*time.Second {
+		t.Errorf("ended %v past its ceiling, want 1.5s to 6s", past)
+	}
+	if rec.Status != budget.StatusStopped || rec.StopReason != budget.TurnTimeout {
+		t.Errorf("ended %s (%s), want stopped (turn_timeout)", rec.Status, rec.StopReason)
+	}
+	if want := "Stopped after 6s, the limit for one turn (timeouts.turn). Last step: tool long, running for "; !strings.HasPrefix(rec.Message, want) ||
+		!strings.Contains(rec.Message, "No timebox worker ran the turn on task queue "+queue+" ") ||
+		!strings.Contains(rec.Message, "its workflow was terminated") {
+		t.Errorf("message %q, want it to begin %q and say no worker ran the turn on %s", rec.Message, want, queue)
+	}
+	if !rec.Flags.TimedOutByTurnBudget || !rec.Flags.TimedOutDuringToolExecution {
+		t.Errorf("flags %+v, want timed_out_by_turn_budget and timed_out_during_tool_execution", rec.Flags)
+	}
+	if len(rec.Events) == 0 {
+		t.Fatal("no events")
+	}
+	fin, ok := rec.Events[len(rec.Events)-1].Data.(*event.TurnFinished)
+	if !ok || fin.Flags != rec.Flags || fin.Message != rec.Message || fin.Limit == nil || fin.Limit.Key != budget.KeyTurn {
+		t.Errorf("the last event is %+v, want the turn's turn_finished with its limit", rec.Events[len(rec.Events)-1].Data)
+	}
+	if c := callNamed(t, rec, "long"); c.Outcome != event.OutcomeInterrupted {
+		t.Errorf("the running call ended %s, want interrupted", c.Outcome)
+	}
+	desc, err := c.DescribeWorkflowExecution(context.Background(), temporal.WorkflowID(id), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := desc.WorkflowExecutionInfo.Status.String(); st != "Terminated" {
+		t.Errorf("the workflow is %s, want Terminated", st)
 	}
 }
