@@ -3,12 +3,20 @@
 package faults
 
 import (
+	"context"
+	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
+	"go.temporal.io/api/enums/v1"
+	"go.temporal.io/sdk/client"
+	sdklog "go.temporal.io/sdk/log"
+
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/temporal"
 )
 
 // noWorkerLeft: the only worker is killed (SIGKILL) mid-tool, and none is
@@ -56,6 +64,71 @@ func noWorkerLeft(t *testing.T) {
 	sc.allDead(pids)
 	stop(wb)
 	sc.nothingLeft()
+}
+
+// ceilingWithNoWorker: the only worker is killed (SIGKILL) mid-tool and
+// none is started; the turn's ceiling (5s) falls with no worker to
+// enforce it. `run` following the turn ends it as the embedded engine
+// would have — stopped, turn_timeout, "Last step: tool hang, running
+// for …", flagged — saying that no worker ran it on the task queue, and
+// terminates its workflow; the call is recorded interrupted. (Before, the
+// turn stayed running past its ceiling until a worker came.)
+func ceilingWithNoWorker(t *testing.T) {
+	sc := begin(t, "every worker kill -9 mid-tool, then the turn's ceiling", "timebox worker, run --engine temporal")
+	e := newEngine(t)
+	const ceiling = 5 * time.Second
+	a := newAgent(t, scriptAgent("kill_grace: 500ms, turn: "+ceiling.String(), "", "{name: hang, description: Hangs., exec: [./hang.sh], timeout: 1m}"),
+		[]string{callTools("hang"), `{"text": "never"}`}, map[string]string{"hang.sh": hangTool})
+	wa, run, id, pids := e.hanging(a, "1s")
+	wa.cmd.Process.Kill()
+	<-wa.done
+	// The ceiling, its kill grace and the follower's grace (5s); or, when
+	// later, the call's heartbeat timeout (1s) and 10s of work no worker
+	// took; then the follower's next look (every 2s).
+	rec, evs, ok := e.endsWithin(id, ceiling+40*time.Second)
+	if !ok {
+		sc.truth("the turn ended with no worker", "yes", "no", false)
+		t.Fatalf("turn %s still running 40s past its ceiling with no worker\n%s", id, run.stderr.String())
+	}
+	code := run.wait(10 * time.Second)
+	sc.within("past the ceiling", rec.EndedAt.Sub(rec.StartedAt.Add(ceiling)), 20*time.Second)
+	sc.is("status", string(rec.Status)+"/"+string(rec.StopReason), string(budget.StatusStopped)+"/"+string(budget.TurnTimeout))
+	sc.count("run's exit code", code, 3)
+	says := strings.HasPrefix(rec.Message, "Stopped after 5s, the limit for one turn (timeouts.turn). Last step: tool hang, running for ") &&
+		strings.Contains(rec.Message, "No timebox worker ran the turn on task queue "+e.queue+" ")
+	sc.truth("its message", "the embedded engine's, and that no worker ran it on the task queue", fmt.Sprintf("%q", rec.Message), says)
+	sc.truth("its flags", "timed out by the turn budget, during a tool", fmt.Sprintf("%+v", rec.Flags),
+		rec.Flags.TimedOutDuringToolExecution && rec.Flags.TimedOutByTurnBudget)
+	if c := rec.ToolCalls; len(c) == 1 {
+		sc.is("the call", string(c[0].Outcome), string(event.OutcomeInterrupted))
+	} else {
+		sc.count("tool call records", len(c), 1)
+	}
+	st := workflowStatus(t, e.srv.Addr(), id)
+	sc.is("its workflow", st, enums.WORKFLOW_EXECUTION_STATUS_TERMINATED.String())
+	sc.integrity(evs, run.log.snapshot())
+	// The dead worker's tool left its descendants (the root died with
+	// it): the next timebox to start on the machine reaps them — a worker
+	// started again, which finds nothing of the turn to run.
+	wb := e.worker(a, nil, "1s")
+	sc.allDead(pids)
+	stop(wb)
+	sc.nothingLeft()
+}
+
+// workflowStatus returns the status of a turn's workflow.
+func workflowStatus(t *testing.T, addr, turnID string) string {
+	t.Helper()
+	c, err := client.Dial(client.Options{HostPort: addr, Logger: sdklog.NewStructuredLogger(slog.New(slog.DiscardHandler))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	d, err := c.DescribeWorkflowExecution(context.Background(), temporal.WorkflowID(turnID), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d.GetWorkflowExecutionInfo().GetStatus().String()
 }
 
 func containsAll(s string, parts ...string) bool {
