@@ -86,8 +86,10 @@ var (
 // WorkerWait is how long a turn's work may wait for a worker to take it
 // before the turn says so: a still_working notice whose waiting field says
 // that no worker has taken it, and on which task queue one must run. It
-// is a notice, not a stop: the turn goes on when a worker comes. Without
-// it a turn whose every worker died looked like a call running on.
+// is a notice, not a stop: the turn goes on when a worker comes (its
+// ceiling aside: past it, the same judgement stops the turn,
+// unworkedPastCeiling). Without it a turn whose every worker died looked
+// like a call running on.
 var WorkerWait = 10 * time.Second
 
 // Run starts the turn as a workflow and returns once it has ended, with
