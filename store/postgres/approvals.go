@@ -59,7 +59,7 @@ func (s *Store) Decide(ctx context.Context, turnID, callID string, d store.Appro
 
 // Approval implements store.Approvals.
 func (s *Store) Approval(ctx context.Context, turnID, callID string) (store.Approval, error) {
-	return again(ctx, s, func() (store.Approval, error) { return s.approvalOnce(ctx, turnID, callID) })
+	return again(ctx, s, func(ctx context.Context) (store.Approval, error) { return s.approvalOnce(ctx, turnID, callID) })
 }
 
 func (s *Store) approvalOnce(ctx context.Context, turnID, callID string) (store.Approval, error) {
@@ -76,7 +76,7 @@ func (s *Store) approvalOnce(ctx context.Context, turnID, callID string) (store.
 
 // Approvals implements store.Approvals.
 func (s *Store) Approvals(ctx context.Context, turnID string) ([]store.Approval, error) {
-	return again(ctx, s, func() ([]store.Approval, error) { return s.approvalsOnce(ctx, turnID) })
+	return again(ctx, s, func(ctx context.Context) ([]store.Approval, error) { return s.approvalsOnce(ctx, turnID) })
 }
 
 func (s *Store) approvalsOnce(ctx context.Context, turnID string) ([]store.Approval, error) {

@@ -72,17 +72,24 @@ var _ store.Backlogged = (*Store)(nil)
 // that cannot be reached is not tried again here (each try could wait for
 // the connection): it is reported at once, as store.ErrUnavailable (503
 // store_unavailable at the HTTP API), as is a failure that passes on the
-// last try.
+// last try. A database that hangs is given up once it has answered
+// nothing for hungAfter (unlessHung), and is store.ErrUnavailable too; a
+// slow one that answers is waited for.
 //
 // It tries once more than the pool holds connections: every one of them
 // may have been cut while idle, each found dead only when used (the pool
 // pings only those idle for more than a second before it hands them out).
-func again[T any](ctx context.Context, s *Store, fn func() (T, error)) (T, error) {
+func again[T any](ctx context.Context, s *Store, fn func(context.Context) (T, error)) (T, error) {
 	tries := int(s.pool.Config().MaxConns) + 1
 	for i := 1; ; i++ {
-		v, err := fn()
+		var v T
+		err := s.unlessHung(ctx, func(ctx context.Context) error {
+			var err error
+			v, err = fn(ctx)
+			return err
+		})
 		var ce *pgconn.ConnectError
-		if err == nil || ctx.Err() != nil || !transient(err) {
+		if err == nil || ctx.Err() != nil || errors.Is(err, store.ErrUnavailable) || !transient(err) {
 			return v, err
 		}
 		if i == tries || errors.As(err, &ce) || errors.Is(err, context.DeadlineExceeded) {

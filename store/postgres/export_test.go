@@ -39,10 +39,11 @@ func HasParam(dsn, key string) bool { return hasParam(dsn, key) }
 // Beat renews the store's heartbeat now, as its heartbeat does.
 func (s *Store) Beat() error { return s.beat(s.ctx) }
 
-// BeginWithin sets how long BeginTurn waits for the database, and returns
-// a function that puts it back.
-func BeginWithin(d time.Duration) (undo func()) {
-	was := beginWithin
-	beginWithin = d
-	return func() { beginWithin = was }
+// HungAfter sets how long the database may answer nothing before a wait
+// on it is given up (BeginTurn, reads), and returns a function that puts
+// it back.
+func HungAfter(d time.Duration) (undo func()) {
+	was := hungAfter
+	hungAfter = d
+	return func() { hungAfter = was }
 }

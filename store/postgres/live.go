@@ -31,7 +31,7 @@ func (s *Store) WatchCancel(turnID string) (<-chan struct{}, func()) {
 func (s *Store) RequestCancel(ctx context.Context, turnID string) error {
 	// Again on a connection found dead: the request is kept once however
 	// often it is stored.
-	_, err := again(ctx, s, func() (struct{}, error) { return struct{}{}, s.requestCancel(ctx, turnID) })
+	_, err := again(ctx, s, func(ctx context.Context) (struct{}, error) { return struct{}{}, s.requestCancel(ctx, turnID) })
 	return err
 }
 
@@ -75,7 +75,7 @@ func (s *Store) EngineCancels(ctx context.Context) ([]string, error) {
 	if s.isClosed() {
 		return nil, store.ErrClosed
 	}
-	return again(ctx, s, func() ([]string, error) {
+	return again(ctx, s, func(ctx context.Context) ([]string, error) {
 		return queryStrings(ctx, s.pool, `SELECT c.turn_id FROM cancel_requests c JOIN turns t ON t.turn_id = c.turn_id
 			WHERE t.status = 'running' AND starts_with(t.owner_id, $1) AND t.owner_id <> $2 ORDER BY t.n`, enginePrefix, suspendedOwner)
 	})
@@ -83,7 +83,7 @@ func (s *Store) EngineCancels(ctx context.Context) ([]string, error) {
 
 // CancelReason implements store.CancelReasons.
 func (s *Store) CancelReason(ctx context.Context, turnID string) (*budget.CancelError, error) {
-	return again(ctx, s, func() (*budget.CancelError, error) { return s.cancelReason(ctx, turnID) })
+	return again(ctx, s, func(ctx context.Context) (*budget.CancelError, error) { return s.cancelReason(ctx, turnID) })
 }
 
 func (s *Store) cancelReason(ctx context.Context, turnID string) (*budget.CancelError, error) {

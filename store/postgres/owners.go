@@ -52,6 +52,7 @@ func (s *Store) beat(ctx context.Context) error {
 		s.upMu.Unlock()
 		return err
 	}
+	s.live.answered()
 	if prev == nil && s.beatenOnce() {
 		s.log.Warn("postgres store: another timebox process sharing the database took this one for gone (its heartbeats were not seen for three of its intervals) and marked its running turns interrupted; they end here as recorded there",
 			"db", s.where, "owner", s.owner)

@@ -95,12 +95,16 @@ type Store struct {
 	where   string // the database, for messages (no password)
 	pool    *pgxpool.Pool
 	connCfg *pgx.ConnConfig // for the LISTEN connection
-	owner   string
-	host    string
-	hb      time.Duration
-	poll    time.Duration
-	log     *slog.Logger
-	ended   func(store.Ending) // Options.Ended
+	// probeCfg is for the connection that asks whether the database
+	// answers while a wait is under way (prober).
+	probeCfg *pgx.ConnConfig
+	live     *liveness
+	owner    string
+	host     string
+	hb       time.Duration
+	poll     time.Duration
+	log      *slog.Logger
+	ended    func(store.Ending) // Options.Ended
 
 	recovered []string
 
@@ -263,7 +267,11 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 		// gateway from the pools.
 		listenCfg.RuntimeParams["application_name"] = "timebox listen " + owner
 	}
-	s := &Store{where: where, pool: pool, connCfg: listenCfg, owner: owner, host: host,
+	probeCfg := cfg.ConnConfig.Copy()
+	if !named {
+		probeCfg.RuntimeParams["application_name"] = "timebox probe " + owner
+	}
+	s := &Store{where: where, pool: pool, connCfg: listenCfg, probeCfg: probeCfg, live: newLiveness(time.Now), owner: owner, host: host,
 		hb: o.Heartbeat, poll: o.Poll, log: o.Logger, ended: o.Ended, closed: make(chan struct{})}
 	s.ctx, s.stopAll = context.WithCancel(context.Background())
 	if err := s.beat(ctx); err != nil {
@@ -284,10 +292,11 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 	}
 	s.q = groupq.New(s.commitGroup, groupq.Options{MaxGroup: maxGroup, Transient: transient, Encode: store.EncodeEvent,
 		OnState: groupq.Log(s.log, "postgres store "+s.where)})
-	s.bg.Add(3)
+	s.bg.Add(4)
 	go s.listen(conn)
 	go s.heartbeat()
 	go s.poller()
+	go s.prober()
 	return s, nil
 }
 

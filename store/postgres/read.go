@@ -18,14 +18,14 @@ import (
 
 // Turn implements store.Store.
 func (s *Store) Turn(ctx context.Context, id string) (*event.Turn, error) {
-	return again(ctx, s, func() (*event.Turn, error) { return s.turn(ctx, id, true) })
+	return again(ctx, s, func(ctx context.Context) (*event.Turn, error) { return s.turn(ctx, id, true) })
 }
 
 // TurnWithoutResults implements store.Payloads: the tool call records are
 // decoded with their results skipped, never copied out of the
 // connection's buffer.
 func (s *Store) TurnWithoutResults(ctx context.Context, id string) (*event.Turn, error) {
-	return again(ctx, s, func() (*event.Turn, error) { return s.turn(ctx, id, false) })
+	return again(ctx, s, func(ctx context.Context) (*event.Turn, error) { return s.turn(ctx, id, false) })
 }
 
 // turn reads turn id's record, its tool calls' results too when results.
@@ -193,7 +193,7 @@ func (s *Store) summaries(ctx context.Context, query string, args ...any) ([]sto
 
 // Turns implements store.Store.
 func (s *Store) Turns(ctx context.Context, f store.Filter) ([]store.TurnSummary, error) {
-	return again(ctx, s, func() ([]store.TurnSummary, error) { return s.turnsOnce(ctx, f) })
+	return again(ctx, s, func(ctx context.Context) ([]store.TurnSummary, error) { return s.turnsOnce(ctx, f) })
 }
 
 func (s *Store) turnsOnce(ctx context.Context, f store.Filter) ([]store.TurnSummary, error) {
@@ -236,7 +236,7 @@ func (s *Store) turnsOnce(ctx context.Context, f store.Filter) ([]store.TurnSumm
 
 // Events implements store.Store.
 func (s *Store) Events(ctx context.Context, turnID string, after int64, limit int) ([]event.Event, error) {
-	return again(ctx, s, func() ([]event.Event, error) { return s.eventsOnce(ctx, turnID, after, limit) })
+	return again(ctx, s, func(ctx context.Context) ([]event.Event, error) { return s.eventsOnce(ctx, turnID, after, limit) })
 }
 
 func (s *Store) eventsOnce(ctx context.Context, turnID string, after int64, limit int) ([]event.Event, error) {
@@ -266,7 +266,7 @@ func (s *Store) eventsOnce(ctx context.Context, turnID string, after int64, limi
 
 // Session implements store.Store.
 func (s *Store) Session(ctx context.Context, id string) (*store.Session, error) {
-	return again(ctx, s, func() (*store.Session, error) { return s.sessionOnce(ctx, id) })
+	return again(ctx, s, func(ctx context.Context) (*store.Session, error) { return s.sessionOnce(ctx, id) })
 }
 
 func (s *Store) sessionOnce(ctx context.Context, id string) (*store.Session, error) {
@@ -295,7 +295,7 @@ func (s *Store) sessionOnce(ctx context.Context, id string) (*store.Session, err
 
 // Sessions implements store.Store.
 func (s *Store) Sessions(ctx context.Context, limit int) ([]store.SessionSummary, error) {
-	return again(ctx, s, func() ([]store.SessionSummary, error) { return s.sessionsOnce(ctx, limit) })
+	return again(ctx, s, func(ctx context.Context) ([]store.SessionSummary, error) { return s.sessionsOnce(ctx, limit) })
 }
 
 func (s *Store) sessionsOnce(ctx context.Context, limit int) ([]store.SessionSummary, error) {
@@ -325,7 +325,7 @@ func (s *Store) sessionsOnce(ctx context.Context, limit int) ([]store.SessionSum
 
 // History implements store.Store.
 func (s *Store) History(ctx context.Context, sessionID string) ([]model.Message, error) {
-	return again(ctx, s, func() ([]model.Message, error) { return s.historyOnce(ctx, sessionID) })
+	return again(ctx, s, func(ctx context.Context) ([]model.Message, error) { return s.historyOnce(ctx, sessionID) })
 }
 
 func (s *Store) historyOnce(ctx context.Context, sessionID string) ([]model.Message, error) {

@@ -27,7 +27,7 @@ var _ store.CallStats = (*Store)(nil)
 // on a cut connection, and a database that cannot be reached is
 // store.ErrUnavailable (again).
 func (s *Store) ToolStats(ctx context.Context, f store.StatsFilter) ([]store.ToolStat, error) {
-	return again(ctx, s, func() ([]store.ToolStat, error) { return s.toolStats(ctx, f) })
+	return again(ctx, s, func(ctx context.Context) ([]store.ToolStat, error) { return s.toolStats(ctx, f) })
 }
 
 func (s *Store) toolStats(ctx context.Context, f store.StatsFilter) ([]store.ToolStat, error) {
@@ -133,7 +133,7 @@ func (s *Store) toolStats(ctx context.Context, f store.StatsFilter) ([]store.Too
 // those of store.CallStats (0 under the first bound, len(bounds) at or
 // above the last).
 func (s *Store) ToolHistogram(ctx context.Context, f store.StatsFilter, tool string, bounds []int64) ([]int64, error) {
-	return again(ctx, s, func() ([]int64, error) { return s.toolHistogram(ctx, f, tool, bounds) })
+	return again(ctx, s, func(ctx context.Context) ([]int64, error) { return s.toolHistogram(ctx, f, tool, bounds) })
 }
 
 func (s *Store) toolHistogram(ctx context.Context, f store.StatsFilter, tool string, bounds []int64) ([]int64, error) {
@@ -169,7 +169,7 @@ func (s *Store) toolHistogram(ctx context.Context, f store.StatsFilter, tool str
 
 // ModelStats implements store.CallStats.
 func (s *Store) ModelStats(ctx context.Context, f store.StatsFilter) ([]store.ModelStat, error) {
-	return again(ctx, s, func() ([]store.ModelStat, error) { return s.modelStats(ctx, f) })
+	return again(ctx, s, func(ctx context.Context) ([]store.ModelStat, error) { return s.modelStats(ctx, f) })
 }
 
 func (s *Store) modelStats(ctx context.Context, f store.StatsFilter) ([]store.ModelStat, error) {

@@ -104,7 +104,7 @@ func (s *Store) RecordAttempt(ctx context.Context, id, owner string, a store.Del
 
 // ListDeliveries implements store.Deliveries.
 func (s *Store) ListDeliveries(ctx context.Context, f store.DeliveryFilter) ([]store.Delivery, error) {
-	return again(ctx, s, func() ([]store.Delivery, error) { return s.listDeliveries(ctx, f) })
+	return again(ctx, s, func(ctx context.Context) ([]store.Delivery, error) { return s.listDeliveries(ctx, f) })
 }
 
 func (s *Store) listDeliveries(ctx context.Context, f store.DeliveryFilter) ([]store.Delivery, error) {

@@ -24,34 +24,23 @@ const (
 	chanCancel = "timebox_cancel" // payload: a turn id a cancel was requested for
 )
 
-// beginWithin bounds beginning a turn: a database that takes the
-// statements and does not answer (it hangs) refuses the turn, as one that
-// is away does, rather than holding its client until it is back.
-var beginWithin = 5 * time.Second
-
-// BeginTurn implements store.Store. A database that does not answer
-// within beginWithin is store.ErrUnavailable.
+// BeginTurn implements store.Store. A database that answers nothing for
+// hungAfter (it hangs) refuses the turn, as one that is away does
+// (store.ErrUnavailable), rather than holding its client until it is
+// back.
 func (s *Store) BeginTurn(ctx context.Context, t store.TurnStart) error {
-	bctx, cancel := context.WithTimeout(ctx, beginWithin)
-	defer cancel()
-	err := s.begins(bctx, t)
-	if err != nil && ctx.Err() == nil && bctx.Err() != nil {
-		return fmt.Errorf("%w: the database at %s did not answer within %s", store.ErrUnavailable, s.where, beginWithin)
-	}
-	return err
-}
-
-func (s *Store) begins(ctx context.Context, t store.TurnStart) error {
-	err := s.tx(ctx, func(tx pgx.Tx) error {
-		// A store that others took for gone (a long pause) is an owner
-		// again before it begins anything, so that its new turn is not
-		// taken for an orphan.
-		if err := s.beatTx(ctx, tx); err != nil {
-			return err
-		}
-		return s.begin(ctx, tx, t, true)
+	err := s.unlessHung(ctx, func(ctx context.Context) error {
+		return s.tx(ctx, func(tx pgx.Tx) error {
+			// A store that others took for gone (a long pause) is an
+			// owner again before it begins anything, so that its new turn
+			// is not taken for an orphan.
+			if err := s.beatTx(ctx, tx); err != nil {
+				return err
+			}
+			return s.begin(ctx, tx, t, true)
+		})
 	})
-	if transient(err) {
+	if err != nil && !errors.Is(err, store.ErrUnavailable) && transient(err) {
 		return fmt.Errorf("%w: %w", store.ErrUnavailable, err)
 	}
 	return err
