@@ -47,3 +47,15 @@ func HungAfter(d time.Duration) (undo func()) {
 	hungAfter = d
 	return func() { hungAfter = was }
 }
+
+// BeforeBeginCommit sets the function BeginTurn calls just before its
+// COMMIT is sent (nil: none).
+func BeforeBeginCommit(f func()) { beforeBeginCommit = f }
+
+// Unbegun returns the turns whose BeginTurn failed with its COMMIT
+// unanswered, not yet ended or found not stored.
+func (s *Store) Unbegun() int {
+	s.unbegunMu.Lock()
+	defer s.unbegunMu.Unlock()
+	return len(s.unbegunIDs)
+}

@@ -10,7 +10,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/testenv"
+	"github.com/timebox-run/timebox/internal/wait"
 	"github.com/timebox-run/timebox/store"
 	"github.com/timebox-run/timebox/store/postgres"
 )
@@ -152,5 +155,47 @@ func TestASlowReadOfALiveDatabaseIsWaitedFor(t *testing.T) {
 	}
 	if rec.TurnID != "t1" || took < held-100*time.Millisecond {
 		t.Errorf("read %q after %s; want t1 after the lock's %s", rec.TurnID, took, held)
+	}
+}
+
+// TestAnUnansweredBeginIsEnded: the database hangs as BeginTurn's COMMIT
+// is sent; the turn is refused (store.ErrUnavailable) but stored once the
+// database goes on. Nobody runs it: the store ends it, interrupted, at its
+// next heartbeat, and its session takes the next turn. Before 2026-11-28
+// it stayed running, its session busy (409 session_busy), until its store
+// closed.
+func TestAnUnansweredBeginIsEnded(t *testing.T) {
+	pg := testenv.StartPostgres(t)
+	defer postgres.HungAfter(500 * time.Millisecond)()
+	st := open(t, pg.Database(), postgres.Options{Heartbeat: 200 * time.Millisecond})
+	defer st.Close()
+	ctx := context.Background()
+	var thaw func()
+	postgres.BeforeBeginCommit(func() { thaw = frozen(t, pg) })
+	err := st.BeginTurn(ctx, store.TurnStart{TurnID: "t1", SessionID: "s1", Input: "go"})
+	postgres.BeforeBeginCommit(nil)
+	if thaw == nil {
+		t.Fatalf("BeginTurn did not reach its COMMIT: %v", err)
+	}
+	thaw()
+	if !errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("BeginTurn whose COMMIT was not answered: %v", err)
+	}
+	var rec *event.Turn
+	ok := wait.Until(10*time.Second, func() bool {
+		rec, err = st.Turn(ctx, "t1")
+		return err == nil && rec.Status != budget.StatusRunning
+	})
+	if !ok {
+		t.Fatalf("the turn refused as it began, 10 s after the database went on: %+v, %v", rec, err)
+	}
+	if rec.Status != budget.StatusInterrupted || !strings.Contains(rec.Message, "before it began") {
+		t.Errorf("the turn refused as it began ended %s: %q", rec.Status, rec.Message)
+	}
+	if err := st.BeginTurn(ctx, store.TurnStart{TurnID: "t2", SessionID: "s1", Input: "again"}); err != nil {
+		t.Errorf("the session's next turn: %v", err)
+	}
+	if n := st.Unbegun(); n != 0 {
+		t.Errorf("turns left to end: %d", n)
 	}
 }

@@ -124,6 +124,7 @@ func (s *Store) heartbeat() {
 			// Errors here are transient (the database is away) or will
 			// show on the next real write; the next tick tries again.
 			if s.beat(s.ctx) == nil {
+				s.endUnbegun(s.ctx)
 				_, _ = s.recover(s.ctx)
 				// The tokens of numbered groups are needed while their
 				// writer may commit them again: minutes at most.

@@ -108,6 +108,11 @@ type Store struct {
 
 	recovered []string
 
+	// unbegunIDs are turns whose BeginTurn failed with its COMMIT sent and
+	// not answered (unbegun, endUnbegun).
+	unbegunMu  sync.Mutex
+	unbegunIDs map[string]bool
+
 	// upSince is when, on the database's clock, this store began to see
 	// the database without a failed heartbeat or a gap between two
 	// (seen); beatOnce, that it has beaten once.

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -27,8 +29,13 @@ const (
 // BeginTurn implements store.Store. A database that answers nothing for
 // hungAfter (it hangs) refuses the turn, as one that is away does
 // (store.ErrUnavailable), rather than holding its client until it is
-// back.
+// back. When that, or a cut connection, leaves unknown whether the turn's
+// COMMIT was stored (it was sent, and no answer came), the store ends the
+// turn as soon as the database answers again (endUnbegun): its client was
+// told it did not begin, and a turn nobody runs must not hold its session
+// until this store closes.
 func (s *Store) BeginTurn(ctx context.Context, t store.TurnStart) error {
+	committing := false
 	err := s.unlessHung(ctx, func(ctx context.Context) error {
 		return s.tx(ctx, func(tx pgx.Tx) error {
 			// A store that others took for gone (a long pause) is an
@@ -37,13 +44,77 @@ func (s *Store) BeginTurn(ctx context.Context, t store.TurnStart) error {
 			if err := s.beatTx(ctx, tx); err != nil {
 				return err
 			}
-			return s.begin(ctx, tx, t, true)
+			if err := s.begin(ctx, tx, t, true); err != nil {
+				return err
+			}
+			if beforeBeginCommit != nil {
+				beforeBeginCommit()
+			}
+			committing = true // pgx.BeginFunc commits next
+			return nil
 		})
 	})
+	if err != nil && committing && !isServerError(err) {
+		s.unbegun(t.TurnID)
+	}
 	if err != nil && !errors.Is(err, store.ErrUnavailable) && transient(err) {
 		return fmt.Errorf("%w: %w", store.ErrUnavailable, err)
 	}
 	return err
+}
+
+// beforeBeginCommit, in tests, is called just before BeginTurn's COMMIT
+// is sent (nil: nothing).
+var beforeBeginCommit func()
+
+// unbegun notes turn id, whose BeginTurn failed with its COMMIT sent and
+// not answered: it may be stored, running, and nobody runs it.
+func (s *Store) unbegun(id string) {
+	s.unbegunMu.Lock()
+	defer s.unbegunMu.Unlock()
+	if s.unbegunIDs == nil {
+		s.unbegunIDs = map[string]bool{}
+	}
+	s.unbegunIDs[id] = true
+}
+
+// notBegun is the end of a turn whose BeginTurn failed after its COMMIT
+// was sent, and was stored all the same.
+var notBegun = store.End{Why: "the store did not answer as the turn began", Said: func(time.Duration) string {
+	return "Interrupted before it began: the store did not answer as it was begun, and its client was told it could not begin (503 store_unavailable)."
+}}
+
+// endUnbegun ends, as interrupted, the turns whose BeginTurn failed with
+// their COMMIT unanswered (unbegun) and that were stored all the same;
+// those that were not stored are forgotten. The heartbeat calls it once
+// the database answers; a turn it cannot end yet is tried again at the
+// next heartbeat, and Close marks it interrupted with the others.
+func (s *Store) endUnbegun(ctx context.Context) {
+	s.unbegunMu.Lock()
+	ids := slices.Collect(maps.Keys(s.unbegunIDs))
+	s.unbegunMu.Unlock()
+	for _, id := range ids {
+		var done bool
+		err := s.tx(ctx, func(tx pgx.Tx) error {
+			var err error
+			done, err = s.interruptTurn(ctx, tx, id, notBegun, false)
+			if isNoRows(err) {
+				return nil // not stored: nothing to end
+			}
+			return err
+		})
+		if err != nil {
+			continue
+		}
+		s.unbegunMu.Lock()
+		delete(s.unbegunIDs, id)
+		s.unbegunMu.Unlock()
+		if done {
+			s.watch.Wake(id)
+			s.log.Info("postgres store: marked interrupted a turn stored as it began although the store did not answer its client (it was refused 503)",
+				"db", s.where, "turn_id", id)
+		}
+	}
 }
 
 // begin inserts a running turn owned by s; exclusive refuses it while its
