@@ -359,6 +359,8 @@ func (s *Server) start(ctx context.Context, session, input string, budgets budge
 	// The history is read once the turn holds the session: a turn of the
 	// session that another gateway was ending meanwhile has stored its
 	// messages by then (read before, they could be missing).
+	// A database that hangs is given up within the store's bound on its
+	// silence, as beginning the turn is (store.ErrUnavailable).
 	history, err := s.cfg.Store.History(ctx, session)
 	if err != nil {
 		unwatch()
@@ -370,8 +372,19 @@ func (s *Server) start(ctx context.Context, session, input string, budgets budge
 		rec := &event.Turn{TurnID: id, SessionID: session, Agent: s.cfg.AgentName, Input: input, StartedAt: begun, EndedAt: now,
 			WallMS: now.Sub(begun).Milliseconds(), Status: budget.StatusInterrupted, StopReason: budget.Interrupted,
 			Message: fmt.Sprintf("Interrupted before it began: the history of session %s could not be read from the store (the server's log has the cause, under turn %s). Nothing was run. Send the message again.", session, id)}
-		if ferr := s.cfg.Store.FinishTurn(context.Background(), rec, nil); ferr != nil {
-			s.storeError("finish_turn", id, ferr)
+		// The end goes on while the database is away or hangs (the
+		// turn's end always reaches the store), the client is not held
+		// for it: it is stored in the background, and Shutdown waits for
+		// it as for a running turn.
+		s.running.Add(1)
+		go func() {
+			defer s.running.Done()
+			if ferr := s.cfg.Store.FinishTurn(context.Background(), rec, nil); ferr != nil {
+				s.storeError("finish_turn", id, ferr)
+			}
+		}()
+		if errors.Is(err, store.ErrUnavailable) {
+			return fail(fmt.Errorf("%w: %v", errStoreAway, err))
 		}
 		return fail(err)
 	}
