@@ -399,7 +399,10 @@ func (w *webhooks) attempt(ctx context.Context, d store.Delivery) {
 	defer cancel()
 	if err := w.q.RecordAttempt(rctx, d.ID, w.owner, a, state, next); err != nil {
 		if errors.Is(err, store.ErrLeaseLost) {
-			w.log.Warn("webhook attempt not recorded: another gateway took the delivery (the attempt outlived its lease)", "id", d.ID, "status", a.Status)
+			// Not a commit whose answer was lost: the store finds that
+			// attempt recorded (store.AttemptRecorded).
+			w.log.Warn("webhook attempt not recorded: the delivery's lease ran out during the attempt and another gateway claimed it, which attempts it in its turn; this attempt is known from this line only",
+				"id", d.ID, "url", d.URL, "status", a.Status, "err", a.Error, "at", a.At)
 			return
 		}
 		w.m.storeErrors.WithLabelValues("record_attempt").Inc()

@@ -44,6 +44,15 @@ type Deliveries interface {
 // lease on a delivery ran out and another claimed it.
 var ErrLeaseLost = errors.New("the lease on the delivery was lost")
 
+// AttemptRecorded reports whether attempts hold a: the same gateway's
+// attempt at the same time. A store whose RecordAttempt is tried again
+// after a commit whose answer was lost (the connection cut as the
+// database committed) finds the lease ended by that commit, and a among
+// the attempts: it was recorded, not lost to another gateway.
+func AttemptRecorded(attempts []DeliveryAttempt, a DeliveryAttempt) bool {
+	return slices.ContainsFunc(attempts, func(x DeliveryAttempt) bool { return x.By == a.By && x.At.Equal(a.At) })
+}
+
 // DeliveryState is where a delivery stands.
 type DeliveryState string
 

@@ -26,6 +26,11 @@ func (s *Store) SeenFor(d time.Duration) {
 // connection is cut as the database commits.
 func (s *Store) LoseCommitAnswers(n int) { s.loseAnswers.Store(int32(n)) }
 
+// LoseDurableAnswers makes the next n commits of durable writes (a
+// turn's end, a webhook attempt's record) answer with an error that passes
+// although they were stored.
+func (s *Store) LoseDurableAnswers(n int) { s.loseDurable.Store(int32(n)) }
+
 // BeforePiece sets the function called before each piece of a long text
 // is written, whose error stands for the write's (nil: none).
 func BeforePiece(f func() error) { beforePiece = f }

@@ -32,6 +32,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/url"
 	"os"
@@ -129,6 +130,9 @@ type Store struct {
 	// as if the connection was cut as they committed: stored, answered by
 	// an error.
 	loseAnswers atomic.Int32
+	// loseDurable, in tests, is how many commits of durable writes end
+	// so.
+	loseDurable atomic.Int32
 
 	ctx       context.Context // ends when the store closes
 	stopAll   context.CancelFunc
@@ -474,7 +478,11 @@ func (s *Store) durableAfter(ctx context.Context, what string, before func() err
 				return err
 			}
 		}
-		return s.tx(ctx, fn)
+		err := s.tx(ctx, fn)
+		if err == nil && s.loseDurable.Load() > 0 && s.loseDurable.Add(-1) >= 0 {
+			err = fmt.Errorf("committing: %w", io.ErrUnexpectedEOF)
+		}
+		return err
 	})
 }
 

@@ -1159,3 +1159,43 @@ func TestReadsOfAnAwayDatabaseAreUnavailable(t *testing.T) {
 		t.Errorf("ToolHistogram: %v", err)
 	}
 }
+
+// TestALostAnswerRecordsAWebhookAttemptOnce: a webhook attempt's record
+// whose commit was stored but whose answer was lost (the connection cut as
+// the database committed) is tried again, finds the lease ended by its own
+// commit, and is stored: once, not refused as a lease another gateway
+// took (whose log line said so, though nothing was lost).
+func TestALostAnswerRecordsAWebhookAttemptOnce(t *testing.T) {
+	st := open(t, testenv.Postgres(t), postgres.Options{})
+	defer st.Close()
+	ctx := context.Background()
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	d := store.Delivery{ID: "msg_a", URL: "http://example.test/hook", EventType: "turn_finished", TurnID: "t1", Seq: 7,
+		Body: []byte(`{}`), CreatedAt: now, NextAttemptAt: now}
+	if err := st.EnqueueDeliveries(ctx, []store.Delivery{d}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := st.ClaimDeliveries(ctx, "g1", now, time.Minute, 10); err != nil || len(got) != 1 {
+		t.Fatalf("claimed %+v (%v)", got, err)
+	}
+	st.LoseDurableAnswers(1)
+	a := store.DeliveryAttempt{At: now.Add(time.Second), Status: 204, DurationMS: 3, By: "g1"}
+	if err := st.RecordAttempt(ctx, "msg_a", "g1", a, store.DeliveryDelivered, time.Time{}); err != nil {
+		t.Fatalf("an attempt whose commit's answer was lost: %v", err)
+	}
+	list, err := st.ListDeliveries(ctx, store.DeliveryFilter{})
+	if err != nil || len(list) != 1 || list[0].State != store.DeliveryDelivered || len(list[0].Attempts) != 1 {
+		t.Fatalf("deliveries %+v (%v), want msg_a delivered with one attempt", list, err)
+	}
+	// Another gateway's lease is still refused.
+	if err := st.EnqueueDeliveries(ctx, []store.Delivery{{ID: "msg_b", URL: d.URL, EventType: d.EventType, TurnID: "t1", Seq: 8,
+		Body: []byte(`{}`), CreatedAt: now, NextAttemptAt: now}}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := st.ClaimDeliveries(ctx, "g2", now, time.Minute, 10); err != nil || len(got) != 1 {
+		t.Fatalf("claimed %+v (%v)", got, err)
+	}
+	if err := st.RecordAttempt(ctx, "msg_b", "g1", a, store.DeliveryDelivered, time.Time{}); !errors.Is(err, store.ErrLeaseLost) {
+		t.Errorf("an attempt on another gateway's lease: %v, want ErrLeaseLost", err)
+	}
+}
