@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -53,19 +54,44 @@ func databaseHung(t *testing.T, hang time.Duration) {
 	}
 	code, _ := health(urlA)
 	sc.truth("/healthz of A while the database hangs", "503", fmt.Sprint(code), code == http.StatusServiceUnavailable)
-	asked := time.Now()
-	status, body := 0, ""
-	c := http.Client{Timeout: hang}
-	if resp, err := c.Post(urlA+"/v1/turns", "application/json", strings.NewReader(`{"input": "now?", "detach": true}`)); err == nil {
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		status, body = resp.StatusCode, string(b)
-	} else {
-		body = err.Error()
+	// A new turn through A, and reads of A's turn through B (which does
+	// not run it, so each reads the store), all at once.
+	var (
+		status, body string
+		newTook      time.Duration
+		wg           sync.WaitGroup
+	)
+	wg.Go(func() {
+		var code int
+		code, body, newTook = ask("POST", urlA+"/v1/turns", `{"input": "now?", "detach": true}`, hang)
+		status = fmt.Sprint(code)
+	})
+	reads := hungReads(urlB, fA.turnID)
+	readsDuring := make([]hungRead, len(reads))
+	for i, r := range reads {
+		wg.Go(func() {
+			readsDuring[i] = r
+			readsDuring[i].code, readsDuring[i].body, readsDuring[i].took = ask("GET", urlB+r.path, "", hang)
+		})
 	}
-	sc.truth("a new turn while the database hangs", "503 store_unavailable", fmt.Sprintf("%d %.60s", status, body),
-		status == http.StatusServiceUnavailable && strings.Contains(body, "store_unavailable"))
-	sc.within("  answered after", time.Since(asked), 7*time.Second)
+	wg.Wait()
+	sc.truth("a new turn while the database hangs", "503 store_unavailable", fmt.Sprintf("%s %.60s", status, body),
+		status == "503" && strings.Contains(body, "store_unavailable"))
+	sc.within("  answered after", newTook, 7*time.Second)
+	var (
+		got     []string
+		all503  = true
+		slowest time.Duration
+	)
+	for _, r := range readsDuring {
+		ok := r.code == http.StatusServiceUnavailable && strings.Contains(r.body, "store_unavailable")
+		all503 = all503 && ok
+		got = append(got, fmt.Sprintf("%s %d", r.name, r.code))
+		slowest = max(slowest, r.took)
+	}
+	sc.truth("reads through B while the database hangs (a turn, the list, its events, the sessions)", "503 store_unavailable",
+		strings.Join(got, ", "), all503)
+	sc.within("  slowest read's answer", slowest, 7*time.Second)
 	if rest := time.Until(frozen.Add(hang)); rest > 0 {
 		time.Sleep(rest)
 	}
@@ -74,6 +100,14 @@ func databaseHung(t *testing.T, hang time.Duration) {
 	back := time.Now()
 
 	recA := d.back(sc, back, fA, fB, cross, endA, peakA, peakB)
+	got = got[:0]
+	all200 := true
+	for _, r := range hungReads(urlB, fA.turnID) {
+		code, _, _ := ask("GET", urlB+r.path, "", 10*time.Second)
+		all200 = all200 && code == http.StatusOK
+		got = append(got, fmt.Sprintf("%s %d", r.name, code))
+	}
+	sc.truth("the same reads once the database goes on", "200", strings.Join(got, ", "), all200)
 	if recA != nil {
 		sessionBusyAfter(t, sc, urlB, recA.SessionID)
 	}
@@ -88,4 +122,48 @@ func databaseHung(t *testing.T, hang time.Duration) {
 	stopGateways(t, gwA, gwB)
 	sc.allDead(pids)
 	sc.nothingLeft(gwA.pid(), gwB.pid())
+}
+
+// hungRead is a read of the store through a gateway, and how it was
+// answered.
+type hungRead struct {
+	name, path string
+	code       int
+	body       string
+	took       time.Duration
+}
+
+// hungReads are the reads of turn id that a gateway which does not run it
+// answers from the store: its record, the list, its events (the stream
+// reads the record first), its session.
+func hungReads(url, id string) []hungRead {
+	return []hungRead{
+		{name: "turn", path: "/v1/turns/" + id + "?events=false"},
+		{name: "list", path: "/v1/turns"},
+		{name: "events", path: "/v1/turns/" + id + "/events?after=0"},
+		{name: "sessions", path: "/v1/sessions"},
+	}
+}
+
+// ask sends one request and returns its status, its body (its first 64
+// KiB; a stream to its end) and how long the answer took; an error's text
+// for the body, status 0, when none came within limit.
+func ask(method, url, body string, limit time.Duration) (int, string, time.Duration) {
+	c := http.Client{Timeout: limit}
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		return 0, err.Error(), 0
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	start := time.Now()
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, err.Error(), time.Since(start)
+	}
+	defer resp.Body.Close()
+	took := time.Since(start)
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	return resp.StatusCode, string(b), took
 }
