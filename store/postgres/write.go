@@ -94,10 +94,10 @@ func (s *Store) endUnbegun(ctx context.Context) {
 	ids := slices.Collect(maps.Keys(s.unbegunIDs))
 	s.unbegunMu.Unlock()
 	for _, id := range ids {
-		var done bool
+		var ended *store.Ending
 		err := s.tx(ctx, func(tx pgx.Tx) error {
 			var err error
-			done, err = s.interruptTurn(ctx, tx, id, notBegun, false)
+			ended, err = s.interruptTurn(ctx, tx, id, notBegun, false)
 			if isNoRows(err) {
 				return nil // not stored: nothing to end
 			}
@@ -109,8 +109,8 @@ func (s *Store) endUnbegun(ctx context.Context) {
 		s.unbegunMu.Lock()
 		delete(s.unbegunIDs, id)
 		s.unbegunMu.Unlock()
-		if done {
-			s.watch.Wake(id)
+		if ended != nil {
+			s.endedOutside(*ended)
 			s.log.Info("postgres store: marked interrupted a turn stored as it began although the store did not answer its client (it was refused 503)",
 				"db", s.where, "turn_id", id)
 		}
