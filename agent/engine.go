@@ -202,6 +202,8 @@ func minTime(a time.Time, ts ...time.Time) time.Time {
 	return a
 }
 
+func (u engineUnits) TurnSpan(s *machine.State) func(*event.Turn) { return u.a.turnSpan(s) }
+
 func (u engineUnits) End(s *machine.State, e machine.Ending, tr machine.Transcript, sinks ...event.Sink) *machine.Ended {
 	t := u.a.resume(s, tr, nil, sinks)
 	res := t.finish(e)

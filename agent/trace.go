@@ -112,11 +112,12 @@ func budgetKVs(ms int64, src budget.Source, knob string) []attribute.KeyValue {
 // traceTurn starts the turn's invoke_agent span, a child of the span in ctx
 // (or of the traceparent a server was sent, which its caller put there),
 // records its traceparent, and its caller's, in s and returns the
-// function that ends it with the turn's record. Without a tracer it does
-// nothing.
-func (a *Agent) traceTurn(ctx context.Context, s *machine.State) (end func(*Result)) {
+// function that ends it with the turn's record, and the one that forgets
+// it unended, for a turn whose end, and span, another process made
+// (TraceTurn). Without a tracer they do nothing.
+func (a *Agent) traceTurn(ctx context.Context, s *machine.State) (end func(*Result), leave func()) {
 	if a.tracer == nil {
-		return func(*Result) {}
+		return func(*Result) {}, func() {}
 	}
 	_, span := a.tracer.Start(ctx, "invoke_agent "+a.name, trace.WithTimestamp(s.Start),
 		trace.WithSpanKind(trace.SpanKindInternal),
@@ -126,14 +127,17 @@ func (a *Agent) traceTurn(ctx context.Context, s *machine.State) (end func(*Resu
 	if !span.IsRecording() {
 		// Never exported, so never made again: TraceEnded has nothing
 		// to leave to it.
-		return func(res *Result) { endTurnSpan(span, res.Record) }
+		return func(res *Result) { endTurnSpan(span, res.Record) }, func() {}
 	}
 	id := span.SpanContext().SpanID()
 	live.Store(id, true)
 	return func(res *Result) {
-		defer live.Delete(id)
-		endTurnSpan(span, res.Record)
-	}
+			defer live.Delete(id)
+			endTurnSpan(span, res.Record)
+		}, func() {
+			// Left unended, the span is never exported.
+			live.Delete(id)
+		}
 }
 
 // live are the ids of the turn spans this process has begun and not yet
@@ -180,34 +184,73 @@ func TraceEnded(tp trace.TracerProvider, turnID string, started *event.TurnStart
 	if tp == nil || started == nil || rec == nil {
 		return
 	}
-	own, ok := parseTraceParent(started.Traceparent)
-	if !ok || !own.IsSampled() {
-		return
+	l := lostSpan{traceparent: started.Traceparent, caller: started.CallerTraceparent,
+		agent: started.Agent, turnID: turnID, sessionID: started.SessionID}
+	if v, ok := started.Budgets["timeouts.turn"]; ok {
+		l.budget = budgetKVs(v.MS, v.Source, v.Knob)
 	}
-	if _, open := live.Load(own.SpanID()); open {
-		return
+	l.make(tp.Tracer(instrumentation), rec, true)
+}
+
+// lostSpan is a turn's span to make again: its ids and what its start
+// said.
+type lostSpan struct {
+	traceparent, caller      string
+	agent, turnID, sessionID string
+	budget                   []attribute.KeyValue
+}
+
+// make makes the span with tracer, ended as rec says the turn ended;
+// unlessLive, not when this process has it open.
+func (l lostSpan) make(tracer trace.Tracer, rec *event.Turn, unlessLive bool) {
+	if end := l.begin(tracer, rec.StartedAt, unlessLive); end != nil {
+		end(rec)
+	}
+}
+
+// begin begins the span with tracer at start and returns the function
+// that ends it with the turn's final record; nil when it is not to be
+// made: the turn untraced or unsampled, its span open in this process
+// (unlessLive), or the ids not given (the span begun is then left
+// unended, and never exported).
+func (l lostSpan) begin(tracer trace.Tracer, start time.Time, unlessLive bool) func(*event.Turn) {
+	own, ok := parseTraceParent(l.traceparent)
+	if !ok || !own.IsSampled() {
+		return nil
+	}
+	if _, open := live.Load(own.SpanID()); open && unlessLive {
+		return nil
 	}
 	ctx := spanid.With(context.Background(), own.TraceID(), own.SpanID())
-	if caller, ok := parseTraceParent(started.CallerTraceparent); ok {
+	if caller, ok := parseTraceParent(l.caller); ok {
 		ctx = trace.ContextWithRemoteSpanContext(ctx, caller)
 	}
-	var tb []attribute.KeyValue
-	if v, ok := started.Budgets["timeouts.turn"]; ok {
-		tb = budgetKVs(v.MS, v.Source, v.Knob)
-	}
-	_, span := tp.Tracer(instrumentation).Start(ctx, "invoke_agent "+started.Agent, trace.WithTimestamp(rec.StartedAt),
-		trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(turnAttrs(started.Agent, turnID, started.SessionID, tb)...))
+	_, span := tracer.Start(ctx, "invoke_agent "+l.agent, trace.WithTimestamp(start),
+		trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(turnAttrs(l.agent, l.turnID, l.sessionID, l.budget)...))
 	if sc := span.SpanContext(); sc.TraceID() != own.TraceID() || sc.SpanID() != own.SpanID() {
-		// Not the span the calls name: left unended, it is never exported.
-		return
+		return nil
 	}
-	endTurnSpan(span, rec)
+	return func(rec *event.Turn) { endTurnSpan(span, rec) }
+}
+
+// turnSpan begins the span of the turn of s, begun by its runner, for
+// the process that will write its end, and returns the function that ends
+// it with the turn's final record; nil when this process cannot make it
+// (Units.TurnSpan).
+func (a *Agent) turnSpan(s *machine.State) func(*event.Turn) {
+	if a.tracer == nil {
+		return nil
+	}
+	return lostSpan{traceparent: s.TraceParent, caller: s.TraceCaller, agent: a.name, turnID: s.TurnID,
+		sessionID: s.SessionID, budget: budgetAttrs(s.Budgets.Turn)}.begin(a.tracer, s.Start, false)
 }
 
 // TraceTurn is traceTurn for an engine that runs the turn elsewhere
 // (package temporal): it starts the turn's span and returns the function
-// that ends it with the turn's result.
-func TraceTurn(a *Agent, ctx context.Context, s *machine.State) func(*Result) {
+// that ends it with the turn's result, for an end the engine's runner
+// wrote, and the one that leaves it unended, for an end a unit wrote,
+// which made the span (machine.Units.TraceEnded).
+func TraceTurn(a *Agent, ctx context.Context, s *machine.State) (end func(*Result), leave func()) {
 	return a.traceTurn(ctx, s)
 }
 

@@ -78,7 +78,7 @@ type Result struct {
 // Events go to sinks in seq order, synchronously (see event.Sink).
 func (a *Agent) Run(ctx context.Context, in Input, sinks ...event.Sink) *Result {
 	s, tr := a.newState(in)
-	traced := a.traceTurn(ctx, s)
+	traced, _ := a.traceTurn(ctx, s)
 	t := a.resume(s, tr, in.Approver, sinks)
 	res := a.drive(ctx, t, in)
 	if res.Record != nil {

@@ -176,7 +176,7 @@ func (x *activities) Advance(ctx context.Context, in *unitIn) (*advanced, error)
 	}
 	out := &advanced{State: *s}
 	if ended != nil {
-		if out.Ended, err = x.finish(ctx, sink, tr, ended); err != nil {
+		if out.Ended, err = x.finish(ctx, s, sink, tr, ended); err != nil {
 			return nil, err
 		}
 	} else if err := sink.flush(ctx); err != nil {
@@ -516,7 +516,7 @@ func (x *activities) End(ctx context.Context, in *unitIn) (*Outcome, error) {
 	}
 	sink := x.sink(ctx, nil)
 	ended := x.units.End(s, *in.End, tr, sink)
-	return x.finish(ctx, sink, tr, ended)
+	return x.finish(ctx, s, sink, tr, ended)
 }
 
 // ended returns the outcome of a turn the store has ended already: by
@@ -530,8 +530,13 @@ func (x *activities) ended(ctx context.Context, s *machine.State) (*Outcome, err
 	return &Outcome{TurnID: rec.TurnID, Status: rec.Status, StopReason: rec.StopReason, Messages: s.Messages}, nil
 }
 
-// finish stores an ended turn: its conversation, then its record.
-func (x *activities) finish(ctx context.Context, sink *storeSink, tr *transcript, ended *machine.Ended) (*Outcome, error) {
+// finish stores an ended turn of state s: its conversation, then its
+// record, and makes the turn's span once the record is stored (not for a
+// turn another stored the end of). Its runner, which began the span, may
+// be gone, or no longer follow the turn: it leaves the span to this
+// worker when the store says the worker makes it (keyTurnSpan, written
+// before the end).
+func (x *activities) finish(ctx context.Context, s *machine.State, sink *storeSink, tr *transcript, ended *machine.Ended) (*Outcome, error) {
 	if err := sink.flush(ctx); err != nil {
 		if errors.Is(err, store.ErrNotRunning) {
 			return x.ended(ctx, &machine.State{TurnID: ended.Record.TurnID, Messages: len(ended.Messages)})
@@ -550,7 +555,18 @@ func (x *activities) finish(ctx context.Context, sink *storeSink, tr *transcript
 	// read back whole here, every result again, only to be found stored,
 	// and the calls were written again (issue 29).
 	rec.Events, rec.ToolCalls, rec.ModelCalls = nil, nil, nil
-	if err := x.store.FinishTurn(ctx, rec, ended.Messages); err != nil && !errors.Is(err, store.ErrNotRunning) {
+	span := x.units.TurnSpan(s)
+	if span != nil {
+		if err := x.payloads.PutPayloads(ctx, rec.TurnID, map[string][]byte{keyTurnSpan: []byte("worker")}); err != nil {
+			return nil, err
+		}
+	}
+	switch err := x.store.FinishTurn(ctx, rec, ended.Messages); {
+	case err == nil:
+		if span != nil {
+			span(rec)
+		}
+	case !errors.Is(err, store.ErrNotRunning):
 		return nil, fmt.Errorf("storing the record of turn %s: %w", rec.TurnID, err)
 	}
 	return o, nil

@@ -107,17 +107,32 @@ func (r *Runner) Run(ctx context.Context, in agent.Input, sinks ...event.Sink) *
 		in.TurnID = agent.NewTurnID()
 	}
 	s, history := r.units.NewState(in.TurnID, in.SessionID, in.History, in.Budgets)
-	// The turn's span is this Run's; its workers' spans are its children,
-	// by the traceparent the state carries.
-	traced := agent.TraceTurn(r.agent, ctx, s)
-	res := r.run(ctx, in, s, history, sinks)
-	traced(res)
+	// The turn's span is begun here; its workers' spans are its children,
+	// by the traceparent the state carries. It is ended here for an end
+	// this Run wrote, or read; a worker that stores the turn's end makes
+	// the span itself when it can (keyTurnSpan), since the turn may end
+	// long after this process stopped following it, or died.
+	end, leave := agent.TraceTurn(r.agent, ctx, s)
+	f := &follow{r: r, in: in, started: s.Start, state: s, sinks: sinks}
+	res := r.run(ctx, f, history)
+	if f.own || (res.Record.Status != budget.StatusRunning && !f.workerSpan(context.WithoutCancel(ctx))) {
+		end(res)
+	} else {
+		leave()
+	}
 	return res
 }
 
-func (r *Runner) run(ctx context.Context, in agent.Input, s *machine.State, history []model.Message, sinks []event.Sink) *agent.Result {
+// workerSpan reports whether the worker that stored the turn's end made
+// its span (keyTurnSpan).
+func (f *follow) workerSpan(ctx context.Context) bool {
+	err := f.r.payloads.Payload(ctx, f.in.TurnID, keyTurnSpan, func([]byte) error { return nil })
+	return err == nil
+}
+
+func (r *Runner) run(ctx context.Context, f *follow, history []model.Message) *agent.Result {
 	bg := context.WithoutCancel(ctx)
-	f := &follow{r: r, in: in, started: s.Start, state: s, sinks: sinks}
+	in, s := f.in, f.state
 	ts := store.TurnStart{TurnID: in.TurnID, SessionID: in.SessionID, Engine: Engine, Agent: r.agent.Name(), Input: in.Text, StartedAt: s.Start}
 	if o, ok := r.store.(store.Owned); ok {
 		// The turn is this Run's: when its process is gone, the turn is
@@ -159,6 +174,9 @@ type follow struct {
 	sinks  []event.Sink
 	events []event.Event
 	after  int64
+	// own is set when the turn's end is this follower's: it stored it, or
+	// could not store it.
+	own bool
 	// finished is set once turn_finished was read; rec once the turn's
 	// record was read ended (recorded).
 	finished bool
@@ -612,15 +630,18 @@ func (f *follow) end(ctx context.Context, reason budget.StopReason, why string) 
 
 // endAs is end, ending the turn as e says.
 func (f *follow) endAs(ctx context.Context, e store.End) *agent.Result {
-	if _, err := f.r.ends.InterruptTurn(ctx, f.in.TurnID, e); err != nil && !errors.Is(err, store.ErrNotFound) {
+	done, err := f.r.ends.InterruptTurn(ctx, f.in.TurnID, e)
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
 		return f.failed(ctx, fmt.Errorf("%s, and its end could not be stored: %w", e.Why, err))
 	}
+	f.own = done
 	f.readToEnd(ctx)
 	return f.result(ctx)
 }
 
 // failed returns the result of a turn whose end could not be stored.
 func (f *follow) failed(ctx context.Context, err error) *agent.Result {
+	f.own = true
 	now := time.Now()
 	rec := &event.Turn{TurnID: f.in.TurnID, SessionID: f.in.SessionID, Agent: f.r.agent.Name(), Input: f.in.Text,
 		StartedAt: f.started, EndedAt: now, WallMS: now.Sub(f.started).Milliseconds(), Status: budget.StatusInterrupted,

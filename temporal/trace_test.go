@@ -2,12 +2,14 @@ package temporal_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
@@ -17,6 +19,7 @@ import (
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/proctest"
 	"github.com/timebox-run/timebox/internal/wait"
+	"github.com/timebox-run/timebox/telemetry"
 	"github.com/timebox-run/timebox/temporal"
 )
 
@@ -155,5 +158,122 @@ func TestTracesOfAWorkerStopped(t *testing.T) {
 	}
 	if len(calls) != 1 || calls[0] != "interrupted" {
 		t.Errorf("the call's spans end %v; want one, interrupted (its record: %s)", calls, res.Record.ToolCalls[0].Result)
+	}
+}
+
+// TestTurnSpanOfATurnItsRunnerLeft: the runner begins a turn's span, and
+// a gateway shutting down stops following its turns (agent.ErrStopFollowing),
+// which run on and end on the workers. The worker that stores the turn's
+// end makes the turn's span, with the ids the runner began it with — the
+// parent its calls' spans name — and the runner leaves it unended (before:
+// the runner ended it at once, "running", an error, before the calls it
+// parents). A turn its runner follows to the end has one span too.
+func TestTurnSpanOfATurnItsRunnerLeft(t *testing.T) {
+	defer proctest.CheckNoLeaks(t)
+	c, s, queue := setup(t)
+	dir := t.TempDir()
+	file := agentFile(t, dir, "sleep 1; echo slow done")
+	provider := func() (*sdktrace.TracerProvider, *tracetest.SpanRecorder) {
+		rec := tracetest.NewSpanRecorder()
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec), sdktrace.WithIDGenerator(telemetry.IDs{}))
+		t.Cleanup(func() { tp.Shutdown(context.Background()) })
+		return tp, rec
+	}
+	open := func(tp *sdktrace.TracerProvider) *agent.Agent {
+		a, err := timebox.Open(context.Background(), file, timebox.Options{TracerProvider: tp})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { a.Close() })
+		return a.Agent
+	}
+	wtp, wrec := provider()
+	rtp, rrec := provider()
+	startWorker(t, c, s, queue, open(wtp))
+	r, err := temporal.NewRunner(c, s, queue, open(rtp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	turnSpans := func(rec *tracetest.SpanRecorder) []sdktrace.ReadOnlySpan {
+		var out []sdktrace.ReadOnlySpan
+		for _, sp := range rec.Ended() {
+			if strings.HasPrefix(sp.Name(), "invoke_agent ") {
+				out = append(out, sp)
+			}
+		}
+		return out
+	}
+
+	ctx, cancel := context.WithCancelCause(context.Background())
+	started := make(chan string, 1)
+	done := make(chan *agent.Result, 1)
+	go func() {
+		done <- r.Run(ctx, agent.Input{Text: "go"}, event.SinkFunc(func(e event.Event) {
+			if e.Type == event.TypeToolStarted {
+				select {
+				case started <- e.TurnID:
+				default:
+				}
+			}
+		}))
+	}()
+	id := <-started
+	cancel(agent.ErrStopFollowing)
+	if res := <-done; res.Record.Status != budget.StatusRunning {
+		t.Fatalf("the Run that stopped following says %s", res.Record.Status)
+	}
+	wait.For(t, 60*time.Second, "the turn to end on its worker", func() bool {
+		rec, err := s.Turn(context.Background(), id)
+		return err == nil && rec.Status != budget.StatusRunning
+	})
+	var tp string
+	evs, _ := s.Events(context.Background(), id, 0, 0)
+	for _, e := range evs {
+		if d, ok := e.Data.(*event.TurnStarted); ok {
+			tp = d.Traceparent
+		}
+	}
+	if n := len(turnSpans(rrec)); n != 0 {
+		t.Errorf("the runner that stopped following ended %d turn spans; want none", n)
+	}
+	made := turnSpans(wrec)
+	if len(made) != 1 {
+		t.Fatalf("the worker made %d turn spans; want 1", len(made))
+	}
+	turn := made[0]
+	if got := fmt.Sprintf("00-%s-%s-01", turn.SpanContext().TraceID(), turn.SpanContext().SpanID()); got != tp {
+		t.Errorf("the worker's turn span is %s; turn_started named %s", got, tp)
+	}
+	if turn.Status().Code == codes.Error {
+		t.Errorf("the completed turn's span is an error: %v", turn.Status())
+	}
+	children := 0
+	for _, sp := range wrec.Ended() {
+		if sp != turn && sp.Parent().SpanID() == turn.SpanContext().SpanID() {
+			children++
+			if sp.EndTime().After(turn.EndTime()) || sp.StartTime().Before(turn.StartTime()) {
+				t.Errorf("%s runs outside its turn's span", sp.Name())
+			}
+		}
+	}
+	if children < 4 {
+		t.Errorf("%d spans under the turn's; want its model and tool calls", children)
+	}
+
+	// Followed to the end: one span, whichever process made it.
+	res := r.Run(context.Background(), agent.Input{Text: "again"})
+	if res.Record.Status != budget.StatusCompleted {
+		t.Fatalf("turn ended %s: %s", res.Record.Status, res.Record.Message)
+	}
+	n := 0
+	for _, sp := range append(turnSpans(wrec), turnSpans(rrec)...) {
+		for _, kv := range sp.Attributes() {
+			if kv.Key == "timebox.turn.id" && kv.Value.AsString() == res.Record.TurnID {
+				n++
+			}
+		}
+	}
+	if n != 1 {
+		t.Errorf("%d spans of the turn followed to its end; want 1", n)
 	}
 }

@@ -24,6 +24,10 @@ const (
 	keySummary = "summary" // the compaction summary
 	keyPartial = "partial" // what the last model attempt streamed
 	keyDone    = "done/"   // done/<run>/<activity>: a unit's result, kept with its writes
+	// turn-span: set by the worker that stores the turn's end before it
+	// does, when it makes the turn's span (Units.TurnSpan): the runner
+	// then leaves it to the worker.
+	keyTurnSpan = "turn-span"
 )
 
 func messageKey(i int) string { return indexKey(keyMessage, i) }

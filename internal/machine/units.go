@@ -66,6 +66,14 @@ type Units interface {
 	StillWorking(s *State, calls []Running, now time.Time, sinks ...event.Sink)
 	// End ends the turn as e says.
 	End(s *State, e Ending, tr Transcript, sinks ...event.Sink) *Ended
+	// TurnSpan begins, for the process about to store the end of the
+	// turn of s, the turn's span with the ids its runner began it with
+	// (State.TraceParent), and returns the function that ends it with the
+	// turn's final record once that is stored; nil when this process
+	// cannot make that span. An engine whose runner may be gone when the
+	// turn ends, or no longer follow it, has the one that stores a turn's
+	// end make its span.
+	TurnSpan(s *State) func(rec *event.Turn)
 	// AsksApproval reports whether the named tool's calls may need a
 	// person's decision (Ask decides for each call).
 	AsksApproval(name string) bool
