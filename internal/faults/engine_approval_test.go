@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/testenv"
@@ -140,9 +142,14 @@ func gatewayStoppedMidTurns(t *testing.T) {
 	e := newEngine(t)
 	a := newAgent(t, scriptAgent("", "", `{name: slow, description: Slow., exec: [./slow.sh, "8"], timeout: 1m}`),
 		[]string{callTools("slow"), `{"text": "All done."}`}, map[string]string{"slow.sh": slowTool})
-	w := e.worker(a, []string{"PIDFILE=" + a.pidfile}, "1s")
+	// Traced: the turns end on the worker after A stopped following them,
+	// and their spans are the worker's to make
+	// (docs/decisions/turn-span-of-a-lost-turn.md).
+	recv := testenv.NewOTLP(t)
+	traced := []string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=" + recv.URL + "/v1/traces", "OTEL_TRACES_EXPORTER=", "OTEL_SDK_DISABLED="}
+	w := e.worker(a, append([]string{"PIDFILE=" + a.pidfile}, traced...), "1s")
 	serve := append([]string{"--engine", "temporal", "--shutdown-grace", "1s"}, e.flags(a)...)
-	gwA, urlA := startServe(t, a, nil, serve...)
+	gwA, urlA := startServe(t, a, traced, serve...)
 	resp, err := http.Post(urlA+"/v1/turns", "application/json", strings.NewReader(`{"input": "go", "detach": true}`))
 	if err != nil {
 		t.Fatal(err)
@@ -160,7 +167,7 @@ func gatewayStoppedMidTurns(t *testing.T) {
 	_, got := followed.log.waitFor(event.TypeTurnFinished, 0)
 	sc.truth("the followed turn's client: its stream ended with A", "without turn_finished", fmt.Sprint(!got), !got)
 
-	gwB, urlB := startServe(t, a, nil, serve...)
+	gwB, urlB := startServe(t, a, traced, serve...)
 	for _, tc := range []struct{ name, id, want string }{
 		{"detached", detached, "completed/answered"},
 		{"followed", followed.turnID, "cancelled/client_gone"},
@@ -181,6 +188,25 @@ func gatewayStoppedMidTurns(t *testing.T) {
 		f.leave()
 	}
 	stopGateways(t, gwB)
-	stop(w)
+	stop(w) // it exports the spans it holds as it stops
+	for name, id := range map[string]string{"detached": detached, "followed": followed.turnID} {
+		var turns []string
+		var turn *tracepb.Span
+		for _, sp := range recv.Spans() {
+			if strings.HasPrefix(sp.GetName(), "invoke_agent ") && testenv.SpanAttrs(sp)["timebox.turn.id"].GetStringValue() == id {
+				turn = sp
+				turns = append(turns, testenv.SpanAttrs(sp)["timebox.outcome"].GetStringValue())
+			}
+		}
+		children := 0
+		for _, sp := range recv.Spans() {
+			if turn != nil && string(sp.GetParentSpanId()) == string(turn.GetSpanId()) {
+				children++
+			}
+		}
+		want := map[string]string{"detached": "completed", "followed": "cancelled"}[name]
+		sc.is(name+" turn's spans, made after A stopped following it", fmt.Sprintf("%v, %d under it", turns, children),
+			fmt.Sprintf("[%s], %d under it", want, max(children, 1)))
+	}
 	sc.nothingLeft(gwA.pid(), gwB.pid())
 }
