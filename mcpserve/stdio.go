@@ -108,9 +108,15 @@ func (p *pending) wait() {
 // left out.
 func messages(line []byte) []jsonrpc.Message {
 	t := bytes.TrimSpace(line)
-	raws := []json.RawMessage{t}
-	if len(t) > 0 && t[0] == '[' && json.Unmarshal(t, &raws) != nil {
-		return nil
+	var raws []json.RawMessage
+	if len(t) > 0 && t[0] == '[' {
+		// Into a nil slice: unmarshalled into one that holds t, the
+		// first message would be written over t itself.
+		if json.Unmarshal(t, &raws) != nil {
+			return nil
+		}
+	} else {
+		raws = []json.RawMessage{t}
 	}
 	var msgs []jsonrpc.Message
 	for _, raw := range raws {
