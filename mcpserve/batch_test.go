@@ -5,9 +5,14 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
+	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/mcpserve"
@@ -50,12 +55,13 @@ func checkBatchRefusal(t *testing.T, a rpcAnswer, protocol string) {
 }
 
 // TestStdioBatchIsAnsweredAndTheSessionGoesOn: on stdio, a JSON-RPC batch
-// under 2025-03-26 is answered as a batch and the session goes on: a call
-// running meanwhile is answered as it ends, and the next request is
-// answered. Until 2026-11-28 the transport wrote the batch's first message
-// over the line it passed on, and the SDK ended the session at it.
+// under a protocol without batches (2025-06-18 and later) is answered
+// with Invalid Request, id null, and the session goes on: a call running
+// meanwhile is answered as it ends, and the next request is answered.
+// Under 2025-03-26 the batch is answered as a batch. With the SDK's
+// transport alone, the batch ended the session and stopped the call.
 func TestStdioBatchIsAnsweredAndTheSessionGoesOn(t *testing.T) {
-	for _, protocol := range []string{"2025-03-26"} {
+	for _, protocol := range []string{"2025-06-18", "2025-11-25", "2025-03-26"} {
 		t.Run(protocol, func(t *testing.T) {
 			slow, started, release := blockedTool()
 			s, err := mcpserve.New([]agent.Tool{slow}, mcpserve.Options{Version: "test"})
@@ -142,5 +148,103 @@ func TestStdioBatchIsAnsweredAndTheSessionGoesOn(t *testing.T) {
 				t.Errorf("the call running during the batch was answered %s %s %+v", a.ID, a.Result, a.Error)
 			}
 		})
+	}
+}
+
+// TestStdioBatchRightAfterInitialize: a batch sent right after the
+// initialize, before its answer (a client writing its requests at once),
+// is judged under the protocol the initialize negotiates: the transport
+// waits for its answer before it reads the batch.
+func TestStdioBatchRightAfterInitialize(t *testing.T) {
+	ids, err := stdioSession(t, nil, []string{initialize,
+		`[{"jsonrpc": "2.0", "id": 3, "method": "ping"}]`,
+		`{"jsonrpc": "2.0", "id": 5, "method": "ping"}`}, make(chan struct{}), nil)
+	if err != nil {
+		t.Errorf("Serve: %v", err)
+	}
+	if got := strings.Join(ids, " "); got != "1 null 5" {
+		t.Errorf("answers to %q, want to 1 null (the batch refused) 5", got)
+	}
+}
+
+// TestHTTPBatchIsAnsweredAndTheSessionGoesOn: over streamable HTTP, a POST
+// of a batch under a protocol without batches is answered 400 with the
+// JSON-RPC error stdio answers (where the SDK answers a line of text), and
+// the session goes on: a call running meanwhile is answered as it ends,
+// and the next request is answered.
+func TestHTTPBatchIsAnsweredAndTheSessionGoesOn(t *testing.T) {
+	slow, started, release := blockedTool()
+	s, err := mcpserve.New([]agent.Tool{slow}, mcpserve.Options{Version: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "http://" + ln.Addr().String() + "/mcp"
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- s.ServeStreamableHTTP(ctx, ln, nil) }()
+	tr := &http.Transport{}
+	defer func() {
+		tr.CloseIdleConnections()
+		cancel()
+		if err := <-served; err != nil {
+			t.Errorf("ServeStreamableHTTP: %v", err)
+		}
+	}()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "batch-test", Version: "1"}, nil).Connect(context.Background(),
+		&mcp.StreamableClientTransport{Endpoint: url, HTTPClient: &http.Client{Transport: tr}, MaxRetries: -1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	protocol := cs.InitializeResult().ProtocolVersion
+	if protocol < "2025-06-18" {
+		t.Fatalf("the SDK's client negotiated %s, which has batches", protocol)
+	}
+	answered := make(chan *mcp.CallToolResult, 1)
+	go func() {
+		r, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "slow", Arguments: map[string]any{}})
+		if err != nil {
+			t.Errorf("the call: %v", err)
+		}
+		answered <- r
+	}()
+	<-started
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	defer free() // before the server stops, when the test fails
+
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(
+		` [{"jsonrpc": "2.0", "id": 3, "method": "tools/list"}, {"jsonrpc": "2.0", "id": 4, "method": "ping"}]`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Mcp-Session-Id", cs.ID())
+	req.Header.Set("Mcp-Protocol-Version", protocol)
+	resp, err := (&http.Client{Transport: tr}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var a rpcAnswer
+	if resp.StatusCode != http.StatusBadRequest || resp.Header.Get("Content-Type") != "application/json" || json.Unmarshal(body, &a) != nil {
+		t.Fatalf("the batch was answered %d %s: %s", resp.StatusCode, resp.Header.Get("Content-Type"), body)
+	}
+	checkBatchRefusal(t, a, protocol)
+
+	if err := cs.Ping(context.Background(), nil); err != nil {
+		t.Errorf("the request after the batch: %v", err)
+	}
+	free()
+	select {
+	case r := <-answered:
+		if r == nil || r.IsError || len(r.Content) != 1 || !strings.Contains(r.Content[0].(*mcp.TextContent).Text, "done") {
+			t.Errorf("the call running during the batch was answered %+v", r)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("the call running during the batch was not answered")
 	}
 }

@@ -269,7 +269,9 @@ func (s *Server) refuseApprovalTools(next mcp.MethodHandler) mcp.MethodHandler {
 // A GET, which would open a stream for messages the server starts, is
 // answered 405 Method Not Allowed, as MCP lets a server without such
 // messages answer it: every notification of a call (its progress) goes on
-// the response to the call's POST.
+// the response to the call's POST. A POST of a JSON-RPC batch under a
+// protocol without batches (2025-06-18 and later) is answered 400 with a
+// JSON-RPC error (Invalid Request, id null), as Stdio answers such a line.
 func (s *Server) ServeStreamableHTTP(ctx context.Context, ln net.Listener, wrap func(http.Handler) http.Handler) error {
 	// A listener that fails stops the calls too.
 	ctx, cancel := context.WithCancel(ctx)
@@ -281,6 +283,9 @@ func (s *Server) ServeStreamableHTTP(ctx context.Context, ln net.Listener, wrap 
 		if r.Method == http.MethodGet {
 			w.Header().Set("Allow", "POST, DELETE")
 			http.Error(w, "this server sends no messages of its own: there is no stream to GET", http.StatusMethodNotAllowed)
+			return
+		}
+		if refuseBatch(w, r) {
 			return
 		}
 		mcpHandler.ServeHTTP(w, r)

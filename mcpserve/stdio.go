@@ -22,7 +22,11 @@ import (
 // (-32700 Parse error for a line that is not JSON, -32600 Invalid Request
 // for JSON that is no message) and the session goes on, as JSON-RPC 2.0
 // asks, where the SDK's transport ends the session at the first such line.
-// Blank lines are skipped.
+// Blank lines are skipped. A batch (a JSON array) under a negotiated
+// protocol without batches (2025-06-18 and later) is answered with -32600
+// Invalid Request, id null, saying to send the requests one by one, and
+// the session and its running calls go on, where the SDK's transport ends
+// the session.
 //
 // The end of r is the end of the requests, not of the client: every
 // request read before it is answered (a call within its budget) before the
@@ -50,6 +54,12 @@ type pending struct {
 	closed  chan struct{} // closed when the transport is
 	close   sync.Once
 	outGone <-chan struct{}
+	// initID is the id of the initialize request read and not yet
+	// answered, when initializing; protocol is the version its answer
+	// negotiated ("" before).
+	initID       jsonrpc.ID
+	initializing bool
+	protocol     string
 }
 
 // update applies f to p and wakes wait.
@@ -67,6 +77,9 @@ func (p *pending) read(msgs []jsonrpc.Message) {
 		for _, m := range msgs {
 			if r, ok := m.(*jsonrpc.Request); ok && r.IsCall() {
 				p.ids[r.ID] = true
+				if r.Method == "initialize" && !p.initializing && p.protocol == "" {
+					p.initID, p.initializing = r.ID, true
+				}
 			}
 		}
 	})
@@ -78,6 +91,15 @@ func (p *pending) wrote(msgs []jsonrpc.Message) {
 		for _, m := range msgs {
 			if r, ok := m.(*jsonrpc.Response); ok {
 				delete(p.ids, r.ID)
+				if p.initializing && r.ID == p.initID {
+					p.initializing = false
+					var res struct {
+						ProtocolVersion string `json:"protocolVersion"`
+					}
+					if r.Error == nil && json.Unmarshal(r.Result, &res) == nil {
+						p.protocol = res.ProtocolVersion
+					}
+				}
 			}
 		}
 	})
@@ -100,6 +122,29 @@ func (p *pending) wait() {
 			return
 		case <-p.closed:
 			return
+		}
+	}
+}
+
+// negotiated returns the session's protocol version, "" before one is
+// negotiated. While an initialize read is not answered, it waits for its
+// answer: the SDK takes the version on while it handles the request, before
+// it answers, and a line read meanwhile is judged as the SDK will judge it.
+// The wait ends, with "", when no answer can come (as wait).
+func (p *pending) negotiated() string {
+	for {
+		p.mu.Lock()
+		initializing, protocol, broken, changed := p.initializing, p.protocol, p.broken, p.changed
+		p.mu.Unlock()
+		if !initializing || broken {
+			return protocol
+		}
+		select {
+		case <-changed:
+		case <-p.outGone:
+			return ""
+		case <-p.closed:
+			return ""
 		}
 	}
 }
@@ -222,7 +267,12 @@ func (m *messageLines) take(line []byte) {
 		m.answer(nil, -32700, "Parse error: the line is not JSON (one JSON-RPC message per line)")
 		return
 	case t[0] == '[':
-		// A batch: the SDK says what is wrong with it, if anything.
+		// A batch: the SDK says what is wrong with it, if anything, but
+		// under a protocol without batches it would end the session.
+		if msg := batchRefusal(m.p.negotiated()); msg != "" {
+			m.answer(nil, -32600, msg)
+			return
+		}
 	default:
 		if _, err := jsonrpc.DecodeMessage(t); err != nil {
 			m.answer(idOf(t), -32600, "Invalid Request: "+err.Error())
@@ -254,21 +304,7 @@ func idOf(t []byte) json.RawMessage {
 
 // answer writes a JSON-RPC error response; a nil id is null.
 func (m *messageLines) answer(id json.RawMessage, code int, msg string) {
-	if id == nil {
-		id = json.RawMessage("null")
-	}
-	b, _ := json.Marshal(struct {
-		JSONRPC string          `json:"jsonrpc"`
-		ID      json.RawMessage `json:"id"`
-		Error   struct {
-			Code    int    `json:"code"`
-			Message string `json:"message"`
-		} `json:"error"`
-	}{JSONRPC: "2.0", ID: id, Error: struct {
-		Code    int    `json:"code"`
-		Message string `json:"message"`
-	}{code, msg}})
 	// Not noted as an answer: the request was not passed on, and its id
 	// may be one a request that was is still waiting for.
-	_, _ = m.w.write(append(b, '\n'))
+	_, _ = m.w.write(append(errorAnswer(id, code, msg), '\n'))
 }
