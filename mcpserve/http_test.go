@@ -248,3 +248,28 @@ func TestHTTPServeEndStopsRunningCalls(t *testing.T) {
 	}
 	checkDead(t, h.dir)
 }
+
+// TestHTTPServeEndDoesNotWaitForSilentConnections: a connection on which
+// no request has come (a client's spare one, dialled for a request that
+// another connection took) does not hold the end of ServeStreamableHTTP:
+// http.Server.Shutdown alone waited until it was 5s old. Under load the
+// SDK's client leaves one now and then (its stream GET and its first call
+// race for a connection), and TestHTTPServeEndStopsRunningCalls stopped
+// after over 5s.
+func TestHTTPServeEndDoesNotWaitForSilentConnections(t *testing.T) {
+	h := startHTTP(t, "")
+	c, err := net.Dial("tcp", strings.TrimSuffix(strings.TrimPrefix(h.url, "http://"), "/mcp"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	began := time.Now()
+	if err := h.stop(); err != nil {
+		t.Errorf("ServeStreamableHTTP: %v", err)
+	}
+	// Shutdown's own wait is 5s and more: 3s is far above the stop's
+	// few milliseconds, and below it.
+	if took := time.Since(began); took > 3*time.Second {
+		t.Errorf("stopped after %v with a silent connection open", took)
+	}
+}
