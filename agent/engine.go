@@ -120,6 +120,10 @@ func (u engineUnits) LostAttempts(s *machine.State, step int, lost []machine.Los
 				last = at.Last
 			}
 			rec.StreamMS = last.Sub(at.Started).Milliseconds()
+			// FirstChunkMS stays 0, unknown: the first chunk (a
+			// message_start, a role chunk, a thinking block) stores no
+			// llm_delta, and the first text stored may be long after it
+			// (docs/temporal.md).
 			rec.Error = fmt.Sprintf("the attempt was lost: %s; it was last heard from %s after it began, and the loss noticed %s after that; it was asked again",
 				why, budget.RoundHuman(last.Sub(at.Started)), budget.RoundHuman(now.Sub(last)))
 		}
