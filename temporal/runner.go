@@ -87,8 +87,8 @@ var (
 // before the turn says so: a still_working notice whose waiting field says
 // that no worker has taken it, and on which task queue one must run. It
 // is a notice, not a stop: the turn goes on when a worker comes (its
-// ceiling aside: past it, the same judgement stops the turn,
-// unworkedPastCeiling). Without it a turn whose every worker died looked
+// ceiling and step window aside: past either, the same judgement stops
+// the turn, unworkedPast). Without it a turn whose every worker died looked
 // like a call running on.
 var WorkerWait = 10 * time.Second
 
@@ -296,8 +296,8 @@ func (f *follow) run(ctx context.Context, run client.WorkflowRun) *agent.Result 
 				unreachable = time.Time{}
 				now, since := time.Now(), waitingSince(d)
 				f.noteWait(bg, since, now)
-				if ceiling, ok := f.unworkedPastCeiling(d, since, now); ok {
-					return f.endAs(bg, r.ceilingEnd(bg, f.state, f.events, ceiling, now.Sub(since), now))
+				if fl, ok := f.unworkedPast(d, since, now); ok {
+					return f.endAs(bg, r.stopEnd(bg, f.state, f.events, fl, now.Sub(since), now))
 				}
 			case unreachable.IsZero():
 				unreachable = time.Now()
@@ -392,46 +392,84 @@ func (f *follow) noteWait(ctx context.Context, since, now time.Time) {
 	}
 	n := &event.StillWorking{Step: step, Subject: "no worker", ElapsedMS: waited.Milliseconds(),
 		Waiting: fmt.Sprintf("no timebox worker has taken this turn's work for %s. Is one running on task queue %q, "+
-			"with this agent file? The turn goes on when one does; its ceiling counts meanwhile, and stops it if none comes; "+
+			"with this agent file? The turn goes on when one does; its ceiling and step window count meanwhile, and stop it if none comes; "+
 			"a cancel ends it %s after it is asked if none comes.", budget.Round(waited), f.r.taskQueue, CancelWait)}
 	// Numbered by the store (seq 0), among the workers' events; a turn
 	// that ended meanwhile takes no more events.
 	_ = f.r.store.AppendEvent(ctx, event.Event{TurnID: f.in.TurnID, Type: event.TypeStillWorking, At: now, Data: n})
 }
 
-// CeilingGrace is how long past a turn's ceiling and its kill grace the
-// process following the turn leaves it to a worker before it ends the
-// turn itself, when no worker takes its work (unworkedPastCeiling): a
-// live worker stops the turn's tools at the ceiling and ends the turn
-// within the kill grace, so that its own end, the embedded engine's,
-// always comes first.
+// CeilingGrace is how long past a turn-level budget that fell — its
+// ceiling, or the end of its step window — and its kill grace the process
+// following the turn leaves it to a worker before it ends the turn itself,
+// when no worker takes its work (unworkedPast): a live worker stops the
+// turn's tools when either falls and ends the turn within the kill grace,
+// so that its own end, the embedded engine's, always comes first.
 var CeilingGrace = 5 * time.Second
 
-// unworkedPastCeiling reports whether the turn is past its ceiling, and
-// when that fell, while no worker runs it: its work has waited WorkerWait
-// or longer for a worker since since (the judgement of the waiting
-// notice, noteWait), no worker has any of it in hand, and now is
-// CeilingGrace past its ceiling and kill grace. The ceiling is the
-// turn's start plus timeouts.turn plus its waits for nothing but people,
-// as its followed events tell them (machine.Pauses): a turn waiting for a
-// person now is not past it. The events tell a call working from its
-// tool_started, a little later than the workflow counts it, so that the
-// waits counted are never shorter than the workflow's and the ceiling
-// never earlier.
-func (f *follow) unworkedPastCeiling(d *workflowservice.DescribeWorkflowExecutionResponse, since, now time.Time) (time.Time, bool) {
-	b := f.state.Budgets
-	if f.finished || b.Turn.D <= 0 || since.IsZero() || now.Sub(since) < WorkerWait || taken(d) {
-		return time.Time{}, false
+// A fall is a turn-level budget of a turn that fell while no worker ran
+// it: its ceiling (reason turn_timeout) or the end of its step window
+// (no_progress), at when; progressed is, for the step, the last progress
+// signal, from which the window ran.
+type fall struct {
+	reason     budget.StopReason
+	at         time.Time
+	progressed time.Time
+}
+
+// unworkedPast reports whether the turn is past a turn-level budget that
+// only a worker enforces, and which fell first, while no worker runs the
+// turn: its work has waited WorkerWait or longer for a worker since since
+// (the judgement of the waiting notice, noteWait), no worker has any of it
+// in hand, and now is CeilingGrace past the first of its ceiling and the
+// end of its step window (firstFall), and its kill grace. One rule for
+// both budgets: whichever fell first stops the turn, as on the embedded
+// engine. (llm_budget needs none: no model time accrues without a worker.)
+func (f *follow) unworkedPast(d *workflowservice.DescribeWorkflowExecutionResponse, since, now time.Time) (fall, bool) {
+	if f.finished || since.IsZero() || now.Sub(since) < WorkerWait || taken(d) {
+		return fall{}, false
 	}
-	p := &machine.Pauses{Total: f.state.ApprovalWait}
-	waits, works := map[string]bool{}, map[string]bool{}
+	first, ok := firstFall(f.state, f.events)
+	return first, ok && !now.Before(first.at.Add(f.state.Budgets.KillGrace.D+CeilingGrace))
+}
+
+// firstFall returns the first of the turn's ceiling and the end of its
+// step window, as its followed events tell them, for the turn of state s
+// as it was started; ok is false when neither falls while the turn is as
+// its events leave it.
+//
+// The ceiling is the turn's start plus timeouts.turn plus its waits for
+// nothing but people (machine.Pauses); a turn waiting for a person now is
+// not past it. The events tell a call working from its tool_started, a
+// little later than the workflow counts it, so that the waits counted are
+// never shorter than the workflow's and the ceiling never earlier.
+//
+// The step window (timeouts.step) runs from the turn's start or its last
+// progress signal, as the embedded engine's watchdog counts them: a
+// model's text (llm_delta), a tool's report (tool_progress, at most
+// tool.ProgressInterval after it was made), the end of a call
+// (tool_finished), a person's decision (approval_decided); and the end of
+// a model call or compaction, or a failover, whatever the outcome — an
+// attempt may have streamed tool-call arguments, progress no event shows,
+// until just before. Those are all events after the signals they stand
+// for, so the window never ends earlier than the units count it; a unit
+// lost with its worker loses its progress with it, and the state the
+// workflow goes on from carries only that of the units that ended, all
+// shown by events. As on the embedded engine, a call still inside its own
+// timeout keeps the window open to its deadline, and the window does not
+// end while an advisory call runs or a call waits for a person.
+func firstFall(s *machine.State, events []event.Event) (fall, bool) {
+	b := s.Budgets
+	p := &machine.Pauses{Total: s.ApprovalWait}
+	progressed := s.Start
+	waits, works := map[string]bool{}, map[string]*event.ToolStarted{}
 	unwait := func(id string, at time.Time) {
 		if waits[id] {
 			delete(waits, id)
 			p.Change(at, -1, 0)
 		}
 	}
-	for _, e := range f.events {
+	for _, e := range events {
 		switch x := e.Data.(type) {
 		case *event.ApprovalRequested:
 			if !waits[x.CallID] {
@@ -442,23 +480,49 @@ func (f *follow) unworkedPastCeiling(d *workflowservice.DescribeWorkflowExecutio
 			unwait(x.CallID, e.At)
 		case *event.ToolStarted:
 			unwait(x.CallID, e.At)
-			if !works[x.CallID] {
-				works[x.CallID] = true
+			if works[x.CallID] == nil {
 				p.Change(e.At, 0, 1)
 			}
+			works[x.CallID] = x // a retry's: its deadline
 		case *event.ToolFinished:
 			unwait(x.CallID, e.At)
-			if works[x.CallID] {
+			if works[x.CallID] != nil {
 				delete(works, x.CallID)
 				p.Change(e.At, 0, -1)
 			}
 		}
+		switch e.Data.(type) {
+		case *event.LLMDelta, *event.LLMFinished, *event.Failover, *event.ToolProgress, *event.ToolFinished,
+			*event.ApprovalDecided, *event.CompactionFinished:
+			if e.At.After(progressed) {
+				progressed = e.At
+			}
+		}
 	}
-	if p.Paused() {
-		return time.Time{}, false
+	var first fall
+	ok := false
+	consider := func(x fall) {
+		if !ok || x.at.Before(first.at) {
+			first, ok = x, true
+		}
 	}
-	ceiling := f.state.Start.Add(b.Turn.D + p.Total)
-	return ceiling, !now.Before(ceiling.Add(b.KillGrace.D + CeilingGrace))
+	if !b.Turn.Off() && !p.Paused() {
+		consider(fall{reason: budget.TurnTimeout, at: s.Start.Add(b.Turn.D + p.Total)})
+	}
+	if b.Step.Off() || len(waits) > 0 {
+		return first, ok
+	}
+	end := progressed.Add(b.Step.D)
+	for _, c := range works {
+		if c.Enforcement == budget.Advisory {
+			return first, ok
+		}
+		if c.Deadline.After(end) {
+			end = c.Deadline
+		}
+	}
+	consider(fall{reason: budget.NoProgress, at: end, progressed: progressed})
+	return first, ok
 }
 
 // taken reports whether a worker has some of the workflow's work in hand:
@@ -475,37 +539,42 @@ func taken(d *workflowservice.DescribeWorkflowExecutionResponse) bool {
 	return false
 }
 
-// ceilingEnd terminates the workflow of the turn of state s, past its
-// ceiling (which fell at ceiling) at now with its work waiting waited for
-// a worker, so that no worker starts it later, and returns its end as the
-// embedded engine's: stopped, turn_timeout, its message, flags and limit
-// in its words (agent.StopOf), the calls that were running said as a stop
-// note says them (machine.RunningDesc, until the ceiling), then that no
-// worker ran the turn. Those calls get the record of any call whose
-// worker was lost before it ended: interrupted. events are the turn's
-// events followed: the last model asked is its last step when no call
-// runs.
-func (r *Runner) ceilingEnd(ctx context.Context, s *machine.State, events []event.Event, ceiling time.Time, waited time.Duration, now time.Time) store.End {
+// stopEnd terminates the workflow of the turn of state s, past a
+// turn-level budget that fell as fl says (unworkedPast) at now with its
+// work waiting waited for a worker, so that no worker starts it later, and
+// returns its end as the embedded engine's: stopped, turn_timeout or
+// no_progress, its message, flags and limit in its words (agent.StopOf),
+// the calls that were running said as a stop note says them
+// (machine.RunningDesc, until the fall), then that no worker ran the
+// turn. Those calls get the record of any call whose worker was lost
+// before it ended: interrupted. events are the turn's events followed: the
+// last model asked is its last step when no call runs.
+func (r *Runner) stopEnd(ctx context.Context, s *machine.State, events []event.Event, fl fall, waited time.Duration, now time.Time) store.End {
 	st := *s
 	for _, e := range events {
 		if x, ok := e.Data.(*event.LLMStarted); ok {
 			st.LastStep = "model " + x.Model
 		}
 	}
-	past := now.Sub(ceiling)
-	none := fmt.Sprintf("no timebox worker ran it on task queue %s to stop it there", r.taskQueue)
-	r.terminate(ctx, s.TurnID, "its ceiling fell, and "+none)
+	past := now.Sub(fl.at)
 	cause := &machine.Cause{Timeout: s.Budgets.Turn.Expired(budget.PhaseTurn, "the turn", s.Budgets.Turn.D+past)}
-	return store.End{Reason: budget.TurnTimeout, Why: "its ceiling fell, and " + none,
+	fell, what := "its ceiling fell", "its ceiling"
+	if fl.reason == budget.NoProgress {
+		cause = &machine.Cause{Timeout: s.Budgets.Step.Expired(budget.PhaseStep, "the turn", now.Sub(fl.progressed))}
+		fell, what = "nothing progressed for its step window ("+s.Budgets.Step.Knob+")", "the end of its step window"
+	}
+	why := fmt.Sprintf("%s, and no timebox worker ran it on task queue %s to stop it there", fell, r.taskQueue)
+	r.terminate(ctx, s.TurnID, why)
+	return store.End{Reason: fl.reason, Why: why,
 		Stop: func(running []event.ToolCall) store.Stopped {
 			var note *machine.StopNote
 			for _, c := range running {
-				note = note.Merge(&machine.StopNote{Desc: machine.RunningDesc(c.Tool, max(ceiling.Sub(c.StartedAt), 0)),
+				note = note.Merge(&machine.StopNote{Desc: machine.RunningDesc(c.Tool, max(fl.at.Sub(c.StartedAt), 0)),
 					Tools: []string{c.Tool}, DuringRun: true})
 			}
-			msg, flags, limit := agent.StopOf(&st, machine.Ending{Reason: budget.TurnTimeout, Cause: cause}, note, now)
-			msg += fmt.Sprintf(" No timebox worker ran the turn on task queue %s to stop it there (its work waited %s for one): it was stopped %s past its ceiling, and its workflow was terminated.",
-				r.taskQueue, budget.RoundHuman(waited), budget.RoundHuman(past))
+			msg, flags, limit := agent.StopOf(&st, machine.Ending{Reason: fl.reason, Cause: cause}, note, now)
+			msg += fmt.Sprintf(" No timebox worker ran the turn on task queue %s to stop it there (its work waited %s for one): it was stopped %s past %s, and its workflow was terminated.",
+				r.taskQueue, budget.RoundHuman(waited), budget.RoundHuman(past), what)
 			return store.Stopped{Message: msg, Flags: flags, Limit: limit}
 		}}
 }

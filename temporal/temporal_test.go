@@ -285,17 +285,24 @@ func runs(t *testing.T, dir string) int {
 // stops it.
 func stopAgent(t *testing.T, turn string) string {
 	t.Helper()
+	return hangAgent(t, "turn: "+turn, "20s")
+}
+
+// hangAgent writes the agent of stopAgent with timeouts (and a kill grace
+// of 500ms) and the tool's own timeout.
+func hangAgent(t *testing.T, timeouts, toolTimeout string) string {
+	t.Helper()
 	dir := t.TempDir()
 	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"tool_calls": [{"name": "long"}]}`+"\n"+`{"text": "never"}`+"\n"), 0o644)
 	os.WriteFile(filepath.Join(dir, "agent.yaml"), []byte(fmt.Sprintf(`name: stops
 model: {primary: script:m}
 providers: {script: {file: script.jsonl}}
-timeouts: {turn: %s, kill_grace: 500ms}
+timeouts: {%s, kill_grace: 500ms}
 tools:
   - name: long
     exec: [sleep, "30"]
-    timeout: 20s
-`, turn)), 0o644)
+    timeout: %s
+`, timeouts, toolTimeout)), 0o644)
 	return filepath.Join(dir, "agent.yaml")
 }
 
@@ -589,11 +596,95 @@ func TestStopFollowingLeavesTheTurnRunning(t *testing.T) {
 // starts it later. (It stayed running until a worker came.)
 func TestCeilingWithoutWorker(t *testing.T) {
 	defer proctest.CheckNoLeaks(t)
+	const ceiling = 6 * time.Second
+	rec, queue := endsWithoutWorker(t, stopAgent(t, ceiling.String()), ceiling+30*time.Second)
+	past := rec.EndedAt.Sub(rec.StartedAt.Add(ceiling))
+	t.Logf("ended %v past its ceiling: %s", past.Round(time.Millisecond), rec.Message)
+	// Its ceiling, its kill grace (500ms) and CeilingGrace, then the
+	// follower's next look (every 2s), and some slack.
+	if past < 1500*time.Millisecond || past > 6*time.Second {
+		t.Errorf("ended %v past its ceiling, want 1.5s to 6s", past)
+	}
+	if rec.Status != budget.StatusStopped || rec.StopReason != budget.TurnTimeout {
+		t.Errorf("ended %s (%s), want stopped (turn_timeout)", rec.Status, rec.StopReason)
+	}
+	if want := "Stopped after 6s, the limit for one turn (timeouts.turn). Last step: tool long, running for "; !strings.HasPrefix(rec.Message, want) ||
+		!strings.Contains(rec.Message, "No timebox worker ran the turn on task queue "+queue+" ") ||
+		!strings.Contains(rec.Message, "past its ceiling, and its workflow was terminated") {
+		t.Errorf("message %q, want it to begin %q and say no worker ran the turn on %s", rec.Message, want, queue)
+	}
+	if !rec.Flags.TimedOutByTurnBudget || !rec.Flags.TimedOutDuringToolExecution {
+		t.Errorf("flags %+v, want timed_out_by_turn_budget and timed_out_during_tool_execution", rec.Flags)
+	}
+	if fin := rec.Events[len(rec.Events)-1].Data.(*event.TurnFinished); fin.Limit == nil || fin.Limit.Key != budget.KeyTurn {
+		t.Errorf("turn_finished's limit %+v, want timeouts.turn", fin.Limit)
+	}
+}
+
+// TestStepWithoutWorker: the only worker of a turn stops while a tool
+// runs, and the turn's step window (3s; the tool's own timeout, 5s, keeps
+// it open to its deadline) ends with no worker to enforce it, long before
+// its ceiling (1m). The process following the turn ends it, as the
+// embedded engine would have — stopped, no_progress, "Stopped: nothing
+// progressed for 3s (timeouts.step). Last step: tool long, running for
+// …", timed_out_during_tool_execution, timeouts.step its limit — saying
+// that no worker ran it, and terminates its workflow. (It stayed running
+// until its ceiling.)
+func TestStepWithoutWorker(t *testing.T) {
+	defer proctest.CheckNoLeaks(t)
+	const step, ceiling = 3 * time.Second, time.Minute
+	rec, queue := endsWithoutWorker(t, hangAgent(t, "turn: 1m, step: 3s", "5s"), 30*time.Second)
+	// The window ends at the tool's deadline, or 3s after the model's
+	// last step ended, whichever is later.
+	var window time.Time
+	for _, e := range rec.Events {
+		switch x := e.Data.(type) {
+		case *event.LLMFinished:
+			window = e.At.Add(step)
+		case *event.ToolStarted:
+			if x.Deadline.After(window) {
+				window = x.Deadline
+			}
+		}
+	}
+	past := rec.EndedAt.Sub(window)
+	t.Logf("ended %v past its step window, %v into the turn: %s", past.Round(time.Millisecond),
+		rec.EndedAt.Sub(rec.StartedAt).Round(time.Millisecond), rec.Message)
+	// The window, its kill grace (500ms) and CeilingGrace, then the
+	// follower's next look (every 2s), and some slack; far from the
+	// ceiling.
+	if past < 1500*time.Millisecond || past > 6*time.Second || rec.EndedAt.Sub(rec.StartedAt) > ceiling/2 {
+		t.Errorf("ended %v past its step window, %v into the turn; want 1.5s to 6s past it", past, rec.EndedAt.Sub(rec.StartedAt))
+	}
+	if rec.Status != budget.StatusStopped || rec.StopReason != budget.NoProgress {
+		t.Errorf("ended %s (%s), want stopped (no_progress)", rec.Status, rec.StopReason)
+	}
+	if want := "Stopped: nothing progressed for 3s (timeouts.step). Last step: tool long, running for 5s. " +
+		"The tool was past its own timeout and reported no progress; have it report progress, or raise its timeout or timeouts.step. " +
+		"No timebox worker ran the turn on task queue " + queue + " "; !strings.HasPrefix(rec.Message, want) ||
+		!strings.Contains(rec.Message, "past the end of its step window, and its workflow was terminated") {
+		t.Errorf("message %q, want it to begin %q and say how far past the step window it stopped", rec.Message, want)
+	}
+	if rec.Flags.TimedOutByTurnBudget || !rec.Flags.TimedOutDuringToolExecution {
+		t.Errorf("flags %+v, want timed_out_during_tool_execution alone", rec.Flags)
+	}
+	if fin := rec.Events[len(rec.Events)-1].Data.(*event.TurnFinished); fin.Limit == nil || fin.Limit.Key != budget.KeyStep || fin.Limit.Value != "3s" {
+		t.Errorf("turn_finished's limit %+v, want timeouts.step, 3s", fin.Limit)
+	}
+}
+
+// endsWithoutWorker runs a turn of the agent of file, whose tool hangs,
+// with a worker that stops once the tool started, and none after it
+// (WorkerWait 2s, CeilingGrace 1s); the turn must end within d. It
+// returns the turn's record, its running call checked interrupted, its
+// last event its turn_finished and its workflow terminated, and the task
+// queue.
+func endsWithoutWorker(t *testing.T, file string, d time.Duration) (*event.Turn, string) {
+	t.Helper()
 	c, s, queue := setup(t)
 	defer func(w, g time.Duration) { temporal.WorkerWait, temporal.CeilingGrace = w, g }(temporal.WorkerWait, temporal.CeilingGrace)
 	temporal.WorkerWait, temporal.CeilingGrace = 2*time.Second, time.Second
-	const ceiling = 6 * time.Second
-	a := openAgent(t, stopAgent(t, ceiling.String()))
+	a := openAgent(t, file)
 	w, err := temporal.NewWorker(temporal.WorkerOptions{Client: c, TaskQueue: queue, Agent: a.Agent, Store: s, Heartbeat: time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -624,34 +715,16 @@ func TestCeilingWithoutWorker(t *testing.T) {
 	var res *agent.Result
 	select {
 	case res = <-done:
-	case <-time.After(ceiling + 30*time.Second):
-		t.Fatal("the turn was still running 30s past its ceiling")
+	case <-time.After(d):
+		t.Fatalf("the turn was still running %v after it started", d)
 	}
 	rec := res.Record
-	past := rec.EndedAt.Sub(rec.StartedAt.Add(ceiling))
-	t.Logf("ended %v past its ceiling: %s", past.Round(time.Millisecond), rec.Message)
-	// Its ceiling, its kill grace (500ms) and CeilingGrace, then the
-	// follower's next look (every 2s), and some slack.
-	if past < 1500*time.Millisecond || past > 6*time.Second {
-		t.Errorf("ended %v past its ceiling, want 1.5s to 6s", past)
-	}
-	if rec.Status != budget.StatusStopped || rec.StopReason != budget.TurnTimeout {
-		t.Errorf("ended %s (%s), want stopped (turn_timeout)", rec.Status, rec.StopReason)
-	}
-	if want := "Stopped after 6s, the limit for one turn (timeouts.turn). Last step: tool long, running for "; !strings.HasPrefix(rec.Message, want) ||
-		!strings.Contains(rec.Message, "No timebox worker ran the turn on task queue "+queue+" ") ||
-		!strings.Contains(rec.Message, "its workflow was terminated") {
-		t.Errorf("message %q, want it to begin %q and say no worker ran the turn on %s", rec.Message, want, queue)
-	}
-	if !rec.Flags.TimedOutByTurnBudget || !rec.Flags.TimedOutDuringToolExecution {
-		t.Errorf("flags %+v, want timed_out_by_turn_budget and timed_out_during_tool_execution", rec.Flags)
-	}
 	if len(rec.Events) == 0 {
 		t.Fatal("no events")
 	}
 	fin, ok := rec.Events[len(rec.Events)-1].Data.(*event.TurnFinished)
-	if !ok || fin.Flags != rec.Flags || fin.Message != rec.Message || fin.Limit == nil || fin.Limit.Key != budget.KeyTurn {
-		t.Errorf("the last event is %+v, want the turn's turn_finished with its limit", rec.Events[len(rec.Events)-1].Data)
+	if !ok || fin.Flags != rec.Flags || fin.Message != rec.Message {
+		t.Fatalf("the last event is %+v, want the turn's turn_finished", rec.Events[len(rec.Events)-1].Data)
 	}
 	if c := callNamed(t, rec, "long"); c.Outcome != event.OutcomeInterrupted {
 		t.Errorf("the running call ended %s, want interrupted", c.Outcome)
@@ -663,4 +736,5 @@ func TestCeilingWithoutWorker(t *testing.T) {
 	if st := desc.WorkflowExecutionInfo.Status.String(); st != "Terminated" {
 		t.Errorf("the workflow is %s, want Terminated", st)
 	}
+	return rec, queue
 }

@@ -1,6 +1,7 @@
 package temporal
 
 import (
+	"cmp"
 	"context"
 	"strings"
 	"testing"
@@ -70,12 +71,16 @@ func TestWaitingForAWorker(t *testing.T) {
 	}
 }
 
-// TestUnworkedPastCeiling: the follower takes a turn for past its ceiling
-// with no worker to stop it only once its work has waited WorkerWait, no
-// worker has any of it in hand, and its ceiling — moved by its waits for
-// nothing but people — and kill grace are CeilingGrace behind; a turn
-// waiting for a person now is not past it.
-func TestUnworkedPastCeiling(t *testing.T) {
+// TestUnworkedPast: the follower takes a turn for past its ceiling or
+// its step window with no worker to stop it only once its work has waited
+// WorkerWait, no worker has any of it in hand, and the first to fall of
+// its ceiling — moved by its waits for nothing but people — and the end
+// of its step window — its last progress signal plus timeouts.step, or a
+// running call's own deadline — and its kill grace are CeilingGrace
+// behind. A turn waiting for a person now is past neither; while a call
+// waits for one, or an advisory call runs, the step window does not end
+// (the ceiling may still fall). Whichever fell first is the stop.
+func TestUnworkedPast(t *testing.T) {
 	t0 := time.Date(2026, 11, 28, 10, 0, 0, 0, time.UTC)
 	at := func(d time.Duration) time.Time { return t0.Add(d) }
 	ts := func(d time.Duration) *timestamppb.Timestamp { return timestamppb.New(at(d)) }
@@ -92,53 +97,121 @@ func TestUnworkedPastCeiling(t *testing.T) {
 	started := func(d time.Duration, id string) event.Event {
 		return ev(d, &event.ToolStarted{CallID: id, Tool: "t"})
 	}
+	// until: a call with its own timeout, to deadline.
+	until := func(d time.Duration, id string, deadline time.Duration) event.Event {
+		return ev(d, &event.ToolStarted{CallID: id, Tool: "t", Deadline: at(deadline)})
+	}
+	advisory := func(d time.Duration, id string) event.Event {
+		return ev(d, &event.ToolStarted{CallID: id, Tool: "t", Deadline: at(d + time.Second), Enforcement: budget.Advisory})
+	}
+	report := func(d time.Duration, id string) event.Event {
+		return ev(d, &event.ToolProgress{CallID: id, Tool: "t"})
+	}
+	answered := func(d time.Duration) event.Event { return ev(d, &event.LLMFinished{ToolCalls: 1}) }
 	asked := func(d time.Duration, id string) event.Event {
 		return ev(d, &event.ApprovalRequested{CallID: id, Tool: "t"})
 	}
 	decided := func(d time.Duration, id string) event.Event {
 		return ev(d, &event.ApprovalDecided{CallID: id, Decision: event.Approve})
 	}
-	s := &machine.State{Start: t0}
-	s.Budgets.Turn = budget.Duration{D: 10 * time.Second}
-	s.Budgets.KillGrace = budget.Duration{D: 500 * time.Millisecond}
-	// The ceiling at 10s is past at 10s + 500ms + CeilingGrace.
-	late := 10*time.Second + 500*time.Millisecond + CeilingGrace
+	// Past a fall at d: its kill grace (500ms) and CeilingGrace after it.
+	grace := 500*time.Millisecond + CeilingGrace
+	// The ceiling at 10s (of the cases without a turn of their own) is
+	// past at 10s + grace.
+	late := 10*time.Second + grace
 	for _, tc := range []struct {
-		name    string
-		d       *workflowservice.DescribeWorkflowExecutionResponse
-		events  []event.Event
-		since   time.Duration
-		now     time.Duration
-		ceiling time.Duration // 0: not past it
+		name   string
+		turn   time.Duration // 0: 10s
+		step   time.Duration // 0: off
+		d      *workflowservice.DescribeWorkflowExecutionResponse
+		events []event.Event
+		since  time.Duration
+		now    time.Duration
+		reason budget.StopReason // "": past neither
+		fell   time.Duration
 	}{
-		{name: "past", d: waiting, events: []event.Event{started(time.Second, "a")}, since: 2 * time.Second, now: late, ceiling: 10 * time.Second},
+		{name: "past", d: waiting, events: []event.Event{started(time.Second, "a")}, since: 2 * time.Second, now: late,
+			reason: budget.TurnTimeout, fell: 10 * time.Second},
 		{name: "within the grace", d: waiting, events: []event.Event{started(time.Second, "a")}, since: 2 * time.Second, now: late - time.Millisecond},
 		{name: "work in a worker's hands", d: taken, events: []event.Event{started(time.Second, "a")}, since: 2 * time.Second, now: time.Minute},
 		{name: "work waiting less than WorkerWait", d: waiting, since: time.Minute - WorkerWait + time.Millisecond, now: time.Minute},
 		{name: "no work waiting", d: waiting, now: time.Minute},
 		{name: "a wait for a person moved it", d: waiting,
 			events: []event.Event{asked(time.Second, "a"), decided(7*time.Second, "a"), started(7*time.Second, "a")},
-			since:  8 * time.Second, now: late + 6*time.Second, ceiling: 16 * time.Second},
+			since:  8 * time.Second, now: late + 6*time.Second, reason: budget.TurnTimeout, fell: 16 * time.Second},
 		{name: "moved, within the grace", d: waiting,
 			events: []event.Event{asked(time.Second, "a"), decided(7*time.Second, "a"), started(7*time.Second, "a")},
 			since:  8 * time.Second, now: late + 6*time.Second - time.Millisecond},
 		{name: "waiting for a person now", d: waiting, events: []event.Event{asked(time.Second, "a")}, since: 2 * time.Second, now: time.Hour},
 		{name: "a wait while another call works", d: waiting,
 			events: []event.Event{started(500*time.Millisecond, "b"), asked(time.Second, "a"), decided(7*time.Second, "a"), started(7*time.Second, "a")},
-			since:  2 * time.Second, now: late, ceiling: 10 * time.Second},
+			since:  2 * time.Second, now: late, reason: budget.TurnTimeout, fell: 10 * time.Second},
+
+		// The step window (15s, of a turn of 1m), from the last progress
+		// signal.
+		{name: "step: past", turn: time.Minute, step: 15 * time.Second, d: waiting,
+			events: []event.Event{answered(time.Second), until(time.Second, "a", 2*time.Second)},
+			since:  2 * time.Second, now: 16*time.Second + grace, reason: budget.NoProgress, fell: 16 * time.Second},
+		{name: "step: within the grace", turn: time.Minute, step: 15 * time.Second, d: waiting,
+			events: []event.Event{answered(time.Second), until(time.Second, "a", 2*time.Second)},
+			since:  2 * time.Second, now: 16*time.Second + grace - time.Millisecond},
+		{name: "step: from the turn's start", turn: time.Minute, step: 15 * time.Second, d: waiting,
+			since: time.Second, now: 15*time.Second + grace, reason: budget.NoProgress, fell: 15 * time.Second},
+		{name: "step: work in a worker's hands", turn: time.Minute, step: 15 * time.Second, d: taken,
+			events: []event.Event{answered(time.Second), until(time.Second, "a", 2*time.Second)}, since: 2 * time.Second, now: 50 * time.Second},
+		{name: "step: a tool's report moved it", turn: time.Minute, step: 15 * time.Second, d: waiting,
+			events: []event.Event{answered(time.Second), until(time.Second, "a", 2*time.Second), report(3*time.Second, "a")},
+			since:  4 * time.Second, now: 18*time.Second + grace, reason: budget.NoProgress, fell: 18 * time.Second},
+		{name: "step: moved, within the grace", turn: time.Minute, step: 15 * time.Second, d: waiting,
+			events: []event.Event{answered(time.Second), until(time.Second, "a", 2*time.Second), report(3*time.Second, "a")},
+			since:  4 * time.Second, now: 18*time.Second + grace - time.Millisecond},
+		{name: "step: a call inside its own timeout", turn: time.Minute, step: 15 * time.Second, d: waiting,
+			events: []event.Event{answered(time.Second), until(time.Second, "a", 40*time.Second)},
+			since:  2 * time.Second, now: 40*time.Second + grace, reason: budget.NoProgress, fell: 40 * time.Second},
+		{name: "step: inside its own timeout, within the grace", turn: time.Minute, step: 15 * time.Second, d: waiting,
+			events: []event.Event{answered(time.Second), until(time.Second, "a", 40*time.Second)},
+			since:  2 * time.Second, now: 40*time.Second + grace - time.Millisecond},
+		{name: "step: a call that ended is progress", turn: time.Minute, step: 15 * time.Second, d: waiting,
+			events: []event.Event{answered(time.Second), until(time.Second, "a", 2*time.Second),
+				ev(2*time.Second, &event.ToolFinished{ToolCall: event.ToolCall{CallID: "a", Tool: "t"}})},
+			since: 3 * time.Second, now: 17*time.Second + grace, reason: budget.NoProgress, fell: 17 * time.Second},
+		{name: "step: an advisory call runs", turn: time.Minute, step: 15 * time.Second, d: waiting,
+			events: []event.Event{answered(time.Second), advisory(time.Second, "a")},
+			since:  2 * time.Second, now: time.Minute + grace, reason: budget.TurnTimeout, fell: time.Minute},
+		{name: "step: an advisory call runs, before the ceiling", turn: time.Minute, step: 15 * time.Second, d: waiting,
+			events: []event.Event{answered(time.Second), advisory(time.Second, "a")},
+			since:  2 * time.Second, now: time.Minute + grace - time.Millisecond},
+		{name: "step: a call waits for a person while another works", turn: time.Minute, step: 15 * time.Second, d: waiting,
+			events: []event.Event{answered(time.Second), until(time.Second, "b", 2*time.Second), asked(time.Second, "a")},
+			since:  2 * time.Second, now: time.Minute + grace, reason: budget.TurnTimeout, fell: time.Minute},
+		{name: "step: waiting for a person now", turn: time.Minute, step: 15 * time.Second, d: waiting,
+			events: []event.Event{answered(time.Second), asked(time.Second, "a")}, since: 2 * time.Second, now: time.Hour},
+		{name: "step: a decision is progress", turn: time.Minute, step: 15 * time.Second, d: waiting,
+			events: []event.Event{answered(time.Second), asked(time.Second, "a"), decided(7*time.Second, "a"), until(7*time.Second, "a", 8*time.Second)},
+			since:  8 * time.Second, now: 22*time.Second + grace, reason: budget.NoProgress, fell: 22 * time.Second},
+		{name: "step: the ceiling fell first", turn: time.Minute, step: 15 * time.Second, d: waiting,
+			events: []event.Event{answered(50 * time.Second), until(50*time.Second, "a", 51*time.Second)},
+			since:  51 * time.Second, now: 2 * time.Minute, reason: budget.TurnTimeout, fell: time.Minute},
+		{name: "step: the step fell first", turn: time.Minute, step: 15 * time.Second, d: waiting,
+			events: []event.Event{answered(time.Second), until(time.Second, "a", 2*time.Second)},
+			since:  2 * time.Second, now: 2 * time.Minute, reason: budget.NoProgress, fell: 16 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			s := &machine.State{Start: t0}
+			s.Budgets.Turn = budget.Duration{D: cmp.Or(tc.turn, 10*time.Second)}
+			s.Budgets.Step = budget.Duration{D: tc.step}
+			s.Budgets.KillGrace = budget.Duration{D: 500 * time.Millisecond}
 			f := &follow{state: s, events: tc.events}
 			var since time.Time
 			if tc.since > 0 {
 				since = at(tc.since)
 			}
-			ceiling, past := f.unworkedPastCeiling(tc.d, since, at(tc.now))
+			fl, past := f.unworkedPast(tc.d, since, at(tc.now))
 			switch {
-			case tc.ceiling == 0 && past:
-				t.Errorf("past its ceiling (%v) at %v", ceiling.Sub(t0), tc.now)
-			case tc.ceiling > 0 && (!past || !ceiling.Equal(at(tc.ceiling))):
-				t.Errorf("past: %v, ceiling at %v; want past, at %v", past, ceiling.Sub(t0), tc.ceiling)
+			case tc.reason == "" && past:
+				t.Errorf("past its %s (at %v) at %v", fl.reason, fl.at.Sub(t0), tc.now)
+			case tc.reason != "" && (!past || fl.reason != tc.reason || !fl.at.Equal(at(tc.fell))):
+				t.Errorf("past: %v, %s at %v; want past, %s at %v", past, fl.reason, fl.at.Sub(t0), tc.reason, tc.fell)
 			}
 		})
 	}
