@@ -66,31 +66,56 @@ func noWorkerLeft(t *testing.T) {
 	sc.nothingLeft()
 }
 
-// ceilingWithNoWorker: the only worker is killed (SIGKILL) mid-tool and
-// none is started; the turn's ceiling (5s) falls with no worker to
-// enforce it. `run` following the turn ends it as the embedded engine
-// would have — stopped, turn_timeout, "Last step: tool hang, running
-// for …", flagged — saying that no worker ran it on the task queue, and
-// terminates its workflow; the call is recorded interrupted. (Before, the
-// turn stayed running past its ceiling until a worker came.)
-func ceilingWithNoWorker(t *testing.T) {
+// ceilingOrStepWithNoWorker: the only worker is killed (SIGKILL) while
+// two turns' tools hang, and none is started. One turn's ceiling (5s)
+// falls, and the other's step window (3s, from its tool's report as it
+// started; the tool's own timeout, 4s, keeps it open to its deadline)
+// ends long before its ceiling (1m), with no worker to enforce either.
+// `run` following each turn ends it as the embedded engine would have —
+// stopped, turn_timeout ("Stopped after 5s, the limit for one turn …")
+// or no_progress ("Stopped: nothing progressed for 3s …"), "Last step:
+// tool hang, running for …", flagged — saying that no worker ran it on
+// the task queue, and terminates its workflow; each call is recorded
+// interrupted. (Before, the first stayed running past its ceiling until a
+// worker came, and the second until its ceiling.) The two turns share one
+// set-up, one worker and its kill: two scenarios for the time of one.
+func ceilingOrStepWithNoWorker(t *testing.T) {
 	sc := begin(t, "every worker kill -9 mid-tool, then the turn's ceiling", "timebox worker, run --engine temporal")
+	scStep := begin(t, "every worker kill -9 mid-tool, then the step window", "timebox worker, run --engine temporal --step-timeout 3s")
 	e := newEngine(t)
-	const ceiling = 5 * time.Second
-	a := newAgent(t, scriptAgent("kill_grace: 500ms, turn: "+ceiling.String(), "", "{name: hang, description: Hangs., exec: [./hang.sh], timeout: 1m}"),
+	const ceiling, step, toolTimeout = 5 * time.Second, 3 * time.Second, 4 * time.Second
+	// The tool takes the turn's tool timeout: 1m for the first turn, 4s
+	// for the second (the flags travel with the turn).
+	a := newAgent(t, scriptAgent("kill_grace: 500ms, turn: "+ceiling.String(), "", "{name: hang, description: Hangs., exec: [./hang.sh]}"),
 		[]string{callTools("hang"), `{"text": "never"}`}, map[string]string{"hang.sh": hangTool})
-	wa, run, id, pids := e.hanging(a, "1s")
+	env := []string{"PIDFILE=" + a.pidfile}
+	wa := e.worker(a, env, "1s")
+	run := e.run(a, env)
+	runStep := e.run(a, env, "--turn-timeout", "1m", "--step-timeout", step.String(), "--tool-timeout", toolTimeout.String())
+	id, idStep := turnID(t, run), turnID(t, runStep)
+	pids := a.waitPIDs(t, 6, runStep) // both tools' root, child and grandchild
 	wa.cmd.Process.Kill()
 	<-wa.done
-	// The ceiling, its kill grace and the follower's grace (5s); or, when
-	// later, the call's heartbeat timeout (1s) and 10s of work no worker
-	// took; then the follower's next look (every 2s).
+	// The ceiling (or the step window), its kill grace and the
+	// follower's grace (5s); or, when later, the call's heartbeat timeout
+	// (1s) and 10s of work no worker took; then the follower's next look
+	// (every 2s).
 	rec, evs, ok := e.endsWithin(id, ceiling+40*time.Second)
 	if !ok {
 		sc.truth("the turn ended with no worker", "yes", "no", false)
 		t.Fatalf("turn %s still running 40s past its ceiling with no worker\n%s", id, run.stderr.String())
 	}
-	code := run.wait(10 * time.Second)
+	recStep, evsStep, ok := e.endsWithin(idStep, 40*time.Second)
+	if !ok {
+		scStep.truth("the turn ended with no worker", "yes", "no", false)
+		t.Fatalf("turn %s still running 40s past its step window with no worker\n%s", idStep, runStep.stderr.String())
+	}
+	code, codeStep := run.wait(10*time.Second), runStep.wait(10*time.Second)
+	// The dead worker's tools left their descendants (the roots died with
+	// it): the next timebox to start on the machine reaps them — a worker
+	// started again, which finds nothing of the turns to run.
+	stop(e.worker(a, nil, "1s"))
+
 	sc.within("past the ceiling", rec.EndedAt.Sub(rec.StartedAt.Add(ceiling)), 20*time.Second)
 	sc.is("status", string(rec.Status)+"/"+string(rec.StopReason), string(budget.StatusStopped)+"/"+string(budget.TurnTimeout))
 	sc.count("run's exit code", code, 3)
@@ -99,20 +124,53 @@ func ceilingWithNoWorker(t *testing.T) {
 	sc.truth("its message", "the embedded engine's, and that no worker ran it on the task queue", fmt.Sprintf("%q", rec.Message), says)
 	sc.truth("its flags", "timed out by the turn budget, during a tool", fmt.Sprintf("%+v", rec.Flags),
 		rec.Flags.TimedOutDuringToolExecution && rec.Flags.TimedOutByTurnBudget)
+	noWorkerEnd(t, sc, e, rec, evs, run, pids)
+
+	// The step window: from the last progress signal (the tool's report
+	// as it started), or to the tool's own deadline when later.
+	var progressed, window time.Time
+	for _, ev := range evsStep {
+		switch x := ev.Data.(type) {
+		case *event.ToolProgress, *event.LLMFinished:
+			progressed = ev.At
+		case *event.ToolStarted:
+			window = x.Deadline
+		}
+	}
+	if progressed.Add(step).After(window) {
+		window = progressed.Add(step)
+	}
+	scStep.within("past the step window", recStep.EndedAt.Sub(window), 20*time.Second)
+	scStep.is("status", string(recStep.Status)+"/"+string(recStep.StopReason), string(budget.StatusStopped)+"/"+string(budget.NoProgress))
+	scStep.count("run's exit code", codeStep, 3)
+	says = strings.HasPrefix(recStep.Message, "Stopped: nothing progressed for 3s (--step-timeout). Last step: tool hang, running for ") &&
+		strings.Contains(recStep.Message, "No timebox worker ran the turn on task queue "+e.queue+" ") &&
+		strings.Contains(recStep.Message, "past the end of its step window")
+	scStep.truth("its message", "the embedded engine's, and that no worker ran it on the task queue", fmt.Sprintf("%q", recStep.Message), says)
+	scStep.truth("its flags", "during a tool, not by the turn budget", fmt.Sprintf("%+v", recStep.Flags),
+		recStep.Flags.TimedOutDuringToolExecution && !recStep.Flags.TimedOutByTurnBudget)
+	var limit string
+	if fin := finished(evsStep); fin != nil && fin.Limit != nil {
+		limit = fin.Limit.Key + " " + fin.Limit.Value
+	}
+	scStep.is("its limit", limit, budget.KeyStep+" 3s")
+	noWorkerEnd(t, scStep, e, recStep, evsStep, runStep, pids)
+}
+
+// noWorkerEnd asserts what every turn a follower ended with no worker
+// has: its one call interrupted, its workflow terminated, its records
+// whole and streamed, the tools' processes gone (pids: of every turn of
+// the scenario) and nothing left.
+func noWorkerEnd(t *testing.T, sc *scenario, e *engine, rec *event.Turn, evs []event.Event, run *proc, pids map[string][]int) {
+	t.Helper()
 	if c := rec.ToolCalls; len(c) == 1 {
 		sc.is("the call", string(c[0].Outcome), string(event.OutcomeInterrupted))
 	} else {
 		sc.count("tool call records", len(c), 1)
 	}
-	st := workflowStatus(t, e.srv.Addr(), id)
-	sc.is("its workflow", st, enums.WORKFLOW_EXECUTION_STATUS_TERMINATED.String())
+	sc.is("its workflow", workflowStatus(t, e.srv.Addr(), rec.TurnID), enums.WORKFLOW_EXECUTION_STATUS_TERMINATED.String())
 	sc.integrity(evs, run.log.snapshot())
-	// The dead worker's tool left its descendants (the root died with
-	// it): the next timebox to start on the machine reaps them — a worker
-	// started again, which finds nothing of the turn to run.
-	wb := e.worker(a, nil, "1s")
 	sc.allDead(pids)
-	stop(wb)
 	sc.nothingLeft()
 }
 

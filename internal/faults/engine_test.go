@@ -53,7 +53,7 @@ func TestEngineFaults(t *testing.T) {
 		{"worker SIGSTOP mid-tool, retries", workerStalledMidTool},
 		{"worker kill -9 mid-tool, then the ceiling", ceilingWhileWorkerDead},
 		{"every worker kill -9 mid-tool", noWorkerLeft},
-		{"every worker kill -9 mid-tool, then the ceiling", ceilingWithNoWorker},
+		{"every worker kill -9 mid-tool, then the ceiling or the step window", ceilingOrStepWithNoWorker},
 		{"serve SIGTERM, its engine turns running", gatewayStoppedMidTurns},
 	} {
 		t.Run(s.name, s.run)
