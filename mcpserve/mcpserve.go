@@ -32,6 +32,7 @@ import (
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/ids"
+	"github.com/timebox-run/timebox/internal/silentconns"
 	"github.com/timebox-run/timebox/tool"
 )
 
@@ -302,8 +303,8 @@ func (s *Server) ServeStreamableHTTP(ctx context.Context, ln net.Listener, wrap 
 	if s.opts.Logger != nil {
 		hs.ErrorLog = slog.NewLogLogger(s.opts.Logger.Handler(), slog.LevelWarn)
 	}
-	silent := &silentConns{fresh: map[net.Conn]struct{}{}}
-	hs.ConnState = silent.state
+	silent := silentconns.New()
+	hs.ConnState = silent.State
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(ln) }()
 	var err error
@@ -312,7 +313,7 @@ func (s *Server) ServeStreamableHTTP(ctx context.Context, ln net.Listener, wrap 
 	case <-ctx.Done():
 	}
 	cancel()
-	silent.stop()
+	silent.Stop()
 	// Shutdown closes ln and waits for the requests being answered: the
 	// calls among them were stopped when ctx was done (handler) and answer
 	// within their kill grace.
@@ -328,42 +329,6 @@ func (s *Server) ServeStreamableHTTP(ctx context.Context, ln net.Listener, wrap 
 		err = nil
 	}
 	return errors.Join(err, shut)
-}
-
-// silentConns closes, once the server stops, the connections on which no
-// request has come: http.Server.Shutdown waits for such a connection
-// until it is 5s old, and a client's spare one (dialled for a request
-// that another connection, freed meanwhile, took) held the stop that
-// long. A request that comes on one now would only be refused.
-type silentConns struct {
-	mu       sync.Mutex
-	fresh    map[net.Conn]struct{}
-	stopping bool
-}
-
-// state is the server's ConnState hook.
-func (s *silentConns) state(c net.Conn, st http.ConnState) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	switch {
-	case st != http.StateNew:
-		delete(s.fresh, c)
-	case s.stopping: // accepted before the listener closed
-		c.Close()
-	default:
-		s.fresh[c] = struct{}{}
-	}
-}
-
-// stop closes the silent connections, and each accepted from now on.
-func (s *silentConns) stop() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.stopping = true
-	for c := range s.fresh {
-		c.Close()
-	}
-	clear(s.fresh)
 }
 
 // budgetMeta is the tool's budget as a client is shown it in the tool's

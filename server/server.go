@@ -33,6 +33,7 @@ import (
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/ids"
 	"github.com/timebox-run/timebox/internal/longjson"
+	"github.com/timebox-run/timebox/internal/silentconns"
 	"github.com/timebox-run/timebox/store"
 )
 
@@ -646,6 +647,10 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
+	// A browser's preconnected socket, which never sends a request, would
+	// hold the stop for 5s.
+	silent := silentconns.New()
+	hs.ConnState = silent.State
 	served := make(chan error, 1)
 	// The turns the last server suspended while they waited for people
 	// go on here.
@@ -657,6 +662,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	case <-ctx.Done():
 	}
 	closed := make(chan error, 1)
+	silent.Stop()
 	go func() { closed <- hs.Shutdown(context.Background()) }()
 	err := s.Shutdown(context.Background())
 	// Every stream has ended; requests still being answered are short.

@@ -972,3 +972,24 @@ func TestCheckToken(t *testing.T) {
 		t.Errorf("server.New with a blank token: %v", err)
 	}
 }
+
+// TestAStopDoesNotWaitForSilentConnections: a connection on which no
+// request has come — a browser's preconnected socket beside the page —
+// does not hold the server's stop: http.Server.Shutdown alone waited until
+// it was 5s old.
+func TestAStopDoesNotWaitForSilentConnections(t *testing.T) {
+	e := newEnv(t, server.Config{Agent: newAgent(t, scripted(t, `{"text": "hi"}`))})
+	c, err := net.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	began := time.Now()
+	if err := e.stop(); err != nil {
+		t.Errorf("Serve: %v", err)
+	}
+	// The stop takes milliseconds; Shutdown's own wait is 5s and more.
+	if took := time.Since(began); took > 3*time.Second {
+		t.Errorf("stopped after %v with a silent connection open", took)
+	}
+}
