@@ -574,7 +574,7 @@ func (s *Server) postTurn(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, errStoreAway):
 		w.Header().Set("Retry-After", "5")
 		s.failed(w, r, http.StatusServiceUnavailable, "store_unavailable",
-			"the store cannot be written for now, so the turn cannot begin; ask again shortly, or through another gateway", err)
+			"the store cannot be reached for now (away, hung, or locked by another process), so the turn cannot begin; ask again shortly, or through another gateway", err)
 		return
 	case err != nil:
 		s.failed(w, r, http.StatusInternalServerError, "store_error", "starting the turn failed", err)

@@ -297,7 +297,7 @@ func newSessionID() string { return ids.New("s_") }
 var (
 	errDraining  = errors.New("draining")
 	errBusy      = errors.New("session busy")
-	errStoreAway = errors.New("the store cannot be written for now")
+	errStoreAway = errors.New("the store cannot be reached for now")
 )
 
 // start registers, stores and starts a turn. The returned subscription is
