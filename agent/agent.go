@@ -109,7 +109,11 @@ type Config struct {
 	Origin string
 	// TracerProvider, when set, traces every turn: spans in OpenTelemetry's
 	// GenAI conventions with the budgets they ran under
-	// (docs/observability.md). Nil traces nothing and costs nothing.
+	// (docs/observability.md). Nil traces nothing and costs nothing. A
+	// provider of your own makes the span of a turn another process began
+	// (a Temporal worker ending a turn, a store marking a dead process's
+	// turn interrupted) only if its ID generator gives the ids asked for:
+	// sdktrace.WithIDGenerator(telemetry.IDs{}); telemetry.FromEnv's does.
 	TracerProvider trace.TracerProvider
 }
 
