@@ -179,12 +179,14 @@ func TestHistoryFailsAfterBegin(t *testing.T) {
 	}
 }
 
-// TestReadRoutesOfAnAwayDatabaseAre503: with its PostgreSQL stopped, every
-// route that reads the store answers 503 store_unavailable with
-// Retry-After (ask again shortly, or through another gateway), none 500
-// store_error, which sent the person to the server's log for a database
-// that was merely away: GET /v1/stats did until 2026-11-28.
-func TestReadRoutesOfAnAwayDatabaseAre503(t *testing.T) {
+// route is a request of the API.
+type route struct{ method, path, body string }
+
+// readRoutes starts a gateway on a PostgreSQL of its own, runs a turn to
+// its end — gone from the gateway's live turns, so that its routes read
+// the store — and returns the routes that read the store for that turn.
+func readRoutes(t *testing.T) (*testenv.PostgresServer, *env, []route) {
+	t.Helper()
 	pg := testenv.StartPostgres(t)
 	st, err := postgres.Open(context.Background(), pg.Database(), postgres.Options{Poll: time.Hour})
 	if err != nil {
@@ -192,17 +194,13 @@ func TestReadRoutesOfAnAwayDatabaseAre503(t *testing.T) {
 	}
 	e := newEnv(t, server.Config{Store: st, Agent: newAgent(t, scripted(t, `{"text": "hi"}`))})
 	rec := decode[rawRecord](t, e.do("POST", "/v1/turns", map[string]any{"input": "go"}), http.StatusOK)
-	// Ended and gone from the gateway's live turns: its routes read the
-	// store.
 	wait.For(t, 10*time.Second, "the turn read from the store", func() bool {
 		resp := e.do("GET", "/v1/turns/"+rec.TurnID+"/events?after=1000", nil)
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusNoContent
 	})
-	pg.Stop()
-	t.Cleanup(pg.Start) // before the store is closed
 	id, session := rec.TurnID, rec.SessionID
-	for _, r := range []struct{ method, path, body string }{
+	return pg, e, []route{
 		{"GET", "/v1/turns", ""},
 		{"GET", "/v1/turns/" + id, ""},
 		{"GET", "/v1/turns/" + id + "/events", ""},
@@ -214,7 +212,19 @@ func TestReadRoutesOfAnAwayDatabaseAre503(t *testing.T) {
 		{"GET", "/v1/stats", ""},
 		{"GET", "/v1/stats?tool=fetch", ""},
 		{"GET", "/v1/webhooks/deliveries", ""},
-	} {
+	}
+}
+
+// TestReadRoutesOfAnAwayDatabaseAre503: with its PostgreSQL stopped, every
+// route that reads the store answers 503 store_unavailable with
+// Retry-After (ask again shortly, or through another gateway), none 500
+// store_error, which sent the person to the server's log for a database
+// that was merely away: GET /v1/stats did until 2026-11-28.
+func TestReadRoutesOfAnAwayDatabaseAre503(t *testing.T) {
+	pg, e, routes := readRoutes(t)
+	pg.Stop()
+	t.Cleanup(pg.Start) // before the store is closed
+	for _, r := range routes {
 		var body any
 		if r.body != "" {
 			body = r.body
@@ -237,33 +247,8 @@ func TestReadRoutesOfAnAwayDatabaseAre503(t *testing.T) {
 // (5 s), all of them at once; and 200 once it goes on. Before 2026-11-28
 // only the new turn was bounded: every read waited as long as the hang.
 func TestReadRoutesOfAHungDatabaseAre503(t *testing.T) {
-	pg := testenv.StartPostgres(t)
-	st, err := postgres.Open(context.Background(), pg.Database(), postgres.Options{Poll: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := newEnv(t, server.Config{Store: st, Agent: newAgent(t, scripted(t, `{"text": "hi"}`))})
-	rec := decode[rawRecord](t, e.do("POST", "/v1/turns", map[string]any{"input": "go"}), http.StatusOK)
-	wait.For(t, 10*time.Second, "the turn read from the store", func() bool {
-		resp := e.do("GET", "/v1/turns/"+rec.TurnID+"/events?after=1000", nil)
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusNoContent
-	})
-	id, session := rec.TurnID, rec.SessionID
-	routes := []struct{ method, path, body string }{
-		{"GET", "/v1/turns", ""},
-		{"GET", "/v1/turns/" + id, ""},
-		{"GET", "/v1/turns/" + id + "/events", ""},
-		{"POST", "/v1/turns/" + id + "/cancel", ""},
-		{"GET", "/v1/turns/" + id + "/approvals", ""},
-		{"POST", "/v1/turns/" + id + "/approvals/call_1_1", `{"decision": "approve"}`},
-		{"GET", "/v1/sessions", ""},
-		{"GET", "/v1/sessions/" + session, ""},
-		{"GET", "/v1/stats", ""},
-		{"GET", "/v1/stats?tool=fetch", ""},
-		{"GET", "/v1/webhooks/deliveries", ""},
-		{"POST", "/v1/turns", `{"input": "now?", "detach": true}`},
-	}
+	pg, e, routes := readRoutes(t)
+	routes = append(routes, route{"POST", "/v1/turns", `{"input": "now?", "detach": true}`})
 	pg.Freeze()
 	thawed := make(chan struct{})
 	thaw := sync.OnceFunc(func() { pg.Thaw(); close(thawed) })
