@@ -248,12 +248,60 @@ func movedHint(section string) func(string) string {
 	}
 }
 
+// unindentedHint explains a top-level key that belongs to a section
+// written empty above it ("timeouts:" then "tool: 5s" at column 0): the
+// person meant to indent it. That beats any did-you-mean of a top-level
+// key ("tools" for "tool"), since the empty section shows the intent.
+func unindentedHint(es []entry, key string) string {
+	full, ok := movedKeys[key]
+	if !ok {
+		return ""
+	}
+	section := strings.SplitN(full, ".", 2)[0]
+	var own *entry
+	for i := range es {
+		if es[i].key == key {
+			own = &es[i]
+			break
+		}
+	}
+	if own == nil {
+		return ""
+	}
+	// The section must be the known key nearest above: indenting the
+	// key puts it under that one, whatever the person meant.
+	var sec *entry
+	for i := range es {
+		e := &es[i]
+		if contains(topKeys, e.key) && e.keyAt.line < own.keyAt.line && (sec == nil || e.keyAt.line > sec.keyAt.line) {
+			sec = e
+		}
+	}
+	if sec == nil || sec.key != section {
+		return ""
+	}
+	switch sec.val.(type) {
+	case nil, *ast.NullNode:
+	default:
+		return ""
+	}
+	fix := "indent it, and the lines under it, by 2 spaces"
+	switch v := own.val.(type) {
+	case *ast.StringNode, *ast.IntegerNode, *ast.FloatNode, *ast.BoolNode:
+		fix = fmt.Sprintf("indent it by 2 spaces: %q under %q", "  "+key+": "+v.GetToken().Value, section+":")
+	}
+	return fmt.Sprintf(" (it belongs under %s: on line %d, which is empty; %s)", section, sec.keyAt.line, fix)
+}
+
 func (l *loader) decodeTop(root ast.Node) {
 	es, ok := l.t.mapping(root, "", "a mapping of keys (model, tools, timeouts, …)")
 	if !ok {
 		return
 	}
 	fs := l.t.fields(es, "", topKeys, func(key string) string {
+		if h := unindentedHint(es, key); h != "" {
+			return h
+		}
 		if suggest(key, topKeys) != "" {
 			return "" // a typo of a top-level key ("tool" for "tools") is likelier
 		}
