@@ -105,7 +105,7 @@ func Run(ctx context.Context, args []string, o IO) int {
 		return cmdValidate(args[1:], o)
 	case "tool":
 		if len(args) < 2 || args[1] != "call" {
-			const toolUsage = "usage: timebox tool call NAME --input '{...}' [-f agent.yaml]"
+			toolUsage := synopses["tool call"]
 			if len(args) == 2 && isHelp(args[1]) {
 				fmt.Fprintln(o.Out, toolUsage)
 				return ExitOK
@@ -144,6 +144,17 @@ func Run(ctx context.Context, args []string, o IO) int {
 	return ExitUsage
 }
 
+// synopses are the usage lines of the commands whose flags newFlags
+// makes and that have no usage text of their own: their -h starts with
+// it, as every command's does, and a mistake in their arguments repeats it.
+var synopses = map[string]string{
+	"run":       `usage: timebox run [-f agent.yaml] [--json] [budget flags] "prompt"   (or "-" to read it from stdin)`,
+	"serve":     "usage: timebox serve [-f agent.yaml] [--addr 127.0.0.1:8080] [--token T] [--db STORE] [budget flags]",
+	"tool call": "usage: timebox tool call NAME --input '{...}' [-f agent.yaml] [budget flags]",
+	"mcp serve": "usage: timebox mcp serve [-f agent.yaml] [--addr host:port [--token T]] [--db STORE | --no-store] [budget flags]   (MCP over stdin and stdout, or over streamable HTTP with --addr)",
+	"worker":    "usage: timebox worker -f agent.yaml --db postgres://… [--temporal-address HOST:PORT] [budget flags]",
+}
+
 // common holds the flags every command that loads an agent file has.
 type common struct {
 	file     string
@@ -162,7 +173,11 @@ func newFlags(name string, o IO) (*flag.FlagSet, *common) {
 		c.settings[s.Key] = fs.String(s.Flag, "", fmt.Sprintf("%s (%s; env %s)", s.Doc, s.Key, s.Env))
 	}
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage of %s:\n", fs.Name())
+		if s, ok := synopses[name]; ok {
+			fmt.Fprintf(fs.Output(), "%s\n\n", s)
+		} else {
+			fmt.Fprintf(fs.Output(), "Usage of %s:\n", fs.Name())
+		}
 		printFlags(fs, name)
 	}
 	return fs, c

@@ -17,8 +17,6 @@ import (
 	"github.com/timebox-run/timebox/store"
 )
 
-const mcpUsage = "usage: timebox mcp serve [-f agent.yaml] [--addr host:port [--token T]] [--db STORE | --no-store] [budget flags]   (MCP over stdin and stdout, or over streamable HTTP with --addr)"
-
 // cmdMCP is `timebox mcp serve`: the agent file's tools (its exec tools
 // and the tools of its mcp entries) as one MCP server over stdio
 // (docs/mcp-server.md). Standard output carries the protocol and nothing
@@ -30,13 +28,13 @@ const mcpUsage = "usage: timebox mcp serve [-f agent.yaml] [--addr host:port [--
 func cmdMCP(ctx context.Context, args []string, o IO) int {
 	if len(args) == 0 || args[0] != "serve" {
 		if len(args) == 1 && isHelp(args[0]) {
-			fmt.Fprintln(o.Out, mcpUsage)
+			fmt.Fprintln(o.Out, synopses["mcp serve"])
 			return ExitOK
 		}
 		if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 			fmt.Fprintln(o.Err, unknownWord("mcp", args[0], []string{"serve"}))
 		}
-		fmt.Fprintln(o.Err, mcpUsage)
+		fmt.Fprintln(o.Err, synopses["mcp serve"])
 		return ExitUsage
 	}
 	fs, c := newFlags("mcp serve", o)
@@ -50,7 +48,7 @@ func cmdMCP(ctx context.Context, args []string, o IO) int {
 		return usageExit(err)
 	}
 	if len(pos) != 0 {
-		fmt.Fprintln(o.Err, mcpUsage)
+		fmt.Fprintln(o.Err, synopses["mcp serve"])
 		return ExitUsage
 	}
 	var token string

@@ -205,7 +205,7 @@ func cmdRun(ctx context.Context, args []string, o IO) int {
 		prompt = string(b)
 	}
 	if strings.TrimSpace(prompt) == "" {
-		fmt.Fprintln(o.Err, `usage: timebox run [-f agent.yaml] [--json] "prompt"   (or "-" to read it from stdin)`)
+		fmt.Fprintln(o.Err, synopses["run"])
 		if name, value, ok := tookLastWord(args); ok && len(pos) == 0 {
 			fmt.Fprintf(o.Err, "timebox run: no prompt: %s took %q as its value (give the flag its value, then the prompt)\n", name, value)
 		}

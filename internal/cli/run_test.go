@@ -129,6 +129,20 @@ func TestHelpExitsZero(t *testing.T) {
 	}
 }
 
+// TestHelpStartsWithUsage: every command's -h starts with its usage line,
+// "usage: timebox COMMAND ...", before its flags (mcp serve's had only the
+// flag package's "Usage of timebox mcp serve:").
+func TestHelpStartsWithUsage(t *testing.T) {
+	for _, args := range [][]string{{"run"}, {"validate"}, {"serve"}, {"tool", "call"}, {"runs", "list"},
+		{"runs", "show"}, {"runs", "export"}, {"stats"}, {"mcp", "serve"}, {"worker"}, {"schema"}} {
+		r := run(t, nil, append(args, "-h")...)
+		got := strings.TrimLeft(r.out+r.err, "\n")
+		if r.code != cli.ExitOK || !strings.HasPrefix(got, "usage:") || !strings.Contains(got, "timebox "+strings.Join(args, " ")) {
+			t.Errorf("timebox %s -h: exit %d, want a usage line first, got\n%s", strings.Join(args, " "), r.code, got)
+		}
+	}
+}
+
 // TestAFlagErrorIsShort: a flag error prints the error, the flag meant
 // when one is near, and where the others are, in three lines — not every
 // flag, which scrolled the error out of sight; -h still prints them all.

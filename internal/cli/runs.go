@@ -50,6 +50,10 @@ func cmdRuns(ctx context.Context, args []string, o IO) int {
 	sub := args[0]
 	fs := flag.NewFlagSet("timebox runs "+sub, flag.ContinueOnError)
 	fs.SetOutput(o.Err)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "%s\n\n", runsUsage)
+		fs.PrintDefaults()
+	}
 	dbFlag := fs.String("db", "", "the store: a SQLite file or a postgres:// URL (env TIMEBOX_DB; default "+stateDB(o)+")")
 	asJSON := new(bool) // export writes JSON lines, whatever it is told
 	if sub != "export" {

@@ -170,7 +170,7 @@ func cmdToolCall(ctx context.Context, args []string, o IO) int {
 		return usageExit(err)
 	}
 	if len(pos) != 1 {
-		fmt.Fprintln(o.Err, "usage: timebox tool call NAME --input '{...}' [-f agent.yaml]")
+		fmt.Fprintln(o.Err, synopses["tool call"])
 		return ExitUsage
 	}
 	// The arguments of a call are a JSON object; anything else is the
