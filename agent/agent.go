@@ -9,6 +9,7 @@ package agent
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 
@@ -42,7 +43,18 @@ type Agent struct {
 
 // Tool is a tool with its resolved budget.
 type Tool struct {
-	Tool   tool.Tool
+	// Tool is the tool itself: tool.Typed or tool.NewFunc for a Go
+	// function, or an exec or MCP tool. It must not be nil.
+	Tool tool.Tool
+	// Budget is the budget of each of its calls. A zero field takes the
+	// agent's: Timeout timeouts.tool (Config.Budgets.Tool), Enforcement
+	// the tool kind's default (cooperative for a Go function, hard for
+	// exec and MCP tools), KillGrace timeouts.kill_grace; IdleTimeout zero
+	// is off. A value without a Source has source "code". New refuses a
+	// negative duration, a Timeout of 0 given a Source (every call needs a
+	// limit: keep one and use budget.Advisory never to interrupt the
+	// tool), an Enforcement that is not one of the three, and a Timeout
+	// over timeouts.tool_max.
 	Budget budget.ToolBudget
 	// Retries is how many more times an engine that runs calls on other
 	// machines (package temporal) may run a call of the tool whose worker
@@ -164,13 +176,10 @@ func New(cfg Config) (*Agent, error) {
 		a.compactKnob.Knob = "context.compact_at"
 	}
 	for _, t := range cfg.Tools {
-		if t.Tool == nil {
-			return nil, fmt.Errorf("agent: a tool entry has no tool")
+		if err := t.Check(); err != nil {
+			return nil, fmt.Errorf("agent: %w", err)
 		}
 		spec := t.Tool.Spec()
-		if !tool.NameRE.MatchString(spec.Name) {
-			return nil, fmt.Errorf("agent: tool name %q: use 1 to 64 letters, digits, _ or -", spec.Name)
-		}
 		if _, dup := a.tools[spec.Name]; dup {
 			return nil, fmt.Errorf("agent: two tools are named %q", spec.Name)
 		}
@@ -191,6 +200,50 @@ func New(cfg Config) (*Agent, error) {
 	}
 	a.fingerprint = fingerprint(a)
 	return a, nil
+}
+
+// Check returns an error when t cannot be a tool: it has no Tool, a name
+// providers refuse, no way to run (tool.Checker), or a budget the agent
+// file would refuse (see Budget). New checks each of its tools with it,
+// and so does mcpserve.New; what concerns the tools together (unique
+// names, timeouts.tool_max) is theirs.
+func (t Tool) Check() error {
+	if t.Tool == nil {
+		return errors.New("a tool entry has no Tool (give it one, such as tool.Typed(name, description, func))")
+	}
+	spec := t.Tool.Spec()
+	if !tool.NameRE.MatchString(spec.Name) {
+		return fmt.Errorf("tool name %q: use 1 to 64 letters, digits, _ or -", spec.Name)
+	}
+	if c, ok := t.Tool.(tool.Checker); ok {
+		if err := c.Check(); err != nil {
+			return fmt.Errorf("tool %s: %w", spec.Name, err)
+		}
+	}
+	if p := checkToolBudget(t.Budget); p != "" {
+		return fmt.Errorf("tool %s: %s", spec.Name, p)
+	}
+	return nil
+}
+
+// checkToolBudget says what is wrong with a tool's budget given in code,
+// as config.Load says it of one in a file; "" when nothing is.
+func checkToolBudget(b budget.ToolBudget) string {
+	for _, d := range []struct {
+		name string
+		v    budget.Duration
+	}{{"Budget.Timeout", b.Timeout}, {"Budget.IdleTimeout", b.IdleTimeout}, {"Budget.KillGrace", b.KillGrace}} {
+		if d.v.D < 0 {
+			return fmt.Sprintf("%s %v is negative (use a duration such as 30s, or leave it zero for the agent's)", d.name, d.v.D)
+		}
+	}
+	if b.Timeout.D == 0 && b.Timeout.Source != "" {
+		return "Budget.Timeout is 0 with a source: every tool call needs a time limit (leave it unset for timeouts.tool; never to interrupt the tool, keep a timeout and set Enforcement: budget.Advisory)"
+	}
+	if b.Enforcement != "" && !b.Enforcement.Valid() {
+		return fmt.Sprintf("Budget.Enforcement %q is not an enforcement mode (use budget.Hard, budget.Cooperative or budget.Advisory)", b.Enforcement)
+	}
+	return ""
 }
 
 // toolBudget fills the zero fields of a tool's budget from the agent's. A

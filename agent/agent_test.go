@@ -912,7 +912,7 @@ func TestBudgetsSetInCodeAreChecked(t *testing.T) {
 		want string
 	}{
 		{b: budget.Budgets{Turn: budget.Duration{Source: budget.SourceCode}}, want: "timeouts.turn cannot be off"},
-		{b: budget.Budgets{Turn: budget.Duration{D: -time.Second}}, want: "-1s is negative"},
+		{b: budget.Budgets{Turn: budget.Duration{D: -time.Second}}, want: "timeouts.turn: -1s is negative"},
 		{b: budget.Budgets{Turn: budget.Duration{D: 1000 * time.Hour}}, want: "1000h is over 168h, the most timeouts.turn accepts"},
 		{b: budget.Budgets{Tool: budget.Duration{Source: budget.SourceCode}}, want: "timeouts.tool cannot be off"},
 		{l: budget.Limits{MaxSteps: budget.Count{N: 1 << 40}}, want: "the most limits.max_steps accepts"},
@@ -1120,15 +1120,34 @@ func TestHistoryCarriesOver(t *testing.T) {
 func TestNewRejectsBadConfig(t *testing.T) {
 	p := lines(t, `{"text": "x"}`)
 	f := func(context.Context, json.RawMessage, tool.Progress) (any, error) { return nil, nil }
-	cases := map[string]agent.Config{
-		"no model":       {},
-		"bad tool name":  {Models: []model.Endpoint{endpoint(p, "m")}, Tools: []agent.Tool{{Tool: tool.NewFunc("a b", "", nil, f)}}},
-		"duplicate tool": {Models: []model.Endpoint{endpoint(p, "m")}, Tools: []agent.Tool{{Tool: tool.NewFunc("a", "", nil, f)}, {Tool: tool.NewFunc("a", "", nil, f)}}},
-		"bad schema":     {Models: []model.Endpoint{endpoint(p, "m")}, Tools: []agent.Tool{{Tool: tool.NewFunc("a", "", json.RawMessage(`{"type": 3}`), f)}}},
+	var nilTyped func(context.Context, struct{}, tool.Progress) (string, error)
+	ms := []model.Endpoint{endpoint(p, "m")}
+	withBudget := func(b budget.ToolBudget) agent.Config {
+		return agent.Config{Models: ms, Tools: []agent.Tool{{Tool: tool.NewFunc("a", "", nil, f), Budget: b}}}
 	}
-	for name, cfg := range cases {
-		if _, err := agent.New(cfg); err == nil {
-			t.Errorf("%s: no error", name)
+	cases := map[string]struct {
+		cfg  agent.Config
+		want string // in the error: what is wrong and what to do
+	}{
+		"no model":       {agent.Config{}, "give at least one model.Endpoint"},
+		"bad tool name":  {agent.Config{Models: ms, Tools: []agent.Tool{{Tool: tool.NewFunc("a b", "", nil, f)}}}, `tool name "a b": use 1 to 64`},
+		"duplicate tool": {agent.Config{Models: ms, Tools: []agent.Tool{{Tool: tool.NewFunc("a", "", nil, f)}, {Tool: tool.NewFunc("a", "", nil, f)}}}, `two tools are named "a"`},
+		"bad schema":     {agent.Config{Models: ms, Tools: []agent.Tool{{Tool: tool.NewFunc("a", "", json.RawMessage(`{"type": 3}`), f)}}}, "input_schema is not a JSON Schema"},
+		// A tool that cannot run, or a budget the agent file would refuse,
+		// is refused when the agent is built, not found out at a call
+		// or silently replaced by the default.
+		"no tool":             {agent.Config{Models: ms, Tools: []agent.Tool{{Tool: tool.NewFunc("a", "", nil, f)}, {}}}, "a tool entry has no Tool (give it one"},
+		"nil handler":         {agent.Config{Models: ms, Tools: []agent.Tool{{Tool: tool.NewFunc("a", "", nil, nil)}}}, "tool a: the tool has no function"},
+		"nil typed function":  {agent.Config{Models: ms, Tools: []agent.Tool{{Tool: tool.Typed("a", "", nilTyped)}}}, "tool a: the tool has no function"},
+		"negative timeout":    {withBudget(budget.ToolBudget{Timeout: budget.Duration{D: -time.Second}}), "tool a: Budget.Timeout -1s is negative"},
+		"timeout off":         {withBudget(budget.ToolBudget{Timeout: budget.Duration{Source: budget.SourceCode}}), "every tool call needs a time limit"},
+		"negative idle":       {withBudget(budget.ToolBudget{IdleTimeout: budget.Duration{D: -time.Second}}), "Budget.IdleTimeout -1s is negative"},
+		"negative kill grace": {withBudget(budget.ToolBudget{KillGrace: budget.Duration{D: -time.Second}}), "Budget.KillGrace -1s is negative"},
+		"unknown enforcement": {withBudget(budget.ToolBudget{Enforcement: "soft"}), `Budget.Enforcement "soft" is not an enforcement mode (use budget.Hard`},
+	}
+	for name, c := range cases {
+		if _, err := agent.New(c.cfg); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want %q", name, err, c.want)
 		}
 	}
 }

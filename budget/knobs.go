@@ -241,7 +241,7 @@ func (k Knob) Set(b *Budgets, l *Limits, n int64, src Source, knob string) {
 func (k Knob) Check(n int64) string {
 	switch {
 	case n < 0:
-		return fmt.Sprintf("%s is negative", k.Format(n))
+		return fmt.Sprintf("%s: %s is negative", k.Key, k.Format(n))
 	case n == 0 && k.CanBeOff:
 		return ""
 	case n == 0:

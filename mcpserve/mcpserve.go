@@ -141,13 +141,10 @@ func New(tools []agent.Tool, o Options) (*Server, error) {
 	}
 	seen := map[string]bool{}
 	for _, t := range tools {
-		if t.Tool == nil {
-			return nil, errors.New("mcpserve: a tool entry has no tool")
+		if err := t.Check(); err != nil {
+			return nil, fmt.Errorf("mcpserve: %w", err)
 		}
 		spec := t.Tool.Spec()
-		if !tool.NameRE.MatchString(spec.Name) {
-			return nil, fmt.Errorf("mcpserve: tool name %q: use 1 to 64 letters, digits, _ or -", spec.Name)
-		}
 		if seen[spec.Name] {
 			return nil, fmt.Errorf("mcpserve: two tools are named %q", spec.Name)
 		}

@@ -91,6 +91,25 @@ func TestToolsThatNeedApprovalAreNotServed(t *testing.T) {
 	}
 }
 
+// TestNewChecksEachToolAsAgentNewDoes: a tool agent.New would refuse
+// (agent.Tool.Check: no function, a budget the agent file would refuse)
+// is refused by New too, not found out at a client's call.
+func TestNewChecksEachToolAsAgentNewDoes(t *testing.T) {
+	ok := func(context.Context, json.RawMessage, tool.Progress) (any, error) { return "ok", nil }
+	for _, c := range []struct {
+		t    agent.Tool
+		want string
+	}{
+		{agent.Tool{}, "mcpserve: a tool entry has no Tool"},
+		{agent.Tool{Tool: tool.NewFunc("f", "d", nil, nil)}, "mcpserve: tool f: the tool has no function"},
+		{agent.Tool{Tool: tool.NewFunc("f", "d", nil, ok), Budget: budget.ToolBudget{Timeout: budget.Duration{D: -time.Second}}}, "mcpserve: tool f: Budget.Timeout -1s is negative"},
+	} {
+		if _, err := mcpserve.New([]agent.Tool{c.t}, mcpserve.Options{}); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("New: %v, want %q", err, c.want)
+		}
+	}
+}
+
 // eofReader closes eof once r has said io.EOF.
 type eofReader struct {
 	r    io.Reader

@@ -23,6 +23,7 @@ type Func struct {
 }
 
 // NewFunc returns a Go-function tool. schema may be nil for "any object".
+// A nil fn makes a tool that agent.New refuses (see Check).
 func NewFunc(name, description string, schema json.RawMessage, fn Handler) *Func {
 	return &Func{spec: Spec{Name: name, Description: description, InputSchema: schema}, fn: fn}
 }
@@ -30,7 +31,8 @@ func NewFunc(name, description string, schema json.RawMessage, fn Handler) *Func
 // Typed returns a Go-function tool whose input is decoded into In and whose
 // input schema is inferred from In (JSON field tags; a `jsonschema` tag is
 // the field's description). It panics if In's schema cannot be inferred,
-// which is a programming error.
+// which is a programming error. A nil fn makes a tool that agent.New
+// refuses, as NewFunc's does.
 func Typed[In, Out any](name, description string, fn func(ctx context.Context, in In, p Progress) (Out, error)) *Func {
 	s, err := jsonschema.For[In](nil)
 	if err != nil {
@@ -39,6 +41,9 @@ func Typed[In, Out any](name, description string, fn func(ctx context.Context, i
 	raw, err := json.Marshal(s)
 	if err != nil {
 		panic(fmt.Sprintf("tool %s: %v", name, err))
+	}
+	if fn == nil {
+		return NewFunc(name, description, raw, nil)
 	}
 	return NewFunc(name, description, raw, func(ctx context.Context, input json.RawMessage, p Progress) (any, error) {
 		var in In
@@ -55,10 +60,21 @@ func (f *Func) Spec() Spec { return f.spec }
 // Kind returns KindGo.
 func (f *Func) Kind() Kind { return KindGo }
 
+// Check returns an error when no call of f can run: it was made without
+// a function (NewFunc or Typed given nil). agent.New refuses such a tool
+// with this error, so that the mistake shows when the agent is built, not
+// when the model first calls the tool.
+func (f *Func) Check() error {
+	if f.fn == nil {
+		return &Error{Message: "the tool has no function (tool.NewFunc or tool.Typed was given nil)"}
+	}
+	return nil
+}
+
 // Call runs the function.
 func (f *Func) Call(ctx context.Context, c *Call) (*Result, error) {
-	if f.fn == nil {
-		return nil, &Error{Message: "the tool has no function (tool.NewFunc was given a nil Handler)"}
+	if err := f.Check(); err != nil {
+		return nil, err
 	}
 	v, err := f.fn(ctx, c.Input, c.Progress)
 	var out []byte

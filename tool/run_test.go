@@ -314,10 +314,11 @@ func TestRunLeavesTheCallAlone(t *testing.T) {
 }
 
 // TestANilHandlerSaysSo: a Func made with a nil Handler fails each call
-// saying so, not with a nil dereference's panic.
+// saying so, not with a nil dereference's panic (agent.New refuses it
+// first, through Check; a program may still call it through tool.Run).
 func TestANilHandlerSaysSo(t *testing.T) {
 	x := tool.Run(context.Background(), tool.NewFunc("f", "d", nil, nil), &tool.Call{ID: "c", Tool: "f", Input: json.RawMessage(`{}`)}, tb(time.Second, budget.Cooperative), tool.Hooks{})
-	if x.Outcome != event.OutcomeError || x.Err == nil || !strings.Contains(x.Err.Error(), "nil Handler") {
+	if x.Outcome != event.OutcomeError || x.Err == nil || !strings.Contains(x.Err.Error(), "tool.NewFunc or tool.Typed was given nil") {
 		t.Fatalf("%s: %v", x.Outcome, x.Err)
 	}
 }

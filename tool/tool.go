@@ -46,6 +46,13 @@ type Spec struct {
 	InputSchema json.RawMessage `json:"input_schema,omitempty"`
 }
 
+// Checker is a Tool that can tell, before any call, that none can run
+// (a Func without a function). agent.New refuses a tool whose Check
+// returns an error, with that error.
+type Checker interface {
+	Check() error
+}
+
 // Tool is one tool. Implementations must be safe for concurrent calls.
 type Tool interface {
 	Spec() Spec
