@@ -104,11 +104,16 @@ type Call struct {
 	TraceParent string
 }
 
-// Report is one progress report. Every field is optional.
+// Report is one progress report. Every field is optional; an empty
+// Report still says the call is alive. Go's new(expr) makes the pointers:
+// Report{Progress: new(3.0), Total: new(10.0), Message: "page 3"}.
 type Report struct {
+	// Progress is how far the call has come, in any unit; nil is unknown.
 	Progress *float64 `json:"progress,omitempty"`
-	Total    *float64 `json:"total,omitempty"`
-	Message  string   `json:"message,omitempty"`
+	// Total is what Progress counts up to; nil is unknown.
+	Total *float64 `json:"total,omitempty"`
+	// Message says what the call is doing, for the person watching.
+	Message string `json:"message,omitempty"`
 }
 
 // Progress is how a running call reports that it is alive. Report is safe
