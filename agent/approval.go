@@ -51,12 +51,19 @@ func (f ApproverFunc) Approve(ctx context.Context, req ApprovalRequest) (Decisio
 // ApprovalRequest is a call waiting for a person's decision: what
 // approval_requested says.
 type ApprovalRequest struct {
+	// TurnID and SessionID name the turn and its conversation (SessionID
+	// is empty for a turn outside a session).
 	TurnID, SessionID string
-	Step              int
-	CallID, Tool      string
-	Arguments         json.RawMessage
-	RequestedAt       time.Time
-	ExpiresAt         time.Time
+	// Step is the turn's step the call belongs to, from 1.
+	Step int
+	// CallID names the call; Tool is the tool it calls.
+	CallID, Tool string
+	// Arguments are the call's arguments as the model sent them (JSON).
+	Arguments json.RawMessage
+	// RequestedAt is when the call began to wait; ExpiresAt is when it
+	// stops waiting (approval_expired) without a decision.
+	RequestedAt time.Time
+	ExpiresAt   time.Time
 	// Round counts the requests for the call, from 1: a decision that
 	// could not be used at once is asked for again (ApprovalFresh).
 	Round int

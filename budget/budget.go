@@ -39,8 +39,12 @@ func ProfileSource(name string) Source { return Source("profile:" + name) }
 // means the budget is off where the spec allows that; the zero Duration is
 // unset (see Unset).
 type Duration struct {
-	D      time.Duration `json:"-"`
-	Source Source        `json:"source"`
+	// D is the value.
+	D time.Duration `json:"-"`
+	// Source is where D came from (SourceFile, SourceFlag, …); a value
+	// given in Go code without one gets SourceCode where it is resolved
+	// (agent.New).
+	Source Source `json:"source"`
 	// Knob names the setting that changes the value, as a person would type
 	// it: "timeouts.turn", "tools[crawl].timeout in agent.yaml",
 	// "--tool-timeout" or "TIMEBOX_TOOL_TIMEOUT".

@@ -176,10 +176,14 @@ type Resumable interface {
 // Endpoint is one link of a failover chain: a provider with one credential
 // and the model to ask for.
 type Endpoint struct {
+	// Provider makes the calls: script.New, or the openai and anthropic
+	// packages' providers. It must not be nil.
 	Provider Provider
 	// ProviderName is "openai", "anthropic" or "script".
 	ProviderName string
-	Model        string
+	// Model is the model to ask for ("gpt-4o-mini"); for the script
+	// provider, only a name for records.
+	Model string
 	// Profile names the credential for records: the environment variable
 	// it came from, or "#2"; never the key itself.
 	Profile string
