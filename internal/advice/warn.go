@@ -78,8 +78,14 @@ func Contradicted(tools []NamedBudget, stats map[string]store.ToolStat, since ti
 			if t.Budget.Enforcement == budget.Advisory {
 				what = "overruns it"
 			}
+			figure := Figure(st.P95MS)
+			if figure == Format(timeout) {
+				// Rounded, the p95 reads as the timeout ("1s is below
+				// 1s"); to the millisecond it shows why it is above.
+				figure = p95.String()
+			}
 			out = append(out, fmt.Sprintf("tool %s: timeout %s (%s) is below %s, the p95 of its %d calls%s: one call in twenty or more %s%s",
-				t.Name, Format(timeout), knob(t.Budget.Timeout, t.Name, "timeout"), Figure(st.P95MS), st.Sample, when, what, suggests))
+				t.Name, Format(timeout), knob(t.Budget.Timeout, t.Name, "timeout"), figure, st.Sample, when, what, suggests))
 		case timeout > FarAbove*longest && timeout > FarAboveMin:
 			out = append(out, fmt.Sprintf("tool %s: timeout %s (%s) is more than %d times the longest of its %d calls%s (%s): a hung call holds its turn %s before it is stopped%s",
 				t.Name, Format(timeout), knob(t.Budget.Timeout, t.Name, "timeout"), FarAbove, st.Sample, when, Figure(st.MaxMS), Format(timeout), suggests))
