@@ -155,6 +155,17 @@ var synopses = map[string]string{
 	"worker":    "usage: timebox worker -f agent.yaml --db postgres://… [--temporal-address HOST:PORT] [budget flags]",
 }
 
+// about says, in a command's -h, between its usage line and its flags,
+// what a person needs that the flags do not say.
+var about = map[string]string{
+	"run": `Runs one turn of the agent: the prompt in, the answer (or why it stopped)
+out, with a live view of every model and tool call under its budget.
+Exit 0 completed, 1 failed, 2 usage or configuration error, 3 stopped by a
+budget, 130 cancelled.
+
+`,
+}
+
 // common holds the flags every command that loads an agent file has.
 type common struct {
 	file     string
@@ -170,11 +181,15 @@ func newFlags(name string, o IO) (*flag.FlagSet, *common) {
 		if s.ServeOnly && name != "serve" && name != "validate" {
 			continue
 		}
-		c.settings[s.Key] = fs.String(s.Flag, "", fmt.Sprintf("%s (%s; env %s)", s.Doc, s.Key, s.Env))
+		def := s.Default
+		if def == "0" {
+			def = "off"
+		}
+		c.settings[s.Key] = fs.String(s.Flag, "", fmt.Sprintf("%s (%s, default %s; env %s)", s.Doc, s.Key, def, s.Env))
 	}
 	fs.Usage = func() {
 		if s, ok := synopses[name]; ok {
-			fmt.Fprintf(fs.Output(), "%s\n\n", s)
+			fmt.Fprintf(fs.Output(), "%s\n\n%s", s, about[name])
 		} else {
 			fmt.Fprintf(fs.Output(), "Usage of %s:\n", fs.Name())
 		}
