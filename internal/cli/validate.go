@@ -62,10 +62,16 @@ func cmdValidate(args []string, o IO) int {
 	if !ok {
 		return ExitUsage
 	}
-	for _, ref := range cfg.Model.All() {
-		for _, cr := range cfg.Providers[ref.Provider].Credentials {
-			if o.getenv(cr.APIKeyEnv) == "" {
-				fmt.Fprintf(o.Err, "warning: %s: credential %s is not set; that attempt will fail and failover will move past it\n", ref, cr.APIKeyEnv)
+	if err := timebox.NoCredential(cfg, o.getenv); err != nil {
+		// Not an error here: a file is often checked where its keys are
+		// not (CI), but it must not read as if a turn could go on.
+		fmt.Fprintf(o.Err, "warning: %v; until one is set, timebox run and serve refuse to start (exit 2)\n", err)
+	} else {
+		for _, ref := range cfg.Model.All() {
+			for _, cr := range cfg.Providers[ref.Provider].Credentials {
+				if o.getenv(cr.APIKeyEnv) == "" {
+					fmt.Fprintf(o.Err, "warning: %s: credential %s is not set; that attempt will fail and failover will move past it\n", ref, cr.APIKeyEnv)
+				}
 			}
 		}
 	}
