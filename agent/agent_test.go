@@ -1143,6 +1143,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		"timeout off":         {withBudget(budget.ToolBudget{Timeout: budget.Duration{Source: budget.SourceCode}}), "every tool call needs a time limit"},
 		"negative idle":       {withBudget(budget.ToolBudget{IdleTimeout: budget.Duration{D: -time.Second}}), "Budget.IdleTimeout -1s is negative"},
 		"negative kill grace": {withBudget(budget.ToolBudget{KillGrace: budget.Duration{D: -time.Second}}), "Budget.KillGrace -1s is negative"},
+		"input not an object": {agent.Config{Models: ms, Tools: []agent.Tool{{Tool: tool.Typed("a", "", func(context.Context, string, tool.Progress) (string, error) { return "", nil })}}}, `tool a: input_schema.type is "string", but a tool's arguments are always a JSON object`},
 		"unknown enforcement": {withBudget(budget.ToolBudget{Enforcement: "soft"}), `Budget.Enforcement "soft" is not an enforcement mode (use budget.Hard`},
 	}
 	for name, c := range cases {

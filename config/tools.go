@@ -700,8 +700,8 @@ func (l *loader) schema(e entry, path string) json.RawMessage {
 		return nil
 	}
 	if m, _ := v.(map[string]any); m != nil {
-		if t, has := m["type"]; has && t != "object" {
-			l.errAt(r.at, path+".type", fmt.Sprintf("is %v, but a tool's arguments are always a JSON object (use type: object)", jsonText(t)))
+		if t, has := m["type"]; has && tool.NotAnObject(t) != "" {
+			l.errAt(r.at, path+".type", tool.NotAnObject(t))
 			return nil
 		}
 	}
@@ -715,14 +715,6 @@ func (l *loader) schema(e entry, path string) json.RawMessage {
 		return nil
 	}
 	return raw
-}
-
-func jsonText(v any) string {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return fmt.Sprint(v)
-	}
-	return string(b)
 }
 
 // resolveTools gives each tool its budget, now that tool, tool_max,

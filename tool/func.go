@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 
 	"github.com/google/jsonschema-go/jsonschema"
 )
@@ -32,11 +33,17 @@ func NewFunc(name, description string, schema json.RawMessage, fn Handler) *Func
 // input schema is inferred from In (JSON field tags; a `jsonschema` tag is
 // the field's description). It panics if In's schema cannot be inferred,
 // which is a programming error. A nil fn makes a tool that agent.New
-// refuses, as NewFunc's does.
+// refuses, as NewFunc's does. In should be a struct (or a pointer to
+// one, or a map): a tool's arguments are always a JSON object, and
+// agent.New refuses a tool whose input is anything else.
 func Typed[In, Out any](name, description string, fn func(ctx context.Context, in In, p Progress) (Out, error)) *Func {
 	s, err := jsonschema.For[In](nil)
 	if err != nil {
 		panic(fmt.Sprintf("tool %s: %v", name, err))
+	}
+	if slices.Equal(s.Types, []string{"null", "object"}) {
+		// A pointer In: the arguments are an object, never null.
+		s.Types, s.Type = nil, "object"
 	}
 	raw, err := json.Marshal(s)
 	if err != nil {

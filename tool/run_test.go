@@ -291,6 +291,30 @@ func TestTypedInfersTheSchema(t *testing.T) {
 	}
 }
 
+// TestASchemaThatIsNoObjectIsRefused: a tool's arguments are always a
+// JSON object, so a schema of another type is refused when it is
+// compiled, not met at every call (tool.Typed of a string, say); Typed of
+// a pointer to a struct takes an object, not "null or an object".
+func TestASchemaThatIsNoObjectIsRefused(t *testing.T) {
+	for _, raw := range []string{`{"type": "string"}`, `{"type": ["null", "array"]}`, `{"type": ["object", "null"]}`} {
+		_, err := tool.CompileSchema(json.RawMessage(raw))
+		if err == nil || !strings.Contains(err.Error(), "but a tool's arguments are always a JSON object (use type: object)") {
+			t.Errorf("%s: %v", raw, err)
+		}
+	}
+	type in struct {
+		Text string `json:"text"`
+	}
+	ptr := tool.Typed("p", "d", func(_ context.Context, v *in, _ tool.Progress) (string, error) { return v.Text, nil })
+	if _, err := tool.CompileSchema(ptr.Spec().InputSchema); err != nil || !strings.HasPrefix(string(ptr.Spec().InputSchema), `{"type":"object"`) {
+		t.Errorf("Typed of a pointer: %s: %v", ptr.Spec().InputSchema, err)
+	}
+	r, err := ptr.Call(t.Context(), &tool.Call{Input: json.RawMessage(`{"text": "hi"}`)})
+	if err != nil || string(r.Output) != "hi" {
+		t.Errorf("Typed of a pointer, called: %v %v", r, err)
+	}
+}
+
 // TestRunLeavesTheCallAlone: Run gives the tool a filled copy of the call
 // and says in the Execution what it decided; the caller's Call is its
 // input only.

@@ -16,7 +16,21 @@ type Schema struct {
 	resolved *jsonschema.Resolved
 }
 
+// NotAnObject says what is wrong with the top-level "type" of an input
+// schema, t as JSON decodes it, when it is not "object": a tool's
+// arguments are always a JSON object, so no call could pass it. It
+// returns "" for "object".
+func NotAnObject(t any) string {
+	if t == "object" {
+		return ""
+	}
+	b, _ := json.Marshal(t)
+	return fmt.Sprintf("is %s, but a tool's arguments are always a JSON object (use type: object)", b)
+}
+
 // CompileSchema compiles a JSON Schema. An empty raw accepts any object.
+// A schema whose type is given and is not "object" is an error
+// (NotAnObject).
 func CompileSchema(raw json.RawMessage) (*Schema, error) {
 	if len(bytes.TrimSpace(raw)) == 0 {
 		return &Schema{}, nil
@@ -24,6 +38,14 @@ func CompileSchema(raw json.RawMessage) (*Schema, error) {
 	var s jsonschema.Schema
 	if err := json.Unmarshal(raw, &s); err != nil {
 		return nil, fmt.Errorf("input_schema is not a JSON Schema: %w", err)
+	}
+	var top struct {
+		Type any `json:"type"`
+	}
+	if json.Unmarshal(raw, &top) == nil && top.Type != nil {
+		if p := NotAnObject(top.Type); p != "" {
+			return nil, fmt.Errorf("input_schema.type %s", p)
+		}
 	}
 	if err := checkTypes(raw); err != nil {
 		return nil, err
