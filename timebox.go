@@ -118,6 +118,19 @@ func Build(ctx context.Context, cfg *config.Agent, o Options) (*Agent, error) {
 		a.Close()
 		return nil, err
 	}
+	// A Go tool named as a tool of the file is told apart from two tools
+	// of the file that clash (agent.New's "two tools are named"): the
+	// program's tool is the one to rename.
+	fromFile := map[string]bool{}
+	for _, t := range tools {
+		fromFile[t.Tool.Spec().Name] = true
+	}
+	for i, t := range o.Tools {
+		if t.Tool != nil && fromFile[t.Tool.Spec().Name] {
+			a.Close()
+			return nil, fmt.Errorf("Options.Tools[%d]: %q is the name of a tool of %s; give the Go tool another name (the model calls tools by name)", i, t.Tool.Spec().Name, cfg.Path)
+		}
+	}
 	// A Go tool's unset budget fields are filled by agent.New, from the
 	// same resolved budgets.
 	tools = append(tools, o.Tools...)

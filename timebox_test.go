@@ -21,6 +21,7 @@ import (
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/fakellm"
+	"github.com/timebox-run/timebox/tool"
 )
 
 // writeAgent writes an agent file and returns its path.
@@ -322,6 +323,23 @@ func TestCloseFromTwoGoroutines(t *testing.T) {
 		if err := <-done; err != nil {
 			t.Error(err)
 		}
+	}
+}
+
+// TestAGoToolNamedAsAFileToolIsNamed: a Go tool of Options.Tools with
+// the name of one of the file's tools is refused saying which is which,
+// not "two tools are named".
+func TestAGoToolNamedAsAFileToolIsNamed(t *testing.T) {
+	dir := t.TempDir()
+	script := filepath.Join(dir, "script.jsonl")
+	if err := os.WriteFile(script, []byte(`{"text": "hi"}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	path := writeAgent(t, fmt.Sprintf("model: {primary: \"script:m\"}\nproviders: {script: {file: %q}}\ntools: [{name: fetch, exec: [/bin/cat]}]\n", script))
+	fetch := tool.NewFunc("fetch", "d", nil, func(context.Context, json.RawMessage, tool.Progress) (any, error) { return "", nil })
+	_, err := timebox.Open(t.Context(), path, timebox.Options{Tools: []agent.Tool{{Tool: fetch}}})
+	if want := `Options.Tools[0]: "fetch" is the name of a tool of ` + path + `; give the Go tool another name`; err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("Open: %v, want %q", err, want)
 	}
 }
 
