@@ -253,11 +253,19 @@ func movedHint(section string) func(string) string {
 // person meant to indent it. That beats any did-you-mean of a top-level
 // key ("tools" for "tool"), since the empty section shows the intent.
 func unindentedHint(es []entry, key string) string {
-	full, ok := movedKeys[key]
-	if !ok {
+	var sections []string // where key may belong
+	if full, ok := movedKeys[key]; ok {
+		sections = append(sections, strings.SplitN(full, ".", 2)[0])
+	}
+	if contains(providerNames, key) {
+		sections = append(sections, "providers")
+	}
+	if contains(toolKeys, key) {
+		sections = append(sections, "tools")
+	}
+	if len(sections) == 0 {
 		return ""
 	}
-	section := strings.SplitN(full, ".", 2)[0]
 	var own *entry
 	for i := range es {
 		if es[i].key == key {
@@ -269,23 +277,29 @@ func unindentedHint(es []entry, key string) string {
 		return ""
 	}
 	// The section must be the known key nearest above: indenting the
-	// key puts it under that one, whatever the person meant.
+	// key puts it under that one, whatever the person meant. A tool's
+	// name, unindented, is the agent's name: it does not count.
 	var sec *entry
 	for i := range es {
 		e := &es[i]
-		if contains(topKeys, e.key) && e.keyAt.line < own.keyAt.line && (sec == nil || e.keyAt.line > sec.keyAt.line) {
+		if contains(topKeys, e.key) && e.keyAt.line < own.keyAt.line && (sec == nil || e.keyAt.line > sec.keyAt.line) &&
+			!(e.key == "name" && contains(sections, "tools")) {
 			sec = e
 		}
 	}
-	if sec == nil || sec.key != section {
+	if sec == nil || !contains(sections, sec.key) {
 		return ""
 	}
+	section := sec.key
 	switch sec.val.(type) {
 	case nil, *ast.NullNode:
 	default:
 		return ""
 	}
-	fix := "indent it, and the lines under it, by 2 spaces"
+	if section == "tools" {
+		return fmt.Sprintf(" (a key of a tool; tools: on line %d is empty: write each tool as an item of its list, \"  - name: …\" under \"tools:\", with its other keys under the name, indented 4 spaces)", sec.keyAt.line)
+	}
+	fix := "indent it (and any lines under it) by 2 spaces"
 	switch v := own.val.(type) {
 	case *ast.StringNode, *ast.IntegerNode, *ast.FloatNode, *ast.BoolNode:
 		fix = fmt.Sprintf("indent it by 2 spaces: %q under %q", "  "+key+": "+v.GetToken().Value, section+":")
