@@ -307,6 +307,25 @@ func unindentedHint(es []entry, key string) string {
 	return fmt.Sprintf(" (it belongs under %s: on line %d, which is empty; %s)", section, sec.keyAt.line, fix)
 }
 
+// fitsMoved reports whether the value of the top-level key has the shape
+// of the setting movedKeys names for it: a mapping for profiles, a scalar
+// for the others (a list too for fallbacks).
+func fitsMoved(es []entry, key string) bool {
+	for _, e := range es {
+		if e.key != key {
+			continue
+		}
+		switch e.val.(type) {
+		case *ast.MappingNode:
+			return key == "profiles"
+		case *ast.SequenceNode:
+			return key == "fallbacks"
+		}
+		return key != "profiles"
+	}
+	return false
+}
+
 func (l *loader) decodeTop(root ast.Node) {
 	es, ok := l.t.mapping(root, "", "a mapping of keys (model, tools, timeouts, …)")
 	if !ok {
@@ -316,13 +335,20 @@ func (l *loader) decodeTop(root ast.Node) {
 		if h := unindentedHint(es, key); h != "" {
 			return h
 		}
-		if suggest(key, topKeys) != "" {
-			return "" // a typo of a top-level key ("tool" for "tools") is likelier
-		}
-		if full, ok := movedKeys[key]; ok {
+		full, moved := movedKeys[key]
+		typo := suggest(key, topKeys)
+		switch {
+		case moved && typo != "" && !fitsMoved(es, key):
+			return "" // "tool: {name: b}" is a typo of tools, not timeouts.tool
+		case moved && typo != "":
+			// Both are likely: "tool: 5s" a typo of tools, or
+			// timeouts.tool written at the top level; "profiles" of
+			// providers, or timeouts.profiles.
+			return fmt.Sprintf(" (did you mean %s? or %s, which belongs under %s:)", typo, full, strings.SplitN(full, ".", 2)[0])
+		case moved:
 			return fmt.Sprintf(" (did you mean %s? it belongs under %s:)", full, strings.SplitN(full, ".", 2)[0])
 		}
-		return ""
+		return "" // fields' did-you-mean of a top-level key, if any
 	})
 	if e, ok := fs["name"]; ok {
 		l.a.Name, _, _ = l.t.str(e.val, "name", "a name")
