@@ -31,8 +31,9 @@ func ExampleAgent_Run() {
 	a, err := agent.New(agent.Config{
 		Instructions: "Count words.",
 		Models:       []model.Endpoint{{Provider: model0, ProviderName: "script", Model: "demo"}},
-		Tools: []agent.Tool{{Tool: wc, Budget: budget.ToolBudget{
-			Timeout: budget.Duration{D: 5 * time.Second, Source: budget.SourceCode, Knob: "word_count timeout"}}}},
+		// Source and Knob may be left out: they become "code" and
+		// "tools[word_count].timeout", what messages and records name.
+		Tools: []agent.Tool{{Tool: wc, Budget: budget.ToolBudget{Timeout: budget.Duration{D: 5 * time.Second}}}},
 	})
 	if err != nil {
 		panic(err)
