@@ -370,7 +370,9 @@ func (l *loader) decodeTop(root ast.Node) {
 	if e, ok := fs["tools"]; ok {
 		l.decodeTools(e)
 	}
-	if !l.hasModel {
+	// An unindented primary: under an empty model: is reported as that,
+	// with its fix; "missing" would say the same mistake twice.
+	if !l.hasModel && unindentedHint(es, "primary") == "" {
 		at := pos{}
 		if e, ok := fs["model"]; ok {
 			at = e.keyAt
