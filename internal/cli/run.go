@@ -172,7 +172,7 @@ func cmdRun(ctx context.Context, args []string, o IO) int {
 	noStore := fs.Bool("no-store", false, "do not store the turn")
 	recordTo := fs.String("record", "", "write the model's replies, with timings, to this file as a script (model/script) for offline replay")
 	var approve approveFlags
-	fs.Var(&approve, "approve", "approve the calls of this tool without asking (repeat, or a list; \"all\" for every tool); others are asked on the terminal, or denied without one")
+	fs.Var(&approve, "approve", "approve the calls of `TOOL` without asking (repeat, or a list; \"all\" for every tool); others are asked on the terminal, or denied without one")
 	ef := addEngineFlags(fs, true, false)
 	pos, err := parse(fs, args)
 	if err != nil {

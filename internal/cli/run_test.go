@@ -533,7 +533,8 @@ func TestHelpSaysWhatBudgetFlagsDo(t *testing.T) {
 		{[]string{"run", "-h"}, []string{"Budget flags (flag > TIMEBOX_* > agent file > default):\n",
 			// what it does and its exit codes; each budget flag's default
 			"Runs one turn", "Exit 0 completed, 1 failed, 2 usage or configuration error, 3 stopped by a\nbudget, 130 cancelled",
-			"(timeouts.turn, default 30m; env TIMEBOX_TURN_TIMEOUT)", "(timeouts.llm_budget, default off; env TIMEBOX_LLM_BUDGET)"}},
+			"(timeouts.turn, default 30m; env TIMEBOX_TURN_TIMEOUT)", "(timeouts.llm_budget, default off; env TIMEBOX_LLM_BUDGET)",
+			"  -approve TOOL\n"}},
 		{[]string{"runs", "list", "-h"}, []string{"the store: a SQLite file or a postgres:// URL"}},
 	} {
 		r := run(t, nil, c.args...)
