@@ -11,6 +11,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/syncbuf"
 	"github.com/timebox-run/timebox/internal/testenv"
+	"github.com/timebox-run/timebox/internal/wait"
 )
 
 // TestTemporalLostCallTraced: a turn on Temporal, traced to a real OTLP
@@ -70,6 +72,20 @@ tools:
 	t.Cleanup(func() { run.Process.Kill(); run.Wait() })
 	waitPid(t, pidfile, 1, func() string { return errA.String() + runErr.String() })
 	waitPid(t, pidfile+".again", 1, func() string { return errA.String() + runErr.String() })
+	// The run streams what the store has: the kill must come once the
+	// call's tool_started is stored, or nothing is known of its first
+	// attempt (a killed worker loses what it had not stored yet).
+	wait.For(t, 20*time.Second, "again's tool_started stored", func() bool {
+		for line := range strings.Lines(out.String()) {
+			var e event.Event
+			if json.Unmarshal([]byte(line), &e) == nil {
+				if d, ok := e.Data.(*event.ToolStarted); ok && d.Tool == "again" {
+					return true
+				}
+			}
+		}
+		return false
+	})
 	workerA.Process.Signal(syscall.SIGKILL)
 	workerA.Wait()
 	workerB := startWorker(t, bin, worker, &errB)
