@@ -270,7 +270,7 @@ func (t *turn) waiting(step int, a machine.Asked) *activity {
 	if t.waits == nil {
 		t.waits = map[string]*activity{}
 	}
-	act := &activity{step: step, subject: "tool " + a.Tool, callID: a.CallID, approvalOf: a.Tool}
+	act := &activity{step: step, subject: toolSubject(a.Tool), callID: a.CallID, approvalOf: a.Tool}
 	t.waits[a.CallID] = act
 	return act
 }

@@ -281,7 +281,7 @@ func (t *turn) compact(ctx context.Context, step int, force bool) (shrunk, stopp
 	s.CompactAttempts++
 	attempt := s.CompactAttempts
 	t.em.Emit(&event.CompactionStarted{Step: step, Attempt: attempt, EstimatedTokens: before, CompactAt: limit, LimitMS: b.Compaction.MS()})
-	act := &activity{step: step, subject: "compaction (model " + ep.Model + ")", compaction: true}
+	act := &activity{step: step, subject: compactionSubject(ep.Model), compaction: true}
 	t.live.begin(act)
 
 	older := t.sendable(all[s.CompactedUpTo:cut])

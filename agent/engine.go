@@ -179,7 +179,7 @@ func (u engineUnits) StillWorking(s *machine.State, calls []machine.Running, now
 	}
 	l := &liveness{notice: notice, base: base}
 	for _, c := range calls {
-		a := &activity{step: c.Step, subject: "tool " + c.Tool, callID: c.CallID, tool: c.Tool, started: c.Started, limit: c.Limit}
+		a := &activity{step: c.Step, subject: toolSubject(c.Tool), callID: c.CallID, tool: c.Tool, started: c.Started, limit: c.Limit}
 		if !c.LastReport.IsZero() {
 			a.lastReport.Store(int64(c.LastReport.Sub(base)) + 1)
 		}

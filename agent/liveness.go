@@ -13,6 +13,13 @@ import (
 	"github.com/timebox-run/timebox/internal/machine"
 )
 
+// modelSubject, compactionSubject and toolSubject name an activity in a
+// turn's messages and notices: "model gpt-4o", "compaction (model
+// gpt-4o)", "tool crawl".
+func modelSubject(model string) string      { return "model " + model }
+func compactionSubject(model string) string { return "compaction (model " + model + ")" }
+func toolSubject(tool string) string        { return "tool " + tool }
+
 // activity is one running thing of a turn: a model call or a tool call.
 type activity struct {
 	step    int

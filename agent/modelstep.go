@@ -224,7 +224,7 @@ func (t *turn) retryCandidate(notes []attemptNote) (int, time.Duration, bool) {
 // waitRetry waits out a Retry-After. The wait is an activity with a
 // deadline, so the step watchdog counts it as alive.
 func (t *turn) waitRetry(ctx context.Context, step int, ep model.Endpoint, wait time.Duration) *stop {
-	act := &activity{step: step, subject: "model " + ep.Model + " (waiting out its Retry-After)", deadline: time.Now().Add(wait)}
+	act := &activity{step: step, subject: modelSubject(ep.Model) + " (waiting out its Retry-After)", deadline: time.Now().Add(wait)}
 	t.live.begin(act)
 	defer t.live.end(act, false)
 	tm := time.NewTimer(wait)
@@ -249,7 +249,7 @@ func endpointLabel(ep model.Endpoint) string {
 func (t *turn) attempt(ctx context.Context, step, attempt int, ep model.Endpoint, req model.Request) (model.Response, error) {
 	b := t.s.Budgets
 	started := t.em.Emit(&event.LLMStarted{Step: step, Model: ep.Model, Provider: ep.ProviderName, Profile: ep.Profile, Attempt: attempt})
-	act := &activity{step: step, subject: "model " + ep.Model}
+	act := &activity{step: step, subject: modelSubject(ep.Model)}
 	t.s.LastStep, t.s.LastModel = act.subject, ep.Model
 	t.live.begin(act)
 

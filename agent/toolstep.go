@@ -121,7 +121,7 @@ func (t *turn) runTool(ctx context.Context, step int, callID string, c model.Too
 	t.em.Emit(&event.ToolStarted{Step: step, CallID: callID, Tool: c.Name, Kind: string(e.Tool.Tool.Kind()),
 		Arguments: args, TimeoutMS: b.Timeout.MS(), Deadline: deadline.UTC(), Enforcement: b.Enforcement,
 		Source: b.Timeout.Source, IdleTimeoutMS: b.IdleTimeout.MS()})
-	act := &activity{step: step, subject: "tool " + c.Name, callID: callID, tool: c.Name, deadline: deadline, limit: b.Timeout.D,
+	act := &activity{step: step, subject: toolSubject(c.Name), callID: callID, tool: c.Name, deadline: deadline, limit: b.Timeout.D,
 		advisory: b.Enforcement == budget.Advisory}
 	t.live.begin(act)
 
