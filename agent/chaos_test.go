@@ -15,6 +15,7 @@ package agent_test
 import (
 	"context"
 	"encoding/json"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -25,6 +26,7 @@ import (
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/fakellm"
+	"github.com/timebox-run/timebox/internal/machine"
 	"github.com/timebox-run/timebox/internal/wait"
 	"github.com/timebox-run/timebox/model"
 	"github.com/timebox-run/timebox/model/anthropic"
@@ -122,6 +124,7 @@ type outcome struct {
 	elapsed  time.Duration
 	phases   []budget.Phase // of the failed model attempts, in order
 	failover []*event.Failover
+	agent    *agent.Agent
 }
 
 func (c *chaos) run(models ...model.Endpoint) outcome {
@@ -139,7 +142,7 @@ func (c *chaos) run(models ...model.Endpoint) outcome {
 	rec := &recorder{}
 	start := time.Now()
 	res := a.Run(ctx, agent.Input{SessionID: "chaos", History: c.history, Text: "go"}, rec)
-	o := outcome{res: res, rec: rec, hits: c.j.list(), elapsed: time.Since(start)}
+	o := outcome{res: res, rec: rec, hits: c.j.list(), elapsed: time.Since(start), agent: a}
 	checkEvents(c.t, res, rec)
 	for _, m := range res.Record.ModelCalls {
 		if m.Outcome != event.OutcomeOK {
@@ -677,6 +680,7 @@ func TestChaosTurnBudgetsDuringAModelCall(t *testing.T) {
 			strings.Contains(r.Message, "llm_first_chunk") {
 			t.Fatalf("message %q", r.Message)
 		}
+		sameStopOf(t, o, c.budgets)
 	})
 	t.Run("llm_budget spent on a slow stream", func(t *testing.T) {
 		c := newChaos(t, replies{stallMid()}, replies{answer("the fallback must not be asked")})
@@ -741,6 +745,7 @@ func TestChaosCompaction(t *testing.T) {
 			strings.Contains(r.Message, "llm_") || strings.Contains(r.Message, "timeouts.compaction") {
 			t.Fatalf("message %q", r.Message)
 		}
+		sameStopOf(t, o, c.budgets)
 	})
 	t.Run("compaction times out and the full history is refused", func(t *testing.T) {
 		c := newChaos(t, replies{stallFirst(), {Status: 400, Message: "context_length_exceeded"}}, replies{answer("the fallback must not be asked")})
@@ -822,5 +827,23 @@ func TestChaosLengthRefusal(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// sameStopOf checks that the end of a turn its ceiling (b.Turn) stopped is
+// the one agent.Agent.StopOf says from its events, as the process
+// following a Temporal turn no worker ran ends it: the same message, but
+// for its durations, and the same flags.
+func sameStopOf(t *testing.T, o outcome, b budget.Budgets) {
+	t.Helper()
+	r := o.res.Record
+	s := &machine.State{TurnID: r.TurnID, Start: r.StartedAt, Budgets: b}
+	cause := &machine.Cause{Timeout: b.Turn.Expired(budget.PhaseTurn, "the turn", b.Turn.D)}
+	msg, flags, limit := o.agent.StopOf(s, machine.Ending{Reason: budget.TurnTimeout, Cause: cause}, r.Events, nil,
+		r.StartedAt.Add(b.Turn.D), r.EndedAt)
+	durations := regexp.MustCompile(`\([0-9.]+m?s\)`)
+	if got, want := durations.ReplaceAllString(msg, "(…)"), durations.ReplaceAllString(r.Message, "(…)"); got != want || flags != r.Flags ||
+		limit == nil || limit.Knob != budget.KeyTurn {
+		t.Errorf("StopOf from the events: flags %+v, limit %+v, message %q; the turn's: flags %+v, message %q", flags, limit, msg, r.Flags, r.Message)
 	}
 }

@@ -426,17 +426,33 @@ type stopSnap struct {
 func (l *liveness) freeze(now time.Time) stopSnap {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	s := stopSnap{at: now, running: l.running, last: l.last, lastEnded: l.lastEnded}
+	s := snapOf(now, l.running, l.last, l.lastEnded)
+	l.shared = len(l.running) > 0
+	l.fired = true
+	return s
+}
+
+// snapOf returns the snapshot of a turn at now whose running activities,
+// in the order they started, are running, and whose last started is last,
+// the last to end ending at lastEnded: freeze's, and StopOf's for a turn
+// its events tell.
+func snapOf(now time.Time, running []*activity, last *activity, lastEnded time.Time) stopSnap {
+	s := stopSnap{at: now, running: running, last: last, lastEnded: lastEnded}
 	model := false
-	for _, a := range l.running {
+	for _, a := range running {
 		s.compacting = s.compacting || a.compaction
 		if !model && a.approvalOf == "" && a.tool == "" {
 			model, s.streaming = true, a.streaming
 		}
 	}
-	l.shared = len(l.running) > 0
-	l.fired = true
 	return s
+}
+
+// note puts s in words: what ran, the tools running, and whether a tool
+// or a compaction ran, for the stop's message and flags (spec §6).
+func (s stopSnap) note() *machine.StopNote {
+	desc, tools := s.describe()
+	return &machine.StopNote{Desc: desc, Tools: tools, DuringRun: len(tools) > 0, DuringCompact: s.compacting}
 }
 
 // describe says what the turn was doing at its stop, for messages: "tool

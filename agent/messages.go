@@ -225,10 +225,12 @@ func (t *turn) named(key string) string {
 	return knob
 }
 
-// stopFlags returns the flags of a turn ended as end says while note ran
-// (spec §6): a turn-level budget (turn, step) that fired during a tool
-// call or a compaction says so, and turn says it was the ceiling.
-func stopFlags(end machine.Ending, note *machine.StopNote) event.Flags {
+// stopFlags returns the flags of a turn of state s ended as end says while
+// note ran (spec §6): a turn-level budget (turn, step) that fired during a
+// tool call or a compaction says so, and turn says it was the ceiling; a
+// compaction of the turn that timed out (s.CompactionTimeout) says so
+// whatever the end.
+func stopFlags(s *machine.State, end machine.Ending, note *machine.StopNote) event.Flags {
 	var flags event.Flags
 	if te, ok := budget.AsTimeout(end.Cause.Err()); ok && (te.Phase == budget.PhaseTurn || te.Phase == budget.PhaseStep) {
 		flags.TimedOutByTurnBudget = te.Phase == budget.PhaseTurn
@@ -237,19 +239,10 @@ func stopFlags(end machine.Ending, note *machine.StopNote) event.Flags {
 			flags.TimedOutDuringCompaction = note.DuringCompact
 		}
 	}
+	if s.CompactionTimeout {
+		flags.TimedOutDuringCompaction = true
+	}
 	return flags
-}
-
-// StopOf returns the closing message, the flags and the limit (the budget
-// that stopped it, for turn_finished) of a turn of state s stopped by a
-// turn-level budget (turn_timeout, no_progress, llm_budget_exhausted) as
-// end says, while note ran, at now: the words of the embedded engine's own
-// end, for an engine's runner that ends a turn its units could not end
-// (temporal's, at the ceiling of a turn no worker runs). The message of
-// any other end needs the turn's transcript: use the turn's own.
-func StopOf(s *machine.State, end machine.Ending, note *machine.StopNote, now time.Time) (string, event.Flags, *event.BudgetValue) {
-	t := &turn{s: s}
-	return t.message(end, note, now), stopFlags(end, note), t.limit(end)
 }
 
 // limit returns the budget that stopped the turn, for turn_finished: the

@@ -260,8 +260,7 @@ func (t *turn) note() *machine.StopNote {
 	if !t.captured {
 		return nil
 	}
-	desc, tools := t.stopSnap.describe()
-	return &machine.StopNote{Desc: desc, Tools: tools, DuringRun: len(tools) > 0, DuringCompact: t.stopSnap.compacting}
+	return t.stopSnap.note()
 }
 
 // stopped is the note of what the turn was doing when it was stopped:
@@ -391,10 +390,7 @@ func (t *turn) finish(end machine.Ending) *Result {
 	default:
 		answer = t.tr.Partial()
 	}
-	flags := stopFlags(end, note)
-	if s.CompactionTimeout {
-		flags.TimedOutDuringCompaction = true
-	}
+	flags := stopFlags(s, end, note)
 	msg := t.message(end, note, now)
 	if tools, models, ok := t.tr.Records(); ok {
 		// The units ran elsewhere: their records, this one's too, are in

@@ -543,19 +543,14 @@ func taken(d *workflowservice.DescribeWorkflowExecutionResponse) bool {
 // turn-level budget that fell as fl says (unworkedPast) at now with its
 // work waiting waited for a worker, so that no worker starts it later, and
 // returns its end as the embedded engine's: stopped, turn_timeout or
-// no_progress, its message, flags and limit in its words (agent.StopOf),
-// the calls that were running said as a stop note says them
-// (machine.RunningDesc, until the fall), then that no worker ran the
-// turn. Those calls get the record of any call whose worker was lost
-// before it ended: interrupted. events are the turn's events followed: the
-// last model asked is its last step when no call runs.
+// no_progress, its message, flags and limit in its words and by its rules
+// (agent.Agent.StopOf), which say what the turn was doing at the fall as
+// its events tell it — the calls that were running, a model call waiting
+// for its reply, a compaction, the last step finished — then that no
+// worker ran the turn. The calls that were running get the record of any
+// call whose worker was lost before it ended: interrupted. events are the
+// turn's events followed.
 func (r *Runner) stopEnd(ctx context.Context, s *machine.State, events []event.Event, fl fall, waited time.Duration, now time.Time) store.End {
-	st := *s
-	for _, e := range events {
-		if x, ok := e.Data.(*event.LLMStarted); ok {
-			st.LastStep = "model " + x.Model
-		}
-	}
 	past := now.Sub(fl.at)
 	cause := &machine.Cause{Timeout: s.Budgets.Turn.Expired(budget.PhaseTurn, "the turn", s.Budgets.Turn.D+past)}
 	fell, what := "its ceiling fell", "its ceiling"
@@ -567,12 +562,7 @@ func (r *Runner) stopEnd(ctx context.Context, s *machine.State, events []event.E
 	r.terminate(ctx, s.TurnID, why)
 	return store.End{Reason: fl.reason, Why: why,
 		Stop: func(running []event.ToolCall) store.Stopped {
-			var note *machine.StopNote
-			for _, c := range running {
-				note = note.Merge(&machine.StopNote{Desc: machine.RunningDesc(c.Tool, max(fl.at.Sub(c.StartedAt), 0)),
-					Tools: []string{c.Tool}, DuringRun: true})
-			}
-			msg, flags, limit := agent.StopOf(&st, machine.Ending{Reason: fl.reason, Cause: cause}, note, now)
+			msg, flags, limit := r.agent.StopOf(s, machine.Ending{Reason: fl.reason, Cause: cause}, events, running, fl.at, now)
 			msg += fmt.Sprintf(" No timebox worker ran the turn on task queue %s to stop it there (its work waited %s for one): it was stopped %s past %s, and its workflow was terminated.",
 				r.taskQueue, budget.RoundHuman(waited), budget.RoundHuman(past), what)
 			return store.Stopped{Message: msg, Flags: flags, Limit: limit}

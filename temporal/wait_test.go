@@ -10,6 +10,7 @@ import (
 	"go.temporal.io/api/enums/v1"
 	workflowpb "go.temporal.io/api/workflow/v1"
 	"go.temporal.io/api/workflowservice/v1"
+	"go.temporal.io/sdk/client"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/timebox-run/timebox/agent"
@@ -212,6 +213,93 @@ func TestUnworkedPast(t *testing.T) {
 				t.Errorf("past its %s (at %v) at %v", fl.reason, fl.at.Sub(t0), tc.now)
 			case tc.reason != "" && (!past || fl.reason != tc.reason || !fl.at.Equal(at(tc.fell))):
 				t.Errorf("past: %v, %s at %v; want past, %s at %v", past, fl.reason, fl.at.Sub(t0), tc.reason, tc.fell)
+			}
+		})
+	}
+}
+
+// terminating is a Temporal client that only terminates workflows, and
+// notes which.
+type terminating struct {
+	client.Client
+	terminated []string
+}
+
+func (c *terminating) TerminateWorkflow(_ context.Context, workflowID, _, _ string, _ ...any) error {
+	c.terminated = append(c.terminated, workflowID)
+	return nil
+}
+
+// TestStopEndSays: the end of a turn past a budget no worker ran it to
+// enforce says what the embedded engine's would, from the turn's events:
+// a compaction running (and its flag), a model call waiting for its reply
+// or streaming it, the last step and how long ago it finished, the calls
+// running, and a compaction that timed out earlier (its flag). (It said
+// "model m" whenever no call ran, and never flagged a compaction.)
+func TestStopEndSays(t *testing.T) {
+	t0 := time.Date(2026, 11, 28, 10, 0, 0, 0, time.UTC)
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	ev := func(d time.Duration, data event.Payload) event.Event {
+		return event.Event{At: at(d), Type: data.Type(), Data: data}
+	}
+	asked := func(d time.Duration) event.Event { return ev(d, &event.LLMStarted{Step: 1, Model: "m", Attempt: 1}) }
+	answered := func(d time.Duration) event.Event { return ev(d, &event.LLMFinished{ToolCalls: 1}) }
+	started := func(d time.Duration, id string) event.Event {
+		return ev(d, &event.ToolStarted{CallID: id, Tool: "t"})
+	}
+	finished := func(d time.Duration, id string) event.Event {
+		return ev(d, &event.ToolFinished{ToolCall: event.ToolCall{CallID: id, Tool: "t"}})
+	}
+	compacting := func(d time.Duration) event.Event { return ev(d, &event.CompactionStarted{Step: 2, Attempt: 1}) }
+	a := newAgent(t, `{"text": "unused"}`+"\n", budget.Budgets{}, budget.Limits{})
+	byTurn := event.Flags{TimedOutByTurnBudget: true}
+	for _, tc := range []struct {
+		name    string
+		reason  budget.StopReason // "": turn_timeout, at 10s
+		fell    time.Duration
+		events  []event.Event
+		running []event.ToolCall
+		last    string
+		flags   event.Flags
+	}{
+		{name: "a compaction runs", events: []event.Event{asked(time.Second), answered(2 * time.Second), started(2*time.Second, "a"),
+			finished(3*time.Second, "a"), compacting(4 * time.Second)},
+			last: "compaction (model m), waiting for its reply (6s)", flags: event.Flags{TimedOutByTurnBudget: true, TimedOutDuringCompaction: true}},
+		{name: "a compaction runs, step", reason: budget.NoProgress, fell: 7 * time.Second,
+			events: []event.Event{asked(time.Second), answered(2 * time.Second), started(2*time.Second, "a"), finished(4*time.Second, "a"),
+				compacting(4 * time.Second)},
+			last: "compaction (model m), waiting for its reply (3s)", flags: event.Flags{TimedOutDuringCompaction: true}},
+		{name: "a model call waits for its reply", events: []event.Event{asked(4 * time.Second)},
+			last: "model m, waiting for its reply (6s)", flags: byTurn},
+		{name: "a model call streams its reply", events: []event.Event{asked(4 * time.Second), ev(5*time.Second, &event.LLMDelta{Step: 1, Text: "x"})},
+			last: "model m, streaming its reply (6s)", flags: byTurn},
+		{name: "nothing runs", events: []event.Event{asked(time.Second), answered(2 * time.Second), started(2*time.Second, "a"), finished(3*time.Second, "a")},
+			last: "tool t, finished 7s ago", flags: byTurn},
+		{name: "a call runs", events: []event.Event{asked(time.Second), answered(2 * time.Second), started(2*time.Second, "a")},
+			running: []event.ToolCall{{CallID: "a", Tool: "t", StartedAt: at(2 * time.Second)}},
+			last:    "tool t, running for 8s", flags: event.Flags{TimedOutByTurnBudget: true, TimedOutDuringToolExecution: true}},
+		{name: "a compaction timed out before", events: []event.Event{compacting(time.Second),
+			ev(2*time.Second, &event.CompactionFinished{Step: 1, Outcome: event.OutcomeTimedOut, Phase: budget.PhaseCompaction}), asked(3 * time.Second)},
+			last: "model m, waiting for its reply (7s)", flags: event.Flags{TimedOutByTurnBudget: true, TimedOutDuringCompaction: true}},
+		{name: "nothing ran", last: "none", flags: byTurn},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &machine.State{TurnID: "turn_1", Start: t0}
+			s.Budgets.Turn = budget.Duration{D: 10 * time.Second, Source: budget.SourceFile, Knob: budget.KeyTurn}
+			s.Budgets.Step = budget.Duration{D: 3 * time.Second, Source: budget.SourceFile, Knob: budget.KeyStep}
+			fl := fall{reason: budget.TurnTimeout, at: at(10 * time.Second)}
+			if tc.reason != "" {
+				fl = fall{reason: tc.reason, at: at(tc.fell), progressed: at(tc.fell - 3*time.Second)}
+			}
+			c := &terminating{}
+			r := &Runner{client: c, taskQueue: "q", agent: a}
+			end := r.stopEnd(context.Background(), s, tc.events, fl, 11*time.Second, fl.at.Add(6*time.Second))
+			got := end.Stop(tc.running)
+			if !strings.Contains(got.Message, "Last step: "+tc.last+".") || got.Flags != tc.flags {
+				t.Errorf("flags %+v, message %q; want flags %+v, last step %q", got.Flags, got.Message, tc.flags, tc.last)
+			}
+			if len(c.terminated) != 1 || c.terminated[0] != WorkflowID(s.TurnID) {
+				t.Errorf("terminated %v", c.terminated)
 			}
 		})
 	}
