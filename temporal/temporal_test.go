@@ -96,6 +96,13 @@ tools:
 // its own task queue.
 func setup(t testing.TB) (client.Client, store.Store, string) {
 	t.Helper()
+	c, s, queue, _ := setupDSN(t)
+	return c, s, queue
+}
+
+// setupDSN is setup, with the address of the store's database.
+func setupDSN(t testing.TB) (client.Client, store.Store, string, string) {
+	t.Helper()
 	addr := testenv.Temporal(t)
 	dsn := testenv.Postgres(t)
 	ctx := context.Background()
@@ -109,7 +116,7 @@ func setup(t testing.TB) (client.Client, store.Store, string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	return c, s, "tq-" + strings.ReplaceAll(t.Name(), "/", "-")
+	return c, s, "tq-" + strings.ReplaceAll(t.Name(), "/", "-"), dsn
 }
 
 // openAgent opens the agent of file, closed when tb ends.
@@ -673,6 +680,49 @@ func TestStepWithoutWorker(t *testing.T) {
 	}
 }
 
+// TestCeilingWithoutWorkerMidCompaction: the only worker of a turn stops
+// while the turn compacts its history (the compaction's model call hangs),
+// and the turn's ceiling (4s) falls with no worker to enforce it. The
+// process following the turn ends it as the embedded engine would have —
+// "Last step: compaction (model m), waiting for its reply (…)", flagged
+// timed_out_by_turn_budget and timed_out_during_compaction. (It said
+// "Last step: none", without the compaction's flag.)
+func TestCeilingWithoutWorkerMidCompaction(t *testing.T) {
+	defer proctest.CheckNoLeaks(t)
+	const ceiling = 4 * time.Second
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"compaction": true, "chunks": ["never"], "first_chunk_delay": "1m"}`+"\n"+
+		`{"text": "never"}`+"\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "agent.yaml"), []byte(`name: compacts
+model: {primary: script:m}
+providers: {script: {file: script.jsonl}}
+context: {compact_at: 50}
+timeouts: {turn: 4s, kill_grace: 500ms}
+`), 0o644)
+	history := []model.Message{{Role: model.RoleUser, Content: strings.Repeat("a long question ", 40)},
+		{Role: model.RoleAssistant, Content: strings.Repeat("a long answer ", 40)}}
+	rec, queue := endsWithoutWorkerAfter(t, filepath.Join(dir, "agent.yaml"), agent.Input{SessionID: "s", History: history, Text: "and now?"},
+		event.TypeCompactionStarted, ceiling+30*time.Second)
+	past := rec.EndedAt.Sub(rec.StartedAt.Add(ceiling))
+	t.Logf("ended %v past its ceiling: %s", past.Round(time.Millisecond), rec.Message)
+	// Its ceiling, its kill grace (500ms) and CeilingGrace, or the
+	// workflow task's timeout (5s) and WorkerWait, then the follower's
+	// next look (every 2s), and some slack.
+	if past < 1500*time.Millisecond || past > 8*time.Second {
+		t.Errorf("ended %v past its ceiling, want 1.5s to 8s", past)
+	}
+	if rec.Status != budget.StatusStopped || rec.StopReason != budget.TurnTimeout {
+		t.Errorf("ended %s (%s), want stopped (turn_timeout)", rec.Status, rec.StopReason)
+	}
+	if want := "Stopped after 4s, the limit for one turn (timeouts.turn). Last step: compaction (model m), waiting for its reply ("; !strings.HasPrefix(rec.Message, want) ||
+		!strings.Contains(rec.Message, "No timebox worker ran the turn on task queue "+queue+" ") {
+		t.Errorf("message %q, want it to begin %q and say no worker ran the turn on %s", rec.Message, want, queue)
+	}
+	if rec.Flags != (event.Flags{TimedOutByTurnBudget: true, TimedOutDuringCompaction: true}) {
+		t.Errorf("flags %+v, want timed_out_by_turn_budget and timed_out_during_compaction", rec.Flags)
+	}
+}
+
 // endsWithoutWorker runs a turn of the agent of file, whose tool hangs,
 // with a worker that stops once the tool started, and none after it
 // (WorkerWait 2s, CeilingGrace 1s); the turn must end within d. It
@@ -681,11 +731,29 @@ func TestStepWithoutWorker(t *testing.T) {
 // queue.
 func endsWithoutWorker(t *testing.T, file string, d time.Duration) (*event.Turn, string) {
 	t.Helper()
-	c, s, queue := setup(t)
+	rec, queue := endsWithoutWorkerAfter(t, file, agent.Input{Text: "go"}, event.TypeToolStarted, d)
+	if c := callNamed(t, rec, "long"); c.Outcome != event.OutcomeInterrupted {
+		t.Errorf("the running call ended %s, want interrupted", c.Outcome)
+	}
+	return rec, queue
+}
+
+// endsWithoutWorkerAfter is endsWithoutWorker for a turn of input whose
+// worker stops once it stored an event of type after. The worker's store
+// is closed first: like a worker killed (kill -9), it stores nothing of
+// what it was doing (a compaction cut by its stop is not ended).
+func endsWithoutWorkerAfter(t *testing.T, file string, in agent.Input, after event.Type, d time.Duration) (*event.Turn, string) {
+	t.Helper()
+	c, s, queue, dsn := setupDSN(t)
 	defer func(w, g time.Duration) { temporal.WorkerWait, temporal.CeilingGrace = w, g }(temporal.WorkerWait, temporal.CeilingGrace)
 	temporal.WorkerWait, temporal.CeilingGrace = 2*time.Second, time.Second
 	a := openAgent(t, file)
-	w, err := temporal.NewWorker(temporal.WorkerOptions{Client: c, TaskQueue: queue, Agent: a.Agent, Store: s, Heartbeat: time.Second})
+	ws, err := postgres.Open(context.Background(), dsn, postgres.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.Close()
+	w, err := temporal.NewWorker(temporal.WorkerOptions{Client: c, TaskQueue: queue, Agent: a.Agent, Store: ws, Heartbeat: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -697,20 +765,22 @@ func endsWithoutWorker(t *testing.T, file string, d time.Duration) (*event.Turn,
 		t.Fatal(err)
 	}
 	id := "t_" + strings.ToLower(t.Name())
+	in.TurnID = id
 	started := make(chan struct{})
 	var once sync.Once
 	sink := event.SinkFunc(func(e event.Event) {
-		if e.Type == event.TypeToolStarted {
+		if e.Type == after {
 			once.Do(func() { close(started) })
 		}
 	})
 	done := make(chan *agent.Result, 1)
-	go func() { done <- r.Run(context.Background(), agent.Input{TurnID: id, Text: "go"}, sink) }()
+	go func() { done <- r.Run(context.Background(), in, sink) }()
 	select {
 	case <-started:
 	case <-time.After(30 * time.Second):
-		t.Fatal("the tool did not start")
+		t.Fatalf("no %s", after)
 	}
+	ws.Close()
 	w.Stop()
 	var res *agent.Result
 	select {
@@ -725,9 +795,6 @@ func endsWithoutWorker(t *testing.T, file string, d time.Duration) (*event.Turn,
 	fin, ok := rec.Events[len(rec.Events)-1].Data.(*event.TurnFinished)
 	if !ok || fin.Flags != rec.Flags || fin.Message != rec.Message {
 		t.Fatalf("the last event is %+v, want the turn's turn_finished", rec.Events[len(rec.Events)-1].Data)
-	}
-	if c := callNamed(t, rec, "long"); c.Outcome != event.OutcomeInterrupted {
-		t.Errorf("the running call ended %s, want interrupted", c.Outcome)
 	}
 	desc, err := c.DescribeWorkflowExecution(context.Background(), temporal.WorkflowID(id), "")
 	if err != nil {
