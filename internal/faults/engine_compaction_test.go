@@ -20,6 +20,7 @@ import (
 func workerKilledMidCompaction(t *testing.T) {
 	sc := begin(t, "worker kill -9 mid-compaction", "timebox worker ×2, run --engine temporal ×2")
 	e := newEngine(t)
+	recv := e.trace()
 	chunks := make([]string, 20)
 	for i := range chunks {
 		chunks[i] = fmt.Sprintf("%q", fmt.Sprintf("summary %d. ", i))
@@ -33,10 +34,11 @@ func workerKilledMidCompaction(t *testing.T) {
 			`{"text": "All done."}`}, nil)
 	wa := e.worker(a, nil, "1s")
 	turn := func(text string) *proc {
-		return startTimebox(t, a.dir, nil, nil, append(append([]string{"run", "--engine", "temporal", "--json", "--session", "s"}, e.flags(a)...), text)...)
+		return startTimebox(t, a.dir, e.env, nil, append(append([]string{"run", "--engine", "temporal", "--json", "--session", "s"}, e.flags(a)...), text)...)
 	}
 	first := turn(strings.Repeat("a long question ", 40))
-	if rec, _ := e.ended(turnID(t, first), 60*time.Second); rec.Status != budget.StatusCompleted {
+	firstID := turnID(t, first)
+	if rec, _ := e.ended(firstID, 60*time.Second); rec.Status != budget.StatusCompleted {
 		t.Fatalf("the first turn ended %s: %s", rec.StopReason, rec.Message)
 	}
 	first.wait(10 * time.Second)
@@ -72,5 +74,6 @@ func workerKilledMidCompaction(t *testing.T) {
 	}
 	sc.count("compaction_finished events", ends, 2)
 	stop(wb)
+	sc.traceWhole(recv, "", firstID, id)
 	sc.nothingLeft()
 }

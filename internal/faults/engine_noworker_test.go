@@ -83,6 +83,7 @@ func ceilingOrStepWithNoWorker(t *testing.T) {
 	sc := begin(t, "every worker kill -9 mid-tool, then the turn's ceiling", "timebox worker, run --engine temporal")
 	scStep := begin(t, "every worker kill -9 mid-tool, then the step window", "timebox worker, run --engine temporal --step-timeout 3s")
 	e := newEngine(t)
+	recv := e.trace()
 	const ceiling, step, toolTimeout = 5 * time.Second, 3 * time.Second, 4 * time.Second
 	// The tool takes the turn's tool timeout: 1m for the first turn, 4s
 	// for the second (the flags travel with the turn).
@@ -155,6 +156,8 @@ func ceilingOrStepWithNoWorker(t *testing.T) {
 	}
 	scStep.is("its limit", limit, budget.KeyStep+" 3s")
 	noWorkerEnd(t, scStep, e, recStep, evsStep, runStep, pids)
+	sc.traceWhole(recv, "", id)
+	scStep.traceWhole(recv, "", idStep)
 }
 
 // noWorkerEnd asserts what every turn a follower ended with no worker

@@ -70,6 +70,9 @@ type engine struct {
 	dsn   string
 	queue string
 	st    *postgres.Store
+	// env is added to the environment of the workers and runs it starts:
+	// traced's, once trace was called.
+	env []string
 }
 
 func newEngine(t *testing.T) *engine {
@@ -90,6 +93,14 @@ func newEngine(t *testing.T) *engine {
 	return e
 }
 
+// trace makes the workers and runs e starts from now on export their
+// spans to a receiver of their own, which it returns.
+func (e *engine) trace() *testenv.OTLP {
+	recv := testenv.NewOTLP(e.t)
+	e.env = traced(recv)
+	return recv
+}
+
 func (e *engine) flags(a agentDir) []string {
 	return []string{"-f", a.file, "--db", e.dsn, "--temporal-address", e.srv.Addr(), "--task-queue", e.queue}
 }
@@ -99,7 +110,7 @@ func (e *engine) flags(a agentDir) []string {
 func (e *engine) worker(a agentDir, env []string, heartbeat string) *proc {
 	e.t.Helper()
 	var out syncbuf.Buffer
-	p := startTimebox(e.t, a.dir, env, &out, append([]string{"worker", "--worker-heartbeat", heartbeat}, e.flags(a)...)...)
+	p := startTimebox(e.t, a.dir, append(env[:len(env):len(env)], e.env...), &out, append([]string{"worker", "--worker-heartbeat", heartbeat}, e.flags(a)...)...)
 	deadline := time.Now().Add(30 * time.Second)
 	for !strings.Contains(out.String(), "timebox worker running") {
 		if time.Now().After(deadline) || p.exited() {
@@ -114,7 +125,7 @@ func (e *engine) worker(a agentDir, env []string, heartbeat string) *proc {
 func (e *engine) run(a agentDir, env []string, extra ...string) *proc {
 	e.t.Helper()
 	args := append([]string{"run", "--engine", "temporal", "--json"}, e.flags(a)...)
-	return startTimebox(e.t, a.dir, env, nil, append(append(args, extra...), "go")...)
+	return startTimebox(e.t, a.dir, append(env[:len(env):len(env)], e.env...), nil, append(append(args, extra...), "go")...)
 }
 
 // workerLost kills w (SIGKILL) mid-turn, starts another worker of a (its
@@ -262,6 +273,7 @@ echo done
 func workerKilledMidTool(t *testing.T) {
 	sc := begin(t, "worker kill -9 mid-tool", "timebox worker ×2, run --engine temporal")
 	e := newEngine(t)
+	recv := e.trace()
 	a := newAgent(t, scriptAgent("kill_grace: 500ms", "", "{name: hang, description: Hangs., exec: [./hang.sh], timeout: 10m}"),
 		[]string{callTools("hang"), `{"text": "All done."}`}, map[string]string{"hang.sh": hangTool})
 	wa, run, id, pids := e.hanging(a, "1s")
@@ -283,6 +295,7 @@ func workerKilledMidTool(t *testing.T) {
 	}
 	sc.allDead(pids)
 	stop(wb)
+	sc.traceWhole(recv, "", id)
 	sc.nothingLeft()
 }
 
@@ -293,6 +306,7 @@ func workerKilledMidTool(t *testing.T) {
 func workerKilledMidModel(t *testing.T) {
 	sc := begin(t, "worker kill -9 mid-model-call", "timebox worker ×2, run --engine temporal")
 	e := newEngine(t)
+	recv := e.trace()
 	chunks := make([]string, 20)
 	for i := range chunks {
 		chunks[i] = fmt.Sprintf("%q", fmt.Sprintf("part %d. ", i))
@@ -322,6 +336,7 @@ func workerKilledMidModel(t *testing.T) {
 	sc.truth("model call records", "attempt 1 worker_lost, attempt 2 ok", fmt.Sprintf("%d lost, %d ok of %d", lost, ok, len(rec.ModelCalls)),
 		lost == 1 && ok == 1 && len(rec.ModelCalls) == 2)
 	stop(wb)
+	sc.traceWhole(recv, "", id)
 	sc.nothingLeft()
 }
 
@@ -331,6 +346,7 @@ func workerKilledMidModel(t *testing.T) {
 func runKilled(t *testing.T) {
 	sc := begin(t, "run kill -9, its turn not detached", "timebox worker, run --engine temporal")
 	e := newEngine(t)
+	recv := e.trace()
 	w, run, id, pids := e.hanging(hangAgent(t), "1s")
 	killed := time.Now()
 	run.cmd.Process.Kill()
@@ -344,6 +360,7 @@ func runKilled(t *testing.T) {
 	sc.truth("the tool", "stopped", fmt.Sprintf("gone %s after the turn ended", ms(gone)), gone < 5*time.Second)
 	sc.allDead(pids)
 	stop(w)
+	sc.traceWhole(recv, "", id)
 	sc.nothingLeft()
 }
 
@@ -612,6 +629,7 @@ echo done
 func workerStalledMidTool(t *testing.T) {
 	sc := begin(t, "worker SIGSTOP mid-tool, retries: 5", "timebox worker ×2, run --engine temporal")
 	e := newEngine(t)
+	recv := e.trace()
 	a := newAgent(t, scriptAgent("kill_grace: 500ms", "", "{name: idem, description: Safe to run twice., exec: [./idem.sh], timeout: 1m, retries: 5}"),
 		[]string{callTools("idem"), `{"text": "All done."}`}, map[string]string{"idem.sh": retryTool})
 	env := func(name string) []string { return []string{"PIDFILE=" + a.pidfile, "WORKER=" + name} }
@@ -681,6 +699,7 @@ func workerStalledMidTool(t *testing.T) {
 	for _, w := range workers {
 		stop(w)
 	}
+	sc.traceWhole(recv, "", id)
 	sc.nothingLeft()
 }
 

@@ -1,0 +1,90 @@
+//go:build faults && linux
+
+package faults
+
+import (
+	"encoding/hex"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/timebox-run/timebox/internal/testenv"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+)
+
+// traced is the environment that makes a timebox process export its spans
+// to recv, each batch 50 ms after its first span ended (5 s by default),
+// so that a process killed later has exported the spans of what ended
+// before.
+func traced(recv *testenv.OTLP) []string {
+	return []string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=" + recv.URL + "/v1/traces",
+		"OTEL_TRACES_EXPORTER=", "OTEL_SDK_DISABLED=", "OTEL_BSP_SCHEDULE_DELAY=50"}
+}
+
+// traceWhole asserts that the trace recv received is whole, however the
+// processes that made it died: every span's parent is another span recv
+// received, of the same trace, or the caller's span (the traceparent the
+// turns were started under; "" for none, when a turn's span is a root),
+// and each turn — those named, and any an invoke_agent span names — has
+// exactly one invoke_agent span. A span that died unexported with a
+// killed process is no fault; a span whose parent never arrives, or a
+// turn without its root, is: a collector shows that trace as broken.
+// Spans arrive after the processes that end them, so it waits up to 10 s
+// for the trace to be whole before it measures.
+func (s *scenario) traceWhole(recv *testenv.OTLP, caller string, turns ...string) {
+	s.t.Helper()
+	callerSpan := ""
+	if parts := strings.Split(caller, "-"); len(parts) == 4 {
+		callerSpan = parts[2]
+	}
+	var orphans, miscounted, spans, roots int
+	var said []string
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		got := recv.Spans()
+		orphans, miscounted, spans, roots, said = wholeness(got, callerSpan, turns)
+		if orphans+miscounted == 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	for _, line := range said {
+		s.t.Log(line)
+	}
+	s.truth("the trace: spans whose parent never arrived; turns with ≠1 invoke_agent span", "0 of all; 0 of all",
+		fmt.Sprintf("%d of %d; %d of %d", orphans, spans, miscounted, roots), orphans+miscounted == 0 && spans > 0)
+}
+
+// wholeness counts, of spans, those whose parent is neither among them
+// (in the same trace) nor callerSpan (hex), and the turns without exactly
+// one invoke_agent span; it says what it counted.
+func wholeness(spans []*tracepb.Span, callerSpan string, turns []string) (orphans, miscounted, total, roots int, said []string) {
+	byID := map[string]*tracepb.Span{}
+	for _, sp := range spans {
+		byID[string(sp.GetSpanId())] = sp
+	}
+	count := map[string]int{}
+	for _, id := range turns {
+		count[id] = 0
+	}
+	for _, sp := range spans {
+		isTurn := strings.HasPrefix(sp.GetName(), "invoke_agent ")
+		if isTurn {
+			count[testenv.SpanAttrs(sp)["timebox.turn.id"].GetStringValue()]++
+		}
+		parent := sp.GetParentSpanId()
+		switch p, ok := byID[string(parent)]; {
+		case len(parent) == 0 && isTurn && callerSpan == "":
+		case hex.EncodeToString(parent) == callerSpan && callerSpan != "" && isTurn:
+		case ok && string(p.GetTraceId()) == string(sp.GetTraceId()):
+		default:
+			orphans++
+			said = append(said, fmt.Sprintf("span %q (%x) names parent %x, which never arrived", sp.GetName(), sp.GetSpanId(), parent))
+		}
+	}
+	for id, n := range count {
+		if n != 1 {
+			miscounted++
+			said = append(said, fmt.Sprintf("turn %s has %d invoke_agent spans", id, n))
+		}
+	}
+	return orphans, miscounted, len(spans), len(count), said
+}
