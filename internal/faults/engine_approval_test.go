@@ -145,11 +145,10 @@ func gatewayStoppedMidTurns(t *testing.T) {
 	// Traced: the turns end on the worker after A stopped following them,
 	// and their spans are the worker's to make
 	// (docs/decisions/turn-span-of-a-lost-turn.md).
-	recv := testenv.NewOTLP(t)
-	traced := []string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=" + recv.URL + "/v1/traces", "OTEL_TRACES_EXPORTER=", "OTEL_SDK_DISABLED="}
-	w := e.worker(a, append([]string{"PIDFILE=" + a.pidfile}, traced...), "1s")
+	recv := e.trace()
+	w := e.worker(a, []string{"PIDFILE=" + a.pidfile}, "1s")
 	serve := append([]string{"--engine", "temporal", "--shutdown-grace", "1s"}, e.flags(a)...)
-	gwA, urlA := startServe(t, a, traced, serve...)
+	gwA, urlA := startServe(t, a, e.env, serve...)
 	resp, err := http.Post(urlA+"/v1/turns", "application/json", strings.NewReader(`{"input": "go", "detach": true}`))
 	if err != nil {
 		t.Fatal(err)
@@ -167,7 +166,7 @@ func gatewayStoppedMidTurns(t *testing.T) {
 	_, got := followed.log.waitFor(event.TypeTurnFinished, 0)
 	sc.truth("the followed turn's client: its stream ended with A", "without turn_finished", fmt.Sprint(!got), !got)
 
-	gwB, urlB := startServe(t, a, traced, serve...)
+	gwB, urlB := startServe(t, a, e.env, serve...)
 	for _, tc := range []struct{ name, id, want string }{
 		{"detached", detached, "completed/answered"},
 		{"followed", followed.turnID, "cancelled/client_gone"},
@@ -208,5 +207,6 @@ func gatewayStoppedMidTurns(t *testing.T) {
 		sc.is(name+" turn's spans, made after A stopped following it", fmt.Sprintf("%v, %d under it", turns, children),
 			fmt.Sprintf("[%s], %d under it", want, max(children, 1)))
 	}
+	sc.traceWhole(recv, "", detached, followed.turnID)
 	sc.nothingLeft(gwA.pid(), gwB.pid())
 }

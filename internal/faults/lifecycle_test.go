@@ -63,7 +63,8 @@ func waitTool(t *testing.T, a agentDir, p *proc) map[string][]int {
 func clientGone(t *testing.T) {
 	sc := begin(t, "client gone: the SSE client disconnects mid-tool", "timebox serve, an SSE client")
 	a := hangAgent(t)
-	srv, url := startServe(t, a, []string{"PIDFILE=" + a.pidfile})
+	recv := testenv.NewOTLP(t)
+	srv, url := startServe(t, a, append([]string{"PIDFILE=" + a.pidfile}, traced(recv)...))
 	f := postTurn(t, url, `{"input": "go"}`)
 	pids := waitTool(t, a, srv)
 	left := time.Now()
@@ -94,6 +95,7 @@ func clientGone(t *testing.T) {
 	sc.nothingLeft(srv.pid())
 	st, evs := stored(t, a.db, f.turnID)
 	sc.records(back.log.snapshot(), st, evs)
+	sc.traceWhole(recv, "", f.turnID)
 }
 
 // sigtermServe: SIGTERM to `timebox serve` mid-tool, with
@@ -104,7 +106,8 @@ func sigtermServe(t *testing.T) {
 	sc := begin(t, "SIGTERM mid-turn", "timebox serve --shutdown-grace 1s, an SSE client")
 	a := hangAgent(t)
 	const grace = time.Second
-	srv, url := startServe(t, a, []string{"PIDFILE=" + a.pidfile}, "--shutdown-grace", grace.String())
+	recv := testenv.NewOTLP(t)
+	srv, url := startServe(t, a, append([]string{"PIDFILE=" + a.pidfile}, traced(recv)...), "--shutdown-grace", grace.String())
 	f := postTurn(t, url, `{"input": "go"}`)
 	pids := waitTool(t, a, srv)
 	sent := time.Now()
@@ -123,6 +126,7 @@ func sigtermServe(t *testing.T) {
 	sc.nothingLeft(srv.pid())
 	st, evs := stored(t, a.db, f.turnID)
 	sc.records(f.log.snapshot(), st, evs)
+	sc.traceWhole(recv, "", f.turnID)
 }
 
 // sigtermRun: SIGTERM to `timebox run` mid-tool cancels the turn at
@@ -131,7 +135,12 @@ func sigtermServe(t *testing.T) {
 func sigtermRun(t *testing.T) {
 	sc := begin(t, "SIGTERM mid-turn", "timebox run --json")
 	a := hangAgent(t)
-	p := startTimebox(t, a.dir, []string{"PIDFILE=" + a.pidfile}, nil, "run", "-f", a.file, "--db", a.db, "--json", "go")
+	// Traced, as a traced program's tool: the turn's span is the child
+	// of its TRACEPARENT.
+	recv := testenv.NewOTLP(t)
+	const caller = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	env := append([]string{"PIDFILE=" + a.pidfile, "TRACEPARENT=" + caller}, traced(recv)...)
+	p := startTimebox(t, a.dir, env, nil, "run", "-f", a.file, "--db", a.db, "--json", "go")
 	pids := waitTool(t, a, p)
 	sent := time.Now()
 	p.cmd.Process.Signal(syscall.SIGTERM)
@@ -147,6 +156,7 @@ func sigtermRun(t *testing.T) {
 	sc.nothingLeft(p.pid())
 	st, evs := stored(t, a.db, "")
 	sc.records(seen, st, evs)
+	sc.traceWhole(recv, caller, st.TurnID)
 }
 
 // kill9ThenRestart: `kill -9` of timebox mid-tool, then a restart on
@@ -175,8 +185,7 @@ func kill9ThenRestart(t *testing.T) {
 			// Traced: the turn's span dies with the process, and the
 			// restart makes it again (docs/decisions/turn-span-of-a-lost-turn.md).
 			recv := testenv.NewOTLP(t)
-			env := []string{"PIDFILE=" + a.pidfile, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=" + recv.URL + "/v1/traces",
-				"OTEL_TRACES_EXPORTER=", "OTEL_SDK_DISABLED=", "OTEL_BSP_SCHEDULE_DELAY=50"}
+			env := append([]string{"PIDFILE=" + a.pidfile}, traced(recv)...)
 			if m.strategy != proctree.Auto {
 				env = append(env, proctree.EnvStrategy+"="+string(m.strategy))
 			}
@@ -192,7 +201,8 @@ func kill9ThenRestart(t *testing.T) {
 				seen = first.log.snapshot
 			}
 			pids := waitTool(t, a, first)
-			first.cmd.Process.Kill() // SIGKILL: timebox can clean up nothing
+			waitSpan(t, recv, "chat ") // the model call's span names the turn's, which dies
+			first.cmd.Process.Kill()   // SIGKILL: timebox can clean up nothing
 			<-first.done
 			rootGone := waitGone(pids["root"], 5*time.Second)
 			sc.truth("the tool's root after kill -9", "dies with timebox", fmt.Sprintf("gone in %s", ms(rootGone)), rootGone < 5*time.Second)
@@ -255,6 +265,7 @@ func kill9ThenRestart(t *testing.T) {
 			sc.addKind(kindLost, "records lost", "= 0", fmt.Sprint(lost), lost == 0) // every call that started is stored, interrupted
 			span := lostTurnSpan(recv, turnOf(t, seen()), seen())
 			sc.truth("the turn's span after the restart", "made once, with the ids turn_started named", span, span == "made once, with the ids turn_started named")
+			sc.traceWhole(recv, "", turnOf(t, seen()))
 		})
 	}
 }

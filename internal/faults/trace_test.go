@@ -6,9 +6,11 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strings"
+	"testing"
 	"time"
 
 	"github.com/timebox-run/timebox/internal/testenv"
+	"github.com/timebox-run/timebox/internal/wait"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 )
 
@@ -87,4 +89,21 @@ func wholeness(spans []*tracepb.Span, callerSpan string, turns []string) (orphan
 		}
 	}
 	return orphans, miscounted, len(spans), len(count), said
+}
+
+// waitSpan waits up to 10 s for recv to receive a span whose name begins
+// with prefix: before a kill, for the trace to have a span under the turn
+// that dies with it.
+func waitSpan(t *testing.T, recv *testenv.OTLP, prefix string) {
+	t.Helper()
+	if !wait.Until(10*time.Second, func() bool {
+		for _, sp := range recv.Spans() {
+			if strings.HasPrefix(sp.GetName(), prefix) {
+				return true
+			}
+		}
+		return false
+	}) {
+		t.Fatalf("no %q span exported in 10 s", prefix)
+	}
 }
