@@ -59,6 +59,7 @@ func TestStoreFaults(t *testing.T) {
 		{"PostgreSQL stopped 10 s while a call waits for a person", func(t *testing.T) { approvalDuringOutage(t, 10*time.Second) }},
 		{"long reply on PostgreSQL", longReplyPostgres},
 		{"long reply on PostgreSQL, connections killed", longReplyConnectionsKilled},
+		{"gateway kill -9 on PostgreSQL, its turn ended by another", gatewayKilled},
 	} {
 		t.Run(s.name, s.run)
 	}
@@ -224,6 +225,52 @@ func interrupted(recs ...*event.Turn) int {
 		}
 	}
 	return n
+}
+
+// gatewayKilled: of two gateways on one PostgreSQL database, traced, A
+// is killed with SIGKILL mid-tool. B takes A for gone (3 heartbeats of
+// 2 s) and marks its turn interrupted, and B makes the turn's span, which
+// died with A, under which A had exported its model call's span: the trace
+// is whole (docs/decisions/turn-span-of-a-lost-turn.md).
+func gatewayKilled(t *testing.T) {
+	sc := begin(t, "gateway kill -9 mid-tool on PostgreSQL, its turn ended by another", "timebox serve ×2, --db postgres://…&timebox_heartbeat=2s, traced")
+	d := newSharedDB(t)
+	// The test's own store is a process on the database too: it would
+	// take A for gone as B does, and it makes no span. Here it reads,
+	// and judges no one (its heartbeat, an hour, is when it would look).
+	d.st.Close()
+	st, err := postgres.Open(context.Background(), d.url, postgres.Options{Heartbeat: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	d.st = st
+	a := workAgent(t, "")
+	recv := testenv.NewOTLP(t)
+	gw := func(seconds int) (*proc, string) {
+		return startServe(t, a, append([]string{"PIDFILE=" + a.pidfile, fmt.Sprintf("WORK_SECONDS=%d", seconds)}, traced(recv)...), "--db", d.dsn)
+	}
+	gwA, urlA := gw(60)
+	gwB, _ := gw(1)
+	f := postTurn(t, urlA, `{"input": "go"}`)
+	pids := a.waitPIDs(t, 1, gwA)
+	waitSpan(t, recv, "chat ") // the model call's span names the turn's, which dies with A
+	killed := time.Now()
+	gwA.cmd.Process.Kill()
+	<-gwA.done
+	rec, evs, ok := d.ended(f.turnID, 30*time.Second)
+	if !ok {
+		t.Fatalf("A's turn not ended\n%s", gwB.stderr.String())
+	}
+	sc.is("A's turn, ended by B", string(rec.Status), string(budget.StatusInterrupted))
+	sc.truth("B said", "it marked A's turn interrupted", fmt.Sprint(strings.Contains(gwB.stderr.String(), "marked turns interrupted")),
+		strings.Contains(gwB.stderr.String(), "marked turns interrupted"))
+	sc.within("kill to its end stored", time.Since(killed), 20*time.Second)
+	sc.count("turn_finished events stored", countType(evs, event.TypeTurnFinished), 1)
+	sc.allDead(pids)
+	stopGateways(t, gwB)
+	sc.traceWhole(recv, "", f.turnID)
+	sc.nothingLeft(gwA.pid(), gwB.pid())
 }
 
 // stopGateways sends SIGTERM to each gateway and waits for it to exit.
