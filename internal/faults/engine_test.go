@@ -739,10 +739,12 @@ func callAttempts(t *testing.T, addr, turnID string) int {
 func ceilingWhileWorkerDead(t *testing.T) {
 	sc := begin(t, "worker kill -9 mid-tool, then the turn's ceiling", "timebox worker ×2 in turn, run --engine temporal")
 	e := newEngine(t)
+	recv := e.trace()
 	const ceiling = 3 * time.Second
 	a := newAgent(t, scriptAgent("kill_grace: 500ms, turn: "+ceiling.String(), "", "{name: hang, description: Hangs., exec: [./hang.sh], timeout: 30s}"),
 		[]string{callTools("hang"), `{"text": "never"}`}, map[string]string{"hang.sh": hangTool})
 	wa, run, id, pids := e.hanging(a, "4s")
+	waitSpan(t, recv, "chat ") // the model call's span, the dead worker's
 	wa.cmd.Process.Kill()
 	<-wa.done
 	wb := e.worker(a, []string{"PIDFILE=" + a.pidfile}, "4s")
@@ -768,5 +770,6 @@ func ceilingWhileWorkerDead(t *testing.T) {
 	sc.integrity(evs, run.log.snapshot())
 	sc.allDead(pids)
 	stop(wb)
+	sc.traceWhole(recv, "", id)
 	sc.nothingLeft()
 }
