@@ -31,10 +31,12 @@ import (
 func workerKilledWhileApproving(t *testing.T) {
 	sc := begin(t, "worker kill -9 while a call waits for a person", "timebox worker ×2, serve --engine temporal, the decision by its route")
 	e := newEngine(t)
+	recv := e.trace()
 	a := deployAgent(t)
 	wa := e.worker(a, nil, "1s")
-	gw, url := startServe(t, a, nil, append([]string{"--engine", "temporal"}, e.flags(a)...)...)
+	gw, url := startServe(t, a, e.env, append([]string{"--engine", "temporal"}, e.flags(a)...)...)
 	turnID, callID := waitingCall(t, url, `{"input": "deploy", "detach": true}`)
+	waitSpan(t, recv, "chat ") // the model call's span, the dead worker's
 	wa.cmd.Process.Kill()
 	<-wa.done
 	wb := e.worker(a, nil, "1s")
@@ -60,6 +62,7 @@ func workerKilledWhileApproving(t *testing.T) {
 	sc.integrity(evs, nil)
 	stop(wb)
 	stopGateways(t, gw)
+	sc.traceWhole(recv, "", turnID)
 	sc.nothingLeft(gw.pid())
 }
 
@@ -73,11 +76,12 @@ func workerKilledWhileApproving(t *testing.T) {
 func runKilledWhileApproving(t *testing.T) {
 	sc := begin(t, "run kill -9 while a call waits for a person", "timebox worker, run --engine temporal on a terminal")
 	e := newEngine(t)
+	recv := e.trace()
 	a := deployAgent(t)
 	w := e.worker(a, nil, "1s")
 	master, tty := testenv.PTY(t)
 	go io.Copy(io.Discard, master) // the live view and the question; ends when the test closes master
-	run := startTimeboxWith(t, a.dir, []string{"TERM=xterm"}, tty, func(c *exec.Cmd) {
+	run := startTimeboxWith(t, a.dir, append([]string{"TERM=xterm"}, e.env...), tty, func(c *exec.Cmd) {
 		c.Stdin = tty
 		c.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
 	}, append(append([]string{"run", "--engine", "temporal"}, e.flags(a)...), "deploy")...)
@@ -101,6 +105,7 @@ func runKilledWhileApproving(t *testing.T) {
 	}
 	sc.integrity(evs, nil)
 	stop(w)
+	sc.traceWhole(recv, "", id)
 	sc.nothingLeft()
 }
 
