@@ -152,5 +152,13 @@ func (a *Agent) Resume(ctx context.Context, cp *Checkpoint, in Input, sinks ...e
 	t := a.resume(&s, tr, in.Approver, sinks)
 	t.em = event.NewEmitterAfter(s.TurnID, cp.Seq, t.emSinks...)
 	t.toolRecs, t.modelRecs = cp.Tools, cp.Models
-	return a.drive(ctx, t, in), nil
+	// The turn's span, begun by the process that suspended it and never
+	// ended there, is made by the one that ends the turn, with the ids
+	// its calls name as their parent (docs/decisions/turn-span-of-a-lost-turn.md).
+	traced := a.turnSpan(&s)
+	res := a.drive(ctx, t, in)
+	if res.Record != nil && traced != nil {
+		traced(res.Record)
+	}
+	return res, nil
 }

@@ -341,3 +341,84 @@ func TestTraceEnded(t *testing.T) {
 		t.Errorf("%d spans of a provider that cannot give the ids, %d more for untraced turns; want none", n, m-1)
 	}
 }
+
+// TestResumedTurnSpan: a turn suspended while its call waits for a person
+// (a server stopping) and resumed by another process (its TracerProvider
+// another) has one invoke_agent span, made by the process that ends it,
+// with the ids its calls' spans name as their parent, under the caller's
+// span, from the turn's start. Before, neither made it: the suspending
+// process left it unended and Resume began none, so every span of the
+// turn named a parent no collector received.
+func TestResumedTurnSpan(t *testing.T) {
+	newTP := func() (*sdktrace.TracerProvider, *tracetest.SpanRecorder) {
+		rec := tracetest.NewSpanRecorder()
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec), sdktrace.WithIDGenerator(telemetry.IDs{}))
+		t.Cleanup(func() { tp.Shutdown(context.Background()) })
+		return tp, rec
+	}
+	newAgent := func(tp *sdktrace.TracerProvider, p model.Provider) *agent.Agent {
+		a, err := agent.New(agent.Config{Name: "traced", Models: []model.Endpoint{endpoint(p, "m")},
+			Tools: []agent.Tool{sleepy("deploy", time.Second, 0)}, Budgets: approvalBudgets(), TracerProvider: tp})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	const caller = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	firstTP, firstRec := newTP()
+	first := newAgent(firstTP, lines(t, `{"tool_calls": [{"name": "deploy", "arguments": {}}]}`))
+	suspend := make(chan struct{})
+	waiting := agent.ApproverFunc(func(ctx context.Context, req agent.ApprovalRequest) (agent.Decision, error) {
+		close(suspend)
+		<-ctx.Done()
+		return agent.Decision{}, ctx.Err()
+	})
+	var started *event.TurnStarted
+	res := first.Run(agent.WithTraceParent(t.Context(), caller), agent.Input{Text: "deploy", Approver: waiting, Suspend: suspend},
+		event.SinkFunc(func(e event.Event) {
+			if d, ok := e.Data.(*event.TurnStarted); ok {
+				started = d
+			}
+		}))
+	if res.Suspended == nil || started == nil {
+		t.Fatalf("not suspended (%v), or no turn_started", res.Record)
+	}
+	firstTP.ForceFlush(t.Context())
+
+	againTP, againRec := newTP()
+	again := newAgent(againTP, lines(t, `{"text": "deployed"}`))
+	res, err := again.Resume(t.Context(), res.Suspended, agent.Input{Approver: after(0, event.Approve, "alice", "")})
+	if err != nil || res.Record == nil || res.Record.StopReason != budget.Answered {
+		t.Fatalf("resumed: %v %+v", err, res)
+	}
+	var spans []sdktrace.ReadOnlySpan
+	spans = append(spans, firstRec.Ended()...)
+	spans = append(spans, againRec.Ended()...)
+	var turns []sdktrace.ReadOnlySpan
+	for _, s := range spans {
+		if strings.HasPrefix(s.Name(), "invoke_agent ") {
+			turns = append(turns, s)
+		}
+	}
+	if len(turns) != 1 {
+		t.Fatalf("%d invoke_agent spans; want 1", len(turns))
+	}
+	turn := turns[0]
+	if got := "00-" + turn.SpanContext().TraceID().String() + "-" + turn.SpanContext().SpanID().String() + "-01"; got != started.Traceparent {
+		t.Errorf("the turn's span is %s; turn_started named %s", got, started.Traceparent)
+	}
+	if turn.Parent().SpanID().String() != "b7ad6b7169203331" || !turn.StartTime().Equal(res.Record.StartedAt) {
+		t.Errorf("the turn's span: under %s from %s; want under the caller's, from the turn's start %s", turn.Parent().SpanID(), turn.StartTime(), res.Record.StartedAt)
+	}
+	if !turn.EndTime().Equal(res.Record.EndedAt) {
+		t.Errorf("the turn's span ends %s; the turn %s", turn.EndTime(), res.Record.EndedAt)
+	}
+	for _, s := range spans {
+		if s != turn && s.Parent().SpanID() != turn.SpanContext().SpanID() {
+			t.Errorf("span %s names parent %s, not the turn's", s.Name(), s.Parent().SpanID())
+		}
+	}
+	if len(spans) < 3 {
+		t.Errorf("%d spans; want the turn's, the model calls' and the tool call's", len(spans))
+	}
+}

@@ -78,11 +78,15 @@ type Result struct {
 // Events go to sinks in seq order, synchronously (see event.Sink).
 func (a *Agent) Run(ctx context.Context, in Input, sinks ...event.Sink) *Result {
 	s, tr := a.newState(in)
-	traced, _ := a.traceTurn(ctx, s)
+	traced, leave := a.traceTurn(ctx, s)
 	t := a.resume(s, tr, in.Approver, sinks)
 	res := a.drive(ctx, t, in)
 	if res.Record != nil {
 		traced(res)
+	} else {
+		// Suspended: the span is left unended, never exported; the
+		// process that resumes the turn and ends it makes it (Resume).
+		leave()
 	}
 	return res
 }

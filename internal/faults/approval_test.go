@@ -9,9 +9,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"testing"
 	"time"
 
-	"testing"
+	"github.com/timebox-run/timebox/internal/testenv"
 )
 
 // serveRestartWhileApproving: `timebox serve` stops (SIGTERM) while a call
@@ -21,13 +22,14 @@ import (
 func serveRestartWhileApproving(t *testing.T) {
 	sc := begin(t, "serve restarted while a call waits for a person", "timebox serve ×2 in turn on one SQLite file, a tool with approval: required, SIGTERM while it waits")
 	a := deployAgent(t)
-	gw, url := startServe(t, a, nil)
+	recv := testenv.NewOTLP(t)
+	gw, url := startServe(t, a, traced(recv))
 	turnID, callID := waitingCall(t, url, `{"input": "deploy", "detach": true}`)
 	stopped := time.Now()
 	stopGateways(t, gw)
 	sc.within("serve stopped after SIGTERM", time.Since(stopped), 10*time.Second)
 
-	gw2, url2 := startServe(t, a, nil)
+	gw2, url2 := startServe(t, a, traced(recv))
 	decided := time.Now()
 	resp, err := http.Post(url2+"/v1/turns/"+turnID+"/approvals/"+callID, "application/json", strings.NewReader(`{"decision": "approve", "by": "faults"}`))
 	if err != nil {
@@ -74,6 +76,7 @@ func serveRestartWhileApproving(t *testing.T) {
 	sc.count("times the person was asked", asked, 1)
 	sc.truth("turn's approval_ms covers the restart", "> 0", fmt.Sprint(rec.ApprovalMS), rec.ApprovalMS > 0)
 	stopGateways(t, gw2)
+	sc.traceWhole(recv, "", turnID)
 	sc.nothingLeft(gw.pid(), gw2.pid())
 }
 
