@@ -37,6 +37,7 @@ exec sleep 300
 func workerKilledMidRetriedTool(t *testing.T) {
 	sc := begin(t, "worker kill -9 mid-tool, retries: 1", "timebox worker ×2, run --engine temporal")
 	e := newEngine(t)
+	recv := e.trace()
 	a := newAgent(t, scriptAgent("kill_grace: 500ms", "", "{name: flaky, description: Safe to run twice., exec: [./flaky.sh], timeout: 10m, retries: 1}"),
 		[]string{callTools("flaky"), `{"text": "All done."}`}, map[string]string{"flaky.sh": retriedTool})
 	env := []string{"PIDFILE=" + a.pidfile}
@@ -80,5 +81,6 @@ func workerKilledMidRetriedTool(t *testing.T) {
 		sc.count("tool call records", len(cs), 1)
 	}
 	stop(wb)
+	sc.traceWhole(recv, "", id)
 	sc.nothingLeft()
 }

@@ -686,13 +686,14 @@ func diskFullThenSuspended(t *testing.T) {
 		map[string]string{"fill.sh": fillTool, "free.sh": freeTool, "deploy.sh": "#!/bin/sh\ncat >/dev/null\necho run >> runs\necho deployed\n"})
 	disk := smallDisk(t, a.dir)
 	a.db = filepath.Join(disk, "timebox.db")
-	gw, url := startServe(t, a, []string{"FILL=" + filepath.Join(disk, "filler")})
+	recv := testenv.NewOTLP(t)
+	gw, url := startServe(t, a, append([]string{"FILL=" + filepath.Join(disk, "filler")}, traced(recv)...))
 	turnID, callID := waitingCall(t, url, `{"input": "go", "detach": true}`)
 	stopGateways(t, gw)
 	sc.logSays(gw, "serve logged the refused events, then that the suspension stored them",
 		"store write failed", "the turn's suspension stored the events the store refused")
 
-	gw2, url2 := startServe(t, a, nil)
+	gw2, url2 := startServe(t, a, traced(recv))
 	resp, err := http.Post(url2+"/v1/turns/"+turnID+"/approvals/"+callID, "application/json", strings.NewReader(`{"decision": "approve", "by": "faults"}`))
 	if err != nil {
 		t.Fatal(err)
@@ -713,6 +714,7 @@ func diskFullThenSuspended(t *testing.T) {
 	}
 	sc.count("events missing from the store across the suspension", missingSeqs, 0)
 	sc.count("times the approved call ran", ranTimes(a), 1)
+	sc.traceWhole(recv, "", turnID)
 	sc.nothingLeft(gw.pid(), gw2.pid())
 }
 
