@@ -32,8 +32,8 @@ func traced(recv *testenv.OTLP) []string {
 // killed process is no fault; a span whose parent never arrives, or a
 // turn without its root, is: a collector shows that trace as broken.
 // Spans arrive after the processes that end them, so it waits up to 10 s
-// for the trace to be whole before it measures.
-func (s *scenario) traceWhole(recv *testenv.OTLP, caller string, turns ...string) {
+// for the trace to be whole before it measures. It reports whether it was.
+func (s *scenario) traceWhole(recv *testenv.OTLP, caller string, turns ...string) bool {
 	s.t.Helper()
 	callerSpan := ""
 	if parts := strings.Split(caller, "-"); len(parts) == 4 {
@@ -53,6 +53,7 @@ func (s *scenario) traceWhole(recv *testenv.OTLP, caller string, turns ...string
 	}
 	s.truth("the trace: spans whose parent never arrived; turns with ≠1 invoke_agent span", "0; 0",
 		fmt.Sprintf("%d of %d; %d of %d", orphans, spans, miscounted, roots), orphans+miscounted == 0 && spans > 0)
+	return orphans+miscounted == 0 && spans > 0
 }
 
 // wholeness counts, of spans, those whose parent is neither among them
