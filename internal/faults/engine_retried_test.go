@@ -82,7 +82,7 @@ func workerKilledMidRetriedTool(t *testing.T) {
 	}
 	stop(wb)
 	if !sc.traceWhole(recv, "", id) {
-		// Once in eleven runs (docs/RELIABILITY.md, known gaps): what
+		// Once in seventeen runs (docs/RELIABILITY.md, known limits): what
 		// tells the two paths that fit apart.
 		note := e.st.Payload(context.Background(), id, "turn-span", func([]byte) error { return nil })
 		t.Logf("the worker's turn-span note: %v (nil: written); run exited %d after %s\nrun:\n%s\nworker B:\n%s",
