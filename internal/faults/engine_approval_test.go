@@ -36,7 +36,7 @@ func workerKilledWhileApproving(t *testing.T) {
 	wa := e.worker(a, nil, "1s")
 	gw, url := startServe(t, a, e.env, append([]string{"--engine", "temporal"}, e.flags(a)...)...)
 	turnID, callID := waitingCall(t, url, `{"input": "deploy", "detach": true}`)
-	waitSpan(t, recv, "chat ") // the model call's span, the dead worker's
+	waitSpans(t, recv, "chat ", 1) // the model call's span, the dead worker's
 	wa.cmd.Process.Kill()
 	<-wa.done
 	wb := e.worker(a, nil, "1s")

@@ -31,7 +31,7 @@ func noWorkerLeft(t *testing.T) {
 	a := newAgent(t, scriptAgent("kill_grace: 500ms", "", "{name: hang, description: Hangs., exec: [./hang.sh], timeout: 10m}"),
 		[]string{callTools("hang"), `{"text": "All done."}`}, map[string]string{"hang.sh": hangTool})
 	wa, run, id, pids := e.hanging(a, "1s")
-	waitSpan(t, recv, "chat ") // the model call's span, the dead worker's
+	waitSpans(t, recv, "chat ", 1) // the model call's span, the dead worker's
 	killed := time.Now()
 	wa.cmd.Process.Kill()
 	<-wa.done
@@ -98,7 +98,7 @@ func ceilingOrStepWithNoWorker(t *testing.T) {
 	runStep := e.run(a, env, "--turn-timeout", "1m", "--step-timeout", step.String(), "--tool-timeout", toolTimeout.String())
 	id, idStep := turnID(t, run), turnID(t, runStep)
 	pids := a.waitPIDs(t, 6, runStep) // both tools' root, child and grandchild
-	waitSpans(t, recv, "chat ", 2) // both model calls' spans, the dead worker's
+	waitSpans(t, recv, "chat ", 2)    // both model calls' spans, the dead worker's
 	wa.cmd.Process.Kill()
 	<-wa.done
 	// The ceiling (or the step window), its kill grace and the

@@ -744,7 +744,7 @@ func ceilingWhileWorkerDead(t *testing.T) {
 	a := newAgent(t, scriptAgent("kill_grace: 500ms, turn: "+ceiling.String(), "", "{name: hang, description: Hangs., exec: [./hang.sh], timeout: 30s}"),
 		[]string{callTools("hang"), `{"text": "never"}`}, map[string]string{"hang.sh": hangTool})
 	wa, run, id, pids := e.hanging(a, "4s")
-	waitSpan(t, recv, "chat ") // the model call's span, the dead worker's
+	waitSpans(t, recv, "chat ", 1) // the model call's span, the dead worker's
 	wa.cmd.Process.Kill()
 	<-wa.done
 	wb := e.worker(a, []string{"PIDFILE=" + a.pidfile}, "4s")

@@ -201,8 +201,8 @@ func kill9ThenRestart(t *testing.T) {
 				seen = first.log.snapshot
 			}
 			pids := waitTool(t, a, first)
-			waitSpan(t, recv, "chat ") // the model call's span names the turn's, which dies
-			first.cmd.Process.Kill()   // SIGKILL: timebox can clean up nothing
+			waitSpans(t, recv, "chat ", 1) // the model call's span names the turn's, which dies
+			first.cmd.Process.Kill()       // SIGKILL: timebox can clean up nothing
 			<-first.done
 			rootGone := waitGone(pids["root"], 5*time.Second)
 			sc.truth("the tool's root after kill -9", "dies with timebox", fmt.Sprintf("gone in %s", ms(rootGone)), rootGone < 5*time.Second)

@@ -254,7 +254,7 @@ func gatewayKilled(t *testing.T) {
 	gwB, _ := gw(1)
 	f := postTurn(t, urlA, `{"input": "go"}`)
 	pids := a.waitPIDs(t, 1, gwA)
-	waitSpan(t, recv, "chat ") // the model call's span names the turn's, which dies with A
+	waitSpans(t, recv, "chat ", 1) // the model call's span names the turn's, which dies with A
 	killed := time.Now()
 	gwA.cmd.Process.Kill()
 	<-gwA.done

@@ -92,19 +92,20 @@ func wholeness(spans []*tracepb.Span, callerSpan string, turns []string) (orphan
 	return orphans, miscounted, len(spans), len(count), said
 }
 
-// waitSpan waits up to 10 s for recv to receive a span whose name begins
-// with prefix: before a kill, for the trace to have a span under the turn
-// that dies with it.
-func waitSpan(t *testing.T, recv *testenv.OTLP, prefix string) {
+// waitSpans waits until n spans whose names start with prefix were
+// exported (a span the scenario's kill must not take with it), for at most
+// 10 s.
+func waitSpans(t *testing.T, recv *testenv.OTLP, prefix string, n int) {
 	t.Helper()
 	if !wait.Until(10*time.Second, func() bool {
+		got := 0
 		for _, sp := range recv.Spans() {
 			if strings.HasPrefix(sp.GetName(), prefix) {
-				return true
+				got++
 			}
 		}
-		return false
+		return got >= n
 	}) {
-		t.Fatalf("no %q span exported in 10 s", prefix)
+		t.Fatalf("fewer than %d %q spans exported in 10 s", n, prefix)
 	}
 }
