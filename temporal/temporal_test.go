@@ -557,6 +557,27 @@ func TestStopFollowingLeavesTheTurnRunning(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	id := stopFollowingMidTool(t, r)
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		rec, err := s.Turn(context.Background(), id)
+		if err == nil && rec.Status != budget.StatusRunning {
+			if rec.Status != budget.StatusCompleted || rec.Answer != "All done." {
+				t.Fatalf("the turn ended %s (%s): %s", rec.Status, rec.StopReason, rec.Message)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the turn did not end on its workers")
+		}
+	}
+}
+
+// stopFollowingMidTool runs a turn with r and stops following it
+// (agent.ErrStopFollowing, its gateway shutting down) once its first tool
+// started; it checks that Run returned at once, the turn running, and
+// returns the turn's id.
+func stopFollowingMidTool(t *testing.T, r *temporal.Runner) string {
+	t.Helper()
 	ctx, cancel := context.WithCancelCause(context.Background())
 	started := make(chan string, 1)
 	done := make(chan *agent.Result, 1)
@@ -580,18 +601,7 @@ func TestStopFollowingLeavesTheTurnRunning(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the Run did not return")
 	}
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		rec, err := s.Turn(context.Background(), id)
-		if err == nil && rec.Status != budget.StatusRunning {
-			if rec.Status != budget.StatusCompleted || rec.Answer != "All done." {
-				t.Fatalf("the turn ended %s (%s): %s", rec.Status, rec.StopReason, rec.Message)
-			}
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the turn did not end on its workers")
-		}
-	}
+	return id
 }
 
 // TestCeilingWithoutWorker: the only worker of a turn stops while a tool

@@ -204,24 +204,7 @@ func TestTurnSpanOfATurnItsRunnerLeft(t *testing.T) {
 		return out
 	}
 
-	ctx, cancel := context.WithCancelCause(context.Background())
-	started := make(chan string, 1)
-	done := make(chan *agent.Result, 1)
-	go func() {
-		done <- r.Run(ctx, agent.Input{Text: "go"}, event.SinkFunc(func(e event.Event) {
-			if e.Type == event.TypeToolStarted {
-				select {
-				case started <- e.TurnID:
-				default:
-				}
-			}
-		}))
-	}()
-	id := <-started
-	cancel(agent.ErrStopFollowing)
-	if res := <-done; res.Record.Status != budget.StatusRunning {
-		t.Fatalf("the Run that stopped following says %s", res.Record.Status)
-	}
+	id := stopFollowingMidTool(t, r)
 	wait.For(t, 60*time.Second, "the turn to end on its worker", func() bool {
 		rec, err := s.Turn(context.Background(), id)
 		return err == nil && rec.Status != budget.StatusRunning
