@@ -445,6 +445,20 @@ func (x *activities) Ask(ctx context.Context, in *unitIn) (*asked, error) {
 		return nil, errors.New("the store keeps no approvals")
 	}
 	s := &in.State
+	// Asked again (its worker died, or its report to Temporal was lost,
+	// once the request was stored): the person was asked, and is not
+	// asked twice; the request stored is the call's wait.
+	callID := machine.CallID(in.Step, in.Call.Index)
+	if got, err := ap.Approval(ctx, s.TurnID, callID); err == nil && got.Round == max(in.Round, 1) {
+		began := in.Began
+		if began.IsZero() {
+			began = got.RequestedAt
+		}
+		return &asked{Asked: machine.Asked{Needed: true, CallID: callID, Tool: got.Tool, Arguments: got.Arguments, Round: got.Round,
+			RequestedAt: got.RequestedAt, ExpiresAt: got.ExpiresAt, Began: began}}, nil
+	} else if err != nil && !errors.Is(err, store.ErrNotFound) {
+		return nil, err
+	}
 	tr, err := loadCall(ctx, x.payloads, s)
 	if err != nil {
 		return nil, err

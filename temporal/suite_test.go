@@ -877,3 +877,35 @@ func TestSuiteRunnerBudgets(t *testing.T) {
 		t.Errorf("turn_started says the tool's budget is %+v", tb)
 	}
 }
+
+// TestSuiteAskRetried: an Ask whose report to Temporal was lost once the
+// request was stored (its worker killed as the person was being asked) is
+// run again, and the person is not asked twice: one approval_requested,
+// the stored request the call's wait. The fault suite's "worker kill -9
+// while a call waits for a person" saw the person asked twice.
+func TestSuiteAskRetried(t *testing.T) {
+	dep := goTool("deploy", time.Minute, func(context.Context, json.RawMessage, tool.Progress) (any, error) { return "deployed", nil })
+	dep.NeedsApproval = func(json.RawMessage) bool { return true }
+	a := newAgent(t, `{"tool_calls": [{"name": "deploy"}]}`+"\n"+`{"text": "done"}`+"\n",
+		budget.Budgets{Approval: budget.Duration{D: 5 * time.Second, Source: budget.SourceCode}}, budget.Limits{}, dep)
+	s := newSuite(t, a)
+	lost := false
+	s.env.OnActivity(actAsk, mock.Anything, mock.Anything).Return(func(ctx context.Context, in *unitIn) (*asked, error) {
+		out, err := s.x.Ask(ctx, in)
+		if err == nil && !lost {
+			lost = true
+			return nil, errors.New("the worker died before it reported")
+		}
+		return out, err
+	})
+	rec, _ := s.run(t, s.start(t, "t1", "go"))
+	if !lost {
+		t.Fatal("the Ask was never run")
+	}
+	if n := count(rec, event.TypeApprovalRequested); n != 1 {
+		t.Errorf("the person was asked %d times; want once", n)
+	}
+	if len(rec.ToolCalls) != 1 || rec.ToolCalls[0].Outcome != event.OutcomeApprovalExpired || rec.Status != budget.StatusCompleted {
+		t.Errorf("turn %s (%s), calls %+v; want the call expired once, the turn answered", rec.Status, rec.Message, rec.ToolCalls)
+	}
+}
