@@ -10,6 +10,7 @@ import (
 
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/wait"
 	"github.com/timebox-run/timebox/store"
 )
 
@@ -50,14 +51,11 @@ func RunCrash(t *testing.T, open Crash, why string) {
 			t.Fatal(err)
 		}
 		// It is told after the commit that readers saw.
-		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		wait.Until(10*time.Second, func() bool {
 			mu.Lock()
-			n := len(told)
-			mu.Unlock()
-			if n > 0 || time.Now().After(deadline) {
-				break
-			}
-		}
+			defer mu.Unlock()
+			return len(told) > 0
+		})
 		mu.Lock()
 		defer mu.Unlock()
 		if len(told) != 1 {
