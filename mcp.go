@@ -2,11 +2,12 @@ package timebox
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/config"
-	"github.com/timebox-run/timebox/internal/runas"
 	"github.com/timebox-run/timebox/tool/mcptool"
+	"github.com/timebox-run/timebox/tool/runas"
 )
 
 // OpenMCP starts the server of an mcp tool entry and lists its tools, each
@@ -17,8 +18,19 @@ import (
 // a tool the server does not have.
 //
 // withhold names the variables a stdio server without env: does not
-// inherit (config.Agent.Withheld); user, when not nil, is who it runs as.
-func OpenMCP(ctx context.Context, t config.Tool, withhold []string, user *runas.Identity) (*mcptool.Server, error) {
+// inherit (config.Agent.Withheld). The server runs as t.User when it is
+// set (tools[].user); OpenMCP returns an error, naming the fix, when that
+// user does not exist or this process may not start processes as it.
+func OpenMCP(ctx context.Context, t config.Tool, withhold []string) (*mcptool.Server, error) {
+	user, err := toolUser(t)
+	if err != nil {
+		return nil, fmt.Errorf("tools[%s].user: %w", t.Name, err)
+	}
+	return openMCPServer(ctx, t, withhold, user)
+}
+
+// openMCPServer is OpenMCP with the user resolved.
+func openMCPServer(ctx context.Context, t config.Tool, withhold []string, user *runas.Identity) (*mcptool.Server, error) {
 	m := t.MCP
 	overrides := make(map[string]mcptool.Override, len(m.Overrides))
 	for name, o := range m.Overrides {
@@ -47,7 +59,7 @@ func OpenMCP(ctx context.Context, t config.Tool, withhold []string, user *runas.
 // openMCP starts an mcp entry's server and returns its tools as the agent
 // takes them, with the closer that stops the server.
 func openMCP(ctx context.Context, t config.Tool, withhold []string, user *runas.Identity) ([]agent.Tool, func() error, error) {
-	s, err := OpenMCP(ctx, t, withhold, user)
+	s, err := openMCPServer(ctx, t, withhold, user)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -24,13 +24,13 @@ import (
 	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/config"
 	"github.com/timebox-run/timebox/internal/proctree"
-	"github.com/timebox-run/timebox/internal/runas"
 	"github.com/timebox-run/timebox/model"
 	"github.com/timebox-run/timebox/model/anthropic"
 	"github.com/timebox-run/timebox/model/openai"
 	"github.com/timebox-run/timebox/model/script"
 	"github.com/timebox-run/timebox/tool"
 	"github.com/timebox-run/timebox/tool/exectool"
+	"github.com/timebox-run/timebox/tool/runas"
 )
 
 // Version is the timebox release.

@@ -19,6 +19,7 @@ import (
 	"github.com/timebox-run/timebox"
 	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/config"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/fakellm"
 	"github.com/timebox-run/timebox/tool"
@@ -207,6 +208,20 @@ tools:
 	_, err := timebox.Open(context.Background(), path, timebox.Options{})
 	if err == nil || !strings.Contains(err.Error(), path+`:6:11: tools[0].user: no user "no-such-user-tb"`) {
 		t.Fatalf("Open: %v", err)
+	}
+}
+
+// TestOpenMCPChecksItsUser: OpenMCP runs the server as the entry's user,
+// so a user that does not exist is refused with the knob, and no server is
+// started.
+func TestOpenMCPChecksItsUser(t *testing.T) {
+	tl := config.Tool{Name: "fs", User: "no-such-user-tb", MCP: &config.MCP{Command: []string{"/bin/true"}}}
+	s, err := timebox.OpenMCP(context.Background(), tl, nil)
+	if err == nil || !strings.Contains(err.Error(), `tools[fs].user: no user "no-such-user-tb"`) {
+		t.Fatalf("OpenMCP: %v", err)
+	}
+	if s != nil {
+		t.Fatalf("OpenMCP gave a server with its error: %v", s)
 	}
 }
 

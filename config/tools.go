@@ -19,8 +19,8 @@ import (
 	"github.com/goccy/go-yaml/ast"
 
 	"github.com/timebox-run/timebox/budget"
-	"github.com/timebox-run/timebox/internal/runas"
 	"github.com/timebox-run/timebox/tool"
+	"github.com/timebox-run/timebox/tool/runas"
 )
 
 var (

@@ -40,8 +40,8 @@ import (
 
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/internal/proctree"
-	"github.com/timebox-run/timebox/internal/runas"
 	"github.com/timebox-run/timebox/tool"
+	"github.com/timebox-run/timebox/tool/runas"
 )
 
 // DefaultMaxOutput is the output cap of a call that names none, the spec's

@@ -25,9 +25,9 @@ import (
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/proctest"
 	"github.com/timebox-run/timebox/internal/proctree"
-	"github.com/timebox-run/timebox/internal/runas"
 	"github.com/timebox-run/timebox/tool"
 	"github.com/timebox-run/timebox/tool/exectool"
+	"github.com/timebox-run/timebox/tool/runas"
 )
 
 func TestMain(m *testing.M) {

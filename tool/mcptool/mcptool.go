@@ -39,8 +39,8 @@ import (
 
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/internal/problem"
-	"github.com/timebox-run/timebox/internal/runas"
 	"github.com/timebox-run/timebox/tool"
+	"github.com/timebox-run/timebox/tool/runas"
 )
 
 // DefaultStartTimeout bounds the start of a server: spawning it (or

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/timebox-run/timebox/internal/proctree"
-	"github.com/timebox-run/timebox/internal/runas"
+	"github.com/timebox-run/timebox/tool/runas"
 )
 
 // proc is a stdio server's process tree, owned through internal/proctree

@@ -2,6 +2,11 @@
 // systemd's User= and Group= do: a user by name or uid, with its primary
 // group unless a group is given, its supplementary groups, and its home
 // directory and name for the variables HOME, USER and LOGNAME.
+//
+// A Go program that builds an exec tool (exectool.Config.User) or an MCP
+// server (mcptool.Config.User) itself resolves its user with Lookup and
+// checks with Identity.Check that this process may start processes as it;
+// timebox.New does both for an agent file's tools[].user.
 package runas
 
 import (
