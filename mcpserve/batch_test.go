@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -164,6 +165,71 @@ func TestStdioBatchRightAfterInitialize(t *testing.T) {
 	}
 	if got := strings.Join(ids, " "); got != "1 null 5" {
 		t.Errorf("answers to %q, want to 1 null (the batch refused) 5", got)
+	}
+}
+
+// TestStdioOldBatchesTheSDKWouldEndOn: under a protocol with batches
+// (2025-03-26), a batch the SDK's transport cannot take — empty, with a
+// member that is no message, with two requests of one id, or with a
+// notification beside a request — is answered as JSON-RPC asks, and the
+// session goes on. So is one whose request has the id of a call still
+// running. The SDK's transport ended the session at the first
+// three, and at two notifications in one batch; a notification beside a
+// request left the batch's answer unwritten forever.
+func TestStdioOldBatchesTheSDKWouldEndOn(t *testing.T) {
+	const cancelled = `{"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 99}}`
+	eof := make(chan struct{})
+	slow := waitingTool("slow", func(context.Context) (any, error) {
+		<-eof // running while every batch is read
+		return "slow done", nil
+	})
+	answers, err := stdioLines(t, []agent.Tool{slow}, []string{strings.Replace(initialize, "2025-06-18", "2025-03-26", 1), initialized,
+		`{"jsonrpc": "2.0", "id": 6, "method": "tools/call", "params": {"name": "slow", "arguments": {}}}`,
+		`[{"jsonrpc": "2.0", "id": 6, "method": "ping"}]`,
+		`[]`,
+		`[1, {"jsonrpc": "2.0", "id": 2, "method": "ping"}]`,
+		`[{"jsonrpc": "2.0", "id": 3, "method": "ping"}, {"jsonrpc": "2.0", "id": 3, "method": "tools/list"}]`,
+		`[` + cancelled + `, {"jsonrpc": "2.0", "id": 4, "method": "ping"}]`,
+		`[` + cancelled + `, ` + cancelled + `]`,
+		`{"jsonrpc": "2.0", "id": 5, "method": "ping"}`}, eof, nil)
+	if err != nil {
+		t.Errorf("Serve: %v (the session ended at a batch)", err)
+	}
+	refused := map[string]string{
+		"empty":      "Invalid Request: the batch is empty",
+		"no message": "Invalid Request: the batch's member 1 is not a JSON-RPC message",
+		"one id":     "Invalid Request: the batch has two requests of id 3",
+		"running id": "Invalid Request: the batch's request of id 6 has the id of a request not yet answered",
+	}
+	var ids []string
+	for _, line := range answers {
+		var a rpcAnswer
+		if json.Unmarshal([]byte(line), &a) == nil {
+			if a.Error != nil && string(a.ID) == "null" && a.Error.Code == -32600 {
+				for what, msg := range refused {
+					if strings.HasPrefix(a.Error.Message, msg) {
+						delete(refused, what)
+					}
+				}
+				continue
+			}
+			ids = append(ids, string(a.ID))
+			continue
+		}
+		var batch []rpcAnswer
+		if json.Unmarshal([]byte(line), &batch) != nil {
+			t.Fatalf("not JSON-RPC: %s", line)
+		}
+		for _, a := range batch {
+			ids = append(ids, "["+string(a.ID)+"]")
+		}
+	}
+	for what, msg := range refused {
+		t.Errorf("the batch %s was not refused -32600, id null, %q; answers:\n%s", what, msg, strings.Join(answers, "\n"))
+	}
+	slices.Sort(ids)
+	if got := strings.Join(ids, " "); got != "1 5 6 [4]" {
+		t.Errorf("answered %q, want 1 5 6 [4] (the batch of a notification and request 4 answered as a batch of one, the call at the end of the input)", got)
 	}
 }
 

@@ -26,7 +26,9 @@ import (
 // protocol without batches (2025-06-18 and later) is answered with -32600
 // Invalid Request, id null, saying to send the requests one by one, and
 // the session and its running calls go on, where the SDK's transport ends
-// the session.
+// the session. Under an earlier protocol, a batch the SDK's transport
+// cannot take (empty, a member that is no message, two requests of one id)
+// is answered so too, and its notifications are taken one by one.
 //
 // The end of r is the end of the requests, not of the client: every
 // request read before it is answered (a call within its budget) before the
@@ -83,6 +85,13 @@ func (p *pending) read(msgs []jsonrpc.Message) {
 			}
 		}
 	})
+}
+
+// unanswered reports whether a request of id was read and not answered.
+func (p *pending) unanswered(id jsonrpc.ID) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.ids[id]
 }
 
 // wrote notes the answers of msgs.
@@ -269,10 +278,20 @@ func (m *messageLines) take(line []byte) {
 	case t[0] == '[':
 		// A batch: the SDK says what is wrong with it, if anything, but
 		// under a protocol without batches it would end the session.
-		if msg := batchRefusal(m.p.negotiated()); msg != "" {
+		msg := batchRefusal(m.p.negotiated())
+		var lines [][]byte
+		if msg == "" {
+			lines, msg = m.oldBatch(t)
+		}
+		if msg != "" {
 			m.answer(nil, -32600, msg)
 			return
 		}
+		m.p.read(messages(t))
+		for _, l := range lines {
+			m.buf = append(append(m.buf, l...), '\n')
+		}
+		return
 	default:
 		if _, err := jsonrpc.DecodeMessage(t); err != nil {
 			m.answer(idOf(t), -32600, "Invalid Request: "+err.Error())
@@ -281,6 +300,57 @@ func (m *messageLines) take(line []byte) {
 	}
 	m.p.read(messages(t))
 	m.buf = append(append(m.buf, t...), '\n')
+}
+
+// oldBatch checks a batch read under a protocol with batches, and returns
+// it as lines the SDK's transport takes, or the message to refuse it with.
+// The SDK's transport ends the session at a batch that is empty, has a
+// member that is no message, or has two requests of one id (two
+// notifications count as such); and it never writes the answer to a batch
+// whose notifications or responses sit beside its requests, waiting for
+// an answer to them too. So such a batch is refused whole, as JSON-RPC
+// asks (-32600, id null), and none of it runs; a request whose id another
+// request not yet answered has is refused so too. What is not a request
+// is passed on as a line of its own (those before the first request
+// before it, the others after it), and the requests as one batch, which
+// is answered as one.
+func (m *messageLines) oldBatch(t []byte) (lines [][]byte, refusal string) {
+	var raws []json.RawMessage
+	if json.Unmarshal(t, &raws) != nil || len(raws) == 0 {
+		return nil, "Invalid Request: the batch is empty (a batch holds one message or more); send at least one request"
+	}
+	var calls [][]byte
+	var before, after [][]byte
+	ids := map[jsonrpc.ID]bool{}
+	for i, raw := range raws {
+		msg, err := jsonrpc.DecodeMessage(raw)
+		if err != nil {
+			return nil, fmt.Sprintf(`Invalid Request: the batch's member %d is not a JSON-RPC message (an object with "jsonrpc": "2.0" and a method, or a result or an error); none of the batch was run`, i+1)
+		}
+		r, ok := msg.(*jsonrpc.Request)
+		if !ok || !r.IsCall() {
+			if len(calls) == 0 {
+				before = append(before, raw)
+			} else {
+				after = append(after, raw)
+			}
+			continue
+		}
+		id, _ := json.Marshal(r.ID.Raw())
+		if ids[r.ID] {
+			return nil, fmt.Sprintf("Invalid Request: the batch has two requests of id %s; none of the batch was run (give each request an id of its own)", id)
+		}
+		if m.p.unanswered(r.ID) {
+			return nil, fmt.Sprintf("Invalid Request: the batch's request of id %s has the id of a request not yet answered; none of the batch was run (give each request an id of its own)", id)
+		}
+		ids[r.ID] = true
+		calls = append(calls, raw)
+	}
+	lines = before
+	if len(calls) > 0 {
+		lines = append(lines, append(append([]byte{'['}, bytes.Join(calls, []byte{','})...), ']'))
+	}
+	return append(lines, after...), ""
 }
 
 // Close ends a wait for the answers (the session is over); r is not

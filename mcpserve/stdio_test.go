@@ -131,6 +131,20 @@ func (e *eofReader) Read(p []byte) (int, error) {
 // ids in the order written, and Serve's error, once Serve has returned.
 func stdioSession(t *testing.T, tools []agent.Tool, lines []string, eof, outGone chan struct{}) (ids []string, err error) {
 	t.Helper()
+	answers, err := stdioLines(t, tools, lines, eof, outGone)
+	for _, a := range answers {
+		var r struct {
+			ID json.RawMessage `json:"id"`
+		}
+		json.Unmarshal([]byte(a), &r)
+		ids = append(ids, string(r.ID))
+	}
+	return ids, err
+}
+
+// stdioLines is stdioSession giving the lines the session wrote whole.
+func stdioLines(t *testing.T, tools []agent.Tool, lines []string, eof, outGone chan struct{}) (answers []string, err error) {
+	t.Helper()
 	s, err := mcpserve.New(tools, mcpserve.Options{Version: "test"})
 	if err != nil {
 		t.Fatal(err)
@@ -144,18 +158,14 @@ func stdioSession(t *testing.T, tools []agent.Tool, lines []string, eof, outGone
 	}()
 	sc := bufio.NewScanner(outR)
 	for sc.Scan() {
-		var r struct {
-			ID json.RawMessage `json:"id"`
-		}
-		json.Unmarshal(sc.Bytes(), &r)
-		ids = append(ids, string(r.ID))
+		answers = append(answers, sc.Text())
 	}
 	select {
 	case err = <-served:
 	case <-time.After(10 * time.Second):
 		t.Fatal("Serve did not return after the end of its input")
 	}
-	return ids, err
+	return answers, err
 }
 
 const (
