@@ -30,7 +30,11 @@ type Input struct {
 	SessionID string
 	// History is the conversation so far (earlier turns' Messages).
 	History []model.Message
-	// Text is the user's message.
+	// Text is the user's message. Run sends it as it is, empty too (some
+	// providers refuse an empty message: the turn then ends with their
+	// error); `timebox run` and POST /v1/turns refuse an empty or blank
+	// one before a turn begins, and a program taking text from people
+	// should do the same.
 	Text string
 	// Approver decides on the calls of tools that need a person's
 	// decision (Tool.NeedsApproval); nil denies them, saying that nobody
