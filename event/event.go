@@ -47,10 +47,15 @@ const (
 // `{"seq": 3, "turn_id": "...", "type": "tool_started", "at": "...",
 // "call_id": "...", ...}`.
 type Event struct {
-	Seq    int64     `json:"seq"`
-	TurnID string    `json:"turn_id"`
-	Type   Type      `json:"type"`
-	At     time.Time `json:"at"`
+	// Seq is the event's number in its turn, from 1, each greater than the
+	// last (with a gap only past store.PublishedAhead); it is the SSE id.
+	Seq int64 `json:"seq"`
+	// TurnID (turn_id) names the turn.
+	TurnID string `json:"turn_id"`
+	// Type is the event's type; it says which payload Data holds.
+	Type Type `json:"type"`
+	// At is when it happened (RFC 3339 with nanoseconds, UTC, on the wire).
+	At time.Time `json:"at"`
 	// Data is a Payload matching Type; an event of a type this version
 	// does not know, read back, keeps its JSON as a json.RawMessage.
 	Data any `json:"-"`
@@ -58,12 +63,21 @@ type Event struct {
 
 // TurnStarted opens a turn; it carries the resolved budgets.
 type TurnStarted struct {
-	SessionID string                       `json:"session_id,omitempty"`
-	Agent     string                       `json:"agent,omitempty"`
-	Input     string                       `json:"input"`
-	Model     string                       `json:"model"`
-	Budgets   map[string]BudgetValue       `json:"budgets"`
-	Tools     map[string]ToolBudgetSummary `json:"tools,omitempty"`
+	// SessionID (session_id) is the conversation the turn belongs to;
+	// empty (omitted) for a turn outside one.
+	SessionID string `json:"session_id,omitempty"`
+	// Agent is the agent's name; empty (omitted) when it has none.
+	Agent string `json:"agent,omitempty"`
+	// Input is the user's message.
+	Input string `json:"input"`
+	// Model is the primary model, provider:model.
+	Model string `json:"model"`
+	// Budgets holds every process-wide budget and limit the turn runs
+	// under, by its key (timeouts.tool, limits.max_steps, …).
+	Budgets map[string]BudgetValue `json:"budgets"`
+	// Tools holds each tool's budget by tool name; empty (omitted) when
+	// the agent has no tools.
+	Tools map[string]ToolBudgetSummary `json:"tools,omitempty"`
 	// HistoryRepaired counts the messages of the session's history that
 	// were added or dropped so that every tool call has one result (a
 	// turn cut by a crash; see agent.RepairHistory).
@@ -83,66 +97,109 @@ type BudgetValue = budget.BudgetValue
 
 // ToolBudgetSummary is one tool's resolved budget in turn_started.
 type ToolBudgetSummary struct {
-	TimeoutMS     int64              `json:"timeout_ms"`
-	Source        budget.Source      `json:"source"`
-	IdleTimeoutMS int64              `json:"idle_timeout_ms"`
-	Enforcement   budget.Enforcement `json:"enforcement"`
+	// TimeoutMS (timeout_ms) is the tool's timeout in milliseconds, and
+	// Source where it came from.
+	TimeoutMS int64         `json:"timeout_ms"`
+	Source    budget.Source `json:"source"`
+	// IdleTimeoutMS (idle_timeout_ms) is the tool's idle timeout in
+	// milliseconds; 0 is off.
+	IdleTimeoutMS int64 `json:"idle_timeout_ms"`
+	// Enforcement is how the timeout is enforced: hard, cooperative or
+	// advisory.
+	Enforcement budget.Enforcement `json:"enforcement"`
 }
 
 // LLMStarted is sent when a model call attempt starts.
 type LLMStarted struct {
-	Step     int    `json:"step"`
-	Model    string `json:"model"`
+	// Step is the step, from 1: each model call of the turn is one step.
+	Step int `json:"step"`
+	// Model is the model's name, as after provider: in the agent file.
+	Model string `json:"model"`
+	// Provider is openai, anthropic or script.
 	Provider string `json:"provider"`
-	Profile  string `json:"profile"`
-	Attempt  int    `json:"attempt"`
+	// Profile names the credential: the variable the key came from, never
+	// the key; empty for the script model.
+	Profile string `json:"profile"`
+	// Attempt is the attempt within the step, from 1; each failover adds
+	// one.
+	Attempt int `json:"attempt"`
 }
 
 // LLMDelta is a piece of the model's reply text.
 type LLMDelta struct {
-	Step int    `json:"step"`
+	// Step is the step the reply belongs to.
+	Step int `json:"step"`
+	// Text is the piece of text; the reply is the concatenation of a
+	// step's deltas.
 	Text string `json:"text"`
 }
 
 // LLMFinished closes a model call attempt; it carries the attempt's record.
 type LLMFinished struct {
 	ModelCall
+	// ToolCalls (tool_calls) counts the tool calls the reply asked for.
 	ToolCalls int `json:"tool_calls"`
 }
 
 // Failover is sent when a model call attempt failed in an LLM phase and the
 // next credential or model is tried.
 type Failover struct {
-	Step    int          `json:"step"`
-	From    string       `json:"from"`
-	To      string       `json:"to"`
-	Phase   budget.Phase `json:"phase"`
-	Reason  string       `json:"reason"`
-	Attempt int          `json:"attempt"`
+	// Step is the step of the attempts.
+	Step int `json:"step"`
+	// From is the attempt that failed and To the one that comes next, each
+	// provider:model with its credential in parentheses when it has one.
+	From string `json:"from"`
+	To   string `json:"to"`
+	// Phase says why: llm_first_chunk, llm_idle, llm_http or llm_empty.
+	Phase budget.Phase `json:"phase"`
+	// Reason is the failure, as the provider or the watchdog said it.
+	Reason string `json:"reason"`
+	// Attempt is the number of the attempt that comes next.
+	Attempt int `json:"attempt"`
 }
 
 // ToolStarted is sent when a tool call starts running under its budget.
 type ToolStarted struct {
-	Step          int                `json:"step"`
-	CallID        string             `json:"call_id"`
-	Tool          string             `json:"tool"`
-	Kind          string             `json:"kind"`
-	Arguments     json.RawMessage    `json:"arguments,omitempty"`
-	TimeoutMS     int64              `json:"timeout_ms"`
-	Deadline      time.Time          `json:"deadline"`
-	Enforcement   budget.Enforcement `json:"enforcement"`
-	Source        budget.Source      `json:"source"`
-	IdleTimeoutMS int64              `json:"idle_timeout_ms"`
+	// Step is the step whose reply asked for the call.
+	Step int `json:"step"`
+	// CallID (call_id) names the call, unique in the turn; every later
+	// event of the call names it.
+	CallID string `json:"call_id"`
+	// Tool is the tool's name.
+	Tool string `json:"tool"`
+	// Kind is exec, go or mcp.
+	Kind string `json:"kind"`
+	// Arguments are the arguments the model sent (JSON); omitted when
+	// empty.
+	Arguments json.RawMessage `json:"arguments,omitempty"`
+	// TimeoutMS (timeout_ms) is the call's timeout in milliseconds, and
+	// Deadline when it ends; progress never moves it.
+	TimeoutMS int64     `json:"timeout_ms"`
+	Deadline  time.Time `json:"deadline"`
+	// Enforcement is how the timeout is enforced: hard, cooperative or
+	// advisory.
+	Enforcement budget.Enforcement `json:"enforcement"`
+	// Source is where the timeout came from; the call's record holds the
+	// same value as timeout_source.
+	Source budget.Source `json:"source"`
+	// IdleTimeoutMS (idle_timeout_ms) is the longest silence allowed
+	// between two progress reports, in milliseconds; 0 is off.
+	IdleTimeoutMS int64 `json:"idle_timeout_ms"`
 }
 
 // ToolProgress is a progress report from a running tool call. Progress and
 // Total are absent when the tool did not send them.
 type ToolProgress struct {
-	CallID   string   `json:"call_id"`
-	Tool     string   `json:"tool"`
+	// CallID (call_id) names the call, and Tool is the tool's name.
+	CallID string `json:"call_id"`
+	Tool   string `json:"tool"`
+	// Progress is how far the call is, of Total; nil (omitted) when the
+	// tool did not say.
 	Progress *float64 `json:"progress,omitempty"`
 	Total    *float64 `json:"total,omitempty"`
-	Message  string   `json:"message,omitempty"`
+	// Message is what the call is doing; empty (omitted) when the tool did
+	// not say.
+	Message string `json:"message,omitempty"`
 }
 
 // StillWorking says a step has been running for a while. A turn sends at
@@ -158,6 +215,7 @@ type ToolProgress struct {
 // elapsed time and limit; for several, a subject naming them all ("tools
 // legacy_sync, report"), the longest elapsed time, and no call id or limit.
 type StillWorking struct {
+	// Step is the step that is running.
 	Step int `json:"step"`
 	// Subject is what is running: "tool crawl", "model gpt-4o", or "tools
 	// legacy_sync, report" for several tool calls.
@@ -214,28 +272,44 @@ type ToolFinished struct {
 // counts the requests for the call: a decision that could not be used at
 // once (its turn was not running) is asked for again.
 type ApprovalRequested struct {
-	Step      int             `json:"step"`
-	CallID    string          `json:"call_id"`
-	Tool      string          `json:"tool"`
+	// Step is the step whose reply asked for the call.
+	Step int `json:"step"`
+	// CallID (call_id) names the call, and Tool is the tool's name.
+	CallID string `json:"call_id"`
+	Tool   string `json:"tool"`
+	// Arguments are the arguments the model sent (JSON).
 	Arguments json.RawMessage `json:"arguments,omitempty"`
-	ExpiresAt time.Time       `json:"expires_at"`
-	TimeoutMS int64           `json:"timeout_ms"`
-	Source    budget.Source   `json:"source"`
-	Knob      string          `json:"knob,omitempty"`
-	Round     int             `json:"round,omitempty"`
+	// ExpiresAt (expires_at) is when the call stops waiting: past it
+	// without a decision it is not run (approval_expired).
+	ExpiresAt time.Time `json:"expires_at"`
+	// TimeoutMS (timeout_ms) is how long the call may wait, in
+	// milliseconds: timeouts.approval or the tool's approval_timeout.
+	// Source is where that came from, and Knob what changes it.
+	TimeoutMS int64         `json:"timeout_ms"`
+	Source    budget.Source `json:"source"`
+	Knob      string        `json:"knob,omitempty"`
+	// Round counts the requests for the call; 0 (omitted) for the first.
+	Round int `json:"round,omitempty"`
 }
 
 // ApprovalDecided closes the wait of ApprovalRequested: Decision is
 // approve, deny or expired (no decision before expires_at); By says who
 // decided, WaitedMS how long the call waited.
 type ApprovalDecided struct {
-	CallID   string   `json:"call_id"`
-	Tool     string   `json:"tool"`
+	// CallID (call_id) names the call, and Tool is the tool's name.
+	CallID string `json:"call_id"`
+	Tool   string `json:"tool"`
+	// Decision is approve, deny or expired.
 	Decision Decision `json:"decision"`
-	By       string   `json:"by,omitempty"`
-	Reason   string   `json:"reason,omitempty"`
-	WaitedMS int64    `json:"waited_ms"`
-	Round    int      `json:"round,omitempty"`
+	// By is who decided, as they said; empty (omitted) for an expiry.
+	By string `json:"by,omitempty"`
+	// Reason is why, in their words; empty (omitted) when none was given.
+	Reason string `json:"reason,omitempty"`
+	// WaitedMS (waited_ms) is how long the call waited, in milliseconds.
+	WaitedMS int64 `json:"waited_ms"`
+	// Round is the request's round (ApprovalRequested.Round); 0 (omitted)
+	// for the first.
+	Round int `json:"round,omitempty"`
 	// Stale marks an approval made too long before its call could start
 	// (agent.ApprovalFresh): it is not acted on, and the call is asked
 	// for again (approval_requested with the next round).
@@ -247,8 +321,11 @@ type Decision string
 
 // The decisions on a call (approval_decided).
 const (
+	// Approve lets the call run.
 	Approve Decision = "approve"
-	Deny    Decision = "deny"
+	// Deny refuses the call: it is not run, and the model gets a
+	// tool_denied result with the reason.
+	Deny Decision = "deny"
 	// Expired: no decision came before the call's approval timeout.
 	Expired Decision = "expired"
 )
@@ -256,34 +333,54 @@ const (
 // LateResult reports what an abandoned tool call returned after it was
 // abandoned. It was recorded, never given to the model.
 type LateResult struct {
-	CallID     string `json:"call_id"`
-	Tool       string `json:"tool"`
-	DurationMS int64  `json:"duration_ms"`
-	Output     string `json:"output"`
-	Error      string `json:"error,omitempty"`
+	// CallID (call_id) names the call, and Tool is the tool's name.
+	CallID string `json:"call_id"`
+	Tool   string `json:"tool"`
+	// DurationMS (duration_ms) is how long the call ran in all, in
+	// milliseconds.
+	DurationMS int64 `json:"duration_ms"`
+	// Output is what the call returned.
+	Output string `json:"output"`
+	// Error is the error it returned; empty (omitted) when none.
+	Error string `json:"error,omitempty"`
 }
 
 // CompactionStarted is sent when older history is being summarised.
 type CompactionStarted struct {
+	// Step is the step about to be made.
 	Step int `json:"step"`
 	// Attempt numbers the compactions begun for the step, from 1: one
 	// asked again after its worker was lost numbers on (omitted by
 	// versions before it; read as 1).
-	Attempt         int   `json:"attempt,omitempty"`
-	EstimatedTokens int   `json:"estimated_tokens"`
-	CompactAt       int   `json:"compact_at"`
-	LimitMS         int64 `json:"limit_ms"`
+	Attempt int `json:"attempt,omitempty"`
+	// EstimatedTokens (estimated_tokens) is the prompt's estimated size in
+	// tokens, and CompactAt (compact_at) the threshold it passed.
+	EstimatedTokens int `json:"estimated_tokens"`
+	CompactAt       int `json:"compact_at"`
+	// LimitMS (limit_ms) is the compaction's budget (timeouts.compaction),
+	// in milliseconds.
+	LimitMS int64 `json:"limit_ms"`
 }
 
 // CompactionFinished closes a compaction.
 type CompactionFinished struct {
-	Step         int          `json:"step"`
-	Outcome      Outcome      `json:"outcome"`
-	Phase        budget.Phase `json:"phase,omitempty"`
-	DurationMS   int64        `json:"duration_ms"`
-	TokensBefore int          `json:"tokens_before"`
-	TokensAfter  int          `json:"tokens_after"`
-	Message      string       `json:"message,omitempty"`
+	// Step is the step the compaction ran before.
+	Step int `json:"step"`
+	// Outcome is how it ended: ok, insufficient (it worked but the
+	// conversation is still over the threshold), timed_out, error, …
+	Outcome Outcome `json:"outcome"`
+	// Phase is the phase of the budget or cancellation that ended it;
+	// empty (omitted) otherwise.
+	Phase budget.Phase `json:"phase,omitempty"`
+	// DurationMS (duration_ms) is how long it took, in milliseconds.
+	DurationMS int64 `json:"duration_ms"`
+	// TokensBefore and TokensAfter (tokens_before, tokens_after) are the
+	// prompt's estimated size in tokens before and after.
+	TokensBefore int `json:"tokens_before"`
+	TokensAfter  int `json:"tokens_after"`
+	// Message says what went wrong and what to change; empty (omitted)
+	// when it went well.
+	Message string `json:"message,omitempty"`
 	// Record is the compaction's model call record, as the turn's record
 	// lists it among its model calls.
 	Record *ModelCall `json:"record,omitempty"`
@@ -291,12 +388,20 @@ type CompactionFinished struct {
 
 // TurnFinished closes a turn.
 type TurnFinished struct {
+	// Status is completed, stopped, failed, cancelled or interrupted, and
+	// StopReason (stop_reason) says why the turn ended.
 	Status     budget.Status     `json:"status"`
 	StopReason budget.StopReason `json:"stop_reason"`
-	Message    string            `json:"message"`
-	Answer     string            `json:"answer"`
-	Flags      Flags             `json:"flags"`
-	Totals     Totals            `json:"totals"`
+	// Message is for the person waiting: the answer when the turn
+	// completed; otherwise what happened, how long it ran, the last step
+	// and what to change.
+	Message string `json:"message"`
+	// Answer is the model's answer; when the turn did not complete, the
+	// text it had written so far.
+	Answer string `json:"answer"`
+	// Flags are the turn's timeout flags, and Totals its counters.
+	Flags  Flags  `json:"flags"`
+	Totals Totals `json:"totals"`
 	// Limit is the budget that stopped the turn — its key, value, source
 	// and the knob that changes it — for a stop by a budget or limit
 	// (turn_timeout, no_progress, llm_budget_exhausted, max_steps,
@@ -316,21 +421,50 @@ type Payload interface {
 	payload()
 }
 
-func (*TurnStarted) Type() Type        { return TypeTurnStarted }
-func (*LLMStarted) Type() Type         { return TypeLLMStarted }
-func (*LLMDelta) Type() Type           { return TypeLLMDelta }
-func (*LLMFinished) Type() Type        { return TypeLLMFinished }
-func (*Failover) Type() Type           { return TypeFailover }
-func (*ToolStarted) Type() Type        { return TypeToolStarted }
-func (*ToolProgress) Type() Type       { return TypeToolProgress }
-func (*StillWorking) Type() Type       { return TypeStillWorking }
-func (*ToolFinished) Type() Type       { return TypeToolFinished }
-func (*LateResult) Type() Type         { return TypeLateResult }
-func (*CompactionStarted) Type() Type  { return TypeCompactionStarted }
+// Type returns TypeTurnStarted.
+func (*TurnStarted) Type() Type { return TypeTurnStarted }
+
+// Type returns TypeLLMStarted.
+func (*LLMStarted) Type() Type { return TypeLLMStarted }
+
+// Type returns TypeLLMDelta.
+func (*LLMDelta) Type() Type { return TypeLLMDelta }
+
+// Type returns TypeLLMFinished.
+func (*LLMFinished) Type() Type { return TypeLLMFinished }
+
+// Type returns TypeFailover.
+func (*Failover) Type() Type { return TypeFailover }
+
+// Type returns TypeToolStarted.
+func (*ToolStarted) Type() Type { return TypeToolStarted }
+
+// Type returns TypeToolProgress.
+func (*ToolProgress) Type() Type { return TypeToolProgress }
+
+// Type returns TypeStillWorking.
+func (*StillWorking) Type() Type { return TypeStillWorking }
+
+// Type returns TypeToolFinished.
+func (*ToolFinished) Type() Type { return TypeToolFinished }
+
+// Type returns TypeLateResult.
+func (*LateResult) Type() Type { return TypeLateResult }
+
+// Type returns TypeCompactionStarted.
+func (*CompactionStarted) Type() Type { return TypeCompactionStarted }
+
+// Type returns TypeCompactionFinished.
 func (*CompactionFinished) Type() Type { return TypeCompactionFinished }
-func (*TurnFinished) Type() Type       { return TypeTurnFinished }
-func (*ApprovalRequested) Type() Type  { return TypeApprovalRequested }
-func (*ApprovalDecided) Type() Type    { return TypeApprovalDecided }
+
+// Type returns TypeTurnFinished.
+func (*TurnFinished) Type() Type { return TypeTurnFinished }
+
+// Type returns TypeApprovalRequested.
+func (*ApprovalRequested) Type() Type { return TypeApprovalRequested }
+
+// Type returns TypeApprovalDecided.
+func (*ApprovalDecided) Type() Type { return TypeApprovalDecided }
 
 func (*TurnStarted) payload()        {}
 func (*LLMStarted) payload()         {}

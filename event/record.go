@@ -43,20 +43,37 @@ const RefusedUnknownTool = "unknown_tool"
 
 // ToolCall is the durable record of one tool call (spec §8).
 type ToolCall struct {
-	CallID        string             `json:"call_id"`
-	TurnID        string             `json:"turn_id"`
-	Step          int                `json:"step"`
-	Tool          string             `json:"tool"`
-	Kind          string             `json:"kind"` // exec, go or mcp
-	Arguments     json.RawMessage    `json:"arguments"`
-	StartedAt     time.Time          `json:"started_at"`
-	EndedAt       time.Time          `json:"ended_at"`
-	DurationMS    int64              `json:"duration_ms"`
-	TimeoutMS     int64              `json:"timeout_ms"`
-	TimeoutSource budget.Source      `json:"timeout_source"`
-	IdleTimeoutMS int64              `json:"idle_timeout_ms"`
-	Enforcement   budget.Enforcement `json:"enforcement"`
-	Outcome       Outcome            `json:"outcome"`
+	// CallID (call_id) names the call, unique in the turn.
+	CallID string `json:"call_id"`
+	// TurnID (turn_id) is the turn the call belongs to.
+	TurnID string `json:"turn_id"`
+	// Step is the step whose model reply asked for the call, from 1.
+	Step int `json:"step"`
+	// Tool is the tool's name; for a call of an unknown tool, the name
+	// the model wrote.
+	Tool string `json:"tool"`
+	Kind string `json:"kind"` // exec, go or mcp
+	// Arguments are the arguments the model sent (JSON).
+	Arguments json.RawMessage `json:"arguments"`
+	// StartedAt and EndedAt (started_at, ended_at) are when the call
+	// started and ended; DurationMS (duration_ms) is how long it ran, in
+	// milliseconds. A refused call has no duration.
+	StartedAt  time.Time `json:"started_at"`
+	EndedAt    time.Time `json:"ended_at"`
+	DurationMS int64     `json:"duration_ms"`
+	// TimeoutMS (timeout_ms) is the call's timeout in milliseconds, and
+	// TimeoutSource (timeout_source) where it came from: the same value as
+	// the call's tool_started source, named for the record.
+	TimeoutMS     int64         `json:"timeout_ms"`
+	TimeoutSource budget.Source `json:"timeout_source"`
+	// IdleTimeoutMS (idle_timeout_ms) is the call's idle timeout in
+	// milliseconds; 0 is off.
+	IdleTimeoutMS int64 `json:"idle_timeout_ms"`
+	// Enforcement is how the call's timeout was enforced: hard,
+	// cooperative or advisory.
+	Enforcement budget.Enforcement `json:"enforcement"`
+	// Outcome is how the call ended.
+	Outcome Outcome `json:"outcome"`
 	// Refused is set for a call that was never run, to why: the tool is
 	// unknown, its arguments failed the schema, the turn had reached
 	// max_tool_calls, or was stopped before the call could start. Such a
@@ -64,11 +81,19 @@ type ToolCall struct {
 	Refused string `json:"refused,omitempty"`
 	// Phase is set when a budget or a cancellation ended the call: tool,
 	// tool_idle, step, turn, cancel.
-	Phase         budget.Phase `json:"phase"`
-	Overran       bool         `json:"overran"`
-	Abandoned     bool         `json:"abandoned"`
-	LateResult    bool         `json:"late_result"`
-	ProgressCount int          `json:"progress_count"`
+	Phase budget.Phase `json:"phase"`
+	// Overran is set for an advisory call that ran past its timeout; its
+	// result was used.
+	Overran bool `json:"overran"`
+	// Abandoned is set for a cooperative call that did not return within
+	// timeouts.kill_grace after it was stopped: the turn went on without it.
+	Abandoned bool `json:"abandoned"`
+	// LateResult (late_result) is set for an abandoned call that returned
+	// later; its output is LateOutput.
+	LateResult bool `json:"late_result"`
+	// ProgressCount (progress_count) is how many progress reports the call
+	// made, every one counted, coalesced or not.
+	ProgressCount int `json:"progress_count"`
 	// Runs counts the times the call was run, when more than once: a
 	// call of a tool that declares retries, run again after its worker
 	// was lost (--engine temporal). FirstStartedAt is then when the first
@@ -76,13 +101,19 @@ type ToolCall struct {
 	// and ProgressCount counts the reports of every run.
 	Runs           int       `json:"runs,omitempty"`
 	FirstStartedAt time.Time `json:"first_started_at,omitzero"`
-	ExitCode       *int      `json:"exit_code"`
-	StderrTail     string    `json:"stderr_tail"`
+	// ExitCode is an exec tool's exit status; nil (null) when it was
+	// killed, and for go and mcp tools.
+	ExitCode *int `json:"exit_code"`
+	// StderrTail (stderr_tail) is the end of an exec tool's stderr, its log
+	// without ::progress:: lines; empty when there is none.
+	StderrTail string `json:"stderr_tail"`
 	// Result is what the model was given for this call. A result larger
 	// than a step's share of context.compact_at is sent to the model cut;
 	// Result keeps it whole (docs/decisions/compaction-convergence.md).
-	Result    string `json:"result"`
-	Truncated bool   `json:"truncated"`
+	Result string `json:"result"`
+	// Truncated is set when the tool's output was cut at
+	// limits.max_tool_output.
+	Truncated bool `json:"truncated"`
 	// LateOutput is what an abandoned call returned after it was
 	// abandoned; it was never given to the model.
 	LateOutput string `json:"late_output,omitempty"`
@@ -106,26 +137,42 @@ type ToolCall struct {
 // Approval is the decision on a call that waited for one, as its record
 // keeps it.
 type Approval struct {
+	// Decision is approve, deny or expired.
 	Decision Decision `json:"decision"`
-	By       string   `json:"by,omitempty"`
-	Reason   string   `json:"reason,omitempty"`
+	// By is who decided; empty (omitted) for an expiry.
+	By string `json:"by,omitempty"`
+	// Reason is why, in their words; empty (omitted) when none was given.
+	Reason string `json:"reason,omitempty"`
 }
 
 // ModelCall is the durable record of one model call attempt (spec §8).
 type ModelCall struct {
-	Step     int    `json:"step"`
-	Model    string `json:"model"`
+	// Step is the step the attempt belongs to, from 1.
+	Step int `json:"step"`
+	// Model is the model's name.
+	Model string `json:"model"`
+	// Provider is openai, anthropic or script.
 	Provider string `json:"provider"`
 	// Profile names the credential used, never the key itself: the name of
 	// the environment variable it came from, or its index.
-	Profile      string       `json:"profile"`
-	Attempt      int          `json:"attempt"`
-	StartedAt    time.Time    `json:"started_at"`
-	FirstChunkMS int64        `json:"first_chunk_ms"`
-	StreamMS     int64        `json:"stream_ms"`
-	Outcome      Outcome      `json:"outcome"`
-	Phase        budget.Phase `json:"phase"`
-	Error        string       `json:"error"`
+	// It is empty for the script model.
+	Profile string `json:"profile"`
+	// Attempt is the attempt within the step, from 1.
+	Attempt int `json:"attempt"`
+	// StartedAt (started_at) is when the request was sent.
+	StartedAt time.Time `json:"started_at"`
+	// FirstChunkMS (first_chunk_ms) is the time from the request to the
+	// stream's first chunk, and StreamMS (stream_ms) to the end of the
+	// stream or its failure, in milliseconds.
+	FirstChunkMS int64 `json:"first_chunk_ms"`
+	StreamMS     int64 `json:"stream_ms"`
+	// Outcome is how the attempt ended.
+	Outcome Outcome `json:"outcome"`
+	// Phase is the phase of the failure (llm_first_chunk, llm_idle,
+	// llm_http, …); empty when the attempt succeeded.
+	Phase budget.Phase `json:"phase"`
+	// Error is the failure; empty when the attempt succeeded.
+	Error string `json:"error"`
 	// Compaction is true for a history-compaction call.
 	Compaction bool `json:"compaction,omitempty"`
 	// InputTokens and OutputTokens are what the provider said the call
@@ -135,24 +182,36 @@ type ModelCall struct {
 }
 
 // Flags are the turn's timeout flags (spec §6).
+// Each is set when a turn-level budget fired, and omitted when false.
 type Flags struct {
+	// TimedOutDuringToolExecution is set when timeouts.step or
+	// timeouts.turn fired while a tool call was running.
 	TimedOutDuringToolExecution bool `json:"timed_out_during_tool_execution,omitempty"`
-	TimedOutDuringCompaction    bool `json:"timed_out_during_compaction,omitempty"`
-	TimedOutByTurnBudget        bool `json:"timed_out_by_turn_budget,omitempty"`
+	// TimedOutDuringCompaction is set when a budget fired during a
+	// history compaction.
+	TimedOutDuringCompaction bool `json:"timed_out_during_compaction,omitempty"`
+	// TimedOutByTurnBudget is set when timeouts.turn ended the turn.
+	TimedOutByTurnBudget bool `json:"timed_out_by_turn_budget,omitempty"`
 }
 
-// Totals are a turn's counters.
+// Totals are a turn's counters, as turn_finished carries them.
 type Totals struct {
+	// Steps counts the model calls made.
 	Steps int `json:"steps"`
 	// ToolCalls counts the tool calls that ran (whatever their outcome);
 	// ToolCallsRefused those the model asked for that were never run (see
 	// ToolCall.Refused).
-	ToolCalls        int   `json:"tool_calls"`
-	ToolCallsRefused int   `json:"tool_calls_refused"`
-	LLMMS            int64 `json:"llm_ms"`
-	ToolMS           int64 `json:"tool_ms"`
-	WallMS           int64 `json:"wall_ms"`
-	Failovers        int   `json:"failovers"`
+	ToolCalls        int `json:"tool_calls"`
+	ToolCallsRefused int `json:"tool_calls_refused"`
+	// LLMMS (llm_ms) is the time spent streaming model replies, what
+	// timeouts.llm_budget counts; ToolMS (tool_ms) the time spent running
+	// tool batches (a batch of concurrent calls counts once); WallMS
+	// (wall_ms) the turn's wall clock. All are in milliseconds.
+	LLMMS  int64 `json:"llm_ms"`
+	ToolMS int64 `json:"tool_ms"`
+	WallMS int64 `json:"wall_ms"`
+	// Failovers counts the attempts that failed over.
+	Failovers int `json:"failovers"`
 	// ApprovalMS is the time the turn waited for nothing but people's
 	// decisions: part of WallMS, not of the turn's ceiling.
 	ApprovalMS int64 `json:"approval_ms,omitempty"`
@@ -160,28 +219,54 @@ type Totals struct {
 
 // Turn is the durable record of one turn (spec §8).
 type Turn struct {
-	TurnID     string            `json:"turn_id"`
-	SessionID  string            `json:"session_id,omitempty"`
-	Agent      string            `json:"agent,omitempty"`
-	Input      string            `json:"input"`
-	Status     budget.Status     `json:"status"`
+	// TurnID (turn_id) names the turn.
+	TurnID string `json:"turn_id"`
+	// SessionID (session_id) names the conversation; empty (omitted) for a
+	// turn outside one.
+	SessionID string `json:"session_id,omitempty"`
+	// Agent is the agent's name; empty (omitted) when it has none.
+	Agent string `json:"agent,omitempty"`
+	// Input is the user's message.
+	Input string `json:"input"`
+	// Status is running until the turn ends, then completed, stopped,
+	// failed, cancelled or interrupted.
+	Status budget.Status `json:"status"`
+	// StopReason (stop_reason) says why the turn ended; empty while it
+	// runs.
 	StopReason budget.StopReason `json:"stop_reason"`
-	Message    string            `json:"message"`
-	Answer     string            `json:"answer"`
-	Flags      Flags             `json:"flags"`
-	StartedAt  time.Time         `json:"started_at"`
-	EndedAt    time.Time         `json:"ended_at"`
-	Steps      int               `json:"steps"`
-	LLMMS      int64             `json:"llm_ms"`
-	ToolMS     int64             `json:"tool_ms"`
-	WallMS     int64             `json:"wall_ms"`
+	// Message is the closing message for the person waiting, as in
+	// turn_finished; the answer itself for a completed turn.
+	Message string `json:"message"`
+	// Answer is the answer, or the partial answer of a turn that did not
+	// complete.
+	Answer string `json:"answer"`
+	// Flags are the turn's timeout flags.
+	Flags Flags `json:"flags"`
+	// StartedAt and EndedAt (started_at, ended_at) are when the turn
+	// started and ended.
+	StartedAt time.Time `json:"started_at"`
+	EndedAt   time.Time `json:"ended_at"`
+	// Steps counts the model calls made; LLMMS, ToolMS and WallMS are the
+	// turn's streaming, tool and wall-clock times in milliseconds, as in
+	// Totals.
+	Steps  int   `json:"steps"`
+	LLMMS  int64 `json:"llm_ms"`
+	ToolMS int64 `json:"tool_ms"`
+	WallMS int64 `json:"wall_ms"`
 	// ApprovalMS is the part of WallMS the turn waited for nothing but
 	// people's decisions (Totals.ApprovalMS).
-	ApprovalMS int64       `json:"approval_ms,omitempty"`
-	Failovers  int         `json:"failovers"`
-	ToolCalls  []ToolCall  `json:"tool_calls"`
+	ApprovalMS int64 `json:"approval_ms,omitempty"`
+	// Failovers counts the attempts that failed over.
+	Failovers int `json:"failovers"`
+	// ToolCalls (tool_calls) are the records of every tool call, refused
+	// ones included, in the order the calls started.
+	ToolCalls []ToolCall `json:"tool_calls"`
+	// ModelCalls (model_calls) are the records of every model call
+	// attempt, compaction calls included.
 	ModelCalls []ModelCall `json:"model_calls"`
-	Events     []Event     `json:"events,omitempty"`
+	// Events are the turn's events in order; empty (omitted) where a
+	// surface does not include them.
+	Events []Event `json:"events,omitempty"`
 }
 
 // Totals returns the turn's counters as turn_finished carries them.
