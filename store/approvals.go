@@ -18,20 +18,31 @@ var ErrDecided = errors.New("already decided")
 // decision once made: what approval_requested asked and what
 // approval_decided will say.
 type Approval struct {
+	// TurnID (turn_id) and CallID (call_id) name the turn and the call
+	// that waits.
 	TurnID string `json:"turn_id"`
 	CallID string `json:"call_id"`
 	// Round counts the requests for the call, from 1 (a decision that
 	// could not be used at once is asked for again).
-	Round       int             `json:"round"`
-	Tool        string          `json:"tool"`
-	Arguments   json.RawMessage `json:"arguments,omitempty"`
-	RequestedAt time.Time       `json:"requested_at"`
-	ExpiresAt   time.Time       `json:"expires_at"`
+	Round int `json:"round"`
+	// Tool is the tool's name, and Arguments the arguments the model sent
+	// (JSON).
+	Tool      string          `json:"tool"`
+	Arguments json.RawMessage `json:"arguments,omitempty"`
+	// RequestedAt (requested_at) is when the call began to wait, and
+	// ExpiresAt (expires_at) when it stops waiting without a decision
+	// (approval_expired).
+	RequestedAt time.Time `json:"requested_at"`
+	ExpiresAt   time.Time `json:"expires_at"`
 	// Decision is empty while the call waits.
-	Decision  event.Decision `json:"decision,omitempty"`
-	By        string         `json:"by,omitempty"`
-	Reason    string         `json:"reason,omitempty"`
-	DecidedAt time.Time      `json:"decided_at,omitzero"`
+	Decision event.Decision `json:"decision,omitempty"`
+	// By is who decided and Reason why, in their words; empty (omitted)
+	// while the call waits, By also for an expiry.
+	By     string `json:"by,omitempty"`
+	Reason string `json:"reason,omitempty"`
+	// DecidedAt (decided_at) is when the decision was made; zero (omitted)
+	// while the call waits.
+	DecidedAt time.Time `json:"decided_at,omitzero"`
 }
 
 // Pending reports whether the call still waits for a decision at now.

@@ -15,6 +15,8 @@ import (
 // Interrupted is what a store knows of a running turn whose process can no
 // longer end it (it crashed, was killed, or its store was closed).
 type Interrupted struct {
+	// TurnID, SessionID, Agent, Input and StartedAt are the turn's, as
+	// BeginTurn stored them (TurnStart).
 	TurnID, SessionID, Agent, Input string
 	StartedAt                       time.Time
 	// Events are the turn's stored events in seq order.
@@ -59,9 +61,12 @@ type End struct {
 // ends (End.Stop): its message, as its engine would have written it, its
 // flags, and the budget that stopped it (turn_finished's limit).
 type Stopped struct {
+	// Message is the turn's closing message.
 	Message string
-	Flags   event.Flags
-	Limit   *event.BudgetValue
+	// Flags are the turn's timeout flags.
+	Flags event.Flags
+	// Limit is the budget that stopped the turn, with its key.
+	Limit *event.BudgetValue
 }
 
 // Interruption is how an interrupted turn ends, for the store to write in
@@ -85,6 +90,7 @@ type Interruption struct {
 // Options.Ended of (a process that exports traces makes the turn's span,
 // which died with the process that began it: agent.TraceEnded).
 type Ending struct {
+	// TurnID names the turn.
 	TurnID string
 	// Started is the turn's turn_started, nil when its log has none.
 	Started *event.TurnStarted

@@ -27,6 +27,9 @@ const TextPiece = 256 << 10
 // LongText is one field of a row kept apart: the field, the name of the
 // turn's stored text it is, and, when writing, the text.
 type LongText struct {
+	// Field is the row's field ("answer", "message"), Name the turn's
+	// stored text it holds ("answer"), and Text that text, when writing;
+	// empty when read from an apart column.
 	Field, Name, Text string
 }
 

@@ -54,12 +54,16 @@ type StatsFilter struct {
 // the p-th is the smallest duration that at least p% of the sample do not
 // exceed (PostgreSQL's percentile_disc).
 type ToolStat struct {
+	// Tool is the tool's name.
 	Tool string
 	// Calls counts the calls that ran: a call refused before it ran (an
 	// unknown tool, bad arguments, max_tool_calls) is not counted.
 	Calls int64
 	// Sample counts the calls the percentiles are of (ToolSample).
-	Sample                     int64
+	Sample int64
+	// P50MS, P95MS and P99MS are the 50th, 95th and 99th percentiles of
+	// the sample's durations, and MaxMS its longest; 0 when the sample is
+	// empty.
 	P50MS, P95MS, P99MS, MaxMS int64
 	// MinMS is the shortest call of the sample: with MaxMS, the range a
 	// histogram of it spans (ToolHistogram).
@@ -112,7 +116,10 @@ type ModelStat struct {
 	// Calls counts the attempts.
 	Calls int64
 	// Sample counts the attempts the percentiles are of (ModelSample).
-	Sample                     int64
+	Sample int64
+	// P50MS, P95MS and P99MS are the 50th, 95th and 99th percentiles of
+	// the sample's times in Phase, and MaxMS its longest; 0 when the
+	// sample is empty.
 	P50MS, P95MS, P99MS, MaxMS int64
 	// MaxOKMS is the longest of the attempts that succeeded.
 	MaxOKMS int64

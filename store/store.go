@@ -218,6 +218,8 @@ func joinStrings[T ~string](vs []T) string {
 
 // TurnStart is what is known of a turn when it begins.
 type TurnStart struct {
+	// TurnID names the turn; BeginTurn refuses one already stored
+	// (ErrExists).
 	TurnID string
 	// Engine, when set, names the engine whose workers run the turn
 	// ("temporal"): no process of timebox owns it, so none is taken for
@@ -234,8 +236,11 @@ type TurnStart struct {
 	// SessionID is the conversation the turn belongs to; empty for a turn
 	// outside any session.
 	SessionID string
-	Agent     string
-	Input     string
+	// Agent is the agent's name; empty when it has none.
+	Agent string
+	// Input is the user's message.
+	Input string
+	// StartedAt is when the turn began.
 	StartedAt time.Time
 }
 
@@ -275,20 +280,32 @@ func ClampLimit(n int) int {
 
 // TurnSummary is one turn in a listing.
 type TurnSummary struct {
+	// TurnID (turn_id) names the turn, and SessionID (session_id) its
+	// conversation: empty (omitted) for a turn outside one.
 	TurnID    string `json:"turn_id"`
 	SessionID string `json:"session_id,omitempty"`
-	Agent     string `json:"agent,omitempty"`
+	// Agent is the agent's name; empty (omitted) when it has none.
+	Agent string `json:"agent,omitempty"`
 	// Input is the user's message, cut to SummaryInputRunes runes.
-	Input      string            `json:"input"`
+	Input string `json:"input"`
+	// Status is the turn's status, running until it ends; StopReason
+	// (stop_reason) says why it ended, empty (omitted) while it runs.
 	Status     budget.Status     `json:"status"`
 	StopReason budget.StopReason `json:"stop_reason,omitempty"`
 	// Message is the turn's closing message; empty while it runs.
-	Message   string     `json:"message,omitempty"`
+	Message string `json:"message,omitempty"`
+	// StartedAt (started_at) is when the turn began; EndedAt (ended_at)
+	// when it ended, nil (omitted) while it runs.
 	StartedAt time.Time  `json:"started_at"`
 	EndedAt   *time.Time `json:"ended_at,omitempty"`
-	WallMS    int64      `json:"wall_ms"`
-	Steps     int        `json:"steps"`
-	ToolCalls int        `json:"tool_calls"`
+	// WallMS (wall_ms) is the turn's wall clock in milliseconds, once it
+	// has ended.
+	WallMS int64 `json:"wall_ms"`
+	// Steps counts the model calls made so far.
+	Steps int `json:"steps"`
+	// ToolCalls (tool_calls) counts the turn's tool call records so far,
+	// refused calls included (unlike event.Totals.ToolCalls).
+	ToolCalls int `json:"tool_calls"`
 	// Events is the seq of the turn's last stored event.
 	Events int64 `json:"events"`
 }
@@ -308,7 +325,10 @@ func ShortInput(s string) string {
 
 // Session is one conversation.
 type Session struct {
-	SessionID string    `json:"session_id"`
+	// SessionID (session_id) names the session.
+	SessionID string `json:"session_id"`
+	// CreatedAt (created_at) is when its first turn began, and UpdatedAt
+	// (updated_at) when a turn of it last began or ended.
 	CreatedAt time.Time `json:"created_at"`
 	UpdatedAt time.Time `json:"updated_at"`
 	// Turns are the session's turns, oldest first.
@@ -321,16 +341,21 @@ type Session struct {
 // Message is one message of a session's conversation with the turn that
 // added it.
 type Message struct {
+	// TurnID (turn_id) is the turn that added the message.
 	TurnID string `json:"turn_id"`
 	model.Message
 }
 
 // SessionSummary is one session in a listing.
 type SessionSummary struct {
-	SessionID string    `json:"session_id"`
+	// SessionID (session_id) names the session.
+	SessionID string `json:"session_id"`
+	// CreatedAt (created_at) is when its first turn began, and UpdatedAt
+	// (updated_at) when a turn of it last began or ended.
 	CreatedAt time.Time `json:"created_at"`
 	UpdatedAt time.Time `json:"updated_at"`
-	Turns     int       `json:"turns"`
+	// Turns counts the session's turns.
+	Turns int `json:"turns"`
 	// Title is the first turn's input, cut like TurnSummary.Input.
 	Title string `json:"title"`
 }

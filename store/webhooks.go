@@ -69,15 +69,21 @@ const (
 // Delivery is one event to POST to one webhook receiver.
 type Delivery struct {
 	// ID is the message id (webhook-id): the same on every attempt.
-	ID        string `json:"id"`
-	URL       string `json:"url"`
+	ID string `json:"id"`
+	// URL is the receiver's, from server.webhooks.
+	URL string `json:"url"`
+	// EventType (event_type) is the type of the event delivered
+	// (turn_finished, …).
 	EventType string `json:"event_type"`
-	TurnID    string `json:"turn_id,omitempty"`
-	Seq       int64  `json:"seq,omitempty"`
+	// TurnID (turn_id) and Seq are the event's turn and seq.
+	TurnID string `json:"turn_id,omitempty"`
+	Seq    int64  `json:"seq,omitempty"`
 	// Body is what is POSTed: the event's JSON. Listings leave it out.
-	Body      []byte        `json:"-"`
-	CreatedAt time.Time     `json:"created_at"`
-	State     DeliveryState `json:"state"`
+	Body []byte `json:"-"`
+	// CreatedAt (created_at) is when the delivery was stored.
+	CreatedAt time.Time `json:"created_at"`
+	// State is pending, delivered or failed.
+	State DeliveryState `json:"state"`
 	// NextAttemptAt is when a pending delivery is due.
 	NextAttemptAt time.Time `json:"next_attempt_at,omitzero"`
 	// Attempts are the attempts so far, oldest first.
@@ -86,12 +92,17 @@ type Delivery struct {
 
 // DeliveryAttempt is one POST of a delivery.
 type DeliveryAttempt struct {
+	// At is when the attempt began.
 	At time.Time `json:"at"`
 	// Status is the receiver's HTTP status; 0 when it gave none (it could
 	// not be reached, or did not answer in time: Error says which).
-	Status     int    `json:"status"`
-	DurationMS int64  `json:"duration_ms"`
-	Error      string `json:"error,omitempty"`
+	Status int `json:"status"`
+	// DurationMS (duration_ms) is how long the attempt took, in
+	// milliseconds.
+	DurationMS int64 `json:"duration_ms"`
+	// Error says how the attempt failed (no answer, a status not 2xx,
+	// given up); empty (omitted) when it did not.
+	Error string `json:"error,omitempty"`
 	// By names the gateway (its store's owner) that made the attempt.
 	By string `json:"by,omitempty"`
 	// NextRetryAt is when the delivery is tried again after this attempt;
