@@ -19,6 +19,8 @@ import (
 // EndsAtOnce is what EndAtOnce measured: how long after the instant the
 // ends returned, in order.
 type EndsAtOnce struct {
+	// Returned holds how long after the instant each end returned,
+	// shortest first.
 	Returned []time.Duration
 }
 

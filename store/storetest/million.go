@@ -13,6 +13,7 @@ import (
 
 // TurnModelCall is a model call record with the turn it belongs to.
 type TurnModelCall struct {
+	// TurnID names the turn the call belongs to.
 	TurnID string
 	event.ModelCall
 }
