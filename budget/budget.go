@@ -76,9 +76,13 @@ func (d Duration) String() string {
 
 // Count is a resolved count or size limit with its source and knob.
 type Count struct {
-	N      int64  `json:"n"`
+	// N is the value: a count, or a size in bytes.
+	N int64 `json:"n"`
+	// Source is where N came from, as in Duration.
 	Source Source `json:"source"`
-	Knob   string `json:"knob"`
+	// Knob names the setting that changes the value, as in Duration:
+	// "limits.max_steps".
+	Knob string `json:"knob"`
 }
 
 // Enforcement is how a tool's own budget is enforced (spec §3).

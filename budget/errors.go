@@ -58,11 +58,15 @@ func (p Phase) IsLLM() bool {
 // (context.WithTimeoutCause, context.WithCancelCause) so whoever sees a
 // cancelled context can ask context.Cause why.
 type TimeoutError struct {
-	Phase   Phase
+	// Phase is where in the loop the budget fired: tool, llm_idle, turn, …
+	Phase Phase
+	// Limit is the budget's value.
 	Limit   time.Duration
 	Elapsed time.Duration // filled by whoever observes the expiry; may be zero
-	Source  Source
-	Knob    string
+	// Source is where Limit came from, and Knob the setting that changes
+	// it, as in Duration.
+	Source Source
+	Knob   string
 	// Subject is what the budget applied to, for messages: `tool "crawl"`,
 	// `model gpt-4o`, "the turn".
 	Subject string
@@ -75,6 +79,9 @@ func (d Duration) Expired(phase Phase, subject string, elapsed time.Duration) *T
 	return &TimeoutError{Phase: phase, Limit: d.D, Elapsed: elapsed, Source: d.Source, Knob: d.Knob, Subject: subject}
 }
 
+// Error says which budget fired, on what, after how long, and which knob
+// changes it: "tool timeout: tool \"crawl\" exceeded 30s (elapsed 30s);
+// change tools[crawl].timeout in agent.yaml".
 func (e *TimeoutError) Error() string {
 	// Plain concatenation, not fmt, in one allocation: a burst of stops
 	// (10,000 turns' ceilings at one instant) writes thousands at once.
@@ -129,6 +136,8 @@ type CancelError struct {
 	By string
 }
 
+// Error returns the stop reason, and who cancelled when known:
+// "cancelled by the client".
 func (e *CancelError) Error() string {
 	if e.By != "" {
 		return fmt.Sprintf("%s by %s", e.Reason, e.By)
@@ -162,11 +171,15 @@ func AsCancel(err error) (*CancelError, bool) {
 // LimitError is a count limit that was reached (max_steps, max_tool_calls,
 // idle_breaker) or the llm_budget.
 type LimitError struct {
+	// Reason is the stop reason of the turn the limit ended (max_steps,
+	// max_tool_calls, model_unresponsive, llm_budget_exhausted).
 	Reason StopReason
-	Limit  int64
-	Knob   string
+	// Limit is the limit's value, and Knob the setting that changes it.
+	Limit int64
+	Knob  string
 }
 
+// Error names the limit reached and the knob that changes it.
 func (e *LimitError) Error() string {
 	return fmt.Sprintf("%s: limit %d reached; change %s", e.Reason, e.Limit, e.Knob)
 }
@@ -176,13 +189,16 @@ func (e *LimitError) Error() string {
 // the cap. It is used as the stream's context cause, like a TimeoutError.
 type ReplyTooLongError struct {
 	// Limit is limits.max_reply, in bytes.
-	Limit  int64
+	Limit int64
+	// Source is where Limit came from, and Knob the setting that changes
+	// it, as in Duration.
 	Source Source
 	Knob   string
 	// Subject is the model, for messages: "model gpt-4o".
 	Subject string
 }
 
+// Error says whose reply grew past which cap, and the knob that changes it.
 func (e *ReplyTooLongError) Error() string {
 	s := fmt.Sprintf("%s: the reply of %s grew past %s", PhaseLLMReplyCap, e.subject(), FormatBytes(e.Limit))
 	if e.Knob != "" {

@@ -40,7 +40,8 @@ type Knob struct {
 	// Flag is the command-line flag without its dashes, "turn-timeout".
 	Flag string
 	// Env is the environment variable, "TIMEBOX_TURN_TIMEOUT".
-	Env  string
+	Env string
+	// Kind says what the value is: a duration, a count or a size.
 	Kind Kind
 	// Default is the built-in value: nanoseconds, a count or bytes. Zero
 	// is off (or "at once" for a grace).
@@ -287,10 +288,19 @@ func (k Knob) Value(b *Budgets, l *Limits) BudgetValue {
 type BudgetValue struct {
 	// Key is the agent-file key, "timeouts.turn". turn_started's map is
 	// keyed by it and leaves it out.
-	Key    string `json:"key,omitempty"`
-	Value  string `json:"value"`
-	MS     int64  `json:"ms,omitempty"`
-	N      int64  `json:"n,omitempty"`
+	Key string `json:"key,omitempty"`
+	// Value is the value as the agent file writes it: a duration ("60s",
+	// "1.5s"), a count ("25"), a size ("1MiB"), or "off".
+	Value string `json:"value"`
+	// MS is a duration's value in milliseconds; 0 (omitted) for counts,
+	// sizes and a budget that is off.
+	MS int64 `json:"ms,omitempty"`
+	// N is a count's or a size's value; 0 (omitted) for durations.
+	N int64 `json:"n,omitempty"`
+	// Source is where the value came from.
 	Source Source `json:"source"`
-	Knob   string `json:"knob"`
+	// Knob is what changes it: the agent-file key, the flag
+	// ("--tool-timeout") or the variable ("TIMEBOX_TOOL_TIMEOUT") that set
+	// it, or "budgets.NAME in the request".
+	Knob string `json:"knob"`
 }

@@ -62,9 +62,11 @@ type RequestError struct {
 	// Ceiling is the largest value the request could have asked for, as
 	// the agent file writes it, when Asked was over it.
 	Ceiling string
-	Msg     string
+	// Msg says what is wrong and what the request may ask instead.
+	Msg string
 }
 
+// Error returns "budgets.NAME: " and Msg.
 func (e *RequestError) Error() string { return "budgets." + e.Name + ": " + e.Msg }
 
 // Apply returns b and l with the values r asks for, each with source
