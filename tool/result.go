@@ -17,20 +17,35 @@ import (
 // timeout, a tool error, a call that could not be made. The model receives
 // it as {"error": ErrorInfo}.
 type ErrorInfo struct {
-	// Type is tool_timeout, tool_error or tool_cancelled.
+	// Type is tool_timeout, tool_error, tool_cancelled, tool_denied or
+	// approval_expired.
 	Type string `json:"type"`
+	// Tool is the tool's name.
 	Tool string `json:"tool"`
 	// Reason refines a tool_error made before the tool ran: unknown_tool,
 	// invalid_json, invalid_arguments, limit.
-	Reason        string `json:"reason,omitempty"`
-	Phase         string `json:"phase,omitempty"`
-	Limit         string `json:"limit,omitempty"`
-	Elapsed       string `json:"elapsed,omitempty"`
-	Source        string `json:"source,omitempty"`
-	Knob          string `json:"knob,omitempty"`
-	ExitCode      *int   `json:"exit_code,omitempty"`
-	Message       string `json:"message"`
-	StderrTail    string `json:"stderr_tail,omitempty"`
+	Reason string `json:"reason,omitempty"`
+	// Phase, Limit, Elapsed, Source and Knob say which budget stopped the
+	// call (tool_timeout, approval_expired): its phase, its value and the
+	// time elapsed in Go duration syntax ("30s", "30.002s"), where the
+	// value came from, and what changes it. A tool_cancelled has Phase and
+	// Elapsed alone; other types have none of them (omitted).
+	Phase   string `json:"phase,omitempty"`
+	Limit   string `json:"limit,omitempty"`
+	Elapsed string `json:"elapsed,omitempty"`
+	Source  string `json:"source,omitempty"`
+	Knob    string `json:"knob,omitempty"`
+	// ExitCode is a failed exec tool's exit status; nil (omitted) when it
+	// has none.
+	ExitCode *int `json:"exit_code,omitempty"`
+	// Message is the sentence for the model: what happened, and what to
+	// try instead.
+	Message string `json:"message"`
+	// StderrTail (stderr_tail) is the end of a failed tool's stderr; empty
+	// (omitted) when there is none.
+	StderrTail string `json:"stderr_tail,omitempty"`
+	// PartialOutput (partial_output) is what the tool wrote before it
+	// failed or was stopped; empty (omitted) when nothing.
 	PartialOutput string `json:"partial_output,omitempty"`
 	// PartialTruncated says that PartialOutput is the end of a longer
 	// output: what the tool wrote before it is not in the result.
@@ -39,7 +54,9 @@ type ErrorInfo struct {
 	// 10: fetching page 3"): how far it got, when its output does not say
 	// (an MCP call has none).
 	LastProgress string `json:"last_progress,omitempty"`
-	Field        string `json:"field,omitempty"`
+	// Field is the JSON pointer of the argument that failed the schema
+	// ("/url"), for Reason invalid_arguments; empty (omitted) otherwise.
+	Field string `json:"field,omitempty"`
 	// Overran is set, with time notes on, on the error of an advisory
 	// call that ran past its budget.
 	Overran bool `json:"overran,omitempty"`

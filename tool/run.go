@@ -46,15 +46,23 @@ type Execution struct {
 	Err error
 	// Cause is the budget or cancellation that stopped the call, when one
 	// did: a *budget.TimeoutError or *budget.CancelError.
-	Cause   error
+	Cause error
+	// Outcome is how the call ended, as its record says.
 	Outcome event.Outcome
-	Phase   budget.Phase
+	// Phase is the phase of the budget or cancellation that ended the
+	// call; empty when it ended by itself.
+	Phase budget.Phase
+	// Started and Ended are when the call started and ended (or was
+	// abandoned).
 	Started time.Time
 	Ended   time.Time
 	// Deadline is when the call's own timeout fired or would have; zero
 	// when it had none.
-	Deadline  time.Time
-	Overran   bool
+	Deadline time.Time
+	// Overran is set for an advisory call that ran past its timeout.
+	Overran bool
+	// Abandoned is set for a call that did not return within the kill
+	// grace after it was stopped: Run returned without it.
 	Abandoned bool
 	// Progress is the number of progress reports the call made.
 	Progress int

@@ -64,11 +64,15 @@ func CompileSchema(raw json.RawMessage) (*Schema, error) {
 // ArgumentError says why a call's arguments were refused. Field is the JSON
 // pointer of the offending value ("/url"), empty for the whole input.
 type ArgumentError struct {
-	Reason  string // invalid_json or invalid_arguments
-	Field   string
+	Reason string // invalid_json or invalid_arguments
+	// Field is the JSON pointer of the offending value; empty for the
+	// whole input.
+	Field string
+	// Message says what is wrong with the value, for the model.
 	Message string
 }
 
+// Error returns Message.
 func (e *ArgumentError) Error() string { return e.Message }
 
 var (

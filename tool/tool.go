@@ -40,7 +40,9 @@ func DefaultEnforcement(k Kind) budget.Enforcement {
 
 // Spec is what the model is told about a tool.
 type Spec struct {
-	Name        string `json:"name"`
+	// Name is the name the model calls the tool by; it matches NameRE.
+	Name string `json:"name"`
+	// Description tells the model what the tool does.
 	Description string `json:"description"`
 	// InputSchema is a JSON Schema object; empty means any object.
 	InputSchema json.RawMessage `json:"input_schema,omitempty"`
@@ -83,10 +85,16 @@ type ProcessOwner interface {
 
 // Call is one call of a tool, as the tool sees it.
 type Call struct {
-	ID     string
+	// ID names the call, unique in its turn (the record's call_id).
+	ID string
+	// TurnID names the turn; empty for a call made outside a turn (an MCP
+	// client's, through mcpserve).
 	TurnID string
-	Tool   string
-	Input  json.RawMessage
+	// Tool is the name the tool was called by.
+	Tool string
+	// Input is the call's arguments (JSON); a turn and mcpserve check them
+	// against the tool's input schema before the call.
+	Input json.RawMessage
 	// Deadline is when the call's own timeout fires; Timeout is its length.
 	// For an advisory call it is the deadline the call is measured against.
 	Deadline time.Time
@@ -157,14 +165,19 @@ type Result struct {
 // Error is a tool's own failure: a non-zero exit, an MCP error result, a Go
 // function's error. The model is told it as a tool_error.
 type Error struct {
-	Message    string
-	ExitCode   *int
+	// Message says what failed.
+	Message string
+	// ExitCode is a subprocess's exit status; nil when it has none.
+	ExitCode *int
+	// StderrTail is the end of a subprocess's stderr, without ::progress::
+	// lines; empty when there is none.
 	StderrTail string
 	// Stack is where a Go tool panicked, for the call's record
 	// (stderr_tail) and its operator; the model is not given it.
 	Stack string
 }
 
+// Error returns Message, after the exit status when there is one.
 func (e *Error) Error() string {
 	if e.ExitCode != nil {
 		return fmt.Sprintf("exit status %d: %s", *e.ExitCode, e.Message)
