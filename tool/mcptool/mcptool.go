@@ -141,8 +141,11 @@ type Config struct {
 // Override is one tool's budget override inside an mcp entry. A zero field
 // (empty Source, empty Enforcement) leaves the entry's value.
 type Override struct {
+	// Timeout is the tool's timeout, and IdleTimeout the longest silence
+	// allowed between its progress reports.
 	Timeout     budget.Duration
 	IdleTimeout budget.Duration
+	// Enforcement is how the timeout is enforced.
 	Enforcement budget.Enforcement
 }
 
