@@ -23,10 +23,14 @@ import (
 type Identity struct {
 	// Spec is what the file said: NAME, NAME:GROUP, UID or UID:GID.
 	Spec string
+	// Name is the user's login name and Home its home directory, from the
+	// user database: Environ sets them as USER, LOGNAME and HOME.
 	Name string
 	Home string
-	UID  uint32
-	GID  uint32
+	// UID is the user's id, and GID the group's: the one Spec names, else
+	// the user's primary group.
+	UID uint32
+	GID uint32
 	// Groups are the user's supplementary groups.
 	Groups []uint32
 }
