@@ -36,7 +36,9 @@ type Setting struct {
 	// Flag is the command-line flag without its dashes, "tool-timeout".
 	Flag string
 	// Env is the environment variable, "TIMEBOX_TOOL_TIMEOUT".
-	Env  string
+	Env string
+	// Kind says what the value is: a duration, a count, a size or a
+	// switch.
 	Kind SettingKind
 	// Default is the built-in value as it would be written ("60s", "0",
 	// "1MiB"); "0" means off.

@@ -23,19 +23,31 @@ type Agent struct {
 	Path string
 	Dir  string
 
-	Name         string
+	// Name is the agent's name (name:), kept in every stored turn; empty
+	// when the file has none.
+	Name string
+	// Instructions are the system instructions given to the model at the
+	// start of every turn (instructions:); empty for none.
 	Instructions string
-	Model        Chain
+	// Model is the model failover chain (model:).
+	Model Chain
 	// Providers maps a provider name ("openai", "anthropic", "script") to
 	// its settings.
 	Providers map[string]Provider
-	Budgets   budget.Budgets
-	Limits    budget.Limits
+	// Budgets and Limits are the process-wide timeouts and limits,
+	// resolved flag > environment > file > default, each with its source
+	// and knob.
+	Budgets budget.Budgets
+	Limits  budget.Limits
 	// Profiles are the timeout profiles: the defaults, then the file's.
 	Profiles map[string]time.Duration
-	Context  Context
-	Server   Server
-	Tools    []Tool
+	// Context holds the settings under context: (compaction, time notes).
+	Context Context
+	// Server holds the settings under server:, for `timebox serve`.
+	Server Server
+	// Tools are the file's tool entries, in order. Go-function tools are
+	// added from code and are not among them.
+	Tools []Tool
 
 	// Warnings are doubtful but harmless findings, each a full sentence
 	// ready to print: an unknown TIMEBOX_* variable (with a suggestion),
@@ -45,7 +57,11 @@ type Agent struct {
 
 // Chain is the model failover chain.
 type Chain struct {
-	Primary   ModelRef
+	// Primary is model.primary, the model every turn starts with.
+	Primary ModelRef
+	// Fallbacks are model.fallbacks, tried in order after the primary when
+	// every credential of the previous model failed in an LLM phase;
+	// empty for none.
 	Fallbacks []ModelRef
 	// MaxTokens is model.max_tokens: the most tokens one reply may have,
 	// asked of every model of the chain (OpenAI max_completion_tokens,
@@ -64,8 +80,10 @@ func (c Chain) All() []ModelRef { return append([]ModelRef{c.Primary}, c.Fallbac
 
 // ModelRef is "provider:model".
 type ModelRef struct {
+	// Provider is openai, anthropic or script.
 	Provider string
-	Model    string
+	// Model is the model's name, as the provider knows it.
+	Model string
 }
 
 // String returns the ref as the agent file writes it, "provider:model".
@@ -88,6 +106,8 @@ type Provider struct {
 // Credential names where an API key comes from. The key itself is read at
 // the time the agent is built and never stored in records.
 type Credential struct {
+	// APIKeyEnv is api_key_env: the environment variable that holds the
+	// key. Records name the variable, never the key.
 	APIKeyEnv string
 }
 
@@ -128,11 +148,15 @@ type Server struct {
 
 // Tool is one resolved tool entry.
 type Tool struct {
-	Name        string
+	// Name is the tool's name as the model sees it, unique in the file;
+	// for an mcp entry, the prefix of the server's tools (NAME__TOOL).
+	Name string
+	// Description says what the tool does, for the model (exec tools).
 	Description string
 	// InputSchema is the entry's input_schema as JSON; nil when absent.
 	InputSchema json.RawMessage
-	Kind        tool.Kind
+	// Kind is exec or mcp: the file declares no Go tools.
+	Kind tool.Kind
 	// Budget is the entry's resolved budget: its timeout with source
 	// (tool, profile:NAME, flag, env, file, default), idle timeout,
 	// enforcement and the kill grace.
@@ -180,6 +204,8 @@ type MCP struct {
 	// Command is a stdio server's argv; URL a streamable HTTP server's.
 	Command []string
 	URL     string
+	// Headers are HTTP headers sent with every request to a URL server;
+	// nil for none.
 	Headers map[string]string
 	// Env is the allowlist of variables a stdio server inherits.
 	Env []string
@@ -203,6 +229,8 @@ var OnIgnoredCancelNames = []string{OnIgnoredCancelKeep, OnIgnoredCancelRestart}
 // Override is a per-tool budget override inside an mcp entry. Each field's
 // Source is empty when the override does not set it.
 type Override struct {
+	// Timeout, IdleTimeout and Enforcement replace the entry's for the one
+	// tool when the override sets them.
 	Timeout     budget.Duration
 	IdleTimeout budget.Duration
 	Enforcement budget.Enforcement

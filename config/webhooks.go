@@ -28,6 +28,7 @@ type Webhook struct {
 
 // WebhookEvent is one event type a webhook subscribes to.
 type WebhookEvent struct {
+	// Type is the event type sent: turn_finished, tool_finished, …
 	Type string
 	// Outcomes, for tool_finished, keeps only the calls that ended so
 	// ("timed_out", "error"); empty sends every outcome.
