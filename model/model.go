@@ -35,7 +35,10 @@ const (
 
 // Message is one message of a conversation.
 type Message struct {
-	Role    Role   `json:"role"`
+	// Role says who speaks: user, assistant, tool, or summary.
+	Role Role `json:"role"`
+	// Content is the message's text: the user's input, the model's reply
+	// text, a tool call's result, or a compaction's summary.
 	Content string `json:"content"`
 	// ToolCalls are the calls an assistant message asked for.
 	ToolCalls []ToolCall `json:"tool_calls,omitempty"`
@@ -51,16 +54,24 @@ type Message struct {
 // ToolCall is a call the model asked for. Arguments are the raw text the
 // model sent, which may not be JSON.
 type ToolCall struct {
-	ID        string `json:"id"`
-	Name      string `json:"name"`
+	// ID is the id the provider gave the call, which the tool message
+	// answering it repeats (Message.ToolCallID).
+	ID string `json:"id"`
+	// Name is the tool's name as the model wrote it.
+	Name string `json:"name"`
+	// Arguments is the arguments' raw text.
 	Arguments string `json:"arguments"`
 }
 
 // ToolDef is a tool as the model is told of it.
 type ToolDef struct {
-	Name        string          `json:"name"`
-	Description string          `json:"description"`
-	Parameters  json.RawMessage `json:"parameters,omitempty"`
+	// Name is the tool's name, and Description what it does (with its
+	// budget, when time notes are on).
+	Name        string `json:"name"`
+	Description string `json:"description"`
+	// Parameters is the JSON Schema of the tool's arguments; empty
+	// (omitted) for any object.
+	Parameters json.RawMessage `json:"parameters,omitempty"`
 }
 
 // Request is one model call.
@@ -68,9 +79,11 @@ type Request struct {
 	// Model is the provider's model name ("gpt-4o-mini").
 	Model string
 	// System is the agent's instructions.
-	System   string
+	System string
+	// Messages are the conversation so far, oldest first.
 	Messages []Message
-	Tools    []ToolDef
+	// Tools are the tools the model may call; empty for none.
+	Tools []ToolDef
 	// Conversation identifies the conversation the call belongs to (the
 	// session); the script provider keeps its place per conversation.
 	Conversation string
@@ -101,6 +114,8 @@ type Request struct {
 // even one with no text (a tool-call argument fragment, a keep-alive
 // carrying data).
 type Chunk struct {
+	// Text is the reply text the chunk carried; empty for a chunk that
+	// carried none.
 	Text string
 	// ToolBytes is how many bytes of tool-call names and arguments the
 	// chunk carried, which count toward limits.max_reply with the text.
@@ -112,8 +127,13 @@ func (c Chunk) Size() int64 { return int64(len(c.Text) + c.ToolBytes) }
 
 // Response is a complete reply.
 type Response struct {
-	Text         string
-	ToolCalls    []ToolCall
+	// Text is the reply's text; empty when the request said TextKept and
+	// the stream left it out.
+	Text string
+	// ToolCalls are the calls the reply asks for, in order.
+	ToolCalls []ToolCall
+	// FinishReason is why the provider said the reply ended ("stop",
+	// "tool_calls", "end_turn", …); empty when it did not say.
 	FinishReason string
 	// Usage is what the provider said the call cost; zero when it said
 	// nothing.
@@ -122,6 +142,8 @@ type Response struct {
 
 // Usage is a model call's cost in tokens, as its provider reported it.
 type Usage struct {
+	// InputTokens is the prompt's tokens and OutputTokens the reply's; 0
+	// when the provider did not say.
 	InputTokens  int64
 	OutputTokens int64
 }
@@ -194,6 +216,7 @@ func (e Endpoint) Name() string { return e.ProviderName + ":" + e.Model }
 
 // Error is a provider failure.
 type Error struct {
+	// Provider is the provider that failed: openai, anthropic or script.
 	Provider string
 	// Status is the HTTP status, or 0 for a connection failure or a
 	// malformed stream.
@@ -208,9 +231,12 @@ type Error struct {
 	// longer than the model accepts (its context window, or the request
 	// size): a shorter history may be accepted where a retry would not.
 	TooLong bool
-	Err     error
+	// Err is the underlying error, when there is one (the SDK's).
+	Err error
 }
 
+// Error returns the provider, the HTTP status when there is one, and the
+// provider's reason: "openai: HTTP 429: Rate limit reached".
 func (e *Error) Error() string {
 	switch {
 	case e.Status != 0:
@@ -221,18 +247,21 @@ func (e *Error) Error() string {
 	return fmt.Sprintf("%s: %s", e.Provider, e.Message)
 }
 
+// Unwrap returns Err.
 func (e *Error) Unwrap() error { return e.Err }
 
 // EmptyReplyError is a reply that ended normally with nothing in it: no
 // text and no tool call. Its phase is llm_empty, an LLM phase: the same
 // model asked again, or the next one of the chain, may well answer.
 type EmptyReplyError struct {
+	// Provider is the provider that sent the reply.
 	Provider string
 	// FinishReason is why the provider said the reply ended ("stop",
 	// "length", "end_turn", "max_tokens"), if it said.
 	FinishReason string
 }
 
+// Error says whose reply was empty, with its finish reason when known.
 func (e *EmptyReplyError) Error() string {
 	s := e.Provider + ": empty reply: no text and no tool call"
 	if e.FinishReason != "" {
