@@ -38,7 +38,9 @@ type ParseErrors = problem.List
 // Pos is a place in a script file: the file as problems name it, and a
 // 1-based line and column (in characters).
 type Pos struct {
-	File      string
+	// File is the script file as problems name it.
+	File string
+	// Line and Col are 1-based; Col counts characters, not bytes.
 	Line, Col int
 }
 

@@ -57,7 +57,9 @@ type Line struct {
 // is sent as the raw argument text, which lets a script send arguments that
 // are not JSON.
 type Call struct {
-	Name      string          `json:"name"`
+	// Name is the tool's name; required.
+	Name string `json:"name"`
+	// Arguments are the call's arguments; absent sends {}.
 	Arguments json.RawMessage `json:"arguments,omitempty"`
 	// At is where the call's name is written in the script it was read
 	// from (Parse), to place a problem with it; zero for a call made in
@@ -67,8 +69,11 @@ type Call struct {
 
 // Failure is a scripted provider failure.
 type Failure struct {
-	Status     int      `json:"status"`
-	Message    string   `json:"message"`
+	// Status is the HTTP status, or 0 for a connection failure.
+	Status int `json:"status"`
+	// Message is the provider's reason.
+	Message string `json:"message"`
+	// RetryAfter (retry_after) is the provider's Retry-After; 0 for none.
 	RetryAfter Duration `json:"retry_after,omitempty"`
 }
 
