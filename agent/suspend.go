@@ -17,14 +17,23 @@ import (
 // decisions (Input.Suspend): what Resume goes on from, in this process or
 // another. Store it as JSON; its content is timebox's own.
 type Checkpoint struct {
-	State   machine.State     `json:"state"`
-	Text    string            `json:"text"`
-	History []model.Message   `json:"history,omitempty"`
-	Added   []model.Message   `json:"added"`
-	Summary string            `json:"summary,omitempty"`
-	Partial string            `json:"partial,omitempty"`
-	Tools   []event.ToolCall  `json:"tool_calls,omitempty"`
-	Models  []event.ModelCall `json:"model_calls,omitempty"`
+	// State is the turn machine's state: its ids, budgets, counters and
+	// the step under way; a shutdown that reached the turn as it
+	// suspended is left out.
+	State machine.State `json:"state"`
+	// Text is the user's message, and History the session's conversation
+	// before the turn, repaired.
+	Text    string          `json:"text"`
+	History []model.Message `json:"history,omitempty"`
+	// Added are the messages the turn added so far, from the user's.
+	Added []model.Message `json:"added"`
+	// Summary is the compaction summary, empty when the turn compacted
+	// nothing; Partial is what the last model attempt streamed.
+	Summary string `json:"summary,omitempty"`
+	Partial string `json:"partial,omitempty"`
+	// Tools and Models are the records of the calls that ended so far.
+	Tools  []event.ToolCall  `json:"tool_calls,omitempty"`
+	Models []event.ModelCall `json:"model_calls,omitempty"`
 	// Seq is the seq of the turn's last event: a resumed turn numbers on.
 	Seq int64 `json:"seq"`
 }
