@@ -342,9 +342,12 @@ type BudgetChecker interface {
 // TurnAccepted is the 202 response to a detached POST /v1/turns without
 // an event stream.
 type TurnAccepted struct {
-	TurnID    string        `json:"turn_id"`
-	SessionID string        `json:"session_id"`
-	Status    budget.Status `json:"status"`
+	// TurnID (turn_id) names the turn, and SessionID (session_id) its
+	// session: the request's, or the one started for it.
+	TurnID    string `json:"turn_id"`
+	SessionID string `json:"session_id"`
+	// Status is running.
+	Status budget.Status `json:"status"`
 	// Events is the path of the turn's event stream.
 	Events string `json:"events"`
 }
@@ -650,6 +653,7 @@ func (s *Server) getTurn(w http.ResponseWriter, r *http.Request) {
 
 // TurnList is the response of GET /v1/turns.
 type TurnList struct {
+	// Turns are the turns that match, newest first.
 	Turns []store.TurnSummary `json:"turns"`
 	// NextBefore, when set, is the "before" value that gets the next page.
 	NextBefore string `json:"next_before,omitempty"`
@@ -805,6 +809,7 @@ func (s *Server) cancelElsewhere(w http.ResponseWriter, r *http.Request, id stri
 
 // SessionList is the response of GET /v1/sessions.
 type SessionList struct {
+	// Sessions are the sessions, most recently active first.
 	Sessions []store.SessionSummary `json:"sessions"`
 }
 

@@ -37,6 +37,8 @@ type DecisionRequest struct {
 
 // ApprovalList is the response of GET /v1/turns/{id}/approvals.
 type ApprovalList struct {
+	// Approvals are the turn's calls that waited for a decision, pending
+	// ones without one.
 	Approvals []store.Approval `json:"approvals"`
 }
 

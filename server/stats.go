@@ -28,9 +28,14 @@ type AgentBudgets interface {
 // records are the server's own store's. Agent is the server's agent's
 // name.
 type StatsReport struct {
-	Store  string         `json:"store"`
-	Since  *time.Time     `json:"since"`
-	Agent  string         `json:"agent"`
+	// Store is empty: the records are the server's own store's.
+	Store string `json:"store"`
+	// Since is the oldest call counted (?since=, 30 days back by default);
+	// nil (null) for all time.
+	Since *time.Time `json:"since"`
+	// Agent is the server's agent's name.
+	Agent string `json:"agent"`
+	// Tools are the tools' lines, and Models the model endpoints'.
 	Tools  []ToolStats    `json:"tools"`
 	Models []advice.Model `json:"models"`
 }
@@ -39,6 +44,7 @@ type StatsReport struct {
 // histogram.
 type ToolStats struct {
 	advice.Tool
+	// Histogram counts the tool's sample by duration.
 	Histogram Histogram `json:"histogram"`
 }
 
@@ -50,6 +56,8 @@ type ToolStats struct {
 // lists are empty for a tool with no sample. The counts sum to the
 // tool's sample.
 type Histogram struct {
+	// BoundsMS (bounds_ms) are the buckets' bounds in milliseconds, and
+	// Counts the calls in each bucket.
 	BoundsMS []int64 `json:"bounds_ms"`
 	Counts   []int64 `json:"counts"`
 }

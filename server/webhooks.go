@@ -40,6 +40,7 @@ type Webhook struct {
 
 // WebhookEvent is one event type a Webhook subscribes to.
 type WebhookEvent struct {
+	// Type is the event type sent.
 	Type event.Type
 	// Outcomes, for tool_finished, keeps only the calls that ended so;
 	// empty sends every outcome.
@@ -568,6 +569,7 @@ func CheckWebhooks(hooks []Webhook, addr string) error {
 // DeliveryList is GET /v1/webhooks/deliveries: the newest deliveries
 // first, each with its attempts.
 type DeliveryList struct {
+	// Deliveries are the deliveries that match, newest first.
 	Deliveries []store.Delivery `json:"deliveries"`
 }
 
