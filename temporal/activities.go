@@ -102,7 +102,10 @@ type advanced struct {
 // Outcome is how a turn ended: the workflow's result. The record and the
 // conversation are in the store.
 type Outcome struct {
-	TurnID     string            `json:"turn_id"`
+	// TurnID (turn_id) names the turn.
+	TurnID string `json:"turn_id"`
+	// Status is how the turn ended, and StopReason (stop_reason) why, as
+	// its record says.
 	Status     budget.Status     `json:"status"`
 	StopReason budget.StopReason `json:"stop_reason"`
 	// Messages counts the messages the turn added to its session's

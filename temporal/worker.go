@@ -18,6 +18,8 @@ import (
 
 // WorkerOptions describe a worker. Client, Agent and Store are required.
 type WorkerOptions struct {
+	// Client is the Temporal client the worker polls with; it also relays
+	// the store's cancel requests to the turns' workflows (RelayCancels).
 	Client client.Client
 	// TaskQueue is the queue the worker takes turns from; empty is
 	// DefaultTaskQueue.
