@@ -78,7 +78,8 @@ type Finished struct {
 	// CallID is the id the call ran under (the call_id an exec tool reads
 	// on stdin).
 	CallID string
-	Tool   string
+	// Tool is the tool's name, as the client called it.
+	Tool string
 	// Kind is the tool's kind: exec, mcp or go.
 	Kind string
 	// SessionID names the client's connection the call came on:

@@ -16,6 +16,7 @@ import (
 // Progress is one progress report of a call, as it was sent upstream
 // (coalesced as a turn's tool_progress events are), with when it came.
 type Progress struct {
+	// At is when the report came.
 	At time.Time
 	tool.Report
 }
