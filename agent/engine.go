@@ -33,8 +33,11 @@ func init() {
 // the state what the next unit needs.
 type engineUnits struct{ a *Agent }
 
+// Ref returns the agent's reference (machine.Units).
 func (u engineUnits) Ref() machine.AgentRef { return u.a.Ref() }
 
+// NewState returns the state of a turn that begins now for the agent, and
+// its history repaired (machine.Units).
 func (u engineUnits) NewState(turnID, sessionID string, history []model.Message, req budget.Request) (*machine.State, []model.Message) {
 	s, tr := u.a.newState(Input{TurnID: turnID, SessionID: sessionID, History: history, Budgets: req})
 	ref := u.a.Ref()
@@ -42,6 +45,8 @@ func (u engineUnits) NewState(turnID, sessionID string, history []model.Message,
 	return s, tr.history
 }
 
+// ToolBudget returns the named tool's budget in the turn of s, its retries,
+// and whether the agent has the tool (machine.Units).
 func (u engineUnits) ToolBudget(s *machine.State, name string) (budget.ToolBudget, int, bool) {
 	e, ok := u.a.tools[name]
 	if !ok {
@@ -50,6 +55,8 @@ func (u engineUnits) ToolBudget(s *machine.State, name string) (budget.ToolBudge
 	return turnToolBudget(e, &s.Budgets), e.Retries, true
 }
 
+// Advance runs units of s up to the next batch of tool calls or the end,
+// and ends the turn when a unit decided its end (machine.Units).
 func (u engineUnits) Advance(ctx context.Context, s *machine.State, tr machine.Transcript, sinks ...event.Sink) *machine.Ended {
 	t := u.a.resume(s, tr, nil, sinks)
 	var next machine.Unit
@@ -68,6 +75,8 @@ func (u engineUnits) Advance(ctx context.Context, s *machine.State, tr machine.T
 	return &machine.Ended{Record: res.Record, Messages: res.Messages}
 }
 
+// Call runs call c of step's batch under the turn's watchdogs; s is not
+// changed (machine.Units).
 func (u engineUnits) Call(ctx context.Context, s *machine.State, step int, c machine.Call, tr machine.Transcript, sinks ...event.Sink) machine.Called {
 	view := *s
 	t := u.a.resume(&view, tr, nil, sinks)
@@ -82,6 +91,8 @@ func (u engineUnits) Call(ctx context.Context, s *machine.State, step int, c mac
 	return out
 }
 
+// Refuse records calls cs of step's batch as not run, for reason
+// (machine.Units).
 func (u engineUnits) Refuse(s *machine.State, step int, cs []machine.Call, reason string, tr machine.Transcript, sinks ...event.Sink) []machine.Called {
 	t := u.a.resume(s, tr, nil, sinks)
 	t.refuseUnit(s, step, cs, reason)
@@ -89,6 +100,8 @@ func (u engineUnits) Refuse(s *machine.State, step int, cs []machine.Call, reaso
 	return make([]machine.Called, len(cs))
 }
 
+// Lost records call c, lost with its worker, unless its record reached the
+// store (machine.Units).
 func (u engineUnits) Lost(s *machine.State, step int, c machine.Call, l machine.Loss, tr machine.Transcript, sinks ...event.Sink) machine.Called {
 	t := u.a.resume(s, tr, nil, sinks)
 	defer t.em.Close()
@@ -104,6 +117,8 @@ func (u engineUnits) Lost(s *machine.State, step int, c machine.Call, l machine.
 	return machine.Called{}
 }
 
+// LostAttempts records step's model call attempts lost with their worker:
+// outcome interrupted, phase worker_lost (machine.Units).
 func (u engineUnits) LostAttempts(s *machine.State, step int, lost []machine.LostAttempt, why string, sinks ...event.Sink) {
 	t := u.a.resume(s, &memTranscript{}, nil, sinks)
 	defer t.em.Close()
@@ -147,11 +162,15 @@ func (u engineUnits) LostAttempts(s *machine.State, step int, lost []machine.Los
 	}
 }
 
+// AsksApproval reports whether the named tool's calls may need a person's
+// decision (machine.Units).
 func (u engineUnits) AsksApproval(name string) bool {
 	e, ok := u.a.tools[name]
 	return ok && e.NeedsApproval != nil
 }
 
+// Ask has call c of step's batch ask for a person's decision, when its tool
+// needs one (machine.Units).
 func (u engineUnits) Ask(ctx context.Context, s *machine.State, step int, c machine.Call, round int, began time.Time,
 	record func(context.Context, machine.Asked) error, tr machine.Transcript, sinks ...event.Sink) (machine.Asked, *machine.Decision) {
 	t := u.a.resume(s, tr, nil, sinks)
@@ -159,6 +178,8 @@ func (u engineUnits) Ask(ctx context.Context, s *machine.State, step int, c mach
 	return t.askUnit(ctx, s, step, c, round, began, record)
 }
 
+// Decided ends the wait of a with d and reports whether the call runs, or
+// is asked again (machine.Units).
 func (u engineUnits) Decided(s *machine.State, step int, c machine.Call, a machine.Asked, d machine.Decision, tr machine.Transcript,
 	sinks ...event.Sink) (bool, bool, machine.Called) {
 	t := u.a.resume(s, tr, nil, sinks)
@@ -166,6 +187,8 @@ func (u engineUnits) Decided(s *machine.State, step int, c machine.Call, a machi
 	return t.decidedUnit(s, step, c, a, d)
 }
 
+// StillWorking emits the still_working of a beat at now for calls running
+// elsewhere, when one of them is silent (machine.Units).
 func (u engineUnits) StillWorking(s *machine.State, calls []machine.Running, now time.Time, sinks ...event.Sink) {
 	notice := s.Budgets.ProgressNotice.D
 	if notice <= 0 || len(calls) == 0 {
@@ -206,8 +229,11 @@ func minTime(a time.Time, ts ...time.Time) time.Time {
 	return a
 }
 
+// TurnSpan begins the turn's span for the process that stores its end,
+// and returns what ends it (machine.Units).
 func (u engineUnits) TurnSpan(s *machine.State) func(*event.Turn) { return u.a.turnSpan(s) }
 
+// End ends the turn as e says (machine.Units).
 func (u engineUnits) End(s *machine.State, e machine.Ending, tr machine.Transcript, sinks ...event.Sink) *machine.Ended {
 	t := u.a.resume(s, tr, nil, sinks)
 	res := t.finish(e)

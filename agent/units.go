@@ -21,8 +21,11 @@ type inProcess struct {
 	ctx context.Context
 }
 
+// Now returns time.Now (machine.Driver).
 func (d *inProcess) Now() time.Time { return time.Now() }
 
+// Check notes in s a stop that reached the turn's context; it never asks
+// the engine to stop driving (machine.Driver).
 func (d *inProcess) Check(s *machine.State) bool {
 	if s.Stop == nil && d.ctx.Err() != nil {
 		s.Stop = machine.CauseOf(budget.Cause(d.ctx))
@@ -30,24 +33,35 @@ func (d *inProcess) Check(s *machine.State) bool {
 	return true
 }
 
+// Run runs unit u in this process (machine.Driver).
 func (d *inProcess) Run(_ *machine.State, u machine.Unit) { d.t.unit(d.ctx, u) }
 
+// Call runs call c of step's batch in this process (machine.Driver).
 func (d *inProcess) Call(view *machine.State, step int, c machine.Call) machine.Called {
 	d.t.callUnit(d.ctx, view, step, c)
 	return machine.Called{}
 }
 
+// Refuse records calls cs of step's batch as not run, for reason
+// (machine.Driver).
 func (d *inProcess) Refuse(view *machine.State, step int, cs []machine.Call, reason string) []machine.Called {
 	d.t.refuseUnit(view, step, cs, reason)
 	return make([]machine.Called, len(cs))
 }
 
+// Asks reports whether call c may need a person's decision before it runs
+// (machine.Driver).
 func (d *inProcess) Asks(view *machine.State, c machine.Call) bool { return d.t.asks(view, c) }
 
+// Approve has call c wait for a person's decision when it needs one, and
+// reports whether it runs (machine.Driver).
 func (d *inProcess) Approve(view *machine.State, step int, c machine.Call) (bool, machine.Called) {
 	return d.t.approveUnit(d.ctx, view, step, c)
 }
 
+// Paused stops or restarts the turn's ceiling, and lets a requested
+// suspension happen while the turn waits for nothing but people
+// (machine.Driver).
 func (d *inProcess) Paused(paused bool, at time.Time) {
 	d.t.ceiling.pause(paused, at)
 	if d.t.susp != nil {
@@ -55,6 +69,8 @@ func (d *inProcess) Paused(paused bool, at time.Time) {
 	}
 }
 
+// Group returns a group that runs a batch's calls on goroutines, at most
+// slots at once (machine.Driver).
 func (d *inProcess) Group(slots int) machine.Group {
 	return &group{d: d, sem: make(chan struct{}, slots)}
 }
@@ -72,6 +88,8 @@ type group struct {
 	panicked atomic.Pointer[any]
 }
 
+// Acquire waits for a free slot; it returns false when the turn's context
+// ended first.
 func (g *group) Acquire() bool {
 	if g.d.ctx.Err() != nil {
 		return false
@@ -84,8 +102,10 @@ func (g *group) Acquire() bool {
 	}
 }
 
+// Release frees a slot.
 func (g *group) Release() { <-g.sem }
 
+// Go runs f on a goroutine of its own, keeping the first panic for Wait.
 func (g *group) Go(f func(machine.Driver)) {
 	g.wg.Add(1)
 	go func() {
@@ -99,6 +119,8 @@ func (g *group) Go(f func(machine.Driver)) {
 	}()
 }
 
+// Wait waits for every f, then panics with the first panic of one, on the
+// turn's goroutine.
 func (g *group) Wait() {
 	g.wg.Wait()
 	if v := g.panicked.Load(); v != nil {
@@ -140,26 +162,43 @@ type memTranscript struct {
 	msgs []model.Message
 }
 
-func (m *memTranscript) Input() string                                        { return m.text }
-func (m *memTranscript) History() []model.Message                             { return m.history }
-func (m *memTranscript) Summary() string                                      { return m.summary }
-func (m *memTranscript) SetSummary(s string)                                  { m.summary = s }
-func (m *memTranscript) Partial() string                                      { return m.partial }
-func (m *memTranscript) SetPartial(s string)                                  { m.partial = s }
+// Input returns the user's message.
+func (m *memTranscript) Input() string { return m.text }
+
+// History returns the session's conversation before the turn.
+func (m *memTranscript) History() []model.Message { return m.history }
+
+// Summary returns the compaction summary.
+func (m *memTranscript) Summary() string { return m.summary }
+
+// SetSummary sets the compaction summary.
+func (m *memTranscript) SetSummary(s string) { m.summary = s }
+
+// Partial returns what the last model attempt streamed.
+func (m *memTranscript) Partial() string { return m.partial }
+
+// SetPartial sets what the last model attempt streamed.
+func (m *memTranscript) SetPartial(s string) { m.partial = s }
+
+// Records returns ok false: the turn keeps its records itself.
 func (m *memTranscript) Records() ([]event.ToolCall, []event.ModelCall, bool) { return nil, nil, false }
 
+// Messages returns the messages the turn added so far.
 func (m *memTranscript) Messages() []model.Message {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.msgs
 }
 
+// Message returns the i-th message the turn added, from 0.
 func (m *memTranscript) Message(i int) model.Message {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.msgs[i]
 }
 
+// Put sets message i, growing the list to hold it; the calls of a batch
+// may put theirs at once.
 func (m *memTranscript) Put(i int, msg model.Message) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
