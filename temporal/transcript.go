@@ -193,16 +193,26 @@ func loadCall(ctx context.Context, p store.Payloads, s *machine.State) (*transcr
 	return t, nil
 }
 
-func (t *transcript) Input() string            { return t.in.Text }
-func (t *transcript) History() []model.Message { return t.in.History }
-func (t *transcript) Summary() string          { return t.summary }
-func (t *transcript) Partial() string          { return t.partial }
+// Input returns the user's message.
+func (t *transcript) Input() string { return t.in.Text }
 
+// History returns the session's conversation before the turn.
+func (t *transcript) History() []model.Message { return t.in.History }
+
+// Summary returns the compaction summary.
+func (t *transcript) Summary() string { return t.summary }
+
+// Partial returns what the last model attempt streamed.
+func (t *transcript) Partial() string { return t.partial }
+
+// SetSummary sets the compaction summary, stored when the unit ends (flush).
 func (t *transcript) SetSummary(s string) {
 	t.summary = s
 	t.put(keySummary, []byte(s))
 }
 
+// SetPartial sets what the last model attempt streamed, stored when the unit
+// ends (flush).
 func (t *transcript) SetPartial(s string) {
 	t.partial = s
 	t.put(keyPartial, []byte(s))
@@ -224,6 +234,8 @@ func (t *transcript) Records() ([]event.ToolCall, []event.ModelCall, bool) {
 	return rec.ToolCalls, rec.ModelCalls, true
 }
 
+// Messages returns the turn's messages read or put so far, in order from
+// 0, up to the first missing one.
 func (t *transcript) Messages() []model.Message {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -237,12 +249,15 @@ func (t *transcript) Messages() []model.Message {
 	}
 }
 
+// Message returns the i-th message of the turn, from 0, if read or put.
 func (t *transcript) Message(i int) model.Message {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.msgs[i]
 }
 
+// Put sets message i, stored when the unit ends (flush); the calls of a
+// batch may put theirs at once.
 func (t *transcript) Put(i int, m model.Message) {
 	b, err := json.Marshal(m)
 	t.mu.Lock()

@@ -86,6 +86,8 @@ type relaying struct {
 	done chan struct{}
 }
 
+// Start starts the worker, then relays the store's cancel requests to the
+// turns' workflows until Stop (RelayCancels).
 func (r *relaying) Start() error {
 	if err := r.Worker.Start(); err != nil {
 		return err
@@ -99,6 +101,7 @@ func (r *relaying) Start() error {
 	return nil
 }
 
+// Run starts the worker and stops it once interruptCh receives.
 func (r *relaying) Run(interruptCh <-chan any) error {
 	if err := r.Start(); err != nil {
 		return err
@@ -108,6 +111,7 @@ func (r *relaying) Run(interruptCh <-chan any) error {
 	return nil
 }
 
+// Stop ends the relaying of cancel requests, then stops the worker.
 func (r *relaying) Stop() {
 	if r.stop != nil {
 		r.stop()

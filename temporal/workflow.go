@@ -246,8 +246,11 @@ type driver struct {
 	ctx workflow.Context
 }
 
+// Now returns the workflow's clock (machine.Driver).
 func (d *driver) Now() time.Time { return workflow.Now(d.ctx) }
 
+// Check notes in s a stop the workflow knows of, and returns false when
+// the turn is to go on in a new run (continue-as-new) (machine.Driver).
 func (d *driver) Check(s *machine.State) bool {
 	if d.r.stopped != nil && !s.Finished {
 		// The workflow knows more of a stop than a unit: who cancelled.
@@ -394,6 +397,9 @@ const haltWaits = "halt-waits"
 // stays far below Temporal's payload limits.
 const refuseShare = 1000
 
+// Group returns a group that runs a batch's calls on workflow coroutines,
+// at most slots at once, keeping the batch's beat of still_working
+// notices (machine.Driver).
 func (d *driver) Group(slots int) machine.Group {
 	g := &group{d: d, sem: workflow.NewSemaphore(d.ctx, int64(slots)), wg: workflow.NewWaitGroup(d.ctx)}
 	r := d.r
@@ -462,9 +468,14 @@ type group struct {
 	unbeat workflow.CancelFunc
 }
 
+// Acquire waits for a free slot; it returns false when the workflow's
+// context ended first.
 func (g *group) Acquire() bool { return g.sem.Acquire(g.d.ctx, 1) == nil }
-func (g *group) Release()      { g.sem.Release(1) }
 
+// Release frees a slot.
+func (g *group) Release() { g.sem.Release(1) }
+
+// Wait waits for every call of the batch, then ends the batch's beat.
 func (g *group) Wait() {
 	g.wg.Wait(g.d.ctx)
 	if g.unbeat != nil {
@@ -473,6 +484,7 @@ func (g *group) Wait() {
 	}
 }
 
+// Go runs f on a workflow coroutine, with a driver of its own.
 func (g *group) Go(f func(machine.Driver)) {
 	g.wg.Add(1)
 	workflow.Go(g.d.ctx, func(ctx workflow.Context) {
@@ -562,6 +574,8 @@ func lostWhy(err error) string {
 	return fmt.Sprintf("%s failed: %v", worker, errors.Unwrap(err))
 }
 
+// Asks reports whether call c's tool may need a person's decision
+// (machine.Driver).
 func (d *driver) Asks(_ *machine.State, c machine.Call) bool { return d.r.w.units.AsksApproval(c.Name) }
 
 // Approve has a call wait for a person's decision in the workflow: a
