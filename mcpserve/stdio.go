@@ -190,6 +190,7 @@ type lockedWriter struct {
 	p  *pending
 }
 
+// Write writes b whole, under the lock, and notes the answers it holds.
 func (l *lockedWriter) Write(b []byte) (int, error) {
 	n, err := l.write(b)
 	if err == nil {
@@ -209,6 +210,7 @@ func (l *lockedWriter) write(b []byte) (int, error) {
 	return n, err
 }
 
+// Close does nothing: the stream is the process's.
 func (l *lockedWriter) Close() error { return nil }
 
 // messageLines passes on the lines of r that are JSON-RPC messages (or
@@ -222,6 +224,8 @@ type messageLines struct {
 	p   *pending
 }
 
+// Read passes on the lines that are JSON-RPC messages, answering the
+// others, and returns r's error once the requests read are answered.
 func (m *messageLines) Read(p []byte) (int, error) {
 	for len(m.buf) == 0 {
 		if m.err != nil {
