@@ -53,6 +53,7 @@ type recorded struct {
 	r *Recording
 }
 
+// Stream opens p's stream, recording a failure to open it as a script line.
 func (rp *recorded) Stream(ctx context.Context, req model.Request) (model.Stream, error) {
 	start := time.Now()
 	s, err := rp.p.Stream(ctx, req)
@@ -77,6 +78,8 @@ type recordedStream struct {
 	once       sync.Once
 }
 
+// Recv returns the next chunk, noting its text and time, and records the
+// reply, or its failure, as a script line when the stream ends.
 func (s *recordedStream) Recv() (model.Chunk, error) {
 	c, err := s.Stream.Recv()
 	switch {

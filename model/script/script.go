@@ -342,6 +342,8 @@ func (s *stream) Recv() (model.Chunk, error) {
 	return c, nil
 }
 
+// Response returns the text streamed and the line's tool calls, with
+// finish reason tool_calls when there are any, else stop.
 func (s *stream) Response() model.Response {
 	r := model.Response{Text: s.text.String(), ToolCalls: s.calls, FinishReason: "stop"}
 	if len(s.calls) > 0 {
@@ -350,6 +352,7 @@ func (s *stream) Response() model.Response {
 	return r
 }
 
+// Close does nothing: a scripted stream has nothing to release.
 func (s *stream) Close() error { return nil }
 
 func sleep(ctx context.Context, d time.Duration) error {
