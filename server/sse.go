@@ -119,6 +119,8 @@ func (x *sse) event(seq int64, typ event.Type, data longjson.Doc) {
 // stops taking them ends its stream.
 type sseWriter struct{ x *sse }
 
+// Write writes p to the stream under its write deadline, and returns the
+// stream's error once it has one.
 func (w sseWriter) Write(p []byte) (int, error) {
 	w.x.write(p)
 	if w.x.err != nil {
