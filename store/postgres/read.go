@@ -141,6 +141,7 @@ type noResult struct {
 // hands it over in place, and it is not kept.
 type skipped struct{}
 
+// UnmarshalJSON accepts any value and keeps nothing.
 func (*skipped) UnmarshalJSON([]byte) error { return nil }
 
 // The call records of a turn, in Turn's order.
