@@ -17,6 +17,7 @@ type dropping struct {
 	seq int64
 }
 
+// Emit passes e on unless it is the event of seq.
 func (d dropping) Emit(e event.Event) {
 	if e.Seq != d.seq {
 		d.Sink.Emit(e)
