@@ -501,6 +501,7 @@ func (a *active) answer() { a.answerOnce.Do(func() { close(a.answered) }) }
 
 type discard struct{}
 
+// Report drops the report.
 func (discard) Report(tool.Report) {}
 
 // end forgets the call: any progress for its token is now late.

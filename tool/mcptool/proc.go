@@ -188,6 +188,7 @@ type tail struct {
 	b   []byte
 }
 
+// Write keeps the last max bytes written; it never fails.
 func (t *tail) Write(p []byte) (int, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -198,6 +199,7 @@ func (t *tail) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// String returns the bytes kept, with what is not UTF-8 replaced.
 func (t *tail) String() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()

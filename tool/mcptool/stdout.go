@@ -45,6 +45,9 @@ func newJSONLines(r io.ReadCloser, note func(string)) *jsonLines {
 // noteBytes is how much of a line left out its note quotes.
 const noteBytes = 200
 
+// Read passes on the lines that can be JSON-RPC messages and leaves out
+// the others, noting each; a line past MaxMessage fails with
+// errMessageTooLong.
 func (j *jsonLines) Read(p []byte) (int, error) {
 	for {
 		if len(j.buf) == 0 {
@@ -118,4 +121,5 @@ func (j *jsonLines) leftOut() {
 	j.left = j.left[:0]
 }
 
+// Close closes the server's stdout.
 func (j *jsonLines) Close() error { return j.r.Close() }

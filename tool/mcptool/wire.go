@@ -41,6 +41,7 @@ type wireTransport struct {
 	link *link
 }
 
+// Connect connects t and wraps the connection in the link's wireConn.
 func (w *wireTransport) Connect(ctx context.Context) (mcp.Connection, error) {
 	c, err := w.t.Connect(ctx)
 	if err != nil {
@@ -269,6 +270,8 @@ type headerTransport struct {
 	link    *link
 }
 
+// RoundTrip sends a copy of r with the entry's headers set, and the
+// protocol version the link agreed when r names none.
 func (h *headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	r = r.Clone(r.Context())
 	for k, v := range h.headers {
