@@ -230,6 +230,7 @@ func NoCredential(cfg *config.Agent, getenv func(string) string) error {
 // not set.
 type unsetCredential struct{ provider, env string }
 
+// Stream fails as a provider would, saying which variable is not set.
 func (u unsetCredential) Stream(context.Context, model.Request) (model.Stream, error) {
 	return nil, &model.Error{Provider: u.provider, Message: fmt.Sprintf("credential %s is not set in the environment", u.env)}
 }
