@@ -57,7 +57,10 @@ type Checker interface {
 
 // Tool is one tool. Implementations must be safe for concurrent calls.
 type Tool interface {
+	// Spec returns what the model is told about the tool.
 	Spec() Spec
+	// Kind returns the tool's kind (exec, go or mcp), which decides its
+	// default enforcement.
 	Kind() Kind
 	// Call runs one call. It must return promptly once ctx is done: a
 	// subprocess tool stops its process tree (SIGTERM, then SIGKILL after
