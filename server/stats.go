@@ -18,7 +18,9 @@ import (
 // /v1/stats to compare the stored calls with; *agent.Agent (and so
 // *timebox.Agent) is one.
 type AgentBudgets interface {
+	// Budgets returns the agent's resolved turn budgets.
 	Budgets() budget.Budgets
+	// Tools returns the agent's tools, each with its resolved budget.
 	Tools() []agent.Tool
 }
 
