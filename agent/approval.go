@@ -37,6 +37,8 @@ type Approver interface {
 // cannot be recorded is denied, saying why.
 type ApprovalAsker interface {
 	Approver
+	// Asked records req before approval_requested is emitted; an error
+	// denies the call, saying why.
 	Asked(ctx context.Context, req ApprovalRequest) error
 }
 
