@@ -168,22 +168,6 @@ func AsCancel(err error) (*CancelError, bool) {
 	return ce, ok
 }
 
-// LimitError is a count limit that was reached (max_steps, max_tool_calls,
-// idle_breaker) or the llm_budget.
-type LimitError struct {
-	// Reason is the stop reason of the turn the limit ended (max_steps,
-	// max_tool_calls, model_unresponsive, llm_budget_exhausted).
-	Reason StopReason
-	// Limit is the limit's value, and Knob the setting that changes it.
-	Limit int64
-	Knob  string
-}
-
-// Error names the limit reached and the knob that changes it.
-func (e *LimitError) Error() string {
-	return fmt.Sprintf("%s: limit %d reached; change %s", e.Reason, e.Limit, e.Knob)
-}
-
 // ReplyTooLongError is a model reply that grew past limits.max_reply (its
 // text plus its tool calls' names and arguments): the stream was closed at
 // the cap. It is used as the stream's context cause, like a TimeoutError.
@@ -236,9 +220,6 @@ func Cause(ctx context.Context) error {
 		return c
 	}
 	if _, ok := AsCancel(c); ok {
-		return c
-	}
-	if _, ok := c.(*LimitError); ok {
 		return c
 	}
 	if _, ok := AsReplyTooLong(c); ok {

@@ -310,10 +310,6 @@ func Phase(err error) budget.Phase {
 	if _, ok := budget.AsReplyTooLong(err); ok {
 		return budget.PhaseLLMReplyCap
 	}
-	var le *budget.LimitError
-	if errors.As(err, &le) {
-		return budget.PhaseLLMBudget
-	}
 	var ee *EmptyReplyError
 	if errors.As(err, &ee) {
 		return budget.PhaseLLMEmpty

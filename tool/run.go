@@ -300,9 +300,6 @@ func phaseOf(cause error) budget.Phase {
 	if te, ok := budget.AsTimeout(cause); ok {
 		return te.Phase
 	}
-	if le, ok := cause.(*budget.LimitError); ok && le.Reason == budget.LLMBudgetExhausted {
-		return budget.PhaseLLMBudget
-	}
 	return budget.PhaseCancel
 }
 
