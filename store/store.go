@@ -156,9 +156,25 @@ type Store interface {
 }
 
 // Owned is a store that other processes sharing its database can take for
-// gone (PostgreSQL): Owner names it, for TurnStart.Caller.
+// gone (PostgreSQL): Owner names it, for TurnStart.Caller and
+// TurnStart.Follower.
 type Owned interface {
 	Owner() string
+}
+
+// Followers is a store that knows which process follows each running turn
+// an engine runs (TurnStart.Follower), and lets a live one take over the
+// turns whose follower is gone (PostgreSQL). A follower is gone once its
+// store is: closed, or taken for gone by the store sharing the database
+// that notices it (the rule of Owned's turns and callers).
+type Followers interface {
+	// AdoptTurns makes this store's process the follower of at most limit
+	// running turns of engine, begun for agent, whose follower is gone,
+	// and returns their ids. Of stores adopting at once each turn goes to
+	// one; the claim passes on when its holder is gone in turn. A store
+	// that does not see the database now, or whose own heartbeat is
+	// stale, adopts none.
+	AdoptTurns(ctx context.Context, engine, agent string, limit int) ([]string, error)
 }
 
 // CancelReasons is a store that keeps why a cancel was requested
@@ -233,6 +249,12 @@ type TurnStart struct {
 	// client_gone, as when its client goes away. Empty: the turn outlives
 	// whoever started it (a detached turn).
 	Caller string
+	// Follower, for a turn an engine runs, names the store (its Owner) of
+	// the process that follows the turn — the gateway or `run` that
+	// started it, detached or not — which notes its waits for a worker
+	// and ends it when no worker can: when that process is gone, a live
+	// gateway adopts the turn (Followers). Empty: no one follows it.
+	Follower string
 	// SessionID is the conversation the turn belongs to; empty for a turn
 	// outside any session.
 	SessionID string

@@ -168,7 +168,7 @@ func (s *Store) recover(ctx context.Context) ([]string, error) {
 	// A turn an engine runs has no owner row, and is not an orphan.
 	orphans, err := queryStrings(ctx, s.pool, `SELECT t.turn_id FROM turns t WHERE t.status = 'running'
 		AND NOT starts_with(t.owner_id, $1)
-		AND NOT EXISTS (SELECT 1 FROM owners o WHERE o.owner_id = t.owner_id) ORDER BY t.n`, enginePrefix)
+		AND `+ownerGone("t.owner_id")+` ORDER BY t.n`, enginePrefix)
 	if err != nil {
 		return ids, err
 	}
@@ -177,7 +177,7 @@ func (s *Store) recover(ctx context.Context) ([]string, error) {
 	// client_gone.
 	if err := s.tx(ctx, func(tx pgx.Tx) error {
 		callers, err := queryStrings(ctx, tx, `SELECT DISTINCT t.caller FROM turns t WHERE t.status = 'running' AND t.caller <> ''
-			AND NOT EXISTS (SELECT 1 FROM owners o WHERE o.owner_id = t.caller)
+			AND `+ownerGone("t.caller")+`
 			AND NOT EXISTS (SELECT 1 FROM cancel_requests c WHERE c.turn_id = t.turn_id)`)
 		if err != nil {
 			return err
@@ -209,6 +209,37 @@ func (s *Store) recover(ctx context.Context) ([]string, error) {
 	}
 	return ids, nil
 }
+
+// ownerGone is the condition, in a statement, that the owner named by
+// column col is gone: it has no row, because its store closed, or because
+// a store that took it for gone (recover, with the rules of claim) deleted
+// it, or because it never registered. The turns it owned are then
+// orphans, the turns it was the caller of are cancelled, and those it
+// followed are adopted (AdoptTurns): one rule for the three.
+func ownerGone(col string) string {
+	return `NOT EXISTS (SELECT 1 FROM owners o WHERE o.owner_id = ` + col + `)`
+}
+
+// AdoptTurns implements store.Followers. A turn is claimed as webhook
+// deliveries are (FOR UPDATE SKIP LOCKED: stores adopting at once each
+// take other rows, none waiting for another's), and its claim is the
+// owner row of its follower: it passes on when that row goes (ownerGone).
+// The adopter's own heartbeat must be fresh (judgeIsFresh), so that its
+// row is there for the others to see it live.
+func (s *Store) AdoptTurns(ctx context.Context, engine, agent string, limit int) ([]string, error) {
+	if s.isClosed() {
+		return nil, store.ErrClosed
+	}
+	if _, seen := s.seen(); !seen {
+		return nil, nil
+	}
+	return queryStrings(ctx, s.pool, `UPDATE turns SET follower = $5 WHERE n IN (SELECT t.n FROM turns t
+			WHERE t.status = 'running' AND t.owner_id = $1 AND t.agent = $2 AND t.follower <> $5 AND `+ownerGone("t.follower")+`
+			ORDER BY t.n LIMIT $3 FOR UPDATE SKIP LOCKED)
+		AND `+judgeIsFresh+` RETURNING turn_id`, ownerOf(s.owner, engine), agent, limit, freshBeats, s.owner)
+}
+
+var _ store.Followers = (*Store)(nil)
 
 // cancelCalledTx requests the cancel, as client_gone, of the running turns
 // whose caller (store.TurnStart.Caller) is owner o, which is gone: turns

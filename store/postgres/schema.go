@@ -282,11 +282,19 @@ ALTER TABLE events   ADD COLUMN apart text NOT NULL DEFAULT '';
 ALTER TABLE turns    ADD COLUMN apart text NOT NULL DEFAULT '';
 ALTER TABLE messages ADD COLUMN apart text NOT NULL DEFAULT '';
 `,
+	// 9: the follower of a turn an engine runs (store.TurnStart.Follower):
+	// the owner whose process notes its waits and ends it when no worker
+	// can. A live gateway adopts the running turns whose follower has no
+	// owner row (store.Followers). Turns begun before have none, and are
+	// adopted.
+	`
+ALTER TABLE turns ADD COLUMN follower text NOT NULL DEFAULT '';
+`,
 }
 
 // SchemaVersion is the schema version this package writes: the number of
 // migrations.
-const SchemaVersion = 8
+const SchemaVersion = 9
 
 // migrationLock is the advisory lock that serialises migrations: "timebox"
 // in ASCII.

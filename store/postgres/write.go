@@ -148,9 +148,9 @@ func (s *Store) begin(ctx context.Context, tx pgx.Tx, t store.TurnStart, exclusi
 			}
 		}
 	}
-	_, err := tx.Exec(ctx, `INSERT INTO turns (turn_id, session_id, agent, input, status, started_at, owner_id, caller)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`, t.TurnID, t.SessionID, text(t.Agent), text(t.Input), budget.StatusRunning,
-		nanos(t.StartedAt), ownerOf(s.owner, t.Engine), t.Caller)
+	_, err := tx.Exec(ctx, `INSERT INTO turns (turn_id, session_id, agent, input, status, started_at, owner_id, caller, follower)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`, t.TurnID, t.SessionID, text(t.Agent), text(t.Input), budget.StatusRunning,
+		nanos(t.StartedAt), ownerOf(s.owner, t.Engine), t.Caller, t.Follower)
 	if isUnique(err) {
 		return fmt.Errorf("turn %s: %w", t.TurnID, store.ErrExists)
 	}
