@@ -14,6 +14,7 @@ import (
 	"go.temporal.io/api/serviceerror"
 	"go.temporal.io/api/workflowservice/v1"
 	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/converter"
 	sdktemporal "go.temporal.io/sdk/temporal"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -123,6 +124,62 @@ func (r *Runner) Run(ctx context.Context, in agent.Input, sinks ...event.Sink) *
 	return res
 }
 
+// Adopt follows turn in.TurnID, which another process started and no
+// longer follows — its follower is gone (store.Followers) — as Run follows
+// its own, and returns once it has ended, or once ctx is cancelled with
+// agent.ErrStopFollowing. The follower is the same: it notes the turn's
+// waits for a worker (once for each wait, whoever noted it before), ends
+// it at its ceiling or the end of its step window when no worker runs it,
+// ends it engine_lost when its workflow is gone, and cancelling ctx
+// cancels the turn. The turn's budgets and start are those it was started
+// with: its workflow's input, the state Run started it with
+// (startedState); its waits for people, and what it did, are its events.
+// The rest of in (an Approver) is used as Run uses it.
+//
+// The turn's span was begun by the process that started it: its end,
+// stored here or by a worker, is made by whoever stores it
+// (store.Options.Ended, agent.TraceEnded), not by Adopt.
+func (r *Runner) Adopt(ctx context.Context, in agent.Input, sinks ...event.Sink) *agent.Result {
+	bg := context.WithoutCancel(ctx)
+	rec, err := r.payloads.TurnWithoutResults(bg, in.TurnID)
+	if err != nil {
+		now := time.Now()
+		return &agent.Result{Record: &event.Turn{TurnID: in.TurnID, Status: budget.StatusRunning, StartedAt: now, EndedAt: now,
+			Message: fmt.Sprintf("The turn could not be read from the store to follow it (%v).", err)}}
+	}
+	in.SessionID, in.Text = rec.SessionID, rec.Input
+	f := &follow{r: r, in: in, started: rec.StartedAt, state: r.startedState(bg, rec), sinks: sinks}
+	return f.run(ctx, r.client.GetWorkflow(bg, WorkflowID(in.TurnID), ""))
+}
+
+// startedState returns the state turn rec's workflow was started with,
+// its first run's input: the budgets the turn runs with, and the start
+// its ceiling counts from, as the workflow counts them (the turn's
+// turn_started is stored by its first unit, later, and not at all when no
+// worker ever took the turn). A workflow Temporal cannot give it for
+// leaves the turn the runner's agent's budgets, from its stored start.
+func (r *Runner) startedState(ctx context.Context, rec *event.Turn) *machine.State {
+	hctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var first string
+	if d, err := r.client.DescribeWorkflowExecution(hctx, WorkflowID(rec.TurnID), ""); err == nil {
+		first = d.GetWorkflowExecutionInfo().GetFirstRunId()
+	}
+	it := r.client.GetWorkflowHistory(hctx, WorkflowID(rec.TurnID), first, false, enums.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
+	if it.HasNext() {
+		if e, err := it.Next(); err == nil {
+			var s machine.State
+			if a := e.GetWorkflowExecutionStartedEventAttributes(); a != nil &&
+				converter.GetDefaultDataConverter().FromPayloads(a.GetInput(), &s) == nil && s.TurnID == rec.TurnID {
+				return &s
+			}
+		}
+	}
+	s := &machine.State{TurnID: rec.TurnID, SessionID: rec.SessionID, Start: rec.StartedAt}
+	s.Budgets, s.Limits, _ = r.agent.TurnBudgets(budget.Request{})
+	return s
+}
+
 // workerSpan reports whether the worker that stored the turn's end made
 // its span (keyTurnSpan).
 func (f *follow) workerSpan(ctx context.Context) bool {
@@ -137,8 +194,9 @@ func (r *Runner) run(ctx context.Context, f *follow, history []model.Message) *a
 	if o, ok := r.store.(store.Owned); ok {
 		// The turn is this Run's: when its process is gone, the turn is
 		// cancelled as client_gone (a server begins the turns of detached
-		// requests itself, without a caller).
-		ts.Caller = o.Owner()
+		// requests itself, without a caller), and a live gateway adopts
+		// it (Adopt).
+		ts.Caller, ts.Follower = o.Owner(), o.Owner()
 	}
 	if err := r.store.BeginTurn(bg, ts); err != nil && !errors.Is(err, store.ErrExists) {
 		return f.failed(bg, fmt.Errorf("the turn could not be stored: %w", err))
@@ -182,7 +240,9 @@ type follow struct {
 	finished bool
 	rec      *event.Turn
 	// waitNoted is since when the work the last waiting notice was about
-	// had waited for a worker, so that one wait is noted once.
+	// had waited for a worker, so that one wait is noted once: by this
+	// follower, or by one before it (an adopted turn), as read from the
+	// notice (read).
 	waitNoted time.Time
 	// The questions put to in.Approver (ask), by call and round, and
 	// what ends them with the Run.
@@ -376,7 +436,7 @@ func waitingSince(d *workflowservice.DescribeWorkflowExecutionResponse) time.Tim
 // noteWait stores a still_working notice, once for each wait, when the
 // turn's work has waited WorkerWait or longer for a worker at now.
 func (f *follow) noteWait(ctx context.Context, since, now time.Time) {
-	if since.IsZero() || now.Sub(since) < WorkerWait || since.Equal(f.waitNoted) || f.finished {
+	if since.IsZero() || now.Sub(since) < WorkerWait || sameWait(since, f.waitNoted) || f.finished {
 		return
 	}
 	f.waitNoted = since
@@ -390,13 +450,25 @@ func (f *follow) noteWait(ctx context.Context, since, now time.Time) {
 			step = max(step, d.Step)
 		}
 	}
-	n := &event.StillWorking{Step: step, Subject: "no worker", ElapsedMS: waited.Milliseconds(),
+	n := &event.StillWorking{Step: step, Subject: noWorker, ElapsedMS: waited.Milliseconds(),
 		Waiting: fmt.Sprintf("no timebox worker has taken this turn's work for %s. Is one running on task queue %q, "+
 			"with this agent file? The turn goes on when one does; its ceiling and step window count meanwhile, and stop it if none comes; "+
 			"a cancel ends it %s after it is asked if none comes.", budget.Round(waited), f.r.taskQueue, CancelWait)}
 	// Numbered by the store (seq 0), among the workers' events; a turn
 	// that ended meanwhile takes no more events.
 	_ = f.r.store.AppendEvent(ctx, event.Event{TurnID: f.in.TurnID, Type: event.TypeStillWorking, At: now, Data: n})
+}
+
+// noWorker is the subject of a waiting notice.
+const noWorker = "no worker"
+
+// sameWait reports whether a wait since a and one since b are one: b read
+// back from a notice is a, to the millisecond its elapsed time is counted
+// in. Two waits are WorkerWait apart at least: the first had waited that
+// long when it was noted, and the next began after it ended.
+func sameWait(a, b time.Time) bool {
+	d := a.Sub(b)
+	return d > -time.Second && d < time.Second
 }
 
 // CeilingGrace is how long past a turn-level budget that fell — its
@@ -587,8 +659,15 @@ func (f *follow) read(ctx context.Context) error {
 			s.Emit(e)
 		}
 		f.finished = f.finished || e.Type == event.TypeTurnFinished
-		if d, ok := e.Data.(*event.ApprovalRequested); ok {
+		switch d := e.Data.(type) {
+		case *event.ApprovalRequested:
 			f.ask(e, d)
+		case *event.StillWorking:
+			if d.Subject == noWorker && d.Waiting != "" {
+				// A waiting notice (noteWait): stored at the look, as long
+				// after the wait began as it says.
+				f.waitNoted = e.At.Add(-time.Duration(d.ElapsedMS) * time.Millisecond)
+			}
 		}
 	}
 	return nil
