@@ -130,6 +130,13 @@ type Config struct {
 	Webhooks []Webhook
 	// WebhookOptions tune their delivery; the zero value is the default.
 	WebhookOptions WebhookOptions
+	// AdoptInterval is how often Serve looks for the turns of Agent's
+	// engine, begun for AgentName, whose follower is gone (a detached
+	// turn whose gateway died), to adopt them: it follows each as a turn
+	// of its own (Adopter, store.Followers). Zero is DefaultAdoptInterval
+	// (5s); negative never looks. Only an Adopter with a store.Followers
+	// store adopts.
+	AdoptInterval time.Duration
 }
 
 // Server is the HTTP API over one agent and one store. It is an
@@ -160,6 +167,8 @@ type Server struct {
 	hurryOnce    sync.Once
 	shutdownOnce sync.Once
 	shutdownErr  error
+	stopAdopting chan struct{}  // closed by Shutdown
+	adopted      sync.WaitGroup // the look for turns to adopt (adopt.go)
 }
 
 // liveTurn is a turn running in this server.
@@ -229,7 +238,7 @@ func New(cfg Config) (*Server, error) {
 		cfg.ShutdownGrace = 0
 	}
 	s := &Server{cfg: cfg, reg: cfg.Registry, log: cfg.Logger, turns: map[string]*liveTurn{}, sessions: map[string]string{},
-		closing: make(chan struct{}), hurry: make(chan struct{})}
+		closing: make(chan struct{}), hurry: make(chan struct{}), stopAdopting: make(chan struct{})}
 	if s.reg == nil {
 		s.reg = defaultRegistry()
 	}
@@ -336,10 +345,14 @@ func (s *Server) start(ctx context.Context, session, input string, budgets budge
 	cancelled, unwatch := s.cfg.Store.WatchCancel(id)
 	begun := time.Now()
 	ts := store.TurnStart{TurnID: id, SessionID: session, Agent: s.cfg.AgentName, Input: input, StartedAt: begun, Engine: engineOf(s.cfg.Agent)}
-	if o, ok := s.cfg.Store.(store.Owned); ok && ts.Engine != "" && !detach {
-		// A turn an engine runs would outlive this gateway: gone, it is
-		// cancelled as its client would be (client_gone).
-		ts.Caller = o.Owner()
+	if o, ok := s.cfg.Store.(store.Owned); ok && ts.Engine != "" {
+		// This gateway follows the turn: gone, a live one adopts it.
+		ts.Follower = o.Owner()
+		if !detach {
+			// A turn an engine runs would outlive this gateway: gone, it
+			// is cancelled as its client would be (client_gone).
+			ts.Caller = o.Owner()
+		}
 	}
 	if err := s.cfg.Store.BeginTurn(ctx, ts); err != nil {
 		unwatch()
@@ -558,6 +571,10 @@ const turnsEndWithin = 30 * time.Second
 // idempotent: later calls wait for the first and return its result.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.shutdownOnce.Do(func() {
+		// No turn is adopted from here: those adopted are this gateway's
+		// running turns, left below as the others are.
+		close(s.stopAdopting)
+		s.adopted.Wait()
 		s.mu.Lock()
 		s.draining = true
 		n := len(s.turns)
@@ -655,6 +672,8 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	// The turns the last server suspended while they waited for people
 	// go on here.
 	s.resumeSuspended(ctx)
+	// The engine turns whose follower is gone are followed here.
+	s.adopting()
 	go func() { served <- hs.Serve(ln) }()
 	var serveErr error
 	select {
