@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -129,7 +130,7 @@ func ceilingOrStepWithNoWorker(t *testing.T) {
 	sc.truth("its message", "the embedded engine's, and that no worker ran it on the task queue", fmt.Sprintf("%q", rec.Message), says)
 	sc.truth("its flags", "timed out by the turn budget, during a tool", fmt.Sprintf("%+v", rec.Flags),
 		rec.Flags.TimedOutDuringToolExecution && rec.Flags.TimedOutByTurnBudget)
-	noWorkerEnd(t, sc, e, rec, evs, run, pids)
+	noWorkerEnd(t, sc, e, rec, evs, run.log.snapshot(), pids)
 
 	// The step window: from the last progress signal (the tool's report
 	// as it started), or to the tool's own deadline when later.
@@ -159,16 +160,86 @@ func ceilingOrStepWithNoWorker(t *testing.T) {
 		limit = fin.Limit.Key + " " + fin.Limit.Value
 	}
 	scStep.is("its limit", limit, budget.KeyStep+" 3s")
-	noWorkerEnd(t, scStep, e, recStep, evsStep, runStep, pids)
+	noWorkerEnd(t, scStep, e, recStep, evsStep, runStep.log.snapshot(), pids)
 	sc.traceWhole(recv, "", id)
 	scStep.traceWhole(recv, "", idStep)
+}
+
+// adoptedCeiling: `timebox serve --engine temporal` (A) is killed
+// (SIGKILL) while its detached turn's tool hangs, and so is the only
+// worker: nobody follows the turn, and nobody runs it. A second gateway
+// (B), running meanwhile, takes A for gone (three of its 1s heartbeats),
+// adopts the turn at its next look (every 5s) and follows it as A would
+// have: it says the turn waits for a worker, once, and past its ceiling
+// (10s) ends it stopped, turn_timeout, with the embedded engine's message
+// and flags and that no worker ran it, and terminates its workflow; a
+// client of B's sees it to its turn_finished. (Before, the turn stayed
+// running until a worker came.)
+func adoptedCeiling(t *testing.T) {
+	sc := begin(t, "serve kill -9 with a detached turn, every worker kill -9, then the ceiling", "timebox worker, serve --engine temporal ×2")
+	e := newEngine(t)
+	recv := e.trace()
+	const ceiling = 10 * time.Second
+	a := newAgent(t, scriptAgent("kill_grace: 500ms, turn: "+ceiling.String(), "", "{name: hang, description: Hangs., exec: [./hang.sh]}"),
+		[]string{callTools("hang"), `{"text": "never"}`}, map[string]string{"hang.sh": hangTool})
+	env := []string{"PIDFILE=" + a.pidfile}
+	wa := e.worker(a, env, "1s")
+	serve := append([]string{"--engine", "temporal"}, e.flags(a)...)
+	gwA, urlA := startServe(t, a, e.env, serve...)
+	gwB, urlB := startServe(t, a, e.env, serve...)
+	resp, err := http.Post(urlA+"/v1/turns", "application/json", strings.NewReader(`{"input": "go", "detach": true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.Header.Get("Timebox-Turn-Id")
+	resp.Body.Close()
+	pids := a.waitPIDs(t, 3, gwA) // the tool's root, child and grandchild
+	waitSpans(t, recv, "chat ", 1) // the model call's span, the dead worker's
+	gwA.cmd.Process.Kill()
+	wa.cmd.Process.Kill()
+	<-gwA.done
+	<-wa.done
+	f := replayTurn(t, urlB, id)
+	// A taken for gone (3s), B's next look (every 5s); then the ceiling,
+	// its kill grace and the follower's grace (5s), or, when later, the
+	// call's heartbeat timeout (1s) and 10s of work no worker took; then
+	// the follower's next look (every 2s).
+	rec, evs, ok := e.endsWithin(id, ceiling+40*time.Second)
+	if !ok {
+		sc.truth("the turn ended with no worker and no follower", "yes", "no", false)
+		t.Fatalf("turn %s still running 40s past its ceiling\n%s", id, gwB.stderr.String())
+	}
+	_, streamed := f.log.waitFor(event.TypeTurnFinished, 10*time.Second)
+	sc.truth("B's client", "sees its turn_finished", fmt.Sprint(streamed), streamed)
+	f.leave()
+	// The dead worker's tool left its descendants (the root died with
+	// it): the next timebox to start on the machine reaps them.
+	stop(e.worker(a, nil, "1s"))
+
+	sc.within("past the ceiling", rec.EndedAt.Sub(rec.StartedAt.Add(ceiling)), 20*time.Second)
+	sc.is("status", string(rec.Status)+"/"+string(rec.StopReason), string(budget.StatusStopped)+"/"+string(budget.TurnTimeout))
+	says := strings.HasPrefix(rec.Message, "Stopped after 10s, the limit for one turn (timeouts.turn). Last step: tool hang, running for ") &&
+		strings.Contains(rec.Message, "No timebox worker ran the turn on task queue "+e.queue+" ")
+	sc.truth("its message", "the embedded engine's, and that no worker ran it on the task queue", fmt.Sprintf("%q", rec.Message), says)
+	sc.truth("its flags", "timed out by the turn budget, during a tool", fmt.Sprintf("%+v", rec.Flags),
+		rec.Flags.TimedOutDuringToolExecution && rec.Flags.TimedOutByTurnBudget)
+	notices := 0
+	for _, ev := range evs {
+		if n, ok := ev.Data.(*event.StillWorking); ok && n.Waiting != "" {
+			notices++
+		}
+	}
+	sc.count("notices that no worker takes the turn", notices, 1)
+	stopGateways(t, gwB)
+	noWorkerEnd(t, sc, e, rec, evs, f.log.snapshot(), pids, gwA.pid(), gwB.pid())
+	sc.traceWhole(recv, "", id)
 }
 
 // noWorkerEnd asserts what every turn a follower ended with no worker
 // has: its one call interrupted, its workflow terminated, its records
 // whole and streamed, the tools' processes gone (pids: of every turn of
 // the scenario) and nothing left.
-func noWorkerEnd(t *testing.T, sc *scenario, e *engine, rec *event.Turn, evs []event.Event, run *proc, pids map[string][]int) {
+func noWorkerEnd(t *testing.T, sc *scenario, e *engine, rec *event.Turn, evs, streamed []event.Event, pids map[string][]int, timeboxes ...int) {
 	t.Helper()
 	if c := rec.ToolCalls; len(c) == 1 {
 		sc.is("the call", string(c[0].Outcome), string(event.OutcomeInterrupted))
@@ -176,9 +247,9 @@ func noWorkerEnd(t *testing.T, sc *scenario, e *engine, rec *event.Turn, evs []e
 		sc.count("tool call records", len(c), 1)
 	}
 	sc.is("its workflow", workflowStatus(t, e.srv.Addr(), rec.TurnID), enums.WORKFLOW_EXECUTION_STATUS_TERMINATED.String())
-	sc.integrity(evs, run.log.snapshot())
+	sc.integrity(evs, streamed)
 	sc.allDead(pids)
-	sc.nothingLeft()
+	sc.nothingLeft(timeboxes...)
 }
 
 // workflowStatus returns the status of a turn's workflow.

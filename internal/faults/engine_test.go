@@ -55,6 +55,7 @@ func TestEngineFaults(t *testing.T) {
 		{"every worker kill -9 mid-tool", noWorkerLeft},
 		{"every worker kill -9 mid-tool, then the ceiling or the step window", ceilingOrStepWithNoWorker},
 		{"serve SIGTERM, its engine turns running", gatewayStoppedMidTurns},
+		{"serve kill -9 with a detached turn, every worker kill -9, then the ceiling", adoptedCeiling},
 	} {
 		t.Run(s.name, s.run)
 	}
