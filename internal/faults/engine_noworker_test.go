@@ -193,7 +193,7 @@ func adoptedCeiling(t *testing.T) {
 	}
 	id := resp.Header.Get("Timebox-Turn-Id")
 	resp.Body.Close()
-	pids := a.waitPIDs(t, 3, gwA) // the tool's root, child and grandchild
+	pids := a.waitPIDs(t, 3, gwA)  // the tool's root, child and grandchild
 	waitSpans(t, recv, "chat ", 1) // the model call's span, the dead worker's
 	gwA.cmd.Process.Kill()
 	wa.cmd.Process.Kill()
