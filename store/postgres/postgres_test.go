@@ -753,6 +753,69 @@ func TestCallerGoneCancelsItsEngineTurn(t *testing.T) {
 	}
 }
 
+// TestAdoptTurns: the engine turns a gateway follows are adopted by no
+// one while it lives; once it is taken for gone, by exactly one of the
+// gateways of their agent that look at once, and by another once that
+// one is gone in turn. A gateway shut down leaves its turns to be
+// adopted at once.
+func TestAdoptTurns(t *testing.T) {
+	dsn := testenv.Postgres(t)
+	ctx := context.Background()
+	o := postgres.Options{Heartbeat: time.Hour, Poll: time.Hour}
+	a, b, c := open(t, dsn, o), open(t, dsn, o), open(t, dsn, o)
+	defer b.Close()
+	defer c.Close()
+	for id, agent := range map[string]string{"mine": "x", "theirs": "y"} {
+		if err := a.BeginTurn(ctx, store.TurnStart{TurnID: id, Engine: "temporal", Agent: agent, Follower: a.Owner(), Input: "go"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, s := range []*postgres.Store{b, c} {
+		s.SeenFor(48 * time.Hour)
+		if got, err := s.AdoptTurns(ctx, "temporal", "x", 10); err != nil || len(got) != 0 {
+			t.Fatalf("adopted %v (%v) while their follower lives", got, err)
+		}
+	}
+	// a is killed, and taken for gone.
+	a.Crash()
+	sql(t, dsn, `UPDATE owners SET heartbeat_at = now() - interval '1 day' WHERE owner_id = $1`, a.Owner())
+	if _, err := b.Recover(); err != nil {
+		t.Fatal(err)
+	}
+	type adopted struct {
+		by  *postgres.Store
+		ids []string
+	}
+	got := make(chan adopted, 2)
+	for _, s := range []*postgres.Store{b, c} {
+		go func() {
+			ids, err := s.AdoptTurns(ctx, "temporal", "x", 10)
+			if err != nil {
+				t.Error(err)
+			}
+			got <- adopted{s, ids}
+		}()
+	}
+	one, two := <-got, <-got
+	if len(one.ids) == 0 {
+		one, two = two, one
+	}
+	if len(one.ids) != 1 || one.ids[0] != "mine" || len(two.ids) != 0 {
+		t.Fatalf("adopted %v and %v, want [mine] once: the turns of agent x", one.ids, two.ids)
+	}
+	holder, other := one.by, two.by
+	if ids, err := other.AdoptTurns(ctx, "temporal", "x", 10); err != nil || len(ids) != 0 {
+		t.Fatalf("adopted %v (%v) from a live adopter", ids, err)
+	}
+	// The adopter shuts down: its row goes with it, and the turn passes on.
+	if err := holder.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if ids, err := other.AdoptTurns(ctx, "temporal", "x", 10); err != nil || len(ids) != 1 || ids[0] != "mine" {
+		t.Fatalf("adopted %v (%v) after its adopter shut down, want [mine]", ids, err)
+	}
+}
+
 // TestAnOutageKillsNothing: after an outage every gateway's heartbeat is
 // old. The first gateway back must not take the others for gone: it judges
 // only once it has itself seen the database for a full window of theirs —
