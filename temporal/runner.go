@@ -141,11 +141,26 @@ func (r *Runner) Run(ctx context.Context, in agent.Input, sinks ...event.Sink) *
 // (store.Options.Ended, agent.TraceEnded), not by Adopt.
 func (r *Runner) Adopt(ctx context.Context, in agent.Input, sinks ...event.Sink) *agent.Result {
 	bg := context.WithoutCancel(ctx)
-	rec, err := r.payloads.TurnWithoutResults(bg, in.TurnID)
-	if err != nil {
-		now := time.Now()
-		return &agent.Result{Record: &event.Turn{TurnID: in.TurnID, Status: budget.StatusRunning, StartedAt: now, EndedAt: now,
+	var rec *event.Turn
+	for {
+		// The turn is this follower's now: a store away for a while
+		// leaves it followed later, not never.
+		var err error
+		if rec, err = r.payloads.TurnWithoutResults(bg, in.TurnID); err == nil {
+			break
+		}
+		unread := &agent.Result{Record: &event.Turn{TurnID: in.TurnID, Status: budget.StatusRunning,
 			Message: fmt.Sprintf("The turn could not be read from the store to follow it (%v).", err)}}
+		if errors.Is(err, store.ErrNotFound) {
+			return unread
+		}
+		t := time.NewTimer(EngineCheck)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return unread
+		case <-t.C:
+		}
 	}
 	in.SessionID, in.Text = rec.SessionID, rec.Input
 	f := &follow{r: r, in: in, started: rec.StartedAt, state: r.startedState(bg, rec), sinks: sinks}
