@@ -220,12 +220,17 @@ func ownerGone(col string) string {
 	return `NOT EXISTS (SELECT 1 FROM owners o WHERE o.owner_id = ` + col + `)`
 }
 
-// AdoptTurns implements store.Followers. A turn is claimed as webhook
-// deliveries are (FOR UPDATE SKIP LOCKED: stores adopting at once each
-// take other rows, none waiting for another's), and its claim is the
-// owner row of its follower: it passes on when that row goes (ownerGone).
-// The adopter's own heartbeat must be fresh (judgeIsFresh), so that its
-// row is there for the others to see it live.
+// AdoptTurns implements store.Followers. A turn is claimed by a
+// compare-and-set of its follower: the statement sets it to this store's
+// owner only where it is still the one found gone, so that of stores
+// adopting at once one changes it and the others, rechecking the row once
+// the first committed, find another follower there. (A FOR UPDATE SKIP
+// LOCKED select, as webhook deliveries are claimed with, rechecks the row
+// it waited for against its gone owner, and adopted a turn twice: the
+// anti-join with owners is not rechecked.) The claim is then the owner row
+// of its follower: it passes on when that row goes (ownerGone). The
+// adopter's own heartbeat must be fresh (judgeIsFresh), so that its row
+// is there for the others to see it live.
 func (s *Store) AdoptTurns(ctx context.Context, engine, agent string, limit int) ([]string, error) {
 	if s.isClosed() {
 		return nil, store.ErrClosed
@@ -233,10 +238,11 @@ func (s *Store) AdoptTurns(ctx context.Context, engine, agent string, limit int)
 	if _, seen := s.seen(); !seen {
 		return nil, nil
 	}
-	return queryStrings(ctx, s.pool, `UPDATE turns SET follower = $5 WHERE n IN (SELECT t.n FROM turns t
-			WHERE t.status = 'running' AND t.owner_id = $1 AND t.agent = $2 AND t.follower <> $5 AND `+ownerGone("t.follower")+`
-			ORDER BY t.n LIMIT $3 FOR UPDATE SKIP LOCKED)
-		AND `+judgeIsFresh+` RETURNING turn_id`, ownerOf(s.owner, engine), agent, limit, freshBeats, s.owner)
+	return queryStrings(ctx, s.pool, `UPDATE turns t SET follower = $5 FROM (SELECT c.n, c.follower FROM turns c
+			WHERE c.status = 'running' AND c.owner_id = $1 AND c.agent = $2 AND c.follower <> $5 AND `+ownerGone("c.follower")+`
+			ORDER BY c.n LIMIT $3) gone
+		WHERE t.n = gone.n AND t.follower = gone.follower AND t.status = 'running' AND `+judgeIsFresh+`
+		RETURNING t.turn_id`, ownerOf(s.owner, engine), agent, limit, freshBeats, s.owner)
 }
 
 var _ store.Followers = (*Store)(nil)
