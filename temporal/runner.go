@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"go.temporal.io/api/enums/v1"
+	historypb "go.temporal.io/api/history/v1"
 	"go.temporal.io/api/serviceerror"
 	"go.temporal.io/api/workflowservice/v1"
 	"go.temporal.io/sdk/client"
@@ -163,7 +164,24 @@ func (r *Runner) Adopt(ctx context.Context, in agent.Input, sinks ...event.Sink)
 		}
 	}
 	in.SessionID, in.Text = rec.SessionID, rec.Input
-	f := &follow{r: r, in: in, started: rec.StartedAt, state: r.startedState(bg, rec), sinks: sinks}
+	f := &follow{r: r, in: in, started: rec.StartedAt, sinks: sinks}
+	var err error
+	for since := time.Now(); ; {
+		if f.state, err = r.startedState(bg, rec); err == nil {
+			break
+		}
+		// Out of reach: the follower's rule (run) holds meanwhile.
+		if time.Since(since) >= EngineGrace {
+			return f.end(bg, budget.EngineLost, fmt.Sprintf("the Temporal server could not be reached for %s (%v)", budget.Round(time.Since(since)), err))
+		}
+		t := time.NewTimer(EngineCheck)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return &agent.Result{Record: &event.Turn{TurnID: in.TurnID, Status: budget.StatusRunning}}
+		case <-t.C:
+		}
+	}
 	return f.run(ctx, r.client.GetWorkflow(bg, WorkflowID(in.TurnID), ""))
 }
 
@@ -171,28 +189,49 @@ func (r *Runner) Adopt(ctx context.Context, in agent.Input, sinks ...event.Sink)
 // its first run's input: the budgets the turn runs with, and the start
 // its ceiling counts from, as the workflow counts them (the turn's
 // turn_started is stored by its first unit, later, and not at all when no
-// worker ever took the turn). A workflow Temporal cannot give it for
-// leaves the turn the runner's agent's budgets, from its stored start.
-func (r *Runner) startedState(ctx context.Context, rec *event.Turn) *machine.State {
+// worker ever took the turn). A workflow Temporal no longer has leaves the
+// turn the runner's agent's budgets, from its stored start (its follower
+// ends it engine_lost at once), as does an input this timebox cannot
+// read. err is that Temporal could not be asked.
+func (r *Runner) startedState(ctx context.Context, rec *event.Turn) (*machine.State, error) {
 	hctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	var first string
-	if d, err := r.client.DescribeWorkflowExecution(hctx, WorkflowID(rec.TurnID), ""); err == nil {
-		first = d.GetWorkflowExecutionInfo().GetFirstRunId()
+	agents := func() (*machine.State, error) {
+		s := &machine.State{TurnID: rec.TurnID, SessionID: rec.SessionID, Start: rec.StartedAt}
+		s.Budgets, s.Limits, _ = r.agent.TurnBudgets(budget.Request{})
+		return s, nil
 	}
-	it := r.client.GetWorkflowHistory(hctx, WorkflowID(rec.TurnID), first, false, enums.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
-	if it.HasNext() {
-		if e, err := it.Next(); err == nil {
-			var s machine.State
-			if a := e.GetWorkflowExecutionStartedEventAttributes(); a != nil &&
-				converter.GetDefaultDataConverter().FromPayloads(a.GetInput(), &s) == nil && s.TurnID == rec.TurnID {
-				return &s
-			}
+	d, err := r.client.DescribeWorkflowExecution(hctx, WorkflowID(rec.TurnID), "")
+	if isGone(err) {
+		return agents()
+	}
+	if err != nil {
+		return nil, err
+	}
+	first := func(run string) (*historypb.HistoryEvent, error) {
+		it := r.client.GetWorkflowHistory(hctx, WorkflowID(rec.TurnID), run, false, enums.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
+		if !it.HasNext() {
+			return nil, fmt.Errorf("the workflow of turn %s has no history", rec.TurnID)
 		}
+		return it.Next()
 	}
-	s := &machine.State{TurnID: rec.TurnID, SessionID: rec.SessionID, Start: rec.StartedAt}
-	s.Budgets, s.Limits, _ = r.agent.TurnBudgets(budget.Request{})
-	return s
+	e, err := first(d.GetWorkflowExecutionInfo().GetFirstRunId())
+	if isGone(err) {
+		// The first run, continued as new, is past Temporal's retention:
+		// the run's own start carries the turn's start and budgets too,
+		// and its waits for people so far, which the events count again
+		// (the ceiling later, never earlier).
+		e, err = first("")
+	}
+	if err != nil {
+		return nil, err
+	}
+	var s machine.State
+	a := e.GetWorkflowExecutionStartedEventAttributes()
+	if a == nil || converter.GetDefaultDataConverter().FromPayloads(a.GetInput(), &s) != nil || s.TurnID != rec.TurnID {
+		return agents() // not a turn's workflow as this timebox starts one
+	}
+	return &s, nil
 }
 
 // workerSpan reports whether the worker that stored the turn's end made
