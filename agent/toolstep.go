@@ -118,9 +118,14 @@ func (t *turn) runTool(ctx context.Context, step int, callID string, c model.Too
 	if b.Timeout.D > 0 {
 		deadline = start.Add(b.Timeout.D)
 	}
-	t.em.Emit(&event.ToolStarted{Step: step, CallID: callID, Tool: c.Name, Kind: string(e.Tool.Tool.Kind()),
+	// The call's span is begun before its start is told, so that the
+	// start carries its ids: the process that ends the turn makes it again
+	// with them when this one dies mid-call (lostCall).
+	kind := string(e.Tool.Tool.Kind())
+	t.em.Emit(&event.ToolStarted{Step: step, CallID: callID, Tool: c.Name, Kind: kind,
 		Arguments: args, TimeoutMS: b.Timeout.MS(), Deadline: deadline.UTC(), Enforcement: b.Enforcement,
-		Source: b.Timeout.Source, IdleTimeoutMS: b.IdleTimeout.MS()})
+		Source: b.Timeout.Source, IdleTimeoutMS: b.IdleTimeout.MS(), Knob: b.Timeout.Knob,
+		Traceparent: t.spans.beginTool(step, callID, c.Name, kind, b.Enforcement, start)})
 	act := &activity{step: step, subject: toolSubject(c.Name), callID: callID, tool: c.Name, deadline: deadline, limit: b.Timeout.D,
 		advisory: b.Enforcement == budget.Advisory}
 	t.live.begin(act)

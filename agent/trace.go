@@ -180,7 +180,11 @@ func endTurnSpan(span trace.Span, rec *event.Turn) {
 // whose span this process has open (its own end makes it), or when tp's
 // IDGenerator does not give the ids asked for (telemetry.IDs does). rec
 // is the turn's final record: the span runs from its start to its end.
-func TraceEnded(tp trace.TracerProvider, turnID string, started *event.TurnStarted, rec *event.Turn) {
+//
+// calls are the calls that were running when the process died, which the
+// end records interrupted: their execute_tool spans died with it too, and
+// are made with the ids their tool_started carries, beside the turn's.
+func TraceEnded(tp trace.TracerProvider, turnID string, started *event.TurnStarted, rec *event.Turn, calls ...LostCall) {
 	if tp == nil || started == nil || rec == nil {
 		return
 	}
@@ -189,7 +193,79 @@ func TraceEnded(tp trace.TracerProvider, turnID string, started *event.TurnStart
 	if v, ok := started.Budgets["timeouts.turn"]; ok {
 		l.budget = budgetKVs(v.MS, v.Source, v.Knob)
 	}
-	l.make(tp.Tracer(instrumentation), rec, true)
+	tracer := tp.Tracer(instrumentation)
+	if l.make(tracer, rec, true) {
+		traceLostCalls(tracer, l.traceparent, calls, rec.EndedAt)
+	}
+}
+
+// LostCall is a tool call that was running when the process running its
+// turn died: its tool_started, and the record the turn's end gave it
+// (outcome interrupted, store.Interrupt).
+type LostCall struct {
+	Started *event.ToolStarted
+	Record  event.ToolCall
+}
+
+// TraceLostCalls makes the execute_tool spans of the calls of a turn that
+// its Temporal runner ended itself (the turn's ceiling with no worker
+// left), which recorded the calls that were running interrupted: their
+// spans died with the workers that ran them. rec is the turn's record,
+// with its events (the calls' tool_started) and its calls; the spans end
+// at its end. The turn's own span is the runner's (TraceTurn).
+func TraceLostCalls(a *Agent, s *machine.State, rec *event.Turn) {
+	if a.tracer == nil || rec == nil {
+		return
+	}
+	starts := map[string]*event.ToolStarted{}
+	for _, e := range rec.Events {
+		if d, ok := e.Data.(*event.ToolStarted); ok {
+			starts[d.CallID] = d
+		}
+	}
+	var calls []LostCall
+	for _, c := range rec.ToolCalls {
+		// store.Interrupt's record: interrupted, with no phase (a call
+		// lost with its worker, recorded by another, has worker_lost,
+		// and its span is made from that record by the turn's spans).
+		if d := starts[c.CallID]; d != nil && c.Outcome == event.OutcomeInterrupted && c.Phase == "" {
+			calls = append(calls, LostCall{Started: d, Record: c})
+		}
+	}
+	traceLostCalls(a.tracer, s.TraceParent, calls, rec.EndedAt)
+}
+
+// traceLostCalls makes the execute_tool span of each of calls, a child of
+// the turn's span turn, with the ids its tool_started carries, the
+// attributes its live span had and its record's outcome, ended at end
+// (the turn's). A call begun untraced or unsampled has none; when the
+// tracer does not give the ids asked for, the span begun is left
+// unended, never exported, rather than one that names no call's children.
+func traceLostCalls(tracer trace.Tracer, turn string, calls []LostCall, end time.Time) {
+	parent := withTraceParent(context.Background(), turn)
+	for _, c := range calls {
+		own, ok := parseTraceParent(c.Started.Traceparent)
+		if !ok || !own.IsSampled() {
+			continue
+		}
+		d := c.Started
+		attrs := toolAttrs(d.Step, d.CallID, d.Tool, d.Kind, d.Enforcement)
+		if d.Source != "" || d.Knob != "" {
+			attrs = append(attrs, budgetKVs(d.TimeoutMS, d.Source, d.Knob)...)
+		}
+		_, span := tracer.Start(spanid.With(parent, own.TraceID(), own.SpanID()), "execute_tool "+d.Tool,
+			trace.WithTimestamp(c.Record.StartedAt), trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(attrs...))
+		if sc := span.SpanContext(); sc.TraceID() != own.TraceID() || sc.SpanID() != own.SpanID() {
+			continue
+		}
+		rec := c.Record
+		at := end
+		if at.Before(rec.EndedAt) {
+			at = rec.EndedAt
+		}
+		endSpan(span, at, rec.Outcome, rec.Result, []attribute.KeyValue{attrOutcome.String(string(rec.Outcome)),
+			attrOverran.Bool(rec.Overran), attrAbandoned.Bool(rec.Abandoned)})
+	}
 }
 
 // lostSpan is a turn's span to make again: its ids and what its start
@@ -201,11 +277,14 @@ type lostSpan struct {
 }
 
 // make makes the span with tracer, ended as rec says the turn ended;
-// unlessLive, not when this process has it open.
-func (l lostSpan) make(tracer trace.Tracer, rec *event.Turn, unlessLive bool) {
-	if end := l.begin(tracer, rec.StartedAt, unlessLive); end != nil {
+// unlessLive, not when this process has it open. It reports whether it
+// made it.
+func (l lostSpan) make(tracer trace.Tracer, rec *event.Turn, unlessLive bool) bool {
+	end := l.begin(tracer, rec.StartedAt, unlessLive)
+	if end != nil {
 		end(rec)
 	}
+	return end != nil
 }
 
 // begin begins the span with tracer at start and returns the function
@@ -287,6 +366,23 @@ func (sp *spans) traceparent(callID string) string {
 		s = sp.calls[callID]
 	}
 	if s == nil {
+		return ""
+	}
+	return TraceParent(trace.ContextWithSpan(context.Background(), s))
+}
+
+// beginTool begins the execute_tool span of a call about to start at
+// start and returns its traceparent, for the call's tool_started: "" when
+// the turn is not traced or the span not sampled (nothing to make again).
+func (sp *spans) beginTool(step int, callID, tool, kind string, enf budget.Enforcement, start time.Time) string {
+	if sp == nil {
+		return ""
+	}
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	s := sp.startTool(step, callID, tool, kind, enf, start)
+	sp.calls[callID] = s
+	if !s.SpanContext().IsSampled() {
 		return ""
 	}
 	return TraceParent(trace.ContextWithSpan(context.Background(), s))
@@ -381,7 +477,9 @@ func (sp *spans) Emit(e event.Event) {
 		}
 		sp.approvalSpan(d.CallID, d.Tool, e.At.Add(-time.Duration(d.WaitedMS)*time.Millisecond), e.At, outcome, d.Reason, attrs)
 	case *event.ToolStarted:
-		sp.calls[d.CallID] = sp.startTool(d.Step, d.CallID, d.Tool, d.Kind, d.Enforcement, e.At)
+		if sp.calls[d.CallID] == nil { // not begun ahead of its start (beginTool)
+			sp.calls[d.CallID] = sp.startTool(d.Step, d.CallID, d.Tool, d.Kind, d.Enforcement, e.At)
+		}
 	case *event.ToolProgress:
 		if s := sp.calls[d.CallID]; s != nil {
 			attrs := []attribute.KeyValue{attribute.String("timebox.progress.message", d.Message)}
@@ -473,19 +571,25 @@ func (sp *spans) startChat(step, attempt int, model, provider string, start time
 
 // startTool starts a tool call's execute_tool span at start.
 func (sp *spans) startTool(step int, callID, tool, kind string, enf budget.Enforcement, start time.Time) trace.Span {
-	attrs := []attribute.KeyValue{
-		attribute.String("gen_ai.operation.name", "execute_tool"),
-		attribute.String("gen_ai.tool.name", tool),
-		attribute.String("gen_ai.tool.call.id", callID),
-		attribute.String("gen_ai.tool.type", toolType(kind)),
-		attrStep.Int(step), attrEnforcement.String(string(enf)),
-	}
+	attrs := toolAttrs(step, callID, tool, kind, enf)
 	if e, ok := sp.t.a.tools[tool]; ok {
 		attrs = append(attrs, budgetAttrs(turnToolBudget(e, &sp.t.s.Budgets).Timeout)...)
 	}
 	_, s := sp.tracer.Start(sp.parent, "execute_tool "+tool, trace.WithTimestamp(start),
 		trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(attrs...))
 	return s
+}
+
+// toolAttrs are the attributes of a call's execute_tool span as it
+// begins, but its budget.
+func toolAttrs(step int, callID, tool, kind string, enf budget.Enforcement) []attribute.KeyValue {
+	return []attribute.KeyValue{
+		attribute.String("gen_ai.operation.name", "execute_tool"),
+		attribute.String("gen_ai.tool.name", tool),
+		attribute.String("gen_ai.tool.call.id", callID),
+		attribute.String("gen_ai.tool.type", toolType(kind)),
+		attrStep.Int(step), attrEnforcement.String(string(enf)),
+	}
 }
 
 // approvalSpan makes the await_approval span of a call's wait for a

@@ -3,6 +3,7 @@ package agent_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -342,6 +343,118 @@ func TestTraceEnded(t *testing.T) {
 	}
 }
 
+// TestTraceEndedCalls: a call that was running when its turn's process
+// died gets its execute_tool span from the process that ends the turn,
+// beside the turn's: with the ids its tool_started carries — those of the
+// span its process began, which the tool was given — under the turn's
+// span, with the attributes that span began with and its record's
+// outcome, from its start to the turn's end. None for a call whose
+// tool_started has no sampled traceparent, and none while the turn's span
+// is open here (its own process ends them).
+func TestTraceEndedCalls(t *testing.T) {
+	newTP := func() (*sdktrace.TracerProvider, *tracetest.SpanRecorder) {
+		rec := tracetest.NewSpanRecorder()
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec), sdktrace.WithIDGenerator(telemetry.IDs{}))
+		t.Cleanup(func() { tp.Shutdown(context.Background()) })
+		return tp, rec
+	}
+	first, firstRec := newTP()
+	var given string // the traceparent the tool was given
+	crawl := goTool("crawl", budget.Hard, time.Minute, func(context.Context, json.RawMessage, tool.Progress) (any, error) {
+		return "done", nil
+	})
+	crawl.Tool = &notingTool{Tool: crawl.Tool, traceparent: &given}
+	a, err := agent.New(agent.Config{Name: "traced", Models: []model.Endpoint{endpoint(lines(t,
+		`{"tool_calls": [{"name": "crawl", "arguments": {}}]}`, `{"text": "ok"}`), "m")},
+		Tools:   []agent.Tool{crawl},
+		Budgets: budget.Budgets{Turn: secs(time.Minute, budget.SourceFile, budget.KeyTurn)}, TracerProvider: first})
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, againRec := newTP()
+	var (
+		started *event.TurnStarted
+		call    *event.ToolStarted
+	)
+	res := a.Run(t.Context(), agent.Input{Text: "go"}, event.SinkFunc(func(e event.Event) {
+		switch d := e.Data.(type) {
+		case *event.TurnStarted:
+			started = d
+		case *event.ToolStarted:
+			call = d
+			// Open here: its own process ends it.
+			agent.TraceEnded(again, e.TurnID, started, &event.Turn{Status: budget.StatusInterrupted},
+				agent.LostCall{Started: d, Record: event.ToolCall{CallID: d.CallID, Outcome: event.OutcomeInterrupted}})
+		}
+	}))
+	if call == nil || call.Traceparent == "" || call.Knob != "tools[crawl].timeout in agent.yaml" {
+		t.Fatalf("tool_started %+v: want the call's traceparent and knob", call)
+	}
+	if n := len(againRec.Ended()); n != 0 {
+		t.Fatalf("%d spans made for a turn whose span was open", n)
+	}
+	var orig, turn sdktrace.ReadOnlySpan
+	for _, s := range firstRec.Ended() {
+		switch s.Name() {
+		case "execute_tool crawl":
+			orig = s
+		case "invoke_agent traced":
+			turn = s
+		}
+	}
+	if orig == nil || turn == nil {
+		t.Fatal("no call or turn span")
+	}
+	if tp := fmt.Sprintf("00-%s-%s-01", orig.SpanContext().TraceID(), orig.SpanContext().SpanID()); call.Traceparent != tp || given != tp {
+		t.Fatalf("tool_started names %s, the tool was given %s; the call's span is %s", call.Traceparent, given, tp)
+	}
+
+	rec := *res.Record
+	rec.Status, rec.StopReason, rec.Message = budget.StatusInterrupted, budget.Interrupted, "Interrupted: its process stopped."
+	rec.EndedAt = res.Record.EndedAt.Add(time.Second)
+	lost := res.Record.ToolCalls[0]
+	lost.Outcome, lost.Result, lost.EndedAt = event.OutcomeInterrupted, "Interrupted: its process stopped while this call was running.", lost.StartedAt
+	agent.TraceEnded(again, rec.TurnID, started, &rec, agent.LostCall{Started: call, Record: lost})
+	var made sdktrace.ReadOnlySpan
+	for _, s := range againRec.Ended() {
+		if s.Name() == "execute_tool crawl" {
+			made = s
+		}
+	}
+	if n := len(againRec.Ended()); n != 2 || made == nil {
+		t.Fatalf("%d spans made; want the turn's and the call's", n)
+	}
+	if made.SpanContext().TraceID() != orig.SpanContext().TraceID() || made.SpanContext().SpanID() != orig.SpanContext().SpanID() ||
+		made.Parent().SpanID() != turn.SpanContext().SpanID() || !made.StartTime().Equal(lost.StartedAt) || !made.EndTime().Equal(rec.EndedAt) {
+		t.Errorf("made %s/%s under %s, %s–%s; want %s/%s under %s, %s–%s", made.SpanContext().TraceID(), made.SpanContext().SpanID(),
+			made.Parent().SpanID(), made.StartTime(), made.EndTime(), orig.SpanContext().TraceID(), orig.SpanContext().SpanID(),
+			turn.SpanContext().SpanID(), lost.StartedAt, rec.EndedAt)
+	}
+	attrs := func(s sdktrace.ReadOnlySpan) map[string]any {
+		m := map[string]any{}
+		for _, kv := range s.Attributes() {
+			m[string(kv.Key)] = kv.Value.AsInterface()
+		}
+		return m
+	}
+	want := attrs(orig)
+	want["timebox.outcome"], want["error.type"] = "interrupted", "interrupted"
+	if got := attrs(made); !reflect.DeepEqual(got, want) {
+		t.Errorf("attributes %v\nwant %v", got, want)
+	}
+	if made.Status().Code != codes.Error || made.Status().Description != lost.Result {
+		t.Errorf("status %v", made.Status())
+	}
+
+	// A call not sampled: its turn's span alone.
+	unsampled := *call
+	unsampled.Traceparent = strings.TrimSuffix(call.Traceparent, "01") + "00"
+	agent.TraceEnded(again, rec.TurnID, started, &rec, agent.LostCall{Started: &unsampled, Record: lost})
+	if n := len(againRec.Ended()); n != 3 {
+		t.Errorf("%d spans made for a call not sampled and its turn; want its turn's", n-2)
+	}
+}
+
 // TestResumedTurnSpan: a turn suspended while its call waits for a person
 // (a server stopping) and resumed by another process (its TracerProvider
 // another) has one invoke_agent span, made by the process that ends it,
@@ -421,4 +534,15 @@ func TestResumedTurnSpan(t *testing.T) {
 	if len(spans) < 3 {
 		t.Errorf("%d spans; want the turn's, the model calls' and the tool call's", len(spans))
 	}
+}
+
+// notingTool notes the traceparent its call is given.
+type notingTool struct {
+	tool.Tool
+	traceparent *string
+}
+
+func (n *notingTool) Call(ctx context.Context, c *tool.Call) (*tool.Result, error) {
+	*n.traceparent = c.TraceParent
+	return n.Tool.Call(ctx, c)
 }

@@ -185,6 +185,14 @@ type ToolStarted struct {
 	// IdleTimeoutMS (idle_timeout_ms) is the longest silence allowed
 	// between two progress reports, in milliseconds; 0 is off.
 	IdleTimeoutMS int64 `json:"idle_timeout_ms"`
+	// Knob is the setting the timeout came from (tools[crawl].timeout
+	// in agent.yaml, timeouts.tool), as the call's span names it.
+	Knob string `json:"knob,omitempty"`
+	// Traceparent is the W3C traceparent of the call's execute_tool
+	// span, when the turn is traced: the process that ends the turn
+	// makes that span again, with these ids, when the one that ran the
+	// call died before it could end it.
+	Traceparent string `json:"traceparent,omitempty"`
 }
 
 // ToolProgress is a progress report from a running tool call. Progress and

@@ -26,7 +26,8 @@ type Crash func(t *testing.T) (s store.Store, crash func(ended func(store.Ending
 // store's running turn is marked interrupted by the next store, with
 // every call record kept and the running call recorded as interrupted,
 // and the next store tells its Options.Ended of that end once, with the
-// turn's turn_started (its traceparent) and its final record.
+// turn's turn_started (its traceparent), its final record, and the running
+// call's tool_started (its span's traceparent) and record.
 func RunCrash(t *testing.T, open Crash, why string) {
 	t.Run("CrashLeavesTheTurnInterrupted", func(t *testing.T) {
 		s, crash := open(t)
@@ -68,12 +69,29 @@ func RunCrash(t *testing.T, open Crash, why string) {
 			t.Errorf("told of %s: started %+v, record %s %q from %s to %s; stored %q from %s to %s", e.TurnID, e.Started,
 				e.Record.Status, e.Record.Message, e.Record.StartedAt, e.Record.EndedAt, rec.Message, rec.StartedAt, rec.EndedAt)
 		}
+		// The call that was running, whose span died with the process:
+		// its tool_started (its span's ids) and the record it was given.
+		var stored event.ToolCall
+		for _, c := range rec.ToolCalls {
+			if c.CallID == "call_1_2" {
+				stored = c
+			}
+		}
+		if len(e.Calls) != 1 || e.Calls[0].Started == nil || e.Calls[0].Started.Traceparent != runningCallTraceparent ||
+			e.Calls[0].Record.CallID != "call_1_2" || e.Calls[0].Record.Outcome != event.OutcomeInterrupted ||
+			e.Calls[0].Record.Result != stored.Result || !e.Calls[0].Record.EndedAt.Equal(stored.EndedAt) {
+			t.Errorf("told of the calls %+v; want crawl's, its traceparent %s, as stored: %+v", e.Calls, runningCallTraceparent, stored)
+		}
 	})
 }
 
 // runningTraceparent is the traceparent WriteRunningTurn's turn_started
 // names as the turn's span.
 const runningTraceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+// runningCallTraceparent is the traceparent the tool_started of
+// WriteRunningTurn's running call (crawl) names as its span.
+const runningCallTraceparent = "00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01"
 
 // WriteRunningTurn begins turn id (in session "s_"+id) and emits, through a
 // Recorder, what a turn does up to a tool call that is still running: a
@@ -93,7 +111,7 @@ func WriteRunningTurn(s store.Store, id string) (emitted, lastRecord int, err er
 	em.Emit(&event.LLMDelta{Step: 1, Text: "Let me crawl."})
 	em.Emit(&event.LLMFinished{ModelCall: event.ModelCall{Step: 1, Model: "m", Provider: "script", Attempt: 1, Outcome: event.OutcomeOK}, ToolCalls: 2})
 	em.Emit(&event.ToolStarted{Step: 1, CallID: "call_1_1", Tool: "word_count", TimeoutMS: 5000})
-	em.Emit(&event.ToolStarted{Step: 1, CallID: "call_1_2", Tool: "crawl", TimeoutMS: 10000})
+	em.Emit(&event.ToolStarted{Step: 1, CallID: "call_1_2", Tool: "crawl", TimeoutMS: 10000, Traceparent: runningCallTraceparent})
 	last := em.Emit(&event.ToolFinished{ToolCall: event.ToolCall{CallID: "call_1_1", Step: 1, Tool: "word_count", Outcome: event.OutcomeOK, StartedAt: time.Now()}})
 	for i := range 5 {
 		p := float64(i)
