@@ -408,13 +408,40 @@ func startTracing(ctx context.Context, o IO) (*telemetry.Tracing, bool) {
 // its process — its own died, or a gateway ends a turn no worker runs —
 // when spans are exported: the turn's invoke_agent span, which died with
 // the process that began it, made again with its ids, so that the spans
-// of its calls have their parent (docs/decisions/turn-span-of-a-lost-turn.md).
+// of its calls have their parent, and those of the calls that were
+// running, which died with it too (docs/decisions/turn-span-of-a-lost-turn.md).
 // Nil without tracing.
 func tracedEnds(t *telemetry.Tracing) func(store.Ending) {
 	if t == nil || t.Provider == nil {
 		return nil
 	}
-	return func(e store.Ending) { agent.TraceEnded(t.Provider, e.TurnID, e.Started, &e.Record) }
+	return func(e store.Ending) {
+		calls := make([]agent.LostCall, len(e.Calls))
+		for i, c := range e.Calls {
+			calls[i] = agent.LostCall{Started: c.Started, Record: c.Record}
+		}
+		agent.TraceEnded(t.Provider, e.TurnID, e.Started, &e.Record, calls...)
+	}
+}
+
+// readerEnds is tracedEnds for a command that reads turns (runs, stats,
+// validate) and traces nothing of its own, but whose store may end turns
+// from outside as it opens — those of a timebox process that died, or of
+// a gateway gone — and so makes their spans, or no one does. Tracing is
+// started only when the OTEL_* variables ask for it, so nothing is slower
+// without them; done exports what was made, after the store is closed.
+// A tracing setting that cannot be used is a warning: the command reads
+// on, and the spans are not made.
+func readerEnds(ctx context.Context, o IO, cmd string) (ended func(store.Ending), done func()) {
+	t, err := telemetry.FromEnv(ctx, o.getenv)
+	if err != nil {
+		fmt.Fprintf(o.Err, "timebox %s: %v; the spans of the turns it ends are not made\n", cmd, err)
+		return nil, func() {}
+	}
+	if t.Provider == nil {
+		return nil, func() {}
+	}
+	return tracedEnds(t), func() { stopTracing(t, o) }
 }
 
 // stopTracing exports the spans still buffered, waiting at most 5s for

@@ -19,19 +19,66 @@ import (
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/syncbuf"
 	"github.com/timebox-run/timebox/internal/testenv"
+	"github.com/timebox-run/timebox/internal/wait"
 )
 
 // TestLostTurnSpanMadeByTheNextStart: `timebox run`, traced to a real OTLP
 // receiver, is killed with SIGKILL while its turn's second tool runs. The
 // first call's span was exported; the turn's invoke_agent span, its
-// parent, died unended with the process. The next `timebox run` on the
-// same store marks the turn interrupted and makes that span, with the ids
-// the first call names as its parent — before, the call's span pointed
-// to a parent no collector ever received.
+// parent, and the running call's execute_tool span died unended with the
+// process. The next command that opens the same store — `timebox run`,
+// and `timebox runs` and `stats`, which only read — marks the turn
+// interrupted and makes both spans, with the ids the first call names as
+// its parent and the ids the running call's tool was given (its
+// TRACEPARENT) — before, the call's span pointed to a parent no collector
+// ever received, and the running call had no span. Without the OTEL
+// variables, runs makes none and says nothing of tracing.
 func TestLostTurnSpanMadeByTheNextStart(t *testing.T) {
 	bin := timeboxBinary(t)
-	recv := testenv.NewOTLP(t)
-	dir := t.TempDir()
+	for _, c := range []struct {
+		name string
+		args func(other, db string) []string
+		said string // what the next command says of the lost turn
+	}{
+		{"run", func(other, db string) []string { return []string{"run", "-f", other, "--db", db, "hello"} }, "marked 1 turn interrupted"},
+		{"runs list", func(_, db string) []string { return []string{"runs", "list", "--db", db} }, "interrupted"},
+		{"stats", func(_, db string) []string { return []string{"stats", "--db", db} }, "hang"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			recv := testenv.NewOTLP(t)
+			dir, env, turnID, quick := killMidTool(t, bin, recv)
+			db := filepath.Join(dir, "timebox.db")
+			next := exec.Command(bin, c.args(filepath.Join(dir, "other.yaml"), db)...)
+			next.Env = env
+			said, err := next.CombinedOutput()
+			if err != nil || !strings.Contains(string(said), c.said) {
+				t.Fatalf("the next command: %v\n%s", err, said)
+			}
+			checkLostSpans(t, recv, dir, turnID, quick)
+		})
+	}
+	t.Run("runs list untraced", func(t *testing.T) {
+		recv := testenv.NewOTLP(t)
+		dir, env, _, _ := killMidTool(t, bin, recv)
+		next := exec.Command(bin, "runs", "list", "--db", filepath.Join(dir, "timebox.db"))
+		next.Env = append(env, "OTEL_SDK_DISABLED=true")
+		said, err := next.CombinedOutput()
+		if err != nil || !strings.Contains(string(said), "interrupted") || strings.Contains(string(said), "OTEL") {
+			t.Fatalf("runs list: %v\n%s", err, said)
+		}
+		if n := len(recv.ByName()["invoke_agent lost-turn"]); n != 0 {
+			t.Errorf("%d turn spans made by an untraced runs list", n)
+		}
+	})
+}
+
+// killMidTool runs `timebox run` traced to recv until its second call (hang)
+// runs, its first call's span exported, and kills it with SIGKILL. It
+// returns the directory of its store and agent files, the environment
+// that traces to recv, the turn's id and the first call's span.
+func killMidTool(t *testing.T, bin string, recv *testenv.OTLP) (dir string, env []string, turnID string, quick *tracepb.Span) {
+	t.Helper()
+	dir = t.TempDir()
 	db := filepath.Join(dir, "timebox.db")
 	pidfile := filepath.Join(dir, "pids")
 	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"tool_calls": [{"name": "quick"}]}`+"\n"+`{"tool_calls": [{"name": "hang"}]}`+"\n"+`{"text": "never"}`+"\n"), 0o644)
@@ -44,12 +91,12 @@ tools:
   - name: quick
     exec: [sh, -c, 'echo ok']
   - name: hang
-    exec: [sh, -c, 'echo $$ >> %s; exec sleep 300']
+    exec: [sh, -c, 'echo "$TRACEPARENT" > %s; echo $$ >> %s; exec sleep 300']
     timeout: 10m
-`, pidfile)), 0o644)
+`, filepath.Join(dir, "traceparent"), pidfile)), 0o644)
 	other := filepath.Join(dir, "other.yaml")
 	os.WriteFile(other, []byte("name: other\nmodel: {primary: script:m}\nproviders: {script: {file: hi.jsonl}}\n"), 0o644)
-	env := append(os.Environ(), "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT="+recv.URL+"/v1/traces",
+	env = append(os.Environ(), "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT="+recv.URL+"/v1/traces",
 		"OTEL_TRACES_EXPORTER=", "OTEL_SDK_DISABLED=", "OTEL_BSP_SCHEDULE_DELAY=50")
 
 	var out, errb syncbuf.Buffer
@@ -65,18 +112,12 @@ tools:
 		fmt.Sscan(pid, &p)
 		syscall.Kill(p, syscall.SIGKILL)
 	})
-	var quick *tracepb.Span
-	for deadline := time.Now().Add(20 * time.Second); quick == nil; time.Sleep(20 * time.Millisecond) {
-		if s := recv.ByName()["execute_tool quick"]; len(s) > 0 {
-			quick = s[0]
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the first call's span was never exported; spans %v\n%s", names(recv.ByName()), errb.String())
-		}
+	if !wait.Until(20*time.Second, func() bool { return len(recv.ByName()["execute_tool quick"]) > 0 }) {
+		t.Fatalf("the first call's span was never exported; spans %v\n%s", names(recv.ByName()), errb.String())
 	}
+	quick = recv.ByName()["execute_tool quick"][0]
 	run.Process.Signal(syscall.SIGKILL)
 	run.Wait()
-	var turnID string
 	for line := range strings.Lines(out.String()) {
 		var e event.Event
 		if json.Unmarshal([]byte(line), &e) == nil && e.Type == event.TypeTurnStarted {
@@ -86,16 +127,17 @@ tools:
 	if turnID == "" {
 		t.Fatalf("no turn_started in %q", out.String())
 	}
-	if n := len(recv.ByName()["invoke_agent lost-turn"]); n != 0 {
-		t.Fatalf("%d turn spans before the next start; want none (the process died with it)", n)
+	if n := len(recv.ByName()["invoke_agent lost-turn"]) + len(recv.ByName()["execute_tool hang"]); n != 0 {
+		t.Fatalf("%d turn or hang spans before the next start; want none (the process died with them)", n)
 	}
+	return dir, env, turnID, quick
+}
 
-	next := exec.Command(bin, "run", "-f", other, "--db", db, "hello")
-	next.Env = env
-	said, err := next.CombinedOutput()
-	if err != nil || !strings.Contains(string(said), "marked 1 turn interrupted") {
-		t.Fatalf("the next run: %v\n%s", err, said)
-	}
+// checkLostSpans checks the spans made of the turn killMidTool killed:
+// the turn's, with the ids its first call names as its parent, and the
+// running call's, with the ids its tool was given, under it.
+func checkLostSpans(t *testing.T, recv *testenv.OTLP, dir, turnID string, quick *tracepb.Span) {
+	t.Helper()
 	turns := recv.ByName()["invoke_agent lost-turn"]
 	if len(turns) != 1 {
 		t.Fatalf("%d spans of the lost turn; want 1; all: %v", len(turns), names(recv.ByName()))
@@ -112,6 +154,30 @@ tools:
 		turn.GetStartTimeUnixNano() > quick.GetStartTimeUnixNano() || turn.GetEndTimeUnixNano() < quick.GetEndTimeUnixNano() {
 		t.Errorf("the lost turn's span: attributes %v, status %v, %d–%d around the call's %d–%d", a, turn.GetStatus(),
 			turn.GetStartTimeUnixNano(), turn.GetEndTimeUnixNano(), quick.GetStartTimeUnixNano(), quick.GetEndTimeUnixNano())
+	}
+
+	hangs := recv.ByName()["execute_tool hang"]
+	if len(hangs) != 1 {
+		t.Fatalf("%d spans of the call running at the kill; want 1; all: %v", len(hangs), names(recv.ByName()))
+	}
+	hang := hangs[0]
+	given := strings.TrimSpace(readFile(filepath.Join(dir, "traceparent")))
+	if made := fmt.Sprintf("00-%x-%x-01", hang.GetTraceId(), hang.GetSpanId()); made != given {
+		t.Errorf("the running call's span is %s; its tool was given TRACEPARENT %q", made, given)
+	}
+	h := testenv.SpanAttrs(hang)
+	if string(hang.GetParentSpanId()) != string(turn.GetSpanId()) || h["gen_ai.tool.name"].GetStringValue() != "hang" ||
+		h["gen_ai.tool.call.id"].GetStringValue() != "call_2_1" || h["gen_ai.operation.name"].GetStringValue() != "execute_tool" ||
+		h["gen_ai.tool.type"].GetStringValue() != "function" || h["timebox.step"].GetIntValue() != 2 ||
+		h["timebox.budget.ms"].GetIntValue() != 600000 || h["timebox.budget.source"].GetStringValue() != "tool" ||
+		!strings.HasPrefix(h["timebox.budget.knob"].GetStringValue(), "tools[hang].timeout") ||
+		h["timebox.enforcement"].GetStringValue() != "hard" || h["timebox.outcome"].GetStringValue() != "interrupted" ||
+		h["error.type"].GetStringValue() != "interrupted" || hang.GetStatus().GetCode() != tracepb.Status_STATUS_CODE_ERROR ||
+		!strings.HasPrefix(hang.GetStatus().GetMessage(), "Interrupted:") ||
+		hang.GetEndTimeUnixNano() != turn.GetEndTimeUnixNano() || hang.GetStartTimeUnixNano() < quick.GetEndTimeUnixNano() {
+		t.Errorf("the running call's span: parent %x (the turn's %x), attributes %v, status %v, %d–%d (the turn ends %d)",
+			hang.GetParentSpanId(), turn.GetSpanId(), h, hang.GetStatus(), hang.GetStartTimeUnixNano(), hang.GetEndTimeUnixNano(),
+			turn.GetEndTimeUnixNano())
 	}
 	if bad := recv.Refused(); len(bad) > 0 {
 		t.Fatalf("the receiver refused: %v", bad)

@@ -114,7 +114,9 @@ func cmdRuns(ctx context.Context, args []string, o IO) int {
 			storeName(db), stateDB(o))
 		return ExitFailed
 	}
-	st, err := openStore(db, false, o, nil)
+	ended, traced := readerEnds(ctx, o, "runs")
+	defer traced()
+	st, err := openStore(db, false, o, ended)
 	if err != nil && !postgres.IsURL(db) {
 		// What was stored stays readable when the store cannot be opened
 		// to write (a full disk).

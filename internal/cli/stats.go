@@ -87,7 +87,9 @@ func cmdStats(ctx context.Context, args []string, o IO) int {
 	}
 
 	db := setting(fs, "db", *dbFlag, "TIMEBOX_DB", o, stateDB(o))
-	st, where, code := openStatsStore(db, o)
+	ended, traced := readerEnds(ctx, o, "stats")
+	defer traced()
+	st, where, code := openStatsStore(db, o, ended)
 	if st == nil {
 		return code
 	}
@@ -141,7 +143,7 @@ func parseSince(s string, now time.Time) (time.Time, error) { return advice.Pars
 // that cannot be written is read without writing — and returns where it
 // is, for messages. It never creates one: a SQLite file that is not there
 // is an error (ExitFailed).
-func openStatsStore(db string, o IO) (store.Store, string, int) {
+func openStatsStore(db string, o IO, ended func(store.Ending)) (store.Store, string, int) {
 	if db == "" {
 		fmt.Fprintln(o.Err, `timebox stats: --db is "": name the store`)
 		return nil, "", ExitUsage
@@ -152,7 +154,7 @@ func openStatsStore(db string, o IO) (store.Store, string, int) {
 			where, stateDB(o))
 		return nil, "", ExitFailed
 	}
-	st, err := openStore(db, false, o, nil)
+	st, err := openStore(db, false, o, ended)
 	if err != nil && !postgres.IsURL(db) {
 		var rerr error
 		if st, rerr = sqlite.OpenReadOnly(sqlitePath(db)); rerr == nil {
@@ -327,15 +329,17 @@ func warnFromRecords(ctx context.Context, db string, tools []advice.NamedBudget,
 	if _, err := os.Stat(sqlitePath(db)); !postgres.IsURL(db) && err != nil {
 		return
 	}
+	ended, traced := readerEnds(ctx, o, "validate")
+	defer traced()
 	var st store.Store
 	var err error
 	if postgres.IsURL(db) {
 		// A database that does not answer costs validate 10s, not the
 		// minute a gateway gives it.
 		octx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		st, err = postgres.Open(octx, db, postgres.Options{})
+		st, err = postgres.Open(octx, db, postgres.Options{Ended: ended})
 		cancel()
-	} else if st, err = openSQLite(sqlitePath(db), nil); err != nil {
+	} else if st, err = openSQLite(sqlitePath(db), ended); err != nil {
 		st, err = sqlite.OpenReadOnly(sqlitePath(db))
 	}
 	if err != nil {
