@@ -119,6 +119,13 @@ func (r *Runner) Run(ctx context.Context, in agent.Input, sinks ...event.Sink) *
 	res := r.run(ctx, f, history)
 	if f.own || (res.Record.Status != budget.StatusRunning && !f.workerSpan(context.WithoutCancel(ctx))) {
 		end(res)
+		if f.own {
+			// An end this Run stored (store.Interrupt) records the calls
+			// that were running interrupted: their workers died, or were
+			// given up and left their spans unended. Their spans are made
+			// here, with the ids their tool_started carries.
+			agent.TraceLostCalls(r.agent, s, res.Record)
+		}
 	} else {
 		leave()
 	}

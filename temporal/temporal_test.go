@@ -754,23 +754,30 @@ func endsWithoutWorker(t *testing.T, file string, d time.Duration) (*event.Turn,
 // what it was doing (a compaction cut by its stop is not ended).
 func endsWithoutWorkerAfter(t *testing.T, file string, in agent.Input, after event.Type, d time.Duration) (*event.Turn, string) {
 	t.Helper()
+	a := openAgent(t, file)
+	return endsWithoutWorkerOf(t, a.Agent, a.Agent, in, after, d)
+}
+
+// endsWithoutWorkerOf is endsWithoutWorkerAfter with the worker's agent
+// and the runner's (each its own TracerProvider, as two processes have).
+func endsWithoutWorkerOf(t *testing.T, worker, runner *agent.Agent, in agent.Input, after event.Type, d time.Duration) (*event.Turn, string) {
+	t.Helper()
 	c, s, queue, dsn := setupDSN(t)
 	defer func(w, g time.Duration) { temporal.WorkerWait, temporal.CeilingGrace = w, g }(temporal.WorkerWait, temporal.CeilingGrace)
 	temporal.WorkerWait, temporal.CeilingGrace = 2*time.Second, time.Second
-	a := openAgent(t, file)
 	ws, err := postgres.Open(context.Background(), dsn, postgres.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ws.Close()
-	w, err := temporal.NewWorker(temporal.WorkerOptions{Client: c, TaskQueue: queue, Agent: a.Agent, Store: ws, Heartbeat: time.Second})
+	w, err := temporal.NewWorker(temporal.WorkerOptions{Client: c, TaskQueue: queue, Agent: worker, Store: ws, Heartbeat: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := w.Start(); err != nil {
 		t.Fatal(err)
 	}
-	r, err := temporal.NewRunner(c, s, queue, a.Agent)
+	r, err := temporal.NewRunner(c, s, queue, runner)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -260,3 +260,72 @@ func TestTurnSpanOfATurnItsRunnerLeft(t *testing.T) {
 		t.Errorf("%d spans of the turn followed to its end; want 1", n)
 	}
 }
+
+// TestCeilingWithoutWorkerTraced: the only worker of a turn stops while a
+// tool runs, and the runner ends the turn at its ceiling itself, recording
+// the running call interrupted (TestCeilingWithoutWorker). The worker's
+// span of the call died with it; the runner makes it, with the ids the
+// call's tool_started carries, under the turn's span, interrupted, ended
+// at the turn's end. Before, the trace had the model call's span and the
+// turn's, no execute_tool.
+func TestCeilingWithoutWorkerTraced(t *testing.T) {
+	defer proctest.CheckNoLeaks(t)
+	file := stopAgent(t, "6s")
+	provider := func() (*sdktrace.TracerProvider, *tracetest.SpanRecorder) {
+		rec := tracetest.NewSpanRecorder()
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec), sdktrace.WithIDGenerator(telemetry.IDs{}))
+		t.Cleanup(func() { tp.Shutdown(context.Background()) })
+		return tp, rec
+	}
+	open := func(tp *sdktrace.TracerProvider) *agent.Agent {
+		a, err := timebox.Open(context.Background(), file, timebox.Options{TracerProvider: tp})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { a.Close() })
+		return a.Agent
+	}
+	wtp, wrec := provider()
+	rtp, rrec := provider()
+	rec, _ := endsWithoutWorkerOf(t, open(wtp), open(rtp), agent.Input{Text: "go"}, event.TypeToolStarted, 36*time.Second)
+	if rec.StopReason != budget.TurnTimeout {
+		t.Fatalf("ended %s (%s): %s", rec.Status, rec.StopReason, rec.Message)
+	}
+	var started *event.ToolStarted
+	for _, e := range rec.Events {
+		if d, ok := e.Data.(*event.ToolStarted); ok && d.Tool == "long" {
+			started = d
+		}
+	}
+	if started == nil || started.Traceparent == "" {
+		t.Fatalf("the call's tool_started %+v names no span", started)
+	}
+	var turn sdktrace.ReadOnlySpan
+	var calls []sdktrace.ReadOnlySpan
+	for _, sp := range append(wrec.Ended(), rrec.Ended()...) {
+		switch sp.Name() {
+		case "invoke_agent stops":
+			turn = sp
+		case "execute_tool long":
+			calls = append(calls, sp)
+		}
+	}
+	if turn == nil || len(calls) != 1 {
+		t.Fatalf("turn span %v, %d spans of the running call; want one of each", turn != nil, len(calls))
+	}
+	call := calls[0]
+	attrs := map[string]any{}
+	for _, kv := range call.Attributes() {
+		attrs[string(kv.Key)] = kv.Value.AsInterface()
+	}
+	if got := fmt.Sprintf("00-%s-%s-01", call.SpanContext().TraceID(), call.SpanContext().SpanID()); got != started.Traceparent ||
+		call.Parent().SpanID() != turn.SpanContext().SpanID() || !call.EndTime().Equal(rec.EndedAt) ||
+		call.Status().Code != codes.Error || attrs["error.type"] != "interrupted" || attrs["timebox.outcome"] != "interrupted" ||
+		attrs["gen_ai.tool.call.id"] != started.CallID || attrs["timebox.budget.ms"] != int64(20000) {
+		t.Errorf("the call's span %s under %s, ends %s (the turn %s), status %v, attributes %v; tool_started named %s under %s",
+			got, call.Parent().SpanID(), call.EndTime(), rec.EndedAt, call.Status(), attrs, started.Traceparent, turn.SpanContext().SpanID())
+	}
+	if n := len(wrec.Ended()) + len(rrec.Ended()); n != 3 {
+		t.Errorf("%d spans; want the turn's, the model call's and the tool call's", n)
+	}
+}
