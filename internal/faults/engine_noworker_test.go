@@ -162,7 +162,9 @@ func ceilingOrStepWithNoWorker(t *testing.T) {
 	scStep.is("its limit", limit, budget.KeyStep+" 3s")
 	noWorkerEnd(t, scStep, e, recStep, evsStep, runStep.log.snapshot(), pids)
 	sc.traceWhole(recv, "", id)
+	sc.callSpans(recv, evs) // the hung call's, which the follower made
 	scStep.traceWhole(recv, "", idStep)
+	scStep.callSpans(recv, evsStep)
 }
 
 // adoptedCeiling: `timebox serve --engine temporal` (A) is killed

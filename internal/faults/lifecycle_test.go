@@ -266,6 +266,7 @@ func kill9ThenRestart(t *testing.T) {
 			span := lostTurnSpan(recv, turnOf(t, seen()), seen())
 			sc.truth("the turn's span after the restart", "made once, with the ids turn_started named", span, span == "made once, with the ids turn_started named")
 			sc.traceWhole(recv, "", turnOf(t, seen()))
+			sc.callSpans(recv, seen()) // the running call's, which the restart made
 		})
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/testenv"
 	"github.com/timebox-run/timebox/internal/wait"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
@@ -90,6 +91,51 @@ func wholeness(spans []*tracepb.Span, callerSpan string, turns []string) (orphan
 		}
 	}
 	return orphans, miscounted, len(spans), len(count), said
+}
+
+// callSpans asserts that each tool call of events whose tool_started
+// named its span (traceparent) has exactly one execute_tool span with
+// those ids in recv: the span its process ended, or, for a call running
+// when its process died, the one whoever ended the turn made
+// (docs/decisions/turn-span-of-a-lost-turn.md). Spans arrive after the
+// processes that end them, so it waits up to 10 s. It reports whether
+// they had.
+func (s *scenario) callSpans(recv *testenv.OTLP, events []event.Event) bool {
+	s.t.Helper()
+	want := map[string]string{} // span id (hex) → call id
+	for _, e := range events {
+		if d, ok := e.Data.(*event.ToolStarted); ok {
+			if parts := strings.Split(d.Traceparent, "-"); len(parts) == 4 {
+				want[parts[2]] = d.CallID
+			}
+		}
+	}
+	var made int
+	var said []string
+	wait.Until(10*time.Second, func() bool {
+		count := map[string]int{}
+		for _, sp := range recv.Spans() {
+			if id := hex.EncodeToString(sp.GetSpanId()); strings.HasPrefix(sp.GetName(), "execute_tool ") && want[id] != "" {
+				count[id]++
+			}
+		}
+		made, said = 0, nil
+		for id, call := range want {
+			if count[id] == 1 {
+				made++
+			} else {
+				said = append(said, fmt.Sprintf("call %s: %d execute_tool spans with the ids its tool_started named (%s)", call, count[id], id))
+			}
+		}
+		return made == len(want)
+	})
+	for _, line := range said {
+		s.t.Log(line)
+	}
+	ok := made == len(want) && len(want) > 0
+	s.truth("the calls' execute_tool spans, once each with the ids tool_started named", fmt.Sprintf("%d of %d", len(want), len(want)),
+		fmt.Sprintf("%d of %d", made, len(want)), ok)
+	return ok
 }
 
 // waitSpans waits until n spans whose names start with prefix were
