@@ -286,6 +286,9 @@ func (t *turn) lost(step int, callID string, c model.ToolCall, l machine.Loss) s
 		rec.IdleTimeoutMS, rec.Enforcement = tb.IdleTimeout.MS(), tb.Enforcement
 	}
 	rec = t.addToolRecord(rec)
+	// Its span, made from the record, takes the ids its worker's span
+	// had, which its tool was given (Loss.Traceparent).
+	t.spans.adoptTool(l.Traceparent, rec.Step, rec.CallID, rec.Tool, rec.Kind, rec.Enforcement, rec.StartedAt)
 	t.em.Emit(&event.ToolFinished{ToolCall: rec})
 	return res
 }

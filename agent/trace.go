@@ -388,6 +388,28 @@ func (sp *spans) beginTool(step int, callID, tool, kind string, enf budget.Enfor
 	return TraceParent(trace.ContextWithSpan(context.Background(), s))
 }
 
+// adoptTool begins, at start, the execute_tool span of a call whose span
+// another process began, with the ids traceparent names (a call lost
+// with its worker, whose span died with it), for its end to end. Nothing
+// when the turn is not traced, traceparent names no sampled span, or the
+// tracer does not give the ids: the span begun is left unended, and the
+// call's end makes one with ids of its own, as before.
+func (sp *spans) adoptTool(traceparent string, step int, callID, tool, kind string, enf budget.Enforcement, start time.Time) {
+	own, ok := parseTraceParent(traceparent)
+	if sp == nil || !ok || !own.IsSampled() {
+		return
+	}
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	parent := sp.parent
+	sp.parent = spanid.With(parent, own.TraceID(), own.SpanID())
+	s := sp.startTool(step, callID, tool, kind, enf, start)
+	sp.parent = parent
+	if sc := s.SpanContext(); sc.TraceID() == own.TraceID() && sc.SpanID() == own.SpanID() {
+		sp.calls[callID] = s
+	}
+}
+
 // Emit starts, annotates and ends spans as the turn's events say.
 func (sp *spans) Emit(e event.Event) {
 	sp.mu.Lock()

@@ -422,13 +422,16 @@ func (x *activities) Lost(ctx context.Context, in *unitIn) (*machine.Called, err
 		return nil, err
 	}
 	l.Recorded = rec
+	if l.Recorded == nil {
+		// When it started, unless its heartbeat says, and the ids of the
+		// span its worker began, for the span made of the loss.
+		if l.Started, l.Traceparent, err = x.toolStarted(ctx, s.TurnID, callID); err != nil {
+			return nil, err
+		}
+	}
 	if b := in.Beat; b != nil && b.CallID == callID {
 		l.Started, l.Ran = b.Started, time.Duration(b.RanMS)*time.Millisecond
 		l.Runs, l.First, l.Reports = int(b.Attempt), cmp.Or(b.First, b.Started), b.Reports
-	} else if l.Recorded == nil {
-		if l.Started, err = x.toolStarted(ctx, s.TurnID, callID); err != nil {
-			return nil, err
-		}
 	}
 	sink := x.sink(ctx, nil)
 	out := x.units.Lost(s, in.Step, in.Call, l, tr, sink)
@@ -659,18 +662,21 @@ func (x *activities) records(ctx context.Context, turnID string) (map[string]eve
 }
 
 // toolStarted returns when a call's tool_started was emitted, zero if it
-// was not.
-func (x *activities) toolStarted(ctx context.Context, turnID, callID string) (time.Time, error) {
+// was not, and the traceparent it named (its last, for a call run again).
+func (x *activities) toolStarted(ctx context.Context, turnID, callID string) (at time.Time, traceparent string, err error) {
 	evs, err := x.store.Events(ctx, turnID, 0, 0)
 	if err != nil {
-		return time.Time{}, fmt.Errorf("reading turn %s: %w", turnID, err)
+		return time.Time{}, "", fmt.Errorf("reading turn %s: %w", turnID, err)
 	}
 	for _, e := range evs {
 		if d, ok := e.Data.(*event.ToolStarted); ok && d.CallID == callID {
-			return e.At, nil
+			if at.IsZero() {
+				at = e.At
+			}
+			traceparent = d.Traceparent // the last run's, for a call run again (retries)
 		}
 	}
-	return time.Time{}, nil
+	return at, traceparent, nil
 }
 
 func doneKey(key string) string {

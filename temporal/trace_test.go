@@ -90,7 +90,10 @@ func TestTracesOnTemporal(t *testing.T) {
 // a tool runs gives the call up — Temporal no longer has it — and another
 // worker records it lost. The trace has one span for the call, the lost
 // one, as the record says; not also one "cancelled" by the stopping
-// worker, whose account of the call the store never took.
+// worker, whose account of the call the store never took. That span has
+// the ids the call's tool_started named — those of the span the stopped
+// worker began, which its tool was given — so that what the tool exported
+// under them has its parent (before, ids of its own).
 func TestTracesOfAWorkerStopped(t *testing.T) {
 	defer proctest.CheckNoLeaks(t)
 	c, s, queue := setup(t)
@@ -100,7 +103,7 @@ func TestTracesOfAWorkerStopped(t *testing.T) {
 	os.WriteFile(file, []byte("name: stopped\nmodel: {primary: script:test}\nproviders: {script: {file: script.jsonl}}\n"+
 		"timeouts: {kill_grace: 200ms, turn: 1m}\ntools:\n  - name: slow\n    exec: [sleep, \"30\"]\n    timeout: 30s\n"), 0o644)
 	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec), sdktrace.WithIDGenerator(telemetry.IDs{}))
 	defer tp.Shutdown(context.Background())
 	open := func() *agent.Agent {
 		a, err := timebox.Open(context.Background(), file, timebox.Options{TracerProvider: tp})
@@ -144,7 +147,7 @@ func TestTracesOfAWorkerStopped(t *testing.T) {
 		strings.Contains(why, "(type:") {
 		t.Errorf("the lost call's result: %s", why)
 	}
-	var calls []string
+	var calls, ids []string
 	for _, sp := range rec.Ended() {
 		if sp.Name() == "execute_tool slow" {
 			var outcome string
@@ -154,10 +157,20 @@ func TestTracesOfAWorkerStopped(t *testing.T) {
 				}
 			}
 			calls = append(calls, outcome)
+			ids = append(ids, fmt.Sprintf("00-%s-%s-01", sp.SpanContext().TraceID(), sp.SpanContext().SpanID()))
 		}
 	}
 	if len(calls) != 1 || calls[0] != "interrupted" {
 		t.Errorf("the call's spans end %v; want one, interrupted (its record: %s)", calls, res.Record.ToolCalls[0].Result)
+	}
+	var named string
+	for _, e := range res.Record.Events {
+		if d, ok := e.Data.(*event.ToolStarted); ok {
+			named = d.Traceparent
+		}
+	}
+	if named == "" || len(ids) != 1 || ids[0] != named {
+		t.Errorf("the lost call's span is %v; its tool_started named %q", ids, named)
 	}
 }
 

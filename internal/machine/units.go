@@ -118,6 +118,10 @@ type Loss struct {
 	Runs    int
 	First   time.Time
 	Reports int
+	// Traceparent is the traceparent the call's tool_started named: the
+	// ids of the span its worker began, which died with it, and which
+	// the span made of the loss takes; "" when unknown or untraced.
+	Traceparent string
 }
 
 // LostAttempt is a model call attempt that began where it was lost: its
