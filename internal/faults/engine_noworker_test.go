@@ -67,6 +67,7 @@ func noWorkerLeft(t *testing.T) {
 	sc.allDead(pids)
 	stop(wb)
 	sc.traceWhole(recv, "", id)
+	sc.callSpans(recv, evs) // the lost call's, which the worker that records it made
 	sc.nothingLeft()
 }
 
@@ -99,7 +100,9 @@ func ceilingOrStepWithNoWorker(t *testing.T) {
 	runStep := e.run(a, env, "--turn-timeout", "1m", "--step-timeout", step.String(), "--tool-timeout", toolTimeout.String())
 	id, idStep := turnID(t, run), turnID(t, runStep)
 	pids := a.waitPIDs(t, 6, runStep) // both tools' root, child and grandchild
-	waitSpans(t, recv, "chat ", 2)    // both model calls' spans, the dead worker's
+	storedToolStarted(t, run)
+	storedToolStarted(t, runStep)
+	waitSpans(t, recv, "chat ", 2) // both model calls' spans, the dead worker's
 	wa.cmd.Process.Kill()
 	<-wa.done
 	// The ceiling (or the step window), its kill grace and the

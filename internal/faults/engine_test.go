@@ -188,7 +188,21 @@ func (e *engine) hanging(a agentDir, heartbeat string) (w, run *proc, id string,
 	w = e.worker(a, env, heartbeat)
 	run = e.run(a, env)
 	id = turnID(e.t, run)
-	return w, run, id, waitTool(e.t, a, run)
+	pids = waitTool(e.t, a, run)
+	storedToolStarted(e.t, run)
+	return w, run, id, pids
+}
+
+// storedToolStarted waits until the stream run follows, which a Temporal
+// runner reads from the store, has the call's tool_started: stored, so a
+// kill cannot take it with it, as it may a queued event. It names the
+// call's span, which the worker that records the call lost makes
+// (callSpans).
+func storedToolStarted(t *testing.T, run *proc) {
+	t.Helper()
+	if _, ok := run.log.waitFor(event.TypeToolStarted, 30*time.Second); !ok {
+		t.Fatalf("the call's tool_started was never stored\n%s", run.stderr.String())
+	}
 }
 
 // stop stops a worker with SIGTERM, as an operator would.
@@ -297,6 +311,7 @@ func workerKilledMidTool(t *testing.T) {
 	sc.allDead(pids)
 	stop(wb)
 	sc.traceWhole(recv, "", id)
+	sc.callSpans(recv, evs) // the lost call's, which the worker that records it made
 	sc.nothingLeft()
 }
 
@@ -772,5 +787,6 @@ func ceilingWhileWorkerDead(t *testing.T) {
 	sc.allDead(pids)
 	stop(wb)
 	sc.traceWhole(recv, "", id)
+	sc.callSpans(recv, evs) // the lost call's, which the worker that records it made
 	sc.nothingLeft()
 }

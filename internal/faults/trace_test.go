@@ -107,6 +107,8 @@ func (s *scenario) callSpans(recv *testenv.OTLP, events []event.Event) bool {
 		if d, ok := e.Data.(*event.ToolStarted); ok {
 			if parts := strings.Split(d.Traceparent, "-"); len(parts) == 4 {
 				want[parts[2]] = d.CallID
+			} else {
+				s.t.Logf("call %s: its tool_started (seq %d) names no span", d.CallID, e.Seq)
 			}
 		}
 	}
