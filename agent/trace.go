@@ -208,9 +208,10 @@ type LostCall struct {
 }
 
 // TraceLostCalls makes the execute_tool spans of the calls of a turn that
-// its Temporal runner ended itself (the turn's ceiling with no worker
-// left), which recorded the calls that were running interrupted: their
-// spans died with the workers that ran them. rec is the turn's record,
+// its Temporal runner ended itself (its ceiling or step window with no
+// worker left, a cancel no worker took, engine_lost), which recorded the
+// calls that were running interrupted: their spans died with the workers
+// that ran them, or were left unended by workers Temporal gave them up on. rec is the turn's record,
 // with its events (the calls' tool_started) and its calls; the spans end
 // at its end. The turn's own span is the runner's (TraceTurn).
 func TraceLostCalls(a *Agent, s *machine.State, rec *event.Turn) {
@@ -236,7 +237,8 @@ func TraceLostCalls(a *Agent, s *machine.State, rec *event.Turn) {
 }
 
 // traceLostCalls makes the execute_tool span of each of calls, a child of
-// the turn's span turn, with the ids its tool_started carries, the
+// the turn's span (turn is its traceparent), with the ids its tool_started
+// carries, the
 // attributes its live span had and its record's outcome, ended at end
 // (the turn's). A call begun untraced or unsampled has none; when the
 // tracer does not give the ids asked for, the span begun is left
