@@ -203,6 +203,8 @@ func TraceEnded(tp trace.TracerProvider, turnID string, started *event.TurnStart
 // turn died: its tool_started, and the record the turn's end gave it
 // (outcome interrupted, store.Interrupt).
 type LostCall struct {
+	// Started is the call's tool_started, whose Traceparent names its
+	// span; Record is the call's record as the end stored it.
 	Started *event.ToolStarted
 	Record  event.ToolCall
 }

@@ -105,6 +105,8 @@ type Ending struct {
 // outside its process: its tool_started, which carries its span's ids,
 // and the record the end gave it.
 type EndedCall struct {
+	// Started is the call's tool_started, whose Traceparent names its
+	// span; Record is the call's record as the end stored it.
 	Started *event.ToolStarted
 	Record  event.ToolCall
 }
