@@ -184,7 +184,7 @@ func endTurnSpan(span trace.Span, rec *event.Turn) {
 // calls are the calls that were running when the process died, which the
 // end records interrupted: their execute_tool spans died with it too, and
 // are made with the ids their tool_started carries, beside the turn's.
-func TraceEnded(tp trace.TracerProvider, turnID string, started *event.TurnStarted, rec *event.Turn, calls ...LostCall) {
+func TraceEnded(tp trace.TracerProvider, turnID string, started *event.TurnStarted, rec *event.Turn, calls ...event.LostCall) {
 	if tp == nil || started == nil || rec == nil {
 		return
 	}
@@ -199,16 +199,6 @@ func TraceEnded(tp trace.TracerProvider, turnID string, started *event.TurnStart
 	}
 }
 
-// LostCall is a tool call that was running when the process running its
-// turn died: its tool_started, and the record the turn's end gave it
-// (outcome interrupted, store.Interrupt).
-type LostCall struct {
-	// Started is the call's tool_started, whose Traceparent names its
-	// span; Record is the call's record as the end stored it.
-	Started *event.ToolStarted
-	Record  event.ToolCall
-}
-
 // TraceLostCalls makes the execute_tool spans of the calls of a turn that
 // its Temporal runner ended itself (its ceiling or step window with no
 // worker left, a cancel no worker took, engine_lost), which recorded the
@@ -220,21 +210,16 @@ func TraceLostCalls(a *Agent, s *machine.State, rec *event.Turn) {
 	if a.tracer == nil || rec == nil {
 		return
 	}
-	starts := map[string]*event.ToolStarted{}
-	for _, e := range rec.Events {
-		if d, ok := e.Data.(*event.ToolStarted); ok {
-			starts[d.CallID] = d
-		}
-	}
-	var calls []LostCall
+	var interrupted []event.ToolCall
 	for _, c := range rec.ToolCalls {
 		// store.Interrupt's record: interrupted, with no phase (a call
 		// lost with its worker, recorded by another, has worker_lost,
 		// and its span is made from that record by the turn's spans).
-		if d := starts[c.CallID]; d != nil && c.Outcome == event.OutcomeInterrupted && c.Phase == "" {
-			calls = append(calls, LostCall{Started: d, Record: c})
+		if c.Outcome == event.OutcomeInterrupted && c.Phase == "" {
+			interrupted = append(interrupted, c)
 		}
 	}
+	calls := event.LostCalls(rec.Events, interrupted)
 	traceLostCalls(a.tracer, s.TraceParent, calls, rec.EndedAt)
 }
 
@@ -245,7 +230,7 @@ func TraceLostCalls(a *Agent, s *machine.State, rec *event.Turn) {
 // (the turn's). A call begun untraced or unsampled has none; when the
 // tracer does not give the ids asked for, the span begun is left
 // unended, never exported, rather than one that names no call's children.
-func traceLostCalls(tracer trace.Tracer, turn string, calls []LostCall, end time.Time) {
+func traceLostCalls(tracer trace.Tracer, turn string, calls []event.LostCall, end time.Time) {
 	parent := withTraceParent(context.Background(), turn)
 	for _, c := range calls {
 		own, ok := parseTraceParent(c.Started.Traceparent)

@@ -384,7 +384,7 @@ func TestTraceEndedCalls(t *testing.T) {
 			call = d
 			// Open here: its own process ends it.
 			agent.TraceEnded(again, e.TurnID, started, &event.Turn{Status: budget.StatusInterrupted},
-				agent.LostCall{Started: d, Record: event.ToolCall{CallID: d.CallID, Outcome: event.OutcomeInterrupted}})
+				event.LostCall{Started: d, Record: event.ToolCall{CallID: d.CallID, Outcome: event.OutcomeInterrupted}})
 		}
 	}))
 	if call == nil || call.Traceparent == "" || call.Knob != "tools[crawl].timeout in agent.yaml" {
@@ -414,7 +414,7 @@ func TestTraceEndedCalls(t *testing.T) {
 	rec.EndedAt = res.Record.EndedAt.Add(time.Second)
 	lost := res.Record.ToolCalls[0]
 	lost.Outcome, lost.Result, lost.EndedAt = event.OutcomeInterrupted, "Interrupted: its process stopped while this call was running.", lost.StartedAt
-	agent.TraceEnded(again, rec.TurnID, started, &rec, agent.LostCall{Started: call, Record: lost})
+	agent.TraceEnded(again, rec.TurnID, started, &rec, event.LostCall{Started: call, Record: lost})
 	var made sdktrace.ReadOnlySpan
 	for _, s := range againRec.Ended() {
 		if s.Name() == "execute_tool crawl" {
@@ -449,7 +449,7 @@ func TestTraceEndedCalls(t *testing.T) {
 	// A call not sampled: its turn's span alone.
 	unsampled := *call
 	unsampled.Traceparent = strings.TrimSuffix(call.Traceparent, "01") + "00"
-	agent.TraceEnded(again, rec.TurnID, started, &rec, agent.LostCall{Started: &unsampled, Record: lost})
+	agent.TraceEnded(again, rec.TurnID, started, &rec, event.LostCall{Started: &unsampled, Record: lost})
 	if n := len(againRec.Ended()); n != 3 {
 		t.Errorf("%d spans made for a call not sampled and its turn; want its turn's", n-2)
 	}

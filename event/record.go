@@ -351,3 +351,32 @@ func turnDoc(rec *Turn) (longjson.Doc, error) {
 	b, err := json.Marshal(&r)
 	return longjson.Whole(b), err
 }
+
+// LostCall is a tool call that was running when the process running its
+// turn died, and that the turn's end recorded interrupted: the span of
+// that process died with it, and is made again (agent.TraceEnded) with the
+// ids its tool_started carries.
+type LostCall struct {
+	// Started is the call's tool_started, whose Traceparent names its
+	// span; Record is the call's record as the end stored it.
+	Started *ToolStarted
+	Record  ToolCall
+}
+
+// LostCalls pairs each of calls with its tool_started among events; a
+// call with none (it never started) is left out.
+func LostCalls(events []Event, calls []ToolCall) []LostCall {
+	starts := map[string]*ToolStarted{}
+	for _, e := range events {
+		if d, ok := e.Data.(*ToolStarted); ok {
+			starts[d.CallID] = d
+		}
+	}
+	var out []LostCall
+	for _, c := range calls {
+		if d := starts[c.CallID]; d != nil {
+			out = append(out, LostCall{Started: d, Record: c})
+		}
+	}
+	return out
+}

@@ -98,39 +98,20 @@ type Ending struct {
 	Record event.Turn
 	// Calls are the calls that were running, which the end records
 	// interrupted: the spans of their process died with it too.
-	Calls []EndedCall
-}
-
-// EndedCall is a call that was running when its turn was ended from
-// outside its process: its tool_started, which carries its span's ids,
-// and the record the end gave it.
-type EndedCall struct {
-	// Started is the call's tool_started, whose Traceparent names its
-	// span; Record is the call's record as the end stored it.
-	Started *event.ToolStarted
-	Record  event.ToolCall
+	Calls []event.LostCall
 }
 
 // Ending returns what is told of turn t ended as out says.
 func (t Interrupted) Ending(out Interruption) Ending {
 	e := Ending{TurnID: t.TurnID, Record: out.Record}
 	e.Record.TurnID = t.TurnID
-	starts := map[string]*event.ToolStarted{}
 	for _, ev := range t.Events {
-		switch d := ev.Data.(type) {
-		case *event.TurnStarted:
-			if e.Started == nil {
-				e.Started = d
-			}
-		case *event.ToolStarted:
-			starts[d.CallID] = d
+		if d, ok := ev.Data.(*event.TurnStarted); ok {
+			e.Started = d
+			break
 		}
 	}
-	for _, c := range out.Calls {
-		if d := starts[c.CallID]; d != nil {
-			e.Calls = append(e.Calls, EndedCall{Started: d, Record: c})
-		}
-	}
+	e.Calls = event.LostCalls(t.Events, out.Calls)
 	return e
 }
 

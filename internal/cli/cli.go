@@ -416,11 +416,7 @@ func tracedEnds(t *telemetry.Tracing) func(store.Ending) {
 		return nil
 	}
 	return func(e store.Ending) {
-		calls := make([]agent.LostCall, len(e.Calls))
-		for i, c := range e.Calls {
-			calls[i] = agent.LostCall{Started: c.Started, Record: c.Record}
-		}
-		agent.TraceEnded(t.Provider, e.TurnID, e.Started, &e.Record, calls...)
+		agent.TraceEnded(t.Provider, e.TurnID, e.Started, &e.Record, e.Calls...)
 	}
 }
 
