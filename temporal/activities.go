@@ -38,6 +38,9 @@ type activities struct {
 	payloads  store.Payloads
 	heartbeat time.Duration
 	log       *slog.Logger
+	// spans counts the units between their note that they make their
+	// turn's span and its end, for the worker's Stop.
+	spans *turnSpans
 }
 
 // unitIn is the input of every activity: the turn's state, and what the
@@ -555,7 +558,10 @@ func (x *activities) ended(ctx context.Context, s *machine.State) (*Outcome, err
 // turn another stored the end of). Its runner, which began the span, may
 // be gone, or no longer follow the turn: it leaves the span to this
 // worker when the store says the worker makes it (keyTurnSpan, written
-// before the end).
+// before the end). From that note on, the worker's stop neither cancels
+// the end's write (a commit cut by it may have been stored, and the span
+// would then be made by no one) nor returns before the span is ended
+// (turnSpans).
 func (x *activities) finish(ctx context.Context, s *machine.State, sink *storeSink, tr *transcript, ended *machine.Ended) (*Outcome, error) {
 	if err := sink.flush(ctx); err != nil {
 		if errors.Is(err, store.ErrNotRunning) {
@@ -576,12 +582,18 @@ func (x *activities) finish(ctx context.Context, s *machine.State, sink *storeSi
 	// and the calls were written again (issue 29).
 	rec.Events, rec.ToolCalls, rec.ModelCalls = nil, nil, nil
 	span := x.units.TurnSpan(s)
+	endCtx := ctx
 	if span != nil {
+		x.spans.begin()
+		defer x.spans.end()
 		if err := x.payloads.PutPayloads(ctx, rec.TurnID, map[string][]byte{keyTurnSpan: []byte("worker")}); err != nil {
 			return nil, err
 		}
+		var cancel context.CancelFunc
+		endCtx, cancel = uncancelled(ctx)
+		defer cancel()
 	}
-	switch err := x.store.FinishTurn(ctx, rec, ended.Messages); {
+	switch err := x.store.FinishTurn(endCtx, rec, ended.Messages); {
 	case err == nil:
 		if span != nil {
 			span(rec)
@@ -590,6 +602,15 @@ func (x *activities) finish(ctx context.Context, s *machine.State, sink *storeSi
 		return nil, fmt.Errorf("storing the record of turn %s: %w", rec.TurnID, err)
 	}
 	return o, nil
+}
+
+// uncancelled returns ctx without its cancellation, keeping its deadline
+// and values.
+func uncancelled(ctx context.Context) (context.Context, context.CancelFunc) {
+	if d, ok := ctx.Deadline(); ok {
+		return context.WithDeadline(context.WithoutCancel(ctx), d)
+	}
+	return context.WithCancel(context.WithoutCancel(ctx))
 }
 
 // Recover returns the result a unit stored (under in.Key) before its

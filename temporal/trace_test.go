@@ -19,6 +19,8 @@ import (
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/proctest"
 	"github.com/timebox-run/timebox/internal/wait"
+	"github.com/timebox-run/timebox/model"
+	"github.com/timebox-run/timebox/store/postgres"
 	"github.com/timebox-run/timebox/telemetry"
 	"github.com/timebox-run/timebox/temporal"
 )
@@ -272,6 +274,140 @@ func TestTurnSpanOfATurnItsRunnerLeft(t *testing.T) {
 	if n != 1 {
 		t.Errorf("%d spans of the turn followed to its end; want 1", n)
 	}
+}
+
+// TestTurnSpanOfAWorkerStopping: a worker stopped (SIGTERM, a deploy) as
+// one of its units stores its turn's end, having noted that it makes the
+// turn's span (the runner then leaves the span to it), ends the span
+// before its Stop returns, and stores the end all the same: a program
+// shuts its tracing down after Stop. Before, Temporal's Stop returned at
+// once and cancelled the unit's write of the end: the end was stored, or
+// not, and the span was never exported — the turn had no invoke_agent
+// span, and its calls' spans no parent (the fault suite's "worker kill -9
+// mid-tool, retried", whose worker is stopped as soon as the end is
+// stored, once in seventeen runs).
+func TestTurnSpanOfAWorkerStopping(t *testing.T) {
+	defer proctest.CheckNoLeaks(t)
+	c, s, queue, dsn := setupDSN(t)
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"text": "done"}`+"\n"), 0o644)
+	file := filepath.Join(dir, "agent.yaml")
+	os.WriteFile(file, []byte("name: stopping\nmodel: {primary: script:test}\nproviders: {script: {file: script.jsonl}}\ntimeouts: {turn: 1m}\n"), 0o644)
+	provider := func() (*sdktrace.TracerProvider, *tracetest.SpanRecorder) {
+		rec := tracetest.NewSpanRecorder()
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec), sdktrace.WithIDGenerator(telemetry.IDs{}))
+		t.Cleanup(func() { tp.Shutdown(context.Background()) })
+		return tp, rec
+	}
+	open := func(tp *sdktrace.TracerProvider) *agent.Agent {
+		a, err := timebox.Open(context.Background(), file, timebox.Options{TracerProvider: tp})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { a.Close() })
+		return a.Agent
+	}
+	turnSpans := func(rec *tracetest.SpanRecorder) int {
+		n := 0
+		for _, sp := range rec.Ended() {
+			if strings.HasPrefix(sp.Name(), "invoke_agent ") {
+				n++
+			}
+		}
+		return n
+	}
+	ps, err := postgres.Open(context.Background(), dsn, postgres.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ps.Close()
+	held := &heldEnd{Store: ps, noted: make(chan context.Context, 1), release: make(chan struct{})}
+	wtp, wrec := provider()
+	rtp, rrec := provider()
+	w, err := temporal.NewWorker(temporal.WorkerOptions{Client: c, TaskQueue: queue, Agent: open(wtp), Store: held, Heartbeat: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(); err != nil {
+		t.Fatal(err)
+	}
+	r, err := temporal.NewRunner(c, s, queue, open(rtp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan *agent.Result, 1)
+	go func() { done <- r.Run(context.Background(), agent.Input{TurnID: "t_stopping", Text: "go"}) }()
+	var unit context.Context
+	select {
+	case unit = <-held.noted:
+	case <-time.After(60 * time.Second):
+		t.Fatal("no unit noted that it makes the turn's span")
+	}
+	// The unit stores the end once the worker's stop has given it up
+	// (Temporal cancelled its context).
+	stopped := make(chan int, 1)
+	go func() {
+		w.Stop()
+		stopped <- turnSpans(wrec)
+	}()
+	select {
+	case <-unit.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the worker's stop did not give the unit up")
+	}
+	close(held.release)
+	select {
+	case n := <-stopped:
+		if n != 1 {
+			t.Errorf("when the worker's Stop returned, it had ended %d turn spans; want 1, the one it noted it makes", n)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the worker's Stop did not return")
+	}
+	var res *agent.Result
+	select {
+	case res = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the runner did not see the turn end")
+	}
+	if res.Record.Status != budget.StatusCompleted {
+		t.Errorf("turn ended %s (%s); want completed, as its unit stored it", res.Record.Status, res.Record.Message)
+	}
+	if n := turnSpans(rrec); n != 0 {
+		t.Errorf("the runner ended %d turn spans; want none, the worker noted it makes it", n)
+	}
+	// Temporal's SDK keeps the stopped worker's workflow task, whose local
+	// activity it gave up, until the task's heartbeat (4 s of its 5 s)
+	// before its goroutines end: the task timed out on the server is past
+	// that, and the package's leak check then finds none.
+	wait.For(t, 30*time.Second, "the stopped worker's workflow task to time out", func() bool {
+		d, err := c.DescribeWorkflowExecution(context.Background(), temporal.WorkflowID("t_stopping"), "")
+		return err == nil && d.GetPendingWorkflowTask().GetAttempt() > 1
+	})
+}
+
+// heldEnd is a worker's store that holds a turn's end until release, and
+// passes on the context of the note that the unit makes the turn's span.
+type heldEnd struct {
+	*postgres.Store
+	noted   chan context.Context
+	release chan struct{}
+}
+
+func (h *heldEnd) PutPayloads(ctx context.Context, turnID string, payloads map[string][]byte) error {
+	err := h.Store.PutPayloads(ctx, turnID, payloads)
+	if _, ok := payloads["turn-span"]; ok && err == nil {
+		select {
+		case h.noted <- ctx:
+		default:
+		}
+	}
+	return err
+}
+
+func (h *heldEnd) FinishTurn(ctx context.Context, rec *event.Turn, msgs []model.Message) error {
+	<-h.release
+	return h.Store.FinishTurn(ctx, rec, msgs)
 }
 
 // TestCeilingWithoutWorkerTraced: the only worker of a turn stops while a

@@ -3,6 +3,7 @@ package temporal
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"time"
 
 	"go.temporal.io/sdk/activity"
@@ -73,17 +74,20 @@ func NewWorker(o WorkerOptions) (worker.Worker, error) {
 		o.Options.StickyScheduleToStartTimeout = o.Heartbeat
 	}
 	w := worker.New(o.Client, o.TaskQueue, o.Options)
-	register(w, units, o.Store, p, o.Heartbeat, o.Logger)
-	return &relaying{Worker: w, o: o}, nil
+	spans := &turnSpans{}
+	register(w, units, o.Store, p, o.Heartbeat, o.Logger, spans)
+	return &relaying{Worker: w, o: o, spans: spans}, nil
 }
 
 // relaying is a worker that passes the store's cancel requests on to the
-// turns' workflows while it runs (RelayCancels).
+// turns' workflows while it runs (RelayCancels), and whose Stop returns
+// once its units have ended the turn spans they said they make.
 type relaying struct {
 	worker.Worker
-	o    WorkerOptions
-	stop context.CancelFunc
-	done chan struct{}
+	o     WorkerOptions
+	spans *turnSpans
+	stop  context.CancelFunc
+	done  chan struct{}
 }
 
 // Start starts the worker, then relays the store's cancel requests to the
@@ -111,13 +115,78 @@ func (r *relaying) Run(interruptCh <-chan any) error {
 	return nil
 }
 
-// Stop ends the relaying of cancel requests, then stops the worker.
+// Stop ends the relaying of cancel requests, then stops the worker. Temporal's Stop gives the units under way up
+// at once; a unit that has noted in the store that it makes its turn's
+// span (keyTurnSpan) is waited for until it has ended the span, for at
+// most endWait: the program shuts its tracing down after Stop, and the
+// span ended later would be lost, the runner having left it to the unit.
 func (r *relaying) Stop() {
 	if r.stop != nil {
 		r.stop()
 		<-r.done
 	}
 	r.Worker.Stop()
+	if !r.spans.wait(endWait) {
+		r.o.Logger.Warn("stopped while a unit was still storing a turn's end: the turn's span may not be exported", "waited", endWait)
+	}
+}
+
+// endWait is how long a worker's Stop waits for the turn spans its units
+// said they make: the turn's end they store first may be retried for
+// longer while the store is away.
+const endWait = 10 * time.Second
+
+// turnSpans counts the units of a worker between their note that they
+// make their turn's span (keyTurnSpan) and the span's end: the runner
+// leaves such a span to the unit, so the worker's Stop waits for them
+// (relaying.Stop). Before, a worker stopped just as a unit had stored its
+// turn's end shut its tracing down before the unit ended the span, and
+// no one made it: the turn had no invoke_agent span, and its calls' spans
+// no parent. It is safe for concurrent use.
+type turnSpans struct {
+	mu   sync.Mutex
+	n    int
+	idle chan struct{} // closed when n falls to 0; nil when no one waits
+}
+
+// begin counts a unit that is about to note that it makes its turn's span.
+func (t *turnSpans) begin() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.n++
+}
+
+// end counts it out, once it has ended the span or will not make it.
+func (t *turnSpans) end() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.n--; t.n == 0 && t.idle != nil {
+		close(t.idle)
+		t.idle = nil
+	}
+}
+
+// wait returns once no unit is counted, or after d; it reports whether
+// none was.
+func (t *turnSpans) wait(d time.Duration) bool {
+	t.mu.Lock()
+	if t.n == 0 {
+		t.mu.Unlock()
+		return true
+	}
+	if t.idle == nil {
+		t.idle = make(chan struct{})
+	}
+	idle := t.idle
+	t.mu.Unlock()
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-idle:
+		return true
+	case <-timer.C:
+		return false
+	}
 }
 
 // registry is what a worker, a test environment and a replayer register
@@ -128,10 +197,10 @@ type registry interface {
 }
 
 // register registers the turn workflow and its activities with r.
-func register(r registry, units machine.Units, st store.Store, p store.Payloads, heartbeat time.Duration, log *slog.Logger) {
+func register(r registry, units machine.Units, st store.Store, p store.Payloads, heartbeat time.Duration, log *slog.Logger, spans *turnSpans) {
 	wf := &turnWorkflow{units: units, heartbeat: heartbeat}
 	r.RegisterWorkflowWithOptions(wf.run, workflow.RegisterOptions{Name: WorkflowName})
-	x := &activities{units: units, store: st, payloads: p, heartbeat: heartbeat, log: log}
+	x := &activities{units: units, store: st, payloads: p, heartbeat: heartbeat, log: log, spans: spans}
 	for name, fn := range map[string]any{
 		actAdvance: x.Advance, actCall: x.Call, actRefuse: x.Refuse, actRefuses: x.RefuseCalls, actLost: x.Lost, actAsk: x.Ask, actDecided: x.Decided,
 		actRecover: x.Recover, actEnd: x.End, actNotice: x.Notice,
