@@ -82,8 +82,11 @@ func workerKilledMidRetriedTool(t *testing.T) {
 	}
 	stop(wb)
 	if !sc.traceWhole(recv, "", id) {
-		// Once in seventeen runs (docs/RELIABILITY.md, known limits): what
-		// tells the two paths that fit apart.
+		// Who did not make the turn's span, should it recur: the worker's
+		// note (the runner then leaves the span to it), how run exited,
+		// both processes' logs. Its one failure (docs/RELIABILITY.md) had
+		// the trace of a worker stopped before its unit ended the span it
+		// noted, which Stop now waits for (TestTurnSpanOfAWorkerStopping).
 		note := e.st.Payload(context.Background(), id, "turn-span", func([]byte) error { return nil })
 		t.Logf("the worker's turn-span note: %v (nil: written); run exited %d after %s\nrun:\n%s\nworker B:\n%s",
 			note, code, ms(run.took), run.stderr.String(), wb.stderr.String())
