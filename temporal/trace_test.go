@@ -289,6 +289,10 @@ func TestTurnSpanOfATurnItsRunnerLeft(t *testing.T) {
 func TestTurnSpanOfAWorkerStopping(t *testing.T) {
 	defer proctest.CheckNoLeaks(t)
 	c, s, queue, dsn := setupDSN(t)
+	// A turn and a task queue of its own, run after run: the workflow a
+	// stopped worker leaves on the shared dev server is no other's.
+	id := agent.NewTurnID()
+	queue += "-" + id
 	dir := t.TempDir()
 	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"text": "done"}`+"\n"), 0o644)
 	file := filepath.Join(dir, "agent.yaml")
@@ -336,7 +340,7 @@ func TestTurnSpanOfAWorkerStopping(t *testing.T) {
 		t.Fatal(err)
 	}
 	done := make(chan *agent.Result, 1)
-	go func() { done <- r.Run(context.Background(), agent.Input{TurnID: "t_stopping", Text: "go"}) }()
+	go func() { done <- r.Run(context.Background(), agent.Input{TurnID: id, Text: "go"}) }()
 	var unit context.Context
 	select {
 	case unit = <-held.noted:
@@ -381,7 +385,7 @@ func TestTurnSpanOfAWorkerStopping(t *testing.T) {
 	// before its goroutines end: the task timed out on the server is past
 	// that, and the package's leak check then finds none.
 	wait.For(t, 30*time.Second, "the stopped worker's workflow task to time out", func() bool {
-		d, err := c.DescribeWorkflowExecution(context.Background(), temporal.WorkflowID("t_stopping"), "")
+		d, err := c.DescribeWorkflowExecution(context.Background(), temporal.WorkflowID(id), "")
 		return err == nil && d.GetPendingWorkflowTask().GetAttempt() > 1
 	})
 }
