@@ -45,7 +45,10 @@ type WorkerOptions struct {
 }
 
 // NewWorker returns a worker that runs turns for o.Agent: the turn
-// workflow and its activities. Start it with Run or Start.
+// workflow and its activities. Start it with Run or Start. Its Stop gives
+// the units under way up, as Temporal's does, but waits (up to 10 s) for
+// a unit storing its turn's end to end the turn's span: shut tracing down
+// after Stop returns.
 func NewWorker(o WorkerOptions) (worker.Worker, error) {
 	p, _, err := storesOf(o.Store)
 	if err != nil {
