@@ -118,11 +118,12 @@ func (r *relaying) Run(interruptCh <-chan any) error {
 	return nil
 }
 
-// Stop ends the relaying of cancel requests, then stops the worker. Temporal's Stop gives the units under way up
-// at once; a unit that has noted in the store that it makes its turn's
-// span (keyTurnSpan) is waited for until it has ended the span, for at
-// most endWait: the program shuts its tracing down after Stop, and the
-// span ended later would be lost, the runner having left it to the unit.
+// Stop ends the relaying of cancel requests, then stops the worker.
+// Temporal's Stop gives the units under way up at once; a unit that has
+// noted in the store that it makes its turn's span (keyTurnSpan) is waited
+// for until it has ended the span, for at most endWait: the program shuts
+// its tracing down after Stop, and the span ended later would be lost, the
+// runner having left it to the unit.
 func (r *relaying) Stop() {
 	if r.stop != nil {
 		r.stop()
