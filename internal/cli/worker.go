@@ -86,10 +86,12 @@ func cmdWorker(ctx context.Context, args []string, o IO) int {
 	}
 	fmt.Fprintf(o.Out, "timebox worker running %s on task queue %s at %s (store: %s)\n", name, es.TaskQueue, es.Address, postgres.Redact(db))
 	<-ctx.Done()
-	// Stop waits for the units of work under way: each ends within its
-	// own budget (their tools are stopped by the cancellation Temporal
-	// sends when the workflow is cancelled, or run to their budget).
-	fmt.Fprintln(o.Err, "timebox worker: stopping; units of work under way finish first")
+	// Stop gives the units of work under way up: Temporal cancels them,
+	// their tools' process trees are stopped, and another worker takes
+	// their turns on, recording a call that was running lost (worker_lost;
+	// run again when its tool has retries). It waits only for a unit
+	// storing its turn's end, whose span it must make before tracing ends.
+	fmt.Fprintln(o.Err, "timebox worker: stopping; units of work under way are given up, and another worker goes on with their turns (a call running now is recorded lost, worker_lost)")
 	w.Stop()
 	fmt.Fprintln(o.Err, "timebox worker: stopped")
 	return ExitOK
