@@ -143,6 +143,9 @@ func (u engineUnits) LostAttempts(s *machine.State, step int, lost []machine.Los
 				why, budget.RoundHuman(last.Sub(at.Started)), budget.RoundHuman(now.Sub(last)))
 		}
 		if !at.Compaction {
+			// Its span, made from the record, takes the ids its worker's
+			// span had, which its model server was sent.
+			t.spans.adoptChat(at.Traceparent, step, at.Attempt, at.Model, at.Provider, at.Started)
 			t.em.Emit(&event.LLMFinished{ModelCall: rec})
 			s.Attempts = max(s.Attempts, at.Attempt)
 			continue

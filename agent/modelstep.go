@@ -248,7 +248,12 @@ func endpointLabel(ep model.Endpoint) string {
 // llm_budget.
 func (t *turn) attempt(ctx context.Context, step, attempt int, ep model.Endpoint, req model.Request) (model.Response, error) {
 	b := t.s.Budgets
-	started := t.em.Emit(&event.LLMStarted{Step: step, Model: ep.Model, Provider: ep.ProviderName, Profile: ep.Profile, Attempt: attempt})
+	// The attempt's span is begun before its start is told, so that the
+	// start carries its ids, those the model server is sent: the worker
+	// that records the attempt lost makes it again with them when this
+	// one dies mid-attempt (LostAttempts).
+	started := t.em.Emit(&event.LLMStarted{Step: step, Model: ep.Model, Provider: ep.ProviderName, Profile: ep.Profile, Attempt: attempt,
+		Traceparent: t.spans.beginChat(step, attempt, ep.Model, ep.ProviderName, time.Now())})
 	act := &activity{step: step, subject: modelSubject(ep.Model)}
 	t.s.LastStep, t.s.LastModel = act.subject, ep.Model
 	t.live.begin(act)

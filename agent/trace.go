@@ -323,9 +323,11 @@ func TraceTurn(a *Agent, ctx context.Context, s *machine.State) (end func(*Resul
 }
 
 // spans makes the chat and execute_tool spans of the calls a unit runs, as
-// the turn's events tell of them. It is one of the turn's sinks, so it
-// sees each start before the call begins: the call is given its span's
-// traceparent (a model request's header, a tool's TRACEPARENT or _meta).
+// the turn's events tell of them. Each call's span is begun before its
+// start is told (beginChat, beginTool), so that the start names its ids,
+// and the call is given its traceparent (a model request's header, a
+// tool's TRACEPARENT or _meta); it is one of the turn's sinks, which the
+// rest of the call's events annotate and end.
 type spans struct {
 	t      *turn
 	tracer trace.Tracer
@@ -369,8 +371,35 @@ func (sp *spans) beginTool(step int, callID, tool, kind string, enf budget.Enfor
 	}
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
-	s := sp.startTool(step, callID, tool, kind, enf, start)
+	s := sp.startTool(sp.parent, step, callID, tool, kind, enf, start)
 	sp.calls[callID] = s
+	return sampled(s)
+}
+
+// beginChat begins the chat span of a model attempt about to start at
+// start and returns its traceparent, for the attempt's llm_started: ""
+// when the turn is not traced or the span not sampled. (The model server
+// is sent it as its traceparent header: what it exports under it keeps
+// its parent when this process dies mid-attempt, adoptChat.)
+func (sp *spans) beginChat(step, attempt int, model, provider string, start time.Time) string {
+	if sp == nil {
+		return ""
+	}
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	sp.chat = sp.startChat(sp.parent, step, attempt, model, provider, start, sp.t.s.Budgets.LLMFirstChunk)
+	if f := sp.failover; f != nil {
+		sp.failover = nil
+		sp.chat.AddEvent("failover", trace.WithTimestamp(start), trace.WithAttributes(
+			attribute.String("timebox.failover.from", f.From), attribute.String("timebox.failover.to", f.To),
+			attrPhase.String(string(f.Phase)), attribute.String("timebox.failover.reason", f.Reason)))
+	}
+	return sampled(sp.chat)
+}
+
+// sampled returns the traceparent of s, "" when it is not sampled (it is
+// never exported, so never made again).
+func sampled(s trace.Span) string {
 	if !s.SpanContext().IsSampled() {
 		return ""
 	}
@@ -381,22 +410,52 @@ func (sp *spans) beginTool(step int, callID, tool, kind string, enf budget.Enfor
 // another process began, with the ids traceparent names (a call lost
 // with its worker, whose span died with it), for its end to end. Nothing
 // when the turn is not traced, traceparent names no sampled span, or the
-// tracer does not give the ids: the span begun is left unended, and the
-// call's end makes one with ids of its own, as before.
+// tracer does not give the ids (adopt): the call's end makes one with ids
+// of its own, as before.
 func (sp *spans) adoptTool(traceparent string, step int, callID, tool, kind string, enf budget.Enforcement, start time.Time) {
-	own, ok := parseTraceParent(traceparent)
-	if sp == nil || !ok || !own.IsSampled() {
+	if sp == nil {
 		return
 	}
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
-	parent := sp.parent
-	sp.parent = spanid.With(parent, own.TraceID(), own.SpanID())
-	s := sp.startTool(step, callID, tool, kind, enf, start)
-	sp.parent = parent
-	if sc := s.SpanContext(); sc.TraceID() == own.TraceID() && sc.SpanID() == own.SpanID() {
+	if s := sp.adopt(traceparent, func(parent context.Context) trace.Span {
+		return sp.startTool(parent, step, callID, tool, kind, enf, start)
+	}); s != nil {
 		sp.calls[callID] = s
 	}
+}
+
+// adoptChat is adoptTool for a model attempt lost with its worker: its
+// chat span takes the ids its llm_started named, those the model server
+// was sent, for the record of the loss to end.
+func (sp *spans) adoptChat(traceparent string, step, attempt int, model, provider string, start time.Time) {
+	if sp == nil {
+		return
+	}
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	if s := sp.adopt(traceparent, func(parent context.Context) trace.Span {
+		return sp.startChat(parent, step, attempt, model, provider, start, sp.t.s.Budgets.LLMFirstChunk)
+	}); s != nil {
+		sp.chat = s
+	}
+}
+
+// adopt begins, with begin, a span under the turn's with the ids
+// traceparent names; nil when it names no sampled span, or when the
+// tracer does not give those ids (telemetry.IDs does): the span begun is
+// then left unended, never exported, rather than one that names no
+// call's children. sp.mu is held.
+func (sp *spans) adopt(traceparent string, begin func(parent context.Context) trace.Span) trace.Span {
+	own, ok := parseTraceParent(traceparent)
+	if !ok || !own.IsSampled() {
+		return nil
+	}
+	s := begin(spanid.With(sp.parent, own.TraceID(), own.SpanID()))
+	if sc := s.SpanContext(); sc.TraceID() != own.TraceID() || sc.SpanID() != own.SpanID() {
+		return nil
+	}
+	return s
 }
 
 // Emit starts, annotates and ends spans as the turn's events say.
@@ -405,14 +464,6 @@ func (sp *spans) Emit(e event.Event) {
 	defer sp.mu.Unlock()
 	b := &sp.t.s.Budgets
 	switch d := e.Data.(type) {
-	case *event.LLMStarted:
-		sp.chat = sp.startChat(d.Step, d.Attempt, d.Model, d.Provider, e.At, b.LLMFirstChunk)
-		if f := sp.failover; f != nil {
-			sp.failover = nil
-			sp.chat.AddEvent("failover", trace.WithTimestamp(e.At), trace.WithAttributes(
-				attribute.String("timebox.failover.from", f.From), attribute.String("timebox.failover.to", f.To),
-				attrPhase.String(string(f.Phase)), attribute.String("timebox.failover.reason", f.Reason)))
-		}
 	case *event.LLMFinished:
 		rec := d.ModelCall
 		if sp.disowned() {
@@ -423,7 +474,7 @@ func (sp *spans) Emit(e event.Event) {
 			// An attempt lost with its worker: the span that worker
 			// began died with it, unexported. This one, from the record
 			// of the loss, says so.
-			sp.chat = sp.startChat(rec.Step, rec.Attempt, rec.Model, rec.Provider, rec.StartedAt, b.LLMFirstChunk)
+			sp.chat = sp.startChat(sp.parent, rec.Step, rec.Attempt, rec.Model, rec.Provider, rec.StartedAt, b.LLMFirstChunk)
 		}
 		if sp.chat == nil {
 			return
@@ -452,7 +503,7 @@ func (sp *spans) Emit(e event.Event) {
 			return
 		}
 		rec := *d.Record
-		s := sp.startChat(rec.Step, rec.Attempt, rec.Model, rec.Provider, rec.StartedAt, b.Compaction)
+		s := sp.startChat(sp.parent, rec.Step, rec.Attempt, rec.Model, rec.Provider, rec.StartedAt, b.Compaction)
 		s.SetAttributes(attrCompaction.Bool(true))
 		attrs := []attribute.KeyValue{attrOutcome.String(string(rec.Outcome))}
 		if rec.Phase != "" {
@@ -489,7 +540,7 @@ func (sp *spans) Emit(e event.Event) {
 		sp.approvalSpan(d.CallID, d.Tool, e.At.Add(-time.Duration(d.WaitedMS)*time.Millisecond), e.At, outcome, d.Reason, attrs)
 	case *event.ToolStarted:
 		if sp.calls[d.CallID] == nil { // not begun ahead of its start (beginTool)
-			sp.calls[d.CallID] = sp.startTool(d.Step, d.CallID, d.Tool, d.Kind, d.Enforcement, e.At)
+			sp.calls[d.CallID] = sp.startTool(sp.parent, d.Step, d.CallID, d.Tool, d.Kind, d.Enforcement, e.At)
 		}
 	case *event.ToolProgress:
 		if s := sp.calls[d.CallID]; s != nil {
@@ -532,7 +583,7 @@ func (sp *spans) Emit(e event.Event) {
 			// its worker began died with it, unexported. This one, from
 			// the record, runs as long as the call is known to have run
 			// (to its last heartbeat) and says it was lost.
-			s = sp.startTool(rec.Step, rec.CallID, rec.Tool, rec.Kind, rec.Enforcement, rec.StartedAt)
+			s = sp.startTool(sp.parent, rec.Step, rec.CallID, rec.Tool, rec.Kind, rec.Enforcement, rec.StartedAt)
 		}
 		if s == nil {
 			return
@@ -565,8 +616,9 @@ func (sp *spans) disowned() bool {
 	return false
 }
 
-// startChat starts a model attempt's chat span at start, under budget b.
-func (sp *spans) startChat(step, attempt int, model, provider string, start time.Time, b budget.Duration) trace.Span {
+// startChat starts a model attempt's chat span at start, under budget b,
+// in parent (the turn's span, or one that asks for the span's ids).
+func (sp *spans) startChat(parent context.Context, step, attempt int, model, provider string, start time.Time, b budget.Duration) trace.Span {
 	attrs := []attribute.KeyValue{
 		attribute.String("gen_ai.operation.name", "chat"),
 		attribute.String("gen_ai.provider.name", provider),
@@ -575,18 +627,19 @@ func (sp *spans) startChat(step, attempt int, model, provider string, start time
 		attrEnforcement.String(string(budget.Hard)),
 	}
 	attrs = append(attrs, budgetAttrs(b)...)
-	_, s := sp.tracer.Start(sp.parent, "chat "+model, trace.WithTimestamp(start),
+	_, s := sp.tracer.Start(parent, "chat "+model, trace.WithTimestamp(start),
 		trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
 	return s
 }
 
-// startTool starts a tool call's execute_tool span at start.
-func (sp *spans) startTool(step int, callID, tool, kind string, enf budget.Enforcement, start time.Time) trace.Span {
+// startTool starts a tool call's execute_tool span at start, in parent
+// (as startChat's).
+func (sp *spans) startTool(parent context.Context, step int, callID, tool, kind string, enf budget.Enforcement, start time.Time) trace.Span {
 	attrs := toolAttrs(step, callID, tool, kind, enf)
 	if e, ok := sp.t.a.tools[tool]; ok {
 		attrs = append(attrs, budgetAttrs(turnToolBudget(e, &sp.t.s.Budgets).Timeout)...)
 	}
-	_, s := sp.tracer.Start(sp.parent, "execute_tool "+tool, trace.WithTimestamp(start),
+	_, s := sp.tracer.Start(parent, "execute_tool "+tool, trace.WithTimestamp(start),
 		trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(attrs...))
 	return s
 }

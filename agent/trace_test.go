@@ -116,6 +116,131 @@ func TestLostAttemptSpan(t *testing.T) {
 	}
 }
 
+// TestLostAttemptSpanKeepsItsIDs: the span made of an attempt lost with
+// its worker takes the ids its llm_started named — those the model server
+// was sent — under the turn's span, so that what the server exported
+// under them has its parent (before, ids of its own). An unsampled
+// traceparent, or a provider that cannot give the ids, leaves it ids of
+// its own, as before.
+func TestLostAttemptSpanKeepsItsIDs(t *testing.T) {
+	const named = "00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01"
+	for _, c := range []struct {
+		name        string
+		traceparent string
+		ids         bool // the provider gives the ids asked for
+		kept        bool
+	}{
+		{"sampled", named, true, true},
+		{"unsampled", strings.TrimSuffix(named, "01") + "00", true, false},
+		{"untraced", "", true, false},
+		{"ids of its own", named, false, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rec := tracetest.NewSpanRecorder()
+			opts := []sdktrace.TracerProviderOption{sdktrace.WithSpanProcessor(rec)}
+			if c.ids {
+				opts = append(opts, sdktrace.WithIDGenerator(telemetry.IDs{}))
+			}
+			tp := sdktrace.NewTracerProvider(opts...)
+			defer tp.Shutdown(context.Background())
+			a, err := agent.New(agent.Config{Name: "traced", Models: []model.Endpoint{endpoint(lines(t, `{"text": "ok"}`), "m")}, TracerProvider: tp})
+			if err != nil {
+				t.Fatal(err)
+			}
+			u, _ := machine.UnitsOf(a)
+			s, _ := u.NewState("t_lost", "", nil, budget.Request{})
+			turn := "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01" // the runner's span
+			s.TraceParent = turn
+			started := time.Now().Add(-3 * time.Second)
+			u.LostAttempts(s, 1, []machine.LostAttempt{{Attempt: 1, Model: "m", Provider: "script", Started: started, Traceparent: c.traceparent}}, "its worker died")
+			ended := rec.Ended()
+			if len(ended) != 1 || ended[0].Name() != "chat m" {
+				t.Fatalf("spans %v; want the lost attempt's chat span", ended)
+			}
+			sc := ended[0].SpanContext()
+			got := fmt.Sprintf("00-%s-%s-01", sc.TraceID(), sc.SpanID())
+			if kept := got == named; kept != c.kept {
+				t.Errorf("the lost attempt's span is %s; its llm_started named %q (want kept: %v)", got, c.traceparent, c.kept)
+			}
+			if p := ended[0].Parent(); p.SpanID().String() != "b7ad6b7169203331" || p.TraceID().String() != "0af7651916cd43dd8448eb211c80319c" {
+				t.Errorf("the lost attempt's span is under %s/%s; want the turn's", p.TraceID(), p.SpanID())
+			}
+		})
+	}
+}
+
+// TestChatSpanBegunBeforeItsStart: a model attempt's chat span is begun
+// before its llm_started is told, which names it in traceparent: the ids
+// its model request carries, which a worker recording the attempt lost
+// gives the span it makes. A turn not traced, or whose span is not
+// sampled, names none.
+func TestChatSpanBegunBeforeItsStart(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		sampler sdktrace.Sampler // nil: no tracer at all
+		named   bool
+	}{
+		{"sampled", sdktrace.AlwaysSample(), true},
+		{"unsampled", sdktrace.NeverSample(), false},
+		{"untraced", nil, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rec := tracetest.NewSpanRecorder()
+			cfg := agent.Config{Name: "traced"}
+			if c.sampler != nil {
+				tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec), sdktrace.WithSampler(c.sampler))
+				defer tp.Shutdown(context.Background())
+				cfg.TracerProvider = tp
+			}
+			p := lines(t, `{"error": {"status": 503, "message": "overloaded"}}`, `{"text": "ok"}`)
+			cfg.Models = []model.Endpoint{endpoint(p, "m"), endpoint(p, "n")}
+			a, err := agent.New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var named []string
+			res := a.Run(t.Context(), agent.Input{Text: "go"}, event.SinkFunc(func(e event.Event) {
+				if d, ok := e.Data.(*event.LLMStarted); ok {
+					named = append(named, d.Traceparent)
+				}
+			}))
+			if res.Record.Status != budget.StatusCompleted || len(named) != 2 {
+				t.Fatalf("turn %s (%s), llm_started %q; want two attempts, completed", res.Record.Status, res.Record.Message, named)
+			}
+			var spans []string
+			failovers := 0
+			for _, s := range rec.Ended() {
+				if strings.HasPrefix(s.Name(), "chat ") {
+					spans = append(spans, fmt.Sprintf("00-%s-%s-01", s.SpanContext().TraceID(), s.SpanContext().SpanID()))
+					for _, ev := range s.Events() {
+						if ev.Name == "failover" && s.Name() == "chat n" {
+							failovers++
+						}
+					}
+				}
+			}
+			if c.named && failovers != 1 {
+				t.Errorf("the attempt after the failover tells of it %d times; want once", failovers)
+			}
+			p.mu.Lock()
+			var sent []string
+			for _, r := range p.reqs {
+				sent = append(sent, r.TraceParent)
+			}
+			p.mu.Unlock()
+			if !c.named {
+				if named[0] != "" || named[1] != "" {
+					t.Errorf("llm_started named %q; want none", named)
+				}
+				return
+			}
+			if !reflect.DeepEqual(named, spans) || !reflect.DeepEqual(named, sent) {
+				t.Errorf("llm_started named %q; the chat spans are %q, the model was sent %q", named, spans, sent)
+			}
+		})
+	}
+}
+
 // TestCompactionSpan: a compaction is a model call the turn waits for, up
 // to timeouts.compaction: it has its chat span, marked as a compaction and
 // carrying that budget, between the turn's other spans — not a gap in

@@ -123,6 +123,11 @@ type LLMStarted struct {
 	// Attempt is the attempt within the step, from 1; each failover adds
 	// one.
 	Attempt int `json:"attempt"`
+	// Traceparent is the W3C traceparent of the attempt's chat span, when
+	// the turn is traced and the span sampled: the one its model request
+	// carries. A Temporal worker that records the attempt lost with the
+	// worker that made it makes that span again, with these ids.
+	Traceparent string `json:"traceparent,omitempty"`
 }
 
 // LLMDelta is a piece of the model's reply text.

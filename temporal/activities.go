@@ -216,7 +216,8 @@ func (x *activities) catchUp(ctx context.Context, s *machine.State, sink *storeS
 			s.Begun = true
 		case *event.LLMStarted:
 			if d.Step == step {
-				begun[d.Attempt] = machine.LostAttempt{Attempt: d.Attempt, Model: d.Model, Provider: d.Provider, Profile: d.Profile, Started: e.At}
+				begun[d.Attempt] = machine.LostAttempt{Attempt: d.Attempt, Model: d.Model, Provider: d.Provider, Profile: d.Profile, Started: e.At,
+					Traceparent: d.Traceparent}
 				s.Attempts = max(s.Attempts, d.Attempt)
 				current = d.Attempt
 			}

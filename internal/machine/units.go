@@ -138,6 +138,11 @@ type LostAttempt struct {
 	Profile         string    `json:"profile,omitempty"`
 	Started         time.Time `json:"started"`
 	Last            time.Time `json:"last,omitzero"`
+	// Traceparent is the traceparent the attempt's llm_started named: the
+	// ids of the chat span its worker began, which died with it, and
+	// which the span made of the loss takes; "" when untraced (and for a
+	// compaction, whose request carries none).
+	Traceparent string `json:"traceparent,omitempty"`
 }
 
 // Running is a tool call of a batch that runs, as its events say: its
