@@ -2,10 +2,12 @@ package temporal_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -174,6 +176,132 @@ func TestTracesOfAWorkerStopped(t *testing.T) {
 	if named == "" || len(ids) != 1 || ids[0] != named {
 		t.Errorf("the lost call's span is %v; its tool_started named %q", ids, named)
 	}
+}
+
+// TestTracesOfAWorkerLostMidAttempt: the worker streaming a model attempt
+// dies — here its store and its spans go with it, as with kill -9 — and
+// the worker that asks the step again records the attempt lost. The lost
+// attempt's chat span has the ids its llm_started named — those of the
+// span the dead worker began, sent to the model server as its
+// traceparent header — so that what the server exported under them has
+// its parent (before, ids of its own).
+func TestTracesOfAWorkerLostMidAttempt(t *testing.T) {
+	defer proctest.CheckNoLeaks(t)
+	c, s, queue := setup(t)
+	// A turn and a task queue of its own, run after run (-count=N).
+	id := agent.NewTurnID()
+	queue += "-" + id
+	dir := t.TempDir()
+	// Each worker plays the step's line from its start (the turn's place
+	// in the script is the one before the step): slow enough for the
+	// death to come while it streams, and played again to its end.
+	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"text": "done", "first_chunk_delay": "2s"}`+"\n"), 0o644)
+	file := filepath.Join(dir, "agent.yaml")
+	os.WriteFile(file, []byte("name: lost\nmodel: {primary: script:test}\nproviders: {script: {file: script.jsonl}}\n"+
+		"timeouts: {turn: 1m, llm_first_chunk: 30s}\n"), 0o644)
+	newTP := func() (*sdktrace.TracerProvider, *tracetest.SpanRecorder) {
+		rec := tracetest.NewSpanRecorder()
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec), sdktrace.WithIDGenerator(telemetry.IDs{}))
+		t.Cleanup(func() { tp.Shutdown(context.Background()) })
+		return tp, rec
+	}
+	open := func(tp *sdktrace.TracerProvider) *agent.Agent {
+		a, err := timebox.Open(context.Background(), file, timebox.Options{TracerProvider: tp})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { a.Close() })
+		return a.Agent
+	}
+	// The dying worker's spans are never looked at: they die with it.
+	dyingTP, _ := newTP()
+	tp, rec := newTP()
+	dying := &dyingStore{Store: s.(*postgres.Store)}
+	wa, err := temporal.NewWorker(temporal.WorkerOptions{Client: c, TaskQueue: queue, Agent: open(dyingTP), Store: dying, Heartbeat: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := wa.Start(); err != nil {
+		t.Fatal(err)
+	}
+	r, err := temporal.NewRunner(c, s, queue, open(tp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan *agent.Result, 1)
+	go func() { done <- r.Run(context.Background(), agent.Input{TurnID: id, Text: "go"}) }()
+	wait.For(t, 30*time.Second, "the attempt to start", func() bool {
+		evs, _ := s.Events(context.Background(), id, 0, 0)
+		for _, e := range evs {
+			if e.Type == event.TypeLLMStarted {
+				return true
+			}
+		}
+		return false
+	})
+	dying.dead.Store(true)
+	wa.Stop()
+	startWorker(t, c, s, queue, open(tp))
+	res := <-done
+	mc := res.Record.ModelCalls
+	if res.Record.Status != budget.StatusCompleted || len(mc) != 2 || mc[0].Phase != budget.PhaseWorkerLost || mc[1].Outcome != event.OutcomeOK {
+		t.Fatalf("turn %s (%s), attempts %+v", res.Record.Status, res.Record.Message, mc)
+	}
+	named := map[int]string{}
+	for _, e := range res.Record.Events {
+		if d, ok := e.Data.(*event.LLMStarted); ok {
+			named[d.Attempt] = d.Traceparent
+		}
+	}
+	var turn sdktrace.ReadOnlySpan
+	spans := map[int64]sdktrace.ReadOnlySpan{} // the chat spans, by attempt
+	for _, sp := range rec.Ended() {
+		if strings.HasPrefix(sp.Name(), "invoke_agent ") {
+			turn = sp
+		}
+		for _, kv := range sp.Attributes() {
+			if kv.Key == "timebox.attempt" && sp.Name() == "chat test" {
+				if _, twice := spans[kv.Value.AsInt64()]; twice {
+					t.Errorf("attempt %d has two chat spans", kv.Value.AsInt64())
+				}
+				spans[kv.Value.AsInt64()] = sp
+			}
+		}
+	}
+	lost := spans[1]
+	if turn == nil || lost == nil || spans[2] == nil || len(spans) != 2 {
+		t.Fatalf("the turn's span %v, chat spans of attempts %v; want the turn's, and one of each attempt", turn != nil, spans)
+	}
+	ids := fmt.Sprintf("00-%s-%s-01", lost.SpanContext().TraceID(), lost.SpanContext().SpanID())
+	if named[1] == "" || ids != named[1] {
+		t.Errorf("the lost attempt's span is %s; its llm_started named %q", ids, named[1])
+	}
+	if lost.Parent().SpanID() != turn.SpanContext().SpanID() || lost.Status().Code != codes.Error {
+		t.Errorf("the lost attempt's span is under %s, status %v; want under the turn's %s, an error", lost.Parent().SpanID(),
+			lost.Status(), turn.SpanContext().SpanID())
+	}
+}
+
+// dyingStore is a worker's store that, once dead, takes none of its
+// events, as the store of a worker killed takes none.
+type dyingStore struct {
+	*postgres.Store
+	dead atomic.Bool
+}
+
+func (d *dyingStore) AppendEvent(ctx context.Context, e event.Event) error {
+	if d.dead.Load() {
+		return errors.New("the worker died")
+	}
+	return d.Store.AppendEvent(ctx, e)
+}
+
+func (d *dyingStore) QueueEvent(e event.Event, committed func(error)) {
+	if d.dead.Load() {
+		committed(errors.New("the worker died"))
+		return
+	}
+	d.Store.QueueEvent(e, committed)
 }
 
 // TestTurnSpanOfATurnItsRunnerLeft: the runner begins a turn's span, and
