@@ -473,7 +473,8 @@ func (sp *spans) Emit(e event.Event) {
 		if sp.chat == nil && rec.Phase == budget.PhaseWorkerLost {
 			// An attempt lost with its worker: the span that worker
 			// began died with it, unexported. This one, from the record
-			// of the loss, says so.
+			// of the loss, says so; with ids of its own when adoptChat
+			// could not give it that span's.
 			sp.chat = sp.startChat(sp.parent, rec.Step, rec.Attempt, rec.Model, rec.Provider, rec.StartedAt, b.LLMFirstChunk)
 		}
 		if sp.chat == nil {
