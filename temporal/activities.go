@@ -748,6 +748,11 @@ func (x *activities) unit(actx context.Context, turnID string, b beat) *running 
 	local := activity.IsActivity(actx) && activity.GetInfo(actx).IsLocalActivity
 	u.stopEngine = context.AfterFunc(actx, func() {
 		switch cause := context.Cause(actx); {
+		case local && errors.Is(cause, worker.ErrWorkerShutdown):
+			// Its worker stopping (a deploy) gives it up; the workflow
+			// task goes to another worker, which runs the unit again.
+			// Nothing cancelled the turn: its record says who did this.
+			u.cancel(&budget.CancelError{Reason: budget.Cancelled, By: engineWhy(cause)})
 		case local && !errors.Is(cause, context.DeadlineExceeded):
 			// A local activity has no heartbeats to fail: the workflow
 			// cancelled it.

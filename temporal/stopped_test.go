@@ -1,0 +1,77 @@
+package temporal_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	timebox "github.com/timebox-run/timebox"
+	"github.com/timebox-run/timebox/agent"
+	"github.com/timebox-run/timebox/budget"
+	"github.com/timebox-run/timebox/event"
+	"github.com/timebox-run/timebox/internal/proctest"
+	"github.com/timebox-run/timebox/internal/wait"
+	"github.com/timebox-run/timebox/temporal"
+)
+
+// TestAWorkerStoppedMidAttempt: a worker stopped (SIGTERM, a deploy) while
+// a model attempt streams gives it up, and another worker asks the step
+// again. The given-up attempt's record says the worker stopping gave it
+// up, not that the turn's workflow cancelled it: nothing cancelled the
+// turn, and a person reading the timeline must not look for who did.
+func TestAWorkerStoppedMidAttempt(t *testing.T) {
+	defer proctest.CheckNoLeaks(t)
+	c, s, queue := setup(t)
+	id := agent.NewTurnID()
+	queue += "-" + id
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"text": "done", "first_chunk_delay": "2s"}`+"\n"), 0o644)
+	file := filepath.Join(dir, "agent.yaml")
+	os.WriteFile(file, []byte("name: stopped\nmodel: {primary: script:test}\nproviders: {script: {file: script.jsonl}}\n"+
+		"timeouts: {turn: 1m, llm_first_chunk: 30s}\n"), 0o644)
+	open := func() *agent.Agent {
+		a, err := timebox.Open(context.Background(), file, timebox.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { a.Close() })
+		return a.Agent
+	}
+	wa, err := temporal.NewWorker(temporal.WorkerOptions{Client: c, TaskQueue: queue, Agent: open(), Store: s, Heartbeat: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := wa.Start(); err != nil {
+		t.Fatal(err)
+	}
+	r, err := temporal.NewRunner(c, s, queue, open())
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan *agent.Result, 1)
+	go func() { done <- r.Run(context.Background(), agent.Input{TurnID: id, Text: "go"}) }()
+	wait.For(t, 30*time.Second, "the attempt to start", func() bool {
+		evs, _ := s.Events(context.Background(), id, 0, 0)
+		for _, e := range evs {
+			if e.Type == event.TypeLLMStarted {
+				return true
+			}
+		}
+		return false
+	})
+	wa.Stop()
+	startWorker(t, c, s, queue, open())
+	res := <-done
+	if res.Record.Status != budget.StatusCompleted {
+		t.Fatalf("turn %s (%s)", res.Record.Status, res.Record.Message)
+	}
+	for _, mc := range res.Record.ModelCalls {
+		t.Logf("attempt %d: %s %s %q", mc.Attempt, mc.Outcome, mc.Phase, mc.Error)
+		if mc.Outcome != event.OutcomeOK && (strings.Contains(mc.Error, "workflow") || !strings.Contains(mc.Error, "worker")) {
+			t.Errorf("the attempt given up by the stopping worker says %q; want it to name the worker stopping", mc.Error)
+		}
+	}
+}
