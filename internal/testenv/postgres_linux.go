@@ -12,15 +12,20 @@ import (
 // of it, so that it answers nothing while its connections stay open and
 // its port takes new ones into the kernel's queue: a database that hangs
 // (a stalled disk, a frozen VM), not one that is down. Thaw ends it.
-func (s *PostgresServer) Freeze() { s.signalAll(syscall.SIGSTOP) }
+func (s *PostgresServer) Freeze() { s.signalAll(syscall.SIGSTOP, 0) }
 
 // Thaw lets a frozen server (Freeze) go on.
-func (s *PostgresServer) Thaw() { s.signalAll(syscall.SIGCONT) }
+func (s *PostgresServer) Thaw() { s.signalAll(syscall.SIGCONT, 0) }
 
-// signalAll sends sig to the postmaster and its children. A stop stops
-// the postmaster first, so that it forks no child after the list is read;
-// a continue continues it last.
-func (s *PostgresServer) signalAll(sig syscall.Signal) {
+// ThawBut lets a frozen server (Freeze) go on, all but its backend pid,
+// which stays stopped until Thaw: a backend whose statement is held while
+// the rest of the database answers.
+func (s *PostgresServer) ThawBut(pid int) { s.signalAll(syscall.SIGCONT, pid) }
+
+// signalAll sends sig to the postmaster and its children, but the process
+// but (0: none). A stop stops the postmaster first, so that it forks no
+// child after the list is read; a continue continues it last.
+func (s *PostgresServer) signalAll(sig syscall.Signal, but int) {
 	s.t.Helper()
 	b, err := os.ReadFile(filepath.Join(s.c.data(), "postmaster.pid"))
 	if err != nil {
@@ -37,7 +42,9 @@ func (s *PostgresServer) signalAll(sig syscall.Signal) {
 		}
 	}
 	for _, pid := range childrenOf(pm) {
-		syscall.Kill(pid, sig)
+		if pid != but {
+			syscall.Kill(pid, sig)
+		}
 	}
 	if sig != syscall.SIGSTOP {
 		if err := syscall.Kill(pm, sig); err != nil {

@@ -55,7 +55,7 @@ func HungAfter(d time.Duration) (undo func()) {
 
 // BeforeBeginCommit sets the function BeginTurn calls just before its
 // COMMIT is sent (nil: none).
-func BeforeBeginCommit(f func()) { beforeBeginCommit = f }
+func BeforeBeginCommit(f func(backend int)) { beforeBeginCommit = f }
 
 // Unbegun returns the turns whose BeginTurn failed with its COMMIT
 // unanswered, not yet ended or found not stored.

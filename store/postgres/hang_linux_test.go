@@ -165,17 +165,43 @@ func TestASlowReadOfALiveDatabaseIsWaitedFor(t *testing.T) {
 // it stayed running, its session busy (409 session_busy), until its store
 // closed.
 func TestAnUnansweredBeginIsEnded(t *testing.T) {
+	for _, held := range []bool{false, true} {
+		name := map[bool]string{false: "thawed whole", true: "its backend held"}[held]
+		t.Run(name, func(t *testing.T) { unansweredBegin(t, held) })
+	}
+}
+
+// unansweredBegin is TestAnUnansweredBeginIsEnded; held keeps the backend
+// of the BeginTurn's transaction stopped, its COMMIT unread, for 3 s after
+// the rest of the database answers again (a stalled process): the store
+// must not take the turn for unstored meanwhile, or the COMMIT read
+// afterwards would leave it running for good. (It does not: the heartbeat
+// that looks waits for that transaction, which holds the store's owner
+// row.)
+func unansweredBegin(t *testing.T, held bool) {
 	pg := testenv.StartPostgres(t)
-	defer postgres.HungAfter(500 * time.Millisecond)()
+	// Long enough that the COMMIT is sent, however slow freezing the
+	// database is, before the store gives the BeginTurn up.
+	defer postgres.HungAfter(2 * time.Second)()
 	st := open(t, pg.Database(), postgres.Options{Heartbeat: 200 * time.Millisecond})
 	defer st.Close()
 	ctx := context.Background()
 	var thaw func()
-	postgres.BeforeBeginCommit(func() { thaw = frozen(t, pg) })
+	backend := 0
+	postgres.BeforeBeginCommit(func(pid int) { thaw, backend = frozen(t, pg), pid })
 	err := st.BeginTurn(ctx, store.TurnStart{TurnID: "t1", SessionID: "s1", Input: "go"})
 	postgres.BeforeBeginCommit(nil)
 	if thaw == nil {
 		t.Fatalf("BeginTurn did not reach its COMMIT: %v", err)
+	}
+	if held {
+		// The heartbeats (every 200ms) answer, and look at the turn,
+		// while its transaction is held: for 3 s the store must still
+		// count it to end.
+		pg.ThawBut(backend)
+		if wait.Until(3*time.Second, func() bool { return st.Unbegun() == 0 }) {
+			t.Error("the store forgot the turn while its BeginTurn's COMMIT was unread")
+		}
 	}
 	thaw()
 	if !errors.Is(err, store.ErrUnavailable) {

@@ -48,7 +48,7 @@ func (s *Store) BeginTurn(ctx context.Context, t store.TurnStart) error {
 				return err
 			}
 			if beforeBeginCommit != nil {
-				beforeBeginCommit()
+				beforeBeginCommit(int(tx.Conn().PgConn().PID()))
 			}
 			committing = true // pgx.BeginFunc commits next
 			return nil
@@ -64,8 +64,9 @@ func (s *Store) BeginTurn(ctx context.Context, t store.TurnStart) error {
 }
 
 // beforeBeginCommit, in tests, is called just before BeginTurn's COMMIT
-// is sent (nil: nothing).
-var beforeBeginCommit func()
+// is sent, with the pid of the backend that runs its transaction (nil:
+// nothing).
+var beforeBeginCommit func(backend int)
 
 // unbegun notes turn id, whose BeginTurn failed with its COMMIT sent and
 // not answered: it may be stored, running, and nobody runs it.
@@ -89,6 +90,11 @@ var notBegun = store.End{Why: "the store did not answer as the turn began", Said
 // those that were not stored are forgotten. The heartbeat calls it once
 // the database answers; a turn it cannot end yet is tried again at the
 // next heartbeat, and Close marks it interrupted with the others.
+//
+// The turn's row is looked for only once its BeginTurn's transaction has
+// ended, committed or not: that transaction renewed the store's owner row
+// first (beatTx) and holds it, so the heartbeat that calls this waits for
+// it, however long its backend takes to read the COMMIT.
 func (s *Store) endUnbegun(ctx context.Context) {
 	s.unbegunMu.Lock()
 	ids := slices.Collect(maps.Keys(s.unbegunIDs))
