@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	timebox "github.com/timebox-run/timebox"
 	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
@@ -32,22 +31,14 @@ func TestAWorkerStoppedMidAttempt(t *testing.T) {
 	file := filepath.Join(dir, "agent.yaml")
 	os.WriteFile(file, []byte("name: stopped\nmodel: {primary: script:test}\nproviders: {script: {file: script.jsonl}}\n"+
 		"timeouts: {turn: 1m, llm_first_chunk: 30s}\n"), 0o644)
-	open := func() *agent.Agent {
-		a, err := timebox.Open(context.Background(), file, timebox.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { a.Close() })
-		return a.Agent
-	}
-	wa, err := temporal.NewWorker(temporal.WorkerOptions{Client: c, TaskQueue: queue, Agent: open(), Store: s, Heartbeat: time.Second})
+	wa, err := temporal.NewWorker(temporal.WorkerOptions{Client: c, TaskQueue: queue, Agent: openAgent(t, file).Agent, Store: s, Heartbeat: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := wa.Start(); err != nil {
 		t.Fatal(err)
 	}
-	r, err := temporal.NewRunner(c, s, queue, open())
+	r, err := temporal.NewRunner(c, s, queue, openAgent(t, file).Agent)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +54,7 @@ func TestAWorkerStoppedMidAttempt(t *testing.T) {
 		return false
 	})
 	wa.Stop()
-	startWorker(t, c, s, queue, open())
+	startWorker(t, c, s, queue, openAgent(t, file).Agent)
 	res := <-done
 	if res.Record.Status != budget.StatusCompleted {
 		t.Fatalf("turn %s (%s)", res.Record.Status, res.Record.Message)

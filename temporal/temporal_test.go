@@ -18,6 +18,9 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 	"go.temporal.io/sdk/client"
 	sdklog "go.temporal.io/sdk/log"
 	"go.uber.org/goleak"
@@ -33,6 +36,7 @@ import (
 	"github.com/timebox-run/timebox/server"
 	"github.com/timebox-run/timebox/store"
 	"github.com/timebox-run/timebox/store/postgres"
+	"github.com/timebox-run/timebox/telemetry"
 	"github.com/timebox-run/timebox/temporal"
 )
 
@@ -128,6 +132,27 @@ func openAgent(tb testing.TB, file string) *timebox.Agent {
 	}
 	tb.Cleanup(func() { a.Close() })
 	return a
+}
+
+// openTraced opens the agent of file traced to tp, closed when tb ends.
+func openTraced(tb testing.TB, file string, tp trace.TracerProvider) *agent.Agent {
+	tb.Helper()
+	a, err := timebox.Open(context.Background(), file, timebox.Options{TracerProvider: tp})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { a.Close() })
+	return a.Agent
+}
+
+// recorded returns a tracer provider that gives the ids a span's context
+// asks for (telemetry.IDs), as timebox's does, and the recorder of the
+// spans it ends; it is shut down when tb ends.
+func recorded(tb testing.TB) (*sdktrace.TracerProvider, *tracetest.SpanRecorder) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec), sdktrace.WithIDGenerator(telemetry.IDs{}))
+	tb.Cleanup(func() { tp.Shutdown(context.Background()) })
+	return tp, rec
 }
 
 // onBoth runs a turn of the agent of file twice: on the embedded engine,

@@ -23,7 +23,6 @@ import (
 	"github.com/timebox-run/timebox/internal/wait"
 	"github.com/timebox-run/timebox/model"
 	"github.com/timebox-run/timebox/store/postgres"
-	"github.com/timebox-run/timebox/telemetry"
 	"github.com/timebox-run/timebox/temporal"
 )
 
@@ -106,25 +105,15 @@ func TestTracesOfAWorkerStopped(t *testing.T) {
 	file := filepath.Join(dir, "agent.yaml")
 	os.WriteFile(file, []byte("name: stopped\nmodel: {primary: script:test}\nproviders: {script: {file: script.jsonl}}\n"+
 		"timeouts: {kill_grace: 200ms, turn: 1m}\ntools:\n  - name: slow\n    exec: [sleep, \"30\"]\n    timeout: 30s\n"), 0o644)
-	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec), sdktrace.WithIDGenerator(telemetry.IDs{}))
-	defer tp.Shutdown(context.Background())
-	open := func() *agent.Agent {
-		a, err := timebox.Open(context.Background(), file, timebox.Options{TracerProvider: tp})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { a.Close() })
-		return a.Agent
-	}
-	wa, err := temporal.NewWorker(temporal.WorkerOptions{Client: c, TaskQueue: queue, Agent: open(), Store: s, Heartbeat: time.Second})
+	tp, rec := recorded(t)
+	wa, err := temporal.NewWorker(temporal.WorkerOptions{Client: c, TaskQueue: queue, Agent: openTraced(t, file, tp), Store: s, Heartbeat: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := wa.Start(); err != nil {
 		t.Fatal(err)
 	}
-	r, err := temporal.NewRunner(c, s, queue, open())
+	r, err := temporal.NewRunner(c, s, queue, openTraced(t, file, tp))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +129,7 @@ func TestTracesOfAWorkerStopped(t *testing.T) {
 		return false
 	})
 	wa.Stop()
-	startWorker(t, c, s, queue, open())
+	startWorker(t, c, s, queue, openTraced(t, file, tp))
 	res := <-done
 	if res.Record.Status != budget.StatusCompleted || len(res.Record.ToolCalls) != 1 || res.Record.ToolCalls[0].Phase != budget.PhaseWorkerLost {
 		t.Fatalf("turn %s (%s), calls %+v", res.Record.Status, res.Record.Message, res.Record.ToolCalls)
@@ -199,32 +188,18 @@ func TestTracesOfAWorkerLostMidAttempt(t *testing.T) {
 	file := filepath.Join(dir, "agent.yaml")
 	os.WriteFile(file, []byte("name: lost\nmodel: {primary: script:test}\nproviders: {script: {file: script.jsonl}}\n"+
 		"timeouts: {turn: 1m, llm_first_chunk: 30s}\n"), 0o644)
-	newTP := func() (*sdktrace.TracerProvider, *tracetest.SpanRecorder) {
-		rec := tracetest.NewSpanRecorder()
-		tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec), sdktrace.WithIDGenerator(telemetry.IDs{}))
-		t.Cleanup(func() { tp.Shutdown(context.Background()) })
-		return tp, rec
-	}
-	open := func(tp *sdktrace.TracerProvider) *agent.Agent {
-		a, err := timebox.Open(context.Background(), file, timebox.Options{TracerProvider: tp})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { a.Close() })
-		return a.Agent
-	}
 	// The dying worker's spans are never looked at: they die with it.
-	dyingTP, _ := newTP()
-	tp, rec := newTP()
+	dyingTP, _ := recorded(t)
+	tp, rec := recorded(t)
 	dying := &dyingStore{Store: s.(*postgres.Store)}
-	wa, err := temporal.NewWorker(temporal.WorkerOptions{Client: c, TaskQueue: queue, Agent: open(dyingTP), Store: dying, Heartbeat: time.Second})
+	wa, err := temporal.NewWorker(temporal.WorkerOptions{Client: c, TaskQueue: queue, Agent: openTraced(t, file, dyingTP), Store: dying, Heartbeat: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := wa.Start(); err != nil {
 		t.Fatal(err)
 	}
-	r, err := temporal.NewRunner(c, s, queue, open(tp))
+	r, err := temporal.NewRunner(c, s, queue, openTraced(t, file, tp))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -241,7 +216,7 @@ func TestTracesOfAWorkerLostMidAttempt(t *testing.T) {
 	})
 	dying.dead.Store(true)
 	wa.Stop()
-	startWorker(t, c, s, queue, open(tp))
+	startWorker(t, c, s, queue, openTraced(t, file, tp))
 	res := <-done
 	mc := res.Record.ModelCalls
 	if res.Record.Status != budget.StatusCompleted || len(mc) != 2 || mc[0].Phase != budget.PhaseWorkerLost || mc[1].Outcome != event.OutcomeOK {
@@ -316,24 +291,10 @@ func TestTurnSpanOfATurnItsRunnerLeft(t *testing.T) {
 	c, s, queue := setup(t)
 	dir := t.TempDir()
 	file := agentFile(t, dir, "sleep 1; echo slow done")
-	provider := func() (*sdktrace.TracerProvider, *tracetest.SpanRecorder) {
-		rec := tracetest.NewSpanRecorder()
-		tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec), sdktrace.WithIDGenerator(telemetry.IDs{}))
-		t.Cleanup(func() { tp.Shutdown(context.Background()) })
-		return tp, rec
-	}
-	open := func(tp *sdktrace.TracerProvider) *agent.Agent {
-		a, err := timebox.Open(context.Background(), file, timebox.Options{TracerProvider: tp})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { a.Close() })
-		return a.Agent
-	}
-	wtp, wrec := provider()
-	rtp, rrec := provider()
-	startWorker(t, c, s, queue, open(wtp))
-	r, err := temporal.NewRunner(c, s, queue, open(rtp))
+	wtp, wrec := recorded(t)
+	rtp, rrec := recorded(t)
+	startWorker(t, c, s, queue, openTraced(t, file, wtp))
+	r, err := temporal.NewRunner(c, s, queue, openTraced(t, file, rtp))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -425,20 +386,6 @@ func TestTurnSpanOfAWorkerStopping(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"text": "done"}`+"\n"), 0o644)
 	file := filepath.Join(dir, "agent.yaml")
 	os.WriteFile(file, []byte("name: stopping\nmodel: {primary: script:test}\nproviders: {script: {file: script.jsonl}}\ntimeouts: {turn: 1m}\n"), 0o644)
-	provider := func() (*sdktrace.TracerProvider, *tracetest.SpanRecorder) {
-		rec := tracetest.NewSpanRecorder()
-		tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec), sdktrace.WithIDGenerator(telemetry.IDs{}))
-		t.Cleanup(func() { tp.Shutdown(context.Background()) })
-		return tp, rec
-	}
-	open := func(tp *sdktrace.TracerProvider) *agent.Agent {
-		a, err := timebox.Open(context.Background(), file, timebox.Options{TracerProvider: tp})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { a.Close() })
-		return a.Agent
-	}
 	turnSpans := func(rec *tracetest.SpanRecorder) int {
 		n := 0
 		for _, sp := range rec.Ended() {
@@ -454,16 +401,16 @@ func TestTurnSpanOfAWorkerStopping(t *testing.T) {
 	}
 	defer ps.Close()
 	held := &heldEnd{Store: ps, noted: make(chan context.Context, 1), release: make(chan struct{})}
-	wtp, wrec := provider()
-	rtp, rrec := provider()
-	w, err := temporal.NewWorker(temporal.WorkerOptions{Client: c, TaskQueue: queue, Agent: open(wtp), Store: held, Heartbeat: time.Second})
+	wtp, wrec := recorded(t)
+	rtp, rrec := recorded(t)
+	w, err := temporal.NewWorker(temporal.WorkerOptions{Client: c, TaskQueue: queue, Agent: openTraced(t, file, wtp), Store: held, Heartbeat: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := w.Start(); err != nil {
 		t.Fatal(err)
 	}
-	r, err := temporal.NewRunner(c, s, queue, open(rtp))
+	r, err := temporal.NewRunner(c, s, queue, openTraced(t, file, rtp))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -552,23 +499,9 @@ func (h *heldEnd) FinishTurn(ctx context.Context, rec *event.Turn, msgs []model.
 func TestCeilingWithoutWorkerTraced(t *testing.T) {
 	defer proctest.CheckNoLeaks(t)
 	file := stopAgent(t, "6s")
-	provider := func() (*sdktrace.TracerProvider, *tracetest.SpanRecorder) {
-		rec := tracetest.NewSpanRecorder()
-		tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec), sdktrace.WithIDGenerator(telemetry.IDs{}))
-		t.Cleanup(func() { tp.Shutdown(context.Background()) })
-		return tp, rec
-	}
-	open := func(tp *sdktrace.TracerProvider) *agent.Agent {
-		a, err := timebox.Open(context.Background(), file, timebox.Options{TracerProvider: tp})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { a.Close() })
-		return a.Agent
-	}
-	wtp, wrec := provider()
-	rtp, rrec := provider()
-	rec, _ := endsWithoutWorkerOf(t, open(wtp), open(rtp), agent.Input{Text: "go"}, event.TypeToolStarted, 36*time.Second)
+	wtp, wrec := recorded(t)
+	rtp, rrec := recorded(t)
+	rec, _ := endsWithoutWorkerOf(t, openTraced(t, file, wtp), openTraced(t, file, rtp), agent.Input{Text: "go"}, event.TypeToolStarted, 36*time.Second)
 	if rec.StopReason != budget.TurnTimeout {
 		t.Fatalf("ended %s (%s): %s", rec.Status, rec.StopReason, rec.Message)
 	}
