@@ -629,6 +629,32 @@ func stopFollowingMidTool(t *testing.T, r *temporal.Runner) string {
 	return id
 }
 
+// checkCeilingEnd fails t unless rec is the end the process following a
+// turn (its runner, or a gateway that adopted it) gives it at its ceiling
+// with no worker running it: 1.5s to 6s past it (its kill grace, 500ms,
+// and CeilingGrace, then the next look, every 2s), stopped, turn_timeout,
+// the embedded engine's message and flags for a tool named long running,
+// and the sentence that no worker on queue ran it.
+func checkCeilingEnd(t *testing.T, rec *event.Turn, ceiling time.Duration, queue string) {
+	t.Helper()
+	past := rec.EndedAt.Sub(rec.StartedAt.Add(ceiling))
+	t.Logf("ended %v past its ceiling: %s", past.Round(time.Millisecond), rec.Message)
+	if past < 1500*time.Millisecond || past > 6*time.Second {
+		t.Errorf("ended %v past its ceiling, want 1.5s to 6s", past)
+	}
+	if rec.Status != budget.StatusStopped || rec.StopReason != budget.TurnTimeout {
+		t.Errorf("ended %s (%s), want stopped (turn_timeout)", rec.Status, rec.StopReason)
+	}
+	if want := "Stopped after " + ceiling.String() + ", the limit for one turn (timeouts.turn). Last step: tool long, running for "; !strings.HasPrefix(rec.Message, want) ||
+		!strings.Contains(rec.Message, "No timebox worker ran the turn on task queue "+queue+" ") ||
+		!strings.Contains(rec.Message, "past its ceiling, and its workflow was terminated") {
+		t.Errorf("message %q, want it to begin %q and say no worker ran the turn on %s", rec.Message, want, queue)
+	}
+	if !rec.Flags.TimedOutByTurnBudget || !rec.Flags.TimedOutDuringToolExecution {
+		t.Errorf("flags %+v, want timed_out_by_turn_budget and timed_out_during_tool_execution", rec.Flags)
+	}
+}
+
 // TestCeilingWithoutWorker: the only worker of a turn stops while a tool
 // runs, and the turn's ceiling (6s) falls with no worker to enforce it.
 // The process following the turn ends it, as the embedded engine would
@@ -640,24 +666,7 @@ func TestCeilingWithoutWorker(t *testing.T) {
 	defer proctest.CheckNoLeaks(t)
 	const ceiling = 6 * time.Second
 	rec, queue := endsWithoutWorker(t, stopAgent(t, ceiling.String()), ceiling+30*time.Second)
-	past := rec.EndedAt.Sub(rec.StartedAt.Add(ceiling))
-	t.Logf("ended %v past its ceiling: %s", past.Round(time.Millisecond), rec.Message)
-	// Its ceiling, its kill grace (500ms) and CeilingGrace, then the
-	// follower's next look (every 2s), and some slack.
-	if past < 1500*time.Millisecond || past > 6*time.Second {
-		t.Errorf("ended %v past its ceiling, want 1.5s to 6s", past)
-	}
-	if rec.Status != budget.StatusStopped || rec.StopReason != budget.TurnTimeout {
-		t.Errorf("ended %s (%s), want stopped (turn_timeout)", rec.Status, rec.StopReason)
-	}
-	if want := "Stopped after 6s, the limit for one turn (timeouts.turn). Last step: tool long, running for "; !strings.HasPrefix(rec.Message, want) ||
-		!strings.Contains(rec.Message, "No timebox worker ran the turn on task queue "+queue+" ") ||
-		!strings.Contains(rec.Message, "past its ceiling, and its workflow was terminated") {
-		t.Errorf("message %q, want it to begin %q and say no worker ran the turn on %s", rec.Message, want, queue)
-	}
-	if !rec.Flags.TimedOutByTurnBudget || !rec.Flags.TimedOutDuringToolExecution {
-		t.Errorf("flags %+v, want timed_out_by_turn_budget and timed_out_during_tool_execution", rec.Flags)
-	}
+	checkCeilingEnd(t, rec, ceiling, queue)
 	if fin := rec.Events[len(rec.Events)-1].Data.(*event.TurnFinished); fin.Limit == nil || fin.Limit.Key != budget.KeyTurn {
 		t.Errorf("turn_finished's limit %+v, want timeouts.turn", fin.Limit)
 	}
