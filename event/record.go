@@ -380,3 +380,18 @@ func LostCalls(events []Event, calls []ToolCall) []LostCall {
 	}
 	return out
 }
+
+// LostAttempt is a model attempt that was under way when the process
+// running its turn died: its llm_started is stored and its llm_finished
+// is not. Its chat span died with that process, and is made again
+// (agent.TraceEnded) with the ids its llm_started carries, those its model
+// request was sent as its traceparent header.
+type LostAttempt struct {
+	// Started is the attempt's llm_started; At is when it was stored.
+	Started *LLMStarted
+	At      time.Time
+	// Until is as long as the attempt is known to have run: the turn's
+	// last stored event (its reply's last delta, a still_working), to
+	// which the turn's llm_ms counts it too. Nothing of it is known after.
+	Until time.Time
+}

@@ -83,6 +83,11 @@ type Interruption struct {
 	// and stop reason interrupted, a message saying what was running and
 	// that the turn ran at least until its last stored event.
 	Record event.Turn
+	// Attempt is the model attempt that was under way (an llm_started
+	// with no llm_finished), nil when none was: it gets no record (the
+	// turn's message and llm_ms tell of it), but its chat span is made
+	// again (Ending.Attempt).
+	Attempt *event.LostAttempt
 }
 
 // Ending is a turn a store ended from outside its process, once the end
@@ -99,6 +104,11 @@ type Ending struct {
 	// Calls are the calls that were running, which the end records
 	// interrupted: the spans of their process died with it too.
 	Calls []event.LostCall
+	// Attempt is the model attempt that was under way, nil when none was
+	// (Interruption.Attempt): its span died with the process too. A
+	// compaction under way is not one: its request carries no
+	// traceparent, so nothing names a span of it.
+	Attempt *event.LostAttempt
 }
 
 // Ending returns what is told of turn t ended as out says.
@@ -112,6 +122,7 @@ func (t Interrupted) Ending(out Interruption) Ending {
 		}
 	}
 	e.Calls = event.LostCalls(t.Events, out.Calls)
+	e.Attempt = out.Attempt
 	return e
 }
 
@@ -142,6 +153,7 @@ func Interrupt(t Interrupted) Interruption {
 		progress = map[string]int{}          // progress reports by call_id
 		model    string                      // a model call under way
 		modelAt  time.Time                   // when it started
+		attempt  *event.LLMStarted           // its llm_started
 		text     strings.Builder             // the reply of the last model call
 		llm      time.Duration               // the model calls' time, as timeouts.llm_budget counts it
 		ran      []span                      // the finished tool calls' times
@@ -153,12 +165,12 @@ func Interrupt(t Interrupted) Interruption {
 		last, lastAt = e.Seq, e.At
 		switch d := e.Data.(type) {
 		case *event.LLMStarted:
-			model, modelAt = d.Model, e.At
+			model, modelAt, attempt = d.Model, e.At, d
 			text.Reset()
 		case *event.LLMDelta:
 			text.WriteString(d.Text)
 		case *event.LLMFinished:
-			model = ""
+			model, attempt = "", nil
 			if !d.Compaction {
 				llm += time.Duration(d.StreamMS) * time.Millisecond
 			}
@@ -214,6 +226,13 @@ func Interrupt(t Interrupted) Interruption {
 	}
 	if model != "" && lastAt.After(modelAt) {
 		llm += lastAt.Sub(modelAt)
+	}
+	if attempt != nil {
+		until := lastAt
+		if until.Before(modelAt) {
+			until = modelAt
+		}
+		out.Attempt = &event.LostAttempt{Started: attempt, At: modelAt, Until: until}
 	}
 
 	end := lastAt

@@ -27,7 +27,9 @@ type Crash func(t *testing.T) (s store.Store, crash func(ended func(store.Ending
 // every call record kept and the running call recorded as interrupted,
 // and the next store tells its Options.Ended of that end once, with the
 // turn's turn_started (its traceparent), its final record, and the running
-// call's tool_started (its span's traceparent) and record.
+// call's tool_started (its span's traceparent) and record; and of a turn
+// whose model attempt was under way, with that attempt's llm_started (its
+// span's traceparent) and the time of its last stored event.
 func RunCrash(t *testing.T, open Crash, why string) {
 	t.Run("CrashLeavesTheTurnInterrupted", func(t *testing.T) {
 		s, crash := open(t)
@@ -63,6 +65,9 @@ func RunCrash(t *testing.T, open Crash, why string) {
 			t.Fatalf("Options.Ended told of %d ends; want the one of t1", len(told))
 		}
 		e := told[0]
+		if e.Attempt != nil {
+			t.Errorf("told of t1's attempt %+v; none was under way", e.Attempt)
+		}
 		if e.TurnID != "t1" || e.Started == nil || e.Started.Traceparent != runningTraceparent ||
 			e.Record.TurnID != "t1" || e.Record.Status != budget.StatusInterrupted || e.Record.Message != rec.Message ||
 			!e.Record.StartedAt.Equal(rec.StartedAt) || !e.Record.EndedAt.Equal(rec.EndedAt) {
@@ -83,6 +88,82 @@ func RunCrash(t *testing.T, open Crash, why string) {
 			t.Errorf("told of the calls %+v; want crawl's, its traceparent %s, as stored: %+v", e.Calls, runningCallTraceparent, stored)
 		}
 	})
+	// The model attempt that was under way, whose span died with the
+	// process: its llm_started (its span's ids, the model server's
+	// traceparent header), from its start to the last stored event.
+	t.Run("CrashMidAttemptTellsTheAttempt", func(t *testing.T) {
+		s, crash := open(t)
+		answering, err := writeAnsweringTurn(t, s, "t2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var (
+			mu   sync.Mutex
+			told []store.Ending
+		)
+		after := crash(func(e store.Ending) {
+			mu.Lock()
+			defer mu.Unlock()
+			told = append(told, e)
+		})
+		defer after.Close()
+		WaitInterrupted(t, after, "t2", 30*time.Second)
+		wait.For(t, 10*time.Second, "Options.Ended told", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(told) > 0
+		})
+		mu.Lock()
+		defer mu.Unlock()
+		if len(told) != 1 {
+			t.Fatalf("Options.Ended told of %d ends; want the one of t2", len(told))
+		}
+		e := told[0]
+		t2, err := after.Turn(context.Background(), "t2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.TurnID != "t2" || len(e.Calls) != 0 || e.Attempt == nil || e.Attempt.Started == nil ||
+			e.Attempt.Started.Traceparent != answeringTraceparent || e.Attempt.Started.Model != "m" ||
+			!e.Attempt.At.Equal(answering.started) || !e.Attempt.Until.Equal(answering.last) ||
+			!e.Record.EndedAt.Equal(t2.EndedAt) || !strings.Contains(t2.Message, "Model m was answering") {
+			t.Errorf("told of %s: calls %+v, attempt %+v; want the attempt %s from %s to %s (stored: %q until %s)", e.TurnID,
+				e.Calls, e.Attempt, answeringTraceparent, answering.started, answering.last, t2.Message, t2.EndedAt)
+		}
+	})
+}
+
+// answeringTraceparent is the traceparent the llm_started of
+// writeAnsweringTurn's attempt names as its chat span.
+const answeringTraceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b8-01"
+
+// answering is when a turn's attempt under way started and when its last
+// event was, as stored.
+type answering struct{ started, last time.Time }
+
+// writeAnsweringTurn begins turn id and emits what a turn does up to a
+// model attempt under way (an llm_started and a delta), and waits until
+// they are stored: only call records are waited for by the Recorder.
+func writeAnsweringTurn(t *testing.T, s store.Store, id string) (answering, error) {
+	rec := store.NewRecorder(s)
+	session := "s_" + id
+	if err := rec.Begin(context.Background(), store.TurnStart{TurnID: id, SessionID: session, Input: "say it", StartedAt: time.Now()}); err != nil {
+		return answering{}, err
+	}
+	em := event.NewEmitter(id, rec)
+	em.Emit(&event.TurnStarted{SessionID: session, Input: "say it", Model: "script:m"})
+	em.Emit(&event.LLMStarted{Step: 1, Model: "m", Provider: "script", Attempt: 1, Traceparent: answeringTraceparent})
+	em.Emit(&event.LLMDelta{Step: 1, Text: "Well,"})
+	var out answering
+	wait.For(t, 10*time.Second, "the attempt's events stored", func() bool {
+		evs, err := s.Events(context.Background(), id, 0, 0)
+		if err != nil || len(evs) < 3 {
+			return false
+		}
+		out = answering{started: evs[1].At, last: evs[2].At}
+		return true
+	})
+	return out, rec.Err()
 }
 
 // runningTraceparent is the traceparent WriteRunningTurn's turn_started
