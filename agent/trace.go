@@ -184,7 +184,10 @@ func endTurnSpan(span trace.Span, rec *event.Turn) {
 // calls are the calls that were running when the process died, which the
 // end records interrupted: their execute_tool spans died with it too, and
 // are made with the ids their tool_started carries, beside the turn's.
-func TraceEnded(tp trace.TracerProvider, turnID string, started *event.TurnStarted, rec *event.Turn, calls ...event.LostCall) {
+// attempt, when not nil, is the model attempt that was under way: its chat
+// span is made the same way, with the ids its llm_started carries (those
+// its model server was sent), ended when it is known to have run until.
+func TraceEnded(tp trace.TracerProvider, turnID string, started *event.TurnStarted, rec *event.Turn, attempt *event.LostAttempt, calls ...event.LostCall) {
 	if tp == nil || started == nil || rec == nil {
 		return
 	}
@@ -196,7 +199,44 @@ func TraceEnded(tp trace.TracerProvider, turnID string, started *event.TurnStart
 	tracer := tp.Tracer(instrumentation)
 	if l.make(tracer, rec, true) {
 		traceLostCalls(tracer, l.traceparent, calls, rec.EndedAt)
+		if attempt != nil {
+			var b []attribute.KeyValue
+			if v, ok := started.Budgets[budget.KeyLLMFirstChunk]; ok {
+				b = budgetKVs(v.MS, v.Source, v.Knob) // as beginChat's span began
+			}
+			traceLostAttempt(tracer, l.traceparent, attempt, b, rec.Message)
+		}
 	}
+}
+
+// traceLostAttempt makes the chat span of a model attempt under way when
+// its turn's process died, a child of the turn's span (turn is its
+// traceparent), with the ids its llm_started carries, the attributes its
+// live span began with (b its budget's), outcome and error.type
+// interrupted and msg (the turn's message, which says what was answering)
+// as its error status. It ends at a.Until, the turn's last stored event:
+// that is as long as the attempt is known to have run, and as long as the
+// turn's llm_ms counts it; the turn's end may be later (an end said at
+// the store's clock), and a model call's span ends when the call did, not
+// the turn. An attempt begun untraced or unsampled has none; when the
+// tracer does not give the ids asked for, the span begun is left
+// unended, never exported (as traceLostCalls').
+func traceLostAttempt(tracer trace.Tracer, turn string, a *event.LostAttempt, b []attribute.KeyValue, msg string) {
+	own, ok := parseTraceParent(a.Started.Traceparent)
+	if !ok || !own.IsSampled() {
+		return
+	}
+	d := a.Started
+	parent := spanid.With(withTraceParent(context.Background(), turn), own.TraceID(), own.SpanID())
+	span := chatSpan(tracer, parent, d.Step, d.Attempt, d.Model, d.Provider, a.At, b)
+	if sc := span.SpanContext(); sc.TraceID() != own.TraceID() || sc.SpanID() != own.SpanID() {
+		return
+	}
+	end := a.Until
+	if end.Before(a.At) {
+		end = a.At
+	}
+	endSpan(span, end, event.OutcomeInterrupted, msg, []attribute.KeyValue{attrOutcome.String(string(event.OutcomeInterrupted))})
 }
 
 // TraceLostCalls makes the execute_tool spans of the calls of a turn that
@@ -620,6 +660,13 @@ func (sp *spans) disowned() bool {
 // startChat starts a model attempt's chat span at start, under budget b,
 // in parent (the turn's span, or one that asks for the span's ids).
 func (sp *spans) startChat(parent context.Context, step, attempt int, model, provider string, start time.Time, b budget.Duration) trace.Span {
+	return chatSpan(sp.tracer, parent, step, attempt, model, provider, start, budgetAttrs(b))
+}
+
+// chatSpan starts with tracer a model attempt's chat span at start, in
+// parent, with the attributes every chat span begins with, b its budget's
+// (startChat; TraceEnded, for an attempt under way when its process died).
+func chatSpan(tracer trace.Tracer, parent context.Context, step, attempt int, model, provider string, start time.Time, b []attribute.KeyValue) trace.Span {
 	attrs := []attribute.KeyValue{
 		attribute.String("gen_ai.operation.name", "chat"),
 		attribute.String("gen_ai.provider.name", provider),
@@ -627,8 +674,8 @@ func (sp *spans) startChat(parent context.Context, step, attempt int, model, pro
 		attrStep.Int(step), attrAttempt.Int(attempt),
 		attrEnforcement.String(string(budget.Hard)),
 	}
-	attrs = append(attrs, budgetAttrs(b)...)
-	_, s := sp.tracer.Start(parent, "chat "+model, trace.WithTimestamp(start),
+	attrs = append(attrs, b...)
+	_, s := tracer.Start(parent, "chat "+model, trace.WithTimestamp(start),
 		trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
 	return s
 }

@@ -405,7 +405,7 @@ func TestTraceEnded(t *testing.T) {
 		if d, ok := e.Data.(*event.TurnStarted); ok {
 			started = d
 			// Its span is open here: its own end makes it.
-			agent.TraceEnded(again, e.TurnID, d, &event.Turn{Status: budget.StatusInterrupted})
+			agent.TraceEnded(again, e.TurnID, d, &event.Turn{Status: budget.StatusInterrupted}, nil)
 		}
 	}))
 	if started == nil || started.Traceparent == "" || started.CallerTraceparent != "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01" {
@@ -426,7 +426,7 @@ func TestTraceEnded(t *testing.T) {
 
 	rec := *res.Record
 	rec.Status, rec.StopReason, rec.Message = budget.StatusInterrupted, budget.Interrupted, "Interrupted: its process stopped."
-	agent.TraceEnded(again, res.Record.TurnID, started, &rec)
+	agent.TraceEnded(again, res.Record.TurnID, started, &rec, nil)
 	made := againRec.Ended()
 	if len(made) != 1 {
 		t.Fatalf("%d spans made; want the turn's", len(made))
@@ -457,12 +457,12 @@ func TestTraceEnded(t *testing.T) {
 
 	// A provider that gives ids of its own: no stranger span.
 	foreign, foreignRec := newTP(false)
-	agent.TraceEnded(foreign, res.Record.TurnID, started, &rec)
+	agent.TraceEnded(foreign, res.Record.TurnID, started, &rec, nil)
 	// A turn not sampled, or not traced: nothing.
 	unsampled := *started
 	unsampled.Traceparent = strings.TrimSuffix(started.Traceparent, "01") + "00"
-	agent.TraceEnded(again, res.Record.TurnID, &unsampled, &rec)
-	agent.TraceEnded(again, res.Record.TurnID, &event.TurnStarted{Agent: "traced"}, &rec)
+	agent.TraceEnded(again, res.Record.TurnID, &unsampled, &rec, nil)
+	agent.TraceEnded(again, res.Record.TurnID, &event.TurnStarted{Agent: "traced"}, &rec, nil)
 	if n, m := len(foreignRec.Ended()), len(againRec.Ended()); n != 0 || m != 1 {
 		t.Errorf("%d spans of a provider that cannot give the ids, %d more for untraced turns; want none", n, m-1)
 	}
@@ -508,7 +508,7 @@ func TestTraceEndedCalls(t *testing.T) {
 		case *event.ToolStarted:
 			call = d
 			// Open here: its own process ends it.
-			agent.TraceEnded(again, e.TurnID, started, &event.Turn{Status: budget.StatusInterrupted},
+			agent.TraceEnded(again, e.TurnID, started, &event.Turn{Status: budget.StatusInterrupted}, nil,
 				event.LostCall{Started: d, Record: event.ToolCall{CallID: d.CallID, Outcome: event.OutcomeInterrupted}})
 		}
 	}))
@@ -539,7 +539,7 @@ func TestTraceEndedCalls(t *testing.T) {
 	rec.EndedAt = res.Record.EndedAt.Add(time.Second)
 	lost := res.Record.ToolCalls[0]
 	lost.Outcome, lost.Result, lost.EndedAt = event.OutcomeInterrupted, "Interrupted: its process stopped while this call was running.", lost.StartedAt
-	agent.TraceEnded(again, rec.TurnID, started, &rec, event.LostCall{Started: call, Record: lost})
+	agent.TraceEnded(again, rec.TurnID, started, &rec, nil, event.LostCall{Started: call, Record: lost})
 	var made sdktrace.ReadOnlySpan
 	for _, s := range againRec.Ended() {
 		if s.Name() == "execute_tool crawl" {
@@ -574,7 +574,7 @@ func TestTraceEndedCalls(t *testing.T) {
 	// A call not sampled: its turn's span alone.
 	unsampled := *call
 	unsampled.Traceparent = strings.TrimSuffix(call.Traceparent, "01") + "00"
-	agent.TraceEnded(again, rec.TurnID, started, &rec, event.LostCall{Started: &unsampled, Record: lost})
+	agent.TraceEnded(again, rec.TurnID, started, &rec, nil, event.LostCall{Started: &unsampled, Record: lost})
 	if n := len(againRec.Ended()); n != 3 {
 		t.Errorf("%d spans made for a call not sampled and its turn; want its turn's", n-2)
 	}
@@ -670,4 +670,113 @@ type notingTool struct {
 func (n *notingTool) Call(ctx context.Context, c *tool.Call) (*tool.Result, error) {
 	*n.traceparent = c.TraceParent
 	return n.Tool.Call(ctx, c)
+}
+
+// TestTraceEndedAttempt: a model attempt under way when its turn's
+// process died gets its chat span from the process that ends the turn,
+// beside the turn's: with the ids its llm_started carries — those the
+// model server was sent as its traceparent header — under the turn's
+// span, with the attributes its live span began with, outcome and
+// error.type interrupted, an error status, from its start to when it is
+// known to have run until. None for an attempt not sampled, and none
+// while the turn's span is open here (its own process ends it).
+func TestTraceEndedAttempt(t *testing.T) {
+	newTP := func() (*sdktrace.TracerProvider, *tracetest.SpanRecorder) {
+		rec := tracetest.NewSpanRecorder()
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec), sdktrace.WithIDGenerator(telemetry.IDs{}))
+		t.Cleanup(func() { tp.Shutdown(context.Background()) })
+		return tp, rec
+	}
+	first, firstRec := newTP()
+	a, err := agent.New(agent.Config{Name: "traced", Models: []model.Endpoint{endpoint(lines(t, `{"text": "ok"}`), "m")},
+		Budgets: budget.Budgets{Turn: secs(time.Minute, budget.SourceFile, budget.KeyTurn),
+			LLMFirstChunk: secs(30*time.Second, budget.SourceFile, budget.KeyLLMFirstChunk)}, TracerProvider: first})
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, againRec := newTP()
+	var (
+		started *event.TurnStarted
+		lost    *event.LostAttempt
+	)
+	res := a.Run(t.Context(), agent.Input{Text: "go"}, event.SinkFunc(func(e event.Event) {
+		switch d := e.Data.(type) {
+		case *event.TurnStarted:
+			started = d
+		case *event.LLMStarted:
+			lost = &event.LostAttempt{Started: d, At: e.At, Until: e.At.Add(700 * time.Millisecond)}
+			// Open here: its own process ends it.
+			agent.TraceEnded(again, e.TurnID, started, &event.Turn{Status: budget.StatusInterrupted}, lost)
+		}
+	}))
+	if lost == nil || lost.Started.Traceparent == "" {
+		t.Fatalf("llm_started %+v: want the attempt's traceparent", lost)
+	}
+	if n := len(againRec.Ended()); n != 0 {
+		t.Fatalf("%d spans made for a turn whose span was open", n)
+	}
+	var orig, turn sdktrace.ReadOnlySpan
+	for _, s := range firstRec.Ended() {
+		switch s.Name() {
+		case "chat m":
+			orig = s
+		case "invoke_agent traced":
+			turn = s
+		}
+	}
+	if orig == nil || turn == nil {
+		t.Fatal("no chat or turn span")
+	}
+
+	rec := *res.Record
+	rec.Status, rec.StopReason, rec.Message = budget.StatusInterrupted, budget.Interrupted, "Interrupted: its process stopped. Model m was answering."
+	rec.EndedAt = lost.Until.Add(time.Second) // the turn's end, later than what is known of the attempt
+	agent.TraceEnded(again, rec.TurnID, started, &rec, lost)
+	var made sdktrace.ReadOnlySpan
+	for _, s := range againRec.Ended() {
+		if s.Name() == "chat m" {
+			made = s
+		}
+	}
+	if n := len(againRec.Ended()); n != 2 || made == nil {
+		t.Fatalf("%d spans made; want the turn's and the attempt's", n)
+	}
+	if made.SpanContext().TraceID() != orig.SpanContext().TraceID() || made.SpanContext().SpanID() != orig.SpanContext().SpanID() ||
+		made.Parent().SpanID() != turn.SpanContext().SpanID() || !made.StartTime().Equal(lost.At) || !made.EndTime().Equal(lost.Until) {
+		t.Errorf("made %s/%s under %s, %s–%s; want %s/%s under %s, %s–%s", made.SpanContext().TraceID(), made.SpanContext().SpanID(),
+			made.Parent().SpanID(), made.StartTime(), made.EndTime(), orig.SpanContext().TraceID(), orig.SpanContext().SpanID(),
+			turn.SpanContext().SpanID(), lost.At, lost.Until)
+	}
+	if made.SpanKind() != orig.SpanKind() {
+		t.Errorf("kind %v, want %v", made.SpanKind(), orig.SpanKind())
+	}
+	attrs := func(s sdktrace.ReadOnlySpan) map[string]any {
+		m := map[string]any{}
+		for _, kv := range s.Attributes() {
+			m[string(kv.Key)] = kv.Value.AsInterface()
+		}
+		return m
+	}
+	want := attrs(orig)
+	// What the live span was told at its end, which never came.
+	delete(want, "gen_ai.usage.input_tokens")
+	delete(want, "gen_ai.usage.output_tokens")
+	want["timebox.outcome"], want["error.type"] = "interrupted", "interrupted"
+	if got := attrs(made); !reflect.DeepEqual(got, want) {
+		t.Errorf("attributes %v\nwant %v", got, want)
+	}
+	if want["timebox.budget.knob"] == nil {
+		t.Errorf("the live span names no budget: %v", want)
+	}
+	if made.Status().Code != codes.Error || made.Status().Description != rec.Message {
+		t.Errorf("status %v", made.Status())
+	}
+
+	// An attempt not sampled: its turn's span alone.
+	unsampled := *lost.Started
+	unsampled.Traceparent = strings.TrimSuffix(lost.Started.Traceparent, "01") + "00"
+	agent.TraceEnded(again, rec.TurnID, started, &rec, &event.LostAttempt{Started: &unsampled, At: lost.At, Until: lost.Until})
+	if n := len(againRec.Ended()); n != 3 {
+		t.Errorf("%d spans made for an attempt not sampled and its turn; want its turn's", n-2)
+	}
 }

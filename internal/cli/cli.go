@@ -416,7 +416,7 @@ func tracedEnds(t *telemetry.Tracing) func(store.Ending) {
 		return nil
 	}
 	return func(e store.Ending) {
-		agent.TraceEnded(t.Provider, e.TurnID, e.Started, &e.Record, e.Calls...)
+		agent.TraceEnded(t.Provider, e.TurnID, e.Started, &e.Record, e.Attempt, e.Calls...)
 	}
 }
 
