@@ -3,6 +3,7 @@
 package cli_test
 
 import (
+	"database/sql"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -20,6 +21,7 @@ import (
 	"github.com/timebox-run/timebox/internal/syncbuf"
 	"github.com/timebox-run/timebox/internal/testenv"
 	"github.com/timebox-run/timebox/internal/wait"
+	_ "github.com/timebox-run/timebox/store/sqlite" // its driver, to see what the killed process stored
 )
 
 // TestLostTurnSpanMadeByTheNextStart: `timebox run`, traced to a real OTLP
@@ -31,8 +33,10 @@ import (
 // interrupted and makes both spans, with the ids the first call names as
 // its parent and the ids the running call's tool was given (its
 // TRACEPARENT) — before, the call's span pointed to a parent no collector
-// ever received, and the running call had no span. Without the OTEL
-// variables, runs makes none and says nothing of tracing.
+// ever received, and the running call had no span. Killed mid-attempt
+// instead (the model's stream silent after a chunk), the next run makes
+// the attempt's chat span with the ids its llm_started named. Without the
+// OTEL variables, runs makes none and says nothing of tracing.
 func TestLostTurnSpanMadeByTheNextStart(t *testing.T) {
 	bin := timeboxBinary(t)
 	for _, c := range []struct {
@@ -57,6 +61,17 @@ func TestLostTurnSpanMadeByTheNextStart(t *testing.T) {
 			checkLostSpans(t, recv, dir, turnID, quick)
 		})
 	}
+	t.Run("run mid-attempt", func(t *testing.T) {
+		recv := testenv.NewOTLP(t)
+		dir, env, turnID, quick, attempt := killMidAttempt(t, bin, recv)
+		next := exec.Command(bin, "run", "-f", filepath.Join(dir, "other.yaml"), "--db", filepath.Join(dir, "timebox.db"), "hello")
+		next.Env = env
+		said, err := next.CombinedOutput()
+		if err != nil || !strings.Contains(string(said), "marked 1 turn interrupted") {
+			t.Fatalf("the next command: %v\n%s", err, said)
+		}
+		checkLostAttempt(t, recv, turnID, quick, attempt)
+	})
 	t.Run("runs list untraced", func(t *testing.T) {
 		recv := testenv.NewOTLP(t)
 		dir, env, _, _ := killMidTool(t, bin, recv)
@@ -177,6 +192,116 @@ func checkLostSpans(t *testing.T, recv *testenv.OTLP, dir, turnID string, quick 
 		hang.GetEndTimeUnixNano() != turn.GetEndTimeUnixNano() || hang.GetStartTimeUnixNano() < quick.GetEndTimeUnixNano() {
 		t.Errorf("the running call's span: parent %x (the turn's %x), attributes %v, status %v, %d–%d (the turn ends %d)",
 			hang.GetParentSpanId(), turn.GetSpanId(), h, hang.GetStatus(), hang.GetStartTimeUnixNano(), hang.GetEndTimeUnixNano(),
+			turn.GetEndTimeUnixNano())
+	}
+	if bad := recv.Refused(); len(bad) > 0 {
+		t.Fatalf("the receiver refused: %v", bad)
+	}
+}
+
+// killMidAttempt runs `timebox run` traced to recv until its second model
+// attempt is under way (its llm_started stored, its stream silent after a
+// chunk),
+// its first call's span exported, and kills it with SIGKILL. It returns
+// what killMidTool does and the attempt's llm_started traceparent.
+func killMidAttempt(t *testing.T, bin string, recv *testenv.OTLP) (dir string, env []string, turnID string, quick *tracepb.Span, attempt string) {
+	t.Helper()
+	dir = t.TempDir()
+	db := filepath.Join(dir, "timebox.db")
+	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"tool_calls": [{"name": "quick"}]}`+"\n"+`{"chunks": ["Well, ", "never"], "stall_after": 1}`+"\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "hi.jsonl"), []byte(`{"text": "hi"}`+"\n"), 0o644)
+	file := filepath.Join(dir, "agent.yaml")
+	os.WriteFile(file, []byte("name: lost-turn\nmodel: {primary: script:m}\nproviders: {script: {file: script.jsonl}}\n"+
+		"tools:\n  - name: quick\n    exec: [sh, -c, 'echo ok']\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "other.yaml"), []byte("name: other\nmodel: {primary: script:m}\nproviders: {script: {file: hi.jsonl}}\n"), 0o644)
+	env = append(os.Environ(), "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT="+recv.URL+"/v1/traces",
+		"OTEL_TRACES_EXPORTER=", "OTEL_SDK_DISABLED=", "OTEL_BSP_SCHEDULE_DELAY=50")
+
+	var out, errb syncbuf.Buffer
+	run := exec.Command(bin, "run", "-f", file, "--db", db, "--json", "go")
+	run.Env, run.Stdout, run.Stderr = env, &out, &errb
+	if err := run.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { run.Process.Kill(); run.Wait() })
+	if !wait.Until(20*time.Second, func() bool { return len(recv.ByName()["execute_tool quick"]) > 0 }) {
+		t.Fatalf("the first call's span was never exported; spans %v\n%s", names(recv.ByName()), errb.String())
+	}
+	quick = recv.ByName()["execute_tool quick"][0]
+	// Its events are queued for the store: kill it once they are stored.
+	ro, err := sql.Open("sqlite", "file:"+db+"?mode=ro")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ro.Close()
+	if !wait.Until(20*time.Second, func() bool {
+		var n int
+		err := ro.QueryRow(`SELECT count(*) FROM events WHERE type = 'llm_started'`).Scan(&n)
+		return err == nil && n > 1
+	}) {
+		t.Fatalf("the second attempt's llm_started was never stored\n%s\n%s", out.String(), errb.String())
+	}
+	run.Process.Signal(syscall.SIGKILL)
+	run.Wait()
+	for line := range strings.Lines(out.String()) {
+		var e event.Event
+		if json.Unmarshal([]byte(line), &e) != nil {
+			continue
+		}
+		switch d := e.Data.(type) {
+		case *event.TurnStarted:
+			turnID = e.TurnID
+		case *event.LLMStarted:
+			if d.Step == 2 {
+				attempt = d.Traceparent
+			}
+		}
+	}
+	if turnID == "" || attempt == "" {
+		t.Fatalf("no turn_started, or no traceparent in the second llm_started, in %q", out.String())
+	}
+	if n := len(recv.ByName()["invoke_agent lost-turn"]) + len(recv.ByName()["chat m"]); n != 1 {
+		t.Fatalf("%d turn or chat spans before the next start; want the first attempt's (the process died with the rest)", n)
+	}
+	return dir, env, turnID, quick, attempt
+}
+
+// checkLostAttempt checks the spans made of the turn killMidAttempt
+// killed: the turn's, with the ids its first call names as its parent,
+// and the attempt's, with the ids its llm_started named (those its model
+// server was sent), under it, interrupted, ended at the turn's end (its
+// last stored event, the attempt's chunk).
+func checkLostAttempt(t *testing.T, recv *testenv.OTLP, turnID string, quick *tracepb.Span, attempt string) {
+	t.Helper()
+	turns := recv.ByName()["invoke_agent lost-turn"]
+	if len(turns) != 1 {
+		t.Fatalf("%d spans of the lost turn; want 1; all: %v", len(turns), names(recv.ByName()))
+	}
+	turn := turns[0]
+	if string(turn.GetSpanId()) != string(quick.GetParentSpanId()) || testenv.SpanAttrs(turn)["timebox.turn.id"].GetStringValue() != turnID {
+		t.Errorf("the turn's span %x is not the first call's parent %x", turn.GetSpanId(), quick.GetParentSpanId())
+	}
+	var chat *tracepb.Span
+	for _, s := range recv.ByName()["chat m"] {
+		if testenv.SpanAttrs(s)["timebox.step"].GetIntValue() == 2 {
+			chat = s
+		}
+	}
+	if chat == nil {
+		t.Fatalf("no span of the attempt under way at the kill; all: %v", names(recv.ByName()))
+	}
+	if made := fmt.Sprintf("00-%x-%x-01", chat.GetTraceId(), chat.GetSpanId()); made != attempt {
+		t.Errorf("the attempt's span is %s; its llm_started named %s", made, attempt)
+	}
+	c := testenv.SpanAttrs(chat)
+	if string(chat.GetParentSpanId()) != string(turn.GetSpanId()) || c["gen_ai.operation.name"].GetStringValue() != "chat" ||
+		c["gen_ai.request.model"].GetStringValue() != "m" || c["gen_ai.provider.name"].GetStringValue() != "script" ||
+		c["timebox.attempt"].GetIntValue() != 1 || c["timebox.budget.knob"].GetStringValue() == "" ||
+		c["timebox.outcome"].GetStringValue() != "interrupted" || c["error.type"].GetStringValue() != "interrupted" ||
+		chat.GetStatus().GetCode() != tracepb.Status_STATUS_CODE_ERROR || !strings.Contains(chat.GetStatus().GetMessage(), "Model m was answering") ||
+		chat.GetEndTimeUnixNano() != turn.GetEndTimeUnixNano() || chat.GetStartTimeUnixNano() < quick.GetEndTimeUnixNano() {
+		t.Errorf("the attempt's span: parent %x (the turn's %x), attributes %v, status %v, %d–%d (the turn ends %d)",
+			chat.GetParentSpanId(), turn.GetSpanId(), c, chat.GetStatus(), chat.GetStartTimeUnixNano(), chat.GetEndTimeUnixNano(),
 			turn.GetEndTimeUnixNano())
 	}
 	if bad := recv.Refused(); len(bad) > 0 {
