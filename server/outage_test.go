@@ -202,10 +202,16 @@ func TestAnEventTheStoreRefusedIsNotLost(t *testing.T) {
 	if err != nil || len(stored) != len(seen) {
 		t.Fatalf("%d events stored of %d (%v)", len(stored), len(seen), err)
 	}
-	log := logged.String()
-	fail := strings.Index(log, "store write failed")
-	made := strings.Index(log, "the turn's end stored the events the store refused as it ran")
-	if fail < 0 || made < fail || !strings.Contains(log[made:], "events=1") {
+	// The line is logged once FinishTurn has returned, which may be after
+	// the end is seen stored.
+	var log string
+	said := wait.Until(10*time.Second, func() bool {
+		log = logged.String()
+		fail := strings.Index(log, "store write failed")
+		made := strings.Index(log, "the turn's end stored the events the store refused as it ran")
+		return fail >= 0 && made > fail && strings.Contains(log[made:], "events=1")
+	})
+	if !said {
 		t.Errorf("the log does not say the end stored the refused event:\n%s", log)
 	}
 }
