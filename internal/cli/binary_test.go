@@ -11,12 +11,16 @@ import (
 	"testing"
 )
 
+// binaryDir is the directory binary builds into, removed by TestMain.
+var binaryDir string
+
 // binary builds cmd/timebox once per test binary.
 var binary = sync.OnceValues(func() (string, error) {
 	dir, err := os.MkdirTemp("", "timebox-cli-test")
 	if err != nil {
 		return "", err
 	}
+	binaryDir = dir
 	bin := filepath.Join(dir, "timebox")
 	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/timebox").CombinedOutput(); err != nil {
 		return "", fmt.Errorf("build: %v\n%s", err, out)

@@ -19,6 +19,9 @@ func TestMain(m *testing.M) {
 		mcptest.Serve()
 	}
 	code := m.Run()
+	if binaryDir != "" { // 130 MB a run, left in the temporary directory before
+		os.RemoveAll(binaryDir)
+	}
 	testenv.StopTemporal()
 	testenv.StopPostgres()
 	if code == 0 {
