@@ -93,13 +93,7 @@ func TestAdoptedTurnEndsAtCeiling(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ws.Close()
-	w, err := temporal.NewWorker(temporal.WorkerOptions{Client: c, TaskQueue: queue, Agent: a, Store: ws, Heartbeat: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Start(); err != nil {
-		t.Fatal(err)
-	}
+	w := runningWorker(t, c, queue, a, ws)
 	defer w.Stop()
 
 	ga := startGateway(t, c, dsn, queue, "stops", a, -1)

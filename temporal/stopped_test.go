@@ -2,17 +2,13 @@ package temporal_test
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/proctest"
-	"github.com/timebox-run/timebox/internal/wait"
 	"github.com/timebox-run/timebox/temporal"
 )
 
@@ -26,33 +22,15 @@ func TestAWorkerStoppedMidAttempt(t *testing.T) {
 	c, s, queue := setup(t)
 	id := agent.NewTurnID()
 	queue += "-" + id
-	dir := t.TempDir()
-	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"text": "done", "first_chunk_delay": "2s"}`+"\n"), 0o644)
-	file := filepath.Join(dir, "agent.yaml")
-	os.WriteFile(file, []byte("name: stopped\nmodel: {primary: script:test}\nproviders: {script: {file: script.jsonl}}\n"+
-		"timeouts: {turn: 1m, llm_first_chunk: 30s}\n"), 0o644)
-	wa, err := temporal.NewWorker(temporal.WorkerOptions{Client: c, TaskQueue: queue, Agent: openAgent(t, file).Agent, Store: s, Heartbeat: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := wa.Start(); err != nil {
-		t.Fatal(err)
-	}
+	file := slowAttemptAgent(t, "stopped")
+	wa := runningWorker(t, c, queue, openAgent(t, file).Agent, s)
 	r, err := temporal.NewRunner(c, s, queue, openAgent(t, file).Agent)
 	if err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan *agent.Result, 1)
 	go func() { done <- r.Run(context.Background(), agent.Input{TurnID: id, Text: "go"}) }()
-	wait.For(t, 30*time.Second, "the attempt to start", func() bool {
-		evs, _ := s.Events(context.Background(), id, 0, 0)
-		for _, e := range evs {
-			if e.Type == event.TypeLLMStarted {
-				return true
-			}
-		}
-		return false
-	})
+	waitStored(t, s, id, event.TypeLLMStarted, "the attempt to start")
 	wa.Stop()
 	startWorker(t, c, s, queue, openAgent(t, file).Agent)
 	res := <-done

@@ -23,6 +23,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.temporal.io/sdk/client"
 	sdklog "go.temporal.io/sdk/log"
+	"go.temporal.io/sdk/worker"
 	"go.uber.org/goleak"
 
 	"github.com/timebox-run/timebox"
@@ -169,6 +170,13 @@ func onBoth(t *testing.T, file string) (embedded, onTemporal *agent.Result, c cl
 
 func startWorker(t testing.TB, c client.Client, s store.Store, queue string, a *agent.Agent) {
 	t.Helper()
+	t.Cleanup(runningWorker(t, c, queue, a, s).Stop)
+}
+
+// runningWorker starts a worker of a on queue, storing in s, with a 1s
+// heartbeat; the caller stops it.
+func runningWorker(t testing.TB, c client.Client, queue string, a *agent.Agent, s store.Store) worker.Worker {
+	t.Helper()
 	w, err := temporal.NewWorker(temporal.WorkerOptions{Client: c, TaskQueue: queue, Agent: a, Store: s, Heartbeat: time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -176,7 +184,33 @@ func startWorker(t testing.TB, c client.Client, s store.Store, queue string, a *
 	if err := w.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(w.Stop)
+	return w
+}
+
+// slowAttemptAgent writes, in a directory of t's, an agent named name
+// whose script model answers "done" 2s after it is asked: slow enough for
+// a worker to die or stop while the attempt streams. It returns the file.
+func slowAttemptAgent(t *testing.T, name string) string {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"text": "done", "first_chunk_delay": "2s"}`+"\n"), 0o644)
+	file := filepath.Join(dir, "agent.yaml")
+	os.WriteFile(file, []byte("name: "+name+"\nmodel: {primary: script:test}\nproviders: {script: {file: script.jsonl}}\n"+
+		"timeouts: {turn: 1m, llm_first_chunk: 30s}\n"), 0o644)
+	return file
+}
+
+// waitStored waits until turn id has an event of type typ in s.
+func waitStored(t *testing.T, s store.Store, id string, typ event.Type, what string) {
+	t.Helper()
+	wait.For(t, 30*time.Second, what, func() bool {
+		evs, _ := s.Events(context.Background(), id, 0, 0)
+		for _, e := range evs {
+			if e.Type == typ {
+				return true
+			}
+		}
+		return false
+	})
 }
 
 func TestTurnOnTemporal(t *testing.T) {
@@ -804,13 +838,7 @@ func endsWithoutWorkerOf(t *testing.T, worker, runner *agent.Agent, in agent.Inp
 		t.Fatal(err)
 	}
 	defer ws.Close()
-	w, err := temporal.NewWorker(temporal.WorkerOptions{Client: c, TaskQueue: queue, Agent: worker, Store: ws, Heartbeat: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Start(); err != nil {
-		t.Fatal(err)
-	}
+	w := runningWorker(t, c, queue, worker, ws)
 	r, err := temporal.NewRunner(c, s, queue, runner)
 	if err != nil {
 		t.Fatal(err)

@@ -106,13 +106,7 @@ func TestTracesOfAWorkerStopped(t *testing.T) {
 	os.WriteFile(file, []byte("name: stopped\nmodel: {primary: script:test}\nproviders: {script: {file: script.jsonl}}\n"+
 		"timeouts: {kill_grace: 200ms, turn: 1m}\ntools:\n  - name: slow\n    exec: [sleep, \"30\"]\n    timeout: 30s\n"), 0o644)
 	tp, rec := recorded(t)
-	wa, err := temporal.NewWorker(temporal.WorkerOptions{Client: c, TaskQueue: queue, Agent: openTraced(t, file, tp), Store: s, Heartbeat: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := wa.Start(); err != nil {
-		t.Fatal(err)
-	}
+	wa := runningWorker(t, c, queue, openTraced(t, file, tp), s)
 	r, err := temporal.NewRunner(c, s, queue, openTraced(t, file, tp))
 	if err != nil {
 		t.Fatal(err)
@@ -180,40 +174,22 @@ func TestTracesOfAWorkerLostMidAttempt(t *testing.T) {
 	// A turn and a task queue of its own, run after run (-count=N).
 	id := agent.NewTurnID()
 	queue += "-" + id
-	dir := t.TempDir()
 	// Each worker plays the step's line from its start (the turn's place
 	// in the script is the one before the step): slow enough for the
 	// death to come while it streams, and played again to its end.
-	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"text": "done", "first_chunk_delay": "2s"}`+"\n"), 0o644)
-	file := filepath.Join(dir, "agent.yaml")
-	os.WriteFile(file, []byte("name: lost\nmodel: {primary: script:test}\nproviders: {script: {file: script.jsonl}}\n"+
-		"timeouts: {turn: 1m, llm_first_chunk: 30s}\n"), 0o644)
+	file := slowAttemptAgent(t, "lost")
 	// The dying worker's spans are never looked at: they die with it.
 	dyingTP, _ := recorded(t)
 	tp, rec := recorded(t)
 	dying := &dyingStore{Store: s.(*postgres.Store)}
-	wa, err := temporal.NewWorker(temporal.WorkerOptions{Client: c, TaskQueue: queue, Agent: openTraced(t, file, dyingTP), Store: dying, Heartbeat: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := wa.Start(); err != nil {
-		t.Fatal(err)
-	}
+	wa := runningWorker(t, c, queue, openTraced(t, file, dyingTP), dying)
 	r, err := temporal.NewRunner(c, s, queue, openTraced(t, file, tp))
 	if err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan *agent.Result, 1)
 	go func() { done <- r.Run(context.Background(), agent.Input{TurnID: id, Text: "go"}) }()
-	wait.For(t, 30*time.Second, "the attempt to start", func() bool {
-		evs, _ := s.Events(context.Background(), id, 0, 0)
-		for _, e := range evs {
-			if e.Type == event.TypeLLMStarted {
-				return true
-			}
-		}
-		return false
-	})
+	waitStored(t, s, id, event.TypeLLMStarted, "the attempt to start")
 	dying.dead.Store(true)
 	wa.Stop()
 	startWorker(t, c, s, queue, openTraced(t, file, tp))
@@ -403,13 +379,7 @@ func TestTurnSpanOfAWorkerStopping(t *testing.T) {
 	held := &heldEnd{Store: ps, noted: make(chan context.Context, 1), release: make(chan struct{})}
 	wtp, wrec := recorded(t)
 	rtp, rrec := recorded(t)
-	w, err := temporal.NewWorker(temporal.WorkerOptions{Client: c, TaskQueue: queue, Agent: openTraced(t, file, wtp), Store: held, Heartbeat: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Start(); err != nil {
-		t.Fatal(err)
-	}
+	w := runningWorker(t, c, queue, openTraced(t, file, wtp), held)
 	r, err := temporal.NewRunner(c, s, queue, openTraced(t, file, rtp))
 	if err != nil {
 		t.Fatal(err)
