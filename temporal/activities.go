@@ -38,9 +38,10 @@ type activities struct {
 	payloads  store.Payloads
 	heartbeat time.Duration
 	log       *slog.Logger
-	// spans counts the units between their note that they make their
-	// turn's span and its end, for the worker's Stop.
-	spans *turnSpans
+	// under counts the units under way, and spans those between their
+	// note that they make their turn's span and its end, for the worker's
+	// Stop (relaying.Stop).
+	under, spans *counted
 }
 
 // unitIn is the input of every activity: the turn's state, and what the
@@ -562,7 +563,7 @@ func (x *activities) ended(ctx context.Context, s *machine.State) (*Outcome, err
 // before the end). From that note on, the worker's stop neither cancels
 // the end's write (a commit cut by it may have been stored, and the span
 // would then be made by no one) nor returns before the span is ended
-// (turnSpans).
+// (relaying.Stop).
 func (x *activities) finish(ctx context.Context, s *machine.State, sink *storeSink, tr *transcript, ended *machine.Ended) (*Outcome, error) {
 	if err := sink.flush(ctx); err != nil {
 		if errors.Is(err, store.ErrNotRunning) {
@@ -720,6 +721,8 @@ type running struct {
 	wg         sync.WaitGroup
 	unwatch    func()
 	stopEngine func() bool
+	// ended counts the unit out of its worker's units under way.
+	ended func()
 	// engine is set when the engine gave the unit up; by says who
 	// (engineWhy).
 	engine atomic.Bool
@@ -741,7 +744,8 @@ type running struct {
 // gave the attempt up (its heartbeat timed out), the worker is stopping,
 // or the activity's own deadline passed.
 func (x *activities) unit(actx context.Context, turnID string, b beat) *running {
-	u := &running{quit: make(chan struct{})}
+	x.under.begin()
+	u := &running{quit: make(chan struct{}), ended: x.under.end}
 	u.ctx, u.cancel = context.WithCancelCause(context.WithoutCancel(actx))
 	b.Started, b.Worker = time.Now(), thisWorker
 	u.beat.Store(&b)
@@ -829,12 +833,15 @@ func (u *running) progress(p *event.ToolProgress) {
 	u.beat.Store(&b)
 }
 
+// close ends what runs beside the unit; the unit has recorded how it
+// ended, and its worker's Stop no longer waits for it.
 func (u *running) close() {
 	close(u.quit)
 	u.wg.Wait()
 	u.stopEngine()
 	u.unwatch()
 	u.cancel(nil)
+	u.ended()
 }
 
 // engineErr returns an error of type "engine" when the engine gave the

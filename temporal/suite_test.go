@@ -66,7 +66,7 @@ func newSuite(t *testing.T, a *agent.Agent) *suite {
 		t.Fatal("no units for the agent")
 	}
 	s.units = units
-	s.x = &activities{units: units, store: s.store, payloads: s.store, heartbeat: time.Second, log: slog.New(slog.DiscardHandler), spans: &turnSpans{}}
+	s.x = &activities{units: units, store: s.store, payloads: s.store, heartbeat: time.Second, log: slog.New(slog.DiscardHandler), under: &counted{}, spans: &counted{}}
 	s.env = s.newEnv()
 	return s
 }
@@ -77,7 +77,7 @@ func (s *suite) newEnv() *testsuite.TestWorkflowEnvironment {
 		s.SetLogger(s.logger)
 	}
 	env := s.NewTestWorkflowEnvironment()
-	register(env, s.units, s.store, s.store, time.Second, s.x.log, s.x.spans)
+	register(env, s.units, s.store, s.store, time.Second, s.x.log, s.x.under, s.x.spans)
 	env.SetContinueAsNewSuggested(s.suggest)
 	return env
 }

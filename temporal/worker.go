@@ -46,9 +46,10 @@ type WorkerOptions struct {
 
 // NewWorker returns a worker that runs turns for o.Agent: the turn
 // workflow and its activities. Start it with Run or Start. Its Stop gives
-// the units under way up, as Temporal's does, but waits (up to 10 s) for
-// a unit storing its turn's end to end the turn's span: shut tracing down
-// after Stop returns.
+// the units under way up, as Temporal's does, but waits (up to 10 s in
+// all) for them to record how they ended, and for a unit storing its
+// turn's end to end the turn's span: close the store and shut tracing
+// down after Stop returns.
 func NewWorker(o WorkerOptions) (worker.Worker, error) {
 	p, _, err := storesOf(o.Store)
 	if err != nil {
@@ -77,20 +78,23 @@ func NewWorker(o WorkerOptions) (worker.Worker, error) {
 		o.Options.StickyScheduleToStartTimeout = o.Heartbeat
 	}
 	w := worker.New(o.Client, o.TaskQueue, o.Options)
-	spans := &turnSpans{}
-	register(w, units, o.Store, p, o.Heartbeat, o.Logger, spans)
-	return &relaying{Worker: w, o: o, spans: spans}, nil
+	under, spans := &counted{}, &counted{}
+	register(w, units, o.Store, p, o.Heartbeat, o.Logger, under, spans)
+	return &relaying{Worker: w, o: o, units: under, spans: spans}, nil
 }
 
 // relaying is a worker that passes the store's cancel requests on to the
 // turns' workflows while it runs (RelayCancels), and whose Stop returns
-// once its units have ended the turn spans they said they make.
+// once the units it gave up have recorded how they ended and ended the
+// turn spans they said they make.
 type relaying struct {
 	worker.Worker
-	o     WorkerOptions
-	spans *turnSpans
-	stop  context.CancelFunc
-	done  chan struct{}
+	o WorkerOptions
+	// units counts the units under way (activities.unit), spans those
+	// between their note that they make their turn's span and its end.
+	units, spans *counted
+	stop         context.CancelFunc
+	done         chan struct{}
 }
 
 // Start starts the worker, then relays the store's cancel requests to the
@@ -119,49 +123,62 @@ func (r *relaying) Run(interruptCh <-chan any) error {
 }
 
 // Stop ends the relaying of cancel requests, then stops the worker.
-// Temporal's Stop gives the units under way up at once; a unit that has
-// noted in the store that it makes its turn's span (keyTurnSpan) is waited
-// for until it has ended the span, for at most endWait: the program shuts
-// its tracing down after Stop, and the span ended later would be lost, the
-// runner having left it to the unit.
+// Temporal's Stop gives the units under way up at once, and returns
+// without waiting for them; they are waited for, for at most endWait in
+// all, until each has recorded how it ended — a model attempt "cancelled
+// by the worker, stopping", a call's tool stopped — and a unit that has
+// noted in the store that it makes its turn's span (keyTurnSpan) has
+// ended the span. The program closes its store and shuts its tracing down
+// after Stop: a record written later would be lost, and the next worker
+// would record the attempt lost with a worker that died (worker_lost);
+// a span ended later would not be exported, the runner having left the
+// turn's to the unit.
 func (r *relaying) Stop() {
 	if r.stop != nil {
 		r.stop()
 		<-r.done
 	}
 	r.Worker.Stop()
-	if !r.spans.wait(endWait) {
+	deadline := time.Now().Add(endWait)
+	if !r.units.wait(endWait) {
+		r.o.Logger.Warn("stopped while units of work it gave up were still recording how they ended: another worker may record them lost", "waited", endWait)
+	}
+	if !r.spans.wait(time.Until(deadline)) {
 		r.o.Logger.Warn("stopped while a unit was still storing a turn's end: the turn's span may not be exported", "waited", endWait)
 	}
 }
 
-// endWait is how long a worker's Stop waits for the turn spans its units
-// said they make: the turn's end they store first may be retried for
-// longer while the store is away.
+// endWait is how long a worker's Stop waits for the units it gave up to
+// end, and for the turn spans they said they make: the records and the
+// turn's end they store may be retried for longer while the store is
+// away.
 const endWait = 10 * time.Second
 
-// turnSpans counts the units of a worker between their note that they
-// make their turn's span (keyTurnSpan) and the span's end: the runner
-// leaves such a span to the unit, so the worker's Stop waits for them
-// (relaying.Stop). Before, a worker stopped just as a unit had stored its
-// turn's end shut its tracing down before the unit ended the span, and
-// no one made it: the turn had no invoke_agent span, and its calls' spans
-// no parent. It is safe for concurrent use.
-type turnSpans struct {
+// counted counts the units of a worker between a beginning and an end
+// that its Stop waits for (relaying.Stop): a unit under way, until it has
+// recorded how it ended (a model attempt given up by the stop, before,
+// was recorded after the program had closed its store, or not at all); a
+// unit between its note that it makes its turn's span (keyTurnSpan) and
+// the span's end, which the runner leaves to it (before, a worker stopped
+// just as a unit had stored its turn's end shut its tracing down before
+// the unit ended the span, and no one made it: the turn had no
+// invoke_agent span, and its calls' spans no parent). It is safe for
+// concurrent use.
+type counted struct {
 	mu   sync.Mutex
 	n    int
 	idle chan struct{} // closed when n falls to 0; nil when no one waits
 }
 
-// begin counts a unit that is about to note that it makes its turn's span.
-func (t *turnSpans) begin() {
+// begin counts a unit in.
+func (t *counted) begin() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.n++
 }
 
-// end counts it out, once it has ended the span or will not make it.
-func (t *turnSpans) end() {
+// end counts it out.
+func (t *counted) end() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.n--; t.n == 0 && t.idle != nil {
@@ -172,7 +189,7 @@ func (t *turnSpans) end() {
 
 // wait returns once no unit is counted, or after d; it reports whether
 // none was.
-func (t *turnSpans) wait(d time.Duration) bool {
+func (t *counted) wait(d time.Duration) bool {
 	t.mu.Lock()
 	if t.n == 0 {
 		t.mu.Unlock()
@@ -200,11 +217,12 @@ type registry interface {
 	RegisterActivityWithOptions(a any, options activity.RegisterOptions)
 }
 
-// register registers the turn workflow and its activities with r.
-func register(r registry, units machine.Units, st store.Store, p store.Payloads, heartbeat time.Duration, log *slog.Logger, spans *turnSpans) {
+// register registers the turn workflow and its activities with r; under
+// and spans count the activities' units for a worker's Stop.
+func register(r registry, units machine.Units, st store.Store, p store.Payloads, heartbeat time.Duration, log *slog.Logger, under, spans *counted) {
 	wf := &turnWorkflow{units: units, heartbeat: heartbeat}
 	r.RegisterWorkflowWithOptions(wf.run, workflow.RegisterOptions{Name: WorkflowName})
-	x := &activities{units: units, store: st, payloads: p, heartbeat: heartbeat, log: log, spans: spans}
+	x := &activities{units: units, store: st, payloads: p, heartbeat: heartbeat, log: log, under: under, spans: spans}
 	for name, fn := range map[string]any{
 		actAdvance: x.Advance, actCall: x.Call, actRefuse: x.Refuse, actRefuses: x.RefuseCalls, actLost: x.Lost, actAsk: x.Ask, actDecided: x.Decided,
 		actRecover: x.Recover, actEnd: x.End, actNotice: x.Notice,

@@ -89,8 +89,10 @@ func cmdWorker(ctx context.Context, args []string, o IO) int {
 	// Stop gives the units of work under way up: Temporal cancels them,
 	// their tools' process trees are stopped, and another worker takes
 	// their turns on, recording a call that was running lost (worker_lost;
-	// run again when its tool has retries). It waits only for a unit
-	// storing its turn's end, whose span it must make before tracing ends.
+	// run again when its tool has retries). It waits (up to 10s) for the
+	// units it gave up to record how they ended, and for a unit storing
+	// its turn's end, whose span it must make: the store closes and the
+	// tracing ends after it.
 	fmt.Fprintln(o.Err, "timebox worker: stopping; units of work under way are given up, and another worker goes on with their turns (a call running now is recorded lost, worker_lost)")
 	w.Stop()
 	fmt.Fprintln(o.Err, "timebox worker: stopped")
