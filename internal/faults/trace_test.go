@@ -102,14 +102,48 @@ func wholeness(spans []*tracepb.Span, callerSpan string, turns []string) (orphan
 // they had.
 func (s *scenario) callSpans(recv *testenv.OTLP, events []event.Event) bool {
 	s.t.Helper()
-	want := map[string]string{} // span id (hex) → call id
-	for _, e := range events {
-		if d, ok := e.Data.(*event.ToolStarted); ok {
-			if parts := strings.Split(d.Traceparent, "-"); len(parts) == 4 {
-				want[parts[2]] = d.CallID
-			} else {
-				s.t.Logf("call %s: its tool_started (seq %d) names no span", d.CallID, e.Seq)
+	return s.namedSpans(recv, events, "the calls' execute_tool spans, once each with the ids tool_started named", "execute_tool ",
+		func(e event.Event) (string, string, bool) {
+			d, ok := e.Data.(*event.ToolStarted)
+			if !ok {
+				return "", "", false
 			}
+			return "call " + d.CallID, d.Traceparent, true
+		})
+}
+
+// chatSpans is callSpans for the model call attempts: each llm_started
+// that named its span has exactly one chat span with those ids in recv —
+// the one its process ended, or, for an attempt lost with its worker, the
+// one the worker that recorded it lost made.
+func (s *scenario) chatSpans(recv *testenv.OTLP, events []event.Event) bool {
+	s.t.Helper()
+	return s.namedSpans(recv, events, "the attempts' chat spans, once each with the ids llm_started named", "chat ",
+		func(e event.Event) (string, string, bool) {
+			d, ok := e.Data.(*event.LLMStarted)
+			if !ok {
+				return "", "", false
+			}
+			return fmt.Sprintf("step %d attempt %d", d.Step, d.Attempt), d.Traceparent, true
+		})
+}
+
+// namedSpans asserts, as figure, that each event of events that begins
+// something (named says what, and the traceparent it named) has exactly
+// one span whose name starts with prefix and whose ids are those it
+// named, waiting up to 10 s for them. It reports whether each had.
+func (s *scenario) namedSpans(recv *testenv.OTLP, events []event.Event, figure, prefix string, named func(event.Event) (what, traceparent string, ok bool)) bool {
+	s.t.Helper()
+	want := map[string]string{} // span id (hex) → what began it
+	for _, e := range events {
+		what, tp, ok := named(e)
+		if !ok {
+			continue
+		}
+		if parts := strings.Split(tp, "-"); len(parts) == 4 {
+			want[parts[2]] = what
+		} else {
+			s.t.Logf("%s: its %s (seq %d) names no span", what, e.Type, e.Seq)
 		}
 	}
 	var made int
@@ -117,16 +151,16 @@ func (s *scenario) callSpans(recv *testenv.OTLP, events []event.Event) bool {
 	wait.Until(10*time.Second, func() bool {
 		count := map[string]int{}
 		for _, sp := range recv.Spans() {
-			if id := hex.EncodeToString(sp.GetSpanId()); strings.HasPrefix(sp.GetName(), "execute_tool ") && want[id] != "" {
+			if id := hex.EncodeToString(sp.GetSpanId()); strings.HasPrefix(sp.GetName(), prefix) && want[id] != "" {
 				count[id]++
 			}
 		}
 		made, said = 0, nil
-		for id, call := range want {
+		for id, what := range want {
 			if count[id] == 1 {
 				made++
 			} else {
-				said = append(said, fmt.Sprintf("call %s: %d execute_tool spans with the ids its tool_started named (%s)", call, count[id], id))
+				said = append(said, fmt.Sprintf("%s: %d %q spans with the ids it named (%s)", what, count[id], strings.TrimSpace(prefix), id))
 			}
 		}
 		return made == len(want)
@@ -135,8 +169,7 @@ func (s *scenario) callSpans(recv *testenv.OTLP, events []event.Event) bool {
 		s.t.Log(line)
 	}
 	ok := made == len(want) && len(want) > 0
-	s.truth("the calls' execute_tool spans, once each with the ids tool_started named", fmt.Sprintf("%d of %d", len(want), len(want)),
-		fmt.Sprintf("%d of %d", made, len(want)), ok)
+	s.truth(figure, fmt.Sprintf("%d of %d", len(want), len(want)), fmt.Sprintf("%d of %d", made, len(want)), ok)
 	return ok
 }
 
