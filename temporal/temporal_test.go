@@ -305,14 +305,25 @@ type turnShape struct {
 	Flags      event.Flags
 	// Events are "type call_id" of every event, sorted: units of one batch
 	// emit concurrently on both engines, so only the set is the same.
+	// A step's llm_delta events are one entry "llm_delta step N": chunks
+	// that arrive while the sinks are busy go as one delta (modelstep.go),
+	// so their number follows the machine's load, not the engine; their
+	// text is the answer, compared whole.
 	Events []string
 }
 
 func shape(rec *event.Turn) turnShape {
 	s := turnShape{Status: rec.Status, StopReason: rec.StopReason, Answer: rec.Answer, Steps: rec.Steps, Flags: rec.Flags}
+	deltas := map[int]bool{}
 	for _, e := range rec.Events {
 		id := ""
 		switch d := e.Data.(type) {
+		case *event.LLMDelta:
+			if deltas[d.Step] {
+				continue
+			}
+			deltas[d.Step] = true
+			id = fmt.Sprintf("step %d", d.Step)
 		case *event.ToolStarted:
 			id = d.CallID
 		case *event.ToolFinished:
