@@ -317,6 +317,17 @@ func turnOf(t *testing.T, events []event.Event) string {
 
 // waitGone polls until none of pids is alive, for at most d, and returns
 // how long it took (d or more when some are still alive).
+// treeOf returns every pid of a tool's tree (waitTool's roles): a tool
+// stopped by SIGTERM may be gone before its setsid grandchild, which the
+// kill grace's SIGKILL ends later, so a stop is over when all are gone.
+func treeOf(pids map[string][]int) []int {
+	var all []int
+	for _, ps := range pids {
+		all = append(all, ps...)
+	}
+	return all
+}
+
 func waitGone(pids []int, d time.Duration) time.Duration {
 	start := time.Now()
 	for {
