@@ -40,9 +40,7 @@ func TestToolSpanNamesTheBudgetThatFired(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				rec := tracetest.NewSpanRecorder()
-				tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-				defer tp.Shutdown(context.Background())
+				tp, rec := recordingTP(t, false)
 				wait := agent.Tool{Tool: tool.NewFunc("wait", "waits", nil, func(ctx context.Context, _ json.RawMessage, _ tool.Progress) (any, error) {
 					<-ctx.Done()
 					return nil, ctx.Err()
@@ -63,10 +61,7 @@ func TestToolSpanNamesTheBudgetThatFired(t *testing.T) {
 						continue
 					}
 					found = true
-					got := map[string]any{}
-					for _, kv := range s.Attributes() {
-						got[string(kv.Key)] = kv.Value.AsInterface()
-					}
+					got := spanAttrs(s)
 					if got["timebox.budget.ms"] != c.wantMS || got["timebox.budget.knob"] != c.wantKnob || got["timebox.phase"] != string(c.phase) {
 						t.Errorf("the span's budget: %v ms, knob %v, phase %v; want %d ms, %s, %s",
 							got["timebox.budget.ms"], got["timebox.budget.knob"], got["timebox.phase"], c.wantMS, c.wantKnob, c.phase)
@@ -86,9 +81,7 @@ func TestToolSpanNamesTheBudgetThatFired(t *testing.T) {
 // error.type interrupted, phase worker_lost — not no span, which reads as
 // an attempt that never happened.
 func TestLostAttemptSpan(t *testing.T) {
-	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	defer tp.Shutdown(context.Background())
+	tp, rec := recordingTP(t, false)
 	a, err := agent.New(agent.Config{Name: "traced", Models: []model.Endpoint{endpoint(lines(t, `{"text": "ok"}`), "m")}, TracerProvider: tp})
 	if err != nil {
 		t.Fatal(err)
@@ -105,10 +98,7 @@ func TestLostAttemptSpan(t *testing.T) {
 		t.Fatalf("spans %v; want the lost attempt's chat span", ended)
 	}
 	sp := ended[0]
-	got := map[string]any{}
-	for _, kv := range sp.Attributes() {
-		got[string(kv.Key)] = kv.Value.AsInterface()
-	}
+	got := spanAttrs(sp)
 	if got["error.type"] != "interrupted" || got["timebox.phase"] != "worker_lost" || got["timebox.attempt"] != int64(1) ||
 		!sp.StartTime().Equal(started) || sp.Status().Code != codes.Error ||
 		!sp.EndTime().Equal(started.Add(time.Second)) { // to its last chunk, not to when the loss was noticed
@@ -131,18 +121,12 @@ func TestLostAttemptSpanKeepsItsIDs(t *testing.T) {
 		kept        bool
 	}{
 		{"sampled", named, true, true},
-		{"unsampled", strings.TrimSuffix(named, "01") + "00", true, false},
+		{"unsampled", unsampledOf(named), true, false},
 		{"untraced", "", true, false},
 		{"ids of its own", named, false, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			rec := tracetest.NewSpanRecorder()
-			opts := []sdktrace.TracerProviderOption{sdktrace.WithSpanProcessor(rec)}
-			if c.ids {
-				opts = append(opts, sdktrace.WithIDGenerator(telemetry.IDs{}))
-			}
-			tp := sdktrace.NewTracerProvider(opts...)
-			defer tp.Shutdown(context.Background())
+			tp, rec := recordingTP(t, c.ids)
 			a, err := agent.New(agent.Config{Name: "traced", Models: []model.Endpoint{endpoint(lines(t, `{"text": "ok"}`), "m")}, TracerProvider: tp})
 			if err != nil {
 				t.Fatal(err)
@@ -247,9 +231,7 @@ func TestChatSpanBegunBeforeItsStart(t *testing.T) {
 // the trace.
 func TestCompactionSpan(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		rec := tracetest.NewSpanRecorder()
-		tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-		defer tp.Shutdown(context.Background())
+		tp, rec := recordingTP(t, false)
 		p := lines(t, `{"compaction": true, "text": "A summary.", "first_chunk_delay": "2s"}`, `{"text": "the answer"}`)
 		a, err := agent.New(agent.Config{Name: "traced", Models: []model.Endpoint{endpoint(p, "m")}, CompactAt: 500, TracerProvider: tp})
 		if err != nil {
@@ -271,10 +253,7 @@ func TestCompactionSpan(t *testing.T) {
 			t.Fatalf("%d compaction spans, want 1", len(compaction))
 		}
 		s := compaction[0]
-		got := map[string]any{}
-		for _, kv := range s.Attributes() {
-			got[string(kv.Key)] = kv.Value.AsInterface()
-		}
+		got := spanAttrs(s)
 		if s.Name() != "chat m" || got["timebox.budget.knob"] != "timeouts.compaction" || got["timebox.outcome"] != "ok" ||
 			s.EndTime().Sub(s.StartTime()) < 2*time.Second || !s.StartTime().Equal(res.Record.ModelCalls[0].StartedAt) {
 			t.Errorf("the compaction's span %s: %v, %s to %s", s.Name(), got, s.StartTime(), s.EndTime())
@@ -308,9 +287,7 @@ func TestApprovalWaitSpan(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				rec := tracetest.NewSpanRecorder()
-				tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-				defer tp.Shutdown(context.Background())
+				tp, rec := recordingTP(t, false)
 				dep := sleepy("deploy", time.Second, 900*time.Millisecond)
 				expiry := time.Minute
 				if c.name == "expired" {
@@ -342,10 +319,7 @@ func TestApprovalWaitSpan(t *testing.T) {
 				if wait.Parent().SpanID() != turn.SpanContext().SpanID() {
 					t.Errorf("the wait's span is not the turn's child")
 				}
-				got := map[string]any{}
-				for _, kv := range wait.Attributes() {
-					got[string(kv.Key)] = kv.Value.AsInterface()
-				}
+				got := spanAttrs(wait)
 				for k, v := range c.want {
 					if got[k] != v {
 						t.Errorf("%s = %v, want %v (%v)", k, got[k], v, got)
@@ -382,23 +356,13 @@ func TestApprovalWaitSpan(t *testing.T) {
 // open in this process, not for a turn not sampled, and not when the
 // TracerProvider cannot give the ids (the span would be a stranger).
 func TestTraceEnded(t *testing.T) {
-	newTP := func(ids bool) (*sdktrace.TracerProvider, *tracetest.SpanRecorder) {
-		rec := tracetest.NewSpanRecorder()
-		opts := []sdktrace.TracerProviderOption{sdktrace.WithSpanProcessor(rec)}
-		if ids {
-			opts = append(opts, sdktrace.WithIDGenerator(telemetry.IDs{}))
-		}
-		tp := sdktrace.NewTracerProvider(opts...)
-		t.Cleanup(func() { tp.Shutdown(context.Background()) })
-		return tp, rec
-	}
-	first, firstRec := newTP(true)
+	first, firstRec := recordingTP(t, true)
 	a, err := agent.New(agent.Config{Name: "traced", Models: []model.Endpoint{endpoint(lines(t, `{"text": "ok"}`), "m")},
 		Budgets: budget.Budgets{Turn: secs(time.Minute, budget.SourceFile, budget.KeyTurn)}, TracerProvider: first})
 	if err != nil {
 		t.Fatal(err)
 	}
-	again, againRec := newTP(true)
+	again, againRec := recordingTP(t, true)
 	var started *event.TurnStarted
 	caller := agent.WithTraceParent(t.Context(), "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
 	res := a.Run(caller, agent.Input{Text: "go", SessionID: "s1"}, event.SinkFunc(func(e event.Event) {
@@ -411,15 +375,8 @@ func TestTraceEnded(t *testing.T) {
 	if started == nil || started.Traceparent == "" || started.CallerTraceparent != "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01" {
 		t.Fatalf("turn_started %+v: want the turn's traceparent and its caller's", started)
 	}
-	if n := len(againRec.Ended()); n != 0 {
-		t.Fatalf("%d spans made for a turn whose span was open", n)
-	}
-	var orig sdktrace.ReadOnlySpan
-	for _, s := range firstRec.Ended() {
-		if s.Name() == "invoke_agent traced" {
-			orig = s
-		}
-	}
+	noneMadeWhileOpen(t, againRec)
+	orig := endedNamed(firstRec, "invoke_agent traced")
 	if orig == nil {
 		t.Fatal("no turn span")
 	}
@@ -439,16 +396,9 @@ func TestTraceEnded(t *testing.T) {
 			s.Name(), s.SpanContext().TraceID(), s.SpanContext().SpanID(), s.Parent().SpanID(), s.StartTime(), s.EndTime(),
 			orig.Name(), orig.SpanContext().TraceID(), orig.SpanContext().SpanID(), orig.Parent().SpanID(), orig.StartTime())
 	}
-	attrs := func(s sdktrace.ReadOnlySpan) map[string]any {
-		m := map[string]any{}
-		for _, kv := range s.Attributes() {
-			m[string(kv.Key)] = kv.Value.AsInterface()
-		}
-		return m
-	}
-	want := attrs(orig)
+	want := spanAttrs(orig)
 	want["timebox.outcome"], want["timebox.stop_reason"], want["error.type"] = "interrupted", "interrupted", "interrupted"
-	if got := attrs(s); !reflect.DeepEqual(got, want) {
+	if got := spanAttrs(s); !reflect.DeepEqual(got, want) {
 		t.Errorf("attributes %v\nwant %v", got, want)
 	}
 	if s.Status().Code != codes.Error || s.Status().Description != rec.Message {
@@ -456,11 +406,11 @@ func TestTraceEnded(t *testing.T) {
 	}
 
 	// A provider that gives ids of its own: no stranger span.
-	foreign, foreignRec := newTP(false)
+	foreign, foreignRec := recordingTP(t, false)
 	agent.TraceEnded(foreign, res.Record.TurnID, started, &rec, nil)
 	// A turn not sampled, or not traced: nothing.
 	unsampled := *started
-	unsampled.Traceparent = strings.TrimSuffix(started.Traceparent, "01") + "00"
+	unsampled.Traceparent = unsampledOf(started.Traceparent)
 	agent.TraceEnded(again, res.Record.TurnID, &unsampled, &rec, nil)
 	agent.TraceEnded(again, res.Record.TurnID, &event.TurnStarted{Agent: "traced"}, &rec, nil)
 	if n, m := len(foreignRec.Ended()), len(againRec.Ended()); n != 0 || m != 1 {
@@ -477,13 +427,7 @@ func TestTraceEnded(t *testing.T) {
 // tool_started has no sampled traceparent, and none while the turn's span
 // is open here (its own process ends them).
 func TestTraceEndedCalls(t *testing.T) {
-	newTP := func() (*sdktrace.TracerProvider, *tracetest.SpanRecorder) {
-		rec := tracetest.NewSpanRecorder()
-		tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec), sdktrace.WithIDGenerator(telemetry.IDs{}))
-		t.Cleanup(func() { tp.Shutdown(context.Background()) })
-		return tp, rec
-	}
-	first, firstRec := newTP()
+	first, firstRec := recordingTP(t, true)
 	var given string // the traceparent the tool was given
 	crawl := goTool("crawl", budget.Hard, time.Minute, func(context.Context, json.RawMessage, tool.Progress) (any, error) {
 		return "done", nil
@@ -496,7 +440,7 @@ func TestTraceEndedCalls(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	again, againRec := newTP()
+	again, againRec := recordingTP(t, true)
 	var (
 		started *event.TurnStarted
 		call    *event.ToolStarted
@@ -515,18 +459,8 @@ func TestTraceEndedCalls(t *testing.T) {
 	if call == nil || call.Traceparent == "" || call.Knob != "tools[crawl].timeout in agent.yaml" {
 		t.Fatalf("tool_started %+v: want the call's traceparent and knob", call)
 	}
-	if n := len(againRec.Ended()); n != 0 {
-		t.Fatalf("%d spans made for a turn whose span was open", n)
-	}
-	var orig, turn sdktrace.ReadOnlySpan
-	for _, s := range firstRec.Ended() {
-		switch s.Name() {
-		case "execute_tool crawl":
-			orig = s
-		case "invoke_agent traced":
-			turn = s
-		}
-	}
+	noneMadeWhileOpen(t, againRec)
+	orig, turn := endedNamed(firstRec, "execute_tool crawl"), endedNamed(firstRec, "invoke_agent traced")
 	if orig == nil || turn == nil {
 		t.Fatal("no call or turn span")
 	}
@@ -540,31 +474,14 @@ func TestTraceEndedCalls(t *testing.T) {
 	lost := res.Record.ToolCalls[0]
 	lost.Outcome, lost.Result, lost.EndedAt = event.OutcomeInterrupted, "Interrupted: its process stopped while this call was running.", lost.StartedAt
 	agent.TraceEnded(again, rec.TurnID, started, &rec, nil, event.LostCall{Started: call, Record: lost})
-	var made sdktrace.ReadOnlySpan
-	for _, s := range againRec.Ended() {
-		if s.Name() == "execute_tool crawl" {
-			made = s
-		}
-	}
+	made := endedNamed(againRec, "execute_tool crawl")
 	if n := len(againRec.Ended()); n != 2 || made == nil {
 		t.Fatalf("%d spans made; want the turn's and the call's", n)
 	}
-	if made.SpanContext().TraceID() != orig.SpanContext().TraceID() || made.SpanContext().SpanID() != orig.SpanContext().SpanID() ||
-		made.Parent().SpanID() != turn.SpanContext().SpanID() || !made.StartTime().Equal(lost.StartedAt) || !made.EndTime().Equal(rec.EndedAt) {
-		t.Errorf("made %s/%s under %s, %s–%s; want %s/%s under %s, %s–%s", made.SpanContext().TraceID(), made.SpanContext().SpanID(),
-			made.Parent().SpanID(), made.StartTime(), made.EndTime(), orig.SpanContext().TraceID(), orig.SpanContext().SpanID(),
-			turn.SpanContext().SpanID(), lost.StartedAt, rec.EndedAt)
-	}
-	attrs := func(s sdktrace.ReadOnlySpan) map[string]any {
-		m := map[string]any{}
-		for _, kv := range s.Attributes() {
-			m[string(kv.Key)] = kv.Value.AsInterface()
-		}
-		return m
-	}
-	want := attrs(orig)
+	checkRemade(t, made, orig, turn, lost.StartedAt, rec.EndedAt)
+	want := spanAttrs(orig)
 	want["timebox.outcome"], want["error.type"] = "interrupted", "interrupted"
-	if got := attrs(made); !reflect.DeepEqual(got, want) {
+	if got := spanAttrs(made); !reflect.DeepEqual(got, want) {
 		t.Errorf("attributes %v\nwant %v", got, want)
 	}
 	if made.Status().Code != codes.Error || made.Status().Description != lost.Result {
@@ -573,7 +490,7 @@ func TestTraceEndedCalls(t *testing.T) {
 
 	// A call not sampled: its turn's span alone.
 	unsampled := *call
-	unsampled.Traceparent = strings.TrimSuffix(call.Traceparent, "01") + "00"
+	unsampled.Traceparent = unsampledOf(call.Traceparent)
 	agent.TraceEnded(again, rec.TurnID, started, &rec, nil, event.LostCall{Started: &unsampled, Record: lost})
 	if n := len(againRec.Ended()); n != 3 {
 		t.Errorf("%d spans made for a call not sampled and its turn; want its turn's", n-2)
@@ -588,12 +505,6 @@ func TestTraceEndedCalls(t *testing.T) {
 // process left it unended and Resume began none, so every span of the
 // turn named a parent no collector received.
 func TestResumedTurnSpan(t *testing.T) {
-	newTP := func() (*sdktrace.TracerProvider, *tracetest.SpanRecorder) {
-		rec := tracetest.NewSpanRecorder()
-		tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec), sdktrace.WithIDGenerator(telemetry.IDs{}))
-		t.Cleanup(func() { tp.Shutdown(context.Background()) })
-		return tp, rec
-	}
 	newAgent := func(tp *sdktrace.TracerProvider, p model.Provider) *agent.Agent {
 		a, err := agent.New(agent.Config{Name: "traced", Models: []model.Endpoint{endpoint(p, "m")},
 			Tools: []agent.Tool{sleepy("deploy", time.Second, 0)}, Budgets: approvalBudgets(), TracerProvider: tp})
@@ -603,7 +514,7 @@ func TestResumedTurnSpan(t *testing.T) {
 		return a
 	}
 	const caller = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-	firstTP, firstRec := newTP()
+	firstTP, firstRec := recordingTP(t, true)
 	first := newAgent(firstTP, lines(t, `{"tool_calls": [{"name": "deploy", "arguments": {}}]}`))
 	suspend := make(chan struct{})
 	waiting := agent.ApproverFunc(func(ctx context.Context, req agent.ApprovalRequest) (agent.Decision, error) {
@@ -623,7 +534,7 @@ func TestResumedTurnSpan(t *testing.T) {
 	}
 	firstTP.ForceFlush(t.Context())
 
-	againTP, againRec := newTP()
+	againTP, againRec := recordingTP(t, true)
 	again := newAgent(againTP, lines(t, `{"text": "deployed"}`))
 	res, err := again.Resume(t.Context(), res.Suspended, agent.Input{Approver: after(0, event.Approve, "alice", "")})
 	if err != nil || res.Record == nil || res.Record.StopReason != budget.Answered {
@@ -681,20 +592,14 @@ func (n *notingTool) Call(ctx context.Context, c *tool.Call) (*tool.Result, erro
 // known to have run until. None for an attempt not sampled, and none
 // while the turn's span is open here (its own process ends it).
 func TestTraceEndedAttempt(t *testing.T) {
-	newTP := func() (*sdktrace.TracerProvider, *tracetest.SpanRecorder) {
-		rec := tracetest.NewSpanRecorder()
-		tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec), sdktrace.WithIDGenerator(telemetry.IDs{}))
-		t.Cleanup(func() { tp.Shutdown(context.Background()) })
-		return tp, rec
-	}
-	first, firstRec := newTP()
+	first, firstRec := recordingTP(t, true)
 	a, err := agent.New(agent.Config{Name: "traced", Models: []model.Endpoint{endpoint(lines(t, `{"text": "ok"}`), "m")},
 		Budgets: budget.Budgets{Turn: secs(time.Minute, budget.SourceFile, budget.KeyTurn),
 			LLMFirstChunk: secs(30*time.Second, budget.SourceFile, budget.KeyLLMFirstChunk)}, TracerProvider: first})
 	if err != nil {
 		t.Fatal(err)
 	}
-	again, againRec := newTP()
+	again, againRec := recordingTP(t, true)
 	var (
 		started *event.TurnStarted
 		lost    *event.LostAttempt
@@ -712,18 +617,8 @@ func TestTraceEndedAttempt(t *testing.T) {
 	if lost == nil || lost.Started.Traceparent == "" {
 		t.Fatalf("llm_started %+v: want the attempt's traceparent", lost)
 	}
-	if n := len(againRec.Ended()); n != 0 {
-		t.Fatalf("%d spans made for a turn whose span was open", n)
-	}
-	var orig, turn sdktrace.ReadOnlySpan
-	for _, s := range firstRec.Ended() {
-		switch s.Name() {
-		case "chat m":
-			orig = s
-		case "invoke_agent traced":
-			turn = s
-		}
-	}
+	noneMadeWhileOpen(t, againRec)
+	orig, turn := endedNamed(firstRec, "chat m"), endedNamed(firstRec, "invoke_agent traced")
 	if orig == nil || turn == nil {
 		t.Fatal("no chat or turn span")
 	}
@@ -732,37 +627,20 @@ func TestTraceEndedAttempt(t *testing.T) {
 	rec.Status, rec.StopReason, rec.Message = budget.StatusInterrupted, budget.Interrupted, "Interrupted: its process stopped. Model m was answering."
 	rec.EndedAt = lost.Until.Add(time.Second) // the turn's end, later than what is known of the attempt
 	agent.TraceEnded(again, rec.TurnID, started, &rec, lost)
-	var made sdktrace.ReadOnlySpan
-	for _, s := range againRec.Ended() {
-		if s.Name() == "chat m" {
-			made = s
-		}
-	}
+	made := endedNamed(againRec, "chat m")
 	if n := len(againRec.Ended()); n != 2 || made == nil {
 		t.Fatalf("%d spans made; want the turn's and the attempt's", n)
 	}
-	if made.SpanContext().TraceID() != orig.SpanContext().TraceID() || made.SpanContext().SpanID() != orig.SpanContext().SpanID() ||
-		made.Parent().SpanID() != turn.SpanContext().SpanID() || !made.StartTime().Equal(lost.At) || !made.EndTime().Equal(lost.Until) {
-		t.Errorf("made %s/%s under %s, %s–%s; want %s/%s under %s, %s–%s", made.SpanContext().TraceID(), made.SpanContext().SpanID(),
-			made.Parent().SpanID(), made.StartTime(), made.EndTime(), orig.SpanContext().TraceID(), orig.SpanContext().SpanID(),
-			turn.SpanContext().SpanID(), lost.At, lost.Until)
-	}
+	checkRemade(t, made, orig, turn, lost.At, lost.Until)
 	if made.SpanKind() != orig.SpanKind() {
 		t.Errorf("kind %v, want %v", made.SpanKind(), orig.SpanKind())
 	}
-	attrs := func(s sdktrace.ReadOnlySpan) map[string]any {
-		m := map[string]any{}
-		for _, kv := range s.Attributes() {
-			m[string(kv.Key)] = kv.Value.AsInterface()
-		}
-		return m
-	}
-	want := attrs(orig)
+	want := spanAttrs(orig)
 	// What the live span was told at its end, which never came.
 	delete(want, "gen_ai.usage.input_tokens")
 	delete(want, "gen_ai.usage.output_tokens")
 	want["timebox.outcome"], want["error.type"] = "interrupted", "interrupted"
-	if got := attrs(made); !reflect.DeepEqual(got, want) {
+	if got := spanAttrs(made); !reflect.DeepEqual(got, want) {
 		t.Errorf("attributes %v\nwant %v", got, want)
 	}
 	if want["timebox.budget.knob"] == nil {
@@ -774,9 +652,73 @@ func TestTraceEndedAttempt(t *testing.T) {
 
 	// An attempt not sampled: its turn's span alone.
 	unsampled := *lost.Started
-	unsampled.Traceparent = strings.TrimSuffix(lost.Started.Traceparent, "01") + "00"
+	unsampled.Traceparent = unsampledOf(lost.Started.Traceparent)
 	agent.TraceEnded(again, rec.TurnID, started, &rec, &event.LostAttempt{Started: &unsampled, At: lost.At, Until: lost.Until})
 	if n := len(againRec.Ended()); n != 3 {
 		t.Errorf("%d spans made for an attempt not sampled and its turn; want its turn's", n-2)
+	}
+}
+
+// recordingTP returns a TracerProvider that records the spans it ends,
+// shut down when the test ends. With ids it gives a span the ids its
+// context asks for (telemetry.IDs), as timebox's own providers do, so
+// that a span made by another process can take the ids of the one that
+// died; without, ids of its own.
+func recordingTP(t *testing.T, ids bool) (*sdktrace.TracerProvider, *tracetest.SpanRecorder) {
+	rec := tracetest.NewSpanRecorder()
+	opts := []sdktrace.TracerProviderOption{sdktrace.WithSpanProcessor(rec)}
+	if ids {
+		opts = append(opts, sdktrace.WithIDGenerator(telemetry.IDs{}))
+	}
+	tp := sdktrace.NewTracerProvider(opts...)
+	t.Cleanup(func() { tp.Shutdown(context.Background()) })
+	return tp, rec
+}
+
+// spanAttrs returns the attributes of s by key.
+func spanAttrs(s sdktrace.ReadOnlySpan) map[string]any {
+	m := map[string]any{}
+	for _, kv := range s.Attributes() {
+		m[string(kv.Key)] = kv.Value.AsInterface()
+	}
+	return m
+}
+
+// endedNamed returns the last span rec saw end with that name, or nil.
+func endedNamed(rec *tracetest.SpanRecorder, name string) sdktrace.ReadOnlySpan {
+	var found sdktrace.ReadOnlySpan
+	for _, s := range rec.Ended() {
+		if s.Name() == name {
+			found = s
+		}
+	}
+	return found
+}
+
+// unsampledOf returns a sampled traceparent with its sampled flag off.
+func unsampledOf(traceparent string) string {
+	return strings.TrimSuffix(traceparent, "01") + "00"
+}
+
+// noneMadeWhileOpen fails t when rec has seen a span end: TraceEnded was
+// called while the turn's span was open in this process, whose own end
+// makes the spans.
+func noneMadeWhileOpen(t *testing.T, rec *tracetest.SpanRecorder) {
+	t.Helper()
+	if n := len(rec.Ended()); n != 0 {
+		t.Fatalf("%d spans made for a turn whose span was open", n)
+	}
+}
+
+// checkRemade checks that made, a span TraceEnded made for one that died
+// with its process, has orig's ids, is under the turn's span and runs
+// from start to end.
+func checkRemade(t *testing.T, made, orig, turn sdktrace.ReadOnlySpan, start, end time.Time) {
+	t.Helper()
+	if made.SpanContext().TraceID() != orig.SpanContext().TraceID() || made.SpanContext().SpanID() != orig.SpanContext().SpanID() ||
+		made.Parent().SpanID() != turn.SpanContext().SpanID() || !made.StartTime().Equal(start) || !made.EndTime().Equal(end) {
+		t.Errorf("made %s/%s under %s, %s–%s; want %s/%s under %s, %s–%s", made.SpanContext().TraceID(), made.SpanContext().SpanID(),
+			made.Parent().SpanID(), made.StartTime(), made.EndTime(), orig.SpanContext().TraceID(), orig.SpanContext().SpanID(),
+			turn.SpanContext().SpanID(), start, end)
 	}
 }
