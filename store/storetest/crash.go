@@ -37,34 +37,12 @@ func RunCrash(t *testing.T, open Crash, why string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var (
-			mu   sync.Mutex
-			told []store.Ending
-		)
-		after := crash(func(e store.Ending) {
-			mu.Lock()
-			defer mu.Unlock()
-			told = append(told, e)
-		})
-		defer after.Close()
-		WaitInterrupted(t, after, "t1", 30*time.Second)
+		after, e := crashTold(t, crash, "t1")
 		CheckInterrupted(t, after, "t1", n, kept, why)
 		rec, err := after.Turn(context.Background(), "t1")
 		if err != nil {
 			t.Fatal(err)
 		}
-		// It is told after the commit that readers saw.
-		wait.Until(10*time.Second, func() bool {
-			mu.Lock()
-			defer mu.Unlock()
-			return len(told) > 0
-		})
-		mu.Lock()
-		defer mu.Unlock()
-		if len(told) != 1 {
-			t.Fatalf("Options.Ended told of %d ends; want the one of t1", len(told))
-		}
-		e := told[0]
 		if e.Attempt != nil {
 			t.Errorf("told of t1's attempt %+v; none was under way", e.Attempt)
 		}
@@ -97,28 +75,7 @@ func RunCrash(t *testing.T, open Crash, why string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var (
-			mu   sync.Mutex
-			told []store.Ending
-		)
-		after := crash(func(e store.Ending) {
-			mu.Lock()
-			defer mu.Unlock()
-			told = append(told, e)
-		})
-		defer after.Close()
-		WaitInterrupted(t, after, "t2", 30*time.Second)
-		wait.For(t, 10*time.Second, "Options.Ended told", func() bool {
-			mu.Lock()
-			defer mu.Unlock()
-			return len(told) > 0
-		})
-		mu.Lock()
-		defer mu.Unlock()
-		if len(told) != 1 {
-			t.Fatalf("Options.Ended told of %d ends; want the one of t2", len(told))
-		}
-		e := told[0]
+		after, e := crashTold(t, crash, "t2")
 		t2, err := after.Turn(context.Background(), "t2")
 		if err != nil {
 			t.Fatal(err)
@@ -131,6 +88,37 @@ func RunCrash(t *testing.T, open Crash, why string) {
 				e.Calls, e.Attempt, answeringTraceparent, answering.started, answering.last, t2.Message, t2.EndedAt)
 		}
 	})
+}
+
+// crashTold crashes the store crash was returned with and returns the
+// next store (closed when the test ends), once it has marked turn id
+// interrupted and told its Options.Ended of that end, and the one end it
+// told of: it fails t when it tells of none, or of more.
+func crashTold(t *testing.T, crash func(ended func(store.Ending)) store.Store, id string) (store.Store, store.Ending) {
+	t.Helper()
+	var (
+		mu   sync.Mutex
+		told []store.Ending
+	)
+	after := crash(func(e store.Ending) {
+		mu.Lock()
+		defer mu.Unlock()
+		told = append(told, e)
+	})
+	t.Cleanup(func() { after.Close() })
+	WaitInterrupted(t, after, id, 30*time.Second)
+	// It is told after the commit that readers saw.
+	wait.Until(10*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(told) > 0
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if len(told) != 1 {
+		t.Fatalf("Options.Ended told of %d ends; want the one of %s", len(told), id)
+	}
+	return after, told[0]
 }
 
 // answeringTraceparent is the traceparent the llm_started of
