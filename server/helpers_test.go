@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"path/filepath"
 	"slices"
@@ -22,6 +21,7 @@ import (
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/doctest"
+	"github.com/timebox-run/timebox/internal/testenv"
 	"github.com/timebox-run/timebox/model"
 	"github.com/timebox-run/timebox/model/script"
 	"github.com/timebox-run/timebox/server"
@@ -156,24 +156,13 @@ func newEnv(t testing.TB, cfg server.Config) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, ln) }()
-	e := &env{t: t, srv: srv, st: cfg.Store, url: "http://" + ln.Addr().String(), client: newClient(t),
-		stop: sync.OnceValue(func() error { cancel(); return <-done })}
-	// Cleanups run last-registered first: stop the server, then close the
-	// store, then (newClient's) the client's idle connections.
+	// Cleanups run last-registered first: stop the server (testenv.Serve's),
+	// then close the store, then (newClient's) the client's idle
+	// connections.
+	client := newClient(t)
 	t.Cleanup(func() { cfg.Store.Close() })
-	t.Cleanup(func() {
-		if err := e.stop(); err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
-	return e
+	url, stop := testenv.Serve(t, srv.Serve)
+	return &env{t: t, srv: srv, st: cfg.Store, url: url, client: client, stop: stop}
 }
 
 // newClient returns a client whose connections are closed when the test

@@ -4,8 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"net"
 	"net/http"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +15,7 @@ import (
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/proctest"
+	"github.com/timebox-run/timebox/internal/testenv"
 	"github.com/timebox-run/timebox/internal/wait"
 	"github.com/timebox-run/timebox/server"
 	"github.com/timebox-run/timebox/store"
@@ -46,28 +47,14 @@ func startGateway(t *testing.T, c client.Client, dsn, queue, name string, a *age
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, ln) }()
-	stopped := false
-	g := &gateway{url: "http://" + ln.Addr().String(), st: st}
+	url, stop := testenv.Serve(t, srv.Serve)
 	// Stopped, it stops following its turns and closes its store: its
-	// owner row goes with it, and the others may adopt its turns.
-	g.stop = func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
+	// owner row goes with it, and the others may adopt its turns. What
+	// Serve returned fails the test when it ends (testenv.Serve).
+	g := &gateway{url: url, st: st, stop: sync.OnceFunc(func() {
+		stop()
 		st.Close()
-	}
+	})}
 	t.Cleanup(g.stop)
 	return g
 }
