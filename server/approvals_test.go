@@ -16,7 +16,6 @@ import (
 	"github.com/timebox-run/timebox/internal/testenv"
 	"github.com/timebox-run/timebox/server"
 	"github.com/timebox-run/timebox/store"
-	"github.com/timebox-run/timebox/store/postgres"
 	"github.com/timebox-run/timebox/store/sqlite"
 	"github.com/timebox-run/timebox/tool"
 )
@@ -161,21 +160,14 @@ func (e *env) waitPending(id string) store.Approval {
 // B; A hears of it at once, the call is not run, and the model is told.
 func TestDecideOnAnotherGateway(t *testing.T) {
 	dsn := testenv.Postgres(t)
-	open := func() store.Store {
-		st, err := postgres.Open(context.Background(), dsn, postgres.Options{Poll: time.Hour}) // notifications only
-		if err != nil {
-			t.Fatal(err)
-		}
-		return st
-	}
 	ran := make(chan struct{}, 1)
 	dep := goTool("deploy", budget.Cooperative, time.Second, func(context.Context, json.RawMessage, tool.Progress) (any, error) {
 		ran <- struct{}{}
 		return "deployed", nil
 	})
 	dep.NeedsApproval = agent.ApprovalRequired
-	a := newEnv(t, server.Config{Store: open(), Agent: newAgent(t, scripted(t, deployThenAnswer...), dep)})
-	b := newEnv(t, server.Config{Store: open(), Agent: newAgent(t, scripted(t, `{"text": "never asked"}`))})
+	a := newEnv(t, server.Config{Store: openNotified(t, dsn), Agent: newAgent(t, scripted(t, deployThenAnswer...), dep)})
+	b := newEnv(t, server.Config{Store: openNotified(t, dsn), Agent: newAgent(t, scripted(t, `{"text": "never asked"}`))})
 	acc := decode[server.TurnAccepted](t, a.do("POST", "/v1/turns", map[string]any{"input": "deploy", "detach": true}), http.StatusAccepted)
 	p := b.waitPending(acc.TurnID)
 	start := time.Now()

@@ -94,10 +94,7 @@ func (s *historyHangs) History(ctx context.Context, session string) ([]model.Mes
 // 2026-11-28 the history read and that end both waited for the database.
 func TestANewTurnWhoseHistoryHangsIs503(t *testing.T) {
 	pg := testenv.StartPostgres(t)
-	st, err := postgres.Open(context.Background(), pg.Database(), postgres.Options{Poll: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := openNotified(t, pg.Database())
 	thaw := sync.OnceFunc(pg.Thaw)
 	hs := &historyHangs{Store: st, freeze: sync.OnceFunc(func() {
 		pg.Freeze()
@@ -111,7 +108,7 @@ func TestANewTurnWhoseHistoryHangsIs503(t *testing.T) {
 	resp := e.do("POST", "/v1/turns", map[string]any{"input": "go", "session_id": "s1"})
 	took := time.Since(start)
 	var er apiError
-	err = json.NewDecoder(resp.Body).Decode(&er)
+	err := json.NewDecoder(resp.Body).Decode(&er)
 	resp.Body.Close()
 	if err != nil || resp.StatusCode != http.StatusServiceUnavailable || er.Error.Code != "store_unavailable" || resp.Header.Get("Retry-After") == "" {
 		t.Errorf("a new turn whose history hangs: %d %s: %s (%v)", resp.StatusCode, er.Error.Code, er.Error.Message, err)

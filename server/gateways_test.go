@@ -27,17 +27,10 @@ import (
 // answer with the cancelled record.
 func TestTwoGatewaysOnePostgres(t *testing.T) {
 	dsn := testenv.Postgres(t)
-	open := func() store.Store {
-		st, err := postgres.Open(context.Background(), dsn, postgres.Options{Poll: time.Hour}) // notifications only
-		if err != nil {
-			t.Fatal(err)
-		}
-		return st
-	}
 	g := newGate("wait")
 	g.every = 20 * time.Millisecond
-	a := newEnv(t, server.Config{Store: open(), Agent: newAgent(t, scripted(t, waitThenAnswer...), g.tool())})
-	b := newEnv(t, server.Config{Store: open(), Agent: newAgent(t, scripted(t, `{"text": "never asked"}`))})
+	a := newEnv(t, server.Config{Store: openNotified(t, dsn), Agent: newAgent(t, scripted(t, waitThenAnswer...), g.tool())})
+	b := newEnv(t, server.Config{Store: openNotified(t, dsn), Agent: newAgent(t, scripted(t, `{"text": "never asked"}`))})
 
 	acc := decode[server.TurnAccepted](t, a.do("POST", "/v1/turns", map[string]any{"input": "go", "detach": true}), http.StatusAccepted)
 	<-g.started
@@ -178,6 +171,19 @@ func TestHistoryFailsAfterBegin(t *testing.T) {
 	}
 }
 
+// openNotified opens a PostgreSQL store on dsn that hears of other
+// stores' writes by notification alone: its poll, what a lost
+// notification would have said, is an hour away, so a test that passes
+// with it shows the notifications arrive.
+func openNotified(t *testing.T, dsn string) *postgres.Store {
+	t.Helper()
+	st, err := postgres.Open(context.Background(), dsn, postgres.Options{Poll: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
 // route is a request of the API.
 type route struct{ method, path, body string }
 
@@ -187,11 +193,7 @@ type route struct{ method, path, body string }
 func readRoutes(t *testing.T) (*testenv.PostgresServer, *env, []route) {
 	t.Helper()
 	pg := testenv.StartPostgres(t)
-	st, err := postgres.Open(context.Background(), pg.Database(), postgres.Options{Poll: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := newEnv(t, server.Config{Store: st, Agent: newAgent(t, scripted(t, `{"text": "hi"}`))})
+	e := newEnv(t, server.Config{Store: openNotified(t, pg.Database()), Agent: newAgent(t, scripted(t, `{"text": "hi"}`))})
 	rec := decode[rawRecord](t, e.do("POST", "/v1/turns", map[string]any{"input": "go"}), http.StatusOK)
 	wait.For(t, 10*time.Second, "the turn read from the store", func() bool {
 		resp := e.do("GET", "/v1/turns/"+rec.TurnID+"/events?after=1000", nil)
