@@ -39,44 +39,36 @@ import (
 // OTEL variables, runs makes none and says nothing of tracing.
 func TestLostTurnSpanMadeByTheNextStart(t *testing.T) {
 	bin := timeboxBinary(t)
+	run := func(other, db string) []string { return []string{"run", "-f", other, "--db", db, "hello"} }
 	for _, c := range []struct {
-		name string
-		args func(other, db string) []string
-		said string // what the next command says of the lost turn
+		name  string
+		kill  func(t *testing.T, bin string, recv *testenv.OTLP) killed
+		args  func(other, db string) []string
+		said  string // what the next command says of the lost turn
+		check func(t *testing.T, recv *testenv.OTLP, k killed)
 	}{
-		{"run", func(other, db string) []string { return []string{"run", "-f", other, "--db", db, "hello"} }, "marked 1 turn interrupted"},
-		{"runs list", func(_, db string) []string { return []string{"runs", "list", "--db", db} }, "interrupted"},
-		{"stats", func(_, db string) []string { return []string{"stats", "--db", db} }, "hang"},
+		{"run", killMidTool, run, "marked 1 turn interrupted", checkLostSpans},
+		{"runs list", killMidTool, func(_, db string) []string { return []string{"runs", "list", "--db", db} }, "interrupted", checkLostSpans},
+		{"stats", killMidTool, func(_, db string) []string { return []string{"stats", "--db", db} }, "hang", checkLostSpans},
+		{"run mid-attempt", killMidAttempt, run, "marked 1 turn interrupted", checkLostAttempt},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			recv := testenv.NewOTLP(t)
-			dir, env, turnID, quick := killMidTool(t, bin, recv)
-			db := filepath.Join(dir, "timebox.db")
-			next := exec.Command(bin, c.args(filepath.Join(dir, "other.yaml"), db)...)
-			next.Env = env
+			k := c.kill(t, bin, recv)
+			next := exec.Command(bin, c.args(filepath.Join(k.dir, "other.yaml"), filepath.Join(k.dir, "timebox.db"))...)
+			next.Env = k.env
 			said, err := next.CombinedOutput()
 			if err != nil || !strings.Contains(string(said), c.said) {
 				t.Fatalf("the next command: %v\n%s", err, said)
 			}
-			checkLostSpans(t, recv, dir, turnID, quick)
+			c.check(t, recv, k)
 		})
 	}
-	t.Run("run mid-attempt", func(t *testing.T) {
-		recv := testenv.NewOTLP(t)
-		dir, env, turnID, quick, attempt := killMidAttempt(t, bin, recv)
-		next := exec.Command(bin, "run", "-f", filepath.Join(dir, "other.yaml"), "--db", filepath.Join(dir, "timebox.db"), "hello")
-		next.Env = env
-		said, err := next.CombinedOutput()
-		if err != nil || !strings.Contains(string(said), "marked 1 turn interrupted") {
-			t.Fatalf("the next command: %v\n%s", err, said)
-		}
-		checkLostAttempt(t, recv, turnID, quick, attempt)
-	})
 	t.Run("runs list untraced", func(t *testing.T) {
 		recv := testenv.NewOTLP(t)
-		dir, env, _, _ := killMidTool(t, bin, recv)
-		next := exec.Command(bin, "runs", "list", "--db", filepath.Join(dir, "timebox.db"))
-		next.Env = append(env, "OTEL_SDK_DISABLED=true")
+		k := killMidTool(t, bin, recv)
+		next := exec.Command(bin, "runs", "list", "--db", filepath.Join(k.dir, "timebox.db"))
+		next.Env = append(k.env, "OTEL_SDK_DISABLED=true")
 		said, err := next.CombinedOutput()
 		if err != nil || !strings.Contains(string(said), "interrupted") || strings.Contains(string(said), "OTEL") {
 			t.Fatalf("runs list: %v\n%s", err, said)
@@ -87,84 +79,168 @@ func TestLostTurnSpanMadeByTheNextStart(t *testing.T) {
 	})
 }
 
-// killMidTool runs `timebox run` traced to recv until its second call (hang)
-// runs, its first call's span exported, and kills it with SIGKILL. It
-// returns the directory of its store and agent files, the environment
-// that traces to recv, the turn's id and the first call's span.
-func killMidTool(t *testing.T, bin string, recv *testenv.OTLP) (dir string, env []string, turnID string, quick *tracepb.Span) {
+// killed is what a traced `timebox run` killed with SIGKILL left: the
+// directory of its store (timebox.db) and agent files (other.yaml, an
+// agent that answers at once, among them), the environment that traces
+// to the receiver, its turn's id, its first call's span (exported before
+// the kill) and, killed mid-attempt, its second llm_started's
+// traceparent.
+type killed struct {
+	dir     string
+	env     []string
+	turnID  string
+	quick   *tracepb.Span
+	attempt string
+}
+
+// tracedRun is a `timebox run --json go` traced to a receiver, in a
+// directory of its own.
+type tracedRun struct {
+	killed
+	db        string
+	out, errb syncbuf.Buffer
+	cmd       *exec.Cmd
+}
+
+// startTraced writes the agent file lost-turn (model script:m answering
+// with script, tools as given, a YAML list) and other.yaml into dir,
+// starts `timebox run` of lost-turn traced to recv, and waits
+// until its first call's span (quick) is exported.
+func startTraced(t *testing.T, bin string, recv *testenv.OTLP, dir, script, tools string) *tracedRun {
 	t.Helper()
-	dir = t.TempDir()
-	db := filepath.Join(dir, "timebox.db")
+	r := &tracedRun{killed: killed{dir: dir}}
+	r.db = filepath.Join(r.dir, "timebox.db")
+	os.WriteFile(filepath.Join(r.dir, "script.jsonl"), []byte(script), 0o644)
+	os.WriteFile(filepath.Join(r.dir, "hi.jsonl"), []byte(`{"text": "hi"}`+"\n"), 0o644)
+	file := filepath.Join(r.dir, "agent.yaml")
+	os.WriteFile(file, []byte("name: lost-turn\nmodel: {primary: script:m}\nproviders: {script: {file: script.jsonl}}\ntools:\n"+tools), 0o644)
+	os.WriteFile(filepath.Join(r.dir, "other.yaml"), []byte("name: other\nmodel: {primary: script:m}\nproviders: {script: {file: hi.jsonl}}\n"), 0o644)
+	r.env = append(os.Environ(), "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT="+recv.URL+"/v1/traces",
+		"OTEL_TRACES_EXPORTER=", "OTEL_SDK_DISABLED=", "OTEL_BSP_SCHEDULE_DELAY=50")
+
+	r.cmd = exec.Command(bin, "run", "-f", file, "--db", r.db, "--json", "go")
+	r.cmd.Env, r.cmd.Stdout, r.cmd.Stderr = r.env, &r.out, &r.errb
+	if err := r.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.cmd.Process.Kill(); r.cmd.Wait() })
+	if !wait.Until(20*time.Second, func() bool { return len(recv.ByName()["execute_tool quick"]) > 0 }) {
+		t.Fatalf("the first call's span was never exported; spans %v\n%s", names(recv.ByName()), r.errb.String())
+	}
+	r.quick = recv.ByName()["execute_tool quick"][0]
+	return r
+}
+
+// kill kills the run with SIGKILL and returns what it left, its turn's
+// id and the traceparent of its second llm_started (if any) read from
+// the events it wrote.
+func (r *tracedRun) kill() killed {
+	r.cmd.Process.Signal(syscall.SIGKILL)
+	r.cmd.Wait()
+	for line := range strings.Lines(r.out.String()) {
+		var e event.Event
+		if json.Unmarshal([]byte(line), &e) != nil {
+			continue
+		}
+		switch d := e.Data.(type) {
+		case *event.TurnStarted:
+			r.turnID = e.TurnID
+		case *event.LLMStarted:
+			if d.Step == 2 {
+				r.attempt = d.Traceparent
+			}
+		}
+	}
+	return r.killed
+}
+
+// killMidTool runs `timebox run` traced to recv until its second call (hang)
+// runs, its first call's span exported, and kills it with SIGKILL.
+func killMidTool(t *testing.T, bin string, recv *testenv.OTLP) killed {
+	t.Helper()
+	dir := t.TempDir()
 	pidfile := filepath.Join(dir, "pids")
-	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"tool_calls": [{"name": "quick"}]}`+"\n"+`{"tool_calls": [{"name": "hang"}]}`+"\n"+`{"text": "never"}`+"\n"), 0o644)
-	os.WriteFile(filepath.Join(dir, "hi.jsonl"), []byte(`{"text": "hi"}`+"\n"), 0o644)
-	file := filepath.Join(dir, "agent.yaml")
-	os.WriteFile(file, []byte(fmt.Sprintf(`name: lost-turn
-model: {primary: script:m}
-providers: {script: {file: script.jsonl}}
-tools:
-  - name: quick
+	r := startTraced(t, bin, recv, dir, `{"tool_calls": [{"name": "quick"}]}`+"\n"+`{"tool_calls": [{"name": "hang"}]}`+"\n"+`{"text": "never"}`+"\n",
+		fmt.Sprintf(`  - name: quick
     exec: [sh, -c, 'echo ok']
   - name: hang
     exec: [sh, -c, 'echo "$TRACEPARENT" > %s; echo $$ >> %s; exec sleep 300']
     timeout: 10m
-`, filepath.Join(dir, "traceparent"), pidfile)), 0o644)
-	other := filepath.Join(dir, "other.yaml")
-	os.WriteFile(other, []byte("name: other\nmodel: {primary: script:m}\nproviders: {script: {file: hi.jsonl}}\n"), 0o644)
-	env = append(os.Environ(), "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT="+recv.URL+"/v1/traces",
-		"OTEL_TRACES_EXPORTER=", "OTEL_SDK_DISABLED=", "OTEL_BSP_SCHEDULE_DELAY=50")
-
-	var out, errb syncbuf.Buffer
-	run := exec.Command(bin, "run", "-f", file, "--db", db, "--json", "go")
-	run.Env, run.Stdout, run.Stderr = env, &out, &errb
-	if err := run.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { run.Process.Kill(); run.Wait() })
-	pid := waitPid(t, pidfile, 1, errb.String)
+`, filepath.Join(dir, "traceparent"), pidfile))
+	pid := waitPid(t, pidfile, 1, r.errb.String)
 	t.Cleanup(func() {
 		var p int
 		fmt.Sscan(pid, &p)
 		syscall.Kill(p, syscall.SIGKILL)
 	})
-	if !wait.Until(20*time.Second, func() bool { return len(recv.ByName()["execute_tool quick"]) > 0 }) {
-		t.Fatalf("the first call's span was never exported; spans %v\n%s", names(recv.ByName()), errb.String())
-	}
-	quick = recv.ByName()["execute_tool quick"][0]
-	run.Process.Signal(syscall.SIGKILL)
-	run.Wait()
-	for line := range strings.Lines(out.String()) {
-		var e event.Event
-		if json.Unmarshal([]byte(line), &e) == nil && e.Type == event.TypeTurnStarted {
-			turnID = e.TurnID
-		}
-	}
-	if turnID == "" {
-		t.Fatalf("no turn_started in %q", out.String())
+	k := r.kill()
+	if k.turnID == "" {
+		t.Fatalf("no turn_started in %q", r.out.String())
 	}
 	if n := len(recv.ByName()["invoke_agent lost-turn"]) + len(recv.ByName()["execute_tool hang"]); n != 0 {
 		t.Fatalf("%d turn or hang spans before the next start; want none (the process died with them)", n)
 	}
-	return dir, env, turnID, quick
+	return k
 }
 
-// checkLostSpans checks the spans made of the turn killMidTool killed:
-// the turn's, with the ids its first call names as its parent, and the
-// running call's, with the ids its tool was given, under it.
-func checkLostSpans(t *testing.T, recv *testenv.OTLP, dir, turnID string, quick *tracepb.Span) {
+// killMidAttempt runs `timebox run` traced to recv until its second model
+// attempt is under way (its llm_started stored, its stream silent after a
+// chunk), its first call's span exported, and kills it with SIGKILL.
+func killMidAttempt(t *testing.T, bin string, recv *testenv.OTLP) killed {
+	t.Helper()
+	r := startTraced(t, bin, recv, t.TempDir(), `{"tool_calls": [{"name": "quick"}]}`+"\n"+`{"chunks": ["Well, ", "never"], "stall_after": 1}`+"\n",
+		"  - name: quick\n    exec: [sh, -c, 'echo ok']\n")
+	// Its events are queued for the store: kill it once they are stored.
+	ro, err := sql.Open("sqlite", "file:"+r.db+"?mode=ro")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ro.Close()
+	if !wait.Until(20*time.Second, func() bool {
+		var n int
+		err := ro.QueryRow(`SELECT count(*) FROM events WHERE type = 'llm_started'`).Scan(&n)
+		return err == nil && n > 1
+	}) {
+		t.Fatalf("the second attempt's llm_started was never stored\n%s\n%s", r.out.String(), r.errb.String())
+	}
+	k := r.kill()
+	if k.turnID == "" || k.attempt == "" {
+		t.Fatalf("no turn_started, or no traceparent in the second llm_started, in %q", r.out.String())
+	}
+	if n := len(recv.ByName()["invoke_agent lost-turn"]) + len(recv.ByName()["chat m"]); n != 1 {
+		t.Fatalf("%d turn or chat spans before the next start; want the first attempt's (the process died with the rest)", n)
+	}
+	return k
+}
+
+// lostTurnSpan returns the one span made of the turn k killed, and
+// checks that it has the ids the first call names as its parent and the
+// turn's id.
+func lostTurnSpan(t *testing.T, recv *testenv.OTLP, k killed) *tracepb.Span {
 	t.Helper()
 	turns := recv.ByName()["invoke_agent lost-turn"]
 	if len(turns) != 1 {
 		t.Fatalf("%d spans of the lost turn; want 1; all: %v", len(turns), names(recv.ByName()))
 	}
 	turn := turns[0]
-	a := testenv.SpanAttrs(turn)
-	if string(turn.GetTraceId()) != string(quick.GetTraceId()) || string(turn.GetSpanId()) != string(quick.GetParentSpanId()) {
-		t.Errorf("the turn's span is %s/%s; the first call's parent is %s/%s",
-			hex.EncodeToString(turn.GetTraceId()), hex.EncodeToString(turn.GetSpanId()),
-			hex.EncodeToString(quick.GetTraceId()), hex.EncodeToString(quick.GetParentSpanId()))
+	if string(turn.GetTraceId()) != string(k.quick.GetTraceId()) || string(turn.GetSpanId()) != string(k.quick.GetParentSpanId()) ||
+		testenv.SpanAttrs(turn)["timebox.turn.id"].GetStringValue() != k.turnID {
+		t.Errorf("the turn's span is %s/%s of turn %q; the first call's parent is %s/%s, of turn %s",
+			hex.EncodeToString(turn.GetTraceId()), hex.EncodeToString(turn.GetSpanId()), testenv.SpanAttrs(turn)["timebox.turn.id"].GetStringValue(),
+			hex.EncodeToString(k.quick.GetTraceId()), hex.EncodeToString(k.quick.GetParentSpanId()), k.turnID)
 	}
-	if a["timebox.turn.id"].GetStringValue() != turnID || a["error.type"].GetStringValue() != "interrupted" ||
+	return turn
+}
+
+// checkLostSpans checks the spans made of the turn killMidTool killed:
+// the turn's, with the ids its first call names as its parent, and the
+// running call's, with the ids its tool was given, under it.
+func checkLostSpans(t *testing.T, recv *testenv.OTLP, k killed) {
+	t.Helper()
+	quick := k.quick
+	turn := lostTurnSpan(t, recv, k)
+	a := testenv.SpanAttrs(turn)
+	if a["error.type"].GetStringValue() != "interrupted" ||
 		turn.GetStatus().GetCode() != tracepb.Status_STATUS_CODE_ERROR || !strings.Contains(turn.GetStatus().GetMessage(), "hang") ||
 		turn.GetStartTimeUnixNano() > quick.GetStartTimeUnixNano() || turn.GetEndTimeUnixNano() < quick.GetEndTimeUnixNano() {
 		t.Errorf("the lost turn's span: attributes %v, status %v, %d–%d around the call's %d–%d", a, turn.GetStatus(),
@@ -176,7 +252,7 @@ func checkLostSpans(t *testing.T, recv *testenv.OTLP, dir, turnID string, quick 
 		t.Fatalf("%d spans of the call running at the kill; want 1; all: %v", len(hangs), names(recv.ByName()))
 	}
 	hang := hangs[0]
-	given := strings.TrimSpace(readFile(filepath.Join(dir, "traceparent")))
+	given := strings.TrimSpace(readFile(filepath.Join(k.dir, "traceparent")))
 	if made := fmt.Sprintf("00-%x-%x-01", hang.GetTraceId(), hang.GetSpanId()); made != given {
 		t.Errorf("the running call's span is %s; its tool was given TRACEPARENT %q", made, given)
 	}
@@ -199,88 +275,15 @@ func checkLostSpans(t *testing.T, recv *testenv.OTLP, dir, turnID string, quick 
 	}
 }
 
-// killMidAttempt runs `timebox run` traced to recv until its second model
-// attempt is under way (its llm_started stored, its stream silent after a
-// chunk),
-// its first call's span exported, and kills it with SIGKILL. It returns
-// what killMidTool does and the attempt's llm_started traceparent.
-func killMidAttempt(t *testing.T, bin string, recv *testenv.OTLP) (dir string, env []string, turnID string, quick *tracepb.Span, attempt string) {
-	t.Helper()
-	dir = t.TempDir()
-	db := filepath.Join(dir, "timebox.db")
-	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"tool_calls": [{"name": "quick"}]}`+"\n"+`{"chunks": ["Well, ", "never"], "stall_after": 1}`+"\n"), 0o644)
-	os.WriteFile(filepath.Join(dir, "hi.jsonl"), []byte(`{"text": "hi"}`+"\n"), 0o644)
-	file := filepath.Join(dir, "agent.yaml")
-	os.WriteFile(file, []byte("name: lost-turn\nmodel: {primary: script:m}\nproviders: {script: {file: script.jsonl}}\n"+
-		"tools:\n  - name: quick\n    exec: [sh, -c, 'echo ok']\n"), 0o644)
-	os.WriteFile(filepath.Join(dir, "other.yaml"), []byte("name: other\nmodel: {primary: script:m}\nproviders: {script: {file: hi.jsonl}}\n"), 0o644)
-	env = append(os.Environ(), "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT="+recv.URL+"/v1/traces",
-		"OTEL_TRACES_EXPORTER=", "OTEL_SDK_DISABLED=", "OTEL_BSP_SCHEDULE_DELAY=50")
-
-	var out, errb syncbuf.Buffer
-	run := exec.Command(bin, "run", "-f", file, "--db", db, "--json", "go")
-	run.Env, run.Stdout, run.Stderr = env, &out, &errb
-	if err := run.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { run.Process.Kill(); run.Wait() })
-	if !wait.Until(20*time.Second, func() bool { return len(recv.ByName()["execute_tool quick"]) > 0 }) {
-		t.Fatalf("the first call's span was never exported; spans %v\n%s", names(recv.ByName()), errb.String())
-	}
-	quick = recv.ByName()["execute_tool quick"][0]
-	// Its events are queued for the store: kill it once they are stored.
-	ro, err := sql.Open("sqlite", "file:"+db+"?mode=ro")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ro.Close()
-	if !wait.Until(20*time.Second, func() bool {
-		var n int
-		err := ro.QueryRow(`SELECT count(*) FROM events WHERE type = 'llm_started'`).Scan(&n)
-		return err == nil && n > 1
-	}) {
-		t.Fatalf("the second attempt's llm_started was never stored\n%s\n%s", out.String(), errb.String())
-	}
-	run.Process.Signal(syscall.SIGKILL)
-	run.Wait()
-	for line := range strings.Lines(out.String()) {
-		var e event.Event
-		if json.Unmarshal([]byte(line), &e) != nil {
-			continue
-		}
-		switch d := e.Data.(type) {
-		case *event.TurnStarted:
-			turnID = e.TurnID
-		case *event.LLMStarted:
-			if d.Step == 2 {
-				attempt = d.Traceparent
-			}
-		}
-	}
-	if turnID == "" || attempt == "" {
-		t.Fatalf("no turn_started, or no traceparent in the second llm_started, in %q", out.String())
-	}
-	if n := len(recv.ByName()["invoke_agent lost-turn"]) + len(recv.ByName()["chat m"]); n != 1 {
-		t.Fatalf("%d turn or chat spans before the next start; want the first attempt's (the process died with the rest)", n)
-	}
-	return dir, env, turnID, quick, attempt
-}
-
 // checkLostAttempt checks the spans made of the turn killMidAttempt
 // killed: the turn's, with the ids its first call names as its parent,
 // and the attempt's, with the ids its llm_started named (those its model
 // server was sent), under it, interrupted, ended at the turn's end (its
 // last stored event, the attempt's chunk).
-func checkLostAttempt(t *testing.T, recv *testenv.OTLP, turnID string, quick *tracepb.Span, attempt string) {
+func checkLostAttempt(t *testing.T, recv *testenv.OTLP, k killed) {
 	t.Helper()
-	turns := recv.ByName()["invoke_agent lost-turn"]
-	if len(turns) != 1 {
-		t.Fatalf("%d spans of the lost turn; want 1; all: %v", len(turns), names(recv.ByName()))
-	}
-	turn := turns[0]
-	if string(turn.GetSpanId()) != string(quick.GetParentSpanId()) || testenv.SpanAttrs(turn)["timebox.turn.id"].GetStringValue() != turnID {
-		t.Errorf("the turn's span %x is not the first call's parent %x", turn.GetSpanId(), quick.GetParentSpanId())
-	}
+	quick, attempt := k.quick, k.attempt
+	turn := lostTurnSpan(t, recv, k)
 	var chat *tracepb.Span
 	for _, s := range recv.ByName()["chat m"] {
 		if testenv.SpanAttrs(s)["timebox.step"].GetIntValue() == 2 {
