@@ -364,6 +364,22 @@ func tookLastWord(args []string) (name, value string, ok bool) {
 	return "", "", false
 }
 
+// loadToRun begins a command that runs tools (run, tool call, mcp serve,
+// worker): it loads the agent file (loadConfig), stops the tool processes
+// a timebox that died left running before this one runs any
+// (reapOrphans), and returns ctx cancelled on an interrupt (interrupts),
+// with the stop to defer. ok is false, with nothing begun, when the agent
+// file cannot be used: its problems are printed.
+func loadToRun(ctx context.Context, c *common, fs *flag.FlagSet, o IO) (_ *config.Agent, _ context.Context, stop func(), ok bool) {
+	cfg, ok := loadConfig(c, fs, o)
+	if !ok {
+		return nil, ctx, nil, false
+	}
+	reapOrphans(o)
+	ctx, stop = interrupts(ctx, o)
+	return cfg, ctx, stop, true
+}
+
 // loadConfig loads the agent file and prints every problem on failure.
 func loadConfig(c *common, fs *flag.FlagSet, o IO) (*config.Agent, bool) {
 	cfg, err := config.Load(c.file, c.overrides(fs, o))

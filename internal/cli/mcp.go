@@ -67,12 +67,10 @@ func cmdMCP(ctx context.Context, args []string, o IO) int {
 		fmt.Fprintln(o.Err, "timebox mcp serve: --token is for --addr: over stdio, the client that starts the server is the only one it answers")
 		return ExitUsage
 	}
-	cfg, ok := loadConfig(c, fs, o)
+	cfg, ctx, stop, ok := loadToRun(ctx, c, fs, o)
 	if !ok {
 		return ExitUsage
 	}
-	reapOrphans(o)
-	ctx, stop := interrupts(ctx, o)
 	defer stop()
 	// The same build as a turn's: each tool with the budget the loader
 	// resolved (its timeout and source, idle timeout, enforcement,

@@ -225,12 +225,10 @@ func cmdRun(ctx context.Context, args []string, o IO) int {
 		fmt.Fprintf(o.Err, "timebox run: --session %q: a session id is %s\n", *session, agent.SessionIDForm)
 		return ExitUsage
 	}
-	cfg, ok := loadConfig(c, fs, o)
+	cfg, ctx, stop, ok := loadToRun(ctx, c, fs, o)
 	if !ok {
 		return ExitUsage
 	}
-	reapOrphans(o)
-	ctx, stop := interrupts(ctx, o)
 	defer stop()
 	ctx, outGone := context.WithCancelCause(ctx)
 	defer outGone(nil)

@@ -192,12 +192,10 @@ func cmdToolCall(ctx context.Context, args []string, o IO) int {
 		fmt.Fprintf(o.Err, "timebox tool call: --input %s: %s (give the arguments as one JSON object, such as --input '{\"url\": \"https://example.org\"}')\n", strconv.Quote(clip(*input, 80)), why)
 		return ExitUsage
 	}
-	cfg, ok := loadConfig(c, fs, o)
+	cfg, ctx, stop, ok := loadToRun(ctx, c, fs, o)
 	if !ok {
 		return ExitUsage
 	}
-	reapOrphans(o)
-	ctx, stop := interrupts(ctx, o)
 	defer stop()
 	a, err := timebox.Build(ctx, cfg, timebox.Options{Getenv: o.getenv})
 	if err != nil {

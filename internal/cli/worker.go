@@ -35,12 +35,10 @@ func cmdWorker(ctx context.Context, args []string, o IO) int {
 		fmt.Fprintln(o.Err, "timebox worker: --db must be a postgres://… URL (or TIMEBOX_DB): the workers and the gateways that start turns share one PostgreSQL store")
 		return ExitUsage
 	}
-	cfg, ok := loadConfig(c, fs, o)
+	cfg, ctx, stop, ok := loadToRun(ctx, c, fs, o)
 	if !ok {
 		return ExitUsage
 	}
-	reapOrphans(o)
-	ctx, stop := interrupts(ctx, o)
 	defer stop()
 
 	tracing, ok := startTracing(ctx, o)
