@@ -3,7 +3,8 @@ package config
 import (
 	"fmt"
 	"io"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -31,12 +32,7 @@ func WriteTable(w io.Writer, a *Agent) error {
 		if t.MCP == nil {
 			continue
 		}
-		names := make([]string, 0, len(t.MCP.Overrides))
-		for n := range t.MCP.Overrides {
-			names = append(names, n)
-		}
-		sort.Strings(names)
-		for _, n := range names {
+		for _, n := range slices.Sorted(maps.Keys(t.MCP.Overrides)) {
 			o := t.MCP.Overrides[n]
 			timeout, idle, enf := b.Timeout, b.IdleTimeout, b.Enforcement
 			if o.Timeout.Source != "" {
@@ -98,12 +94,7 @@ func writeApprovals(w io.Writer, a *Agent) error {
 		if t.MCP == nil {
 			continue
 		}
-		names := make([]string, 0, len(t.MCP.Overrides))
-		for n := range t.MCP.Overrides {
-			names = append(names, n)
-		}
-		sort.Strings(names)
-		for _, n := range names {
+		for _, n := range slices.Sorted(maps.Keys(t.MCP.Overrides)) {
 			o := t.MCP.Overrides[n]
 			if o.Approval == "" && o.ApprovalTimeout.Source == "" {
 				continue // the entry's, shown on its row
@@ -189,11 +180,7 @@ func fmtBudget(d budget.Duration) string {
 }
 
 func fmtProfiles(p map[string]time.Duration) string {
-	names := make([]string, 0, len(p))
-	for n := range p {
-		names = append(names, n)
-	}
-	sort.Strings(names)
+	names := slices.Sorted(maps.Keys(p))
 	parts := make([]string, len(names))
 	for i, n := range names {
 		parts[i] = n + " " + fmtDuration(p[n])
