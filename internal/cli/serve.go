@@ -21,6 +21,7 @@ import (
 	"github.com/timebox-run/timebox/server"
 	"github.com/timebox-run/timebox/store"
 	"github.com/timebox-run/timebox/store/postgres"
+	"github.com/timebox-run/timebox/telemetry"
 	"github.com/timebox-run/timebox/temporal"
 )
 
@@ -150,19 +151,11 @@ func cmdServe(ctx context.Context, args []string, o IO) int {
 	}
 	reapOrphans(o)
 
-	// Tracing first: the turns the store finds its dead owners left have
-	// their spans made (tracedEnds), and the store closes before it.
-	tracing, ok := startTracing(ctx, o)
-	if !ok {
-		return ExitUsage
+	tracing, st, closeStore, code := openTracedStore(ctx, db, true, o, "timebox serve")
+	if code != ExitOK {
+		return code
 	}
-	defer stopTracing(tracing, o)
-	st, err := openStore(db, true, o, tracedEnds(tracing))
-	if err != nil {
-		fmt.Fprintln(o.Err, "timebox serve:", err)
-		return ExitFailed
-	}
-	defer st.Close()
+	defer closeStore()
 
 	// Late results reach the server through each turn's sink.
 	if es.Engine != engineTemporal { // there, the workers call the models
@@ -291,6 +284,28 @@ func reapOrphans(o IO) {
 			r.Unkilled, map[bool]string{true: "it", false: "them"}[r.Unkilled == 1])
 	}
 	fmt.Fprintln(o.Err, msg)
+}
+
+// openTracedStore starts tracing (startTracing) and opens the store at
+// db (openStore, memoryOK as there) with the turns it ends from outside
+// traced (tracedEnds). Tracing first: the turns the store finds its dead
+// owners left have their spans made, and the store closes before tracing
+// stops, which closeStore does in that order. On failure, with nothing
+// left open, the error is printed after cmd and code is what the command
+// exits with: ExitUsage for a tracing setting that cannot be used,
+// ExitFailed for a store that does not open; ExitOK otherwise.
+func openTracedStore(ctx context.Context, db string, memoryOK bool, o IO, cmd string) (tracing *telemetry.Tracing, st store.Store, closeStore func(), code int) {
+	tracing, ok := startTracing(ctx, o)
+	if !ok {
+		return nil, nil, nil, ExitUsage
+	}
+	st, err := openStore(db, memoryOK, o, tracedEnds(tracing))
+	if err != nil {
+		fmt.Fprintln(o.Err, cmd+":", err)
+		stopTracing(tracing, o)
+		return nil, nil, nil, ExitFailed
+	}
+	return tracing, st, func() { st.Close(); stopTracing(tracing, o) }, ExitOK
 }
 
 // openStore opens the store at path: a postgres:// URL is a PostgreSQL

@@ -41,17 +41,11 @@ func cmdWorker(ctx context.Context, args []string, o IO) int {
 	}
 	defer stop()
 
-	tracing, ok := startTracing(ctx, o)
-	if !ok {
-		return ExitUsage
+	tracing, st, closeStore, code := openTracedStore(ctx, db, false, o, "timebox worker")
+	if code != ExitOK {
+		return code
 	}
-	defer stopTracing(tracing, o)
-	st, err := openStore(db, false, o, tracedEnds(tracing))
-	if err != nil {
-		fmt.Fprintln(o.Err, "timebox worker:", err)
-		return ExitFailed
-	}
-	defer st.Close()
+	defer closeStore()
 	if err := timebox.NoCredential(cfg, o.getenv); err != nil {
 		fmt.Fprintln(o.Err, "timebox worker:", err)
 		return ExitUsage
