@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"sync"
 	"testing"
@@ -59,6 +60,31 @@ func startGateway(t *testing.T, c client.Client, dsn, queue, name string, a *age
 	return g
 }
 
+// postJSON posts body (as JSON; nil for none) to url and returns the
+// answer decoded, failing t unless its status is want.
+func postJSON[T any](t *testing.T, url string, body any, want int) T {
+	t.Helper()
+	var r io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r = bytes.NewReader(b)
+	}
+	resp, err := http.Post(url, "application/json", r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got T
+	err = json.NewDecoder(resp.Body).Decode(&got)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != want {
+		t.Fatalf("POST %s: HTTP %d (%v)", url, resp.StatusCode, err)
+	}
+	return got
+}
+
 // TestAdoptedTurnEndsAtCeiling: a detached turn's gateway stops (its
 // follower is gone), then its only worker stops mid-tool, and its ceiling
 // (12s) falls with no worker to enforce it. A second gateway adopts the
@@ -84,18 +110,7 @@ func TestAdoptedTurnEndsAtCeiling(t *testing.T) {
 	defer w.Stop()
 
 	ga := startGateway(t, c, dsn, queue, "stops", a, -1)
-	body, _ := json.Marshal(map[string]any{"input": "go", "detach": true})
-	resp, err := http.Post(ga.url+"/v1/turns", "application/json", bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var acc server.TurnAccepted
-	err = json.NewDecoder(resp.Body).Decode(&acc)
-	resp.Body.Close()
-	if err != nil || resp.StatusCode != http.StatusAccepted {
-		t.Fatalf("POST /v1/turns: HTTP %d (%v)", resp.StatusCode, err)
-	}
-	id := acc.TurnID
+	id := postJSON[server.TurnAccepted](t, ga.url+"/v1/turns", map[string]any{"input": "go", "detach": true}, http.StatusAccepted).TurnID
 	has := func(typ event.Type, ok func(event.Event) bool) int {
 		evs, _ := s.Events(context.Background(), id, 0, 0)
 		n := 0

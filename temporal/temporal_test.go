@@ -2,7 +2,6 @@ package temporal_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -546,16 +545,7 @@ func TestCancelWithoutWorkerOnAnotherGateway(t *testing.T) {
 	hs := httptest.NewServer(srv)
 	defer hs.Close()
 	cancelled := time.Now()
-	resp, err := http.Post(hs.URL+"/v1/turns/"+id+"/cancel", "application/json", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rec event.Turn
-	err = json.NewDecoder(resp.Body).Decode(&rec)
-	resp.Body.Close()
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("cancel: HTTP %d (%v)", resp.StatusCode, err)
-	}
+	rec := postJSON[event.Turn](t, hs.URL+"/v1/turns/"+id+"/cancel", nil, http.StatusOK)
 	if rec.Status != budget.StatusInterrupted || !strings.Contains(rec.Message, "no timebox worker") || !strings.Contains(rec.Message, queue) {
 		t.Errorf("record: %s: %s", rec.Status, rec.Message)
 	}
