@@ -35,6 +35,8 @@ func (o *orphans) AdoptTurns(_ context.Context, engine, agent string, _ int) ([]
 	return []string{"called", "detached"}, nil
 }
 
+func (o *orphans) Follower(context.Context, string) (string, error) { return "", nil }
+
 func (o *orphans) CancelReason(_ context.Context, turnID string) (*budget.CancelError, error) {
 	if turnID == "called" {
 		return &budget.CancelError{Reason: budget.ClientGone, By: "the process following it for its client, which is gone"}, nil

@@ -175,6 +175,12 @@ type Followers interface {
 	// that does not see the database now, or whose own heartbeat is
 	// stale, adopts none.
 	AdoptTurns(ctx context.Context, engine, agent string, limit int) ([]string, error)
+	// Follower returns the follower of turn turnID (TurnStart.Follower,
+	// or who adopted it since), empty when it has none, and ErrNotFound
+	// for a turn not stored. A process that follows a turn whose follower
+	// is another store's was taken for gone and its turn adopted: it stops
+	// following it.
+	Follower(ctx context.Context, turnID string) (string, error)
 }
 
 // CancelReasons is a store that keeps why a cancel was requested

@@ -245,6 +245,19 @@ func (s *Store) AdoptTurns(ctx context.Context, engine, agent string, limit int)
 		RETURNING t.turn_id`, ownerOf(s.owner, engine), agent, limit, freshBeats, s.owner)
 }
 
+// Follower implements store.Followers.
+func (s *Store) Follower(ctx context.Context, turnID string) (string, error) {
+	if s.isClosed() {
+		return "", store.ErrClosed
+	}
+	var f string
+	err := s.pool.QueryRow(ctx, `SELECT follower FROM turns WHERE turn_id = $1`, turnID).Scan(&f)
+	if isNoRows(err) {
+		return "", fmt.Errorf("turn %s: %w", turnID, store.ErrNotFound)
+	}
+	return f, err
+}
+
 var _ store.Followers = (*Store)(nil)
 
 // cancelCalledTx requests the cancel, as client_gone, of the running turns

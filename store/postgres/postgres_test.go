@@ -770,6 +770,10 @@ func TestAdoptTurns(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Agent x's turn on another task queue: its engine names the queue.
+	if err := a.BeginTurn(ctx, store.TurnStart{TurnID: "queued", Engine: "temporal/other", Agent: "x", Follower: a.Owner(), Input: "go"}); err != nil {
+		t.Fatal(err)
+	}
 	for _, s := range []*postgres.Store{b, c} {
 		s.SeenFor(48 * time.Hour)
 		if got, err := s.AdoptTurns(ctx, "temporal", "x", 10); err != nil || len(got) != 0 {
@@ -804,6 +808,15 @@ func TestAdoptTurns(t *testing.T) {
 		t.Fatalf("adopted %v and %v, want [mine] once: the turns of agent x", one.ids, two.ids)
 	}
 	holder, other := one.by, two.by
+	if who, err := other.Follower(ctx, "mine"); err != nil || who != holder.Owner() {
+		t.Fatalf("the follower of the adopted turn is %q (%v), want its adopter's owner %q", who, err, holder.Owner())
+	}
+	if ids, err := other.AdoptTurns(ctx, "temporal/other", "x", 10); err != nil || len(ids) != 1 || ids[0] != "queued" {
+		t.Fatalf("adopted %v (%v) on the other queue, want [queued]", ids, err)
+	}
+	if _, err := other.Follower(ctx, "nothing"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("the follower of a turn not stored: %v, want store.ErrNotFound", err)
+	}
 	if ids, err := other.AdoptTurns(ctx, "temporal", "x", 10); err != nil || len(ids) != 0 {
 		t.Fatalf("adopted %v (%v) from a live adopter", ids, err)
 	}
