@@ -245,8 +245,10 @@ type TurnStart struct {
 	TurnID string
 	// Engine, when set, names the engine whose workers run the turn
 	// ("temporal"): no process of timebox owns it, so none is taken for
-	// gone when a process stops, and only its engine ends it. Empty: the
-	// process that begins the turn runs it.
+	// gone when a process stops, and only its engine ends it. It names
+	// where on the engine the turn runs too ("temporal/billing": task
+	// queue billing), for Followers. Empty: the process that begins the
+	// turn runs it.
 	Engine string
 	// Caller, for a turn an engine runs, names the store (its Owner, see
 	// store.Owned) of the process that follows the turn for its client:

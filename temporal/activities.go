@@ -162,7 +162,7 @@ var errEngine = errors.New("the engine gave this unit up")
 func (x *activities) Advance(ctx context.Context, in *unitIn) (*advanced, error) {
 	s := &in.State
 	if !s.Begun && s.Seen == 0 {
-		if err := x.store.BeginTurn(ctx, store.TurnStart{TurnID: s.TurnID, SessionID: s.SessionID, Engine: Engine,
+		if err := x.store.BeginTurn(ctx, store.TurnStart{TurnID: s.TurnID, SessionID: s.SessionID, Engine: engineOn(activity.GetInfo(ctx).TaskQueue),
 			Agent: x.units.Ref().Name, StartedAt: s.Start}); err != nil && !errors.Is(err, store.ErrExists) && !errors.Is(err, store.ErrSessionBusy) {
 			return nil, fmt.Errorf("storing turn %s: %w", s.TurnID, err)
 		}

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"io"
+	"net"
 	"net/http"
-	"sync"
+	"strconv"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,7 +18,6 @@ import (
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/proctest"
-	"github.com/timebox-run/timebox/internal/testenv"
 	"github.com/timebox-run/timebox/internal/wait"
 	"github.com/timebox-run/timebox/server"
 	"github.com/timebox-run/timebox/store"
@@ -28,61 +29,106 @@ import (
 // own store, so that the others take it for gone once it stops.
 type gateway struct {
 	url  string
-	st   store.Store
+	st   *postgres.Store
+	srv  *server.Server
 	stop func()
+	// looks counts its looks for turns to adopt, done.
+	looks atomic.Int64
+}
+
+// looking is a gateway's store, which counts its looks for turns to adopt.
+type looking struct {
+	*postgres.Store
+	g *gateway
+}
+
+func (l looking) AdoptTurns(ctx context.Context, engine, agent string, limit int) ([]string, error) {
+	defer l.g.looks.Add(1)
+	return l.Store.AdoptTurns(ctx, engine, agent, limit)
 }
 
 // startGateway serves a gateway of agent name on queue, with a store of
 // its own on dsn, looking for turns to adopt every adopt.
 func startGateway(t *testing.T, c client.Client, dsn, queue, name string, a *agent.Agent, adopt time.Duration) *gateway {
 	t.Helper()
-	st, err := postgres.Open(context.Background(), dsn, postgres.Options{})
+	return startGatewayWith(t, c, dsn, postgres.Options{}, queue, name, a, adopt)
+}
+
+// startGatewayWith is startGateway, with a store opened with o.
+func startGatewayWith(t *testing.T, c client.Client, dsn string, o postgres.Options, queue, name string, a *agent.Agent, adopt time.Duration) *gateway {
+	t.Helper()
+	st, err := postgres.Open(context.Background(), dsn, o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := temporal.NewRunner(c, st, queue, a)
+	g := &gateway{st: st}
+	r, err := temporal.NewRunner(c, looking{st, g}, queue, a)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := server.New(server.Config{Agent: r, AgentName: name, Store: st, AdoptInterval: adopt})
+	g.srv, err = server.New(server.Config{Agent: r, AgentName: name, Store: looking{st, g}, AdoptInterval: adopt})
 	if err != nil {
 		t.Fatal(err)
 	}
-	url, stop := testenv.Serve(t, srv.Serve)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- g.srv.Serve(ctx, ln) }()
+	stopped := false
+	g.url = "http://" + ln.Addr().String()
 	// Stopped, it stops following its turns and closes its store: its
-	// owner row goes with it, and the others may adopt its turns. What
-	// Serve returned fails the test when it ends (testenv.Serve).
-	g := &gateway{url: url, st: st, stop: sync.OnceFunc(func() {
-		stop()
+	// owner row goes with it, and the others may adopt its turns.
+	g.stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
 		st.Close()
-	})}
+	}
 	t.Cleanup(g.stop)
 	return g
 }
 
-// postJSON posts body (as JSON; nil for none) to url and returns the
-// answer decoded, failing t unless its status is want.
-func postJSON[T any](t *testing.T, url string, body any, want int) T {
+// postDetached begins a detached turn through the gateway at url and
+// returns its id.
+func postDetached(t *testing.T, url string) string {
 	t.Helper()
-	var r io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r = bytes.NewReader(b)
-	}
-	resp, err := http.Post(url, "application/json", r)
+	body, _ := json.Marshal(map[string]any{"input": "go", "detach": true})
+	resp, err := http.Post(url+"/v1/turns", "application/json", bytes.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var got T
-	err = json.NewDecoder(resp.Body).Decode(&got)
+	var acc server.TurnAccepted
+	err = json.NewDecoder(resp.Body).Decode(&acc)
 	resp.Body.Close()
-	if err != nil || resp.StatusCode != want {
-		t.Fatalf("POST %s: HTTP %d (%v)", url, resp.StatusCode, err)
+	if err != nil || resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("POST /v1/turns: HTTP %d (%v)", resp.StatusCode, err)
 	}
-	return got
+	return acc.TurnID
+}
+
+// waitNotices returns the notices of turn id that its work waits for a
+// worker.
+func waitNotices(t *testing.T, s store.Store, id string) []*event.StillWorking {
+	t.Helper()
+	evs, err := s.Events(context.Background(), id, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []*event.StillWorking
+	for _, e := range evs {
+		if n, _ := e.Data.(*event.StillWorking); n != nil && n.Waiting != "" {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 // TestAdoptedTurnEndsAtCeiling: a detached turn's gateway stops (its
@@ -110,7 +156,7 @@ func TestAdoptedTurnEndsAtCeiling(t *testing.T) {
 	defer w.Stop()
 
 	ga := startGateway(t, c, dsn, queue, "stops", a, -1)
-	id := postJSON[server.TurnAccepted](t, ga.url+"/v1/turns", map[string]any{"input": "go", "detach": true}, http.StatusAccepted).TurnID
+	id := postDetached(t, ga.url)
 	has := func(typ event.Type, ok func(event.Event) bool) int {
 		evs, _ := s.Events(context.Background(), id, 0, 0)
 		n := 0
@@ -161,5 +207,39 @@ func TestAdoptedTurnEndsAtCeiling(t *testing.T) {
 	}
 	if st := desc.WorkflowExecutionInfo.Status.String(); st != "Terminated" {
 		t.Errorf("the workflow is %s, want Terminated", st)
+	}
+}
+
+// TestAdoptionKeepsToItsQueue: gateways of one agent's name on two task
+// queues share the database. A detached turn of the first queue whose
+// gateway stopped is adopted by a gateway of its queue, never by one of
+// the other, which looked first — it would follow a turn its workers do
+// not run, and say that none takes it on the wrong queue. The adopter's
+// notice names the turn's queue.
+func TestAdoptionKeepsToItsQueue(t *testing.T) {
+	defer proctest.CheckNoLeaks(t)
+	ctx := context.Background()
+	c, s, queue, dsn := setupDSN(t)
+	defer func(w time.Duration) { temporal.WorkerWait = w }(temporal.WorkerWait)
+	temporal.WorkerWait = time.Second
+	a := openAgent(t, stopAgent(t, "1m")).Agent
+
+	ga := startGateway(t, c, dsn, queue, "shared", a, -1)
+	id := postDetached(t, ga.url)
+	defer c.TerminateWorkflow(ctx, temporal.WorkflowID(id), "", "the test ended")
+	ga.stop()
+	gb := startGateway(t, c, dsn, queue+"-other", "shared", a, 50*time.Millisecond)
+	wait.For(t, 10*time.Second, "two looks of the other queue's gateway", func() bool { return gb.looks.Load() >= 2 })
+	gc := startGateway(t, c, dsn, queue, "shared", a, 50*time.Millisecond)
+	fs := s.(store.Followers)
+	wait.For(t, 20*time.Second, "the adoption by a gateway of the turn's queue", func() bool {
+		who, err := fs.Follower(ctx, id)
+		return err == nil && who == gc.st.Owner()
+	})
+	wait.For(t, 20*time.Second, "the adopter's notice that no worker takes the turn", func() bool { return len(waitNotices(t, s, id)) > 0 })
+	for _, n := range waitNotices(t, s, id) {
+		if !strings.Contains(n.Waiting, strconv.Quote(queue)) {
+			t.Errorf("the notice %q names another queue than the turn's, %q", n.Waiting, queue)
+		}
 	}
 }

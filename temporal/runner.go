@@ -66,9 +66,12 @@ func NewRunner(c client.Client, s store.Store, taskQueue string, a *agent.Agent)
 	return &Runner{client: c, store: s, payloads: p, ends: ends, taskQueue: taskQueue, agent: a, units: units}, nil
 }
 
-// Engine names the engine: the turns a Runner starts are stored as run
-// by it (store.TurnStart.Engine), and stored by its workers.
-func (r *Runner) Engine() string { return Engine }
+// Engine names the engine and the runner's task queue: the turns a Runner
+// starts are stored as run by it (store.TurnStart.Engine), and stored by
+// its workers. It is Engine on DefaultTaskQueue, and Engine, "/" and the
+// queue on another ("temporal/billing"), so that a gateway adopts only
+// the turns of its own queue (server.Adopter, store.Followers).
+func (r *Runner) Engine() string { return engineOn(r.taskQueue) }
 
 // TurnBudgets checks a request's budgets as the turn will run them
 // (agent.Agent.TurnBudgets).
@@ -251,7 +254,7 @@ func (f *follow) workerSpan(ctx context.Context) bool {
 func (r *Runner) run(ctx context.Context, f *follow, history []model.Message) *agent.Result {
 	bg := context.WithoutCancel(ctx)
 	in, s := f.in, f.state
-	ts := store.TurnStart{TurnID: in.TurnID, SessionID: in.SessionID, Engine: Engine, Agent: r.agent.Name(), Input: in.Text, StartedAt: s.Start}
+	ts := store.TurnStart{TurnID: in.TurnID, SessionID: in.SessionID, Engine: r.Engine(), Agent: r.agent.Name(), Input: in.Text, StartedAt: s.Start}
 	if o, ok := r.store.(store.Owned); ok {
 		// The turn is this Run's: when its process is gone, the turn is
 		// cancelled as client_gone (a server begins the turns of detached

@@ -40,9 +40,23 @@ const (
 	DefaultTaskQueue = "timebox"
 	// DefaultHeartbeat is DefaultHeartbeat: see Options.Heartbeat.
 	DefaultHeartbeat = 3 * time.Second
-	// Engine is the engine's name in stored turns (store.TurnStart.Engine).
+	// Engine is the engine's name in stored turns (store.TurnStart.Engine):
+	// a turn on a task queue other than DefaultTaskQueue is stored as run
+	// by Engine, "/" and its queue (Runner.Engine).
 	Engine = "temporal"
 )
+
+// engineOn returns the engine a turn on task queue q is stored as run by
+// (store.TurnStart.Engine): Engine on DefaultTaskQueue (or none), as every
+// turn stored before the queue was part of it, and Engine+"/"+q on
+// another. A gateway adopts the turns of its own engine only
+// (store.Followers): of its own queue, whose workers its notices name.
+func engineOn(q string) string {
+	if q == "" || q == DefaultTaskQueue {
+		return Engine
+	}
+	return Engine + "/" + q
+}
 
 // Activity names.
 const (
