@@ -448,8 +448,9 @@ func (r *runStore) begin(ctx context.Context, in *agent.Input, agentName string,
 	ts := store.TurnStart{TurnID: in.TurnID, SessionID: in.SessionID, Agent: agentName, Input: in.Text, StartedAt: time.Now(), Engine: r.engine}
 	if o, ok := r.st.(store.Owned); ok && r.engine != "" {
 		// The turn runs on an engine's workers: when this run is gone,
-		// it is cancelled as client_gone.
-		ts.Caller = o.Owner()
+		// it is cancelled as client_gone, and a live gateway adopts it;
+		// meanwhile this run follows it, and no gateway does.
+		ts.Caller, ts.Follower = o.Owner(), o.Owner()
 	}
 	if err := r.rec.Begin(ctx, ts); err != nil {
 		r.rec = nil
