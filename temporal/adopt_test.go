@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"go.temporal.io/sdk/client"
 
 	"github.com/timebox-run/timebox/agent"
@@ -241,5 +242,55 @@ func TestAdoptionKeepsToItsQueue(t *testing.T) {
 		if !strings.Contains(n.Waiting, strconv.Quote(queue)) {
 			t.Errorf("the notice %q names another queue than the turn's, %q", n.Waiting, queue)
 		}
+	}
+}
+
+// TestFollowerTakenForGoneStopsFollowing: a gateway paused long enough to
+// be taken for gone (the store that judged it deleted its owner row, as
+// PostgreSQL's recover does) has its detached turn adopted by another.
+// Back — its store registered again — it finds at its next look at the
+// turn that its follower is the adopter, and stops following it, as at a
+// shutdown; it does not adopt it back. The adopter alone says the turn
+// waits for a worker, once. (Before, it followed on beside the adopter.)
+func TestFollowerTakenForGoneStopsFollowing(t *testing.T) {
+	defer proctest.CheckNoLeaks(t)
+	ctx := context.Background()
+	c, s, queue, dsn := setupDSN(t)
+	defer func(w time.Duration) { temporal.WorkerWait = w }(temporal.WorkerWait)
+	temporal.WorkerWait = 8 * time.Second
+	a := openAgent(t, stopAgent(t, "1m")).Agent
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+
+	paused := startGatewayWith(t, c, dsn, postgres.Options{Heartbeat: time.Second}, queue, "paused", a, 100*time.Millisecond)
+	id := postDetached(t, paused.url)
+	defer c.TerminateWorkflow(ctx, temporal.WorkflowID(id), "", "the test ended")
+	adopter := startGateway(t, c, dsn, queue, "paused", a, 50*time.Millisecond)
+	fs := s.(store.Followers)
+	wait.For(t, 20*time.Second, "the adoption of the paused gateway's turn", func() bool {
+		// Taken for gone, again until the adopter has looked: its own
+		// heartbeat registers it again within a second.
+		if _, err := conn.Exec(ctx, `DELETE FROM owners WHERE owner_id = $1`, paused.st.Owner()); err != nil {
+			t.Fatal(err)
+		}
+		who, err := fs.Follower(ctx, id)
+		return err == nil && who == adopter.st.Owner()
+	})
+	wait.For(t, 10*time.Second, "the paused gateway's store registered again", func() bool {
+		var n int
+		return conn.QueryRow(ctx, `SELECT count(*) FROM owners WHERE owner_id = $1`, paused.st.Owner()).Scan(&n) == nil && n == 1
+	})
+	wait.For(t, 10*time.Second, "the paused gateway to stop following the turn", func() bool { return paused.srv.Running() == 0 })
+	looked := paused.looks.Load()
+	wait.For(t, 10*time.Second, "two looks of the paused gateway since", func() bool { return paused.looks.Load() >= looked+2 })
+	if who, err := fs.Follower(ctx, id); err != nil || who != adopter.st.Owner() || paused.srv.Running() != 0 {
+		t.Fatalf("the turn's follower is %q (%v), the paused gateway follows %d turns: want the adopter, and none", who, err, paused.srv.Running())
+	}
+	wait.For(t, 30*time.Second, "the adopter's notice that no worker takes the turn", func() bool { return len(waitNotices(t, s, id)) > 0 })
+	if n := len(waitNotices(t, s, id)); n != 1 {
+		t.Errorf("%d notices that no worker takes the turn, want 1", n)
 	}
 }

@@ -46,6 +46,12 @@ type Runner struct {
 	taskQueue string
 	agent     *agent.Agent
 	units     machine.Units
+	// followers and owner say who follows a turn and who this runner's
+	// process is (its store's owner), when its store knows
+	// (store.Followers, store.Owned): a follower that is no longer its
+	// turn's stops following it (followedElsewhere).
+	followers store.Followers
+	owner     string
 }
 
 // NewRunner returns a runner that starts turns on task queue (empty:
@@ -63,7 +69,12 @@ func NewRunner(c client.Client, s store.Store, taskQueue string, a *agent.Agent)
 	if taskQueue == "" {
 		taskQueue = DefaultTaskQueue
 	}
-	return &Runner{client: c, store: s, payloads: p, ends: ends, taskQueue: taskQueue, agent: a, units: units}, nil
+	r := &Runner{client: c, store: s, payloads: p, ends: ends, taskQueue: taskQueue, agent: a, units: units}
+	fs, ok := s.(store.Followers)
+	if o, owned := s.(store.Owned); ok && owned {
+		r.followers, r.owner = fs, o.Owner()
+	}
+	return r, nil
 }
 
 // Engine names the engine and the runner's task queue: the turns a Runner
@@ -409,6 +420,11 @@ func (f *follow) run(ctx context.Context, run client.WorkflowRun) *agent.Result 
 			}
 			// Out of reach: the checks below decide.
 		case <-check.C:
+			if f.followedElsewhere(bg) {
+				// Taken for gone, and adopted: the turn runs on, followed
+				// by its adopter, as after a shutdown.
+				return f.result(bg)
+			}
 			d, gone, err := f.describe(bg)
 			switch {
 			case gone != "":
@@ -445,6 +461,25 @@ func (f *follow) run(ctx context.Context, run client.WorkflowRun) *agent.Result 
 			return f.endAs(bg, r.unworked(bg, id, r.taskQueue, CancelWait))
 		}
 	}
+}
+
+// followedElsewhere reports whether the turn's follower, as the store
+// says, is another process: this one was taken for gone — paused long
+// enough (SIGSTOP, a long GC, a frozen VM) that a store sharing the
+// database deleted its owner row — and a live gateway adopted the turn.
+// It then stops following it, as at a shutdown, so that two followers do
+// not say one wait twice. Its store registers again when it comes back,
+// but the turn stays its adopter's (store.Followers). A store that cannot
+// say leaves it following; a turn with no follower (begun by a process
+// that named none) is followed as before.
+func (f *follow) followedElsewhere(ctx context.Context) bool {
+	if f.r.followers == nil {
+		return false
+	}
+	fctx, cancel := context.WithTimeout(ctx, EngineCheck)
+	defer cancel()
+	who, err := f.r.followers.Follower(fctx, f.in.TurnID)
+	return err == nil && who != "" && who != f.r.owner
 }
 
 // describe asks Temporal how the turn's workflow is: gone says why it can
