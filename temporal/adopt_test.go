@@ -8,11 +8,13 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.temporal.io/api/workflowservice/v1"
 	"go.temporal.io/sdk/client"
 
 	"github.com/timebox-run/timebox/agent"
@@ -292,5 +294,52 @@ func TestFollowerTakenForGoneStopsFollowing(t *testing.T) {
 	wait.For(t, 30*time.Second, "the adopter's notice that no worker takes the turn", func() bool { return len(waitNotices(t, s, id)) > 0 })
 	if n := len(waitNotices(t, s, id)); n != 1 {
 		t.Errorf("%d notices that no worker takes the turn, want 1", n)
+	}
+}
+
+// describing is a Temporal client that counts the checks of workflows.
+type describing struct {
+	client.Client
+	n atomic.Int64
+}
+
+func (d *describing) DescribeWorkflowExecution(ctx context.Context, id, run string) (*workflowservice.DescribeWorkflowExecutionResponse, error) {
+	d.n.Add(1)
+	return d.Client.DescribeWorkflowExecution(ctx, id, run)
+}
+
+// TestEngineChecksArePaced: a runner following many turns — a gateway
+// that adopted thousands of orphans — checks their engine at most
+// EngineChecksPerSecond times a second over all of them, not each every
+// EngineCheck. Here 8 turns no worker takes, checked every 100ms, at most
+// 5 a second: 20 checks take about 4s (without the bound, 8 turns take
+// 0.3s).
+func TestEngineChecksArePaced(t *testing.T) {
+	defer proctest.CheckNoLeaks(t)
+	defer func(c time.Duration, n int) { temporal.EngineCheck, temporal.EngineChecksPerSecond = c, n }(temporal.EngineCheck, temporal.EngineChecksPerSecond)
+	temporal.EngineCheck, temporal.EngineChecksPerSecond = 100*time.Millisecond, 5
+	c, s, queue := setup(t)
+	dc := &describing{Client: c}
+	r, err := temporal.NewRunner(dc, s, queue, openAgent(t, stopAgent(t, "1m")).Agent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancelCause(context.Background())
+	var runs sync.WaitGroup
+	for i := range 8 {
+		id := "t_paced" + strconv.Itoa(i)
+		runs.Go(func() { r.Run(ctx, agent.Input{TurnID: id, Text: "go"}) })
+		defer c.TerminateWorkflow(context.Background(), temporal.WorkflowID(id), "", "the test ended")
+	}
+	wait.For(t, 30*time.Second, "the first check", func() bool { return dc.n.Load() > 0 })
+	start, from := time.Now(), dc.n.Load()
+	wait.For(t, 30*time.Second, "20 checks more", func() bool { return dc.n.Load() >= from+20 })
+	took := time.Since(start)
+	stop(agent.ErrStopFollowing)
+	runs.Wait()
+	t.Logf("20 checks of 8 turns took %v", took.Round(time.Millisecond))
+	// 5 a second, each reserved ahead: 20 take 3.8s at least.
+	if took < 3*time.Second {
+		t.Errorf("20 checks of 8 turns took %v, want about 4s at 5 a second", took)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"go.temporal.io/sdk/client"
 	"go.temporal.io/sdk/converter"
 	sdktemporal "go.temporal.io/sdk/temporal"
+	"golang.org/x/time/rate"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/timebox-run/timebox/agent"
@@ -52,6 +53,9 @@ type Runner struct {
 	// turn's stops following it (followedElsewhere).
 	followers store.Followers
 	owner     string
+	// checks paces the engine checks of every turn the runner follows
+	// (EngineChecksPerSecond).
+	checks *rate.Limiter
 }
 
 // NewRunner returns a runner that starts turns on task queue (empty:
@@ -69,7 +73,11 @@ func NewRunner(c client.Client, s store.Store, taskQueue string, a *agent.Agent)
 	if taskQueue == "" {
 		taskQueue = DefaultTaskQueue
 	}
-	r := &Runner{client: c, store: s, payloads: p, ends: ends, taskQueue: taskQueue, agent: a, units: units}
+	r := &Runner{client: c, store: s, payloads: p, ends: ends, taskQueue: taskQueue, agent: a, units: units,
+		checks: rate.NewLimiter(rate.Inf, 1)}
+	if EngineChecksPerSecond > 0 {
+		r.checks = rate.NewLimiter(rate.Limit(EngineChecksPerSecond), 1)
+	}
 	fs, ok := s.(store.Followers)
 	if o, owned := s.(store.Owned); ok && owned {
 		r.followers, r.owner = fs, o.Owner()
@@ -98,6 +106,15 @@ var (
 	EngineCheck = 2 * time.Second
 	EngineGrace = 30 * time.Second
 )
+
+// EngineChecksPerSecond bounds the engine checks a Runner makes, over
+// every turn it follows, when NewRunner makes it: each turn is checked
+// every EngineCheck, or every n/EngineChecksPerSecond when the runner
+// follows n turns, whichever is longer — a gateway that adopted
+// thousands of orphans asks Temporal at that rate, not thousands of times
+// every EngineCheck, and notes their waits and ends them past their
+// budgets that much later. Zero or less: no bound.
+var EngineChecksPerSecond = 250
 
 // WorkerWait is how long a turn's work may wait for a worker to take it
 // before the turn says so: a still_working notice whose waiting field says
@@ -395,7 +412,40 @@ func (f *follow) run(ctx context.Context, run client.WorkflowRun) *agent.Result 
 		done        = ctx.Done()
 		gaveUp      <-chan time.Time
 		unreachable time.Time // since when Temporal is out of reach
+		// due is set while a check waits for its turn among the checks
+		// of every turn the runner follows (EngineChecksPerSecond).
+		due <-chan time.Time
 	)
+	// look is one check of the turn's engine: whether its workflow is
+	// gone, what of its work waits for a worker, and whether it is past a
+	// budget no worker enforces.
+	look := func() *agent.Result {
+		if f.followedElsewhere(bg) {
+			// Taken for gone, and adopted: the turn runs on, followed
+			// by its adopter, as after a shutdown.
+			return f.result(bg)
+		}
+		d, gone, err := f.describe(bg)
+		switch {
+		case gone != "":
+			if f.readToEnd(bg) {
+				return f.result(bg)
+			}
+			return f.end(bg, budget.EngineLost, gone)
+		case err == nil:
+			unreachable = time.Time{}
+			now, since := time.Now(), waitingSince(d)
+			f.noteWait(bg, since, now)
+			if fl, ok := f.unworkedPast(d, since, now); ok {
+				return f.endAs(bg, r.stopEnd(bg, f.state, f.events, fl, now.Sub(since), now))
+			}
+		case unreachable.IsZero():
+			unreachable = time.Now()
+		case time.Since(unreachable) >= EngineGrace:
+			return f.end(bg, budget.EngineLost, fmt.Sprintf("the Temporal server could not be reached for %s (%v)", budget.Round(time.Since(unreachable)), err))
+		}
+		return nil
+	}
 	for {
 		f.read(bg)
 		if f.finished && f.recorded(bg) {
@@ -420,29 +470,20 @@ func (f *follow) run(ctx context.Context, run client.WorkflowRun) *agent.Result 
 			}
 			// Out of reach: the checks below decide.
 		case <-check.C:
-			if f.followedElsewhere(bg) {
-				// Taken for gone, and adopted: the turn runs on, followed
-				// by its adopter, as after a shutdown.
-				return f.result(bg)
+			if due != nil {
+				break // the last check waits for its turn among the runner's
 			}
-			d, gone, err := f.describe(bg)
-			switch {
-			case gone != "":
-				if f.readToEnd(bg) {
-					return f.result(bg)
-				}
-				return f.end(bg, budget.EngineLost, gone)
-			case err == nil:
-				unreachable = time.Time{}
-				now, since := time.Now(), waitingSince(d)
-				f.noteWait(bg, since, now)
-				if fl, ok := f.unworkedPast(d, since, now); ok {
-					return f.endAs(bg, r.stopEnd(bg, f.state, f.events, fl, now.Sub(since), now))
-				}
-			case unreachable.IsZero():
-				unreachable = time.Now()
-			case time.Since(unreachable) >= EngineGrace:
-				return f.end(bg, budget.EngineLost, fmt.Sprintf("the Temporal server could not be reached for %s (%v)", budget.Round(time.Since(unreachable)), err))
+			if wait := r.checkWait(); wait > 0 {
+				due = time.After(wait)
+				break
+			}
+			if res := look(); res != nil {
+				return res
+			}
+		case <-due:
+			due = nil
+			if res := look(); res != nil {
+				return res
 			}
 		case <-done:
 			done = nil
@@ -461,6 +502,15 @@ func (f *follow) run(ctx context.Context, run client.WorkflowRun) *agent.Result 
 			return f.endAs(bg, r.unworked(bg, id, r.taskQueue, CancelWait))
 		}
 	}
+}
+
+// checkWait reserves the runner's next engine check and returns how long
+// it waits for it (EngineChecksPerSecond).
+func (r *Runner) checkWait() time.Duration {
+	if r.checks == nil {
+		return 0
+	}
+	return r.checks.Reserve().Delay()
 }
 
 // followedElsewhere reports whether the turn's follower, as the store
