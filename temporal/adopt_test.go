@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"net"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -21,6 +21,7 @@ import (
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/proctest"
+	"github.com/timebox-run/timebox/internal/testenv"
 	"github.com/timebox-run/timebox/internal/wait"
 	"github.com/timebox-run/timebox/server"
 	"github.com/timebox-run/timebox/store"
@@ -73,48 +74,49 @@ func startGatewayWith(t *testing.T, c client.Client, dsn string, o postgres.Opti
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	url, stop := testenv.Serve(t, g.srv.Serve)
+	g.url = url
+	// Stopped, it stops following its turns and closes its store: its
+	// owner row goes with it, and the others may adopt its turns. What
+	// Serve returned fails the test when it ends (testenv.Serve).
+	g.stop = sync.OnceFunc(func() {
+		stop()
+		st.Close()
+	})
+	t.Cleanup(g.stop)
+	return g
+}
+
+// postJSON posts body (as JSON; nil for none) to url and returns the
+// answer decoded, failing t unless its status is want.
+func postJSON[T any](t *testing.T, url string, body any, want int) T {
+	t.Helper()
+	var r io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r = bytes.NewReader(b)
+	}
+	resp, err := http.Post(url, "application/json", r)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- g.srv.Serve(ctx, ln) }()
-	stopped := false
-	g.url = "http://" + ln.Addr().String()
-	// Stopped, it stops following its turns and closes its store: its
-	// owner row goes with it, and the others may adopt its turns.
-	g.stop = func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-		st.Close()
+	var got T
+	err = json.NewDecoder(resp.Body).Decode(&got)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != want {
+		t.Fatalf("POST %s: HTTP %d (%v)", url, resp.StatusCode, err)
 	}
-	t.Cleanup(g.stop)
-	return g
+	return got
 }
 
 // postDetached begins a detached turn through the gateway at url and
 // returns its id.
 func postDetached(t *testing.T, url string) string {
 	t.Helper()
-	body, _ := json.Marshal(map[string]any{"input": "go", "detach": true})
-	resp, err := http.Post(url+"/v1/turns", "application/json", bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var acc server.TurnAccepted
-	err = json.NewDecoder(resp.Body).Decode(&acc)
-	resp.Body.Close()
-	if err != nil || resp.StatusCode != http.StatusAccepted {
-		t.Fatalf("POST /v1/turns: HTTP %d (%v)", resp.StatusCode, err)
-	}
-	return acc.TurnID
+	return postJSON[server.TurnAccepted](t, url+"/v1/turns", map[string]any{"input": "go", "detach": true}, http.StatusAccepted).TurnID
 }
 
 // waitNotices returns the notices of turn id that its work waits for a
