@@ -198,14 +198,23 @@ func TraceEnded(tp trace.TracerProvider, turnID string, started *event.TurnStart
 	}
 	tracer := tp.Tracer(instrumentation)
 	if l.make(tracer, rec, true) {
-		traceLostCalls(tracer, l.traceparent, calls, rec.EndedAt)
-		if attempt != nil {
-			var b []attribute.KeyValue
-			if v, ok := started.Budgets[budget.KeyLLMFirstChunk]; ok {
-				b = budgetKVs(v.MS, v.Source, v.Knob) // as beginChat's span began
-			}
-			traceLostAttempt(tracer, l.traceparent, attempt, b, rec.Message)
+		var b []attribute.KeyValue
+		if v, ok := started.Budgets[budget.KeyLLMFirstChunk]; ok {
+			b = budgetKVs(v.MS, v.Source, v.Knob) // as beginChat's span began
 		}
+		traceLost(tracer, l.traceparent, rec, b, attempt, calls)
+	}
+}
+
+// traceLost makes the spans of what was running when a turn was ended
+// from outside the processes running its calls — calls, the model attempt
+// under way — under the turn's span (turn is its traceparent), as rec,
+// the turn's final record, says it ended; llm is the attempt's budget's
+// attributes. TraceEnded and TraceLost both make them here.
+func traceLost(tracer trace.Tracer, turn string, rec *event.Turn, llm []attribute.KeyValue, attempt *event.LostAttempt, calls []event.LostCall) {
+	traceLostCalls(tracer, turn, calls, rec.EndedAt)
+	if attempt != nil {
+		traceLostAttempt(tracer, turn, attempt, llm, rec.Message)
 	}
 }
 
@@ -239,28 +248,23 @@ func traceLostAttempt(tracer trace.Tracer, turn string, a *event.LostAttempt, b 
 	endSpan(span, end, event.OutcomeInterrupted, msg, []attribute.KeyValue{attrOutcome.String(string(event.OutcomeInterrupted))})
 }
 
-// TraceLostCalls makes the execute_tool spans of the calls of a turn that
-// its Temporal runner ended itself (its ceiling or step window with no
-// worker left, a cancel no worker took, engine_lost), which recorded the
-// calls that were running interrupted: their spans died with the workers
-// that ran them, or were left unended by workers Temporal gave them up on. rec is the turn's record,
-// with its events (the calls' tool_started) and its calls; the spans end
-// at its end. The turn's own span is the runner's (TraceTurn).
-func TraceLostCalls(a *Agent, s *machine.State, rec *event.Turn) {
+// TraceLost makes the spans of what was running when a turn's Temporal
+// runner ended the turn itself (its ceiling or step window with no worker
+// left, a cancel no worker took, engine_lost): the execute_tool spans of
+// calls, which the end recorded interrupted, and the chat span of attempt,
+// the model attempt under way (nil when none was), as the store's end
+// returned them (store.Ending). Their spans died with the workers that ran
+// them, or were left unended by workers Temporal gave them up on; they are
+// made as TraceEnded makes them, with the ids their tool_started and
+// llm_started carry, under the turn's span (s.TraceParent). rec is the
+// turn's final record: the calls' spans end at its end, the attempt's at
+// the turn's last stored event before it (LostAttempt.Until). The turn's
+// own span is the runner's (TraceTurn).
+func TraceLost(a *Agent, s *machine.State, rec *event.Turn, attempt *event.LostAttempt, calls ...event.LostCall) {
 	if a.tracer == nil || rec == nil {
 		return
 	}
-	var interrupted []event.ToolCall
-	for _, c := range rec.ToolCalls {
-		// store.Interrupt's record: interrupted, with no phase (a call
-		// lost with its worker, recorded by another, has worker_lost,
-		// and its span is made from that record by the turn's spans).
-		if c.Outcome == event.OutcomeInterrupted && c.Phase == "" {
-			interrupted = append(interrupted, c)
-		}
-	}
-	calls := event.LostCalls(rec.Events, interrupted)
-	traceLostCalls(a.tracer, s.TraceParent, calls, rec.EndedAt)
+	traceLost(a.tracer, s.TraceParent, rec, budgetAttrs(s.Budgets.LLMFirstChunk), attempt, calls)
 }
 
 // traceLostCalls makes the execute_tool span of each of calls, a child of

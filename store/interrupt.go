@@ -355,7 +355,9 @@ func plural(n int64) string {
 // PostgreSQL and Memory implement it; an engine's gateway uses it when the
 // engine that ran the turn is lost (budget.EngineLost).
 type Interrupter interface {
-	// InterruptTurn ends turn id as end says, and reports whether it did:
-	// false when the turn had ended already.
-	InterruptTurn(ctx context.Context, turnID string, end End) (bool, error)
+	// InterruptTurn ends turn id as end says, and returns how it ended it
+	// (the calls it recorded interrupted, the model attempt that was
+	// under way: what the one that ends the turn makes the spans of,
+	// agent.TraceLost); nil when the turn had ended already.
+	InterruptTurn(ctx context.Context, turnID string, end End) (*Ending, error)
 }

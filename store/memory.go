@@ -502,24 +502,26 @@ func (m *Memory) WatchCancel(turnID string) (<-chan struct{}, func()) {
 }
 
 // InterruptTurn implements Interrupter.
-func (m *Memory) InterruptTurn(_ context.Context, turnID string, end End) (bool, error) {
+func (m *Memory) InterruptTurn(_ context.Context, turnID string, end End) (*Ending, error) {
 	defer m.watch.Wake(turnID)
 	defer m.cancels.Wake(turnID)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.check(); err != nil {
-		return false, err
+		return nil, err
 	}
 	mt := m.turns[turnID]
 	switch {
 	case mt == nil:
-		return false, fmt.Errorf("turn %s: %w", turnID, ErrNotFound)
+		return nil, fmt.Errorf("turn %s: %w", turnID, ErrNotFound)
 	case mt.done:
-		return false, nil
+		return nil, nil
 	}
-	out := Interrupt(Interrupted{TurnID: turnID, SessionID: mt.rec.SessionID, Agent: mt.rec.Agent, Input: mt.rec.Input,
+	t := Interrupted{TurnID: turnID, SessionID: mt.rec.SessionID, Agent: mt.rec.Agent, Input: mt.rec.Input,
 		StartedAt: mt.rec.StartedAt, Events: mt.events, ToolCalls: len(mt.tools), Steps: stepsOf(mt.models),
-		End: end, Now: m.now()})
+		End: end, Now: m.now()}
+	out := Interrupt(t)
+	ended := t.Ending(out)
 	for _, tc := range out.Calls {
 		mt.putTool(tc)
 	}
@@ -528,7 +530,7 @@ func (m *Memory) InterruptTurn(_ context.Context, turnID string, end End) (bool,
 	rec.ToolCalls, rec.ModelCalls, rec.Events = nil, nil, nil
 	mt.rec = rec
 	mt.done = true
-	return true, nil
+	return &ended, nil
 }
 
 // Close implements Store: turns still running are marked interrupted.

@@ -150,12 +150,13 @@ func (r *Runner) Run(ctx context.Context, in agent.Input, sinks ...event.Sink) *
 	res := r.run(ctx, f, history)
 	if f.own || (res.Record.Status != budget.StatusRunning && !f.workerSpan(context.WithoutCancel(ctx))) {
 		end(res)
-		if f.own {
+		if e := f.ending; e != nil {
 			// An end this Run stored (store.Interrupt) records the calls
-			// that were running interrupted: their workers died, or were
-			// given up and left their spans unended. Their spans are made
-			// here, with the ids their tool_started carries.
-			agent.TraceLostCalls(r.agent, s, res.Record)
+			// that were running interrupted, and ends the model attempt
+			// under way: their workers died, or were given up and left
+			// their spans unended. Their spans are made here, with the
+			// ids their tool_started and llm_started carry.
+			agent.TraceLost(r.agent, s, res.Record, e.Attempt, e.Calls...)
 		}
 	} else {
 		leave()
@@ -325,8 +326,9 @@ type follow struct {
 	events []event.Event
 	after  int64
 	// own is set when the turn's end is this follower's: it stored it, or
-	// could not store it.
-	own bool
+	// could not store it; ending is how it stored it (endAs).
+	own    bool
+	ending *store.Ending
 	// finished is set once turn_finished was read; rec once the turn's
 	// record was read ended (recorded).
 	finished bool
@@ -917,11 +919,11 @@ func (f *follow) end(ctx context.Context, reason budget.StopReason, why string) 
 
 // endAs is end, ending the turn as e says.
 func (f *follow) endAs(ctx context.Context, e store.End) *agent.Result {
-	done, err := f.r.ends.InterruptTurn(ctx, f.in.TurnID, e)
+	ending, err := f.r.ends.InterruptTurn(ctx, f.in.TurnID, e)
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
 		return f.failed(ctx, fmt.Errorf("%s, and its end could not be stored: %w", e.Why, err))
 	}
-	f.own = done
+	f.own, f.ending = ending != nil, ending
 	f.readToEnd(ctx)
 	return f.result(ctx)
 }

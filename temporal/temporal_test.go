@@ -190,11 +190,17 @@ func runningWorker(t testing.TB, c client.Client, queue string, a *agent.Agent, 
 // whose script model answers "done" 2s after it is asked: slow enough for
 // a worker to die or stop while the attempt streams. It returns the file.
 func slowAttemptAgent(t *testing.T, name string) string {
+	return slowAttemptAgentOf(t, name, "2s", "1m")
+}
+
+// slowAttemptAgentOf is slowAttemptAgent with the model's first chunk
+// delay and the turn's ceiling.
+func slowAttemptAgentOf(t *testing.T, name, delay, turn string) string {
 	dir := t.TempDir()
-	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"text": "done", "first_chunk_delay": "2s"}`+"\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"text": "done", "first_chunk_delay": "`+delay+`"}`+"\n"), 0o644)
 	file := filepath.Join(dir, "agent.yaml")
 	os.WriteFile(file, []byte("name: "+name+"\nmodel: {primary: script:test}\nproviders: {script: {file: script.jsonl}}\n"+
-		"timeouts: {turn: 1m, llm_first_chunk: 30s}\n"), 0o644)
+		"timeouts: {turn: "+turn+", llm_first_chunk: 30s}\n"), 0o644)
 	return file
 }
 

@@ -513,3 +513,74 @@ func TestCeilingWithoutWorkerTraced(t *testing.T) {
 		t.Errorf("%d spans; want the turn's, the model call's and the tool call's", n)
 	}
 }
+
+// TestCeilingWithoutWorkerMidAttemptTraced: the only worker of a turn
+// stops while its model attempt waits for the first chunk, and the runner
+// ends the turn at its ceiling itself (store.Interrupter). The worker's
+// chat span of the attempt died with it (Temporal gave its unit up); the
+// runner makes it, as the process that ends a turn from outside does
+// (agent.TraceEnded): with the ids the attempt's llm_started carries —
+// those its model request was sent — under the turn's span, interrupted,
+// with the turn's message, from the attempt's start to the turn's last
+// stored event before its end. Before, the runner made the spans of the
+// running calls only: the trace had the turn's span and no chat span.
+func TestCeilingWithoutWorkerMidAttemptTraced(t *testing.T) {
+	defer proctest.CheckNoLeaks(t)
+	file := slowAttemptAgentOf(t, "stops", "1m", "4s")
+	// The worker's spans are never looked at: like its store (closed
+	// before it stops), they die with it, as a killed worker's do.
+	wtp, _ := recorded(t)
+	rtp, rrec := recorded(t)
+	rec, _ := endsWithoutWorkerOf(t, openTraced(t, file, wtp), openTraced(t, file, rtp), agent.Input{Text: "go"}, event.TypeLLMStarted, 34*time.Second)
+	if rec.StopReason != budget.TurnTimeout {
+		t.Fatalf("ended %s (%s): %s", rec.Status, rec.StopReason, rec.Message)
+	}
+	var started *event.LLMStarted
+	var startedAt, last time.Time
+	for _, e := range rec.Events {
+		if d, ok := e.Data.(*event.LLMStarted); ok {
+			started, startedAt = d, e.At
+		}
+		if e.Type != event.TypeTurnFinished {
+			last = e.At
+		}
+	}
+	if started == nil || started.Traceparent == "" {
+		t.Fatalf("the attempt's llm_started %+v names no span", started)
+	}
+	var turn sdktrace.ReadOnlySpan
+	var chats []sdktrace.ReadOnlySpan
+	for _, sp := range rrec.Ended() {
+		switch sp.Name() {
+		case "invoke_agent stops":
+			turn = sp
+		case "chat test":
+			chats = append(chats, sp)
+		}
+	}
+	if turn == nil || len(chats) != 1 {
+		t.Fatalf("turn span %v, %d spans of the attempt; want one of each", turn != nil, len(chats))
+	}
+	chat := chats[0]
+	attrs := map[string]any{}
+	for _, kv := range chat.Attributes() {
+		attrs[string(kv.Key)] = kv.Value.AsInterface()
+	}
+	if got := fmt.Sprintf("00-%s-%s-01", chat.SpanContext().TraceID(), chat.SpanContext().SpanID()); got != started.Traceparent ||
+		chat.Parent().SpanID() != turn.SpanContext().SpanID() {
+		t.Errorf("the attempt's span is %s under %s; its llm_started named %s, the turn's span is %s",
+			got, chat.Parent().SpanID(), started.Traceparent, turn.SpanContext().SpanID())
+	}
+	if !chat.StartTime().Equal(startedAt) || !chat.EndTime().Equal(last) || !last.Before(rec.EndedAt) {
+		t.Errorf("the attempt's span runs %s to %s; want its llm_started's %s to the last stored event %s (the turn ended %s)",
+			chat.StartTime(), chat.EndTime(), startedAt, last, rec.EndedAt)
+	}
+	if chat.Status().Code != codes.Error || chat.Status().Description != rec.Message || attrs["error.type"] != "interrupted" ||
+		attrs["timebox.outcome"] != "interrupted" || attrs["timebox.attempt"] != int64(1) || attrs["gen_ai.request.model"] != "test" ||
+		attrs["timebox.budget.ms"] != int64(30000) {
+		t.Errorf("the attempt's span: status %v, attributes %v; want interrupted, the turn's message %q", chat.Status(), attrs, rec.Message)
+	}
+	if n := len(rrec.Ended()); n != 2 {
+		t.Errorf("the runner made %d spans; want the turn's and the attempt's", n)
+	}
+}

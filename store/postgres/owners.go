@@ -439,9 +439,9 @@ func (s *Store) interruptTurn(ctx context.Context, tx pgx.Tx, id string, end sto
 }
 
 // InterruptTurn implements store.Interrupter.
-func (s *Store) InterruptTurn(ctx context.Context, turnID string, end store.End) (bool, error) {
+func (s *Store) InterruptTurn(ctx context.Context, turnID string, end store.End) (*store.Ending, error) {
 	if err := s.Flush(ctx); err != nil {
-		return false, err
+		return nil, err
 	}
 	var ended *store.Ending
 	err := s.durable(ctx, "the end of turn "+turnID, func(tx pgx.Tx) error {
@@ -452,15 +452,15 @@ func (s *Store) InterruptTurn(ctx context.Context, turnID string, end store.End)
 		}
 		return err
 	})
-	done := err == nil && ended != nil
-	if done {
-		s.endedOutside(*ended)
-		s.cancels.Wake(turnID)
-		// The units of the turn running elsewhere stop at once, not at
-		// their store's next poll.
-		_, _ = s.pool.Exec(ctx, `SELECT pg_notify($1, $2)`, chanCancel, turnID)
+	if err != nil || ended == nil {
+		return nil, err
 	}
-	return done, err
+	s.endedOutside(*ended)
+	s.cancels.Wake(turnID)
+	// The units of the turn running elsewhere stop at once, not at
+	// their store's next poll.
+	_, _ = s.pool.Exec(ctx, `SELECT pg_notify($1, $2)`, chanCancel, turnID)
+	return ended, nil
 }
 
 // queryStrings runs a query of one text column and returns its values.
