@@ -28,7 +28,9 @@ type LateSink interface {
 
 // Disowner is a Sink that may stop taking a unit of work's account of its
 // calls: an engine that gave the unit up (Temporal no longer has it, and
-// another worker records its calls lost). While Disowned reports true, the
+// another worker records its calls lost), or whose turn another process
+// ended in the store meanwhile (recording its calls interrupted, and
+// making their spans). While Disowned reports true, the
 // unit's other sinks that mark a call's end — its trace span — leave it
 // unsaid, as a process that died would.
 type Disowner interface {

@@ -727,6 +727,12 @@ type running struct {
 	// (engineWhy).
 	engine atomic.Bool
 	by     atomic.Pointer[string]
+	// endedOutside is set when another ended the turn in the store while
+	// the unit ran (a gateway that took the engine for lost, a cancel no
+	// worker took): the end recorded the unit's calls, and made their
+	// spans (agent.TraceLost); what the unit says of them now is not the
+	// turn's.
+	endedOutside atomic.Bool
 }
 
 // unit starts what every long unit of work runs beside it: a heartbeat on a
@@ -791,6 +797,9 @@ func (x *activities) unit(actx context.Context, turnID string, b beat) *running 
 				activity.RecordHeartbeat(hctx, u.beating())
 			case <-requested:
 				requested = nil
+				if x.endedOutside(hctx, turnID) {
+					u.endedOutside.Store(true)
+				}
 				u.cancel(x.cancelReason(hctx, turnID))
 			case <-u.quit:
 				return
@@ -798,6 +807,14 @@ func (x *activities) unit(actx context.Context, turnID string, b beat) *running 
 		}
 	}()
 	return u
+}
+
+// endedOutside reports whether turn turnID has ended in the store: its
+// end, stored by another while a unit of it runs, woke the unit's watch
+// of the turn's cancel requests.
+func (x *activities) endedOutside(ctx context.Context, turnID string) bool {
+	rec, err := x.payloads.TurnWithoutResults(ctx, turnID)
+	return err == nil && rec.Status != budget.StatusRunning
 }
 
 // cancelReason says why a cancel was requested for the turn: a client, or
@@ -909,6 +926,13 @@ func (k *storeSink) Emit(e event.Event) {
 	if p, ok := e.Data.(*event.ToolProgress); ok && k.unit != nil {
 		k.unit.progress(p)
 	}
+	if k.unit != nil && k.unit.endedOutside.Load() {
+		// Another ended the turn in the store, recording its running
+		// calls interrupted: the store takes nothing more of it, as it
+		// would have refused this event.
+		k.fail(fmt.Errorf("turn %s ended in the store while this unit ran: %w", e.TurnID, store.ErrNotRunning))
+		return
+	}
 	if k.Disowned() {
 		// Temporal gave the unit up: what it says now — its call stopped
 		// "cancelled" by that — is not the turn's. The workflow takes the
@@ -926,9 +950,14 @@ func (k *storeSink) Emit(e event.Event) {
 	k.s.QueueEvent(e, k.fail)
 }
 
-// Disowned implements event.Disowner: Temporal gave the unit up, and the
-// events it emits now are not stored.
-func (k *storeSink) Disowned() bool { return k.unit != nil && k.unit.engine.Load() }
+// Disowned implements event.Disowner: Temporal gave the unit up, or
+// another ended the turn in the store while the unit ran, and the events
+// it emits now are not stored. Its calls' spans are left to the loss's
+// record, or to the end's (agent.TraceLost): a span of theirs ended here
+// too would be a second of one id.
+func (k *storeSink) Disowned() bool {
+	return k.unit != nil && (k.unit.engine.Load() || k.unit.endedOutside.Load())
+}
 
 // Reported implements event.ReportSink: the unit's heartbeats count every
 // progress report, coalesced into tool_progress events or not.

@@ -401,9 +401,15 @@ func (f *follow) run(ctx context.Context, run client.WorkflowRun) *agent.Result 
 	bg := context.WithoutCancel(ctx)
 	id := f.in.TurnID
 	ended := make(chan error, 1)
+	// The wait for the workflow's end ends with the follow: a follow that
+	// ends the turn itself (engine_lost, Temporal out of reach) left it
+	// retrying against the server, a goroutine per turn, until the
+	// client was closed.
+	gctx, stopGet := context.WithCancel(bg)
+	defer stopGet()
 	go func() {
 		var out Outcome
-		ended <- run.Get(bg, &out)
+		ended <- run.Get(gctx, &out)
 	}()
 	defer f.stopAsking()
 	changed, unwatch := r.store.Watch(id)

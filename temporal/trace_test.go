@@ -4,9 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,12 +18,16 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.temporal.io/api/enums/v1"
+	"go.temporal.io/sdk/client"
+	sdklog "go.temporal.io/sdk/log"
 
 	timebox "github.com/timebox-run/timebox"
 	"github.com/timebox-run/timebox/agent"
 	"github.com/timebox-run/timebox/budget"
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/proctest"
+	"github.com/timebox-run/timebox/internal/testenv"
 	"github.com/timebox-run/timebox/internal/wait"
 	"github.com/timebox-run/timebox/model"
 	"github.com/timebox-run/timebox/store/postgres"
@@ -583,4 +591,158 @@ func TestCeilingWithoutWorkerMidAttemptTraced(t *testing.T) {
 	if n := len(rrec.Ended()); n != 2 {
 		t.Errorf("the runner made %d spans; want the turn's and the attempt's", n)
 	}
+}
+
+// TestEngineLostWithAWorkerAliveTraced: the process following a turn can
+// no longer reach Temporal (its connection cut, for EngineGrace) while
+// the worker running the turn's tool can, and goes on with the call. The
+// follower ends the turn engine_lost itself, recording the running call
+// interrupted, and makes the call's span with the ids its tool_started
+// named (agent.TraceLost); the worker, whose unit sees the turn ended in
+// the store, stops the call. The call has one execute_tool span of that
+// id, not also one the worker ended.
+func TestEngineLostWithAWorkerAliveTraced(t *testing.T) {
+	defer proctest.CheckNoLeaks(t)
+	c, s, queue, dsn := setupDSN(t)
+	defer func(g time.Duration) { temporal.EngineGrace = g }(temporal.EngineGrace)
+	temporal.EngineGrace = 3 * time.Second
+	file := stopAgent(t, "1m")
+	wtp, wrec := recorded(t)
+	rtp, rrec := recorded(t)
+	ws, err := postgres.Open(context.Background(), dsn, postgres.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.Close()
+	w := runningWorker(t, c, queue, openTraced(t, file, wtp), ws)
+	defer w.Stop()
+	// The runner reaches Temporal through a connection the test cuts.
+	p := cuttable(t, testenv.Temporal(t))
+	rc, err := client.Dial(client.Options{HostPort: p.addr, Logger: sdklog.NewStructuredLogger(slog.New(slog.DiscardHandler))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	r, err := temporal.NewRunner(rc, s, queue, openTraced(t, file, rtp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := agent.NewTurnID()
+	done := make(chan *agent.Result, 1)
+	go func() { done <- r.Run(context.Background(), agent.Input{TurnID: id, Text: "go"}) }()
+	waitStored(t, s, id, event.TypeToolStarted, "the call to start")
+	p.cut()
+	var res *agent.Result
+	select {
+	case res = <-done:
+	case <-time.After(40 * time.Second):
+		t.Fatal("the turn was still running 40s after Temporal was cut off from its runner")
+	}
+	rec := res.Record
+	if rec.StopReason != budget.EngineLost {
+		t.Fatalf("ended %s (%s): %s", rec.Status, rec.StopReason, rec.Message)
+	}
+	call := callNamed(t, rec, "long")
+	if call.Outcome != event.OutcomeInterrupted {
+		t.Errorf("the running call ended %s, want interrupted", call.Outcome)
+	}
+	// The worker's unit ends once it saw the turn's end: its workflow
+	// closes then, and every span the worker makes of it is made.
+	wait.For(t, 60*time.Second, "the turn's workflow to close", func() bool {
+		d, err := c.DescribeWorkflowExecution(context.Background(), temporal.WorkflowID(id), "")
+		return err == nil && d.WorkflowExecutionInfo.Status != enums.WORKFLOW_EXECUTION_STATUS_RUNNING
+	})
+	var started *event.ToolStarted
+	for _, e := range rec.Events {
+		if d, ok := e.Data.(*event.ToolStarted); ok {
+			started = d
+		}
+	}
+	if started == nil || started.Traceparent == "" {
+		t.Fatalf("the call's tool_started %+v names no span", started)
+	}
+	var spans []string
+	for _, sp := range append(wrec.Ended(), rrec.Ended()...) {
+		if sp.Name() != "execute_tool long" {
+			continue
+		}
+		var outcome string
+		for _, kv := range sp.Attributes() {
+			if kv.Key == "timebox.outcome" {
+				outcome = kv.Value.AsString()
+			}
+		}
+		spans = append(spans, fmt.Sprintf("00-%s-%s-01 %s", sp.SpanContext().TraceID(), sp.SpanContext().SpanID(), outcome))
+	}
+	if want := started.Traceparent + " interrupted"; len(spans) != 1 || spans[0] != want {
+		t.Errorf("the call's spans: %q; want one, %q", spans, want)
+	}
+}
+
+// proxy is a TCP proxy to a server whose connections the test cuts.
+type proxy struct {
+	addr string
+	cut  func()
+}
+
+// cuttable starts a proxy to addr; cut closes it and every connection
+// through it, and each new one is refused. It is cut when t ends.
+func cuttable(t *testing.T, addr string) *proxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu    sync.Mutex
+		conns []net.Conn
+		wg    sync.WaitGroup
+	)
+	keep := func(c net.Conn) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if conns == nil {
+			c.Close()
+			return false
+		}
+		conns = append(conns, c)
+		return true
+	}
+	conns = []net.Conn{}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("tcp", addr)
+			if err != nil || !keep(in) || !keep(out) {
+				in.Close()
+				if out != nil {
+					out.Close()
+				}
+				continue
+			}
+			wg.Add(2)
+			go func() { defer wg.Done(); io.Copy(out, in); out.Close() }()
+			go func() { defer wg.Done(); io.Copy(in, out); in.Close() }()
+		}
+	}()
+	var once sync.Once
+	p := &proxy{addr: ln.Addr().String(), cut: func() {
+		once.Do(func() {
+			ln.Close()
+			mu.Lock()
+			for _, c := range conns {
+				c.Close()
+			}
+			conns = nil
+			mu.Unlock()
+			wg.Wait()
+		})
+	}}
+	t.Cleanup(p.cut)
+	return p
 }
