@@ -280,7 +280,11 @@ func (t *turn) compact(ctx context.Context, step int, force bool) (shrunk, stopp
 	// before, lost ones included (a Temporal worker lost mid-compaction).
 	s.CompactAttempts++
 	attempt := s.CompactAttempts
-	t.em.Emit(&event.CompactionStarted{Step: step, Attempt: attempt, EstimatedTokens: before, CompactAt: limit, LimitMS: b.Compaction.MS()})
+	// Its span is begun before its start is told, as an attempt's is: the
+	// start carries its ids, those its model request is sent, for whoever
+	// records it lost or ends the turn while it runs to make it with.
+	t.em.Emit(&event.CompactionStarted{Step: step, Attempt: attempt, EstimatedTokens: before, CompactAt: limit, LimitMS: b.Compaction.MS(),
+		Model: ep.Model, Provider: ep.ProviderName, Traceparent: t.spans.beginCompaction(step, attempt, ep.Model, ep.ProviderName, time.Now())})
 	act := &activity{step: step, subject: compactionSubject(ep.Model), compaction: true}
 	t.live.begin(act)
 
@@ -290,7 +294,8 @@ func (t *turn) compact(ctx context.Context, step int, force bool) (shrunk, stopp
 		text = "[summary of what came before]\n" + t.tr.Summary() + "\n\n" + text
 	}
 	req := model.Request{Model: ep.Model, System: compactionInstructions, Conversation: t.conversationID(),
-		Messages: []model.Message{{Role: model.RoleUser, Content: text}}, Compaction: true}
+		Messages: []model.Message{{Role: model.RoleUser, Content: text}}, Compaction: true,
+		TraceParent: t.spans.compactionParent()}
 
 	mc := modelCall{step: step, attempt: attempt, ep: ep, req: req,
 		chunk: func(_ *model.Watched, c model.Chunk) string {

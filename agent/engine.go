@@ -155,6 +155,9 @@ func (u engineUnits) LostAttempts(s *machine.State, step int, lost []machine.Los
 		// compacts again when it is still due.
 		ep := u.a.models[0]
 		rec.Step, rec.Model, rec.Provider, rec.Profile, rec.Compaction = at.Step, ep.Model, ep.ProviderName, ep.Profile, true
+		// Its span takes the ids its compaction_started named, those its
+		// worker's span had, which its model server was sent.
+		t.spans.adoptCompaction(at.Traceparent, at.Step, at.Attempt, ep.Model, ep.ProviderName, at.Started)
 		rec.Error = "the compaction was lost: " + why + "; it is tried again when still due"
 		t.em.Emit(&event.CompactionFinished{Step: at.Step, Outcome: rec.Outcome, Phase: rec.Phase, DurationMS: rec.StreamMS,
 			TokensBefore: at.EstimatedTokens, TokensAfter: at.EstimatedTokens,

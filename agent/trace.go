@@ -198,30 +198,35 @@ func TraceEnded(tp trace.TracerProvider, turnID string, started *event.TurnStart
 	}
 	tracer := tp.Tracer(instrumentation)
 	if l.make(tracer, rec, true) {
-		var b []attribute.KeyValue
-		if v, ok := started.Budgets[budget.KeyLLMFirstChunk]; ok {
-			b = budgetKVs(v.MS, v.Source, v.Knob) // as beginChat's span began
-		}
-		traceLost(tracer, l.traceparent, rec, b, attempt, calls)
+		// The budgets the spans began with (beginChat, beginCompaction).
+		traceLost(tracer, l.traceparent, rec, func(key string) []attribute.KeyValue {
+			if v, ok := started.Budgets[key]; ok {
+				return budgetKVs(v.MS, v.Source, v.Knob)
+			}
+			return nil
+		}, attempt, calls)
 	}
 }
 
 // traceLost makes the spans of what was running when a turn was ended
 // from outside the processes running its calls — calls, the model attempt
 // under way — under the turn's span (turn is its traceparent), as rec,
-// the turn's final record, says it ended; llm is the attempt's budget's
-// attributes. TraceEnded and TraceLost both make them here.
-func traceLost(tracer trace.Tracer, turn string, rec *event.Turn, llm []attribute.KeyValue, attempt *event.LostAttempt, calls []event.LostCall) {
+// the turn's final record, says it ended; budgetOf gives the attributes
+// of the budget of a key (timeouts.llm_first_chunk, timeouts.compaction).
+// TraceEnded and TraceLost both make them here.
+func traceLost(tracer trace.Tracer, turn string, rec *event.Turn, budgetOf func(key string) []attribute.KeyValue,
+	attempt *event.LostAttempt, calls []event.LostCall) {
 	traceLostCalls(tracer, turn, calls, rec.EndedAt)
 	if attempt != nil {
-		traceLostAttempt(tracer, turn, attempt, llm, rec.Message)
+		traceLostAttempt(tracer, turn, attempt, budgetOf, rec.Message)
 	}
 }
 
 // traceLostAttempt makes the chat span of a model attempt under way when
 // its turn's process died, a child of the turn's span (turn is its
-// traceparent), with the ids its llm_started carries, the attributes its
-// live span began with (b its budget's), outcome and error.type
+// traceparent), with the ids its llm_started carries (a compaction's, its
+// compaction_started), the attributes its live span began with (budgetOf
+// gives its budget's), outcome and error.type
 // interrupted and msg (the turn's message, which says what was answering)
 // as its error status. It ends at a.Until, the turn's last stored event:
 // that is as long as the attempt is known to have run, and as long as the
@@ -230,14 +235,28 @@ func traceLost(tracer trace.Tracer, turn string, rec *event.Turn, llm []attribut
 // the turn. An attempt begun untraced or unsampled has none; when the
 // tracer does not give the ids asked for, the span begun is left
 // unended, never exported (as traceLostCalls').
-func traceLostAttempt(tracer trace.Tracer, turn string, a *event.LostAttempt, b []attribute.KeyValue, msg string) {
-	own, ok := parseTraceParent(a.Started.Traceparent)
+func traceLostAttempt(tracer trace.Tracer, turn string, a *event.LostAttempt, budgetOf func(key string) []attribute.KeyValue, msg string) {
+	var tp string
+	var begin func(parent context.Context) trace.Span
+	switch d, c := a.Started, a.Compaction; {
+	case d != nil:
+		tp = d.Traceparent
+		begin = func(parent context.Context) trace.Span {
+			return chatSpan(tracer, parent, d.Step, d.Attempt, d.Model, d.Provider, a.At, budgetOf(budget.KeyLLMFirstChunk))
+		}
+	case c != nil:
+		tp = c.Traceparent
+		begin = func(parent context.Context) trace.Span {
+			return compactionSpan(tracer, parent, c.Step, max(c.Attempt, 1), c.Model, c.Provider, a.At, budgetOf(budget.KeyCompaction))
+		}
+	default:
+		return
+	}
+	own, ok := parseTraceParent(tp)
 	if !ok || !own.IsSampled() {
 		return
 	}
-	d := a.Started
-	parent := spanid.With(withTraceParent(context.Background(), turn), own.TraceID(), own.SpanID())
-	span := chatSpan(tracer, parent, d.Step, d.Attempt, d.Model, d.Provider, a.At, b)
+	span := begin(spanid.With(withTraceParent(context.Background(), turn), own.TraceID(), own.SpanID()))
 	if sc := span.SpanContext(); sc.TraceID() != own.TraceID() || sc.SpanID() != own.SpanID() {
 		return
 	}
@@ -264,7 +283,12 @@ func TraceLost(a *Agent, s *machine.State, rec *event.Turn, attempt *event.LostA
 	if a.tracer == nil || rec == nil {
 		return
 	}
-	traceLost(a.tracer, s.TraceParent, rec, budgetAttrs(s.Budgets.LLMFirstChunk), attempt, calls)
+	traceLost(a.tracer, s.TraceParent, rec, func(key string) []attribute.KeyValue {
+		if key == budget.KeyCompaction {
+			return budgetAttrs(s.Budgets.Compaction)
+		}
+		return budgetAttrs(s.Budgets.LLMFirstChunk)
+	}, attempt, calls)
 }
 
 // traceLostCalls makes the execute_tool span of each of calls, a child of
@@ -377,10 +401,11 @@ type spans struct {
 	tracer trace.Tracer
 	parent context.Context
 
-	mu       sync.Mutex
-	chat     trace.Span
-	calls    map[string]trace.Span
-	failover *event.Failover // told on the next attempt's span
+	mu         sync.Mutex
+	chat       trace.Span
+	compaction trace.Span // the compaction's, begun before its start (beginCompaction)
+	calls      map[string]trace.Span
+	failover   *event.Failover // told on the next attempt's span
 }
 
 func newSpans(t *turn, tracer trace.Tracer) *spans {
@@ -404,6 +429,20 @@ func (sp *spans) traceparent(callID string) string {
 		return ""
 	}
 	return TraceParent(trace.ContextWithSpan(context.Background(), s))
+}
+
+// compactionParent returns the traceparent of the compaction's span,
+// what its model request passes on; "" when there is none.
+func (sp *spans) compactionParent() string {
+	if sp == nil {
+		return ""
+	}
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	if sp.compaction == nil {
+		return ""
+	}
+	return TraceParent(trace.ContextWithSpan(context.Background(), sp.compaction))
 }
 
 // beginTool begins the execute_tool span of a call about to start at
@@ -439,6 +478,19 @@ func (sp *spans) beginChat(step, attempt int, model, provider string, start time
 			attrPhase.String(string(f.Phase)), attribute.String("timebox.failover.reason", f.Reason)))
 	}
 	return sampled(sp.chat)
+}
+
+// beginCompaction begins the chat span of a compaction about to start at
+// start, and returns its traceparent, for its compaction_started: "" when
+// the turn is not traced or the span not sampled (as beginChat's).
+func (sp *spans) beginCompaction(step, attempt int, model, provider string, start time.Time) string {
+	if sp == nil {
+		return ""
+	}
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	sp.compaction = sp.startCompaction(sp.parent, step, attempt, model, provider, start)
+	return sampled(sp.compaction)
 }
 
 // sampled returns the traceparent of s, "" when it is not sampled (it is
@@ -482,6 +534,22 @@ func (sp *spans) adoptChat(traceparent string, step, attempt int, model, provide
 		return sp.startChat(parent, step, attempt, model, provider, start, sp.t.s.Budgets.LLMFirstChunk)
 	}); s != nil {
 		sp.chat = s
+	}
+}
+
+// adoptCompaction is adoptChat for a compaction lost with its worker: its
+// span takes the ids its compaction_started named, for the record of the
+// loss (compaction_finished) to end.
+func (sp *spans) adoptCompaction(traceparent string, step, attempt int, model, provider string, start time.Time) {
+	if sp == nil {
+		return
+	}
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	if s := sp.adopt(traceparent, func(parent context.Context) trace.Span {
+		return sp.startCompaction(parent, step, attempt, model, provider, start)
+	}); s != nil {
+		sp.compaction = s
 	}
 }
 
@@ -542,14 +610,22 @@ func (sp *spans) Emit(e event.Event) {
 		endSpan(sp.chat, end, rec.Outcome, rec.Error, attrs)
 		sp.chat = nil
 	case *event.CompactionFinished:
-		// A compaction is a model call the turn waits for: its span, made
-		// from its record, fills what would be a gap in the trace.
+		// A compaction is a model call the turn waits for: its span,
+		// begun before its start (beginCompaction, or adoptCompaction for
+		// one lost with its worker), fills what would be a gap in the
+		// trace; one begun elsewhere is made from its record.
+		s := sp.compaction
+		sp.compaction = nil
 		if d.Record == nil {
 			return
 		}
+		if sp.disowned() {
+			return // as if its process had died: another records it lost
+		}
 		rec := *d.Record
-		s := sp.startChat(sp.parent, rec.Step, rec.Attempt, rec.Model, rec.Provider, rec.StartedAt, b.Compaction)
-		s.SetAttributes(attrCompaction.Bool(true))
+		if s == nil {
+			s = sp.startCompaction(sp.parent, rec.Step, rec.Attempt, rec.Model, rec.Provider, rec.StartedAt)
+		}
 		attrs := []attribute.KeyValue{attrOutcome.String(string(rec.Outcome))}
 		if rec.Phase != "" {
 			attrs = append(attrs, attrPhase.String(string(rec.Phase)))
@@ -601,6 +677,9 @@ func (sp *spans) Emit(e event.Event) {
 	case *event.StillWorking:
 		for _, c := range d.Calls {
 			s := sp.chat
+			if s == nil {
+				s = sp.compaction
+			}
 			if c.CallID != "" {
 				s = sp.calls[c.CallID]
 			}
@@ -682,6 +761,18 @@ func chatSpan(tracer trace.Tracer, parent context.Context, step, attempt int, mo
 	_, s := tracer.Start(parent, "chat "+model, trace.WithTimestamp(start),
 		trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
 	return s
+}
+
+// startCompaction starts a compaction's chat span at start, in parent:
+// an attempt's, under timeouts.compaction, marked timebox.compaction.
+func (sp *spans) startCompaction(parent context.Context, step, attempt int, model, provider string, start time.Time) trace.Span {
+	return compactionSpan(sp.tracer, parent, step, attempt, model, provider, start, budgetAttrs(sp.t.s.Budgets.Compaction))
+}
+
+// compactionSpan is chatSpan for a compaction (b the attributes of
+// timeouts.compaction).
+func compactionSpan(tracer trace.Tracer, parent context.Context, step, attempt int, model, provider string, start time.Time, b []attribute.KeyValue) trace.Span {
+	return chatSpan(tracer, parent, step, attempt, model, provider, start, append(b, attrCompaction.Bool(true)))
 }
 
 // startTool starts a tool call's execute_tool span at start, in parent

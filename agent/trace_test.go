@@ -722,3 +722,77 @@ func checkRemade(t *testing.T, made, orig, turn sdktrace.ReadOnlySpan, start, en
 			turn.SpanContext().SpanID(), start, end)
 	}
 }
+
+// TestCompactionSpanNamedAndMadeAgain: a compaction's chat span is begun
+// before its start is told, so that compaction_started names its ids,
+// those its model request carries (before, its span was made from its
+// record when it ended, and nothing named it); and a compaction under way
+// when its turn's process died gets that span from who ends the turn
+// (TraceEnded with the compaction as the lost attempt): its ids, under
+// the turn's span, with the attributes it began with, interrupted, from
+// its start to what is known of it.
+func TestCompactionSpanNamedAndMadeAgain(t *testing.T) {
+	first, firstRec := recordingTP(t, true)
+	p := lines(t, `{"compaction": true, "text": "A summary."}`, `{"text": "the answer"}`)
+	a, err := agent.New(agent.Config{Name: "traced", Models: []model.Endpoint{endpoint(p, "m")}, CompactAt: 500,
+		Budgets: budget.Budgets{Turn: secs(time.Minute, budget.SourceFile, budget.KeyTurn),
+			Compaction: secs(20*time.Second, budget.SourceFile, budget.KeyCompaction)}, TracerProvider: first})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		started *event.TurnStarted
+		lost    *event.LostAttempt
+	)
+	res := a.Run(t.Context(), agent.Input{SessionID: "s", History: longHistory(), Text: "and now?"}, event.SinkFunc(func(e event.Event) {
+		switch d := e.Data.(type) {
+		case *event.TurnStarted:
+			started = d
+		case *event.CompactionStarted:
+			lost = &event.LostAttempt{Compaction: d, At: e.At, Until: e.At.Add(700 * time.Millisecond)}
+		}
+	}))
+	if res.Record.StopReason != budget.Answered || lost == nil || lost.Compaction.Traceparent == "" || lost.Compaction.Model != "m" {
+		t.Fatalf("turn %s, compaction_started %+v: want the compaction's traceparent and model", res.Record.StopReason, lost)
+	}
+	var orig, turn sdktrace.ReadOnlySpan
+	for _, s := range firstRec.Ended() {
+		for _, kv := range s.Attributes() {
+			if kv.Key == "timebox.compaction" {
+				orig = s
+			}
+		}
+		if s.Name() == "invoke_agent traced" {
+			turn = s
+		}
+	}
+	if orig == nil || turn == nil {
+		t.Fatal("no compaction or turn span")
+	}
+	ids := fmt.Sprintf("00-%s-%s-01", orig.SpanContext().TraceID(), orig.SpanContext().SpanID())
+	p.mu.Lock()
+	sent := p.reqs[0].TraceParent
+	p.mu.Unlock()
+	if lost.Compaction.Traceparent != ids || sent != ids {
+		t.Errorf("compaction_started named %s, the model was sent %s; its span is %s", lost.Compaction.Traceparent, sent, ids)
+	}
+
+	again, againRec := recordingTP(t, true)
+	rec := *res.Record
+	rec.Status, rec.StopReason, rec.Message = budget.StatusInterrupted, budget.Interrupted, "Interrupted: its process stopped."
+	rec.EndedAt = lost.Until.Add(time.Second)
+	agent.TraceEnded(again, rec.TurnID, started, &rec, lost)
+	made := endedNamed(againRec, "chat m")
+	if n := len(againRec.Ended()); n != 2 || made == nil {
+		t.Fatalf("%d spans made; want the turn's and the compaction's", n)
+	}
+	checkRemade(t, made, orig, turn, lost.At, lost.Until)
+	want := spanAttrs(orig)
+	want["timebox.outcome"], want["error.type"] = "interrupted", "interrupted"
+	if got := spanAttrs(made); !reflect.DeepEqual(got, want) || want["timebox.budget.knob"] != budget.KeyCompaction {
+		t.Errorf("attributes %v\nwant %v, under timeouts.compaction", got, want)
+	}
+	if made.Status().Code != codes.Error || made.Status().Description != rec.Message {
+		t.Errorf("status %v", made.Status())
+	}
+}

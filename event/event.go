@@ -373,6 +373,15 @@ type CompactionStarted struct {
 	// LimitMS (limit_ms) is the compaction's budget (timeouts.compaction),
 	// in milliseconds.
 	LimitMS int64 `json:"limit_ms"`
+	// Model and Provider are those of the compaction's model call: the
+	// primary model (omitted by versions before them).
+	Model    string `json:"model,omitempty"`
+	Provider string `json:"provider,omitempty"`
+	// Traceparent is the W3C traceparent of the compaction's chat span,
+	// when the turn is traced and the span sampled: the one its model
+	// request carries. Whoever records the compaction lost, or ends the
+	// turn while it runs, makes that span with these ids.
+	Traceparent string `json:"traceparent,omitempty"`
 }
 
 // CompactionFinished closes a compaction.

@@ -386,10 +386,17 @@ func LostCalls(events []Event, calls []ToolCall) []LostCall {
 // is not. Its chat span died with that process, and is made again
 // (agent.TraceEnded) with the ids its llm_started carries, those its model
 // request was sent as its traceparent header.
+//
+// A compaction under way is one too: its compaction_started carries its
+// span's ids the same way.
 type LostAttempt struct {
-	// Started is the attempt's llm_started; At is when it was stored.
+	// Started is the attempt's llm_started, nil for a compaction; At is
+	// when it (or Compaction) was stored.
 	Started *LLMStarted
 	At      time.Time
+	// Compaction is the compaction's compaction_started, for a compaction
+	// under way; nil for a model attempt.
+	Compaction *CompactionStarted
 	// Until is as long as the attempt is known to have run: the turn's
 	// last stored event (its reply's last delta, a still_working), to
 	// which the turn's llm_ms counts it too. Nothing of it is known after.

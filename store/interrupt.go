@@ -84,9 +84,10 @@ type Interruption struct {
 	// that the turn ran at least until its last stored event.
 	Record event.Turn
 	// Attempt is the model attempt that was under way (an llm_started
-	// with no llm_finished), nil when none was: it gets no record (the
-	// turn's message and llm_ms tell of it), but its chat span is made
-	// again (Ending.Attempt).
+	// with no llm_finished), or the compaction (a compaction_started with
+	// no compaction_finished), nil when none was: it gets no record (the
+	// turn's message and llm_ms tell of an attempt), but its chat span is
+	// made again (Ending.Attempt).
 	Attempt *event.LostAttempt
 }
 
@@ -104,10 +105,9 @@ type Ending struct {
 	// Calls are the calls that were running, which the end records
 	// interrupted: the spans of their process died with it too.
 	Calls []event.LostCall
-	// Attempt is the model attempt that was under way, nil when none was
-	// (Interruption.Attempt): its span died with the process too. A
-	// compaction under way is not one: its request carries no
-	// traceparent, so nothing names a span of it.
+	// Attempt is the model attempt, or the compaction, that was under
+	// way, nil when none was (Interruption.Attempt): its span died with
+	// the process too.
 	Attempt *event.LostAttempt
 }
 
@@ -154,6 +154,8 @@ func Interrupt(t Interrupted) Interruption {
 		model    string                      // a model call under way
 		modelAt  time.Time                   // when it started
 		attempt  *event.LLMStarted           // its llm_started
+		compact  *event.CompactionStarted    // a compaction under way
+		compAt   time.Time                   // when it started
 		text     strings.Builder             // the reply of the last model call
 		llm      time.Duration               // the model calls' time, as timeouts.llm_budget counts it
 		ran      []span                      // the finished tool calls' times
@@ -174,6 +176,10 @@ func Interrupt(t Interrupted) Interruption {
 			if !d.Compaction {
 				llm += time.Duration(d.StreamMS) * time.Millisecond
 			}
+		case *event.CompactionStarted:
+			compact, compAt = d, e.At
+		case *event.CompactionFinished:
+			compact = nil
 		case *event.Failover:
 			fails++
 		case *event.ToolStarted:
@@ -227,12 +233,13 @@ func Interrupt(t Interrupted) Interruption {
 	if model != "" && lastAt.After(modelAt) {
 		llm += lastAt.Sub(modelAt)
 	}
-	if attempt != nil {
-		until := lastAt
-		if until.Before(modelAt) {
-			until = modelAt
-		}
-		out.Attempt = &event.LostAttempt{Started: attempt, At: modelAt, Until: until}
+	// The model call under way: an attempt, or a compaction; a turn makes
+	// one at a time, so the later begun.
+	switch {
+	case attempt != nil && (compact == nil || !compAt.After(modelAt)):
+		out.Attempt = &event.LostAttempt{Started: attempt, At: modelAt, Until: later(lastAt, modelAt)}
+	case compact != nil:
+		out.Attempt = &event.LostAttempt{Compaction: compact, At: compAt, Until: later(lastAt, compAt)}
 	}
 
 	end := lastAt
@@ -263,6 +270,14 @@ func Interrupt(t Interrupted) Interruption {
 			Totals: event.Totals{Steps: rec.Steps, ToolCalls: t.ToolCalls + len(out.Calls), WallMS: rec.WallMS,
 				LLMMS: rec.LLMMS, ToolMS: rec.ToolMS, Failovers: rec.Failovers}}})
 	return out
+}
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return b
+	}
+	return a
 }
 
 // span is a stretch of time a tool call ran.

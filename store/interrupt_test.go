@@ -1,6 +1,7 @@
 package store_test
 
 import (
+	"reflect"
 	"testing"
 	"time"
 
@@ -153,5 +154,43 @@ func TestAStopFromOutside(t *testing.T) {
 	fin := out.Events[len(out.Events)-1].Data.(*event.TurnFinished)
 	if fin.Status != r.Status || fin.Message != r.Message || fin.Flags != r.Flags || fin.Limit != limit {
 		t.Errorf("turn_finished %+v differs from the record", fin)
+	}
+}
+
+// TestTheModelCallUnderWay: the end of a turn whose process died tells
+// of the model call that was under way (Interruption.Attempt), whose
+// span died with it: a model attempt (its llm_started), or a compaction
+// (its compaction_started, which names its span's ids as llm_started
+// does), from its start to the turn's last stored event; none once it
+// finished.
+func TestTheModelCallUnderWay(t *testing.T) {
+	t0 := time.Date(2026, 11, 28, 0, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	var seq int64
+	ev := func(ms int, d event.Payload) event.Event {
+		seq++
+		return event.Event{Seq: seq, TurnID: "t1", Type: d.Type(), At: at(ms), Data: d}
+	}
+	attempt := &event.LLMStarted{Step: 1, Model: "a", Traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+	compaction := &event.CompactionStarted{Step: 2, Attempt: 1, Model: "a", Traceparent: "00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01"}
+	finished := &event.LLMFinished{ModelCall: event.ModelCall{Step: 1, StreamMS: 500}}
+	for _, c := range []struct {
+		name string
+		evs  []event.Event
+		want *event.LostAttempt
+	}{
+		{"attempt", []event.Event{ev(100, attempt), ev(600, &event.LLMDelta{Step: 1, Text: "hal"})},
+			&event.LostAttempt{Started: attempt, At: at(100), Until: at(600)}},
+		{"compaction", []event.Event{ev(100, attempt), ev(600, finished), ev(700, compaction), ev(1900, &event.StillWorking{Step: 2})},
+			&event.LostAttempt{Compaction: compaction, At: at(700), Until: at(1900)}},
+		{"compaction finished", []event.Event{ev(700, compaction), ev(900, &event.CompactionFinished{Step: 2}),
+			ev(1000, &event.ToolStarted{Step: 2, CallID: "c1", Tool: "sh"})}, nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			out := store.Interrupt(store.Interrupted{TurnID: "t1", StartedAt: t0, Events: c.evs, End: store.End{Why: "it died"}, Now: at(9000)})
+			if !reflect.DeepEqual(out.Attempt, c.want) {
+				t.Errorf("the model call under way: %+v; want %+v", out.Attempt, c.want)
+			}
+		})
 	}
 }

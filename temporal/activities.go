@@ -235,7 +235,8 @@ func (x *activities) catchUp(ctx context.Context, s *machine.State, sink *storeS
 			// Every compaction the lost unit began, whatever its step: a
 			// forced one is of the step after the one it ran.
 			c := compaction{d.Step, max(d.Attempt, 1)}
-			compacting[c] = machine.LostAttempt{Step: d.Step, Compaction: true, Attempt: c.attempt, EstimatedTokens: d.EstimatedTokens, Started: e.At}
+			compacting[c] = machine.LostAttempt{Step: d.Step, Compaction: true, Attempt: c.attempt, EstimatedTokens: d.EstimatedTokens, Started: e.At,
+				Traceparent: d.Traceparent}
 			order = append(order, c)
 			if d.Step == step {
 				s.CompactAttempts = max(s.CompactAttempts, c.attempt)

@@ -775,19 +775,8 @@ func TestStepWithoutWorker(t *testing.T) {
 func TestCeilingWithoutWorkerMidCompaction(t *testing.T) {
 	defer proctest.CheckNoLeaks(t)
 	const ceiling = 4 * time.Second
-	dir := t.TempDir()
-	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"compaction": true, "chunks": ["never"], "first_chunk_delay": "1m"}`+"\n"+
-		`{"text": "never"}`+"\n"), 0o644)
-	os.WriteFile(filepath.Join(dir, "agent.yaml"), []byte(`name: compacts
-model: {primary: script:m}
-providers: {script: {file: script.jsonl}}
-context: {compact_at: 50}
-timeouts: {turn: 4s, kill_grace: 500ms}
-`), 0o644)
-	history := []model.Message{{Role: model.RoleUser, Content: strings.Repeat("a long question ", 40)},
-		{Role: model.RoleAssistant, Content: strings.Repeat("a long answer ", 40)}}
-	rec, queue := endsWithoutWorkerAfter(t, filepath.Join(dir, "agent.yaml"), agent.Input{SessionID: "s", History: history, Text: "and now?"},
-		event.TypeCompactionStarted, ceiling+30*time.Second)
+	file, in := hungCompactionAgent(t)
+	rec, queue := endsWithoutWorkerAfter(t, file, in, event.TypeCompactionStarted, ceiling+30*time.Second)
 	past := rec.EndedAt.Sub(rec.StartedAt.Add(ceiling))
 	t.Logf("ended %v past its ceiling: %s", past.Round(time.Millisecond), rec.Message)
 	// Its ceiling, its kill grace (500ms) and CeilingGrace, or the
@@ -806,6 +795,25 @@ timeouts: {turn: 4s, kill_grace: 500ms}
 	if rec.Flags != (event.Flags{TimedOutByTurnBudget: true, TimedOutDuringCompaction: true}) {
 		t.Errorf("flags %+v, want timed_out_by_turn_budget and timed_out_during_compaction", rec.Flags)
 	}
+}
+
+// hungCompactionAgent writes an agent named compacts whose turn's ceiling
+// is 4s, and whose compaction's model call hangs, and returns its file and
+// the input of a turn that compacts.
+func hungCompactionAgent(t *testing.T) (string, agent.Input) {
+	t.Helper()
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"compaction": true, "chunks": ["never"], "first_chunk_delay": "1m"}`+"\n"+
+		`{"text": "never"}`+"\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "agent.yaml"), []byte(`name: compacts
+model: {primary: script:m}
+providers: {script: {file: script.jsonl}}
+context: {compact_at: 50}
+timeouts: {turn: 4s, kill_grace: 500ms}
+`), 0o644)
+	history := []model.Message{{Role: model.RoleUser, Content: strings.Repeat("a long question ", 40)},
+		{Role: model.RoleAssistant, Content: strings.Repeat("a long answer ", 40)}}
+	return filepath.Join(dir, "agent.yaml"), agent.Input{SessionID: "s", History: history, Text: "and now?"}
 }
 
 // endsWithoutWorker runs a turn of the agent of file, whose tool hangs,

@@ -746,3 +746,140 @@ func cuttable(t *testing.T, addr string) *proxy {
 	t.Cleanup(p.cut)
 	return p
 }
+
+// TestCeilingWithoutWorkerMidCompactionTraced: as
+// TestCeilingWithoutWorkerMidAttemptTraced, while the turn compacts its
+// history: the compaction's start names its span's ids (its request
+// carries them), and the runner that ends the turn at its ceiling makes
+// that span, under the turn's, interrupted. Before, a compaction's request
+// carried no traceparent, nothing named its span, and one under way at
+// such an end had none.
+func TestCeilingWithoutWorkerMidCompactionTraced(t *testing.T) {
+	defer proctest.CheckNoLeaks(t)
+	file, in := hungCompactionAgent(t)
+	// The worker's spans die with it, as its store does.
+	wtp, _ := recorded(t)
+	rtp, rrec := recorded(t)
+	rec, _ := endsWithoutWorkerOf(t, openTraced(t, file, wtp), openTraced(t, file, rtp), in, event.TypeCompactionStarted, 34*time.Second)
+	if rec.StopReason != budget.TurnTimeout {
+		t.Fatalf("ended %s (%s): %s", rec.Status, rec.StopReason, rec.Message)
+	}
+	var started *event.CompactionStarted
+	var startedAt time.Time
+	for _, e := range rec.Events {
+		if d, ok := e.Data.(*event.CompactionStarted); ok {
+			started, startedAt = d, e.At
+		}
+	}
+	if started == nil || started.Traceparent == "" {
+		t.Fatalf("the compaction's compaction_started %+v names no span", started)
+	}
+	var turn, compaction sdktrace.ReadOnlySpan
+	for _, sp := range rrec.Ended() {
+		switch sp.Name() {
+		case "invoke_agent compacts":
+			turn = sp
+		case "chat m":
+			compaction = sp
+		}
+	}
+	if n := len(rrec.Ended()); turn == nil || compaction == nil || n != 2 {
+		t.Fatalf("the runner made %d spans, the turn's %v, the compaction's %v; want those two", n, turn != nil, compaction != nil)
+	}
+	attrs := map[string]any{}
+	for _, kv := range compaction.Attributes() {
+		attrs[string(kv.Key)] = kv.Value.AsInterface()
+	}
+	if got := fmt.Sprintf("00-%s-%s-01", compaction.SpanContext().TraceID(), compaction.SpanContext().SpanID()); got != started.Traceparent ||
+		compaction.Parent().SpanID() != turn.SpanContext().SpanID() || !compaction.StartTime().Equal(startedAt) ||
+		attrs["timebox.compaction"] != true || attrs["error.type"] != "interrupted" || attrs["timebox.budget.knob"] != budget.KeyCompaction {
+		t.Errorf("the compaction's span %s under %s from %s, attributes %v; compaction_started named %s at %s, the turn's span is %s",
+			got, compaction.Parent().SpanID(), compaction.StartTime(), attrs, started.Traceparent, startedAt, turn.SpanContext().SpanID())
+	}
+}
+
+// TestTracesOfAWorkerLostMidCompaction: as TestTracesOfAWorkerLostMidAttempt,
+// while the turn compacts: the compaction lost with its worker has its
+// chat span (timebox.compaction) with the ids its compaction_started
+// named, those its model request carried, made by the worker that
+// records the loss. Before, that span had ids of its own: nothing named
+// the compaction's span.
+func TestTracesOfAWorkerLostMidCompaction(t *testing.T) {
+	defer proctest.CheckNoLeaks(t)
+	c, s, queue := setup(t)
+	id := agent.NewTurnID()
+	queue += "-" + id
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "script.jsonl"), []byte(`{"compaction": true, "text": "A summary.", "first_chunk_delay": "2s"}`+"\n"+
+		`{"text": "done"}`+"\n"), 0o644)
+	file := filepath.Join(dir, "agent.yaml")
+	os.WriteFile(file, []byte("name: lost\nmodel: {primary: script:m}\nproviders: {script: {file: script.jsonl}}\ncontext: {compact_at: 50}\n"), 0o644)
+	history := []model.Message{{Role: model.RoleUser, Content: strings.Repeat("a long question ", 40)},
+		{Role: model.RoleAssistant, Content: strings.Repeat("a long answer ", 40)}}
+	dyingTP, _ := recorded(t)
+	tp, rec := recorded(t)
+	dying := &dyingStore{Store: s.(*postgres.Store)}
+	wa := runningWorker(t, c, queue, openTraced(t, file, dyingTP), dying)
+	r, err := temporal.NewRunner(c, s, queue, openTraced(t, file, tp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan *agent.Result, 1)
+	go func() {
+		done <- r.Run(context.Background(), agent.Input{TurnID: id, SessionID: "s-" + id, History: history, Text: "and now?"})
+	}()
+	waitStored(t, s, id, event.TypeCompactionStarted, "the compaction to start")
+	dying.dead.Store(true)
+	wa.Stop()
+	startWorker(t, c, s, queue, openTraced(t, file, tp))
+	res := <-done
+	named := map[int]string{}
+	var fins []string
+	for _, e := range res.Record.Events {
+		switch d := e.Data.(type) {
+		case *event.CompactionStarted:
+			named[d.Attempt] = d.Traceparent
+		case *event.CompactionFinished:
+			fins = append(fins, string(d.Outcome)+" "+string(d.Phase))
+		}
+	}
+	if res.Record.Status != budget.StatusCompleted || len(fins) != 2 || fins[0] != "interrupted worker_lost" {
+		t.Fatalf("turn %s (%s), compactions %q; want the first lost with its worker, then the turn completed", res.Record.Status, res.Record.Message, fins)
+	}
+	var turn sdktrace.ReadOnlySpan
+	spans := map[int64]sdktrace.ReadOnlySpan{} // the compactions' spans, by attempt
+	for _, sp := range rec.Ended() {
+		if strings.HasPrefix(sp.Name(), "invoke_agent ") {
+			turn = sp
+		}
+		compaction, attempt := false, int64(0)
+		for _, kv := range sp.Attributes() {
+			switch kv.Key {
+			case "timebox.compaction":
+				compaction = kv.Value.AsBool()
+			case "timebox.attempt":
+				attempt = kv.Value.AsInt64()
+			}
+		}
+		if compaction {
+			if _, twice := spans[attempt]; twice {
+				t.Errorf("compaction %d has two spans", attempt)
+			}
+			spans[attempt] = sp
+		}
+	}
+	lost := spans[1]
+	if turn == nil || lost == nil || spans[2] == nil || len(spans) != 2 {
+		t.Fatalf("the turn's span %v, compaction spans %v; want the turn's, and one of each compaction", turn != nil, spans)
+	}
+	for attempt, sp := range spans {
+		ids := fmt.Sprintf("00-%s-%s-01", sp.SpanContext().TraceID(), sp.SpanContext().SpanID())
+		if named[int(attempt)] == "" || ids != named[int(attempt)] || sp.Parent().SpanID() != turn.SpanContext().SpanID() {
+			t.Errorf("compaction %d's span is %s under %s; its compaction_started named %q, the turn's span is %s",
+				attempt, ids, sp.Parent().SpanID(), named[int(attempt)], turn.SpanContext().SpanID())
+		}
+	}
+	if lost.Status().Code != codes.Error {
+		t.Errorf("the lost compaction's span has status %v; want an error", lost.Status())
+	}
+}

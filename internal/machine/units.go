@@ -138,10 +138,10 @@ type LostAttempt struct {
 	Profile         string    `json:"profile,omitempty"`
 	Started         time.Time `json:"started"`
 	Last            time.Time `json:"last,omitzero"`
-	// Traceparent is the traceparent the attempt's llm_started named: the
-	// ids of the chat span its worker began, which died with it, and
-	// which the span made of the loss takes; "" when untraced (and for a
-	// compaction, whose request carries none).
+	// Traceparent is the traceparent the attempt's llm_started (a
+	// compaction's compaction_started) named: the ids of the chat span its
+	// worker began, which died with it, and which the span made of the
+	// loss takes; "" when untraced.
 	Traceparent string `json:"traceparent,omitempty"`
 }
 
