@@ -796,3 +796,35 @@ func TestCompactionSpanNamedAndMadeAgain(t *testing.T) {
 		t.Errorf("status %v", made.Status())
 	}
 }
+
+// disowner is a sink whose unit the engine gave up (event.Disowner).
+type disowner struct{}
+
+func (disowner) Emit(event.Event) {}
+func (disowner) Disowned() bool   { return true }
+
+// TestDisownedCompactionLeavesItsSpan: a unit the engine gave up ends no
+// compaction span, as it ends no attempt's: the worker that records the
+// compaction lost makes that span, with the ids its compaction_started
+// named, and one ended here too would be a second of those ids.
+func TestDisownedCompactionLeavesItsSpan(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	defer tp.Shutdown(context.Background())
+	p := lines(t, `{"compaction": true, "text": "A summary."}`, `{"text": "the answer"}`)
+	a, err := agent.New(agent.Config{Name: "traced", Models: []model.Endpoint{endpoint(p, "m")}, CompactAt: 500, TracerProvider: tp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := a.Run(t.Context(), agent.Input{SessionID: "s", History: longHistory(), Text: "and now?"}, disowner{})
+	if len(res.Record.ModelCalls) != 2 || !res.Record.ModelCalls[0].Compaction {
+		t.Fatalf("turn %s, calls %+v; want a compaction", res.Record.StopReason, res.Record.ModelCalls)
+	}
+	for _, s := range rec.Ended() {
+		for _, kv := range s.Attributes() {
+			if kv.Key == "timebox.compaction" {
+				t.Errorf("a disowned unit ended the compaction's span %s", s.Name())
+			}
+		}
+	}
+}
