@@ -151,8 +151,12 @@ func (a *Agent) resume(s *machine.State, tr machine.Transcript, approver Approve
 		}
 	}
 	if a.tracer != nil {
+		// The spans are told last: a sink that stores an event before the
+		// turn goes on (a Temporal unit's) may learn from its store that
+		// another ended the turn meanwhile, and then disowns the unit's
+		// account of its calls (event.Disowner), spans included.
 		t.spans = newSpans(t, a.tracer)
-		sinks = append([]event.Sink{t.spans}, sinks...)
+		sinks = append(slices.Clip(sinks), t.spans)
 	}
 	t.emSinks = sinks
 	t.em = event.NewEmitter(s.TurnID, sinks...)

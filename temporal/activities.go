@@ -905,7 +905,7 @@ func engineWhy(cause error) string {
 }
 
 func (x *activities) sink(ctx context.Context, u *running) *storeSink {
-	return &storeSink{ctx: ctx, s: x.store, log: x.log, unit: u}
+	return &storeSink{ctx: ctx, s: x.store, log: x.log, unit: u, x: x}
 }
 
 // storeSink writes a unit's events to the store, numbered by the store:
@@ -917,6 +917,7 @@ type storeSink struct {
 	s    store.Store
 	log  *slog.Logger
 	unit *running
+	x    *activities
 
 	mu  sync.Mutex
 	err error
@@ -945,7 +946,14 @@ func (k *storeSink) Emit(e event.Event) {
 	// A refused call's record is queued like the rest (store.Enqueue):
 	// nothing ran, and the unit's flush stores it before the unit ends.
 	if store.WaitForStore(e) && !store.Refused(e) || e.Type == event.TypeTurnFinished {
-		k.fail(k.s.AppendEvent(context.WithoutCancel(k.ctx), e))
+		err := k.s.AppendEvent(context.WithoutCancel(k.ctx), e)
+		if k.unit != nil && (errors.Is(err, store.ErrNotRunning) || errors.Is(err, store.ErrExists) && k.x.endedOutside(k.ctx, e.TurnID)) {
+			// Another ended the turn before the unit saw it (its watch),
+			// recording this call's end: that end makes its span; the
+			// spans, told after this sink, leave theirs.
+			k.unit.endedOutside.Store(true)
+		}
+		k.fail(err)
 		return
 	}
 	k.s.QueueEvent(e, k.fail)

@@ -883,3 +883,84 @@ func TestTracesOfAWorkerLostMidCompaction(t *testing.T) {
 		t.Errorf("the lost compaction's span has status %v; want an error", lost.Status())
 	}
 }
+
+// TestACallEndingAfterItsTurnEndedTraced: as
+// TestEngineLostWithAWorkerAliveTraced, but the call ends on its own
+// after the runner's end, before its unit sees that end (here its
+// store's watch of the turn's cancels never fires): its tool_finished is
+// refused, the turn having ended, and the worker leaves its span unended
+// then too, so the call has one span, the runner's.
+func TestACallEndingAfterItsTurnEndedTraced(t *testing.T) {
+	defer proctest.CheckNoLeaks(t)
+	c, s, queue, dsn := setupDSN(t)
+	defer func(g time.Duration) { temporal.EngineGrace = g }(temporal.EngineGrace)
+	temporal.EngineGrace = 2 * time.Second
+	file := hangAgent(t, "turn: 1m", "20s")
+	// The call runs 12s: past the runner's end, some 5s after its start.
+	b, _ := os.ReadFile(file)
+	os.WriteFile(file, []byte(strings.Replace(string(b), `exec: [sleep, "30"]`, `exec: [sleep, "12"]`, 1)), 0o644)
+	wtp, wrec := recorded(t)
+	rtp, rrec := recorded(t)
+	ps, err := postgres.Open(context.Background(), dsn, postgres.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ps.Close()
+	w := runningWorker(t, c, queue, openTraced(t, file, wtp), blindStore{ps})
+	defer w.Stop()
+	p := cuttable(t, testenv.Temporal(t))
+	rc, err := client.Dial(client.Options{HostPort: p.addr, Logger: sdklog.NewStructuredLogger(slog.New(slog.DiscardHandler))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	r, err := temporal.NewRunner(rc, s, queue, openTraced(t, file, rtp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := agent.NewTurnID()
+	done := make(chan *agent.Result, 1)
+	go func() { done <- r.Run(context.Background(), agent.Input{TurnID: id, Text: "go"}) }()
+	waitStored(t, s, id, event.TypeToolStarted, "the call to start")
+	p.cut()
+	res := <-done
+	if res.Record.StopReason != budget.EngineLost {
+		t.Fatalf("ended %s (%s): %s", res.Record.Status, res.Record.StopReason, res.Record.Message)
+	}
+	var started *event.ToolStarted
+	for _, e := range res.Record.Events {
+		if d, ok := e.Data.(*event.ToolStarted); ok {
+			started = d
+		}
+	}
+	if started == nil || started.Traceparent == "" {
+		t.Fatalf("the call's tool_started %+v names no span", started)
+	}
+	// The call ends on its own; its unit with it, and the workflow.
+	wait.For(t, 60*time.Second, "the turn's workflow to close", func() bool {
+		d, err := c.DescribeWorkflowExecution(context.Background(), temporal.WorkflowID(id), "")
+		return err == nil && d.WorkflowExecutionInfo.Status != enums.WORKFLOW_EXECUTION_STATUS_RUNNING
+	})
+	var spans []string
+	for _, sp := range append(wrec.Ended(), rrec.Ended()...) {
+		if sp.Name() != "execute_tool long" {
+			continue
+		}
+		var outcome string
+		for _, kv := range sp.Attributes() {
+			if kv.Key == "timebox.outcome" {
+				outcome = kv.Value.AsString()
+			}
+		}
+		spans = append(spans, fmt.Sprintf("00-%s-%s-01 %s", sp.SpanContext().TraceID(), sp.SpanContext().SpanID(), outcome))
+	}
+	if want := started.Traceparent + " interrupted"; len(spans) != 1 || spans[0] != want {
+		t.Errorf("the call's spans: %q; want one, %q", spans, want)
+	}
+}
+
+// blindStore is a worker's store whose watch of a turn's cancel requests
+// never fires: its units learn of nothing the store is told meanwhile.
+type blindStore struct{ *postgres.Store }
+
+func (blindStore) WatchCancel(string) (<-chan struct{}, func()) { return nil, func() {} }
