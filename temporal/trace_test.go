@@ -30,6 +30,7 @@ import (
 	"github.com/timebox-run/timebox/internal/testenv"
 	"github.com/timebox-run/timebox/internal/wait"
 	"github.com/timebox-run/timebox/model"
+	"github.com/timebox-run/timebox/store"
 	"github.com/timebox-run/timebox/store/postgres"
 	"github.com/timebox-run/timebox/temporal"
 )
@@ -603,20 +604,39 @@ func TestCeilingWithoutWorkerMidAttemptTraced(t *testing.T) {
 // id, not also one the worker ended.
 func TestEngineLostWithAWorkerAliveTraced(t *testing.T) {
 	defer proctest.CheckNoLeaks(t)
+	res, started, spans := engineLostMidCall(t, stopAgent(t, "1m"), 3*time.Second, func(ps *postgres.Store) store.Store { return ps })
+	if call := callNamed(t, res.Record, "long"); call.Outcome != event.OutcomeInterrupted {
+		t.Errorf("the running call ended %s, want interrupted", call.Outcome)
+	}
+	// The worker's unit ends once it saw the turn's end: its workflow
+	// closes then, and every span the worker makes of it is made.
+	if got, want := spans(), started.Traceparent+" interrupted"; len(got) != 1 || got[0] != want {
+		t.Errorf("the call's spans: %q; want one, %q", got, want)
+	}
+}
+
+// engineLostMidCall runs a turn of agent file whose tool is named long on
+// a worker whose store is wrap of one of its own, followed by a runner
+// that reaches Temporal through a connection the test cuts once the call
+// started, for grace (EngineGrace), and returns the turn's result, ended
+// engine_lost, and its call's start, which names the call's span. spans
+// waits for the turn's workflow to close, then returns the call's
+// execute_tool spans that the worker and the runner made, each as
+// "traceparent outcome".
+func engineLostMidCall(t *testing.T, file string, grace time.Duration, wrap func(*postgres.Store) store.Store) (_ *agent.Result, _ *event.ToolStarted, spans func() []string) {
+	t.Helper()
 	c, s, queue, dsn := setupDSN(t)
 	defer func(g time.Duration) { temporal.EngineGrace = g }(temporal.EngineGrace)
-	temporal.EngineGrace = 3 * time.Second
-	file := stopAgent(t, "1m")
+	temporal.EngineGrace = grace
 	wtp, wrec := recorded(t)
 	rtp, rrec := recorded(t)
-	ws, err := postgres.Open(context.Background(), dsn, postgres.Options{})
+	ps, err := postgres.Open(context.Background(), dsn, postgres.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ws.Close()
-	w := runningWorker(t, c, queue, openTraced(t, file, wtp), ws)
-	defer w.Stop()
-	// The runner reaches Temporal through a connection the test cuts.
+	t.Cleanup(func() { ps.Close() })
+	w := runningWorker(t, c, queue, openTraced(t, file, wtp), wrap(ps))
+	t.Cleanup(w.Stop)
 	p := cuttable(t, testenv.Temporal(t))
 	rc, err := client.Dial(client.Options{HostPort: p.addr, Logger: sdklog.NewStructuredLogger(slog.New(slog.DiscardHandler))})
 	if err != nil {
@@ -638,22 +658,11 @@ func TestEngineLostWithAWorkerAliveTraced(t *testing.T) {
 	case <-time.After(40 * time.Second):
 		t.Fatal("the turn was still running 40s after Temporal was cut off from its runner")
 	}
-	rec := res.Record
-	if rec.StopReason != budget.EngineLost {
-		t.Fatalf("ended %s (%s): %s", rec.Status, rec.StopReason, rec.Message)
+	if res.Record.StopReason != budget.EngineLost {
+		t.Fatalf("ended %s (%s): %s", res.Record.Status, res.Record.StopReason, res.Record.Message)
 	}
-	call := callNamed(t, rec, "long")
-	if call.Outcome != event.OutcomeInterrupted {
-		t.Errorf("the running call ended %s, want interrupted", call.Outcome)
-	}
-	// The worker's unit ends once it saw the turn's end: its workflow
-	// closes then, and every span the worker makes of it is made.
-	wait.For(t, 60*time.Second, "the turn's workflow to close", func() bool {
-		d, err := c.DescribeWorkflowExecution(context.Background(), temporal.WorkflowID(id), "")
-		return err == nil && d.WorkflowExecutionInfo.Status != enums.WORKFLOW_EXECUTION_STATUS_RUNNING
-	})
 	var started *event.ToolStarted
-	for _, e := range rec.Events {
+	for _, e := range res.Record.Events {
 		if d, ok := e.Data.(*event.ToolStarted); ok {
 			started = d
 		}
@@ -661,21 +670,25 @@ func TestEngineLostWithAWorkerAliveTraced(t *testing.T) {
 	if started == nil || started.Traceparent == "" {
 		t.Fatalf("the call's tool_started %+v names no span", started)
 	}
-	var spans []string
-	for _, sp := range append(wrec.Ended(), rrec.Ended()...) {
-		if sp.Name() != "execute_tool long" {
-			continue
-		}
-		var outcome string
-		for _, kv := range sp.Attributes() {
-			if kv.Key == "timebox.outcome" {
-				outcome = kv.Value.AsString()
+	return res, started, func() []string {
+		wait.For(t, 60*time.Second, "the turn's workflow to close", func() bool {
+			d, err := c.DescribeWorkflowExecution(context.Background(), temporal.WorkflowID(id), "")
+			return err == nil && d.WorkflowExecutionInfo.Status != enums.WORKFLOW_EXECUTION_STATUS_RUNNING
+		})
+		var out []string
+		for _, sp := range append(wrec.Ended(), rrec.Ended()...) {
+			if sp.Name() != "execute_tool long" {
+				continue
 			}
+			var outcome string
+			for _, kv := range sp.Attributes() {
+				if kv.Key == "timebox.outcome" {
+					outcome = kv.Value.AsString()
+				}
+			}
+			out = append(out, fmt.Sprintf("00-%s-%s-01 %s", sp.SpanContext().TraceID(), sp.SpanContext().SpanID(), outcome))
 		}
-		spans = append(spans, fmt.Sprintf("00-%s-%s-01 %s", sp.SpanContext().TraceID(), sp.SpanContext().SpanID(), outcome))
-	}
-	if want := started.Traceparent + " interrupted"; len(spans) != 1 || spans[0] != want {
-		t.Errorf("the call's spans: %q; want one, %q", spans, want)
+		return out
 	}
 }
 
@@ -892,70 +905,14 @@ func TestTracesOfAWorkerLostMidCompaction(t *testing.T) {
 // then too, so the call has one span, the runner's.
 func TestACallEndingAfterItsTurnEndedTraced(t *testing.T) {
 	defer proctest.CheckNoLeaks(t)
-	c, s, queue, dsn := setupDSN(t)
-	defer func(g time.Duration) { temporal.EngineGrace = g }(temporal.EngineGrace)
-	temporal.EngineGrace = 2 * time.Second
 	file := hangAgent(t, "turn: 1m", "20s")
 	// The call runs 12s: past the runner's end, some 5s after its start.
 	b, _ := os.ReadFile(file)
 	os.WriteFile(file, []byte(strings.Replace(string(b), `exec: [sleep, "30"]`, `exec: [sleep, "12"]`, 1)), 0o644)
-	wtp, wrec := recorded(t)
-	rtp, rrec := recorded(t)
-	ps, err := postgres.Open(context.Background(), dsn, postgres.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ps.Close()
-	w := runningWorker(t, c, queue, openTraced(t, file, wtp), blindStore{ps})
-	defer w.Stop()
-	p := cuttable(t, testenv.Temporal(t))
-	rc, err := client.Dial(client.Options{HostPort: p.addr, Logger: sdklog.NewStructuredLogger(slog.New(slog.DiscardHandler))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rc.Close()
-	r, err := temporal.NewRunner(rc, s, queue, openTraced(t, file, rtp))
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := agent.NewTurnID()
-	done := make(chan *agent.Result, 1)
-	go func() { done <- r.Run(context.Background(), agent.Input{TurnID: id, Text: "go"}) }()
-	waitStored(t, s, id, event.TypeToolStarted, "the call to start")
-	p.cut()
-	res := <-done
-	if res.Record.StopReason != budget.EngineLost {
-		t.Fatalf("ended %s (%s): %s", res.Record.Status, res.Record.StopReason, res.Record.Message)
-	}
-	var started *event.ToolStarted
-	for _, e := range res.Record.Events {
-		if d, ok := e.Data.(*event.ToolStarted); ok {
-			started = d
-		}
-	}
-	if started == nil || started.Traceparent == "" {
-		t.Fatalf("the call's tool_started %+v names no span", started)
-	}
+	_, started, spans := engineLostMidCall(t, file, 2*time.Second, func(ps *postgres.Store) store.Store { return blindStore{ps} })
 	// The call ends on its own; its unit with it, and the workflow.
-	wait.For(t, 60*time.Second, "the turn's workflow to close", func() bool {
-		d, err := c.DescribeWorkflowExecution(context.Background(), temporal.WorkflowID(id), "")
-		return err == nil && d.WorkflowExecutionInfo.Status != enums.WORKFLOW_EXECUTION_STATUS_RUNNING
-	})
-	var spans []string
-	for _, sp := range append(wrec.Ended(), rrec.Ended()...) {
-		if sp.Name() != "execute_tool long" {
-			continue
-		}
-		var outcome string
-		for _, kv := range sp.Attributes() {
-			if kv.Key == "timebox.outcome" {
-				outcome = kv.Value.AsString()
-			}
-		}
-		spans = append(spans, fmt.Sprintf("00-%s-%s-01 %s", sp.SpanContext().TraceID(), sp.SpanContext().SpanID(), outcome))
-	}
-	if want := started.Traceparent + " interrupted"; len(spans) != 1 || spans[0] != want {
-		t.Errorf("the call's spans: %q; want one, %q", spans, want)
+	if got, want := spans(), started.Traceparent+" interrupted"; len(got) != 1 || got[0] != want {
+		t.Errorf("the call's spans: %q; want one, %q", got, want)
 	}
 }
 
