@@ -42,6 +42,10 @@ type activities struct {
 	// note that they make their turn's span and its end, for the worker's
 	// Stop (relaying.Stop).
 	under, spans *counted
+	// stopping ends when the worker's Stop gives the units under way up
+	// (relaying.handOver), as Temporal's SDK would later: the worker is
+	// stopping. Nil for none.
+	stopping context.Context
 }
 
 // unitIn is the input of every activity: the turn's state, and what the
@@ -156,10 +160,17 @@ const maxBeatMessage = 1024
 // the workflow takes the unit for lost.
 var errEngine = errors.New("the engine gave this unit up")
 
+// errHandOver is what a model step given up by its worker's stop returns:
+// its workflow task is to fail, and go to another worker (driver.Run).
+var errHandOver = sdktemporal.NewApplicationError("the worker, stopping, handed the turn over", typeHandOver)
+
+// typeHandOver is errHandOver's type.
+const typeHandOver = "hand_over"
+
 // Advance runs the turn's units from its state until a batch of tool calls
 // or the end (machine.Units.Advance): its model steps and compactions, its
 // beginning, its end when a unit decides it.
-func (x *activities) Advance(ctx context.Context, in *unitIn) (*advanced, error) {
+func (x *activities) Advance(ctx context.Context, in *unitIn) (_ *advanced, err error) {
 	s := &in.State
 	if !s.Begun && s.Seen == 0 {
 		if err := x.store.BeginTurn(ctx, store.TurnStart{TurnID: s.TurnID, SessionID: s.SessionID, Engine: engineOn(activity.GetInfo(ctx).TaskQueue),
@@ -173,6 +184,16 @@ func (x *activities) Advance(ctx context.Context, in *unitIn) (*advanced, error)
 	}
 	u := x.unit(ctx, s.TurnID, beat{})
 	defer u.close()
+	defer func() {
+		if err != nil && u.handOver.Load() {
+			// What failed once the worker's stop gave the unit up (its
+			// store closing, say) is the stop's doing: Temporal's SDK
+			// would have dropped it, and the step runs again elsewhere.
+			err = errHandOver
+		}
+	}()
+	// Given up by the worker's stop as by Temporal's (running.actx).
+	ctx = u.actx
 	sink := x.sink(u.ctx, u)
 	if err := x.catchUp(ctx, s, sink); err != nil {
 		return nil, err
@@ -180,6 +201,13 @@ func (x *activities) Advance(ctx context.Context, in *unitIn) (*advanced, error)
 	ended := x.units.Advance(u.ctx, s, tr, sink)
 	if err := u.engineErr(s.Stop); err != nil {
 		return nil, err
+	}
+	if u.handOver.Load() {
+		// What it recorded (the attempt it gave up) reaches the store
+		// before the worker's Stop returns, or is recorded lost by the
+		// next worker (catchUp), which runs the step again.
+		sink.flush(ctx)
+		return nil, errHandOver
 	}
 	out := &advanced{State: *s}
 	if ended != nil {
@@ -734,6 +762,14 @@ type running struct {
 	// spans (agent.TraceLost); what the unit says of them now is not the
 	// turn's.
 	endedOutside atomic.Bool
+	// handOver is set when the worker's stop gave a local unit (a model
+	// step) up: the unit returns errHandOver.
+	handOver atomic.Bool
+	// unstop ends the unit's watch on its worker's stop; nil for none.
+	unstop func()
+	// actx is the activity's context, which the worker's stop cancels
+	// too (with worker.ErrWorkerShutdown, as Temporal's SDK does later).
+	actx context.Context
 }
 
 // unit starts what every long unit of work runs beside it: a heartbeat on a
@@ -757,12 +793,26 @@ func (x *activities) unit(actx context.Context, turnID string, b beat) *running 
 	b.Started, b.Worker = time.Now(), thisWorker
 	u.beat.Store(&b)
 	local := activity.IsActivity(actx) && activity.GetInfo(actx).IsLocalActivity
+	if x.stopping != nil {
+		// The worker's Stop gives the unit up as the SDK would, only
+		// sooner: before the SDK's own Stop waits for its workflow tasks.
+		var stopped context.CancelCauseFunc
+		actx, stopped = context.WithCancelCause(actx)
+		unstop := context.AfterFunc(x.stopping, func() { stopped(worker.ErrWorkerShutdown) })
+		u.unstop = func() {
+			unstop()
+			stopped(nil)
+		}
+	}
+	u.actx = actx
 	u.stopEngine = context.AfterFunc(actx, func() {
 		switch cause := context.Cause(actx); {
 		case local && errors.Is(cause, worker.ErrWorkerShutdown):
 			// Its worker stopping (a deploy) gives it up; the workflow
-			// task goes to another worker, which runs the unit again.
-			// Nothing cancelled the turn: its record says who did this.
+			// task goes to another worker, which runs the unit again
+			// (errHandOver). Nothing cancelled the turn: its record says
+			// who did this.
+			u.handOver.Store(true)
 			u.cancel(&budget.CancelError{Reason: budget.Cancelled, By: engineWhy(cause)})
 		case local && !errors.Is(cause, context.DeadlineExceeded):
 			// A local activity has no heartbeats to fail: the workflow
@@ -857,6 +907,9 @@ func (u *running) close() {
 	close(u.quit)
 	u.wg.Wait()
 	u.stopEngine()
+	if u.unstop != nil {
+		u.unstop()
+	}
 	u.unwatch()
 	u.cancel(nil)
 	u.ended()

@@ -77,7 +77,7 @@ func (s *suite) newEnv() *testsuite.TestWorkflowEnvironment {
 		s.SetLogger(s.logger)
 	}
 	env := s.NewTestWorkflowEnvironment()
-	register(env, s.units, s.store, s.store, time.Second, s.x.log, s.x.under, s.x.spans)
+	register(env, s.units, s.store, s.store, time.Second, s.x.log, s.x.under, s.x.spans, context.Background())
 	env.SetContinueAsNewSuggested(s.suggest)
 	return env
 }

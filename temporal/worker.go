@@ -49,7 +49,11 @@ type WorkerOptions struct {
 // the units under way up, as Temporal's does, but waits (up to 10 s in
 // all) for them to record how they ended, and for a unit storing its
 // turn's end to end the turn's span: close the store and shut tracing
-// down after Stop returns.
+// down after Stop returns. A turn whose model step it gave up goes to
+// another worker at once (relaying.Stop); for that, a zero
+// o.Options.WorkerStopTimeout is 10 s, and it takes a WorkflowPanicPolicy
+// other than FailWorkflow (with FailWorkflow the turn waits 5 s, until
+// its workflow task times out).
 func NewWorker(o WorkerOptions) (worker.Worker, error) {
 	p, _, err := storesOf(o.Store)
 	if err != nil {
@@ -77,10 +81,23 @@ func NewWorker(o WorkerOptions) (worker.Worker, error) {
 		// unit's heartbeat, not the SDK's 5s.
 		o.Options.StickyScheduleToStartTimeout = o.Heartbeat
 	}
+	stopping, handOver := context.WithCancel(context.Background())
+	if o.Options.WorkflowPanicPolicy == worker.FailWorkflow {
+		// A workflow task fails by a panic (driver.Run), which would fail
+		// the turn's workflow: its units are given up by Temporal's Stop
+		// alone, and the turn waits for its task to time out.
+		handOver = func() {}
+	} else if o.Options.WorkerStopTimeout == 0 {
+		// Temporal's Stop waits this long for the workflow tasks under
+		// way: a turn's, whose model step its Stop gives up (handOver),
+		// fails at once and goes to another worker, rather than 5s later
+		// when the server would time it out.
+		o.Options.WorkerStopTimeout = endWait
+	}
 	w := worker.New(o.Client, o.TaskQueue, o.Options)
 	under, spans := &counted{}, &counted{}
-	register(w, units, o.Store, p, o.Heartbeat, o.Logger, under, spans)
-	return &relaying{Worker: w, o: o, units: under, spans: spans}, nil
+	register(w, units, o.Store, p, o.Heartbeat, o.Logger, under, spans, stopping)
+	return &relaying{Worker: w, o: o, units: under, spans: spans, handOver: handOver}, nil
 }
 
 // relaying is a worker that passes the store's cancel requests on to the
@@ -93,8 +110,11 @@ type relaying struct {
 	// units counts the units under way (activities.unit), spans those
 	// between their note that they make their turn's span and its end.
 	units, spans *counted
-	stop         context.CancelFunc
-	done         chan struct{}
+	// handOver gives the units under way up (activities.stopping): its
+	// Stop calls it once Temporal's has begun.
+	handOver context.CancelFunc
+	stop     context.CancelFunc
+	done     chan struct{}
 }
 
 // Start starts the worker, then relays the store's cancel requests to the
@@ -123,9 +143,15 @@ func (r *relaying) Run(interruptCh <-chan any) error {
 }
 
 // Stop ends the relaying of cancel requests, then stops the worker.
-// Temporal's Stop gives the units under way up at once, and returns
-// without waiting for them; they are waited for, for at most endWait in
-// all, until each has recorded how it ended — a model attempt "cancelled
+// As Temporal's Stop begins (it stops its pollers and tells the server
+// first), the units under way are given up (handOver): a model step's ends its local
+// activity with errHandOver, whose workflow task then fails at once
+// (driver.Run) and goes to another worker — without it, Temporal's Stop
+// dropped the step's result, and the server gave the task to another
+// worker only when it timed out, 5s after it began (workflowTaskTimeout).
+// Temporal's Stop waits for its workflow tasks (WorkerStopTimeout) but
+// not for the units it gave up; they are waited for, for at most endWait
+// in all, until each has recorded how it ended — a model attempt "cancelled
 // by the worker, stopping", a call's tool stopped — and a unit that has
 // noted in the store that it makes its turn's span (keyTurnSpan) has
 // ended the span. The program closes its store and shuts its tracing down
@@ -138,7 +164,13 @@ func (r *relaying) Stop() {
 		r.stop()
 		<-r.done
 	}
-	r.Worker.Stop()
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		r.Worker.Stop()
+	}()
+	r.handOver()
+	<-stopped
 	deadline := time.Now().Add(endWait)
 	if !r.units.wait(endWait) {
 		r.o.Logger.Warn("stopped while units of work it gave up were still recording how they ended: another worker may record them lost", "waited", endWait)
@@ -218,11 +250,12 @@ type registry interface {
 }
 
 // register registers the turn workflow and its activities with r; under
-// and spans count the activities' units for a worker's Stop.
-func register(r registry, units machine.Units, st store.Store, p store.Payloads, heartbeat time.Duration, log *slog.Logger, under, spans *counted) {
+// and spans count the activities' units for a worker's Stop, and stopping
+// ends when the Stop gives them up.
+func register(r registry, units machine.Units, st store.Store, p store.Payloads, heartbeat time.Duration, log *slog.Logger, under, spans *counted, stopping context.Context) {
 	wf := &turnWorkflow{units: units, heartbeat: heartbeat}
 	r.RegisterWorkflowWithOptions(wf.run, workflow.RegisterOptions{Name: WorkflowName})
-	x := &activities{units: units, store: st, payloads: p, heartbeat: heartbeat, log: log, under: under, spans: spans}
+	x := &activities{units: units, store: st, payloads: p, heartbeat: heartbeat, log: log, under: under, spans: spans, stopping: stopping}
 	for name, fn := range map[string]any{
 		actAdvance: x.Advance, actCall: x.Call, actRefuse: x.Refuse, actRefuses: x.RefuseCalls, actLost: x.Lost, actAsk: x.Ask, actDecided: x.Decided,
 		actRecover: x.Recover, actEnd: x.End, actNotice: x.Notice,

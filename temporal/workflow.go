@@ -276,6 +276,14 @@ func (d *driver) Run(s *machine.State, u machine.Unit) {
 		RetryPolicy:         &sdktemporal.RetryPolicy{MaximumAttempts: 1},
 	})
 	err := workflow.ExecuteLocalActivity(ctx, actAdvance, &unitIn{State: *s, Key: key}).Get(d.ctx, &out)
+	if handedOver(err) {
+		// Its worker is stopping, and gave the step up: the workflow task
+		// fails (a panic is how a workflow fails its task), and the
+		// server gives the next one to another worker at once — nothing
+		// of this one is kept, and that worker runs the step again. Left
+		// to time out, the task would hold the turn for 5s.
+		panic(errHandOver)
+	}
 	if err != nil && r.recover(d.ctx, s, key, &out) {
 		err = nil
 	}
@@ -292,6 +300,13 @@ func (d *driver) Run(s *machine.State, u machine.Unit) {
 		s.End = &machine.Ending{Reason: budget.Interrupted, Cause: &machine.Cause{Text: fmt.Sprintf(
 			"the model step could not be run: %s, %d times in a row", lostWhy(err), r.losses)}}
 	}
+}
+
+// handedOver reports whether err is a model step's given up by its
+// worker's stop (errHandOver).
+func handedOver(err error) bool {
+	var ae *sdktemporal.ApplicationError
+	return errors.As(err, &ae) && ae.Type() == typeHandOver
 }
 
 // Call runs one tool call as an activity. A call whose activity failed —
