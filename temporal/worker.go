@@ -3,6 +3,7 @@ package temporal
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -328,3 +329,55 @@ func RelayCancels(ctx context.Context, c client.Client, st store.Store, log *slo
 
 // relayEvery is how often RelayCancels looks without being told.
 const relayEvery = 5 * time.Second
+
+// QuietHandOvers wraps h, the handler of Temporal's SDK logger
+// (sdklog.NewStructuredLogger): the SDK's "Workflow panic" line, at error
+// level with a stack trace, of a workflow task that a stopping worker
+// failed on purpose to hand its turn over to another worker (errHandOver)
+// becomes a line at info level that says so, with the workflow's ids. Any
+// other line passes as it is.
+func QuietHandOvers(h slog.Handler) slog.Handler { return quietHandOvers{h} }
+
+// quietHandOvers is QuietHandOvers' handler.
+type quietHandOvers struct{ slog.Handler }
+
+func (q quietHandOvers) Enabled(ctx context.Context, l slog.Level) bool {
+	// The SDK asks at error level for a line that may become info.
+	return q.Handler.Enabled(ctx, l) || l == slog.LevelError
+}
+
+func (q quietHandOvers) Handle(ctx context.Context, r slog.Record) error {
+	if r.Message == "Workflow panic" {
+		handOver := false
+		var keep []slog.Attr
+		r.Attrs(func(a slog.Attr) bool {
+			switch {
+			case strings.Contains(a.Value.String(), errHandOver.Error()):
+				handOver = true
+			case a.Key == "WorkflowID" || a.Key == "RunID" || a.Key == "Attempt":
+				keep = append(keep, a)
+			}
+			return true
+		})
+		if handOver {
+			if !q.Handler.Enabled(ctx, slog.LevelInfo) {
+				return nil
+			}
+			n := slog.NewRecord(r.Time, slog.LevelInfo, "the worker, stopping, failed a turn's workflow task: another worker takes the turn on at once", r.PC)
+			n.AddAttrs(keep...)
+			return q.Handler.Handle(ctx, n)
+		}
+	}
+	if !q.Handler.Enabled(ctx, r.Level) {
+		return nil
+	}
+	return q.Handler.Handle(ctx, r)
+}
+
+func (q quietHandOvers) WithAttrs(as []slog.Attr) slog.Handler {
+	return quietHandOvers{q.Handler.WithAttrs(as)}
+}
+
+func (q quietHandOvers) WithGroup(name string) slog.Handler {
+	return quietHandOvers{q.Handler.WithGroup(name)}
+}

@@ -104,11 +104,12 @@ func (s engineSettings) describe(w io.Writer) {
 }
 
 // dial connects to Temporal within 10s. The SDK's own log lines go to
-// stderr at warning level and above.
+// stderr at warning level and above, but for the "Workflow panic" of a
+// worker that hands its turns over as it stops (temporal.QuietHandOvers).
 func (s engineSettings) dial(ctx context.Context, o IO) (client.Client, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	logger := sdklog.NewStructuredLogger(slog.New(slog.NewTextHandler(o.Err, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	logger := sdklog.NewStructuredLogger(slog.New(temporal.QuietHandOvers(slog.NewTextHandler(o.Err, &slog.HandlerOptions{Level: slog.LevelWarn}))))
 	c, err := client.DialContext(ctx, client.Options{HostPort: s.Address, Namespace: s.Namespace, Logger: logger})
 	if err != nil {
 		return nil, fmt.Errorf("connecting to Temporal at %s (namespace %s): %w; is the server running (temporal server start-dev)?", s.Address, s.Namespace, err)

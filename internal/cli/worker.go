@@ -78,10 +78,10 @@ func cmdWorker(ctx context.Context, args []string, o IO) int {
 	}
 	fmt.Fprintf(o.Out, "timebox worker running %s on task queue %s at %s (store: %s)\n", name, es.TaskQueue, es.Address, postgres.Redact(db))
 	<-ctx.Done()
-	// Stop gives the units of work under way up: Temporal cancels them,
-	// their tools' process trees are stopped, and another worker takes
-	// their turns on, recording a call that was running lost (worker_lost;
-	// run again when its tool has retries). It waits (up to 10s) for the
+	// Stop gives the units of work under way up: their tools' process
+	// trees are stopped, and another worker takes their turns on at once,
+	// asking a model step given up again and recording a call that was
+	// running lost (worker_lost; run again when its tool has retries). It waits (up to 10s) for the
 	// units it gave up to record how they ended, and for a unit storing
 	// its turn's end, whose span it must make: the store closes and the
 	// tracing ends after it.
