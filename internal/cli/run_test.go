@@ -606,7 +606,10 @@ func TestValidateShowsApprovals(t *testing.T) {
 // on a history without the first turn and was not stored. And a --db the
 // user named that is no database is refused, not a warning.
 func TestRunRefusesABusySession(t *testing.T) {
-	f := agentFile(t, `{"text": "first", "first_chunk_delay": "2s"}`, `{"text": "second"}`)
+	// The first turn runs 8s: long enough for a loaded machine to see it
+	// running and start the second while it still runs (with 2s, a CI
+	// run under load saw it end before a look found it running).
+	f := agentFile(t, `{"text": "first", "first_chunk_delay": "8s"}`, `{"text": "second"}`)
 	db := filepath.Join(t.TempDir(), "timebox.db")
 	first := make(chan result, 1)
 	go func() { first <- run(t, nil, "run", "-f", f, "--db", db, "--session", "s2", "one") }()
