@@ -134,6 +134,7 @@ func TestTracesOfAWorkerStopped(t *testing.T) {
 	wa.Stop()
 	startWorker(t, c, s, queue, openTraced(t, file, tp))
 	res := <-done
+	turnSpanEnded(t, rec)
 	if res.Record.Status != budget.StatusCompleted || len(res.Record.ToolCalls) != 1 || res.Record.ToolCalls[0].Phase != budget.PhaseWorkerLost {
 		t.Fatalf("turn %s (%s), calls %+v", res.Record.Status, res.Record.Message, res.Record.ToolCalls)
 	}
@@ -203,6 +204,7 @@ func TestTracesOfAWorkerLostMidAttempt(t *testing.T) {
 	wa.Stop()
 	startWorker(t, c, s, queue, openTraced(t, file, tp))
 	res := <-done
+	turnSpanEnded(t, rec)
 	mc := res.Record.ModelCalls
 	if res.Record.Status != budget.StatusCompleted || len(mc) != 2 || mc[0].Phase != budget.PhaseWorkerLost || mc[1].Outcome != event.OutcomeOK {
 		t.Fatalf("turn %s (%s), attempts %+v", res.Record.Status, res.Record.Message, mc)
@@ -840,6 +842,7 @@ func TestTracesOfAWorkerLostMidCompaction(t *testing.T) {
 	wa.Stop()
 	startWorker(t, c, s, queue, openTraced(t, file, tp))
 	res := <-done
+	turnSpanEnded(t, rec)
 	named := map[int]string{}
 	var fins []string
 	for _, e := range res.Record.Events {
@@ -908,6 +911,21 @@ func TestACallEndingAfterItsTurnEndedTraced(t *testing.T) {
 	if got, want := spans(), started.Traceparent+" interrupted"; len(got) != 1 || got[0] != want {
 		t.Errorf("the call's spans: %q; want one, %q", got, want)
 	}
+}
+
+// turnSpanEnded waits for rec to have seen a turn's span end: the worker
+// whose unit stores the turn's end ends its span once that is stored,
+// and the runner's Run may return before.
+func turnSpanEnded(t *testing.T, rec *tracetest.SpanRecorder) {
+	t.Helper()
+	wait.For(t, 10*time.Second, "the turn's span to end", func() bool {
+		for _, sp := range rec.Ended() {
+			if strings.HasPrefix(sp.Name(), "invoke_agent ") {
+				return true
+			}
+		}
+		return false
+	})
 }
 
 // blindStore is a worker's store whose watch of a turn's cancel requests
