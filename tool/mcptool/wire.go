@@ -140,11 +140,13 @@ func (c *wireConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 			delete(c.pending, m.ID)
 			c.mu.Unlock()
 			if ok {
-				a.answer()
+				// Counted before the answer, which may let the stopped
+				// call return: what it returns to has it counted.
 				if a.cause() != nil { // the call was stopped: the SDK drops the reply
 					c.s.stats.lateReplies.Add(1)
 					c.s.log.Debug("mcp reply after the call was stopped dropped", "entry", c.s.cfg.Name, "id", m.ID.Raw())
 				}
+				a.answer()
 			}
 		}
 	}
