@@ -33,12 +33,7 @@ func TestAStoppedWorkerHandsItsTurnOverAtOnce(t *testing.T) {
 	queue += "-" + id
 	file := slowAttemptAgent(t, "handover")
 	wa := namedWorker(t, c, queue, openAgent(t, file).Agent, s, "stopping")
-	r, err := temporal.NewRunner(c, s, queue, openAgent(t, file).Agent)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan *agent.Result, 1)
-	go func() { done <- r.Run(context.Background(), agent.Input{TurnID: id, Text: "go"}) }()
+	done := startRun(t, c, s, queue, openAgent(t, file).Agent, id)
 	waitStored(t, s, id, event.TypeLLMStarted, "the attempt to start")
 	// The next worker polls before the stop: what is measured is the
 	// hand-over, not its start.
@@ -120,12 +115,7 @@ func TestAWorkerStoppedMidTool(t *testing.T) {
 	os.WriteFile(file, []byte("name: stopped-tool\nmodel: {primary: script:test}\nproviders: {script: {file: script.jsonl}}\n"+
 		"timeouts: {turn: 1m, kill_grace: 500ms}\ntools:\n  - {name: long, description: Long., exec: [sleep, \"30\"], timeout: 50s}\n"), 0o644)
 	wa := namedWorker(t, c, queue, openAgent(t, file).Agent, s, "stopping")
-	r, err := temporal.NewRunner(c, s, queue, openAgent(t, file).Agent)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan *agent.Result, 1)
-	go func() { done <- r.Run(context.Background(), agent.Input{TurnID: id, Text: "go"}) }()
+	done := startRun(t, c, s, queue, openAgent(t, file).Agent, id)
 	waitStored(t, s, id, event.TypeToolStarted, "the tool to start")
 	t.Cleanup(namedWorker(t, c, queue, openAgent(t, file).Agent, s, "next").Stop)
 	stopped := time.Now()

@@ -11,7 +11,6 @@ import (
 	"github.com/timebox-run/timebox/event"
 	"github.com/timebox-run/timebox/internal/proctest"
 	"github.com/timebox-run/timebox/store/postgres"
-	"github.com/timebox-run/timebox/temporal"
 )
 
 // TestAWorkerStoppedMidAttempt: a worker stopped (SIGTERM, a deploy) while
@@ -26,12 +25,7 @@ func TestAWorkerStoppedMidAttempt(t *testing.T) {
 	queue += "-" + id
 	file := slowAttemptAgent(t, "stopped")
 	wa := runningWorker(t, c, queue, openAgent(t, file).Agent, s)
-	r, err := temporal.NewRunner(c, s, queue, openAgent(t, file).Agent)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan *agent.Result, 1)
-	go func() { done <- r.Run(context.Background(), agent.Input{TurnID: id, Text: "go"}) }()
+	done := startRun(t, c, s, queue, openAgent(t, file).Agent, id)
 	waitStored(t, s, id, event.TypeLLMStarted, "the attempt to start")
 	wa.Stop()
 	startWorker(t, c, s, queue, openAgent(t, file).Agent)
@@ -68,12 +62,7 @@ func TestAStoppedWorkerRecordsWhatItGaveUp(t *testing.T) {
 	defer ps.Close()
 	tp, spans := recorded(t)
 	wa := runningWorker(t, c, queue, openTraced(t, file, tp), &slowRecords{Store: ps, delay: time.Second})
-	r, err := temporal.NewRunner(c, s, queue, openAgent(t, file).Agent)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan *agent.Result, 1)
-	go func() { done <- r.Run(context.Background(), agent.Input{TurnID: id, Text: "go"}) }()
+	done := startRun(t, c, s, queue, openAgent(t, file).Agent, id)
 	waitStored(t, s, id, event.TypeLLMStarted, "the attempt to start")
 	wa.Stop()
 	// What was stored and ended when Stop returned.

@@ -172,6 +172,19 @@ func startWorker(t testing.TB, c client.Client, s store.Store, queue string, a *
 	t.Cleanup(runningWorker(t, c, queue, a, s).Stop)
 }
 
+// startRun starts turn id ("go") on queue with a runner of agent a and
+// store s, and returns where its result comes.
+func startRun(t *testing.T, c client.Client, s store.Store, queue string, a *agent.Agent, id string) <-chan *agent.Result {
+	t.Helper()
+	r, err := temporal.NewRunner(c, s, queue, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan *agent.Result, 1)
+	go func() { done <- r.Run(context.Background(), agent.Input{TurnID: id, Text: "go"}) }()
+	return done
+}
+
 // runningWorker starts a worker of a on queue, storing in s, with a 1s
 // heartbeat; the caller stops it.
 func runningWorker(t testing.TB, c client.Client, queue string, a *agent.Agent, s store.Store) worker.Worker {

@@ -193,12 +193,7 @@ func TestTracesOfAWorkerLostMidAttempt(t *testing.T) {
 	tp, rec := recorded(t)
 	dying := &dyingStore{Store: s.(*postgres.Store)}
 	wa := runningWorker(t, c, queue, openTraced(t, file, dyingTP), dying)
-	r, err := temporal.NewRunner(c, s, queue, openTraced(t, file, tp))
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan *agent.Result, 1)
-	go func() { done <- r.Run(context.Background(), agent.Input{TurnID: id, Text: "go"}) }()
+	done := startRun(t, c, s, queue, openTraced(t, file, tp), id)
 	waitStored(t, s, id, event.TypeLLMStarted, "the attempt to start")
 	dying.dead.Store(true)
 	wa.Stop()
@@ -391,12 +386,7 @@ func TestTurnSpanOfAWorkerStopping(t *testing.T) {
 	wtp, wrec := recorded(t)
 	rtp, rrec := recorded(t)
 	w := runningWorker(t, c, queue, openTraced(t, file, wtp), held)
-	r, err := temporal.NewRunner(c, s, queue, openTraced(t, file, rtp))
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan *agent.Result, 1)
-	go func() { done <- r.Run(context.Background(), agent.Input{TurnID: id, Text: "go"}) }()
+	done := startRun(t, c, s, queue, openTraced(t, file, rtp), id)
 	var unit context.Context
 	select {
 	case unit = <-held.noted:
