@@ -16,13 +16,7 @@ import (
 // calls' time with a batch's overlap counted once, the call that was
 // running until the last event, and its failovers.
 func TestAnInterruptedTurnKeepsItsTimes(t *testing.T) {
-	t0 := time.Date(2026, 11, 28, 0, 0, 0, 0, time.UTC)
-	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
-	var seq int64
-	ev := func(ms int, d event.Payload) event.Event {
-		seq++
-		return event.Event{Seq: seq, TurnID: "t1", Type: d.Type(), At: at(ms), Data: d}
-	}
+	at, ev := timeline()
 	call := func(id string, from, to int) *event.ToolFinished {
 		return &event.ToolFinished{ToolCall: event.ToolCall{CallID: id, Tool: "sh", StartedAt: at(from), EndedAt: at(to)}}
 	}
@@ -44,7 +38,7 @@ func TestAnInterruptedTurnKeepsItsTimes(t *testing.T) {
 		ev(4500, &event.ToolStarted{Step: 2, CallID: "c3", Tool: "sh"}),
 		ev(6500, &event.ToolProgress{CallID: "c3"}), // the last event: c3 ran at least 2s
 	}
-	out := store.Interrupt(store.Interrupted{TurnID: "t1", StartedAt: t0, Events: evs, ToolCalls: 3, Steps: 2, End: store.End{Why: "it died"}, Now: at(9000)})
+	out := store.Interrupt(store.Interrupted{TurnID: "t1", StartedAt: at(0), Events: evs, ToolCalls: 3, Steps: 2, End: store.End{Why: "it died"}, Now: at(9000)})
 	r := out.Record
 	if r.LLMMS != 1500 || r.ToolMS != 5000 || r.Failovers != 1 || r.WallMS != 6500 {
 		t.Errorf("record: llm_ms %d (want 1500), tool_ms %d (want 5000), failovers %d (want 1), wall_ms %d (want 6500)",
@@ -56,8 +50,8 @@ func TestAnInterruptedTurnKeepsItsTimes(t *testing.T) {
 	}
 
 	// A model call under way counts until the last event.
-	seq = 0
-	out = store.Interrupt(store.Interrupted{TurnID: "t1", StartedAt: t0, Events: []event.Event{
+	_, ev = timeline() // numbered from 1 again
+	out = store.Interrupt(store.Interrupted{TurnID: "t1", StartedAt: at(0), Events: []event.Event{
 		ev(100, &event.LLMStarted{Step: 1, Model: "a"}), ev(2100, &event.LLMDelta{Step: 1, Text: "hal"}),
 	}, End: store.End{Why: "it died"}, Now: at(9000)})
 	if out.Record.LLMMS != 2000 || out.Record.ToolMS != 0 {
@@ -164,13 +158,7 @@ func TestAStopFromOutside(t *testing.T) {
 // does), from its start to the turn's last stored event; none once it
 // finished.
 func TestTheModelCallUnderWay(t *testing.T) {
-	t0 := time.Date(2026, 11, 28, 0, 0, 0, 0, time.UTC)
-	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
-	var seq int64
-	ev := func(ms int, d event.Payload) event.Event {
-		seq++
-		return event.Event{Seq: seq, TurnID: "t1", Type: d.Type(), At: at(ms), Data: d}
-	}
+	at, ev := timeline()
 	attempt := &event.LLMStarted{Step: 1, Model: "a", Traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
 	compaction := &event.CompactionStarted{Step: 2, Attempt: 1, Model: "a", Traceparent: "00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01"}
 	finished := &event.LLMFinished{ModelCall: event.ModelCall{Step: 1, StreamMS: 500}}
@@ -187,10 +175,23 @@ func TestTheModelCallUnderWay(t *testing.T) {
 			ev(1000, &event.ToolStarted{Step: 2, CallID: "c1", Tool: "sh"})}, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			out := store.Interrupt(store.Interrupted{TurnID: "t1", StartedAt: t0, Events: c.evs, End: store.End{Why: "it died"}, Now: at(9000)})
+			out := store.Interrupt(store.Interrupted{TurnID: "t1", StartedAt: at(0), Events: c.evs, End: store.End{Why: "it died"}, Now: at(9000)})
 			if !reflect.DeepEqual(out.Attempt, c.want) {
 				t.Errorf("the model call under way: %+v; want %+v", out.Attempt, c.want)
 			}
 		})
 	}
+}
+
+// timeline returns, for a test's turn t1, the time ms milliseconds into
+// it, and its next event (numbered in order) of payload d at ms.
+func timeline() (at func(ms int) time.Time, ev func(ms int, d event.Payload) event.Event) {
+	t0 := time.Date(2026, 11, 28, 0, 0, 0, 0, time.UTC)
+	at = func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	var seq int64
+	ev = func(ms int, d event.Payload) event.Event {
+		seq++
+		return event.Event{Seq: seq, TurnID: "t1", Type: d.Type(), At: at(ms), Data: d}
+	}
+	return at, ev
 }
